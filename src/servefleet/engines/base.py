@@ -1,0 +1,131 @@
+"""The engine profile contract: everything engine-specific, and nothing else.
+
+An engine profile knows how to build its launch command, which HTTP probe proves readiness,
+which log lines mean ready / progress / fatal (and in which category), and how to read capacity
+from its info endpoint and its log. Adding an engine means adding one module and one registry line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from servefleet.capacity import Capacity
+from servefleet.catalog import DEFAULT_HINTS, Category
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "Probe"]
+
+
+class SignalKind(StrEnum):
+    READY = "ready"  # the server says it serves (evidence only: the HTTP probe decides)
+    PROGRESS = "progress"  # still loading: shards, CUDA graphs, compilation, warm-up
+    FATAL = "fatal"  # a root cause, with a category
+    WRAPPER = "wrapper"  # a fatal-looking line that points at a cause above it
+    BENIGN = "benign"  # looks alarming but is not a failure (warnings); shields other patterns
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One recognisable log line. ``pattern`` is searched in a normalised line (ANSI codes and
+    per-process prefixes such as ``[TP0]`` or ``(EngineCore_DP0 pid=12)`` already stripped)."""
+
+    pattern: re.Pattern[str]
+    kind: SignalKind
+    category: Category | None = None
+    hint: str | None = None
+    label: str | None = None  # short progress label, e.g. "loading weights"
+
+    @classmethod
+    def fatal(cls, regex: str, category: Category, hint: str | None = None, flags: int = 0) -> "Signature":
+        return cls(re.compile(regex, flags), SignalKind.FATAL, category, hint or DEFAULT_HINTS[category])
+
+    @classmethod
+    def progress(cls, regex: str, label: str, flags: int = 0) -> "Signature":
+        return cls(re.compile(regex, flags), SignalKind.PROGRESS, label=label)
+
+    @classmethod
+    def ready(cls, regex: str, flags: int = 0) -> "Signature":
+        return cls(re.compile(regex, flags), SignalKind.READY, label="ready")
+
+    @classmethod
+    def wrapper(cls, regex: str, flags: int = 0) -> "Signature":
+        return cls(re.compile(regex, flags), SignalKind.WRAPPER)
+
+    @classmethod
+    def benign(cls, regex: str, flags: int = 0) -> "Signature":
+        return cls(re.compile(regex, flags), SignalKind.BENIGN)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An HTTP readiness probe: GET each path in order; the first that answers 2xx proves readiness.
+    A 404 on one path moves on to the next (older versions lack newer endpoints)."""
+
+    paths: tuple[str, ...]
+    timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """The engine-facing view of one server of a fleet."""
+
+    model: str
+    port: int
+    host: str = "127.0.0.1"
+    gpus: tuple[int, ...] | None = None
+    served_model_name: str | None = None
+    extra_args: tuple[str, ...] = ()
+    python: str = "python3"  # interpreter for engines started with `python -m`
+    command: tuple[str, ...] = ()  # `openai` engine: the user's own command; else an override
+    ready_path: str | None = None  # `openai` engine: the readiness path given by the user
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class EngineProfile:
+    """Base class of engine profiles. Subclasses set the class attributes and override methods."""
+
+    name: ClassVar[str]
+    probe: ClassVar[Probe] = Probe(("/health", "/v1/models"))
+    signatures: ClassVar[tuple[Signature, ...]] = ()
+    # Lines that identify this engine in a log of unknown origin (for `diagnose --engine auto`).
+    detect: ClassVar[tuple[re.Pattern[str], ...]] = ()
+    # Engine-native flag names the hints and the fleet layer use (None where there is no such flag).
+    memory_flag: ClassVar[str | None] = None
+    supports_ignore_eos: ClassVar[bool] = False
+
+    # ---- launch -------------------------------------------------------------------------------
+    def build_argv(self, spec: LaunchSpec) -> list[str]:
+        raise NotImplementedError
+
+    def build_env(self, spec: LaunchSpec) -> dict[str, str]:
+        """Environment added to the host's for this server (GPUs, engine switches)."""
+        env = dict(spec.env)
+        if spec.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        return env
+
+    def served_name(self, spec: LaunchSpec) -> str:
+        """The model name the server lists in /v1/models (used for identity checks and requests)."""
+        return spec.served_model_name or spec.model
+
+    def probe_for(self, spec: LaunchSpec | None) -> Probe:
+        return self.probe
+
+    # ---- log ----------------------------------------------------------------------------------
+    def capacity_from_line(self, line: str) -> Capacity | None:
+        """Capacity facts found in one normalised log line, or None."""
+        return None
+
+    # ---- endpoints ----------------------------------------------------------------------------
+    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+        """Capacity facts read from the server's info endpoints (empty when it has none)."""
+        return Capacity()
+
+    def smoke_request(self, served_name: str) -> tuple[str, dict[str, Any]]:
+        """A one-token request that proves the server answers: (path, JSON body)."""
+        return "/v1/completions", {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}

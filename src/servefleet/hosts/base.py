@@ -1,0 +1,154 @@
+"""The host contract: where commands run. A host knows how to run a command, spawn a detached
+process, read and follow a file, signal a process group and reach a port — nothing about engines.
+
+Local and SSH hosts share this one interface, so the layers above never branch on host type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["CommandResult", "PortHolder", "Host", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated"]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    """The process listening on a port (pid may be None when the OS hides it from us)."""
+
+    pid: int | None
+    pgid: int | None
+
+
+@dataclass(frozen=True)
+class Truncated:
+    """Yielded by ``follow`` when the file shrank or was replaced: reading restarts at ``offset``."""
+
+    offset: int
+
+
+# The detach wrapper, run as `sh -c DETACH_SCRIPT sh LOG STATUS ARGV...` in a new session.
+# It is the session and process-group leader, so `down` signals the whole group. It stays the
+# parent of the server so the exit code is recorded even though the CLI that launched it is gone:
+# a status file with the code (137 = SIGKILL of the server). When the wrapper itself is killed with
+# SIGKILL (the whole group was), no status file appears — the fleet layer reads that as `killed`.
+# Output is appended (>>) so a restart keeps the earlier attempt's log above a marker line.
+DETACH_SCRIPT = r"""
+log=$1; status=$2; shift 2
+exec </dev/null >>"$log" 2>&1
+rm -f "$status"
+"$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
+wait "$child"; rc=$?
+while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+echo "$rc" > "$status.tmp" && mv -f "$status.tmp" "$status"
+"""
+
+
+def detach_argv(argv: Sequence[str], log_path: str, status_path: str) -> list[str]:
+    """The argv that runs ``argv`` under the detach wrapper (the caller starts a new session)."""
+    return ["sh", "-c", DETACH_SCRIPT, "sh", log_path, status_path, *argv]
+
+
+@runtime_checkable
+class Host(Protocol):
+    """Where commands run. Every method is async; paths are the host's own paths."""
+
+    name: str
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        input: bytes | None = None,
+    ) -> CommandResult:
+        """Run a command to completion. ``check`` raises CommandError on a non-zero exit."""
+        ...
+
+    async def spawn_detached(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> int:
+        """Start ``argv`` fully detached (new session, stdin /dev/null, output appended to
+        ``log_path``); return its process-group id (= the wrapper's pid)."""
+        ...
+
+    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        """Bytes of a file from ``offset``; raises FileNotFoundError when it does not exist."""
+        ...
+
+    async def file_size(self, path: str) -> int | None:
+        """Size in bytes, or None when the file does not exist."""
+        ...
+
+    def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
+        """Yield new bytes of a growing file from ``offset`` as they appear; yield Truncated when
+        the file shrinks or is replaced. Never ends by itself: the caller stops iterating."""
+        ...
+
+    async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        """Write a file atomically (temporary file + rename), creating its folder."""
+        ...
+
+    async def remove(self, path: str) -> None:
+        """Remove a file; a missing file is not an error."""
+        ...
+
+    async def group_alive(self, pgid: int) -> bool:
+        """Whether any live (non-zombie) process remains in the process group."""
+        ...
+
+    async def signal_group(self, pgid: int, signum: int) -> None:
+        """Send a signal to a whole process group; a group that is gone is not an error."""
+        ...
+
+    async def port_holder(self, port: int) -> PortHolder | None:
+        """Who listens on TCP ``port`` (any address), or None when nobody does."""
+        ...
+
+    async def url_for(self, port: int, bind_host: str = "127.0.0.1") -> str:
+        """A base URL this machine can use to reach the host's ``bind_host:port`` (for SSH hosts:
+        through a local forward over the master connection)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and forwards (servers keep running)."""
+        ...
+
+
+async def poll_follow(host: Host, path: str, offset: int = 0, interval_s: float = 0.02) -> AsyncIterator[bytes | Truncated]:
+    """A ``follow`` built from ``file_size`` and ``read_bytes`` by polling (cheap on a local disk)."""
+    while True:
+        size = await host.file_size(path)
+        if size is not None:
+            if size < offset:
+                offset = 0
+                yield Truncated(0)
+            elif size > offset:
+                try:
+                    data = await host.read_bytes(path, offset, size - offset)
+                except FileNotFoundError:
+                    data = b""
+                if data:
+                    offset += len(data)
+                    yield data
+                    continue
+        await asyncio.sleep(interval_s)

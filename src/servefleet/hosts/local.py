@@ -1,0 +1,192 @@
+"""The local host: this machine, through asyncio subprocesses, os and psutil."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import psutil
+
+from servefleet.errors import CommandError, HostError
+from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
+
+__all__ = ["LocalHost"]
+
+
+class LocalHost:
+    """Runs everything on this machine. Stateless: cheap to create."""
+
+    name = "local"
+
+    def __init__(self, follow_interval_s: float = 0.02) -> None:
+        self.follow_interval_s = follow_interval_s
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        input: bytes | None = None,
+    ) -> CommandResult:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise HostError(f"cannot run {argv[0]!r} on the local host: {exc}") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise HostError(f"command timed out after {timeout}s: {' '.join(argv)[:200]}") from None
+        result = CommandResult(tuple(argv), proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+        if check and result.returncode != 0:
+            raise CommandError(list(argv), result.returncode, result.stderr)
+        return result
+
+    async def spawn_detached(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> int:
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        full_env = {**os.environ, **(env or {})}
+        try:
+            # start_new_session: setsid() in the child, so the wrapper leads a new session and
+            # process group, and no terminal hang-up or Ctrl-C of ours reaches the server.
+            proc = subprocess.Popen(
+                detach_argv(argv, log_path, status_path),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise HostError(f"cannot start the detach wrapper: {exc}") from exc
+        return proc.pid
+
+    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(-1 if limit is None else limit)
+
+    async def file_size(self, path: str) -> int | None:
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+
+    async def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
+        inode: int | None = None
+        fh = None
+        try:
+            while True:
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    st = None
+                if st is not None and (fh is None or st.st_ino != inode):
+                    if fh is not None:  # replaced (rotated): start the new file from its top
+                        fh.close()
+                        offset = 0
+                        yield Truncated(0)
+                    fh = open(path, "rb")
+                    inode = st.st_ino
+                if fh is not None and st is not None:
+                    if st.st_size < offset:  # truncated in place
+                        offset = 0
+                        yield Truncated(0)
+                    if st.st_size > offset:
+                        fh.seek(offset)
+                        data = fh.read(st.st_size - offset)
+                        if data:
+                            offset += len(data)
+                            yield data
+                            continue
+                await asyncio.sleep(self.follow_interval_s)
+        finally:
+            if fh is not None:
+                fh.close()
+
+    async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    async def remove(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    async def group_alive(self, pgid: int) -> bool:
+        for proc in psutil.process_iter(["pid", "status"]):
+            try:
+                if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                if os.getpgid(proc.info["pid"]) == pgid:
+                    return True
+            except (ProcessLookupError, psutil.Error):
+                continue
+        return False
+
+    async def signal_group(self, pgid: int, signum: int) -> None:
+        try:
+            os.killpg(pgid, signum)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            raise HostError(f"not allowed to signal process group {pgid}: {exc}") from exc
+
+    async def port_holder(self, port: int) -> PortHolder | None:
+        try:
+            conns = psutil.net_connections(kind="tcp")
+        except psutil.AccessDenied:  # pragma: no cover - non-root on some systems
+            conns = []
+        for conn in conns:
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                pgid = None
+                if conn.pid is not None:
+                    try:
+                        pgid = os.getpgid(conn.pid)
+                    except ProcessLookupError:
+                        continue
+                return PortHolder(conn.pid, pgid)
+        return None
+
+    async def url_for(self, port: int, bind_host: str = "127.0.0.1") -> str:
+        host = "127.0.0.1" if bind_host in ("0.0.0.0", "", "localhost") else bind_host
+        if host == "::" or ":" in host:
+            host = "[::1]" if host == "::" else f"[{host}]"
+        return f"http://{host}:{port}"
+
+    async def close(self) -> None:
+        return None
+
+

@@ -1,0 +1,47 @@
+"""The result of verifying a server: what state it is in and, when it failed, why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from servefleet.capacity import Capacity
+from servefleet.catalog import Category, State
+
+__all__ = ["Evidence", "Verdict"]
+
+
+class Evidence(BaseModel):
+    line_no: int  # 1-based line number in the log
+    text: str  # the normalised line (ANSI codes stripped)
+
+
+class Verdict(BaseModel):
+    state: State
+    category: Category | None = None
+    engine: str | None = None
+    evidence: Evidence | None = None
+    hint: str | None = None
+    excerpt: list[str] = Field(default_factory=list)  # a few lines around the evidence
+    elapsed_s: float | None = None
+    exit_code: int | None = None
+    progress: str | None = None  # the last progress label seen ("loading weights", ...)
+    message: str | None = None  # plain words for the live status ("log file does not exist", ...)
+    capacity: Capacity = Field(default_factory=Capacity)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable `diagnose --json` / `wait --json` shape."""
+        return {
+            "state": self.state.value,
+            "category": self.category.value if self.category else None,
+            "engine": self.engine,
+            "evidence": self.evidence.model_dump() if self.evidence else None,
+            "hint": self.hint,
+            "excerpt": self.excerpt,
+            "elapsed_s": self.elapsed_s,
+            "exit_code": self.exit_code,
+            "progress": self.progress,
+            "message": self.message,
+            "capacity": self.capacity.model_dump(exclude_defaults=True),
+        }
