@@ -24,11 +24,13 @@ class Verdict(BaseModel):
     evidence: Evidence | None = None
     hint: str | None = None
     excerpt: list[str] = Field(default_factory=list)  # a few lines around the evidence
+    excerpt_start: int | None = None  # line number of the first excerpt line
     elapsed_s: float | None = None
     exit_code: int | None = None
     progress: str | None = None  # the last progress label seen ("loading weights", ...)
     message: str | None = None  # plain words for the live status ("log file does not exist", ...)
     capacity: Capacity = Field(default_factory=Capacity)
+    last_line: str | None = None  # the newest log line (live status only; not in to_json)
 
     def to_json(self) -> dict[str, Any]:
         """The stable `diagnose --json` / `wait --json` shape."""
@@ -39,6 +41,7 @@ class Verdict(BaseModel):
             "evidence": self.evidence.model_dump() if self.evidence else None,
             "hint": self.hint,
             "excerpt": self.excerpt,
+            "excerpt_start": self.excerpt_start,
             "elapsed_s": self.elapsed_s,
             "exit_code": self.exit_code,
             "progress": self.progress,

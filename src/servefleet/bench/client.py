@@ -1,0 +1,245 @@
+"""The HTTP side of the load generator: one pooled aiohttp session, one request at a time per call.
+
+The scheduler (``loadgen.py``) talks to a :class:`Backend` and never to aiohttp, so another
+transport (or a fake in tests) drops in. A request that fails is a :class:`RequestRecord` with
+``ok=False`` and an ``error_kind`` — data, not an exception — so one bad response cannot end a
+sweep. Bodies arrive pre-encoded; the hot path does no JSON encoding and, for streams, no JSON
+decoding either (see ``sse.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Protocol
+
+import aiohttp
+
+from servefleet.bench.sse import SSESplitter, error_message, extract_text, scan_body, scan_payload
+
+__all__ = [
+    "PreparedRequest",
+    "RequestRecord",
+    "EndpointConfig",
+    "Backend",
+    "OpenAIBackend",
+    "ERROR_KINDS",
+    "classify_status",
+]
+
+# Stable names for per-request failures (RUN.json ``errors_by_kind``).
+ERROR_KINDS = (
+    "rate_limited",  # HTTP 429
+    "client_error",  # other HTTP 4xx
+    "server_error",  # HTTP 5xx
+    "connection",  # could not connect / connection refused
+    "timeout",  # no complete answer within the request timeout
+    "disconnected",  # the server closed the connection mid-answer
+    "stream_error",  # an error object inside an otherwise successful stream
+    "bad_response",  # 200 with a body that is not an answer
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    index: int
+    body: bytes  # the JSON body, encoded once before the point starts
+    input_tokens: int | None  # as counted when the prompt was built (None: unknown)
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request. Times are ``perf_counter`` seconds (CLOCK_MONOTONIC on
+    Linux, hence comparable across worker processes); chunk offsets are relative to ``start``."""
+
+    index: int
+    ok: bool
+    start: float
+    end: float
+    ttft: float | None = None
+    prompt_tokens: int | None = None  # from usage
+    completion_tokens: int | None = None  # from usage
+    input_tokens: int | None = None  # as built
+    max_tokens: int = 0
+    chunk_offsets: list[float] = field(default_factory=list)  # one per arrival that carried output
+    chunk_bytes: list[int] = field(default_factory=list)  # text bytes in that arrival
+    chunk_tokens: list[int] | None = None  # exact tokens per arrival (continuous usage), else None
+    text_bytes: int = 0  # non-streamed: size of the answer text
+    text: str | None = None  # kept only when the server reports no usage (counted later)
+    status: int | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    warmup: bool = False
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """Everything a backend needs; plain data so it can be sent to worker processes."""
+
+    base_url: str
+    path: str  # "/v1/chat/completions" or "/v1/completions"
+    stream: bool = True
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout_s: float = 600.0
+    keep_text: bool = False  # keep generated text (server reports no usage; tokens counted later)
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + self.path
+
+
+class Backend(Protocol):
+    """What the load generator needs from a transport."""
+
+    async def open(self, connections: int) -> None: ...
+
+    async def send(self, request: PreparedRequest) -> RequestRecord: ...
+
+    async def close(self) -> None: ...
+
+
+def classify_status(status: int) -> str:
+    if status == 429:
+        return "rate_limited"
+    if 400 <= status < 500:
+        return "client_error"
+    return "server_error"
+
+
+class OpenAIBackend:
+    """OpenAI-compatible chat/completions over one aiohttp session with keep-alive connections."""
+
+    def __init__(self, config: EndpointConfig) -> None:
+        self.config = config
+        self._url = config.url
+        self._headers = {"Content-Type": "application/json", **dict(config.headers)}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self, connections: int) -> None:
+        if self._session is not None:
+            return
+        # One connection per concurrent request, reused across requests (keep-alive); no DNS
+        # cache churn, no per-request session (sglang's bench_serving opens one per request).
+        connector = aiohttp.TCPConnector(limit=max(connections, 1), limit_per_host=0, ttl_dns_cache=None)
+        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=30)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(self, request: PreparedRequest) -> RequestRecord:
+        assert self._session is not None, "open() first"
+        rec = RequestRecord(
+            index=request.index, ok=False, start=perf_counter(), end=0.0,
+            input_tokens=request.input_tokens, max_tokens=request.max_tokens,
+        )
+        try:
+            async with self._session.post(self._url, data=request.body, headers=self._headers) as resp:
+                rec.status = resp.status
+                if resp.status != 200:
+                    body = await resp.read()
+                    return _failed(rec, classify_status(resp.status), f"HTTP {resp.status}: {error_message(body)}")
+                if self.config.stream:
+                    await self._read_stream(resp, rec)
+                else:
+                    await self._read_body(resp, rec)
+        except asyncio.TimeoutError:
+            return _failed(rec, "timeout", f"no complete answer within {self.config.timeout_s:g}s")
+        except aiohttp.ClientConnectorError as exc:
+            return _failed(rec, "connection", str(exc))
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+            return _failed(rec, "disconnected", f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientError as exc:
+            return _failed(rec, "connection", f"{type(exc).__name__}: {exc}")
+        return rec
+
+    async def _read_body(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+        body = await resp.read()
+        rec.end = perf_counter()
+        scan = scan_body(body)
+        if scan.error:
+            _failed(rec, "stream_error", error_message(body))
+            return
+        if scan.completion_tokens is None and b'"choices"' not in body:
+            _failed(rec, "bad_response", body[:200].decode("utf-8", "replace"))
+            return
+        rec.ok = True
+        rec.completion_tokens = scan.completion_tokens
+        rec.prompt_tokens = scan.prompt_tokens
+        rec.text_bytes = scan.text_bytes
+        if self.config.keep_text or scan.completion_tokens is None:
+            rec.text = extract_text(body)
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+        """The hot loop. One timestamp per socket arrival: events that arrive together are one
+        chunk, so several tokens in one arrival share one gap (per-token ITL, see metrics.py)."""
+        start = rec.start
+        splitter = SSESplitter()
+        offsets = rec.chunk_offsets
+        sizes = rec.chunk_bytes
+        exact: list[int] | None = []  # tokens per arrival while usage comes with every content chunk
+        cumulative = 0
+        keep = self.config.keep_text
+        texts: list[bytes] = []
+        async for data in resp.content.iter_any():
+            now = perf_counter()
+            nbytes = 0
+            tokens_before = cumulative
+            for payload in splitter.feed(data):
+                scan = scan_payload(payload)
+                if scan.done:
+                    continue
+                if scan.error:
+                    rec.end = now
+                    _failed(rec, "stream_error", error_message(payload))
+                    return
+                if scan.completion_tokens is not None:
+                    cumulative = max(cumulative, scan.completion_tokens)
+                    rec.completion_tokens = scan.completion_tokens
+                    if scan.prompt_tokens is not None:
+                        rec.prompt_tokens = scan.prompt_tokens
+                elif scan.text_bytes:
+                    exact = None  # a chunk with text but no usage: counts are not per chunk
+                nbytes += scan.text_bytes
+                if keep and scan.text_bytes:
+                    texts.append(payload)
+            new_tokens = cumulative - tokens_before
+            # An arrival with text is a chunk; so is one whose tokens decoded to no text yet
+            # (held-back UTF-8), which only continuous usage reveals.
+            if nbytes or (new_tokens and exact is not None):
+                offsets.append(now - start)
+                sizes.append(nbytes)
+                if exact is not None:
+                    exact.append(new_tokens)
+                if rec.ttft is None:
+                    rec.ttft = now - start
+        for payload in splitter.flush():
+            scan = scan_payload(payload)
+            if scan.completion_tokens is not None:
+                rec.completion_tokens = scan.completion_tokens
+        rec.end = perf_counter()
+        rec.ok = True
+        # Exact per-chunk counts only if every text chunk carried a cumulative usage count and they
+        # add up to the final total (vLLM ``continuous_usage_stats``); otherwise metrics.py shares
+        # the total out in proportion to text size.
+        if exact is not None and offsets and rec.completion_tokens is not None and sum(exact) == rec.completion_tokens:
+            rec.chunk_tokens = exact
+        if texts:
+            rec.text = "".join(extract_text(p) for p in texts)
+        elif rec.completion_tokens is None and not keep:
+            rec.text = None
+
+
+def _failed(rec: RequestRecord, kind: str, message: str) -> RequestRecord:
+    rec.ok = False
+    rec.error_kind = kind
+    rec.error = message[:300]
+    if not rec.end:
+        rec.end = perf_counter()
+    return rec

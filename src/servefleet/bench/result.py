@@ -1,0 +1,209 @@
+"""The schema of RUN.json: one benchmark run of one server, all of its points.
+
+Scripts and later tools (``compare``, ``plan``) read these files, so the names of the
+contract fields are stable: ``points[].concurrency, requests, errors, duration_s,
+requests_per_s, output_tokens_per_s, total_tokens_per_s, ttft_ms, tpot_ms, itl_ms, e2e_ms``
+(each latency an object with ``mean, p50, p90, p99``) and ``client_bound``. New fields may be
+added; none of those may be renamed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servefleet.capacity import Capacity
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Stat",
+    "ServerStats",
+    "ClientCheck",
+    "Point",
+    "BenchConfig",
+    "Target",
+    "Environment",
+    "Run",
+    "load_run",
+    "save_run",
+]
+
+SCHEMA_VERSION = 1
+
+
+class Stat(BaseModel):
+    """Summary of one latency distribution, in milliseconds. ``n`` samples; all None when n == 0."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    min: float | None = None
+    max: float | None = None
+    n: int = 0
+
+
+class ServerStats(BaseModel):
+    """What the server itself said around one point (Prometheus ``/metrics``, SGLang ``/server_info``).
+
+    Gauges are sampled during the point (``*_max``/``*_mean``); counters are differenced
+    between the scrape before and the scrape after it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: list[str] = Field(default_factory=list)  # e.g. ["/metrics", "/server_info"]
+    samples: int = 0
+    running_mean: float | None = None
+    running_max: float | None = None
+    queued_mean: float | None = None
+    queued_max: float | None = None
+    kv_cache_usage_max: float | None = None  # fraction 0..1
+    # Speculative decoding over the point: accepted / drafted tokens, and the mean number of
+    # tokens emitted per verification step (1 + accepted / drafts, or SGLang's spec_accept_length).
+    spec_acceptance_rate: float | None = None
+    spec_accept_length: float | None = None
+    generation_tokens: float | None = None  # server's own count of generated tokens during the point
+    preemptions: float | None = None
+    saturated: bool | None = None  # requests were queued, or running hit max_running_requests
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClientCheck(BaseModel):
+    """The load generator watching itself: was the client, not the server, the limit?"""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: int = 1
+    cpu_percent_max: float | None = None  # busiest worker process, % of one core
+    cpu_percent_total: float | None = None  # all workers together
+    loop_lag_ms: Stat = Field(default_factory=Stat)
+    host_cpu_percent: float | None = None  # whole machine, % of all cores
+    reasons: list[str] = Field(default_factory=list)
+
+
+class Point(BaseModel):
+    """One load level: a fixed concurrency, or a Poisson request rate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int | None  # closed-loop users, or the in-flight cap in rate mode (None: no cap)
+    request_rate: float | None = None  # Poisson arrivals per second (rate mode), else None
+    requests: int  # measured requests sent (warm-up excluded), successes + errors
+    successful: int
+    errors: int
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    error_examples: dict[str, str] = Field(default_factory=dict)
+    duration_s: float
+    requests_per_s: float  # successful requests per second
+    input_tokens: int
+    output_tokens: int
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    output_tokens_per_s_per_request: Stat = Field(default_factory=Stat)  # per-user speed, tok/s
+    ttft_ms: Stat
+    tpot_ms: Stat
+    itl_ms: Stat  # per token: a chunk carrying k tokens after a gap g counts k samples of g/k
+    e2e_ms: Stat
+    achieved_concurrency: float  # mean requests in flight (sum of latencies / duration)
+    token_sources: dict[str, int] = Field(default_factory=dict)  # how output tokens were counted
+    chunks_per_request: float | None = None
+    tokens_per_chunk: float | None = None
+    client_bound: bool
+    client: ClientCheck = Field(default_factory=ClientCheck)
+    server: ServerStats | None = None
+
+
+class BenchConfig(BaseModel):
+    """How the run was asked for (enough to repeat it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    concurrency: list[int] = Field(default_factory=list)
+    request_rates: list[float] = Field(default_factory=list)
+    max_concurrency: int | None = None  # in-flight cap in rate mode
+    requests: int | None = None  # per point
+    duration_s: float | None = None  # per point (alternative to requests)
+    warmup: int = 0  # requests per point, not measured
+    input_len: int | None = None
+    output_len: int | None = None
+    input_len_range: float = 0.0  # uniform +-fraction around input_len
+    output_len_range: float = 0.0
+    dataset: str | None = None
+    api: Literal["chat", "completions"] = "chat"
+    stream: bool = True
+    ignore_eos: bool | None = None
+    temperature: float | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    workers: int = 1
+    seed: int = 0
+    timeout_s: float = 600.0
+
+
+class Target(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    base_url: str
+    model: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+
+
+class Environment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    servefleet_version: str
+    python: str
+    platform: str
+    hostname: str
+    cpu_count: int | None = None
+    aiohttp_version: str | None = None
+    event_loop: str | None = None
+
+
+class Run(BaseModel):
+    """A whole RUN.json."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    tool: str = "servefleet bench"
+    created_at: str  # ISO 8601, UTC
+    target: Target
+    config: BenchConfig
+    capacity: Capacity | None = None
+    server_info: dict[str, Any] = Field(default_factory=dict)  # trimmed engine info (e.g. /server_info)
+    workload: dict[str, Any] = Field(default_factory=dict)  # how prompts were made and counted
+    environment: Environment
+    points: list[Point] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+    def best_point(self) -> Point | None:
+        """The point with the highest output token throughput."""
+        return max(self.points, key=lambda p: p.output_tokens_per_s, default=None)
+
+
+def save_run(run: Run, path: str | Path) -> Path:
+    """Write atomically (temp file + rename) so a crash never leaves half a RUN.json."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(run.model_dump_json(indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_run(path: str | Path) -> Run:
+    """Read and validate a RUN.json (pydantic raises ValidationError on a bad file)."""
+    return Run.model_validate(json.loads(Path(path).read_text()))

@@ -1,0 +1,148 @@
+"""`servefleet capacity` (memory model, and what a live server reports) and `servefleet plan`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from servefleet.cli.exitcodes import ExitCode
+from servefleet.errors import ServefleetError
+
+console = Console()
+
+
+def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/] {msg}")
+    return typer.Exit(int(code))
+
+
+async def _live_capacity(url: str, engine: str) -> dict:
+    import aiohttp
+
+    from servefleet.engines.registry import get_engine
+
+    async with aiohttp.ClientSession() as session:
+        cap = await get_engine(engine).capacity_from_server(session, url.rstrip("/"))
+    return cap.model_dump(exclude_defaults=True)
+
+
+def capacity(
+    model: Annotated[Optional[Path], typer.Option("--model", help="Local model folder or its config.json (nothing is downloaded).")] = None,
+    gpu_mem: Annotated[str, typer.Option("--gpu-mem", help="Memory of one GPU, e.g. 80GiB, 141GiB.")] = "80GiB",
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs per server.")] = 1,
+    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM).")] = 0.9,
+    context_len: Annotated[int, typer.Option("--context-len", help="Tokens per request (prompt + output) for max running requests.")] = 4096,
+    spec: Annotated[Optional[str], typer.Option("--spec", help="Speculative draft: mtp[:N], draft:PATH, eagle:PATH or ngram.")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="Weight dtype.")] = "bfloat16",
+    kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype (default: the weight dtype), e.g. fp8.")] = None,
+    overhead: Annotated[str, typer.Option("--overhead", help="Per-GPU memory outside the fraction's budget (CUDA context, activations).")] = "1GiB",
+    url: Annotated[Optional[str], typer.Option("--url", help="A running server: also show what its engine reports.")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="Engine of --url.")] = "sglang",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Predict KV-cache tokens and max running requests from a model's config.json, before launching
+    anything; with --url, compare with what the running engine reports."""
+    from servefleet.plan.memory import MemoryAssumptions, estimate_memory, load_config, parse_bytes
+    from servefleet.plan.report import memory_table
+
+    if model is None and url is None:
+        raise _fail("give --model PATH (predict) and/or --url URL (read a running server)")
+    try:
+        reported = asyncio.run(_live_capacity(url, engine)) if url else None
+        est = None
+        if model is not None:
+            cfg, folder = load_config(model)
+            assumptions = MemoryAssumptions(
+                gpu_mem_bytes=parse_bytes(gpu_mem), tp=tp, mem_fraction=mem_fraction,
+                overhead_bytes_per_gpu=parse_bytes(overhead), weight_dtype=dtype, kv_dtype=kv_dtype or dtype,
+                state_dtype=dtype, context_len=context_len, spec=spec,
+            )
+            est = estimate_memory(cfg, assumptions, folder)
+    except (ServefleetError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        out = est.model_dump() if est else {}
+        if reported is not None:
+            out["reported"] = reported
+        print(json.dumps(out, indent=2))
+        return
+    if est:
+        console.print(memory_table(est, reported))
+        for note in est.notes:
+            console.print(f"  note: {note}")
+        a = est.assumptions
+        console.print(f"  assumptions: {a.gpu_mem_bytes / 2**30:.0f} GiB x fraction {a.mem_fraction}, tp {a.tp}, weights {a.weight_dtype} "
+                      f"(from {a.weight_source}), KV {a.kv_dtype}, {a.overhead_bytes_per_gpu / 2**30:.2f} GiB overhead per GPU")
+    elif reported is not None:
+        console.print_json(data=reported)
+
+
+def plan(
+    bench: Annotated[list[str], typer.Option("--bench", help="A bench RUN.json per configuration; RUN.json:G for G GPUs per replica.")],
+    prompts: Annotated[int, typer.Option("--prompts", help="Prompts in the job.")],
+    output_tokens_mean: Annotated[Optional[float], typer.Option("--output-tokens-mean", help="Mean output tokens per prompt.")] = None,
+    sample: Annotated[Optional[Path], typer.Option("--sample", help="JSONL/Parquet of real outputs to take the mean output length from.")] = None,
+    gpus: Annotated[str, typer.Option("--gpus", help="GPU counts to plan for, comma-separated (the first is ranked).")] = "1",
+    gpus_per_replica: Annotated[int, typer.Option("--gpus-per-replica", help="GPUs per server unless RUN.json:G says otherwise.")] = 1,
+    max_running: Annotated[Optional[int], typer.Option("--max-running", help="Override the cap read from the runs' capacity facts.")] = None,
+    gpu_hour_cost: Annotated[Optional[float], typer.Option("--gpu-hour-cost", help="Price of one GPU-hour.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of makespan against GPUs.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Which measured configuration, at what concurrency, finishes the job soonest on G GPUs, with an ETA."""
+    from servefleet.plan.planner import JobSpec, plan_job
+    from servefleet.plan.report import plan_table, plot_makespan, recommendation
+    from servefleet.plan.runs import curve_from_run, parse_bench_arg, sample_output_mean
+
+    try:
+        if (output_tokens_mean is None) == (sample is None):
+            raise _fail("give exactly one of --output-tokens-mean M or --sample FILE")
+        notes = []
+        if sample is not None:
+            output_tokens_mean, n = sample_output_mean(sample)
+            notes.append(f"mean output length {output_tokens_mean:,.1f} tokens from {n:,} records of {sample}")
+        counts = [int(g) for g in gpus.split(",") if g.strip()]
+        configs = []
+        for arg in bench:
+            path, g = parse_bench_arg(arg)
+            configs.append(curve_from_run(path, g or gpus_per_replica, max_running))
+    except ServefleetError as exc:
+        raise _fail(str(exc)) from None
+    except ValueError:
+        raise _fail(f"--gpus must be comma-separated integers, got {gpus!r}") from None
+    job = JobSpec(prompts=prompts, output_tokens_mean=output_tokens_mean)
+    results = {g: plan_job(configs, job, g, gpu_hour_cost) for g in counts}
+    plot_path = plot_makespan(configs, job, counts, plot) if plot else None
+    if as_json:
+        def row(r):
+            return {**r.__dict__, "makespan_s": r.makespan_s if math.isfinite(r.makespan_s) else None,
+                    "gpu_hours": r.gpu_hours if math.isfinite(r.gpu_hours) else None}
+        print(json.dumps({
+            "job": {"prompts": prompts, "output_tokens_mean": output_tokens_mean},
+            "plans": {str(g): [row(r) for r in rows] for g, rows in results.items()},
+            "recommendation": recommendation(results[counts[0]]),
+            "plot": str(plot_path) if plot_path else None,
+            "notes": notes,
+        }, indent=2))
+        return
+    for g, rows in results.items():
+        console.print(plan_table(rows, job, g))
+        for r in rows:
+            for note in r.notes:
+                console.print(f"  {r.name}: {note}")
+    console.print(f"[bold]recommendation:[/] {recommendation(results[counts[0]])}")
+    for note in notes:
+        console.print(f"  note: {note}")
+    if plot_path:
+        console.print(f"plot: {plot_path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("capacity")(capacity)
+    app.command("plan")(plan)

@@ -1,0 +1,301 @@
+"""The life of one server: resolve its launch, adopt it if it already runs, launch it detached,
+and stop its whole process group. Every step goes through a ``HostBinding``, never ``os``
+directly, so the same code drives local and SSH hosts.
+
+Ownership is checked before anything is signalled or adopted: a recorded process group counts as
+ours only while the group lives and its leader (the detach wrapper) still carries this server's
+log path on its command line — a pgid reused by an unrelated process after a reboot is never
+killed. (Linux does not hand out a pid that is still in use as a process-group id, so a live group
+whose leader has exited is still ours.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+
+from servefleet.catalog import DEFAULT_HINTS, Category, State
+from servefleet.engines.base import EngineProfile, LaunchSpec
+from servefleet.engines.registry import get_engine
+from servefleet.errors import ConfigError, EngineError
+from servefleet.fleet.hosts import HostBinding
+from servefleet.fleet.spec import ServerSpec
+from servefleet.fleet.state import ServerState, StateStore, is_secret_name, mask_argv, mask_env, spec_hash, utcnow
+from servefleet.verify.verdict import Verdict
+
+__all__ = [
+    "Action",
+    "Launchable",
+    "StartOutcome",
+    "StopResult",
+    "resolve_launch",
+    "owns_group",
+    "start_server",
+    "stop_server",
+    "read_exit_code",
+    "save_record",
+    "LAUNCH_MARKER",
+]
+
+LAUNCH_MARKER = "==== servefleet launch {time} ===="
+
+# Appends the launch marker, creating the log 0600 (umask) and its folders; a previous attempt
+# that died mid-line gets its line ended first, so the marker always starts a line.
+_MARKER_SCRIPT = (
+    'umask 077; mkdir -p "$(dirname "$1")" "$(dirname "$2")" || exit 1; '
+    'if [ -s "$1" ] && [ -n "$(tail -c 1 "$1")" ]; then echo >> "$1"; fi; '
+    'printf "%s\\n" "$3" >> "$1"'
+)
+
+
+class Action(StrEnum):
+    LAUNCHED = "launched"  # started now
+    ADOPTED = "adopted"  # already running (ours): not relaunched
+    BLOCKED = "blocked"  # port held by another process: nothing launched
+    FAILED = "failed"  # could not be started at all
+
+
+@dataclass(frozen=True)
+class Launchable:
+    """Everything needed to launch one server, resolved from the spec, its host and its engine."""
+
+    server: ServerSpec
+    binding: HostBinding
+    profile: EngineProfile
+    launch: LaunchSpec
+    argv: list[str]
+    env: dict[str, str]  # what servefleet adds to the host's environment
+    served_model: str
+    digest: str
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+
+@dataclass
+class StartOutcome:
+    name: str
+    action: Action
+    record: ServerState | None = None
+    verdict: Verdict | None = None  # set when there is nothing to wait for (blocked, failed)
+    message: str | None = None  # e.g. "running with an older spec"
+    spec_changed: bool = False
+
+
+@dataclass
+class StopResult:
+    name: str
+    was_running: bool
+    signal: str | None = None  # the strongest signal that was needed: "SIGTERM" or "SIGKILL"
+    port_free: bool = True
+    port_holder_pid: int | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.port_free and "still running" not in self.message
+
+
+def resolve_launch(server: ServerSpec, binding: HostBinding, fleet_label: str) -> Launchable:
+    """Build argv and env from the engine profile; engine complaints become ConfigErrors that name
+    the server."""
+    env = {**binding.env, **server.env}
+    launch = LaunchSpec(
+        model=server.model or "",
+        port=server.port,
+        host=server.bind,
+        gpus=server.gpus,
+        served_model_name=server.served_model_name,
+        extra_args=tuple(server.args),
+        python=server.python or binding.python,
+        command=tuple(server.command or ()),
+        ready_path=server.ready_path,
+        env=env,
+    )
+    profile = get_engine(server.engine)
+    try:
+        argv = list(profile.build_argv(launch))
+        full_env = {**profile.build_env(launch), **env}
+        served = profile.served_name(launch)
+    except (EngineError, ValueError) as exc:
+        raise ConfigError(f'{fleet_label}: server "{server.name}": engine {server.engine}: {exc}') from exc
+    digest = spec_hash({"argv": argv, "env": full_env, "cwd": binding.cwd, "host": binding.name})
+    return Launchable(server, binding, profile, launch, argv, full_env, served, digest)
+
+
+async def owns_group(binding: HostBinding, record: ServerState) -> bool:
+    """Whether the recorded process group is alive and still the one we launched."""
+    host = binding.host
+    if not await host.group_alive(record.pgid):
+        return False
+    try:
+        cmdline = await host.read_bytes(f"/proc/{record.pgid}/cmdline")
+    except FileNotFoundError:
+        return True  # leader gone, group alive: the pgid cannot have been reused
+    except OSError:
+        return True  # cannot read it (permissions): trust the live group
+    if not cmdline:
+        return True  # a zombie leader has an empty command line: same as gone
+    return record.log_path.encode() in cmdline
+
+
+async def read_exit_code(binding: HostBinding, record: ServerState) -> int | None:
+    """The exit code the detach wrapper recorded, or None (still running, or killed with it)."""
+    try:
+        raw = await binding.host.read_bytes(record.status_path)
+    except FileNotFoundError:
+        return None
+    try:
+        return int(raw.decode().strip())
+    except ValueError:
+        return None
+
+
+async def save_record(store: StateStore, binding: HostBinding, record: ServerState) -> None:
+    """Write the record locally and, for remote hosts, next to the server too."""
+    store.save(record)
+    if binding.remote_state:
+        await binding.host.write_bytes(binding.state_path(record.name), record.to_bytes())
+
+
+async def load_record(store: StateStore, binding: HostBinding, name: str) -> ServerState | None:
+    """The local record, else (remote hosts) the copy on the host, rediscovered and saved locally."""
+    record = store.load(name)
+    if record is None and binding.remote_state:
+        try:
+            raw = await binding.host.read_bytes(binding.state_path(name))
+        except FileNotFoundError:
+            return None
+        record = store._parse(store.path_for(name), raw, name)
+        store.save(record)
+    return record
+
+
+async def _describe_pid(binding: HostBinding, pid: int | None) -> str:
+    if pid is None:
+        return "another process (pid not visible)"
+    try:
+        raw = await binding.host.read_bytes(f"/proc/{pid}/cmdline")
+    except OSError:
+        return f"pid {pid}"
+    cmd = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    if len(cmd) > 80:
+        cmd = cmd[:77] + "..."
+    return f"pid {pid} ({cmd})" if cmd else f"pid {pid}"
+
+
+async def start_server(item: Launchable, store: StateStore, fleet_name: str) -> StartOutcome:
+    """Adopt the server if it already runs, refuse when its port is taken, else launch it."""
+    binding, name, port = item.binding, item.name, item.server.port
+    host = binding.host
+    record = await load_record(store, binding, name)
+    if record is not None and await owns_group(binding, record):
+        changed = record.spec_hash != item.digest
+        msg = f"already running (pgid {record.pgid}, launched {record.launched_at:%Y-%m-%d %H:%M:%S}Z)"
+        if changed:
+            msg += f"; the fleet file changed since: `servefleet restart {name}` applies it"
+        return StartOutcome(name, Action.ADOPTED, record=record, message=msg, spec_changed=changed)
+
+    holder = await host.port_holder(port)
+    if holder is not None:
+        who = await _describe_pid(binding, holder.pid)
+        msg = f"port {port} is already in use by {who}; nothing was launched"
+        verdict = Verdict(
+            state=State.FAILED,
+            category=Category.PORT_IN_USE,
+            engine=item.server.engine,
+            hint=DEFAULT_HINTS[Category.PORT_IN_USE],
+            message=msg,
+            elapsed_s=0.0,
+        )
+        return StartOutcome(name, Action.BLOCKED, record=record, verdict=verdict, message=msg)
+
+    log_path, status_path = binding.log_path(name), binding.status_path(name)
+    launched_at = utcnow()
+    marker = LAUNCH_MARKER.format(time=launched_at.isoformat(timespec="seconds"))
+    try:
+        await host.run(["sh", "-c", _MARKER_SCRIPT, "sh", log_path, status_path, marker], timeout=30)
+        offset = await host.file_size(log_path) or 0
+        await host.remove(status_path)
+        pgid = await host.spawn_detached(item.argv, log_path=log_path, status_path=status_path, env=item.env, cwd=binding.cwd)
+    except Exception as exc:  # a host that cannot start anything: a launch failure, not a crash
+        msg = f"could not launch: {exc}"
+        verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, message=msg, elapsed_s=0.0)
+        return StartOutcome(name, Action.FAILED, verdict=verdict, message=msg)
+
+    secrets = [v for k, v in item.env.items() if is_secret_name(k)]
+    record = ServerState(
+        fleet=fleet_name,
+        name=name,
+        engine=item.server.engine,
+        host=binding.name,
+        port=port,
+        bind=item.server.bind,
+        pgid=pgid,
+        argv=mask_argv(item.argv, secrets),
+        env=mask_env(item.env),
+        cwd=binding.cwd,
+        log_path=log_path,
+        status_path=status_path,
+        log_offset=offset,
+        launched_at=launched_at,
+        spec_hash=item.digest,
+        served_model=item.served_model,
+        probe_paths=list(item.profile.probe_for(item.launch).paths),
+    )
+    await save_record(store, binding, record)
+    outcome = StartOutcome(name, Action.LAUNCHED, record=record)
+    if not await host.group_alive(pgid):
+        code = await read_exit_code(binding, record)
+        outcome.message = "exited at once" + (f" with code {code}" if code is not None else "") + f"; see {log_path}"
+    return outcome
+
+
+async def stop_server(record: ServerState, binding: HostBinding, grace_s: float = 15.0, kill_wait_s: float = 10.0) -> StopResult:
+    """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``, then confirm that
+    no process of the group remains and the port is free."""
+    host = binding.host
+    result = StopResult(record.name, was_running=False)
+    if await owns_group(binding, record):
+        result.was_running = True
+        await host.signal_group(record.pgid, signal.SIGTERM)
+        result.signal = "SIGTERM"
+        if not await _wait_gone(binding, record.pgid, grace_s):
+            await host.signal_group(record.pgid, signal.SIGKILL)
+            result.signal = "SIGKILL"
+            if not await _wait_gone(binding, record.pgid, kill_wait_s):
+                result.message = f"process group {record.pgid} is still running after SIGKILL"
+                result.port_free = False
+                return result
+    elif await host.group_alive(record.pgid):
+        result.message = f"pgid {record.pgid} now belongs to another process; not signalled (stale record)"
+
+    # The listening socket closes with its process; allow the kernel a moment to drop it.
+    deadline = time.monotonic() + 2.0
+    holder = await host.port_holder(record.port)
+    while holder is not None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        holder = await host.port_holder(record.port)
+    if holder is not None:
+        result.port_free = False
+        result.port_holder_pid = holder.pid
+        who = await _describe_pid(binding, holder.pid)
+        result.message = (result.message + "; " if result.message else "") + f"port {record.port} is held by {who}"
+    elif not result.message:
+        how = {"SIGTERM": "stopped", "SIGKILL": f"killed (did not stop within {grace_s:g}s of SIGTERM)"}
+        result.message = how.get(result.signal or "", "was not running")
+    return result
+
+
+async def _wait_gone(binding: HostBinding, pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not await binding.host.group_alive(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)

@@ -1,0 +1,503 @@
+"""The fleet file: a TOML description of the servers to run, validated into pydantic models.
+
+A fleet file looks like this (every table but ``[[servers]]`` is optional)::
+
+    [fleet]
+    name = "mtp-vs-plain"          # default: the file name without .toml
+    state_dir = ".servefleet/x"    # default: .servefleet/<fleet name> next to the fleet file
+    timeout = 1800                 # seconds: overall cap of `up`'s wait
+    stall = 300                    # seconds without log or probe progress => stalled
+    smoke = true                   # one-token request before a server is called ready
+
+    [defaults]                     # merged into every server (a server's own value wins;
+    engine = "sglang"              #   env tables are merged, args lists are concatenated:
+    model = "/models/Qwen3-8B"     #   defaults first, so a server's later flag overrides)
+    args = ["--mem-fraction-static", "0.85"]
+    env = { HF_HOME = "/data/hf" }
+
+    [[servers]]
+    name = "mtp"                   # [A-Za-z0-9._-], unique: names the state and log files
+    port = 30000                   # unique per host
+    gpus = [0]                     # -> CUDA_VISIBLE_DEVICES=0 (a list, one int, or "0,1")
+    args = ["--speculative-algorithm", "EAGLE"]   # engine-native, passed through untouched
+
+    [[servers]]
+    name = "plain"
+    port = 30001
+    gpus = [1]
+
+Server fields: ``name``, ``engine``, ``model``, ``port``, ``host`` (default ``"local"``),
+``bind`` (default ``127.0.0.1``), ``gpus``, ``env``, ``args``, ``served_model_name``,
+``command`` (the ``openai`` engine's own command, or an override), ``ready_path`` and ``python``
+(the interpreter for engines started as ``python -m ...``; on the local host it defaults to the
+one running servefleet). ``[hosts.NAME]`` tables describe SSH hosts (see ``HostSpec``).
+
+Every error names the file, the server (by index and name) and the field, e.g.
+``fleet.toml: servers[1] "plain": port: must be between 1 and 65535``; unknown fields are
+rejected (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from servefleet.engines.registry import ENGINES
+from servefleet.errors import ConfigError
+
+__all__ = ["FleetSettings", "HostSpec", "ServerDefaults", "ServerSpec", "FleetSpec", "load_fleet_file", "parse_fleet"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+LOCAL = "local"
+
+
+def _check_name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return value
+
+
+def _str_list(value: Any, example: str) -> list[str]:
+    """A list of strings; numbers are accepted and turned into strings ("--tp", 2)."""
+    if isinstance(value, str):
+        raise ValueError(f"must be a list of strings, e.g. {example} (a single string is not split)")
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of strings, e.g. {example}")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise ValueError(f"item {i} must be a string, got {type(item).__name__}")
+        out.append(str(item))
+    return out
+
+
+def _env_table(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError('must be a table of NAME = "value", e.g. { HF_HOME = "/data/hf" }')
+    out = {}
+    for key, item in value.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise ValueError(f"{key!r} is not a valid environment variable name")
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise ValueError(f"{key}: must be a string (quote it)")
+        out[key] = str(item)
+    return out
+
+
+def _gpu_tuple(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("must be a list of GPU indices, e.g. [0, 1]")
+    if isinstance(value, int):
+        items: list[Any] = [value]
+    elif isinstance(value, str):
+        items = [part.strip() for part in value.split(",") if part.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ValueError("must be a list of GPU indices, e.g. [0, 1]")
+    gpus = []
+    for item in items:
+        try:
+            gpu = int(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"{item!r} is not a GPU index; use e.g. [0, 1]") from None
+        if isinstance(item, bool) or gpu < 0:
+            raise ValueError(f"{item!r} is not a GPU index; use e.g. [0, 1]")
+        gpus.append(gpu)
+    if len(set(gpus)) != len(gpus):
+        raise ValueError("lists a GPU twice")
+    return tuple(gpus)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FleetSettings(_Strict):
+    """The ``[fleet]`` table."""
+
+    name: str | None = None
+    state_dir: str | None = None
+    timeout: float = 1800.0
+    stall: float = 300.0
+    smoke: bool = True
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return None if v is None else _check_name(v)
+
+    @field_validator("timeout", "stall")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be a positive number of seconds")
+        return v
+
+
+class HostSpec(_Strict):
+    """A ``[hosts.NAME]`` table: an SSH host. The transport arrives with the SSH issue; the shape
+    is fixed here so fleet files can be written (and validated) now."""
+
+    name: str
+    ssh: str  # destination: an alias from ~/.ssh/config, or user@host
+    port: int | None = None  # ssh port (-p)
+    user: str | None = None
+    identity_file: str | None = None
+    jump: str | None = None  # ProxyJump
+    workdir: str = ".servefleet"  # remote folder for logs and state (relative to the remote $HOME)
+    env: dict[str, str] = Field(default_factory=dict)  # added to every server's env on that host
+    python: str | None = None
+    connect_timeout: float = 10.0
+    accept_new_host_key: bool = False  # StrictHostKeyChecking=accept-new (opt-in)
+    systemd: bool = False  # launch with systemd-run --user (survives KillUserProcesses)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        _check_name(v)
+        if v == LOCAL:
+            raise ValueError(f'"{LOCAL}" is the built-in local host; choose another name')
+        return v
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= 65535:
+            raise ValueError("must be between 1 and 65535")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> dict[str, str]:
+        return _env_table(v)
+
+
+class ServerDefaults(_Strict):
+    """The ``[defaults]`` table: any server field except ``name`` and ``port``."""
+
+    engine: str | None = None
+    model: str | None = None
+    host: str | None = None
+    bind: str | None = None
+    gpus: Any = None
+    env: dict[str, str] = Field(default_factory=dict)
+    args: list[str] = Field(default_factory=list)
+    served_model_name: str | None = None
+    command: list[str] | None = None
+    ready_path: str | None = None
+    python: str | None = None
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> dict[str, str]:
+        return _env_table(v)
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args(cls, v: Any) -> list[str]:
+        return _str_list(v, '["--tp", "2"]')
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, v: Any) -> list[str] | None:
+        return None if v is None else _str_list(v, '["python", "-m", "my_server"]')
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: Any) -> tuple[int, ...] | None:
+        return _gpu_tuple(v)
+
+
+class ServerSpec(_Strict):
+    """One ``[[servers]]`` entry after ``[defaults]`` were merged into it."""
+
+    name: str
+    engine: str
+    model: str | None = None
+    port: int
+    host: str = LOCAL
+    bind: str = "127.0.0.1"
+    gpus: tuple[int, ...] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    served_model_name: str | None = None
+    command: tuple[str, ...] | None = None
+    ready_path: str | None = None
+    python: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        key = v.lower()
+        if key not in ENGINES:
+            raise ValueError(f"unknown engine {v!r}; known engines: {', '.join(sorted(ENGINES))}")
+        return key
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port(cls, v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("must be an integer port number")
+        if not 1 <= v <= 65535:
+            raise ValueError("must be between 1 and 65535")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> dict[str, str]:
+        return _env_table(v)
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args(cls, v: Any) -> list[str]:
+        return _str_list(v, '["--tp", "2"]')
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, v: Any) -> list[str] | None:
+        return None if v is None else _str_list(v, '["python", "-m", "my_server"]')
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: Any) -> tuple[int, ...] | None:
+        return _gpu_tuple(v)
+
+    @field_validator("ready_path")
+    @classmethod
+    def _ready_path(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError('must start with "/", e.g. "/health"')
+        return v
+
+    @model_validator(mode="after")
+    def _engine_needs(self) -> "ServerSpec":
+        if self.model is None and self.engine != "openai":
+            raise ValueError("model: required field is missing (set it here or in [defaults])")
+        if self.engine == "openai" and not self.command:
+            raise ValueError('command: the openai engine runs your own command; set command = ["...", "..."]')
+        return self
+
+
+class FleetSpec(_Strict):
+    """A whole fleet file, validated. ``path`` is absolute; ``state_dir`` is resolved."""
+
+    path: Path
+    name: str
+    state_dir: Path
+    timeout: float
+    stall: float
+    smoke: bool
+    hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    servers: tuple[ServerSpec, ...] = ()
+
+    def server(self, name: str) -> ServerSpec:
+        for server in self.servers:
+            if server.name == name:
+                return server
+        known = ", ".join(s.name for s in self.servers) or "none"
+        raise ConfigError(f"{self.path.name}: no server named {name!r} (servers: {known})")
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.servers]
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+_TOP_LEVEL = ("fleet", "defaults", "servers", "hosts")
+
+
+def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(choices)})"
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _messages(exc: ValidationError, model: type[BaseModel], from_defaults: set[str] = frozenset()) -> list[str]:
+    """One ``field: message`` string per pydantic error, in words a user acts on."""
+    fields = [f for f in model.model_fields if f not in ("path",)]
+    out = []
+    for err in exc.errors():
+        loc = tuple(err.get("loc", ()))
+        msg = str(err.get("msg", "invalid"))
+        kind = err.get("type", "")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if kind == "extra_forbidden":
+            msg = "unknown field" + _suggest(str(loc[0]), fields)
+        elif kind == "missing":
+            msg = "required field is missing"
+        if not loc:  # model-level check (model_validator): message already starts "field: ..."
+            out.append(msg)
+            continue
+        origin = " (value from [defaults])" if loc and loc[0] in from_defaults else ""
+        out.append(f"{_field_path(loc)}: {msg}{origin}")
+    return out
+
+
+def _merge(defaults: ServerDefaults, raw: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """Defaults under a server's own values: env merged, args concatenated, the rest replaced."""
+    base = defaults.model_dump(exclude_none=True, exclude_defaults=True)
+    merged = dict(raw)
+    used = set()
+    for key, value in base.items():
+        if key == "env":
+            if isinstance(raw.get("env", {}), dict):
+                merged["env"] = {**value, **raw.get("env", {})}
+                used.add("env")
+        elif key == "args":
+            if isinstance(raw.get("args", []), list):
+                merged["args"] = [*value, *raw.get("args", [])]
+                used.add("args")
+        elif key not in raw:
+            merged[key] = value
+            used.add(key)
+    return merged, used
+
+
+def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
+    """Validate parsed TOML ``data`` from ``path``; raise ConfigError listing every problem."""
+    label = path.name
+    problems: list[str] = []
+
+    for key in data:
+        if key not in _TOP_LEVEL:
+            problems.append(f"{key}: unknown table or key" + _suggest(key, _TOP_LEVEL))
+
+    settings = FleetSettings()
+    raw_fleet = data.get("fleet", {})
+    if not isinstance(raw_fleet, dict):
+        problems.append("fleet: must be a table ([fleet])")
+    else:
+        try:
+            settings = FleetSettings(**raw_fleet)
+        except ValidationError as exc:
+            problems += [f"[fleet]: {m}" for m in _messages(exc, FleetSettings)]
+
+    defaults = ServerDefaults()
+    raw_defaults = data.get("defaults", {})
+    if not isinstance(raw_defaults, dict):
+        problems.append("defaults: must be a table ([defaults])")
+    else:
+        try:
+            defaults = ServerDefaults(**raw_defaults)
+        except ValidationError as exc:
+            problems += [f"[defaults]: {m}" for m in _messages(exc, ServerDefaults)]
+
+    hosts: dict[str, HostSpec] = {}
+    raw_hosts = data.get("hosts", {})
+    if not isinstance(raw_hosts, dict):
+        problems.append("hosts: must be tables [hosts.NAME]")
+    else:
+        for host_name, raw_host in raw_hosts.items():
+            if not isinstance(raw_host, dict):
+                problems.append(f"[hosts.{host_name}]: must be a table")
+                continue
+            try:
+                hosts[host_name] = HostSpec(name=host_name, **raw_host)
+            except ValidationError as exc:
+                problems += [f"[hosts.{host_name}]: {m}" for m in _messages(exc, HostSpec)]
+
+    servers: list[ServerSpec] = []
+    raw_servers = data.get("servers")
+    if raw_servers is None:
+        problems.append("no servers: add at least one [[servers]] table")
+        raw_servers = []
+    elif isinstance(raw_servers, dict):
+        problems.append("servers: write [[servers]] (double brackets: a list of tables), not [servers]")
+        raw_servers = []
+    elif not isinstance(raw_servers, list):
+        problems.append("servers: must be a list of [[servers]] tables")
+        raw_servers = []
+
+    for index, raw in enumerate(raw_servers):
+        who = f"servers[{index}]"
+        if not isinstance(raw, dict):
+            problems.append(f"{who}: must be a table")
+            continue
+        if isinstance(raw.get("name"), str):
+            who += f' "{raw["name"]}"'
+        merged, from_defaults = _merge(defaults, raw)
+        try:
+            servers.append(ServerSpec(**merged))
+        except ValidationError as exc:
+            problems += [f"{who}: {m}" for m in _messages(exc, ServerSpec, from_defaults)]
+
+    seen_names: dict[str, int] = {}
+    seen_ports: dict[tuple[str, int], str] = {}
+    for index, server in enumerate(servers):
+        who = f'server "{server.name}"'
+        if server.name in seen_names:
+            problems.append(f"{who}: name: duplicate (every server needs its own name)")
+        seen_names[server.name] = index
+        if server.host != LOCAL and server.host not in hosts:
+            known = ", ".join([LOCAL, *hosts])
+            problems.append(f"{who}: host: unknown host {server.host!r}; define [hosts.{server.host}] (known: {known})")
+        key = (server.host, server.port)
+        if key in seen_ports:
+            problems.append(f'{who}: port: {server.port} on host "{server.host}" is already used by server "{seen_ports[key]}"')
+        else:
+            seen_ports[key] = server.name
+
+    if problems:
+        raise ConfigError("\n".join(f"{label}: {p}" for p in problems))
+
+    name = settings.name or _check_name_or_default(path.stem)
+    state_dir = Path(settings.state_dir).expanduser() if settings.state_dir else Path(".servefleet") / name
+    if not state_dir.is_absolute():
+        state_dir = path.parent / state_dir
+    return FleetSpec(
+        path=path,
+        name=name,
+        state_dir=state_dir,
+        timeout=settings.timeout,
+        stall=settings.stall,
+        smoke=settings.smoke,
+        hosts=hosts,
+        servers=tuple(servers),
+    )
+
+
+def _check_name_or_default(stem: str) -> str:
+    """A fleet name derived from the file name, made safe for a folder name."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "fleet"
+    return cleaned[:64]
+
+
+def load_fleet_file(path: str | Path) -> FleetSpec:
+    """Read and validate a fleet file. Raises ConfigError (file, server, field in the message)."""
+    shown = Path(path)
+    resolved = shown.expanduser().resolve()
+    try:
+        text = resolved.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{shown}: fleet file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{shown}: cannot read the fleet file: {exc}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{shown.name}: TOML syntax error: {exc}") from exc
+    return parse_fleet(data, resolved)

@@ -1,0 +1,162 @@
+"""Turn measured throughput-vs-concurrency curves into a makespan for a whole job.
+
+For each configuration: the best concurrency within its cap (max running requests), the
+steady-state throughput of one replica there, and the makespan of N prompts on G GPUs. The tail
+is simulated, not ignored: when the queue runs dry the last requests of each replica finish at
+falling concurrency (each faster per request, the replica slower in total) — this is what makes a
+fast-per-request configuration win a tiny job even when it loses a large one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Curve", "ConfigCurve", "JobSpec", "PlanRow", "plan_job", "simulate_makespan"]
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Output tokens/s of one replica at each measured concurrency (sorted, interpolated linearly;
+    flat beyond the last measured point — a conservative extrapolation)."""
+
+    concurrency: tuple[int, ...]
+    output_tps: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.concurrency or len(self.concurrency) != len(self.output_tps):
+            raise ValueError("a curve needs at least one (concurrency, throughput) point")
+        pairs = sorted(zip(self.concurrency, self.output_tps))
+        object.__setattr__(self, "concurrency", tuple(p[0] for p in pairs))
+        object.__setattr__(self, "output_tps", tuple(p[1] for p in pairs))
+
+    def total(self, c: float) -> float:
+        """Replica throughput at concurrency c (c may be fractional inside the tail)."""
+        xs, ys = self.concurrency, self.output_tps
+        if c <= 0:
+            return 0.0
+        if c <= xs[0]:
+            # below the first point, per-request speed is at least that at xs[0]
+            return ys[0] * c / xs[0]
+        if c >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_left(xs, c)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (c - x0) / (x1 - x0)
+
+    def per_request(self, c: float) -> float:
+        return self.total(c) / c if c > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ConfigCurve:
+    name: str
+    curve: Curve
+    gpus_per_replica: int = 1
+    max_running: int | None = None  # the server's cap (from capacity facts)
+
+    def best(self) -> tuple[int, float, list[str]]:
+        """(best concurrency, its throughput, notes) within the cap."""
+        notes: list[str] = []
+        cap = self.max_running or math.inf
+        points = [(c, t) for c, t in zip(self.curve.concurrency, self.curve.output_tps) if c <= cap]
+        if not points:
+            c0 = self.curve.concurrency[0]
+            notes.append(f"every measured concurrency is above the cap {self.max_running}; using {self.max_running} scaled from {c0}")
+            c = int(cap)
+            return c, self.curve.total(c), notes
+        c, t = max(points, key=lambda p: p[1])
+        if self.max_running and self.curve.concurrency[-1] < self.max_running:
+            notes.append(
+                f"measured only up to concurrency {self.curve.concurrency[-1]} (cap {self.max_running}); "
+                "throughput beyond it is assumed flat (conservative)"
+            )
+        return c, t, notes
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    prompts: int
+    output_tokens_mean: float
+
+
+@dataclass
+class PlanRow:
+    name: str
+    best_concurrency: int
+    replica_tps: float
+    tps_per_gpu: float
+    gpus: int
+    replicas: int
+    makespan_s: float
+    gpu_hours: float
+    cost: float | None
+    notes: list[str] = field(default_factory=list)
+
+
+def _drain(curve: Curve, remaining: list[float]) -> float:
+    """Seconds for one replica to finish requests with these remaining token counts, no new
+    arrivals: all run at once, each at the per-request speed of the current concurrency."""
+    remaining = sorted(remaining)
+    t = 0.0
+    done = 0.0  # tokens already produced by every still-running request since the drain began
+    n = len(remaining)
+    for i, r in enumerate(remaining):
+        k = n - i
+        speed = curve.per_request(k)
+        if speed <= 0:
+            return math.inf
+        t += (r - done) / speed
+        done = r
+    return t
+
+
+def simulate_makespan(curve: Curve, concurrency: int, replicas: int, job: JobSpec) -> float:
+    """Makespan of ``job`` on ``replicas`` identical replicas, each kept at ``concurrency``.
+
+    Steady state: every replica runs ``concurrency`` requests, a new one starting as one ends, so
+    at any moment their remaining work is spread evenly over (0, M]. Once the queue is empty the
+    replica drains those. A job too small to fill the slots starts everything at once."""
+    m = job.output_tokens_mean
+    slots = concurrency * replicas
+    if replicas <= 0 or job.prompts <= 0:
+        return 0.0 if job.prompts <= 0 else math.inf
+    if job.prompts <= slots:
+        per_replica = math.ceil(job.prompts / replicas)
+        return _drain(curve, [m] * per_replica)
+    # Tokens left in flight when the queue empties: the even spread sums to c * M / 2 per replica.
+    tail_tokens = slots * m / 2
+    steady_tokens = job.prompts * m - tail_tokens
+    steady_s = steady_tokens / (curve.total(concurrency) * replicas)
+    spread = [m * (j + 1) / concurrency for j in range(concurrency)]
+    return steady_s + _drain(curve, spread)
+
+
+def plan_job(configs: list[ConfigCurve], job: JobSpec, gpus: int, gpu_hour_cost: float | None = None) -> list[PlanRow]:
+    """One row per configuration, ranked by makespan (soonest first)."""
+    rows = []
+    for cfg in configs:
+        conc, tps, notes = cfg.best()
+        replicas = gpus // cfg.gpus_per_replica
+        if replicas == 0:
+            notes = notes + [f"needs {cfg.gpus_per_replica} GPUs per replica; only {gpus} given"]
+            makespan = math.inf
+        else:
+            # a tiny job may do better below the throughput-optimal concurrency: try each measured one
+            candidates = [c for c in cfg.curve.concurrency if c <= (cfg.max_running or math.inf)] or [conc]
+            best = min(candidates + [conc], key=lambda c: simulate_makespan(cfg.curve, c, replicas, job))
+            makespan = simulate_makespan(cfg.curve, best, replicas, job)
+            if best != conc:
+                notes = notes + [f"for this job size concurrency {best} finishes sooner than the peak-throughput {conc}"]
+                conc, tps = best, cfg.curve.total(best)
+        used = replicas * cfg.gpus_per_replica
+        gpu_hours = makespan * used / 3600 if math.isfinite(makespan) else math.inf
+        rows.append(PlanRow(
+            name=cfg.name, best_concurrency=conc, replica_tps=tps, tps_per_gpu=tps / cfg.gpus_per_replica,
+            gpus=used, replicas=replicas, makespan_s=makespan, gpu_hours=gpu_hours,
+            cost=gpu_hours * gpu_hour_cost if gpu_hour_cost is not None and math.isfinite(gpu_hours) else None,
+            notes=notes,
+        ))
+    rows.sort(key=lambda r: r.makespan_s)
+    return rows

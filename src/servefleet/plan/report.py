@@ -1,0 +1,99 @@
+"""Render plans and memory estimates: rich tables, plain-language recommendation, a PNG plot."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rich.table import Table
+
+from servefleet.plan.memory import MemoryEstimate
+from servefleet.plan.planner import ConfigCurve, JobSpec, PlanRow, plan_job
+
+__all__ = ["fmt_duration", "plan_table", "recommendation", "memory_table", "plot_makespan"]
+
+
+def fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "never"
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
+def plan_table(rows: list[PlanRow], job: JobSpec, gpus: int) -> Table:
+    title = f"{job.prompts:,} prompts x {job.output_tokens_mean:,.0f} output tokens on {gpus} GPU(s)"
+    table = Table(title=title)
+    for col in ("rank", "configuration", "concurrency", "tok/s per replica", "tok/s per GPU", "replicas", "makespan", "GPU-hours", "cost"):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    for i, r in enumerate(rows, 1):
+        table.add_row(
+            str(i), r.name, str(r.best_concurrency), f"{r.replica_tps:,.0f}", f"{r.tps_per_gpu:,.0f}", str(r.replicas),
+            fmt_duration(r.makespan_s), f"{r.gpu_hours:,.1f}" if math.isfinite(r.gpu_hours) else "-",
+            f"{r.cost:,.2f}" if r.cost is not None else "-",
+        )
+    return table
+
+
+def recommendation(rows: list[PlanRow]) -> str:
+    if not rows or not math.isfinite(rows[0].makespan_s):
+        return "no configuration can run this job on the GPUs given"
+    best = rows[0]
+    text = f"use {best.name} at concurrency {best.best_concurrency}: finishes in {fmt_duration(best.makespan_s)}"
+    if len(rows) > 1 and math.isfinite(rows[1].makespan_s):
+        other = rows[1]
+        ratio = other.makespan_s / best.makespan_s
+        text += (f", {ratio:.2f}x sooner than {other.name} ({fmt_duration(other.makespan_s)}), because it sustains "
+                 f"{best.tps_per_gpu:,.0f} tok/s per GPU against {other.tps_per_gpu:,.0f}")
+    return text
+
+
+def memory_table(est: MemoryEstimate, reported: dict | None = None) -> Table:
+    table = Table(title="memory model" + (" vs what the engine reported" if reported else ""))
+    table.add_column("fact")
+    table.add_column("predicted", justify="right")
+    if reported:
+        table.add_column("engine reported", justify="right")
+    rows = [
+        ("weights", f"{est.weight_bytes / 2**30:,.2f} GiB", None),
+        ("KV bytes per token", f"{est.kv_bytes_per_token:,}", None),
+        ("state bytes per request", f"{est.state_bytes_per_request:,}", None),
+        ("KV-cache tokens", f"{est.kv_tokens:,}", (reported or {}).get("kv_cache_tokens")),
+        (f"max running requests @ {est.assumptions.context_len:,} tokens", f"{est.max_running_requests:,}",
+         (reported or {}).get("max_running_requests")),
+    ]
+    for fact, predicted, seen in rows:
+        cells = [fact, predicted]
+        if reported:
+            cells.append(f"{seen:,}" if isinstance(seen, int) else "-")
+        table.add_row(*cells)
+    return table
+
+
+def plot_makespan(configs: list[ConfigCurve], job: JobSpec, gpu_counts: list[int], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = sorted(set(gpu_counts) | {1, 2, 4, 8, 16, 32, 64})
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for cfg in configs:
+        ys = [plan_job([cfg], job, g)[0].makespan_s / 3600 for g in xs]
+        ax.plot(xs, ys, marker="o", label=cfg.name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("makespan (hours)")
+    ax.set_title(f"{job.prompts:,} prompts x {job.output_tokens_mean:,.0f} tokens")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,91 @@
+"""Read what the planner plans from: bench runs (RUN.json) and samples of real output lengths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from servefleet.bench.result import Run, load_run
+from servefleet.errors import ConfigError
+from servefleet.plan.planner import ConfigCurve, Curve
+
+__all__ = ["curve_from_run", "parse_bench_arg", "sample_output_mean"]
+
+_TOKEN_FIELDS = ("output_tokens", "completion_tokens", "num_output_tokens")
+
+
+def parse_bench_arg(arg: str) -> tuple[Path, int | None]:
+    """``RUN.json`` or ``RUN.json:GPUS`` (GPUs per replica of that configuration)."""
+    path = Path(arg)
+    if not path.exists() and ":" in arg:
+        head, _, tail = arg.rpartition(":")
+        if tail.isdigit():
+            return Path(head), int(tail)
+    return path, None
+
+
+def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | None = None) -> ConfigCurve:
+    try:
+        run: Run = load_run(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such bench run (make one with `servefleet bench ... --out {path}`)") from None
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not a servefleet bench RUN.json ({str(exc).splitlines()[0]})") from exc
+    points = [p for p in run.points if p.concurrency and p.successful > 0]
+    if not points:
+        raise ConfigError(f"{path}: no fixed-concurrency point with successful requests to plan from")
+    cap = max_running
+    if cap is None and run.capacity is not None:
+        cap = run.capacity.max_running_requests
+    return ConfigCurve(
+        name=run.target.label,
+        curve=Curve(tuple(p.concurrency for p in points), tuple(p.output_tokens_per_s for p in points)),
+        gpus_per_replica=gpus_per_replica,
+        max_running=cap,
+    )
+
+
+def _tokens_of(record: dict) -> float | None:
+    for key in _TOKEN_FIELDS:
+        if isinstance(record.get(key), int | float):
+            return float(record[key])
+    for nest in ("usage", "response"):
+        sub = record.get(nest)
+        if isinstance(sub, dict):
+            found = _tokens_of(sub) or _tokens_of(sub.get("body") or {})
+            if found is not None:
+                return found
+    return None
+
+
+def sample_output_mean(path: Path) -> tuple[float, int]:
+    """Mean output tokens over a JSONL or Parquet sample (records with usage.completion_tokens,
+    output_tokens, ...). Returns (mean, records used)."""
+    if not path.exists():
+        raise ConfigError(f"{path}: sample file not found")
+    values: list[float] = []
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        for name in _TOKEN_FIELDS:
+            if name in table.column_names:
+                values = [float(v) for v in table.column(name).to_pylist() if v is not None]
+                break
+    else:
+        with path.open() as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    found = _tokens_of(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+                if found is not None:
+                    values.append(found)
+    if not values:
+        raise ConfigError(f"{path}: no output token counts found (fields tried: {', '.join(_TOKEN_FIELDS)}, usage.*)")
+    return sum(values) / len(values), len(values)

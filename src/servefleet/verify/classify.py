@@ -1,0 +1,251 @@
+"""Classifying log lines against an engine profile: pure, no I/O, no clock.
+
+The rules (DESIGN.md, issue 2):
+
+* the ROOT CAUSE is the first FATAL signature — tracebacks repeated per rank or child, and the
+  wrapper lines printed after them, do not change it;
+* a BENIGN signature shields its line (a warning that mentions an error is not one);
+* WRAPPER lines ("Engine core initialization failed. See root cause above") confirm a failure but
+  are never the diagnosis: they point above themselves;
+* READY lines are evidence only (uvicorn can print "Application startup complete" before a fatal
+  error); PROGRESS lines give the live label ("loading weights").
+
+``LogClassifier`` is incremental (the live wait feeds it line by line); ``diagnose_text`` runs it
+over a finished or partial log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from servefleet.capacity import Capacity
+from servefleet.catalog import DEFAULT_HINTS, Category
+from servefleet.engines.base import EngineProfile, SignalKind, Signature
+from servefleet.errors import EngineError
+from servefleet.verify.logtext import display_text, match_text
+
+__all__ = [
+    "Signal",
+    "Finding",
+    "LogClassifier",
+    "AnyEngine",
+    "available_engines",
+    "detect_engine",
+    "match_signature",
+    "EXCERPT_CONTEXT",
+]
+
+EXCERPT_CONTEXT = 3  # lines before and after the evidence
+
+# Process-death lines any engine's log can end with (a shell or the C runtime prints them).
+_GENERIC: tuple[Signature, ...] = (
+    Signature.fatal(r"^(?:.*: line \d+: +\d+ )?Killed(?:\s|$)", Category.KILLED),
+    Signature.fatal(r"^(?:.*: line \d+: +\d+ )?(?:Segmentation fault|Aborted|Bus error)(?: \(core dumped\))?\s*(?:\S.*)?$", Category.OTHER,
+                    hint="the server crashed in native code; read the excerpt, and try another engine version"),
+)
+# A Python exception line ("ValueError: ...", "torch.OutOfMemoryError: ...") that no signature knows:
+# the best evidence when a server dies without a recognised cause.
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::|$)")
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One classified line."""
+
+    line_no: int
+    text: str  # display text
+    kind: SignalKind
+    category: Category | None = None
+    hint: str | None = None
+    label: str | None = None
+
+
+@dataclass
+class Finding:
+    """A line worth reporting, with the lines around it (the *after* lines fill in as they come)."""
+
+    signal: Signal
+    before: list[tuple[int, str]]
+    after: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def excerpt(self) -> list[str]:
+        return [t for _, t in self.before] + [self.signal.text] + [t for _, t in self.after]
+
+    @property
+    def excerpt_start(self) -> int:
+        return self.before[0][0] if self.before else self.signal.line_no
+
+
+def match_signature(text: str, signatures: Sequence[Signature]) -> Signature | None:
+    """The signature a match-text line carries: BENIGN shields the line; otherwise the first match
+    in the profile's declared order, then the generic process-death lines."""
+    hit: Signature | None = None
+    for sig in signatures:
+        if sig.pattern.search(text):
+            if sig.kind is SignalKind.BENIGN:
+                return sig
+            if hit is None:
+                hit = sig
+    if hit is not None:
+        return hit
+    for sig in _GENERIC:
+        if sig.pattern.search(text):
+            return sig
+    return None
+
+
+class AnyEngine(EngineProfile):
+    """Every known engine at once, for a log whose engine is not known (yet).
+
+    Shields of every engine apply; a fatal line is the first match in engine order."""
+
+    name = "unknown"
+
+    def __init__(self, engines: Sequence[EngineProfile] | None = None) -> None:
+        self.engines = list(engines) if engines is not None else available_engines()
+        seen: set[tuple[str, int]] = set()
+        sigs: list[Signature] = []
+        for engine in self.engines:
+            for sig in engine.signatures:
+                key = (sig.pattern.pattern, sig.pattern.flags)
+                if key not in seen:
+                    seen.add(key)
+                    sigs.append(sig)
+        self.signatures = tuple(sigs)  # type: ignore[misc]  # instance value of a ClassVar
+
+    def capacity_from_line(self, line: str) -> Capacity | None:
+        for engine in self.engines:
+            found = engine.capacity_from_line(line)
+            if found is not None:
+                return found
+        return None
+
+
+def available_engines() -> list[EngineProfile]:
+    """Every registered engine profile that imports (a missing optional module is skipped)."""
+    from servefleet.engines.registry import engine_names, get_engine
+
+    found = []
+    for name in engine_names():
+        try:
+            found.append(get_engine(name))
+        except (EngineError, ImportError, AttributeError):
+            continue
+    return found
+
+
+# Engines that are not the origin of a log when a real engine also matches: the simulated engine
+# prints other engines' formats, and `openai` is any command at all.
+_LAST_RESORT = ("openai",)
+
+
+def detect_engine(lines: Iterable[str], engines: Sequence[EngineProfile] | None = None, max_lines: int = 5000) -> EngineProfile | None:
+    """The engine whose ``detect`` patterns match the most lines (match text) of a log, or None."""
+    engines = list(engines) if engines is not None else available_engines()
+    scores = {e.name: 0 for e in engines}
+    for i, line in enumerate(lines):
+        if i >= max_lines:
+            break
+        text = match_text(line)
+        for engine in engines:
+            if any(p.search(text) for p in engine.detect):
+                scores[engine.name] += 1
+    best: EngineProfile | None = None
+    best_key = (0, 0)
+    for engine in engines:
+        key = (scores[engine.name], 0 if engine.name in _LAST_RESORT else 1)
+        if key[0] > 0 and key > best_key:
+            best, best_key = engine, key
+    return best
+
+
+class LogClassifier:
+    """Feeds normalised lines through one engine profile and remembers what matters.
+
+    ``first_fatal`` is the root cause of a live attempt; ``fatal_since_ready`` is the root cause of
+    a finished log (a READY line after a failure means a later, successful attempt).
+    """
+
+    def __init__(self, profile: EngineProfile) -> None:
+        self.profile = profile
+        self.lines_seen = 0
+        self.last_line_no = 0
+        self.last_text: str | None = None
+        self.first_fatal: Finding | None = None
+        self.fatal_since_ready: Finding | None = None
+        self.first_wrapper: Finding | None = None
+        self.wrapper_since_ready: Finding | None = None
+        self.last_exception: Finding | None = None  # unrecognised exception line (see _EXCEPTION)
+        self.exception_before_wrapper: Finding | None = None
+        self.ready_line: Signal | None = None
+        self.progress: str | None = None
+        self.capacity = Capacity()
+        self._recent: deque[tuple[int, str]] = deque(maxlen=EXCERPT_CONTEXT)
+        self._open: list[Finding] = []  # findings still collecting their *after* lines
+
+    def feed(self, line_no: int, raw: str) -> Signal | None:
+        """Classify one raw line (ANSI codes, prefixes and all); return its signal, if any."""
+        text = display_text(raw)
+        match = match_text(raw)
+        self.lines_seen += 1
+        self.last_line_no = line_no
+        if text:
+            self.last_text = text
+        for finding in self._open:
+            finding.after.append((line_no, text))
+        self._open = [f for f in self._open if len(f.after) < EXCERPT_CONTEXT]
+
+        signal = None
+        sig = match_signature(match, self.profile.signatures) if match else None
+        if sig is not None and sig.kind is not SignalKind.BENIGN:
+            hint = sig.hint or (DEFAULT_HINTS[sig.category] if sig.category else None)
+            signal = Signal(line_no, text, sig.kind, sig.category, hint, sig.label)
+            self._record(signal)
+        elif sig is None and match and _EXCEPTION.search(match):
+            self.last_exception = self._finding(Signal(line_no, text, SignalKind.FATAL, Category.OTHER, DEFAULT_HINTS[Category.OTHER]))
+
+        if match:
+            try:
+                found = self.profile.capacity_from_line(match)
+            except Exception:  # a parser bug must not break the verification loop
+                found = None
+            if found is not None:
+                if not found.source:
+                    found = found.model_copy(update={"source": {k: f"log:{line_no}" for k in found.model_dump(exclude_defaults=True)}})
+                self.capacity = found.merge(self.capacity)
+        self._recent.append((line_no, text))
+        return signal
+
+    def _record(self, signal: Signal) -> None:
+        if signal.kind is SignalKind.FATAL:
+            if self.first_fatal is None:
+                self.first_fatal = self._finding(signal)
+            if self.fatal_since_ready is None:
+                self.fatal_since_ready = self.first_fatal if self.first_fatal.signal is signal else self._finding(signal)
+        elif signal.kind is SignalKind.WRAPPER:
+            if self.first_wrapper is None:
+                self.first_wrapper = self._finding(signal)
+                self.exception_before_wrapper = self.last_exception
+            if self.wrapper_since_ready is None:
+                self.wrapper_since_ready = self.first_wrapper if self.first_wrapper.signal is signal else self._finding(signal)
+        elif signal.kind is SignalKind.READY:
+            self.ready_line = signal
+            self.fatal_since_ready = None
+            self.wrapper_since_ready = None
+            self.last_exception = None
+        elif signal.kind is SignalKind.PROGRESS:
+            self.progress = signal.label or self.progress
+
+    def _finding(self, signal: Signal) -> Finding:
+        finding = Finding(signal, list(self._recent))
+        self._open.append(finding)
+        return finding
+
+    def best_unrecognised(self) -> Finding | None:
+        """Evidence for a failure no signature names: the exception line just above the first
+        wrapper line, else the last unrecognised exception line."""
+        return self.exception_before_wrapper or self.last_exception

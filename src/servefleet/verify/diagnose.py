@@ -1,0 +1,83 @@
+"""Diagnosing a finished or partial log: pure text in, a Verdict out.
+
+Used by ``servefleet diagnose`` on any server's log (not only ones servefleet launched) and by the
+live state machine to turn its classifier's findings into a verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servefleet.catalog import DEFAULT_HINTS, Category, State
+from servefleet.engines.base import EngineProfile
+from servefleet.verify.classify import AnyEngine, Finding, LogClassifier, detect_engine
+from servefleet.verify.verdict import Evidence, Verdict
+
+__all__ = ["diagnose_text", "diagnose_lines", "finding_fields", "split_lines"]
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines of a whole log (``\\n`` and ``\\r\\n``); a partial last line counts as a line."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def finding_fields(finding: Finding, category: Category | None = None, hint: str | None = None) -> dict[str, Any]:
+    """Verdict fields for a finding: category, evidence, hint and the excerpt around it."""
+    sig = finding.signal
+    cat = category or sig.category or Category.OTHER
+    return {
+        "category": cat,
+        "evidence": Evidence(line_no=sig.line_no, text=sig.text),
+        "hint": hint or sig.hint or DEFAULT_HINTS[cat],
+        "excerpt": finding.excerpt,
+        "excerpt_start": finding.excerpt_start,
+    }
+
+
+def diagnose_text(text: str, engine: EngineProfile | None = None) -> Verdict:
+    """Classify a whole log. ``engine`` None detects it from the log's own lines."""
+    return diagnose_lines(split_lines(text), engine)
+
+
+def diagnose_lines(lines: list[str], engine: EngineProfile | None = None) -> Verdict:
+    """The verdict of a log given as raw lines (line 1 first).
+
+    failed: a fatal signature after the last READY line (the first such is the root cause), or a
+            wrapper line that says start-up failed without a recognised cause above it;
+    ready:  a READY line with no failure after it (a log cannot prove the probe; it is the log's word);
+    loading otherwise — a log alone cannot show a stall, which needs a clock.
+    """
+    if engine is None:
+        engine = detect_engine(lines)
+    profile = engine if engine is not None else AnyEngine()
+    clf = LogClassifier(profile)
+    for no, raw in enumerate(lines, start=1):
+        clf.feed(no, raw)
+    name = engine.name if engine is not None else None
+    common: dict[str, Any] = {"engine": name, "progress": clf.progress, "capacity": clf.capacity, "last_line": clf.last_text}
+
+    if clf.fatal_since_ready is not None:
+        return Verdict(state=State.FAILED, **common, **finding_fields(clf.fatal_since_ready))
+    if clf.wrapper_since_ready is not None:
+        wrapper = clf.wrapper_since_ready.signal
+        said = f"line {wrapper.line_no} says start-up failed ({wrapper.text.strip()[:160]})"
+        guess = clf.best_unrecognised()
+        if guess is not None and guess.signal.line_no < wrapper.line_no:
+            return Verdict(state=State.FAILED, message=f"{said}; no recognised cause above it, the nearest error line is shown", **common, **finding_fields(guess))
+        return Verdict(state=State.FAILED, category=Category.OTHER, hint=DEFAULT_HINTS[Category.OTHER],
+                       message=f"{said}, but no recognised cause is above it", excerpt=clf.first_wrapper.excerpt if clf.first_wrapper else [],
+                       excerpt_start=clf.first_wrapper.excerpt_start if clf.first_wrapper else None, **common)
+    if clf.ready_line is not None:
+        return Verdict(state=State.READY, message=f"ready line {clf.ready_line.line_no}: {clf.ready_line.text.strip()[:160]}", **common)
+    if not lines or not any(line.strip() for line in lines):
+        return Verdict(state=State.LOADING, message="the log is empty (a server killed while importing can leave an empty log)", **common)
+    message = None
+    if clf.last_exception is not None:
+        exc = clf.last_exception.signal
+        message = f"no recognised failure or ready line; last error-like line {exc.line_no}: {exc.text.strip()[:160]}"
+    return Verdict(state=State.LOADING, message=message, **common)
