@@ -44,3 +44,81 @@ async def async_wait_until(predicate: Callable[[], Awaitable[bool]], timeout: fl
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+# --- real OpenSSH server on loopback (tests/sshd.py) -------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sshd_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real sshd on 127.0.0.1 (a free port) for the whole session; skipped only when sshd is
+    not installed (scripts/ci-sshd-setup.sh installs it)."""
+    from sshd import SSHServer, sshd_unavailable_reason
+
+    reason = sshd_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    server = SSHServer(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+# --- the simulated engine as a real subprocess (servefleet.sim) ---------------------------------
+
+
+class SimProcess:
+    """``python -m servefleet.sim`` on a free loopback port, its stdout+stderr in ``log_path``.
+
+    ``start()`` returns at once (start several, then wait on each); ``wait_ready()`` polls /health
+    with a deadline and fails with the log if the process dies first."""
+
+    def __init__(self, *args: str, log_path: Path, port: int | None = None) -> None:
+        self.port = free_port() if port is None else port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.argv = [PYTHON, "-m", "servefleet.sim", "--port", str(self.port), *args]
+        self.proc = None
+
+    def start(self) -> "SimProcess":
+        import subprocess
+
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def health(self) -> int | None:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None
+
+    def wait_ready(self, timeout: float = 60.0) -> "SimProcess":
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"sim exited with {self.proc.returncode} before ready:\n{self.log()[-3000:]}")
+            return self.health() == 200
+
+        wait_until(ready, timeout=timeout, interval=0.05, what=f"sim on {self.url} to be ready")
+        return self
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        import subprocess
+
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"sim still running after {timeout}s:\n{self.log()[-3000:]}") from None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)

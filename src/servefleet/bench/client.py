@@ -232,8 +232,6 @@ class OpenAIBackend:
             rec.chunk_tokens = exact
         if texts:
             rec.text = "".join(extract_text(p) for p in texts)
-        elif rec.completion_tokens is None and not keep:
-            rec.text = None
 
 
 def _failed(rec: RequestRecord, kind: str, message: str) -> RequestRecord:

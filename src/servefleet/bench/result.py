@@ -130,7 +130,7 @@ class BenchConfig(BaseModel):
     max_concurrency: int | None = None  # in-flight cap in rate mode
     requests: int | None = None  # per point
     duration_s: float | None = None  # per point (alternative to requests)
-    warmup: int = 0  # requests per point, not measured
+    warmup: int | None = None  # requests per point, not measured (None: one per connection)
     input_len: int | None = None
     output_len: int | None = None
     input_len_range: float = 0.0  # uniform +-fraction around input_len

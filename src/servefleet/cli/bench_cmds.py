@@ -1,7 +1,229 @@
-"""Placeholder until this command group is written."""
+"""`servefleet bench` (concurrency or request-rate sweeps) and `servefleet compare` (runs side by side).
+
+Thin: parse the options into a :class:`BenchConfig`, call :func:`run_bench` per target, save
+RUN.json, render with rich. Several targets (``--url`` repeated, or ``--fleet --servers a,b``)
+run one after another with the same sweep and end with the comparison table and plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
+
+from servefleet.cli.exitcodes import ExitCode
+from servefleet.errors import ServefleetError
+
+console = Console()
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> typer.Exit:
+    err.print(f"[red]error:[/] {msg}")
+    return typer.Exit(int(code))
+
+
+def _numbers(text: str, kind: type, name: str) -> list:
+    try:
+        values = [kind(x) for x in re.split(r"[,\s]+", text.strip()) if x]
+    except ValueError:
+        raise _fail(f"{name} must be comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise _fail(f"{name} needs positive numbers, got {text!r}")
+    return values
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"
+
+
+async def _fleet_targets(fleet_file: str, servers: list[str] | None):
+    from servefleet.bench.sweep import BenchTarget
+    from servefleet.fleet.core import Fleet
+
+    async with Fleet.discover(fleet_file) as fleet:
+        ready = {e.name: e for e in await fleet.ready_endpoints()}
+        names = servers or fleet.spec.names
+    missing = [n for n in names if n not in ready]
+    if missing:
+        raise ServefleetError(f"not ready in the fleet: {', '.join(missing)} (see `servefleet status`)")
+    return [BenchTarget(base_url=ready[n].base_url, label=n, model=ready[n].served_model,
+                        engine=ready[n].engine or None, capacity=ready[n].capacity) for n in names]
+
+
+def bench(
+    url: Annotated[Optional[list[str]], typer.Option("--url", help="Server base URL (repeat for several; each is run in turn).")] = None,
+    fleet: Annotated[Optional[str], typer.Option("--fleet", help="Fleet file: benchmark its ready servers (with --servers).")] = None,
+    servers: Annotated[Optional[str], typer.Option("--servers", help="Fleet servers to run, comma-separated (default: all).")] = None,
+    label: Annotated[Optional[list[str]], typer.Option("--label", help="Name of each --url's configuration in results (same order).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Model name to request (default: the first in /v1/models).")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Engine of the server (default: detected).")] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", help="Fixed-concurrency sweep, e.g. 1,4,16,64,256.")] = None,
+    request_rate: Annotated[Optional[str], typer.Option("--request-rate", help="Poisson request-rate sweep (req/s), e.g. 1,2,4.")] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="In-flight cap in request-rate mode.")] = None,
+    requests: Annotated[Optional[int], typer.Option("--requests", "-n", help="Measured requests per point.")] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds per point (instead of --requests).")] = None,
+    warmup: Annotated[Optional[int], typer.Option("--warmup", help="Unmeasured warm-up requests per point (default: one per connection).")] = None,
+    input_len: Annotated[int, typer.Option("--input-len", help="Prompt tokens of random prompts.")] = 128,
+    output_len: Annotated[Optional[int], typer.Option("--output-len", help="Output tokens (max_tokens) per request.")] = None,
+    input_len_range: Annotated[float, typer.Option("--input-len-range", help="Vary prompt length uniformly by +-this fraction.")] = 0.0,
+    output_len_range: Annotated[float, typer.Option("--output-len-range", help="Vary output length uniformly by +-this fraction.")] = 0.0,
+    dataset: Annotated[Optional[Path], typer.Option("--dataset", help="JSONL/Parquet of real prompts (prompt|text|messages[, max_tokens]).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Local tokenizer folder for exact prompt lengths (default: the server's /tokenize).")] = None,
+    api: Annotated[str, typer.Option("--api", help="chat or completions.")] = "chat",
+    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Stream responses (needed for TTFT and ITL).")] = True,
+    ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly --output-len tokens (default: where the engine supports it).")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature to send.")] = None,
+    extra_body: Annotated[Optional[str], typer.Option("--extra-body", help="JSON object merged into every request body.")] = None,
+    workers: Annotated[str, typer.Option("--workers", help="Client processes: a number, or auto (one per 128 concurrent requests, at most one per core).")] = "auto",
+    api_key_env: Annotated[str, typer.Option("--api-key-env", help="Environment variable holding the API key (never written anywhere).")] = "OPENAI_API_KEY",
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds one request may take.")] = 600.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of prompts, lengths and arrivals.")] = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="RUN.json to write (several targets: OUT-<label>.json each, plus compare plots).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run(s) as JSON.")] = False,
+) -> None:
+    """Measure throughput and latency of one or more servers across concurrency levels or request rates."""
+    from servefleet.bench.compare import compare_runs, compare_table
+    from servefleet.bench.plots import write_plots
+    from servefleet.bench.report import point_line, run_table
+    from servefleet.bench.result import BenchConfig, save_run
+    from servefleet.bench.sweep import BenchTarget, ServerUnreachable, auto_workers, run_bench
+
+    if (concurrency is None) == (request_rate is None):
+        raise _fail("give exactly one of --concurrency LIST or --request-rate LIST")
+    if (requests is None) == (duration is None):
+        raise _fail("give exactly one of --requests N or --duration S")
+    if api not in ("chat", "completions"):
+        raise _fail(f"--api must be chat or completions, got {api!r}")
+    if not url and not fleet:
+        raise _fail("give --url URL (repeatable) or --fleet FILE")
+    if dataset is None and output_len is None:
+        output_len = 128
+    levels = _numbers(concurrency, int, "--concurrency") if concurrency else _numbers(request_rate, float, "--request-rate")
+    extra: dict = {}
+    if extra_body:
+        try:
+            extra = json.loads(extra_body)
+        except json.JSONDecodeError as exc:
+            raise _fail(f"--extra-body is not JSON: {exc.msg}") from None
+        if not isinstance(extra, dict):
+            raise _fail("--extra-body must be a JSON object")
+    max_load = (max_concurrency or 256) if request_rate else max(levels)
+    if workers == "auto":
+        n_workers = auto_workers(int(max_load))
+    elif workers.isdigit() and int(workers) >= 1:
+        n_workers = int(workers)
+    else:
+        raise _fail(f"--workers must be a positive number or auto, got {workers!r}")
+    try:
+        config = BenchConfig(
+            mode="rate" if request_rate else "concurrency",
+            concurrency=levels if concurrency else [], request_rates=levels if request_rate else [],
+            max_concurrency=max_concurrency, requests=requests, duration_s=duration, warmup=warmup,
+            input_len=None if dataset else input_len, output_len=output_len,
+            input_len_range=input_len_range, output_len_range=output_len_range,
+            dataset=str(dataset) if dataset else None, api=api, stream=stream, ignore_eos=ignore_eos,
+            temperature=temperature, extra_body=extra, workers=n_workers, seed=seed, timeout_s=timeout,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc).splitlines()[0]) from None
+
+    api_key = os.environ.get(api_key_env) or None
+    try:
+        if fleet:
+            targets = asyncio.run(_fleet_targets(fleet, [s for s in (servers or "").split(",") if s] or None))
+        else:
+            labels = list(label or [])
+            targets = [BenchTarget(base_url=u, label=labels[i] if i < len(labels) else None, model=model, engine=engine)
+                       for i, u in enumerate(url or [])]
+        for t in targets:
+            t.api_key = api_key
+            if model and not t.model:
+                t.model = model
+    except ServefleetError as exc:
+        raise _fail(str(exc)) from None
+
+    quiet = as_json
+    runs, paths = [], []
+    for target in targets:
+        if not quiet:
+            err.print(f"[bold]bench[/] {target.label or target.base_url}: {len(levels)} points, "
+                      f"{'%d requests' % requests if requests else '%gs' % duration} each, {n_workers} client process(es)")
+        try:
+            run = asyncio.run(run_bench(
+                target, config, tokenizer=tokenizer,
+                on_point=None if quiet else (lambda p: err.print("  " + point_line(p))),
+                on_note=None if quiet else (lambda m: err.print(f"  [dim]note: {m}[/]")),
+            ))
+        except ServerUnreachable as exc:
+            raise _fail(str(exc), ExitCode.UNREACHABLE) from None
+        except ServefleetError as exc:
+            raise _fail(str(exc), ExitCode.FAILED) from None
+        runs.append(run)
+        if out is not None:
+            path = out if len(targets) == 1 else out.with_name(f"{out.stem}-{_slug(run.target.label)}{out.suffix or '.json'}")
+            paths.append(str(save_run(run, path)))
+        if not quiet:
+            console.print(run_table(run))
+            if paths:
+                console.print(f"wrote {paths[-1]}")
+    comparison = None
+    if len(runs) > 1:
+        comparison = compare_runs(runs, paths or None)
+        if out is not None:
+            comparison.plots = [str(p) for p in write_plots(runs, out.parent, prefix=f"{out.stem}-compare")]
+    if as_json:
+        payload = [r.model_dump(mode="json") for r in runs]
+        print(json.dumps(payload[0] if len(payload) == 1 else {"runs": payload, "comparison": comparison.model_dump() if comparison else None}, indent=2))
+        return
+    if comparison is not None:
+        console.print(compare_table(comparison))
+        for p in comparison.plots:
+            console.print(f"plot: {p}")
+    if any(p.successful == 0 for r in runs for p in r.points):
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+def compare(
+    runs: Annotated[list[Path], typer.Argument(help="RUN.json files; the first is the reference.")],
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Folder for the PNG plots (default: next to the first run).")] = None,
+    prefix: Annotated[str, typer.Option("--prefix", help="File name prefix of the plots.")] = "compare",
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Table only.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+) -> None:
+    """Configurations side by side: throughput at each concurrency, best points, ratios, and plots."""
+    from pydantic import ValidationError
+
+    from servefleet.bench.compare import compare_runs, compare_table
+    from servefleet.bench.plots import write_plots
+    from servefleet.bench.result import load_run
+
+    loaded = []
+    for path in runs:
+        try:
+            loaded.append(load_run(path))
+        except FileNotFoundError:
+            raise _fail(f"{path}: no such file") from None
+        except (ValidationError, json.JSONDecodeError) as exc:
+            raise _fail(f"{path}: not a servefleet bench RUN.json ({str(exc).splitlines()[0]})") from None
+    comparison = compare_runs(loaded, [str(p) for p in runs])
+    if not no_plots:
+        folder = out_dir if out_dir is not None else runs[0].parent
+        comparison.plots = [str(p) for p in write_plots(loaded, folder, prefix=prefix)]
+    if as_json:
+        print(comparison.model_dump_json(indent=2))
+        return
+    console.print(compare_table(comparison))
+    for p in comparison.plots:
+        console.print(f"plot: {p}")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("bench")(bench)
+    app.command("compare")(compare)

@@ -1,7 +1,250 @@
-"""Placeholder until this command group is written."""
+"""`servefleet up | down | status | logs | restart`: a thin edge over ``servefleet.fleet.Fleet``.
+
+Each command parses its arguments, runs one coroutine of the library and renders the result
+(rich tables on a terminal, plain lines otherwise, ``--json`` for scripts). Exit codes are in
+``exitcodes.py``: 0 all ready, 1 a server failed, 2 stalled or timed out, 3 bad fleet file or
+arguments, 4 host unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 import typer
+from rich.console import Console
+from rich.live import Live
+
+from servefleet.catalog import State
+from servefleet.cli.exitcodes import ExitCode
+from servefleet.cli.fleet_view import UpProgress, down_table, failure_notes, status_notes, status_table, up_json, up_table
+from servefleet.errors import ConfigError, HostUnreachable, ServefleetError
+from servefleet.fleet import Fleet, StartOutcome
+from servefleet.verify.verdict import Verdict
+
+T = TypeVar("T")
+
+FleetOpt = Annotated[
+    Path | None,
+    typer.Option("--fleet", help="Fleet file (default: ./servefleet.toml, or the only fleet under ./.servefleet)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Overall cap in seconds (default: the fleet file's).")]
+StallOpt = Annotated[float | None, typer.Option("--stall", help="Seconds without log or probe progress before a server counts as stalled.")]
+NoSmokeOpt = Annotated[bool, typer.Option("--no-smoke", help="Skip the one-token request before calling a server ready.")]
+GraceOpt = Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")]
+
+
+def _console() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # Piped or captured: rich would assume 80 columns and squeeze the log paths out.
+        console = Console(highlight=False, width=200)
+    return console
+
+
+def _err(message: str) -> None:
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
+
+
+def _run(make: Callable[[], Awaitable[T]]) -> T:
+    """Run one coroutine; translate servefleet errors into messages and stable exit codes."""
+    try:
+        return asyncio.run(make())
+    except ConfigError as exc:
+        _err(str(exc))
+        raise typer.Exit(ExitCode.USAGE) from None
+    except HostUnreachable as exc:
+        _err(str(exc))
+        raise typer.Exit(ExitCode.UNREACHABLE) from None
+    except ServefleetError as exc:
+        _err(str(exc))
+        raise typer.Exit(ExitCode.FAILED) from None
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted; launched servers keep running (`servefleet status`, `servefleet down`)")
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
+
+
+def _exit_code(verdicts: dict[str, Verdict]) -> ExitCode:
+    states = {v.state for v in verdicts.values()}
+    if State.FAILED in states:
+        return ExitCode.FAILED
+    if states - {State.READY}:
+        return ExitCode.TIMEOUT
+    return ExitCode.OK
+
+
+def _split_names(values: list[str] | None) -> list[str] | None:
+    names = [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
+    return names or None
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+async def _up_and_render(
+    fleet: Fleet, names: list[str] | None, *, timeout: float | None, stall: float | None, smoke: bool | None, wait: bool, as_json: bool,
+    restart: str | None = None, grace: float = 15.0,
+) -> ExitCode:
+    """Shared by `up` and `restart`: start, wait with live output, render the end table."""
+    console = _console()
+    async with fleet:
+        if restart is not None:
+            fleet.resolve([restart])
+            stopped = (await fleet.down([restart], grace_s=grace))[restart]
+            if not stopped.ok:
+                raise ServefleetError(f"could not stop {restart}: {stopped.message}")
+            if not as_json:
+                console.print(f"{restart}: {stopped.message}")
+            names = [restart]
+        outcomes: dict[str, StartOutcome] = await fleet.start(names)
+        engines = {n: fleet.spec.server(n).engine for n in outcomes}
+        plain = as_json or not console.is_terminal
+        if not as_json and (plain or not wait):
+            for name, o in outcomes.items():
+                where = f" (pgid {o.record.pgid}, log {o.record.log_path})" if o.record and o.verdict is None else ""
+                console.print(f"{name}: {o.action.value}{where}{': ' + o.message if o.message else ''}", markup=False)
+        if not wait:
+            verdicts = {n: (o.verdict or Verdict(state=State.LAUNCHING, message=o.message)) for n, o in outcomes.items()}
+            if as_json:
+                _print_json(up_json(fleet.name, outcomes, verdicts, engines))
+            blocked = any(o.verdict is not None for o in outcomes.values())
+            return ExitCode.FAILED if blocked else ExitCode.OK
+
+        progress = UpProgress(Console(stderr=True, highlight=False) if as_json else console, outcomes, engines, plain=plain)
+        kwargs = {"timeout_s": timeout, "stall_s": stall, "smoke": smoke}
+        if plain:  # JSON mode: progress lines go to stderr, stdout carries only the document
+            verdicts = await fleet.wait(outcomes, on_update=progress.on_update, **kwargs)
+        else:
+            with Live(progress, console=console, refresh_per_second=8, transient=True):
+                verdicts = await fleet.wait(outcomes, on_update=progress.on_update, **kwargs)
+        if as_json:
+            _print_json(up_json(fleet.name, outcomes, verdicts, engines))
+        else:
+            console.print(up_table(outcomes, verdicts, engines))
+            console.print(failure_notes(outcomes, verdicts))
+        return _exit_code(verdicts)
+
+
+def up(
+    fleet_file: Annotated[Path | None, typer.Argument(metavar="FLEET.toml", help="Fleet file (default: ./servefleet.toml).")] = None,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Only these servers (repeat, or comma-separated).")] = None,
+    timeout: TimeoutOpt = None,
+    stall: StallOpt = None,
+    no_smoke: NoSmokeOpt = False,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Launch (or adopt) and return without waiting.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Launch every server of a fleet detached (adopting ones already running) and wait until all are ready."""
+    smoke = False if no_smoke else None
+    code = _run(lambda: _up_and_render(
+        Fleet.discover(fleet_file), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json))
+    raise typer.Exit(code)
+
+
+def restart(
+    name: Annotated[str, typer.Argument(help="Server to restart.")],
+    fleet_file: FleetOpt = None,
+    grace: GraceOpt = 15.0,
+    timeout: TimeoutOpt = None,
+    stall: StallOpt = None,
+    no_smoke: NoSmokeOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop one server (if running) and start it again from the fleet file; wait until ready."""
+    smoke = False if no_smoke else None
+    code = _run(lambda: _up_and_render(
+        Fleet.discover(fleet_file), None, timeout=timeout, stall=stall, smoke=smoke, wait=True, as_json=as_json, restart=name, grace=grace))
+    raise typer.Exit(code)
+
+
+def down(
+    names: Annotated[list[str] | None, typer.Argument(metavar="[NAME]...", help="Servers to stop (default: all).")] = None,
+    fleet_file: FleetOpt = None,
+    grace: GraceOpt = 15.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop servers: SIGTERM to the whole process group, SIGKILL after the grace period; confirm the port is free."""
+
+    async def go():
+        async with Fleet.discover(fleet_file) as fleet:
+            return await fleet.down(_split_names(names), grace_s=grace)
+
+    results = _run(go)
+    if as_json:
+        _print_json({"servers": [{"name": n, "was_running": r.was_running, "signal": r.signal, "port_free": r.port_free,
+                                  "port_holder_pid": r.port_holder_pid, "ok": r.ok, "message": r.message} for n, r in results.items()]})
+    else:
+        _console().print(down_table(results))
+    raise typer.Exit(ExitCode.OK if all(r.ok for r in results.values()) else ExitCode.FAILED)
+
+
+def status(
+    names: Annotated[list[str] | None, typer.Argument(metavar="[NAME]...", help="Servers to show (default: all).")] = None,
+    fleet_file: FleetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show each server: state (ready / loading / dead (exit code) / not launched), pid, uptime, capacity, log."""
+
+    async def go():
+        async with Fleet.discover(fleet_file) as fleet:
+            return fleet.name, await fleet.status(_split_names(names))
+
+    name, statuses = _run(go)
+    if as_json:
+        _print_json({"fleet": name, "servers": [s.to_json() for s in statuses]})
+    else:
+        console = _console()
+        console.print(status_table(name, statuses))
+        console.print(status_notes(statuses))
+
+
+def logs(
+    name: Annotated[str, typer.Argument(help="Server whose log to show.")],
+    fleet_file: FleetOpt = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines (Ctrl-C to stop).")] = False,
+    lines: Annotated[int, typer.Option("-n", "--lines", help="How many of the last lines to show.")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the end of a server's log (all attempts, each after a `==== servefleet launch ... ====` line)."""
+
+    def emit(line: str) -> None:
+        if as_json:
+            sys.stdout.write(json.dumps({"server": name, "line": line}) + "\n")
+        else:
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    async def go() -> None:
+        async with Fleet.discover(fleet_file) as fleet:
+            try:
+                path, tail, size = await fleet.tail(name, lines)
+            except FileNotFoundError:
+                _, path = await fleet.log_location(name)
+                raise ConfigError(f"{name}: no log yet at {path} (the server was never launched: `servefleet up`)") from None
+            for line in tail:
+                emit(line)
+            if follow:
+                async for line in fleet.follow(name, size):
+                    emit(line)
+
+    try:
+        _run(go)
+    except typer.Exit as exc:
+        if exc.exit_code == ExitCode.INTERRUPTED and follow:
+            raise typer.Exit(ExitCode.OK) from None
+        raise
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("status")(status)
+    app.command("logs")(logs)
+    app.command("restart")(restart)

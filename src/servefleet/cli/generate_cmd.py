@@ -1,7 +1,133 @@
-"""Placeholder until this command group is written."""
+"""`servefleet generate`: the bulk job over every ready server, resumable, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
+
+from servefleet.cli.exitcodes import ExitCode
+from servefleet.errors import ConfigError, ServefleetError
+
+HELP = """Send every prompt of --input to the servers and write the answers to --output as
+sharded Parquet (or JSONL). Run the same command again to resume: ids in committed shards are
+skipped, nothing is asked twice. Input: JSONL in the OpenAI batch format ({custom_id, body}) or
+{id, prompt|messages, ...}, or Parquet with the same columns."""
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("generate", help=HELP)(generate)
+
+
+def generate(
+    input: Annotated[Path, typer.Option("--input", "-i", help="JSONL or Parquet file of prompts")],
+    output: Annotated[str, typer.Option("--output", "-o", help="folder or s3://bucket/prefix for shards and the job manifest")],
+    fleet: Annotated[Optional[Path], typer.Option("--fleet", help="fleet file: use its ready servers, restart them when they die")] = None,
+    url: Annotated[Optional[list[str]], typer.Option("--url", help="OpenAI-compatible server (repeatable)")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="default max_tokens for records without one")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="default temperature for records without one")] = None,
+    chat: Annotated[Optional[bool], typer.Option("--chat/--completions", help="endpoint for 'prompt' records (default: messages->chat, prompt->completions)")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="model name to request (default: each server's served model)")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="requests in flight per server: auto or a number")] = "auto",
+    max_running: Annotated[Optional[int], typer.Option("--max-running", help="capacity hint for --url servers that do not report theirs")] = None,
+    max_attempts: Annotated[int, typer.Option("--max-attempts", min=1, help="attempts per prompt before it goes to failures.jsonl")] = 5,
+    shard_rows: Annotated[int, typer.Option("--shard-rows", min=1, help="rows per shard")] = 1000,
+    shard_seconds: Annotated[float, typer.Option("--shard-seconds", min=0.1, help="commit a partial shard after this long")] = 60.0,
+    fmt: Annotated[str, typer.Option("--format", help="parquet (zstd) or jsonl")] = "parquet",
+    token_ids: Annotated[bool, typer.Option("--token-ids", help="ask for output token ids (vLLM return_token_ids) and store them")] = False,
+    store_request: Annotated[bool, typer.Option("--store-request", help="store each request body in its row")] = False,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="seconds one request may take")] = 3600.0,
+    strict: Annotated[bool, typer.Option("--strict", help="stop before sending anything if any input record is rejected")] = False,
+    force: Annotated[bool, typer.Option("--force", help="go on in a destination made with another input or parameters")] = False,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SERVEFLEET_API_KEY", show_default=False, help="bearer token for the servers (env SERVEFLEET_API_KEY)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    from servefleet.generate.job import JobParams
+    from servefleet.generate.progress import ProgressView
+    from servefleet.generate.report import render_report
+    from servefleet.generate.runner import GenerateConfig
+
+    err = Console(stderr=True)
+    if (fleet is None) == (not url):
+        _fail(err, json_out, "give either --fleet FILE or --url URL (one or more)", ExitCode.USAGE)
+    if fmt not in ("parquet", "jsonl"):
+        _fail(err, json_out, f"--format {fmt!r}: expected parquet or jsonl", ExitCode.USAGE)
+    conc: int | None = None
+    if concurrency != "auto":
+        try:
+            conc = int(concurrency)
+            assert conc >= 1
+        except (ValueError, AssertionError):
+            _fail(err, json_out, f"--concurrency {concurrency!r}: expected auto or a positive number", ExitCode.USAGE)
+    mode = "auto" if chat is None else ("chat" if chat else "completions")
+    try:
+        config = GenerateConfig(
+            input=str(input), output=output, urls=list(url or []),
+            params=JobParams(model=model, max_tokens=max_tokens, temperature=temperature, mode=mode, token_ids=token_ids,
+                             store_request=store_request, format=fmt),
+            concurrency=conc, max_running=max_running, max_attempts=max_attempts, shard_rows=shard_rows,
+            shard_seconds=shard_seconds, strict=strict, force=force, request_timeout_s=request_timeout, api_key=api_key,
+        )
+    except ValueError as exc:
+        _fail(err, json_out, str(exc), ExitCode.USAGE)
+    progress = ProgressView(err)
+    try:
+        report = asyncio.run(_run(config, fleet, progress))
+    except ConfigError as exc:
+        _fail(err, json_out, str(exc), ExitCode.USAGE)
+    except ServefleetError as exc:
+        _fail(err, json_out, str(exc), ExitCode.FAILED)
+    if json_out:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        render_report(report, Console())
+    raise typer.Exit(_exit_code(report.status))
+
+
+async def _run(config, fleet_file: Path | None, progress):  # type: ignore[no-untyped-def]
+    from servefleet.generate.endpoints import FleetRestarter, targets_from_fleet
+    from servefleet.generate.runner import run_generate
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        progress.phase(f"{sig.name}: stopping; committing what is answered (again to abort)")
+        stop.set()
+        loop.remove_signal_handler(sig)  # a second signal takes the default way out
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    if fleet_file is None:
+        return await run_generate(config, progress=progress, stop=stop)
+    from servefleet.fleet import Fleet
+
+    async with Fleet.load(fleet_file) as fleet:
+        targets = await targets_from_fleet(fleet)
+        if not targets:
+            raise ConfigError(f"no server of {fleet_file} is ready; start them with `servefleet up {fleet_file}`")
+        restarter = FleetRestarter(fleet, on_event=progress.phase)
+        return await run_generate(config, targets=targets, restarter=restarter, progress=progress, stop=stop)
+
+
+def _exit_code(status: str) -> int:
+    return {
+        "complete": ExitCode.OK,
+        "incomplete": ExitCode.FAILED,
+        "rejected": ExitCode.FAILED,
+        "stalled": ExitCode.TIMEOUT,
+        "interrupted": ExitCode.INTERRUPTED,
+    }.get(status, ExitCode.FAILED)
+
+
+def _fail(err: Console, json_out: bool, message: str, code: int) -> None:
+    if json_out:
+        sys.stdout.write(json.dumps({"status": "error", "message": message}) + "\n")
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(int(code))

@@ -18,7 +18,7 @@ console = Console()
 
 
 def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> typer.Exit:
-    Console(stderr=True).print(f"[red]error:[/] {msg}")
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {msg}")
     return typer.Exit(int(code))
 
 

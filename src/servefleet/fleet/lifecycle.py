@@ -68,7 +68,7 @@ class Launchable:
     launch: LaunchSpec
     argv: list[str]
     env: dict[str, str]  # what servefleet adds to the host's environment
-    served_model: str
+    served_model: str | None
     digest: str
 
     @property
@@ -120,7 +120,7 @@ def resolve_launch(server: ServerSpec, binding: HostBinding, fleet_label: str) -
     try:
         argv = list(profile.build_argv(launch))
         full_env = {**profile.build_env(launch), **env}
-        served = profile.served_name(launch)
+        served = profile.served_name(launch) or None  # none: no identity by model name
     except (EngineError, ValueError) as exc:
         raise ConfigError(f'{fleet_label}: server "{server.name}": engine {server.engine}: {exc}') from exc
     digest = spec_hash({"argv": argv, "env": full_env, "cwd": binding.cwd, "host": binding.name})

@@ -32,31 +32,29 @@ Server fields: ``name``, ``engine``, ``model``, ``port``, ``host`` (default ``"l
 (the interpreter for engines started as ``python -m ...``; on the local host it defaults to the
 one running servefleet). ``[hosts.NAME]`` tables describe SSH hosts (see ``HostSpec``).
 
-Every error names the file, the server (by index and name) and the field, e.g.
+The loader (``servefleet.fleet.loader``) reports every error with the file, the server (by index and name) and the field, e.g.
 ``fleet.toml: servers[1] "plain": port: must be between 1 and 65535``; unknown fields are
 rejected (a typo must not silently fall back to a default).
 """
 
 from __future__ import annotations
 
-import difflib
 import re
-import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from servefleet.engines.registry import ENGINES
 from servefleet.errors import ConfigError
 
-__all__ = ["FleetSettings", "HostSpec", "ServerDefaults", "ServerSpec", "FleetSpec", "load_fleet_file", "parse_fleet"]
+__all__ = ["LOCAL", "FleetSettings", "HostSpec", "ServerDefaults", "ServerSpec", "FleetSpec", "check_name"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LOCAL = "local"
 
 
-def _check_name(value: str) -> str:
+def check_name(value: str) -> str:
     if not _NAME_RE.match(value):
         raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
     return value
@@ -132,7 +130,7 @@ class FleetSettings(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        return None if v is None else _check_name(v)
+        return None if v is None else check_name(v)
 
     @field_validator("timeout", "stall")
     @classmethod
@@ -144,25 +142,44 @@ class FleetSettings(_Strict):
 
 class HostSpec(_Strict):
     """A ``[hosts.NAME]`` table: an SSH host. The transport arrives with the SSH issue; the shape
-    is fixed here so fleet files can be written (and validated) now."""
+    is fixed here so fleet files can be written (and validated) now. Field names follow
+    ``servefleet.hosts.ssh_options.SSHSpec`` (``ssh`` is its ``destination``)."""
 
     name: str
-    ssh: str  # destination: an alias from ~/.ssh/config, or user@host
+    ssh: str  # destination: an alias from ~/.ssh/config, or [user@]host
     port: int | None = None  # ssh port (-p)
     user: str | None = None
     identity_file: str | None = None
     jump: str | None = None  # ProxyJump
-    workdir: str = ".servefleet"  # remote folder for logs and state (relative to the remote $HOME)
+    known_hosts: str | None = None
+    strict_host_key: Literal["yes", "accept-new"] = "yes"  # host keys are always checked
+    config_file: str | None = None  # ssh -F
+    workdir: str = "~/.servefleet"  # remote folder for this fleet's logs and state
     env: dict[str, str] = Field(default_factory=dict)  # added to every server's env on that host
-    python: str | None = None
-    connect_timeout: float = 10.0
-    accept_new_host_key: bool = False  # StrictHostKeyChecking=accept-new (opt-in)
+    venv: str | None = None  # a virtual environment to activate for every command
+    python: str | None = None  # interpreter for `python -m` engines (default: python3 on the host)
+    connect_timeout: int = 10
     systemd: bool = False  # launch with systemd-run --user (survives KillUserProcesses)
+
+    @field_validator("ssh", "user", "jump", "identity_file", "known_hosts", "config_file")
+    @classmethod
+    def _no_option(cls, v: str | None) -> str | None:
+        # A value starting with "-" would be read by ssh as an option (-oProxyCommand=...).
+        if v is not None and (not v or v.startswith("-") or "\n" in v):
+            raise ValueError("must not be empty, start with '-' or contain a newline")
+        return v
+
+    @field_validator("connect_timeout")
+    @classmethod
+    def _timeout(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be at least 1 second")
+        return v
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        _check_name(v)
+        check_name(v)
         if v == LOCAL:
             raise ValueError(f'"{LOCAL}" is the built-in local host; choose another name')
         return v
@@ -236,7 +253,7 @@ class ServerSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        return _check_name(v)
+        return check_name(v)
 
     @field_validator("engine")
     @classmethod
@@ -313,191 +330,3 @@ class FleetSpec(_Strict):
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.servers]
-
-
-# ---- loading ----------------------------------------------------------------------------------
-
-_TOP_LEVEL = ("fleet", "defaults", "servers", "hosts")
-
-
-def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(choices)})"
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _messages(exc: ValidationError, model: type[BaseModel], from_defaults: set[str] = frozenset()) -> list[str]:
-    """One ``field: message`` string per pydantic error, in words a user acts on."""
-    fields = [f for f in model.model_fields if f not in ("path",)]
-    out = []
-    for err in exc.errors():
-        loc = tuple(err.get("loc", ()))
-        msg = str(err.get("msg", "invalid"))
-        kind = err.get("type", "")
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        if kind == "extra_forbidden":
-            msg = "unknown field" + _suggest(str(loc[0]), fields)
-        elif kind == "missing":
-            msg = "required field is missing"
-        if not loc:  # model-level check (model_validator): message already starts "field: ..."
-            out.append(msg)
-            continue
-        origin = " (value from [defaults])" if loc and loc[0] in from_defaults else ""
-        out.append(f"{_field_path(loc)}: {msg}{origin}")
-    return out
-
-
-def _merge(defaults: ServerDefaults, raw: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
-    """Defaults under a server's own values: env merged, args concatenated, the rest replaced."""
-    base = defaults.model_dump(exclude_none=True, exclude_defaults=True)
-    merged = dict(raw)
-    used = set()
-    for key, value in base.items():
-        if key == "env":
-            if isinstance(raw.get("env", {}), dict):
-                merged["env"] = {**value, **raw.get("env", {})}
-                used.add("env")
-        elif key == "args":
-            if isinstance(raw.get("args", []), list):
-                merged["args"] = [*value, *raw.get("args", [])]
-                used.add("args")
-        elif key not in raw:
-            merged[key] = value
-            used.add(key)
-    return merged, used
-
-
-def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
-    """Validate parsed TOML ``data`` from ``path``; raise ConfigError listing every problem."""
-    label = path.name
-    problems: list[str] = []
-
-    for key in data:
-        if key not in _TOP_LEVEL:
-            problems.append(f"{key}: unknown table or key" + _suggest(key, _TOP_LEVEL))
-
-    settings = FleetSettings()
-    raw_fleet = data.get("fleet", {})
-    if not isinstance(raw_fleet, dict):
-        problems.append("fleet: must be a table ([fleet])")
-    else:
-        try:
-            settings = FleetSettings(**raw_fleet)
-        except ValidationError as exc:
-            problems += [f"[fleet]: {m}" for m in _messages(exc, FleetSettings)]
-
-    defaults = ServerDefaults()
-    raw_defaults = data.get("defaults", {})
-    if not isinstance(raw_defaults, dict):
-        problems.append("defaults: must be a table ([defaults])")
-    else:
-        try:
-            defaults = ServerDefaults(**raw_defaults)
-        except ValidationError as exc:
-            problems += [f"[defaults]: {m}" for m in _messages(exc, ServerDefaults)]
-
-    hosts: dict[str, HostSpec] = {}
-    raw_hosts = data.get("hosts", {})
-    if not isinstance(raw_hosts, dict):
-        problems.append("hosts: must be tables [hosts.NAME]")
-    else:
-        for host_name, raw_host in raw_hosts.items():
-            if not isinstance(raw_host, dict):
-                problems.append(f"[hosts.{host_name}]: must be a table")
-                continue
-            try:
-                hosts[host_name] = HostSpec(name=host_name, **raw_host)
-            except ValidationError as exc:
-                problems += [f"[hosts.{host_name}]: {m}" for m in _messages(exc, HostSpec)]
-
-    servers: list[ServerSpec] = []
-    raw_servers = data.get("servers")
-    if raw_servers is None:
-        problems.append("no servers: add at least one [[servers]] table")
-        raw_servers = []
-    elif isinstance(raw_servers, dict):
-        problems.append("servers: write [[servers]] (double brackets: a list of tables), not [servers]")
-        raw_servers = []
-    elif not isinstance(raw_servers, list):
-        problems.append("servers: must be a list of [[servers]] tables")
-        raw_servers = []
-
-    for index, raw in enumerate(raw_servers):
-        who = f"servers[{index}]"
-        if not isinstance(raw, dict):
-            problems.append(f"{who}: must be a table")
-            continue
-        if isinstance(raw.get("name"), str):
-            who += f' "{raw["name"]}"'
-        merged, from_defaults = _merge(defaults, raw)
-        try:
-            servers.append(ServerSpec(**merged))
-        except ValidationError as exc:
-            problems += [f"{who}: {m}" for m in _messages(exc, ServerSpec, from_defaults)]
-
-    seen_names: dict[str, int] = {}
-    seen_ports: dict[tuple[str, int], str] = {}
-    for index, server in enumerate(servers):
-        who = f'server "{server.name}"'
-        if server.name in seen_names:
-            problems.append(f"{who}: name: duplicate (every server needs its own name)")
-        seen_names[server.name] = index
-        if server.host != LOCAL and server.host not in hosts:
-            known = ", ".join([LOCAL, *hosts])
-            problems.append(f"{who}: host: unknown host {server.host!r}; define [hosts.{server.host}] (known: {known})")
-        key = (server.host, server.port)
-        if key in seen_ports:
-            problems.append(f'{who}: port: {server.port} on host "{server.host}" is already used by server "{seen_ports[key]}"')
-        else:
-            seen_ports[key] = server.name
-
-    if problems:
-        raise ConfigError("\n".join(f"{label}: {p}" for p in problems))
-
-    name = settings.name or _check_name_or_default(path.stem)
-    state_dir = Path(settings.state_dir).expanduser() if settings.state_dir else Path(".servefleet") / name
-    if not state_dir.is_absolute():
-        state_dir = path.parent / state_dir
-    return FleetSpec(
-        path=path,
-        name=name,
-        state_dir=state_dir,
-        timeout=settings.timeout,
-        stall=settings.stall,
-        smoke=settings.smoke,
-        hosts=hosts,
-        servers=tuple(servers),
-    )
-
-
-def _check_name_or_default(stem: str) -> str:
-    """A fleet name derived from the file name, made safe for a folder name."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "fleet"
-    return cleaned[:64]
-
-
-def load_fleet_file(path: str | Path) -> FleetSpec:
-    """Read and validate a fleet file. Raises ConfigError (file, server, field in the message)."""
-    shown = Path(path)
-    resolved = shown.expanduser().resolve()
-    try:
-        text = resolved.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{shown}: fleet file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{shown}: cannot read the fleet file: {exc}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{shown.name}: TOML syntax error: {exc}") from exc
-    return parse_fleet(data, resolved)

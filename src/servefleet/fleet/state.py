@@ -9,11 +9,15 @@ like them (``--api-key X``) are never written.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -171,6 +175,26 @@ class StateStore:
         if not self.dir.is_dir():
             return []
         return sorted(p.stem for p in self.dir.glob("*.json") if p.name != self.INDEX)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, timeout_s: float = 60.0) -> AsyncIterator[None]:
+        """Hold the folder's lock (``flock`` on ``.lock``) so that two ``up`` runs at once do not
+        both launch a server: the second waits, then finds the record and adopts."""
+        self._ensure_dir()
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StateError(f"{self.dir}: another servefleet process holds the fleet's lock for over {timeout_s:g}s") from None
+                    await asyncio.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
 
     def write_index(self, fleet_name: str, fleet_file: Path) -> None:
         self._ensure_dir()

@@ -60,7 +60,8 @@ class LocalHost:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> int:
-        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        for path in (log_path, status_path):  # the wrapper cannot record an exit code in a missing folder
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         full_env = {**os.environ, **(env or {})}
         try:
             # start_new_session: setsid() in the child, so the wrapper leads a new session and
@@ -146,6 +147,17 @@ class LocalHost:
             pass
 
     async def group_alive(self, pgid: int) -> bool:
+        # In a thread: a process-table scan takes milliseconds (more on a busy machine), and the
+        # readiness loop polls this while it probes; it must not stall the event loop.
+        return await asyncio.to_thread(self._group_alive, pgid)
+
+    @staticmethod
+    def _group_alive(pgid: int) -> bool:
+        try:  # the leader (the detach wrapper) alive answers without a scan
+            if psutil.Process(pgid).status() != psutil.STATUS_ZOMBIE and os.getpgid(pgid) == pgid:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            pass
         for proc in psutil.process_iter(["pid", "status"]):
             try:
                 if proc.info["status"] == psutil.STATUS_ZOMBIE:
@@ -165,6 +177,10 @@ class LocalHost:
             raise HostError(f"not allowed to signal process group {pgid}: {exc}") from exc
 
     async def port_holder(self, port: int) -> PortHolder | None:
+        return await asyncio.to_thread(self._port_holder, port)  # a scan of every socket: off the loop
+
+    @staticmethod
+    def _port_holder(port: int) -> PortHolder | None:
         try:
             conns = psutil.net_connections(kind="tcp")
         except psutil.AccessDenied:  # pragma: no cover - non-root on some systems

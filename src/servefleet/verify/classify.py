@@ -26,6 +26,7 @@ from servefleet.catalog import DEFAULT_HINTS, Category
 from servefleet.engines.base import EngineProfile, SignalKind, Signature
 from servefleet.errors import EngineError
 from servefleet.verify.logtext import display_text, match_text
+from servefleet.verify.prefilter import may_match
 
 __all__ = [
     "Signal",
@@ -35,6 +36,7 @@ __all__ = [
     "available_engines",
     "detect_engine",
     "match_signature",
+    "detect_texts",
     "EXCERPT_CONTEXT",
 ]
 
@@ -83,17 +85,19 @@ class Finding:
 def match_signature(text: str, signatures: Sequence[Signature]) -> Signature | None:
     """The signature a match-text line carries: BENIGN shields the line; otherwise the first match
     in the profile's declared order, then the generic process-death lines."""
+    lowered = text.lower()
     hit: Signature | None = None
     for sig in signatures:
-        if sig.pattern.search(text):
+        if hit is not None and sig.kind is not SignalKind.BENIGN:
+            continue  # only a shield can still change the answer
+        if may_match(sig.pattern, lowered) and sig.pattern.search(text):
             if sig.kind is SignalKind.BENIGN:
                 return sig
-            if hit is None:
-                hit = sig
+            hit = sig
     if hit is not None:
         return hit
     for sig in _GENERIC:
-        if sig.pattern.search(text):
+        if may_match(sig.pattern, lowered) and sig.pattern.search(text):
             return sig
     return None
 
@@ -150,9 +154,9 @@ def detect_engine(lines: Iterable[str], engines: Sequence[EngineProfile] | None 
     for i, line in enumerate(lines):
         if i >= max_lines:
             break
-        text = match_text(line)
+        texts = detect_texts(line)
         for engine in engines:
-            if any(p.search(text) for p in engine.detect):
+            if any(p.search(t) for p in engine.detect for t in texts):
                 scores[engine.name] += 1
     best: EngineProfile | None = None
     best_key = (0, 0)
@@ -161,6 +165,14 @@ def detect_engine(lines: Iterable[str], engines: Sequence[EngineProfile] | None 
         if key[0] > 0 and key > best_key:
             best, best_key = engine, key
     return best
+
+
+def detect_texts(raw: str) -> tuple[str, ...]:
+    """The forms of a line ``detect`` patterns are tried on: the match text, and the display text
+    (per-process prefixes such as ``[2026-11-30 10:00:00 TP0]`` identify an engine too)."""
+    match = match_text(raw)
+    display = display_text(raw)
+    return (match,) if display == match else (match, display)
 
 
 class LogClassifier:

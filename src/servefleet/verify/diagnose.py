@@ -6,6 +6,7 @@ live state machine to turn its classifier's findings into a verdict.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from servefleet.catalog import DEFAULT_HINTS, Category, State
@@ -13,7 +14,7 @@ from servefleet.engines.base import EngineProfile
 from servefleet.verify.classify import AnyEngine, Finding, LogClassifier, detect_engine
 from servefleet.verify.verdict import Evidence, Verdict
 
-__all__ = ["diagnose_text", "diagnose_lines", "finding_fields", "split_lines"]
+__all__ = ["diagnose_text", "diagnose_lines", "finding_fields", "split_lines", "last_attempt_start"]
 
 
 def split_lines(text: str) -> list[str]:
@@ -24,6 +25,19 @@ def split_lines(text: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return lines
+
+
+# The fleet layer appends each launch attempt to the same log below this marker
+# (servefleet.fleet.lifecycle.LAUNCH_MARKER): only the last attempt tells the server's state.
+_ATTEMPT_MARKER = re.compile(r"^==== servefleet launch .*====\s*$")
+
+
+def last_attempt_start(lines: list[str]) -> int:
+    """Index of the first line of the last launch attempt in a servefleet-managed log (0 if none)."""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("==== servefleet launch") and _ATTEMPT_MARKER.match(lines[i].rstrip("\r")):
+            return i + 1
+    return 0
 
 
 def finding_fields(finding: Finding, category: Category | None = None, hint: str | None = None) -> dict[str, Any]:
@@ -56,7 +70,8 @@ def diagnose_lines(lines: list[str], engine: EngineProfile | None = None) -> Ver
         engine = detect_engine(lines)
     profile = engine if engine is not None else AnyEngine()
     clf = LogClassifier(profile)
-    for no, raw in enumerate(lines, start=1):
+    first = last_attempt_start(lines)
+    for no, raw in enumerate(lines[first:], start=first + 1):
         clf.feed(no, raw)
     name = engine.name if engine is not None else None
     common: dict[str, Any] = {"engine": name, "progress": clf.progress, "capacity": clf.capacity, "last_line": clf.last_text}
@@ -72,10 +87,13 @@ def diagnose_lines(lines: list[str], engine: EngineProfile | None = None) -> Ver
         return Verdict(state=State.FAILED, category=Category.OTHER, hint=DEFAULT_HINTS[Category.OTHER],
                        message=f"{said}, but no recognised cause is above it", excerpt=clf.first_wrapper.excerpt if clf.first_wrapper else [],
                        excerpt_start=clf.first_wrapper.excerpt_start if clf.first_wrapper else None, **common)
-    if clf.ready_line is not None:
-        return Verdict(state=State.READY, message=f"ready line {clf.ready_line.line_no}: {clf.ready_line.text.strip()[:160]}", **common)
-    if not lines or not any(line.strip() for line in lines):
-        return Verdict(state=State.LOADING, message="the log is empty (a server killed while importing can leave an empty log)", **common)
+    if clf.ready_line is not None:  # the log's word for it (a live wait needs the probe's too)
+        ready = clf.ready_line
+        return Verdict(state=State.READY, evidence=Evidence(line_no=ready.line_no, text=ready.text),
+                       message="the log says ready (a log cannot prove it: `servefleet wait` asks the server)", **common)
+    if not any(line.strip() for line in lines[first:]):
+        said = "the log is empty" if first == 0 else f"the last launch attempt (after line {first}) has no output yet"
+        return Verdict(state=State.LOADING, message=f"{said} (a server killed while importing can leave an empty log)", **common)
     message = None
     if clf.last_exception is not None:
         exc = clf.last_exception.signal

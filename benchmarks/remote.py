@@ -1,0 +1,227 @@
+"""Remote fleets over SSH: one multiplexed master per host against one fresh connection per command.
+
+The "remote" is a real OpenSSH server on 127.0.0.1 (the test rig, tests/sshd.py; install it with
+scripts/ci-sshd-setup.sh). For N = 1, 8 and 32 simulated servers (``python -m servefleet.sim``)
+it times, for each transport:
+
+- **launch** — what ``up`` does per server before waiting: write the state record, start the
+  server detached (``setsid`` + wrapper, confirmed alive), write the record again with its pgid;
+- **status** — what ``status`` does per server: read the record, check the process group is
+  alive, ask who holds the port (identity).
+
+Each phase starts from a new SSHHost, as a new CLI invocation would, so the multiplexed figure
+includes starting its master. Both transports run at most 8 commands at a time: sshd's defaults
+allow 10 sessions per connection (MaxSessions) and 10 unauthenticated connections (MaxStartups).
+Between the phases (not timed) the benchmark waits until every server listens, and after them
+kills every server.
+
+The naive transport is SSHHost with ``multiplex=False``: the same remote programs, but each one
+a full ``ssh`` connection (ControlMaster=no, ControlPath=none): key exchange, authentication and
+a login shell per command.
+
+Run:  .venv/bin/python benchmarks/remote.py                 (about a minute on 2 cores)
+      .venv/bin/python benchmarks/remote.py --sizes 1 8    (a quicker subset)
+      .venv/bin/python benchmarks/remote.py --login-rc     (let bash read ~/.bashrc per command)
+Writes benchmarks/results/remote.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from servefleet.hosts.local import LocalHost
+from servefleet.hosts.ssh import SSHHost
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from sshd import SSHServer, sshd_unavailable_reason  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "remote.json"
+CONCURRENCY = 8
+
+
+def free_ports(n: int) -> list[int]:
+    import socket
+
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def sim_argv(port: int, name: str) -> list[str]:
+    return [sys.executable, "-m", "servefleet.sim", "--port", str(port), "--served-model-name", name, "--load-time", "0.5", "--log-interval", "60"]
+
+
+async def launch(host: SSHHost, work: Path, ports: list[int]) -> dict[str, int]:
+    async def one(i: int, port: int) -> tuple[str, int]:
+        name = f"sim{i:02d}"
+        state = str(work / "state" / f"{name}.json")
+        record: dict[str, Any] = {"name": name, "port": port, "status": "launching"}
+        await host.write_bytes(state, json.dumps(record).encode())
+        pgid = await host.spawn_detached(
+            sim_argv(port, name),
+            log_path=str(work / "logs" / f"{name}.log"),
+            status_path=str(work / "run" / f"{name}.status"),
+            env={"PYTHONUNBUFFERED": "1"},
+        )
+        record.update(pgid=pgid, status="launched")
+        await host.write_bytes(state, json.dumps(record).encode())
+        return name, pgid
+
+    return dict(await asyncio.gather(*(one(i, p) for i, p in enumerate(ports))))
+
+
+async def status(host: SSHHost, work: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    async def one(name: str) -> tuple[str, dict[str, Any]]:
+        record = json.loads(await host.read_bytes(str(work / "state" / f"{name}.json")))
+        alive = await host.group_alive(record["pgid"])
+        holder = await host.port_holder(record["port"])
+        ours = holder is not None and holder.pgid == record["pgid"]
+        return name, {"alive": alive, "listening": holder is not None, "ours": ours}
+
+    return dict(await asyncio.gather(*(one(n) for n in names)))
+
+
+async def wait_listening(ports: list[int], timeout: float = 180.0) -> None:
+    local = LocalHost()  # the "remote" is this machine: checking locally keeps SSH out of it
+    deadline = time.monotonic() + timeout
+    pending = set(ports)
+    while pending:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"servers on ports {sorted(pending)} did not listen within {timeout}s")
+        for port in list(pending):
+            if await local.port_holder(port) is not None:
+                pending.discard(port)
+        await asyncio.sleep(0.1)
+
+
+async def kill_all(pgids: list[int]) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    local = LocalHost()
+    deadline = time.monotonic() + 30
+    while any([await local.group_alive(p) for p in pgids]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def one_round(server: SSHServer, n: int, multiplex: bool, login_rc: bool, root: Path) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"n{n}-{'mux' if multiplex else 'naive'}-", dir=root))
+    options = {} if login_rc else server.client_options()
+    spec = server.spec(workdir=str(work), multiplex=multiplex, max_sessions=CONCURRENCY, options=options, connect_timeout=10)
+    ports = free_ports(n)
+    host = SSHHost(spec)
+    t0 = time.perf_counter()
+    pgids = await launch(host, work, ports)
+    launch_s = time.perf_counter() - t0
+    masters = host.pool.starts if host.pool else 0
+    await host.close()
+    try:
+        await wait_listening(ports)
+        host = SSHHost(spec)  # a new invocation: `servefleet status`
+        t0 = time.perf_counter()
+        report = await status(host, work, sorted(pgids))
+        status_s = time.perf_counter() - t0
+        await host.close()
+        assert all(r["alive"] and r["ours"] for r in report.values()), report
+    finally:
+        await kill_all(list(pgids.values()))
+    commands = {"launch": 3 * n, "status": 3 * n}
+    return {"n": n, "transport": "multiplexed" if multiplex else "naive", "launch_s": launch_s, "status_s": status_s, "masters_started": masters, "commands": commands}
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(rows[0])
+    for key in ("launch_s", "status_s"):
+        out[key] = statistics.median(r[key] for r in rows)
+        out[f"{key}_all"] = [round(r[key], 4) for r in rows]
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    reason = sshd_unavailable_reason()
+    if reason:
+        raise SystemExit(f"cannot run: {reason}")
+    root = Path(tempfile.mkdtemp(prefix="sf-remote-bench-"))
+    server = SSHServer(root / "sshd").start()
+    rows: list[dict[str, Any]] = []
+    try:
+        for n in args.sizes:
+            for multiplex in (True, False):
+                runs = [await one_round(server, n, multiplex, args.login_rc, root) for _ in range(args.repeats)]
+                rows.append(median_row(runs))
+    finally:
+        server.stop()
+    by = {(r["n"], r["transport"]): r for r in rows}
+    ratios = []
+    for n in args.sizes:
+        mux, naive = by[(n, "multiplexed")], by[(n, "naive")]
+        ratios.append({"n": n, "launch_ratio": naive["launch_s"] / mux["launch_s"], "status_ratio": naive["status_s"] / mux["status_s"]})
+    return {
+        "benchmark": "remote",
+        "what": "launch and status of N sim servers on an SSH host: multiplexed master vs one ssh connection per command",
+        "sizes": args.sizes,
+        "repeats": args.repeats,
+        "concurrency": CONCURRENCY,
+        "login_rc": args.login_rc,
+        "rows": rows,
+        "ratios": ratios,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ssh": _ssh_version(), "load_avg_before": os.getloadavg()},
+    }
+
+
+def _ssh_version() -> str:
+    return subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+
+
+def render(result: dict[str, Any]) -> None:
+    table = Table(title="SSH host: launch and status of N sim servers (median seconds)")
+    for col in ("N", "transport", "launch s", "status s", "masters", "ssh commands"):
+        table.add_column(col, justify="right" if col not in ("transport",) else "left")
+    for r in result["rows"]:
+        table.add_row(str(r["n"]), r["transport"], f"{r['launch_s']:.3f}", f"{r['status_s']:.3f}", str(r["masters_started"]), str(r["commands"]["launch"] + r["commands"]["status"]))
+    console = Console()
+    console.print(table)
+    for r in result["ratios"]:
+        console.print(f"N={r['n']}: naive / multiplexed = {r['launch_ratio']:.1f}x for launch, {r['status_ratio']:.1f}x for status")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--login-rc", action="store_true", help="let bash read the login user's ~/.bashrc for every command (as on many real hosts)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    result = asyncio.run(main_async(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    render(result)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Configurations side by side: throughput at each concurrency, each run's best point, ratios.
+
+The first run is the reference: every other run's throughput is also shown as a ratio of the
+reference's at the same concurrency (and best against best). ``compare_runs`` returns plain data
+(what ``--json`` prints); ``compare_table`` renders it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from rich.table import Table
+
+from servefleet.bench.report import fmt
+from servefleet.bench.result import Run
+
+__all__ = ["RunSummary", "Comparison", "compare_runs", "compare_table"]
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    engine: str | None = None
+    path: str | None = None
+    output_tokens_per_s: dict[str, float | None] = Field(default_factory=dict)  # level -> tok/s
+    best_level: str | None = None
+    best_output_tokens_per_s: float | None = None
+    best_per_request_tokens_per_s: float | None = None
+    best_ttft_p50_ms: float | None = None
+    best_itl_p50_ms: float | None = None
+    ratio_best: float | None = None  # best / reference best
+    ratio: dict[str, float | None] = Field(default_factory=dict)  # level -> tok/s / reference tok/s
+    client_bound_levels: list[str] = Field(default_factory=list)
+    max_running_requests: int | None = None
+
+
+class Comparison(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    levels: list[str]
+    level_kind: str  # "concurrency" or "rate"
+    runs: list[RunSummary]
+    plots: list[str] = Field(default_factory=list)
+
+
+def _level(p, rate: bool) -> str:
+    return f"{p.request_rate:g}" if rate else str(p.concurrency)
+
+
+def compare_runs(runs: list[Run], paths: list[str] | None = None) -> Comparison:
+    if not runs:
+        raise ValueError("nothing to compare")
+    rate = all(r.config.mode == "rate" for r in runs)
+    levels: list[str] = []
+    for run in runs:
+        for p in run.points:
+            lv = _level(p, rate)
+            if lv not in levels:
+                levels.append(lv)
+    levels.sort(key=float)
+    summaries = []
+    ref_tp: dict[str, float | None] = {}
+    ref_best: float | None = None
+    for i, run in enumerate(runs):
+        tp = {lv: None for lv in levels}
+        bound = []
+        for p in run.points:
+            lv = _level(p, rate)
+            tp[lv] = p.output_tokens_per_s
+            if p.client_bound:
+                bound.append(lv)
+        best = run.best_point()
+        s = RunSummary(
+            label=run.target.label, engine=run.target.engine, path=(paths[i] if paths else None),
+            output_tokens_per_s=tp, client_bound_levels=bound,
+            max_running_requests=run.capacity.max_running_requests if run.capacity else None,
+        )
+        if best is not None:
+            s.best_level = _level(best, rate)
+            s.best_output_tokens_per_s = best.output_tokens_per_s
+            s.best_per_request_tokens_per_s = best.output_tokens_per_s_per_request.mean
+            s.best_ttft_p50_ms = best.ttft_ms.p50
+            s.best_itl_p50_ms = best.itl_ms.p50
+        if i == 0:
+            ref_tp, ref_best = tp, s.best_output_tokens_per_s
+        s.ratio = {lv: (tp[lv] / ref_tp[lv]) if tp[lv] is not None and ref_tp.get(lv) else None for lv in levels}
+        if s.best_output_tokens_per_s is not None and ref_best:
+            s.ratio_best = s.best_output_tokens_per_s / ref_best
+        summaries.append(s)
+    return Comparison(levels=levels, level_kind="rate" if rate else "concurrency", runs=summaries)
+
+
+def compare_table(comp: Comparison) -> Table:
+    """Rows: configurations. Columns: output tok/s at each level (ratio to the first run), best point."""
+    table = Table(title="output tokens/s by " + ("request rate" if comp.level_kind == "rate" else "concurrency"),
+                  title_justify="left", header_style="bold")
+    table.add_column("configuration")
+    for lv in comp.levels:
+        table.add_column(("rate " if comp.level_kind == "rate" else "c=") + lv, justify="right")
+    table.add_column("best", justify="right", style="bold")
+    table.add_column("at", justify="right")
+    table.add_column("tok/s/req @best", justify="right")
+    table.add_column("vs first", justify="right")
+    for i, s in enumerate(comp.runs):
+        cells = []
+        for lv in comp.levels:
+            v = s.output_tokens_per_s.get(lv)
+            if v is None:
+                cells.append("-")
+                continue
+            text = fmt(v)
+            if i > 0 and s.ratio.get(lv) is not None:
+                text += f" ({s.ratio[lv]:.2f}x)"
+            if lv in s.client_bound_levels:
+                text += " [red]*[/]"
+            cells.append(text)
+        table.add_row(
+            s.label, *cells, fmt(s.best_output_tokens_per_s), s.best_level or "-",
+            fmt(s.best_per_request_tokens_per_s), "1.00x" if i == 0 else (f"{s.ratio_best:.2f}x" if s.ratio_best else "-"),
+        )
+    if any(s.client_bound_levels for s in comp.runs):
+        table.caption = "[red]*[/] the client, not the server, was the limit at that point"
+    return table

@@ -1,0 +1,108 @@
+"""PNG plots of several runs with matplotlib's Agg backend (no display needed).
+
+* throughput vs concurrency (or request rate): total output tok/s of each configuration, the
+  curve whose knee and plateau decide how many requests to run at once;
+* latency vs throughput: per-request median inter-token latency and TTFT against the output
+  tok/s each point achieved — the trade the job pays for its throughput.
+
+Client-bound points are drawn hollow so a curve that flattens because of the client is not
+mistaken for the server's plateau.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+
+from servefleet.bench.result import Run  # noqa: E402
+
+__all__ = ["plot_throughput", "plot_latency", "write_plots"]
+
+
+def _x(run: Run) -> tuple[list[float], str]:
+    if run.config.mode == "rate":
+        return [p.request_rate or 0.0 for p in run.points], "request rate (req/s)"
+    return [float(p.concurrency or 0) for p in run.points], "concurrency"
+
+
+def _scatter_bound(ax, xs, ys, bound, color) -> None:
+    hx = [x for x, b in zip(xs, bound) if b]
+    hy = [y for y, b in zip(ys, bound) if b]
+    if hx:
+        ax.scatter(hx, hy, s=70, facecolors="white", edgecolors=color, zorder=3, linewidths=1.5)
+
+
+def plot_throughput(runs: list[Run], path: str | Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
+    xlabel = "concurrency"
+    for run in runs:
+        xs, xlabel = _x(run)
+        ys = [p.output_tokens_per_s for p in run.points]
+        (line,) = ax.plot(xs, ys, marker="o", label=run.target.label)
+        _scatter_bound(ax, xs, ys, [p.client_bound for p in run.points], line.get_color())
+    if xlabel == "concurrency" and any(len(r.points) > 1 for r in runs):
+        ax.set_xscale("log", base=2)
+        levels = sorted({p.concurrency for r in runs for p in r.points if p.concurrency})
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.minorticks_off()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Throughput vs " + xlabel.split(" (")[0])
+    ax.grid(True, alpha=0.3)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_latency(runs: list[Run], path: str | Path) -> Path:
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
+    for run in runs:
+        xs = [p.output_tokens_per_s for p in run.points]
+        itl = [p.itl_ms.p50 if p.itl_ms.p50 is not None else p.tpot_ms.p50 for p in run.points]
+        ttft = [p.ttft_ms.p50 for p in run.points]
+        e2e = [p.e2e_ms.p50 for p in run.points]
+        if all(v is None for v in itl):  # non-streamed runs: end-to-end latency instead
+            itl, ttft = e2e, [None] * len(xs)
+        pts = [(x, y) for x, y in zip(xs, itl) if y is not None]
+        if pts:
+            (line,) = ax1.plot(*zip(*pts), marker="o", label=run.target.label)
+            for p, (x, y) in zip(run.points, pts):
+                if p.concurrency is not None and run.config.mode != "rate":
+                    ax1.annotate(str(p.concurrency), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        pts = [(x, y) for x, y in zip(xs, ttft) if y is not None]
+        if pts:
+            ax2.plot(*zip(*pts), marker="o", label=run.target.label)
+    ax1.set_xlabel("output tokens/s")
+    ax1.set_ylabel("inter-token latency p50 (ms)")
+    ax1.set_title("Per-token latency vs throughput")
+    ax2.set_xlabel("output tokens/s")
+    ax2.set_ylabel("time to first token p50 (ms)")
+    ax2.set_title("TTFT vs throughput")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_plots(runs: list[Run], out_dir: str | Path, prefix: str = "compare") -> list[Path]:
+    out_dir = Path(out_dir)
+    return [
+        plot_throughput(runs, out_dir / f"{prefix}-throughput.png"),
+        plot_latency(runs, out_dir / f"{prefix}-latency.png"),
+    ]

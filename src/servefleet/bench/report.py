@@ -1,0 +1,88 @@
+"""Rich tables for a run: one row per point, the columns that decide a configuration."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from servefleet.bench.result import Point, Run, Stat
+
+__all__ = ["run_table", "point_line", "fmt"]
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def _ms(s: Stat, which: str = "p50") -> str:
+    return fmt(getattr(s, which))
+
+
+def _errors(p: Point) -> str:
+    if not p.errors:
+        return "0"
+    kinds = ", ".join(f"{k} {v}" for k, v in p.errors_by_kind.items())
+    return f"[red]{p.errors}[/] ({kinds})"
+
+
+def _server(p: Point) -> str:
+    s = p.server
+    if s is None:
+        return "-"
+    parts = []
+    if s.running_max is not None:
+        parts.append(f"run≤{s.running_max:.0f}")
+    if s.queued_max:
+        parts.append(f"queue≤{s.queued_max:.0f}")
+    if s.kv_cache_usage_max is not None:
+        parts.append(f"kv {100 * s.kv_cache_usage_max:.0f}%")
+    if s.spec_accept_length is not None:
+        parts.append(f"accept {s.spec_accept_length:.2f}")
+    if s.saturated:
+        parts.append("[yellow]saturated[/]")
+    return " ".join(parts) or "-"
+
+
+def run_table(run: Run) -> Table:
+    """The per-point table of one run."""
+    t = run.target
+    title = f"{t.label} — {t.engine or 'unknown engine'}{' ' + t.engine_version if t.engine_version else ''}"
+    rate_mode = run.config.mode == "rate"
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("rate/s" if rate_mode else "conc", justify="right")
+    table.add_column("reqs", justify="right")
+    table.add_column("errors", justify="left")
+    table.add_column("out tok/s", justify="right", style="bold")
+    table.add_column("tot tok/s", justify="right")
+    table.add_column("req/s", justify="right")
+    table.add_column("tok/s/req", justify="right")
+    table.add_column("TTFT p50/p99 ms", justify="right")
+    table.add_column("TPOT p50 ms", justify="right")
+    table.add_column("ITL p50/p99 ms", justify="right")
+    table.add_column("E2E p50 ms", justify="right")
+    table.add_column("in flight", justify="right")
+    table.add_column("server", justify="left")
+    table.add_column("client", justify="left")
+    for p in run.points:
+        level = fmt(p.request_rate, 2) if rate_mode else str(p.concurrency)
+        client = "[red]client-bound[/]" if p.client_bound else "ok"
+        table.add_row(
+            level, str(p.requests), _errors(p), fmt(p.output_tokens_per_s), fmt(p.total_tokens_per_s),
+            fmt(p.requests_per_s, 2), fmt(p.output_tokens_per_s_per_request.mean),
+            f"{_ms(p.ttft_ms)}/{_ms(p.ttft_ms, 'p99')}", _ms(p.tpot_ms),
+            f"{_ms(p.itl_ms, 'p50')}/{_ms(p.itl_ms, 'p99')}", _ms(p.e2e_ms), fmt(p.achieved_concurrency),
+            _server(p), client,
+        )
+    return table
+
+
+def point_line(p: Point) -> str:
+    """One line per finished point, for progress output."""
+    level = f"rate {p.request_rate:g}/s" if p.request_rate is not None else f"concurrency {p.concurrency}"
+    flag = " [red]client-bound: " + "; ".join(p.client.reasons) + "[/]" if p.client_bound else ""
+    errs = f", {p.errors} errors" if p.errors else ""
+    return (f"{level}: {fmt(p.output_tokens_per_s)} out tok/s, {fmt(p.requests_per_s, 2)} req/s, "
+            f"TTFT p50 {_ms(p.ttft_ms)} ms, ITL p50 {_ms(p.itl_ms)} ms ({p.requests} requests{errs}){flag}")

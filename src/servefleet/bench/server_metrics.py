@@ -1,0 +1,244 @@
+"""Server-side truth around each point: Prometheus ``/metrics`` and SGLang ``/server_info``.
+
+A point's numbers from the client say how fast answers came; the server's own gauges say
+whether it was full. Gauges (running, queued, KV-cache use) are sampled during the point;
+counters (generated tokens, speculative drafts and acceptances, preemptions) are differenced
+between a scrape just before and one just after it. Metric names are the engines' own:
+
+* vLLM: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:kv_cache_usage_perc`` (older: ``vllm:gpu_cache_usage_perc``),
+  ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
+  ``vllm:spec_decode_num_accepted_tokens_total``, ``vllm:generation_tokens_total``,
+  ``vllm:num_preemptions_total``;
+* SGLang: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``,
+  ``sglang:spec_accept_length``, ``sglang:spec_accept_rate``, ``sglang:generation_tokens_total``;
+  ``/server_info`` (older ``/get_server_info``) ``internal_states[].avg_spec_accept_length``;
+* llama.cpp: ``llamacpp:requests_processing``, ``llamacpp:requests_deferred``,
+  ``llamacpp:kv_cache_usage_ratio``; TGI: ``tgi_batch_current_size``, ``tgi_queue_size``.
+
+A server without ``/metrics`` simply yields no server section.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from servefleet.bench.result import ServerStats
+
+__all__ = ["parse_prometheus", "Snapshot", "ServerWatcher", "summarize_server", "fetch_server_info"]
+
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing", "tgi_batch_current_size")
+QUEUED = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "tgi_queue_size")
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio")
+GEN_TOKENS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total", "llamacpp:tokens_predicted_total")
+PREEMPTIONS = ("vllm:num_preemptions_total",)
+V_DRAFTS = "vllm:spec_decode_num_drafts_total"
+V_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+V_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+S_ACCEPT_LEN = "sglang:spec_accept_length"
+S_ACCEPT_RATE = "sglang:spec_accept_rate"
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value summed over label sets}.
+
+    Summing over labels is right for what is read here (per-engine or per-rank series of
+    counters and of running/queued gauges); ratio gauges are read with :func:`_max_of` from
+    the per-series values kept under ``name{labels}`` keys as well.
+    """
+    out: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        if brace >= 0:
+            close = line.rfind("}")
+            name = line[:brace]
+            rest = line[close + 1 :].split()
+            key = line[: close + 1]
+        else:
+            parts = line.split()
+            name, rest, key = parts[0], parts[1:], None
+        if not rest:
+            continue
+        try:
+            value = float(rest[0])
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        out[name] += value
+        if key is not None:
+            out[key] = value
+    return dict(out)
+
+
+def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        if name in metrics:
+            return metrics[name]
+    return None
+
+
+def _max_of(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
+    """Largest single series of the first of ``names`` present (ratios must not be summed)."""
+    for name in names:
+        series = [v for k, v in metrics.items() if k.startswith(name + "{")]
+        if series:
+            return max(series)
+        if name in metrics:
+            return metrics[name]
+    return None
+
+
+@dataclass
+class Snapshot:
+    metrics: dict[str, float] = field(default_factory=dict)
+    server_info: dict[str, Any] | None = None
+
+
+class ServerWatcher:
+    """Scrapes one server before, during and after a point. Never raises on a scrape failure."""
+
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, interval_s: float = 1.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = session
+        self.interval_s = interval_s
+        self.has_metrics: bool | None = None  # unknown until the first scrape
+        self.has_server_info: bool | None = None
+        self._samples: list[dict[str, float]] = []
+        self._task: asyncio.Task | None = None
+
+    async def scrape(self) -> Snapshot:
+        snap = Snapshot()
+        if self.has_metrics is not False:
+            text = await self._get_text("/metrics")
+            self.has_metrics = text is not None
+            if text is not None:
+                snap.metrics = parse_prometheus(text)
+        if self.has_server_info is not False:
+            info = await fetch_server_info(self.session, self.base_url)
+            self.has_server_info = info is not None
+            snap.server_info = info
+        return snap
+
+    async def _get_text(self, path: str) -> str | None:
+        try:
+            async with self.session.get(self.base_url + path, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status != 200:
+                    return None
+                return await resp.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
+            return None
+
+    async def _sample_loop(self) -> None:
+        while True:
+            text = await self._get_text("/metrics")
+            if text is not None:
+                self._samples.append(parse_prometheus(text))
+            await asyncio.sleep(self.interval_s)
+
+    def start_sampling(self) -> None:
+        self._samples = []
+        if self.has_metrics:
+            self._task = asyncio.get_running_loop().create_task(self._sample_loop())
+
+    async def stop_sampling(self) -> list[dict[str, float]]:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        return self._samples
+
+
+async def fetch_server_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, Any] | None:
+    """SGLang's ``/server_info`` (``/get_server_info`` on older releases), or None."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            async with session.get(base_url.rstrip("/") + path, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status != 200:
+                    continue
+                body = await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return None
+        try:
+            info = json.loads(body)
+        except ValueError:
+            continue
+        if isinstance(info, dict):
+            return info
+    return None
+
+
+def _accept_length_from_info(info: dict[str, Any] | None) -> float | None:
+    if not info:
+        return None
+    values = [
+        s.get("avg_spec_accept_length")
+        for s in info.get("internal_states") or ()
+        if isinstance(s, dict) and isinstance(s.get("avg_spec_accept_length"), int | float)
+    ]
+    return sum(values) / len(values) if values else None
+
+
+def summarize_server(
+    before: Snapshot, after: Snapshot, samples: list[dict[str, float]], max_running: int | None = None
+) -> ServerStats | None:
+    """Fold the scrapes of one point into :class:`ServerStats` (None when nothing was scraped)."""
+    if not before.metrics and not after.metrics and not samples and after.server_info is None:
+        return None
+    stats = ServerStats(samples=len(samples))
+    if before.metrics or after.metrics:
+        stats.source.append("/metrics")
+    if after.server_info is not None:
+        stats.source.append("/server_info")
+    series = samples or [m for m in (after.metrics,) if m]
+    running = [v for v in (_first(s, RUNNING) for s in series) if v is not None]
+    queued = [v for v in (_first(s, QUEUED) for s in series) if v is not None]
+    kv = [v for v in (_max_of(s, KV_USAGE) for s in series) if v is not None]
+    if running:
+        stats.running_mean = sum(running) / len(running)
+        stats.running_max = max(running)
+    if queued:
+        stats.queued_mean = sum(queued) / len(queued)
+        stats.queued_max = max(queued)
+    if kv:
+        stats.kv_cache_usage_max = max(kv)
+
+    def delta(names: tuple[str, ...]) -> float | None:
+        a, b = _first(after.metrics, names), _first(before.metrics, names)
+        return None if a is None else a - (b or 0.0)
+
+    stats.generation_tokens = delta(GEN_TOKENS)
+    stats.preemptions = delta(PREEMPTIONS)
+    drafts, draft_tokens, accepted = delta((V_DRAFTS,)), delta((V_DRAFT_TOKENS,)), delta((V_ACCEPTED,))
+    if draft_tokens and accepted is not None:
+        stats.spec_acceptance_rate = accepted / draft_tokens
+    if drafts and accepted is not None:
+        stats.spec_accept_length = 1.0 + accepted / drafts
+    if stats.spec_accept_length is None:
+        lengths = [v for v in (_max_of(s, (S_ACCEPT_LEN,)) for s in series) if v]
+        if lengths:
+            stats.spec_accept_length = sum(lengths) / len(lengths)
+        else:
+            stats.spec_accept_length = _accept_length_from_info(after.server_info)
+    if stats.spec_acceptance_rate is None:
+        rates = [v for v in (_max_of(s, (S_ACCEPT_RATE,)) for s in series) if v]
+        if rates:
+            stats.spec_acceptance_rate = sum(rates) / len(rates)
+    saturated = None
+    if queued:
+        saturated = max(queued) > 0
+    if running and max_running:
+        saturated = bool(saturated) or max(running) >= max_running
+    stats.saturated = saturated
+    return stats

@@ -1,0 +1,391 @@
+"""One benchmark run of one server: discover it, build the workload, run every point.
+
+``run_bench`` is the single entry point the CLI calls. Before any point it asks the server
+what it is (``/v1/models``, ``/version``, ``/server_info``, ``/metrics``), builds prompts and
+encodes their bodies, and sends one *probe* request to learn which request options the server
+accepts: continuous usage in streams (exact tokens per chunk), ``ignore_eos`` (controlled output
+lengths) — each dropped, with a note, if the server refuses it — and whether it reports usage
+at all (if not, the text is kept and counted after each point). Then, per point: scrape the
+server, run the load (in-process or over worker processes), scrape again, and aggregate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import math
+import os
+import platform
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import psutil
+
+from servefleet import __version__
+from servefleet.bench.client import EndpointConfig, OpenAIBackend, PreparedRequest, RequestRecord
+from servefleet.bench.loadgen import ShareJob, split_share
+from servefleet.bench.metrics import summarize
+from servefleet.bench.pool import InProcessRunner, ProcessRunner, Runner, Share, loop_factory
+from servefleet.bench.result import BenchConfig, Environment, Point, Run, Target
+from servefleet.bench.selfcheck import judge
+from servefleet.bench.server_metrics import ServerWatcher, fetch_server_info, summarize_server
+from servefleet.bench.workload import (
+    LocalTokenizer, Prompt, TokenCounter, WordCounter, encode_bodies, find_server_tokenizer, load_dataset,
+    random_prompts,
+)
+from servefleet.capacity import Capacity
+from servefleet.errors import ServefleetError
+
+__all__ = ["BenchTarget", "BenchError", "ServerUnreachable", "run_bench", "auto_workers", "MIN_PER_WORKER", "MAX_PROMPTS"]
+
+MIN_PER_WORKER = 32  # fewer concurrent requests than this per worker process is not worth a process
+PER_WORKER = 128  # auto mode: one worker process per this many concurrent requests
+MAX_PROMPTS = 4096  # distinct prompts built per run; beyond that they are reused
+WARMUP_MAX_TOKENS = 16
+
+
+class BenchError(ServefleetError):
+    """The benchmark could not run (the server refused every form of request, ...)."""
+
+
+class ServerUnreachable(BenchError):
+    """Nothing answered at the target URL."""
+
+
+@dataclass
+class BenchTarget:
+    base_url: str
+    label: str | None = None
+    model: str | None = None
+    engine: str | None = None
+    api_key: str | None = None
+    capacity: Capacity | None = None  # already known (e.g. from a fleet's state)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def auto_workers(max_concurrency: int, cpus: int | None = None) -> int:
+    """Worker processes for a sweep: one per ``PER_WORKER`` concurrent requests, at most one per core."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min(cpus, math.ceil(max_concurrency / PER_WORKER)))
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _environment() -> Environment:
+    factory = loop_factory()
+    return Environment(
+        servefleet_version=__version__, python=platform.python_version(), platform=platform.platform(),
+        hostname=socket.gethostname(), cpu_count=os.cpu_count(), aiohttp_version=aiohttp.__version__,
+        event_loop="uvloop" if factory else "asyncio",
+    )
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            if resp.status != 200:
+                return None
+            return await resp.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def _discover(session: aiohttp.ClientSession, target: BenchTarget) -> tuple[str | None, str | None, str | None, dict]:
+    """(model, engine, engine_version, server_info) from the server's own endpoints."""
+    base = target.base_url.rstrip("/")
+    try:
+        async with session.get(base + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            models = await resp.json(content_type=None) if resp.status == 200 else None
+    except (aiohttp.ClientConnectorError, asyncio.TimeoutError) as exc:
+        raise ServerUnreachable(f"{base}: no answer ({exc or type(exc).__name__})") from exc
+    except (aiohttp.ClientError, ValueError):
+        models = None
+    model = target.model
+    if model is None and isinstance(models, dict) and models.get("data"):
+        model = models["data"][0].get("id")
+    info = await fetch_server_info(session, base) or {}
+    engine, version = target.engine, None
+    metrics_text = ""
+    try:
+        async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            if resp.status == 200:
+                metrics_text = await resp.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
+        pass
+    if engine is None:
+        if info and ("internal_states" in info or "max_total_num_tokens" in info):
+            engine = "sglang"
+        elif "vllm:" in metrics_text:
+            engine = "vllm"
+        elif "sglang:" in metrics_text:
+            engine = "sglang"
+        elif "llamacpp:" in metrics_text:
+            engine = "llamacpp"
+        elif "tgi_" in metrics_text:
+            engine = "tgi"
+    if info.get("version"):
+        version = str(info["version"])
+    else:
+        got = await _get_json(session, base + "/version")
+        if isinstance(got, dict) and got.get("version"):
+            version = str(got["version"])
+    return model, engine, version, info
+
+
+async def _capacity(session: aiohttp.ClientSession, target: BenchTarget, engine: str | None) -> Capacity | None:
+    cap = target.capacity
+    if engine:
+        try:
+            from servefleet.engines.registry import get_engine  # noqa: PLC0415 - engines load lazily
+
+            found = await get_engine(engine).capacity_from_server(session, target.base_url.rstrip("/"))
+        except Exception:  # noqa: BLE001 - capacity is a nice-to-have; never fail a bench on it
+            found = None
+        if found is not None and not found.is_empty():
+            cap = found if cap is None else cap.merge(found)
+    return cap
+
+
+def _trim_info(info: dict[str, Any]) -> dict[str, Any]:
+    keep = ("version", "model_path", "served_model_name", "max_total_num_tokens", "max_running_requests",
+            "context_length", "speculative_algorithm", "speculative_num_steps", "speculative_num_draft_tokens",
+            "tp_size", "dp_size", "chunked_prefill_size", "mem_fraction_static", "internal_states")
+    return {k: info[k] for k in keep if k in info}
+
+
+async def _probe(endpoint: EndpointConfig, body: dict[str, Any], options: dict[str, Any], notes: list[str]) -> tuple[dict[str, Any], RequestRecord]:
+    """Send one short request, dropping options the server refuses; returns the accepted options."""
+    import json  # noqa: PLC0415
+
+    opts = dict(options)
+    drops = [("stream_options", "continuous_usage_stats"), ("ignore_eos", None), ("stream_options", None)]
+    backend = OpenAIBackend(endpoint)
+    await backend.open(1)
+    try:
+        while True:
+            req = PreparedRequest(index=-1, body=json.dumps({**body, **opts}).encode(), input_tokens=None, max_tokens=body["max_tokens"])
+            rec = await backend.send(req)
+            if rec.ok:
+                return opts, rec
+            if rec.error_kind == "connection":
+                raise ServerUnreachable(f"{endpoint.base_url}: {rec.error}")
+            if rec.error_kind != "client_error" or not drops:
+                raise BenchError(f"probe request to {endpoint.url} failed: {rec.error_kind}: {rec.error}")
+            key, sub = drops.pop(0)
+            if key not in opts:
+                continue
+            if sub is None:
+                notes.append(f"server refused '{key}' ({rec.error}); sent without it")
+                opts.pop(key)
+            elif isinstance(opts[key], dict) and sub in opts[key]:
+                notes.append(f"server refused '{key}.{sub}' ({rec.error}); sent without it")
+                opts[key] = {k: v for k, v in opts[key].items() if k != sub}
+    finally:
+        await backend.close()
+
+
+def _shares(config: BenchConfig, level: int | float, workers: int, requests: list[PreparedRequest],
+            warmup: list[PreparedRequest], point_index: int) -> list[Share]:
+    rate_mode = config.mode == "rate"
+    load = (config.max_concurrency or 256) if rate_mode else int(level)
+    k = max(1, min(workers, load // MIN_PER_WORKER if load >= MIN_PER_WORKER else 1))
+    conc = split_share(config.max_concurrency if rate_mode else int(level), k)
+    counts = split_share(config.requests, k)
+    warm_counts = split_share(len(warmup), k)
+    shares = []
+    w0 = 0
+    for i in range(k):
+        job = ShareJob(
+            concurrency=conc[i], rate=(float(level) / k) if rate_mode else None, requests=counts[i],
+            duration_s=config.duration_s, seed=config.seed * 1000 + point_index * 16 + i,
+        )
+        nwarm = warm_counts[i] or 0
+        shares.append(Share(job=job, requests=requests[i::k], warmup=warmup[w0:w0 + nwarm],
+                            warmup_concurrency=max(1, conc[i] or nwarm or 1)))
+        w0 += nwarm
+    return shares
+
+
+async def run_bench(
+    target: BenchTarget, config: BenchConfig, *, tokenizer: str | None = None,
+    on_point: Callable[[Point], None] | None = None, on_note: Callable[[str], None] | None = None,
+) -> Run:
+    """Run every point of ``config`` against ``target``; returns the whole run (not yet saved)."""
+    notes: list[str] = []
+
+    def note(msg: str) -> None:
+        notes.append(msg)
+        if on_note:
+            on_note(msg)
+
+    levels: Sequence[int | float] = config.request_rates if config.mode == "rate" else config.concurrency
+    if not levels:
+        raise BenchError("no points: give --concurrency or --request-rate")
+    if not config.requests and not config.duration_s:
+        raise BenchError("give --requests N or --duration S per point")
+    headers = dict(target.headers)
+    if target.api_key:
+        headers["Authorization"] = f"Bearer {target.api_key}"
+    base = target.base_url.rstrip("/")
+    async with aiohttp.ClientSession(headers=headers) as session:
+        model, engine, version, info = await _discover(session, target)
+        capacity = await _capacity(session, target, engine)
+        if capacity is not None and version and not capacity.engine_version:
+            capacity = capacity.model_copy(update={"engine_version": version})
+
+        # ---- workload ---------------------------------------------------------------------------
+        counter: TokenCounter
+        if tokenizer:
+            counter = LocalTokenizer(tokenizer)
+        else:
+            counter = await find_server_tokenizer(session, base, model) or WordCounter()
+        if not counter.exact:
+            note("no /tokenize on the server and no --tokenizer: prompt lengths are approximate (words)")
+        per_point = config.requests or max(256, 4 * int(config.max_concurrency or max(levels)))
+        warm_counts = [_warmup_count(config, level) for level in levels]
+        want = min(MAX_PROMPTS, len(levels) * per_point + sum(warm_counts))
+        if config.dataset:
+            prompts: list[Prompt] = load_dataset(config.dataset, want, config.output_len, seed=config.seed)
+        else:
+            assert config.input_len and config.output_len
+            prompts = await random_prompts(want, config.input_len, config.output_len, counter,
+                                           input_range=config.input_len_range, output_range=config.output_len_range,
+                                           seed=config.seed)
+
+        # ---- what the server accepts ------------------------------------------------------------
+        api_path = "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
+        endpoint = EndpointConfig(base_url=base, path=api_path, stream=config.stream,
+                                  headers=tuple(headers.items()), timeout_s=config.timeout_s)
+        ignore_eos = config.ignore_eos
+        if ignore_eos is None:
+            ignore_eos = True
+            if engine:
+                try:
+                    from servefleet.engines.registry import get_engine  # noqa: PLC0415
+
+                    ignore_eos = bool(get_engine(engine).supports_ignore_eos) or engine in ("sim", "vllm", "sglang", "llamacpp")
+                except ServefleetError:
+                    pass
+        options: dict[str, Any] = dict(config.extra_body)
+        if ignore_eos:
+            options["ignore_eos"] = True
+        if config.temperature is not None:
+            options["temperature"] = config.temperature
+        if config.stream:
+            options["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        probe_body = encode_bodies(prompts[:1], api=config.api, model=model, stream=config.stream, options={},
+                                   max_tokens=4)[0]
+        import json  # noqa: PLC0415
+
+        options, probe = await _probe(endpoint, json.loads(probe_body.body), options, notes)
+        if probe.completion_tokens is None:
+            note("the server reports no token usage: output tokens are counted from the text after each point")
+            endpoint = EndpointConfig(**{**endpoint.__dict__, "keep_text": True})
+        elif config.stream and probe.chunk_tokens is None:
+            note("no per-chunk usage in streams: tokens per chunk are shared out by text size (totals stay exact)")
+        run_config = config.model_copy(update={"ignore_eos": "ignore_eos" in options})
+
+        bodies = encode_bodies(prompts, api=config.api, model=model, stream=config.stream, options=options)
+
+        # ---- load -------------------------------------------------------------------------------
+        max_load = int(config.max_concurrency or 0) if config.mode == "rate" else int(max(levels))
+        workers = max(1, config.workers)
+        runner: Runner
+        if workers == 1:
+            runner = InProcessRunner(endpoint, max(max_load, 1))
+        else:
+            runner = ProcessRunner(endpoint, max(1, math.ceil(max(max_load, 1) / workers)) + 1, workers)
+        watcher = ServerWatcher(base, session)
+        points: list[Point] = []
+        await runner.start()
+        try:
+            start = 0
+            for index, level in enumerate(levels):
+                warm_n = warm_counts[index]
+                chunk = [bodies[(start + j) % len(bodies)] for j in range(per_point + warm_n)]
+                start += per_point + warm_n
+                warm = [_shorten(r) for r in chunk[:warm_n]]
+                shares = _shares(run_config, level, runner.workers, chunk[warm_n:], warm, index)
+                before = await watcher.scrape()
+                psutil.cpu_percent(None)
+                watcher.start_sampling()
+                records, loads = await runner.run_point(shares)
+                host_cpu = psutil.cpu_percent(None)
+                samples = await watcher.stop_sampling()
+                after = await watcher.scrape()
+                counted = await _count_texts(records, counter) if endpoint.keep_text and counter.exact else {}
+                metrics = summarize(records, counted=(lambda r: counted.get(id(r))) if counted else None)
+                check = judge(loads, host_cpu)
+                server = summarize_server(before, after, samples, capacity.max_running_requests if capacity else None)
+                point = Point(
+                    concurrency=(config.max_concurrency if config.mode == "rate" else int(level)),
+                    request_rate=float(level) if config.mode == "rate" else None,
+                    client_bound=bool(check.reasons), client=check, server=server, **metrics.fields(),
+                )
+                points.append(point)
+                if on_point:
+                    on_point(point)
+        finally:
+            await runner.close()
+
+    return Run(
+        created_at=_now(),
+        target=Target(label=target.label or _label(base, model), base_url=base, model=model, engine=engine,
+                      engine_version=version),
+        config=run_config.model_copy(update={"workers": workers}),
+        capacity=capacity,
+        server_info=_trim_info(info),
+        workload={
+            "source": config.dataset or "random",
+            "prompts": len(prompts),
+            "input_tokens_counted_by": counter.name,
+            "input_tokens_mean": _mean([p.input_tokens for p in prompts]),
+            "output_tokens_requested_mean": _mean([p.output_tokens for p in prompts]),
+            "request_options": options,
+        },
+        environment=_environment(),
+        points=points,
+        notes=notes,
+    )
+
+
+def _warmup_count(config: BenchConfig, level: int | float) -> int:
+    """Warm-up requests of a point: as asked, else one per connection the point will use."""
+    if config.warmup is not None:
+        return config.warmup
+    if config.mode == "rate":
+        return min(int(config.max_concurrency or 16), 16)
+    return int(level)
+
+
+def _shorten(req: PreparedRequest) -> PreparedRequest:
+    """A warm-up copy of a request with a small max_tokens: opens connections, costs little."""
+    import json  # noqa: PLC0415
+
+    body = json.loads(req.body)
+    body["max_tokens"] = min(body.get("max_tokens", WARMUP_MAX_TOKENS), WARMUP_MAX_TOKENS)
+    return PreparedRequest(index=-1 - req.index, body=json.dumps(body, separators=(",", ":")).encode(),
+                           input_tokens=req.input_tokens, max_tokens=body["max_tokens"])
+
+
+async def _count_texts(records: list[RequestRecord], counter: TokenCounter) -> dict[int, int]:
+    todo = [r for r in records if r.ok and r.completion_tokens is None and r.text is not None]
+    if not todo:
+        return {}
+    counts = await counter.count([r.text or "" for r in todo])
+    return {id(r): c for r, c in zip(todo, counts)}
+
+
+def _mean(values: list[int | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _label(base_url: str, model: str | None) -> str:
+    host = base_url.split("://", 1)[-1]
+    return f"{model}@{host}" if model else host

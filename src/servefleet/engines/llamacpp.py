@@ -1,0 +1,189 @@
+"""llama.cpp: the native ``llama-server`` (ggml-org/llama.cpp) and llama-cpp-python's server.
+
+Which one runs is decided by the launch command (``command`` in the fleet file):
+
+- default, or any command that is not Python: native, ``llama-server -m M --host H --port P [--alias S]``
+  (``command = ["/opt/llama.cpp/build/bin/llama-server"]`` picks a binary);
+- a command that names ``llama_cpp.server`` or is just a Python interpreter: llama-cpp-python,
+  ``python3 -m llama_cpp.server --model M --host H --port P [--model_alias S]``
+  (``command = ["python3", "-m", "llama_cpp.server"]`` or ``command = ["/venv/bin/python"]``).
+
+Readiness: ``/health`` (native: 503 "Loading model" then 200; it answers before the model is loaded,
+which is why it is a probe and not a socket check), else ``/v1/models`` (llama-cpp-python has no
+``/health``). Strings are from ``tools/server/server.cpp`` (and ``examples/server`` before 2025:
+"couldn't bind HTTP server socket", "exiting due to HTTP server error", "HTTP server is listening",
+"server is listening on", "model loaded", "all slots are idle"), ``src/llama-model-loader.cpp`` /
+``llama.cpp`` ("error loading model", "unknown model architecture"), ``ggml-cuda`` ("cudaMalloc
+failed: out of memory"), ``common/arg.cpp`` ("error: invalid argument"), llama-cpp-python's
+``llama_cpp/_internals.py`` ("Failed to load model from file"), and uvicorn.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePath
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from servefleet.capacity import Capacity
+from servefleet.catalog import Category
+from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
+from servefleet.engines.generic import as_int, build_signatures, first_model, get_json, has_flag, log_capacity
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["LlamaCppEngine"]
+
+C = Category
+S = Signature
+
+HINTS = {
+    C.GPU_OOM: "lower -ngl/--n-gpu-layers (keep some layers on the CPU), -c/--ctx-size or -np/--parallel, "
+               "or use a smaller quantization",
+    C.PORT_IN_USE: "choose another --port, or stop the process that holds it (often an older llama-server)",
+    C.CONFIG_ERROR: "a llama-server argument is invalid or was removed; read the evidence line and `llama-server --help`",
+    C.MODEL_NOT_FOUND: "check the -m/--model path: it must be a readable, complete .gguf file",
+    C.UNSUPPORTED_MODEL: "this llama.cpp build does not know the model architecture; update llama.cpp or re-convert the GGUF",
+    C.IMPORT_ERROR: "llama-server is not on PATH (set command in the fleet file) or llama-cpp-python is not installed",
+}
+
+OWN_SIGNATURES = (
+    # ---- benign
+    S.benign(r"no usable GPU found, --gpu-layers option will be ignored"),
+    S.benign(r"^DEPRECATED: "),
+    # ggml-cuda: "ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected" -- llama.cpp
+    # goes on with the CPU backend, so the server still starts: a warning, not a failure.
+    S.benign(r"ggml_cuda_init: failed to initialize"),
+    # ---- ready (evidence; the probe decides). Native: "main: server is listening on http://127.0.0.1:8080 -
+    # starting the main loop" (newer: "srv  llama_server: listening on http://..."), then "all slots are idle".
+    S.ready(r"\bserver is listening on \S+|llama_server: listening on http|update_slots: all slots are idle"),
+    # ---- wrappers: consequences printed after the cause
+    S.wrapper(r"exiting due to (?:HTTP server|model loading) error"),
+    S.wrapper(r"load_model: failed to load model|\bfailed to load model '"),
+    # ---- fatal, llama.cpp's own words (ggml-cuda / ggml-backend allocation failures first)
+    S.fatal(r"couldn't bind HTTP server socket", C.PORT_IN_USE),
+    S.fatal(r"cudaMalloc failed: out of memory|failed to allocate \w+ buffer|unable to allocate \w+ buffer"
+            r"|ggml_backend_\w+_buffer_type_alloc_buffer: allocating .* failed|out of device memory"
+            r"|ErrorOutOfDeviceMemory|hipMalloc failed", C.GPU_OOM),
+    S.fatal(r"failed to open GGUF file|gguf_init_from_file: failed to|llama_load_model_from_file: failed to load model"
+            r"|Model path does not exist|Failed to load model from file", C.MODEL_NOT_FOUND),
+    S.fatal(r"unknown model architecture|error loading model architecture|unknown pre-tokenizer type", C.UNSUPPORTED_MODEL),
+    S.fatal(r"model is corrupted or incomplete|data is not within the file bounds|invalid magic characters"
+            r"|tensor '.*' has wrong shape", C.MODEL_NOT_FOUND,
+            "the GGUF file is truncated, corrupted or for another converter version; re-download or re-convert it"),
+    S.fatal(r"(?:^|\s)error: invalid argument: |error while handling argument|(?:^|\s)error: unknown argument: "
+            r"|(?:^|\s)error: failed to parse|quantized V cache requires flash_attn|Unsupported cache type", C.CONFIG_ERROR),
+    S.fatal(r"error loading model: ", C.OTHER, "llama.cpp could not load the model; read the evidence line"),
+    # ---- progress, in start-up order
+    S.progress(r"HTTP server is listening, hostname|binding port", "HTTP server up, loading model"),
+    S.progress(r"main: loading model|load_model: loading model|llama_model_loader: loaded meta data"
+               r"|llama_model_load_from_file", "loading model"),
+    S.progress(r"load_tensors: |llm_load_tensors: |loading model tensors", "loading weights"),
+    S.progress(r"llama_context: |llama_new_context_with_model: |llama_kv_cache|llama_init_from_model",
+               "allocating KV cache"),
+    S.progress(r"warming up the model", "warming up"),
+    S.progress(r"initializing slots|new slot", "initialising slots"),
+    S.progress(r"main: model loaded|llama_server: model loaded|chat template", "model loaded"),
+    # llama-cpp-python (uvicorn): startup complete is printed before the port is bound
+    S.progress(r"Uvicorn running on|Application startup complete\.|Started server process", "HTTP server starting"),
+)
+
+_SLOTS = re.compile(r"initializing slots, n_slots = (\d+)")
+_SLOT_CTX = re.compile(r"new slot,? n_ctx(?:_slot)? = (\d+)")
+_CTX = re.compile(r"\b(?:llama_context|llama_new_context_with_model): n_ctx\s+= (\d+)")
+_KV_SIZE = re.compile(r"llama_kv_cache\w*: +size = +([\d.]+) MiB \( *(\d+) cells")
+# "build: 6895 (4341dc8bc) with cc ...", "version: 5678 (4df29be)", "version: 0.1.0-dev (build 1, commit 4df29be)"
+_BUILD = re.compile(r"(?:^|\s)(?:build|version): (?P<n>\d+) \((?P<c>[0-9a-f]+)\)"
+                    r"|^version: \S+ \(build (?P<n2>\d+), commit (?P<c2>[0-9a-f]+)\)")
+_PARALLEL = re.compile(r"n_parallel is set to auto, using n_parallel = (\d+)")
+
+
+class LlamaCppEngine(EngineProfile):
+    name: ClassVar[str] = "llamacpp"
+    probe: ClassVar[Probe] = Probe(("/health", "/v1/models"))
+    signatures: ClassVar[tuple[Signature, ...]] = build_signatures(OWN_SIGNATURES, HINTS)
+    detect: ClassVar[tuple[re.Pattern[str], ...]] = (
+        re.compile(r"llama_model_loader: |llama_context: |llama_new_context_with_model: |llm_load_tensors: "),
+        re.compile(r"\bllama_server\b|llama-server|main: HTTP server is listening|couldn't bind HTTP server socket"),
+        re.compile(r"\bggml_\w+: |\bgguf_\w+: "),
+        re.compile(r"^srv +\w+: |^slot +\w+: "),
+        re.compile(r"llama_cpp\.server|llama_cpp/"),
+    )
+    memory_flag: ClassVar[str | None] = "--n-gpu-layers"
+    supports_ignore_eos: ClassVar[bool] = False
+
+    # ---- launch ---------------------------------------------------------------------------------
+    def build_argv(self, spec: LaunchSpec) -> list[str]:
+        """Native ``llama-server`` or llama-cpp-python, chosen by ``spec.command`` (module docstring).
+
+        llama.cpp offloads to every visible GPU itself (``CUDA_VISIBLE_DEVICES`` from ``gpus``), so no
+        tensor-parallel flag is added; ``-ngl``, ``-c``, ``-np``... go in the extra args untouched."""
+        command = list(spec.command) or ["llama-server"]
+        extra = spec.extra_args
+        if is_python_server(command):
+            if "llama_cpp.server" not in command:
+                command += ["-m", "llama_cpp.server"]
+            argv = [*command, "--model", spec.model, "--host", spec.host, "--port", str(spec.port)]
+            if spec.served_model_name and not has_flag(extra, "--model_alias"):
+                argv += ["--model_alias", spec.served_model_name]
+        else:
+            argv = [*command, "-m", spec.model, "--host", spec.host, "--port", str(spec.port)]
+            if spec.served_model_name and not has_flag(extra, "--alias", "-a"):
+                argv += ["--alias", spec.served_model_name]
+        return argv + list(extra)
+
+    # ---- log --------------------------------------------------------------------------------------
+    def capacity_from_line(self, line: str) -> Capacity | None:
+        if match := _SLOTS.search(line):
+            return log_capacity(max_running_requests=int(match.group(1)))
+        if match := _PARALLEL.search(line):
+            return log_capacity(max_running_requests=int(match.group(1)))
+        if match := _SLOT_CTX.search(line):
+            return log_capacity(context_length=int(match.group(1)))  # per slot
+        if match := _KV_SIZE.search(line):
+            return log_capacity(kv_cache_tokens=int(match.group(2)), kv_cache_gib=round(float(match.group(1)) / 1024, 4))
+        if match := _CTX.search(line):
+            return log_capacity(kv_cache_tokens=int(match.group(1)))  # n_ctx = KV cells over all slots
+        if match := _BUILD.search(line):
+            number, commit = match["n"] or match["n2"], match["c"] or match["c2"]
+            return log_capacity(engine_version=f"b{number}-{commit}")  # the form /props calls build_info
+        return None
+
+    # ---- endpoints --------------------------------------------------------------------------------
+    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+        """Native ``GET /props``: ``default_generation_settings.n_ctx`` (per slot; older builds put
+        ``n_ctx`` at the top level), ``total_slots``, ``build_info``, ``model_alias``/``model_path``.
+        llama-cpp-python has no ``/props``: ``/v1/models`` gives the served name only."""
+        base = base_url.rstrip("/")
+        props = await get_json(session, base + "/props")
+        facts: dict[str, Any] = {}
+        if isinstance(props, dict):
+            settings = props.get("default_generation_settings")
+            settings = settings if isinstance(settings, dict) else {}
+            n_ctx = as_int(settings.get("n_ctx")) or as_int(props.get("n_ctx"))
+            if n_ctx:
+                facts["context_length"] = n_ctx
+            slots = as_int(props.get("total_slots"))
+            if slots:
+                facts["max_running_requests"] = slots
+            if isinstance(props.get("build_info"), str):
+                facts["engine_version"] = props["build_info"]
+            alias = props.get("model_alias")
+            if isinstance(alias, str) and alias:
+                facts["served_model"] = alias
+            if isinstance(props.get("model_path"), str):
+                facts["extra"] = {"model_path": props["model_path"]}
+        sources = {k: "endpoint:/props" for k in facts}
+        if "served_model" not in facts:
+            model = first_model(await get_json(session, base + "/v1/models"))
+            if model and isinstance(model.get("id"), str):
+                facts["served_model"], sources["served_model"] = model["id"], "endpoint:/v1/models"
+        return Capacity(**facts, source=sources) if facts else Capacity()
+
+
+def is_python_server(command: list[str]) -> bool:
+    """Whether a launch command runs llama-cpp-python rather than the native ``llama-server``."""
+    if "llama_cpp.server" in command:
+        return True
+    return len(command) == 1 and re.fullmatch(r"python(?:\d+(?:\.\d+)?)?", PurePath(command[0]).name) is not None
+

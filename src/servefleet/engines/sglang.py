@@ -1,0 +1,260 @@
+"""SGLang (sgl-project/sglang): ``python -m sglang.launch_server``.
+
+Readiness is ``/health_generate`` (one real generation), falling back to ``/health`` on versions
+without it -- never "Uvicorn running" / "Application startup complete.", which print *before* the
+warm-up request that can still fail ("Initialization failed. warmup error"). The log line "The
+server is fired up and ready to roll!" is evidence only.
+
+Strings below are from sglang's ``srt/entrypoints/http_server.py`` (ready, warm-up),
+``srt/entrypoints/engine.py`` (sigquit handler), ``srt/model_executor/model_runner.py`` (load,
+memory pool, CUDA graphs, "Not enough memory"), ``srt/mem_cache/memory_pool.py`` (KV / Mamba cache
+lines), ``srt/managers/scheduler.py`` (the ``max_total_num_tokens=`` line, "Scheduler hit an
+exception") and ``srt/models/registry.py`` ("Ignore import error when loading"), across
+v0.2 (2024) to v0.5.x (2026), plus real start-up logs of v0.4-0.5.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from servefleet.capacity import Capacity
+from servefleet.catalog import Category
+from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
+from servefleet.engines.generic import (
+    as_int,
+    build_signatures,
+    first_model,
+    get_json,
+    has_flag,
+    log_capacity,
+    to_float,
+    to_int,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["SGLangEngine"]
+
+C = Category
+S = Signature
+
+HINTS = {
+    C.GPU_OOM: "lower --mem-fraction-static (CUDA graphs/activations ran out), --cuda-graph-max-bs, "
+               "--context-length or --max-running-requests, or add GPUs with --tp-size",
+    C.PORT_IN_USE: "choose another --port, or stop the process that holds it (SGLang also opens nearby "
+                   "ports for NCCL/ZMQ, so leave a gap between servers)",
+    C.CONFIG_ERROR: "an SGLang argument is invalid; read the evidence line and `python -m sglang.launch_server --help`",
+    C.NCCL_OR_DISTRIBUTED: "check GPU visibility and --tp-size, NCCL_DEBUG=INFO; try --disable-custom-all-reduce "
+                           "or NCCL_P2P_DISABLE=1 on PCIe boxes",
+    C.UNSUPPORTED_MODEL: "this SGLang version does not support the architecture; upgrade sglang (and transformers) "
+                         "or try --model-impl transformers",
+}
+
+OWN_SIGNATURES = (
+    # ---- benign: warnings that quote errors, and notices of healthy start-ups
+    S.benign(r"Ignore import error when loading "),
+    S.benign(r"Setup Custom allreduce failed with .*(?:To silence this warning|--disable-custom-all-reduce)"),
+    S.benign(r"Unexpected error during package walk|Failed to load legacy DeepGEMM"),
+    S.benign(r"(?:Disable|Disabling) (?:piecewise )?cuda graph", re.I),
+    # the advice block under "Capture cuda graph failed": "Possible solutions:\n1. set --mem-fraction-static ..."
+    S.benign(r"^Possible solutions:?$|^\d\. (?:set|disable|reduce|use|lower) "),
+    # ---- ready (evidence; the probe decides)
+    S.ready(r"The server is fired up and ready to roll!"),
+    # ---- wrappers: they point at a cause above (or at the traceback below them)
+    S.wrapper(r"Received sigquit from a child process"),
+    S.wrapper(r"Rank \d+ scheduler is dead(?!.*Exit code: -9)"),  # "... Exit code: -9" is a SIGKILL: killed
+    S.wrapper(r"\b\w+ hit an exception"),  # "Scheduler hit an exception: Traceback ...", DataParallelController
+    S.wrapper(r"Initialization failed\. warmup error"),
+    S.wrapper(r"Child process unexpectedly failed with an? exit code"),
+    # ---- fatal, SGLang's own words
+    # model_runner.py: raised when the KV pool would get <= 0 tokens (weights left no room at this fraction)
+    S.fatal(r"Not enough memory\. Please try to increase --mem-fraction-static", C.GPU_OOM,
+            "raise --mem-fraction-static (the weights left no room for the KV cache), or add GPUs with "
+            "--tp-size, or use a smaller/quantized model"),
+    S.fatal(r"Capture cuda graph failed:.*(?:out of memory|OutOfMemoryError)", C.GPU_OOM,
+            "lower --mem-fraction-static or --cuda-graph-max-bs (or --disable-cuda-graph, slow)"),
+    S.fatal(r"User-specified context_length .* is greater than the derived context_length", C.CONFIG_ERROR,
+            "lower --context-length to the model's limit (or set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)"),
+    S.fatal(r"SGLang only supports sm\d+ and above", C.CUDA_DRIVER, "this GPU is too old for this SGLang build"),
+    S.fatal(r"Failed to get weights iterator: .*(?:not found|does not exist)", C.MODEL_NOT_FOUND),
+    # ---- progress, in start-up order
+    S.progress(r"Init torch distributed begin", "initialising torch.distributed"),
+    S.progress(r"Load weight begin", "loading weights"),
+    S.progress(r"(?:Loading safetensors checkpoint shards|Multi-thread loading shards|Loading pt checkpoint shards)",
+               "loading weight shards"),
+    S.progress(r"Load weight end", "weights loaded"),
+    S.progress(r"(?:KV|Mamba) Cache is allocated|Memory pool end", "allocating KV cache"),
+    S.progress(r"Capture cuda graph begin|Capturing batches|Capture cuda graph bs", "capturing CUDA graphs"),
+    S.progress(r"Capture cuda graph end", "CUDA graphs captured"),
+    S.progress(r"Compiling num tokens|torch\.compile|Compiling a graph|Capture piecewise CUDA graph", "compiling"),
+    S.progress(r"max_total_num_tokens=", "scheduler started"),
+    S.progress(r"Uvicorn running on|Application startup complete\.", "HTTP server up, warming up"),
+    S.progress(r'"POST /generate HTTP/1\.1" 200', "warm-up request done"),
+    S.progress(r"Downloading|Fetching \d+ files|Found local HF snapshot", "downloading model"),
+)
+
+_KV_TOKENS = re.compile(r"KV Cache is allocated\..*?#tokens: ([\d,]+)")
+_KV_SIZES = re.compile(r"\b(K|V|KV|Cache) size: ([\d.]+) ?GB")
+_SCHED_KEY = re.compile(r"\b(max_total_num_tokens|chunked_prefill_size|max_prefill_tokens|max_running_requests|"
+                        r"context_len|available_gpu_mem)=(-?[\d,.]+)")
+_MAMBA_SIZE = re.compile(r"max_mamba_cache_size: (\d+)")
+_MAMBA_PART = re.compile(r"(\w+) size: ([\d.]+) ?GB")
+_SPEC_ARG = re.compile(r"\b(speculative_(?:algorithm|num_steps|eagle_topk|num_draft_tokens|draft_model_path))="
+                       r"('[^']*'|[\w.]+)")
+_SERVED = re.compile(r"\bserved_model_name='([^']*)'")
+
+_SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+              "speculative_num_draft_tokens", "speculative_draft_model_path")
+
+
+class SGLangEngine(EngineProfile):
+    name: ClassVar[str] = "sglang"
+    # /health_generate runs one real generation; /health only says the HTTP server is up.
+    probe: ClassVar[Probe] = Probe(("/health_generate", "/health"), timeout_s=5.0)
+    signatures: ClassVar[tuple[Signature, ...]] = build_signatures(OWN_SIGNATURES, HINTS)
+    detect: ClassVar[tuple[re.Pattern[str], ...]] = (
+        re.compile(r"The server is fired up and ready to roll"),
+        re.compile(r"\bsglang[./]"),
+        re.compile(r"server_args=ServerArgs\("),
+        re.compile(r"max_total_num_tokens=\d+, "),
+        re.compile(r"Scheduler hit an exception|Received sigquit from a child process|Rank 0 scheduler is dead"),
+        re.compile(r"Load weight begin\. avail mem=|Capture cuda graph begin|KV Cache is allocated\. "),
+        re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (?:DP\d+ )?TP\d+"),
+    )
+    memory_flag: ClassVar[str | None] = "--mem-fraction-static"
+    supports_ignore_eos: ClassVar[bool] = True
+
+    # ---- launch ---------------------------------------------------------------------------------
+    def build_argv(self, spec: LaunchSpec) -> list[str]:
+        """``python -m sglang.launch_server --model-path M --host H --port P [--tp-size N]
+        [--served-model-name S] EXTRA...``; ``spec.command`` replaces the launcher (e.g.
+        ``["sglang", "serve"]`` or another interpreter). Flags the user already passed in the
+        extra args are not added twice; extra args are never rewritten."""
+        argv = list(spec.command) or [spec.python, "-m", "sglang.launch_server"]
+        argv += ["--model-path", spec.model, "--host", spec.host, "--port", str(spec.port)]
+        extra = spec.extra_args
+        if spec.gpus and len(spec.gpus) > 1 and not has_flag(extra, "--tp-size", "--tp", "--tensor-parallel-size"):
+            argv += ["--tp-size", str(len(spec.gpus))]
+        if spec.served_model_name and not has_flag(extra, "--served-model-name"):
+            argv += ["--served-model-name", spec.served_model_name]
+        return argv + list(extra)
+
+    # ---- log --------------------------------------------------------------------------------------
+    def capacity_from_line(self, line: str) -> Capacity | None:
+        if "max_total_num_tokens=" in line:
+            kv = dict(_SCHED_KEY.findall(line))
+            extra = {k: to_int(kv[k]) for k in ("chunked_prefill_size", "max_prefill_tokens") if k in kv}
+            if "available_gpu_mem" in kv:
+                extra["available_gpu_mem_gib"] = to_float(kv["available_gpu_mem"])
+            return log_capacity(
+                kv_cache_tokens=to_int(kv.get("max_total_num_tokens")),
+                max_running_requests=to_int(kv.get("max_running_requests")),
+                context_length=to_int(kv.get("context_len")),
+                extra=extra,
+            )
+        if "KV Cache is allocated" in line:
+            match = _KV_TOKENS.search(line)
+            sizes = [float(v) for _, v in _KV_SIZES.findall(line)]
+            return log_capacity(
+                kv_cache_tokens=to_int(match.group(1)) if match else None,
+                kv_cache_gib=round(sum(sizes), 4) if sizes else None,  # per GPU, SGLang's GB = 2**30 bytes
+            )
+        if "Mamba Cache is allocated" in line:
+            mamba: dict[str, Any] = {}
+            if match := _MAMBA_SIZE.search(line):
+                mamba["max_mamba_cache_size"] = int(match.group(1))
+            for name, gib in _MAMBA_PART.findall(line):
+                mamba[f"{name}_gib"] = float(gib)
+            return log_capacity(mamba_cache=mamba)
+        if "server_args=ServerArgs(" in line:
+            spec = {k: _literal(v) for k, v in _SPEC_ARG.findall(line)}
+            spec = {k: v for k, v in spec.items() if v is not None}
+            served = _SERVED.search(line)
+            return log_capacity(speculative=spec if spec.get("speculative_algorithm") else {},
+                                served_model=served.group(1) if served else None)
+        return None
+
+    # ---- endpoints --------------------------------------------------------------------------------
+    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+        """``GET /server_info`` (SGLang >= 0.4.4), else the older ``/get_server_info``; ``/v1/models``
+        for the served name and ``max_model_len`` when ``context_length`` was not set explicitly."""
+        base = base_url.rstrip("/")
+        path = "/server_info"
+        info = await get_json(session, base + path)
+        if not isinstance(info, dict):
+            path = "/get_server_info"
+            info = await get_json(session, base + path)
+        facts: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        if isinstance(info, dict):
+            facts = parse_server_info(info)
+            sources = {k: f"endpoint:{path}" for k in facts}
+        models = await get_json(session, base + "/v1/models")
+        first = first_model(models)
+        if first:
+            if "served_model" not in facts and first.get("id"):
+                facts["served_model"], sources["served_model"] = first["id"], "endpoint:/v1/models"
+            if "context_length" not in facts and as_int(first.get("max_model_len")):
+                facts["context_length"] = as_int(first.get("max_model_len"))
+                sources["context_length"] = "endpoint:/v1/models"
+        if not facts:
+            return Capacity()
+        return Capacity(**facts, source=sources)
+
+
+def parse_server_info(info: dict[str, Any]) -> dict[str, Any]:
+    """Capacity facts from a ``/server_info`` (or ``/get_server_info``) document.
+
+    The document is the server arguments flattened at the top, plus ``max_total_num_tokens``,
+    ``internal_states`` (one per DP rank: ``effective_max_running_requests_per_dp``,
+    ``memory_usage.token_capacity``...) and ``version``; older versions lack some keys."""
+    states = info.get("internal_states")
+    state: dict[str, Any] = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    memory = state.get("memory_usage") if isinstance(state.get("memory_usage"), dict) else {}
+    facts: dict[str, Any] = {}
+
+    kv = as_int(info.get("max_total_num_tokens")) or as_int(state.get("max_total_num_tokens")) or as_int(memory.get("token_capacity"))
+    if kv:
+        facts["kv_cache_tokens"] = kv
+    dp = as_int(info.get("dp_size")) or 1
+    per_dp = as_int(state.get("effective_max_running_requests_per_dp"))
+    if per_dp:
+        facts["max_running_requests"] = per_dp * dp
+    else:
+        running = as_int(state.get("max_running_requests")) or as_int(info.get("max_running_requests"))
+        if running:
+            facts["max_running_requests"] = running
+    context = as_int(info.get("context_length")) or as_int(state.get("context_len"))
+    if context:
+        facts["context_length"] = context
+    kv_gib = memory.get("kvcache")
+    if isinstance(kv_gib, (int, float)) and not isinstance(kv_gib, bool) and kv_gib > 0:
+        facts["kv_cache_gib"] = float(kv_gib)
+    algo = info.get("speculative_algorithm") or state.get("speculative_algorithm")
+    if algo:
+        facts["speculative"] = {k: info.get(k, state.get(k)) for k in _SPEC_KEYS if info.get(k, state.get(k)) is not None}
+    mamba = {k: v for k, v in {**info, **state}.items() if k == "max_mamba_cache_size" and v is not None}
+    mamba.update({f"memory_usage.{k}": v for k, v in memory.items() if "mamba" in k})
+    if mamba:
+        facts["mamba_cache"] = mamba
+    if isinstance(info.get("version"), str):
+        facts["engine_version"] = info["version"]
+    if isinstance(info.get("served_model_name"), str):
+        facts["served_model"] = info["served_model_name"]
+    extra = {k: info[k] for k in ("tp_size", "dp_size", "max_req_input_len", "chunked_prefill_size", "max_prefill_tokens")
+             if info.get(k) is not None}
+    if per_dp:
+        extra["max_running_requests_per_dp"] = per_dp
+    if extra:
+        facts["extra"] = extra
+    return facts
+
+
+def _literal(text: str) -> Any:
+    if text.startswith("'"):
+        return text.strip("'")
+    if text == "None":
+        return None
+    return to_int(text) if to_int(text) is not None else text

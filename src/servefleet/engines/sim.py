@@ -1,0 +1,58 @@
+"""The simulated engine (``python -m servefleet.sim``): an OpenAI-compatible aiohttp server that
+prints the start-up log of a real engine (``--style sglang`` by default, or ``--style vllm``).
+
+Because it prints the real engines' text -- capacity lines, failures by category -- its profile is
+the union of the SGLang and vLLM signatures and capacity parsers, and it reads capacity from the
+SGLang-style ``/server_info`` it serves. Readiness is ``/health``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, ClassVar
+
+from servefleet.capacity import Capacity
+from servefleet.engines import sglang, vllm
+from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
+from servefleet.engines.generic import build_signatures, has_flag
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["SimEngine"]
+
+_SGLANG = sglang.SGLangEngine()
+_VLLM = vllm.VLLMEngine()
+
+
+class SimEngine(EngineProfile):
+    name: ClassVar[str] = "sim"
+    probe: ClassVar[Probe] = Probe(("/health",))
+    # SGLang's first: where both know a line (uvicorn's "Application startup complete."), SGLang's
+    # reading (progress, not ready) is the cautious one; the probe decides readiness anyway.
+    signatures: ClassVar[tuple[Signature, ...]] = build_signatures(
+        sglang.OWN_SIGNATURES + vllm.OWN_SIGNATURES, sglang.HINTS
+    )
+    detect: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"\bservefleet[. ]sim\b"),)
+    memory_flag: ClassVar[str | None] = "--kv-tokens"
+    supports_ignore_eos: ClassVar[bool] = True
+
+    def build_argv(self, spec: LaunchSpec) -> list[str]:
+        """``python -m servefleet.sim --style sglang --host H --port P --model M [--served-model-name S]
+        EXTRA...`` (``--style`` in the extra args replaces the default; ``command`` replaces the
+        launcher). The simulator's own options (``--max-running``, ``--kv-tokens``,
+        ``--fail-at-startup CATEGORY``...) go in the extra args untouched."""
+        argv = list(spec.command) or [spec.python, "-m", "servefleet.sim"]
+        extra = spec.extra_args
+        if not has_flag(extra, "--style"):
+            argv += ["--style", "sglang"]
+        argv += ["--host", spec.host, "--port", str(spec.port), "--model", spec.model]
+        if spec.served_model_name and not has_flag(extra, "--served-model-name"):
+            argv += ["--served-model-name", spec.served_model_name]
+        return argv + list(extra)
+
+    def capacity_from_line(self, line: str) -> Capacity | None:
+        return _SGLANG.capacity_from_line(line) or _VLLM.capacity_from_line(line)
+
+    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+        return await _SGLANG.capacity_from_server(session, base_url)

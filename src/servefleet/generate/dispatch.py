@@ -1,0 +1,350 @@
+"""Continuous dispatch over every ready server.
+
+A request goes out the moment a slot frees up -- never batch-and-wait, so no server idles while the
+slowest request of a batch finishes. Each server has its own limit (:mod:`.concurrency`); the next
+prompt goes to the least-loaded server with a free slot (lowest in-flight/limit). Prompts wait in a
+bounded deque filled by the input stream, so memory does not grow with the input; retries wait in
+a heap until their backoff has passed and then go first.
+
+Exactly once within a run: a prompt (a :class:`Ticket`) is owned by one place at a time -- the
+waiting deque, the retry heap, or one request task. When a server is taken out, its request tasks
+are cancelled; a cancelled task never records its answer (the answer is recorded synchronously
+right after the only ``await``), so its ticket is re-queued exactly when ``cancel()`` succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import json
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Protocol
+
+from servefleet.generate.client import Client, Completion
+from servefleet.generate.concurrency import ConcurrencyController
+from servefleet.generate.endpoints import Restarter, Target
+from servefleet.generate.health import Health, HealthPolicy, ServerState, recover
+from servefleet.generate.inputs import PromptRecord
+from servefleet.generate.retry import RequestFailure, RetryPolicy
+from servefleet.generate.shards import OutputRow
+from servefleet.generate.stats import JobStats, ServerStats
+
+__all__ = ["Dispatcher", "Ticket", "RowSink", "Outcome"]
+
+Outcome = str  # "complete" | "stalled"
+
+
+class RowSink(Protocol):
+    """Where answered rows go (the committer): never blocks; tells when it is behind."""
+
+    def add(self, row: OutputRow) -> None: ...
+
+    @property
+    def backlogged(self) -> bool: ...
+
+    async def wait_room(self) -> None: ...
+
+
+@dataclass(eq=False)
+class Ticket:
+    record: PromptRecord
+    attempts: int = 0
+    state: str = "waiting"  # waiting | in_flight | settled
+    last_error: str | None = None
+    last_server: str | None = None
+
+
+class _Server:
+    def __init__(self, target: Target, controller: ConcurrencyController, policy: HealthPolicy) -> None:
+        self.target = target
+        self.controller = controller
+        self.health = Health(policy, last_answer=time.monotonic())
+        self.stats = ServerStats(target.name, target.base_url, limit=controller.limit)
+        self.in_flight: dict[asyncio.Task[None], Ticket] = {}
+        self.window_start = time.monotonic()
+        self.window_tokens = 0
+        self.ticks = 0
+        self.saturated_ticks = 0
+        self.probing = False
+
+    def window_s(self, minimum: float) -> float:
+        return max(minimum, 3 * self.stats.mean_latency_s())
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        targets: list[Target],
+        *,
+        client: Client,
+        out: RowSink,
+        on_failure: Callable[[Ticket, RequestFailure], None],
+        stats: JobStats,
+        retry: RetryPolicy | None = None,
+        health: HealthPolicy | None = None,
+        concurrency: int | None = None,
+        model: str | None = None,
+        store_request: bool = False,
+        restarter: Restarter | None = None,
+        tick_s: float = 0.25,
+        window_min_s: float = 2.0,
+    ) -> None:
+        self.client = client
+        self.out = out
+        self.on_failure = on_failure
+        self.stats = stats
+        self.retry = retry or RetryPolicy()
+        self.policy = health or HealthPolicy()
+        self.concurrency = concurrency
+        self.model = model
+        self.store_request = store_request
+        self.restarter = restarter
+        self.tick_s = tick_s
+        self.window_min_s = window_min_s
+        self.servers = [_Server(t, self._controller(t), self.policy) for t in targets]
+        for s in self.servers:
+            stats.servers[s.target.name] = s.stats
+        self._pending: deque[Ticket] = deque()
+        self._delayed: list[tuple[float, int, Ticket]] = []
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._feed_done = False
+        self._error: BaseException | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _controller(self, target: Target) -> ConcurrencyController:
+        if self.concurrency is not None:
+            return ConcurrencyController.fixed(self.concurrency)
+        return ConcurrencyController.auto(target.max_running)
+
+    # ---- the loop -------------------------------------------------------------------------------
+    async def run(self, feed: AsyncIterator[PromptRecord]) -> Outcome:
+        """Send every record of ``feed``; returns when all are answered or failed ("complete"), or
+        when no server is left ("stalled")."""
+        self._spawn(self._feeder(feed))
+        self._spawn(self._monitor())
+        try:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                self._release_due(time.monotonic())
+                if self.out.backlogged:
+                    await self.out.wait_room()
+                    continue
+                self._launch()
+                if self._feed_done and not self._pending and not self._delayed and not self._in_flight():
+                    return "complete"
+                if all(s.health.state is ServerState.GONE for s in self.servers):
+                    return "stalled"
+                self._wake.clear()
+                timeout = max(0.0, self._delayed[0][0] - time.monotonic()) if self._delayed else None
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        tasks = [t for s in self.servers for t in s.in_flight] + list(self._background)
+        for s in self.servers:
+            s.in_flight.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._error is None:
+            self._error = task.exception()
+            self._wake.set()
+
+    def _in_flight(self) -> int:
+        return sum(len(s.in_flight) for s in self.servers)
+
+    def _high_water(self) -> int:
+        return max(64, 2 * sum(s.controller.limit for s in self.servers if s.health.state is ServerState.UP))
+
+    async def _feeder(self, feed: AsyncIterator[PromptRecord]) -> None:
+        async for record in feed:
+            while len(self._pending) >= self._high_water():
+                self._room.clear()
+                await self._room.wait()
+            self._pending.append(Ticket(record))
+            self._wake.set()
+        self._feed_done = True
+        self._wake.set()
+
+    def _release_due(self, now: float) -> None:
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, ticket = heapq.heappop(self._delayed)
+            self._pending.appendleft(ticket)
+
+    def _pick(self) -> _Server | None:
+        best, best_load = None, 2.0
+        for s in self.servers:
+            if s.health.state is not ServerState.UP:
+                continue
+            n, limit = len(s.in_flight), s.controller.limit
+            if n >= limit:
+                continue
+            load = n / limit
+            if load < best_load:
+                best, best_load = s, load
+        return best
+
+    def _launch(self) -> None:
+        while self._pending:
+            server = self._pick()
+            if server is None:
+                break
+            ticket = self._pending.popleft()
+            ticket.attempts += 1
+            ticket.state = "in_flight"
+            ticket.last_server = server.target.name
+            task = asyncio.ensure_future(self._attempt(server, ticket))
+            server.in_flight[task] = ticket
+            task.add_done_callback(partial(self._attempt_done, server))
+        if len(self._pending) < self._high_water() // 2:
+            self._room.set()
+
+    def _attempt_done(self, server: _Server, task: asyncio.Task[None]) -> None:
+        server.in_flight.pop(task, None)
+        if not task.cancelled() and task.exception() is not None and self._error is None:
+            self._error = task.exception()
+        self._wake.set()
+
+    # ---- one request ----------------------------------------------------------------------------
+    async def _attempt(self, server: _Server, ticket: Ticket) -> None:
+        record = ticket.record
+        model = self.model or server.target.served_model or record.body.get("model")
+        body = record.body if model is None else {**record.body, "model": model}
+        t0 = time.perf_counter()
+        result = await self.client.complete(server.target.base_url, record.endpoint, body)
+        # Nothing below awaits: a cancelled task never gets here, a task that got here is settled.
+        ticket.state = "settled"
+        if isinstance(result, Completion):
+            self._succeeded(server, ticket, result, time.perf_counter() - t0, body)
+        else:
+            self._failed(server, ticket, result)
+
+    def _succeeded(self, server: _Server, ticket: Ticket, c: Completion, latency: float, body: dict) -> None:
+        now = time.monotonic()
+        server.health.answered(now)
+        tokens = c.completion_tokens or 0
+        st = server.stats
+        st.requests += 1
+        st.completion_tokens += tokens
+        st.prompt_tokens += c.prompt_tokens or 0
+        st.latency_sum_s += latency
+        st.meter.add(tokens, now)
+        server.window_tokens += tokens
+        self.stats.done += 1
+        self.stats.completion_tokens += tokens
+        self.stats.prompt_tokens += c.prompt_tokens or 0
+        self.stats.meter.add(tokens, now)
+        r = ticket.record
+        self.out.add(OutputRow(
+            id=r.id, line=r.line, text=c.text, finish_reason=c.finish_reason, prompt_tokens=c.prompt_tokens,
+            completion_tokens=c.completion_tokens, model=c.model or body.get("model"), server=server.target.name,
+            attempts=ticket.attempts, latency_s=latency, reasoning=c.reasoning, token_ids=c.token_ids,
+            request=json.dumps(body, ensure_ascii=False) if self.store_request else None,
+        ))
+
+    def _failed(self, server: _Server, ticket: Ticket, failure: RequestFailure) -> None:
+        server.stats.errors += 1
+        ticket.last_error = failure.describe()
+        if not failure.server_fault:
+            server.health.answered()
+        if failure.overload and server.controller.on_overload():
+            self.stats.event(f"{server.target.name}: overloaded ({failure.describe()}), concurrency -> {server.controller.limit}")
+        decision = self.retry.decide(failure, ticket.attempts)
+        if decision.retry:
+            self.stats.retries += 1
+            ticket.state = "waiting"
+            heapq.heappush(self._delayed, (time.monotonic() + decision.delay_s, next(self._seq), ticket))
+        else:
+            self.stats.failed += 1
+            self.on_failure(ticket, failure)
+        if failure.server_fault and server.health.fault():
+            self._take_out(server, failure.describe())
+
+    # ---- servers going and coming ---------------------------------------------------------------
+    def _take_out(self, server: _Server, reason: str) -> None:
+        server.health.take_out()
+        server.stats.state = ServerState.DOWN.value
+        server.stats.outages += 1
+        requeued = 0
+        for task, ticket in list(server.in_flight.items()):
+            if ticket.state == "in_flight" and task.cancel():
+                ticket.state = "waiting"
+                ticket.attempts -= 1  # not the prompt's fault
+                self._pending.appendleft(ticket)
+                requeued += 1
+            server.in_flight.pop(task, None)
+        self.stats.requeued += requeued
+        self.stats.event(f"{server.target.name}: taken out ({reason}); {requeued} in-flight requests re-queued")
+        self._spawn(self._recover(server))
+        self._wake.set()
+
+    async def _recover(self, server: _Server) -> None:
+        new = await recover(server.target, client=self.client, policy=self.policy, restarter=self.restarter, on_event=self.stats.event)
+        if new is None:
+            server.health.state = ServerState.GONE
+            server.stats.state = ServerState.GONE.value
+            self.stats.event(f"{server.target.name}: given up for this run")
+        else:
+            if self.concurrency is None and new.max_running and new.max_running != server.target.max_running:
+                server.controller = ConcurrencyController.auto(new.max_running)
+            if new.managed:
+                server.health.restarts += 1
+                server.stats.restarts += 1
+            server.target = new
+            server.health.put_back()
+            server.stats.state = ServerState.UP.value
+            server.stats.base_url = new.base_url
+            self.stats.event(f"{server.target.name}: back in service at {new.base_url}")
+        self._wake.set()
+
+    async def _probe(self, server: _Server) -> None:
+        try:
+            ok = await self.client.models(server.target.base_url, timeout_s=self.policy.probe_timeout_s) is not None
+        finally:
+            server.probing = False
+        if server.health.state is ServerState.UP and server.health.probed(ok, time.monotonic()):
+            self._take_out(server, "does not answer probes")
+
+    async def _monitor(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            now = time.monotonic()
+            for s in self.servers:
+                s.stats.in_flight = len(s.in_flight)
+                s.stats.limit = s.controller.limit
+                if s.health.state is not ServerState.UP:
+                    continue
+                s.ticks += 1
+                if len(s.in_flight) >= s.controller.limit:
+                    s.saturated_ticks += 1
+                span = now - s.window_start
+                if span >= s.window_s(self.window_min_s):
+                    saturated = s.saturated_ticks >= 0.8 * s.ticks
+                    before = s.controller.limit
+                    if s.controller.observe(s.window_tokens / span, saturated):
+                        self.stats.event(f"{s.target.name}: concurrency {before} -> {s.controller.limit}")
+                        self._wake.set()
+                    s.window_start, s.window_tokens, s.ticks, s.saturated_ticks = now, 0, 0, 0
+                if not s.probing and s.health.wants_probe(len(s.in_flight), now):
+                    s.probing = True
+                    self._spawn(self._probe(s))

@@ -1,0 +1,103 @@
+"""The servers a job runs on, and the one thing it asks of the fleet layer: a restart.
+
+``--url`` servers are unmanaged: servefleet can only wait for them to answer again. Servers of a
+``--fleet`` file are managed: a dead one is restarted through :class:`servefleet.fleet.Fleet`
+(which relaunches it and runs the verification loop, so its diagnosis lands in the log and the
+report). The job depends on the fleet only through :class:`Restarter`, so tests can use a fake.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from servefleet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from servefleet.generate.client import Client
+
+__all__ = ["Target", "Restarter", "FleetRestarter", "targets_from_urls", "targets_from_fleet"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One server as the dispatcher sees it."""
+
+    name: str
+    base_url: str
+    served_model: str | None = None
+    max_running: int | None = None
+    managed: bool = False
+
+
+class Restarter(Protocol):
+    async def restart(self, name: str) -> Target | None:
+        """Bring the server back; its new target when ready, None when it could not be."""
+        ...
+
+
+class FleetRestarter:
+    """Restarts through a :class:`servefleet.fleet.Fleet` and reports the verdict."""
+
+    def __init__(self, fleet: Any, on_event: Any = None) -> None:
+        self.fleet = fleet
+        self.on_event = on_event
+
+    async def restart(self, name: str) -> Target | None:
+        verdict = await self.fleet.restart(name)
+        state = getattr(verdict.state, "value", verdict.state)
+        if self.on_event is not None:
+            detail = verdict.message or (verdict.category.value if getattr(verdict, "category", None) else "")
+            self.on_event(f"{name}: restart -> {state}" + (f" ({detail})" if detail else ""))
+        if state != "ready":
+            return None
+        for ep in await self.fleet.ready_endpoints():
+            if ep.name == name:
+                return _from_endpoint(ep)
+        return None
+
+
+def _from_endpoint(ep: Any) -> Target:
+    cap = ep.capacity
+    return Target(ep.name, ep.base_url, ep.served_model, getattr(cap, "max_running_requests", None), managed=True)
+
+
+async def targets_from_urls(urls: list[str], client: "Client", max_running: int | None = None) -> list[Target]:
+    """Unmanaged servers: names ``url1``, ``url2``...; served model from ``/v1/models`` when it
+    answers; capacity from the engines' info endpoints when one of them answers."""
+    targets = []
+    answered = 0
+    for i, url in enumerate(urls, 1):
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--url {url!r}: expected http://host:port")
+        base = url.rstrip("/").removesuffix("/v1")
+        models = await client.models(base)
+        answered += models is not None
+        served = models[0] if models else None
+        known = max_running or (await _probe_max_running(client, base) if models is not None else None)
+        targets.append(Target(f"url{i}" if len(urls) > 1 else "url", base, served, known))
+    if urls and not answered:
+        raise ConfigError(f"no server answers GET /v1/models at {', '.join(urls)}")
+    return targets
+
+
+async def _probe_max_running(client: "Client", base: str) -> int | None:
+    """Ask each engine profile's info endpoint; the first that knows wins."""
+    from servefleet.engines.registry import engine_names, get_engine
+
+    for name in engine_names():
+        try:
+            cap = await get_engine(name).capacity_from_server(client.session, base)
+        except Exception:  # noqa: BLE001 - a profile that cannot read this server just does not know
+            continue
+        if cap.max_running_requests:
+            return cap.max_running_requests
+    return None
+
+
+async def targets_from_fleet(fleet: Any) -> list[Target]:
+    """The fleet's ready servers (none ready is a configuration problem for the caller)."""
+    return [_from_endpoint(ep) for ep in await fleet.ready_endpoints()]

@@ -1,0 +1,133 @@
+"""Is a server still answering? When not: take it out, bring it back, put it back.
+
+Evidence, per server:
+
+* consecutive *server-fault* failures of real requests (connection refused or dropped, timeouts;
+  an HTTP error status is an answer and does not count) -- ``failures_to_take_out`` in a row;
+* a cheap probe (``GET /v1/models``) sent when the server has had requests in flight but no answer
+  for ``probe_interval_s`` -- ``probe_failures`` failed probes in a row (catches a hung server whose
+  requests would otherwise wait for the full request timeout).
+
+Taken out, a server gets no new requests and its in-flight ones are re-queued (the dispatcher
+does that). Then it is brought back: managed servers through the fleet layer's restart (relaunch +
+verification), unmanaged ones by probing until they answer -- each with a deadline, after which the
+server is given up for this run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from servefleet.generate.endpoints import Restarter, Target
+
+if TYPE_CHECKING:
+    from servefleet.generate.client import Client
+
+__all__ = ["ServerState", "HealthPolicy", "Health", "recover"]
+
+
+class ServerState(StrEnum):
+    UP = "up"
+    DOWN = "down"  # taken out, recovery under way
+    GONE = "gone"  # could not be brought back in this run
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    failures_to_take_out: int = 3
+    probe_interval_s: float = 10.0
+    probe_failures: int = 2
+    probe_timeout_s: float = 5.0
+    recover_timeout_s: float = 900.0
+    restart_attempts: int = 3
+    retry_interval_s: float = 2.0  # between recovery probes / restart attempts (doubling, capped)
+
+
+@dataclass
+class Health:
+    """Pure bookkeeping of one server's evidence."""
+
+    policy: HealthPolicy
+    state: ServerState = ServerState.UP
+    consecutive_faults: int = 0
+    failed_probes: int = 0
+    last_answer: float = 0.0
+    last_probe: float = 0.0
+    outages: int = 0
+    restarts: int = 0
+
+    def answered(self, now: float | None = None) -> None:
+        """Any HTTP answer, success or error status."""
+        self.consecutive_faults = 0
+        self.failed_probes = 0
+        self.last_answer = time.monotonic() if now is None else now
+
+    def fault(self) -> bool:
+        """A server-fault failure; True when the server should be taken out."""
+        self.consecutive_faults += 1
+        return self.state is ServerState.UP and self.consecutive_faults >= self.policy.failures_to_take_out
+
+    def wants_probe(self, in_flight: int, now: float) -> bool:
+        if self.state is not ServerState.UP or in_flight == 0:
+            return False
+        quiet = now - max(self.last_answer, self.last_probe)
+        return quiet >= self.policy.probe_interval_s
+
+    def probed(self, ok: bool, now: float) -> bool:
+        """Record a probe; True when the server should be taken out."""
+        self.last_probe = now
+        if ok:
+            self.failed_probes = 0
+            return False
+        self.failed_probes += 1
+        return self.state is ServerState.UP and self.failed_probes >= self.policy.probe_failures
+
+    def take_out(self) -> None:
+        self.state = ServerState.DOWN
+        self.outages += 1
+
+    def put_back(self, now: float | None = None) -> None:
+        self.state = ServerState.UP
+        self.consecutive_faults = 0
+        self.failed_probes = 0
+        self.last_answer = time.monotonic() if now is None else now
+
+
+async def recover(
+    target: Target,
+    *,
+    client: "Client",
+    policy: HealthPolicy,
+    restarter: Restarter | None,
+    on_event: Callable[[str], None],
+) -> Target | None:
+    """Bring a taken-out server back; its (possibly new) target, or None when it cannot be."""
+    delay = policy.retry_interval_s
+    deadline = time.monotonic() + policy.recover_timeout_s
+    if restarter is not None and target.managed:
+        for attempt in range(1, policy.restart_attempts + 1):
+            on_event(f"{target.name}: restarting through the fleet (attempt {attempt}/{policy.restart_attempts})")
+            try:
+                new = await restarter.restart(target.name)
+            except Exception as exc:  # noqa: BLE001 - a failed restart is an event, not a crash of the job
+                on_event(f"{target.name}: restart failed: {type(exc).__name__}: {exc}")
+                new = None
+            if new is not None:
+                return new
+            if time.monotonic() + delay > deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 60.0)
+        return None
+    on_event(f"{target.name}: waiting for it to answer again (unmanaged: cannot restart it)")
+    while time.monotonic() < deadline:
+        if await client.models(target.base_url, timeout_s=policy.probe_timeout_s) is not None:
+            return target
+        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 30.0)
+    return None

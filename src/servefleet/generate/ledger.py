@@ -1,0 +1,222 @@
+"""The ledger: committed shards are what is done, and nothing else is.
+
+Layout of a destination::
+
+    job.json                        the job manifest (servefleet.generate.job)
+    shards/part-<run>-<seq>.parquet the output; each file appears whole or not at all
+    ledger/part-<run>-<seq>.json    the ids and input lines that shard answers (a cache of the shard)
+    rejects.jsonl                   input records not sent, with line numbers
+    failures.jsonl                  requests that kept failing in the last run, with their last error
+
+A commit writes the shard to staging, publishes it atomically, then publishes its ledger entry. A
+kill between the two leaves a shard without an entry; the next run rebuilds the entry from the shard
+itself (every row carries its id and line). An entry whose shard is gone is dropped. So "done" is
+derived from committed shards only, whatever moment the previous run died at.
+
+Resume reads the entries (small JSON files, fetched in batches) and marks done lines in the plan:
+by line number when every entry was written from an input with the same SHA-256 as now (fast: no
+id is parsed), else by id -- via the pre-pass's id hashes, with exact comparison for hashes that
+several ids share.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servefleet.generate.job import JobManifest, utcnow
+from servefleet.generate import prepass as _prepass
+from servefleet.generate.prepass import CHECK, SKIP, Prepass
+from servefleet.generate.shards import EXTENSIONS, Format, ShardBuffer, read_shard_ids, write_shard
+from servefleet.generate.sinks import Sink
+
+__all__ = ["Ledger", "LedgerEntry", "Staged", "DoneSet", "SHARDS_DIR", "LEDGER_DIR"]
+
+SHARDS_DIR = "shards"
+LEDGER_DIR = "ledger"
+_NAME = re.compile(r"^part-(?P<run>\d{8}T\d{6}-[0-9a-f]{4})-(?P<seq>\d{6})\.(?P<ext>parquet|jsonl)$")
+_BATCH = 256  # ledger entries fetched per round trip
+
+
+@dataclass
+class LedgerEntry:
+    shard: str  # file name under shards/
+    run_id: str
+    input_sha256: str | None
+    ids: list[str]
+    lines: list[int]
+    bytes: int = 0
+    completion_tokens: int = 0
+    committed: str = field(default_factory=utcnow)
+
+    @property
+    def rows(self) -> int:
+        return len(self.ids)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({
+            "shard": self.shard, "run_id": self.run_id, "input_sha256": self.input_sha256, "rows": self.rows,
+            "bytes": self.bytes, "completion_tokens": self.completion_tokens, "committed": self.committed,
+            "ids": self.ids, "lines": self.lines,
+        }, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "LedgerEntry":
+        d: dict[str, Any] = json.loads(data)
+        if len(d["ids"]) != len(d["lines"]):
+            raise ValueError("ids and lines differ in length")
+        return cls(d["shard"], d["run_id"], d.get("input_sha256"), d["ids"], d["lines"], d.get("bytes", 0),
+                   d.get("completion_tokens", 0), d.get("committed", ""))
+
+
+@dataclass
+class DoneSet:
+    """What committed shards answer, ready to be applied to a plan."""
+
+    rows: int = 0
+    shards: int = 0
+    completion_tokens: int = 0
+    by_line: bool = True  # every entry from an input with today's SHA-256
+    lines: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    id_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    exact: dict[int, set[str]] = field(default_factory=dict)  # for hashes several input ids share
+    rebuilt: int = 0  # entries rebuilt from shards (a run died between the two writes)
+    dropped: int = 0  # entries without a shard
+
+    def apply(self, plan: bytearray, prepass: Prepass | None) -> int:
+        """Mark done lines SKIP (or CHECK) in ``plan``; returns how many lines were marked done."""
+        view = np.frombuffer(plan, dtype=np.uint8)
+        before = int((view == SKIP).sum())
+        if self.by_line:
+            lines = self.lines[(self.lines >= 1) & (self.lines <= len(view))]
+            view[lines - 1] = SKIP
+            return int((view == SKIP).sum()) - before
+        if prepass is None:
+            raise ValueError("matching done ids needs the pre-pass's hashes")
+        done = np.isin(prepass.hashes, self.id_hashes) & prepass.valid_mask
+        if self.exact:
+            shared = np.isin(prepass.hashes, np.fromiter(self.exact, dtype=np.int64)) & done
+            view[done & ~shared] = SKIP
+            view[shared] = CHECK
+        else:
+            view[done] = SKIP
+        return int((view == SKIP).sum()) - before
+
+    def is_done_exact(self, rid: str) -> bool:
+        return rid in self.exact.get(_prepass.id_hash(rid), ())
+
+
+@dataclass
+class Staged:
+    """A shard written to staging, on its way to being published."""
+
+    local_path: str
+    entry: LedgerEntry
+    shard_published: bool = False
+    entry_published: bool = False
+
+
+class Ledger:
+    """Commits shards for one run and reads back what earlier runs committed."""
+
+    def __init__(self, sink: Sink, fmt: Format, run_id: str, input_sha256: str) -> None:
+        self.sink = sink
+        self.fmt = fmt
+        self.run_id = run_id
+        self.input_sha256 = input_sha256
+        self.seq = 0
+        self.committed_rows = 0
+        self.committed_shards = 0
+
+    # ---- commit ---------------------------------------------------------------------------------
+    def stage(self, buffer: ShardBuffer) -> "Staged":
+        """Encode a shard into a staging file under its final name (blocking: run it in a thread)."""
+        self.seq += 1
+        name = f"part-{self.run_id}-{self.seq:06d}{EXTENSIONS[self.fmt]}"
+        tmp = self.sink.new_staging_file(EXTENSIONS[self.fmt])
+        write_shard(buffer, tmp, self.fmt, {"run_id": self.run_id, "input_sha256": self.input_sha256})
+        entry = LedgerEntry(name, self.run_id, self.input_sha256, list(buffer.ids()), list(buffer.lines()),
+                            0, buffer.completion_tokens)
+        return Staged(tmp, entry)
+
+    def publish(self, staged: "Staged") -> LedgerEntry:
+        """Publish the shard, then its entry. Idempotent: a retry after a failure redoes only what
+        is not done, under the same name, so a shard is never published twice."""
+        entry = staged.entry
+        if not staged.shard_published:
+            entry.bytes = self.sink.commit_file(staged.local_path, f"{SHARDS_DIR}/{entry.shard}")
+            staged.shard_published = True
+        if not staged.entry_published:
+            self.sink.write_bytes(f"{LEDGER_DIR}/{_stem(entry.shard)}.json", entry.to_bytes())
+            staged.entry_published = True
+            self.committed_rows += entry.rows
+            self.committed_shards += 1
+        return entry
+
+    def commit(self, buffer: ShardBuffer) -> LedgerEntry:
+        return self.publish(self.stage(buffer))
+
+    # ---- resume ---------------------------------------------------------------------------------
+    def scan(self, manifest: JobManifest | None, collisions: frozenset[int] = frozenset()) -> DoneSet:
+        """Read every committed shard's entry (rebuilding missing ones) into a :class:`DoneSet`.
+        ``collisions``: the pre-pass's shared hashes, whose ids are kept for exact comparison."""
+        shards = [n for n in self.sink.list(SHARDS_DIR) if _NAME.match(n)]
+        shard_set = set(shards)
+        entries = {n for n in self.sink.list(LEDGER_DIR) if n.endswith(".json")}
+        done = DoneSet()
+        line_parts: list[np.ndarray] = []
+        hashes = array("q")
+        wanted = [f"{LEDGER_DIR}/{_stem(s)}.json" for s in shards if f"{_stem(s)}.json" in entries]
+        for stale in entries - {f"{_stem(s)}.json" for s in shard_set}:
+            self.sink.remove(f"{LEDGER_DIR}/{stale}")
+            done.dropped += 1
+        for i in range(0, len(wanted), _BATCH):
+            for rel, data in self.sink.read_many(wanted[i : i + _BATCH]).items():
+                entry = LedgerEntry.from_bytes(data)
+                self._count(entry, done, line_parts, hashes, collisions)
+        have = {f"{_stem(s)}.json" for s in shards} & entries
+        for shard in shards:
+            if f"{_stem(shard)}.json" in have:
+                continue
+            entry = self._rebuild(shard, manifest)
+            done.rebuilt += 1
+            self._count(entry, done, line_parts, hashes, collisions)
+        done.lines = np.concatenate(line_parts) if line_parts else np.zeros(0, dtype=np.int64)
+        done.id_hashes = np.unique(np.frombuffer(hashes, dtype=np.int64)) if len(hashes) else np.zeros(0, dtype=np.int64)
+        return done
+
+    def _count(self, entry: LedgerEntry, done: DoneSet, line_parts: list[np.ndarray], hashes: array,
+               collisions: frozenset[int]) -> None:
+        done.rows += entry.rows
+        done.shards += 1
+        done.completion_tokens += entry.completion_tokens
+        if entry.input_sha256 != self.input_sha256:
+            done.by_line = False
+        line_parts.append(np.asarray(entry.lines, dtype=np.int64))
+        # Id hashes are collected always: whether lines can be trusted is known only at the end.
+        hashed = list(map(_prepass.id_hash, entry.ids))
+        hashes.extend(hashed)
+        if collisions:
+            for rid, h in zip(entry.ids, hashed, strict=True):
+                if h in collisions:
+                    done.exact.setdefault(h, set()).add(rid)
+
+    def _rebuild(self, shard: str, manifest: JobManifest | None) -> LedgerEntry:
+        """A shard committed just before its run died: read its ids back and write its entry."""
+        m = _NAME.match(shard)
+        assert m is not None
+        data = self.sink.read_bytes(f"{SHARDS_DIR}/{shard}") or b""
+        ids, lines = read_shard_ids(data, m["ext"])  # type: ignore[arg-type]
+        sha = manifest.run_input(m["run"]) if manifest is not None else None
+        entry = LedgerEntry(shard, m["run"], sha, ids, lines, len(data))
+        self.sink.write_bytes(f"{LEDGER_DIR}/{_stem(shard)}.json", entry.to_bytes())
+        return entry
+
+
+def _stem(name: str) -> str:
+    return name.rsplit(".", 1)[0]

@@ -1,0 +1,142 @@
+"""The pre-pass: one streaming read of the input before anything is sent.
+
+It counts the records (for progress and ETA), fingerprints the file (SHA-256 of its bytes, so a
+changed input is noticed on resume), writes every invalid record to the rejects file with its line
+number, and finds duplicate ids -- all in memory that does not hold the ids themselves.
+
+Duplicates with bounded memory: each valid record leaves an 8-byte hash of its id in a compact
+array (8 MB per million records, against ~100 MB for a Python set of the ids). Sorting the hashes
+finds the few groups that share a value; a second, cheap pass re-reads only the records of those
+groups and compares their ids exactly, so a hash collision between two different ids is never taken
+for a duplicate. The first occurrence of an id wins; later ones are rejected.
+
+The hashes use Python's ``hash(str)`` (64-bit SipHash, salted per process): they are never stored,
+only compared within this process -- against the ids of committed shards when resuming.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from servefleet.generate.inputs import PromptRecord, Reject, RequestDefaults, input_stat, iter_raw, parse_raw
+
+__all__ = ["Prepass", "run_prepass", "id_hash", "SEND", "SKIP", "CHECK"]
+
+# Plan codes per line (see Prepass.plan and ledger.DoneSet.apply).
+SEND = 0  # send it
+SKIP = 1  # blank, rejected, or already done
+CHECK = 2  # done-ness must be decided by comparing the id exactly (shared hash)
+
+
+def id_hash(rid: str) -> int:
+    """The 8-byte stand-in for an id (a module function so tests can force collisions)."""
+    return hash(rid)
+
+
+@dataclass
+class Prepass:
+    """What the pre-pass learnt. Arrays are indexed by ``line - 1``."""
+
+    sha256: str
+    size: int
+    mtime_ns: int
+    lines: int
+    valid: int
+    rejected: int
+    duplicates: int
+    hashes: np.ndarray  # int64 hash of the id, 0 where the line is not valid
+    valid_mask: np.ndarray  # bool
+    collisions: frozenset[int] = field(default_factory=frozenset)  # hashes shared by distinct valid ids
+
+    def plan(self) -> bytearray:
+        """SEND for every valid line, SKIP for the rest (done-ness is added by the ledger)."""
+        return bytearray(np.where(self.valid_mask, SEND, SKIP).astype(np.uint8).tobytes())
+
+
+def run_prepass(path: str, defaults: RequestDefaults, on_reject: Callable[[Reject], None]) -> Prepass:
+    """Read ``path`` once (twice for the records of hash groups), report rejects, return the summary."""
+    size, mtime_ns = input_stat(path)
+    digest = hashlib.sha256()
+    hashes = array("q")
+    valid = bytearray()
+    rejected = 0
+    for line, raw in iter_raw(path, on_bytes=digest.update):
+        if line > len(hashes) + 1:  # (never for JSONL: every line is yielded)
+            gap = line - 1 - len(hashes)
+            hashes.extend([0] * gap)
+            valid.extend(b"\x00" * gap)
+        rec = parse_raw(line, raw, defaults)
+        if isinstance(rec, PromptRecord):
+            hashes.append(id_hash(rec.id))
+            valid.append(1)
+        else:
+            hashes.append(0)
+            valid.append(0)
+            if rec is not None:
+                rejected += 1
+                on_reject(rec)
+    hash_arr = np.frombuffer(hashes, dtype=np.int64).copy() if len(hashes) else np.zeros(0, dtype=np.int64)
+    del hashes
+    valid_mask = np.frombuffer(bytes(valid), dtype=np.uint8).astype(bool) if valid else np.zeros(0, dtype=bool)
+    del valid
+    shared = _shared_hashes(hash_arr, valid_mask)
+    duplicates = 0
+    collisions: frozenset[int] = frozenset()
+    if shared.size:
+        duplicates, collisions = _resolve_shared(path, defaults, hash_arr, valid_mask, shared, on_reject)
+    return Prepass(
+        sha256=digest.hexdigest(),
+        size=size,
+        mtime_ns=mtime_ns,
+        lines=len(hash_arr),
+        valid=int(valid_mask.sum()),
+        rejected=rejected + duplicates,
+        duplicates=duplicates,
+        hashes=hash_arr,
+        valid_mask=valid_mask,
+        collisions=collisions,
+    )
+
+
+def _shared_hashes(hashes: np.ndarray, valid_mask: np.ndarray) -> np.ndarray:
+    """Hash values that more than one valid line has (sorted)."""
+    vh = np.sort(hashes[valid_mask])
+    if vh.size < 2:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(vh[1:][vh[1:] == vh[:-1]])
+
+
+def _resolve_shared(
+    path: str,
+    defaults: RequestDefaults,
+    hashes: np.ndarray,
+    valid_mask: np.ndarray,
+    shared: np.ndarray,
+    on_reject: Callable[[Reject], None],
+) -> tuple[int, frozenset[int]]:
+    """Re-read the lines of shared-hash groups; reject true duplicates (first occurrence wins).
+    Returns (duplicates, hashes that belong to more than one distinct id)."""
+    candidate = np.isin(hashes, shared) & valid_mask
+    lines = set((np.flatnonzero(candidate) + 1).tolist())
+    seen: dict[int, dict[str, int]] = {}
+    duplicates = 0
+    for line, raw in iter_raw(path):
+        if line not in lines:
+            continue
+        rec = parse_raw(line, raw, defaults)
+        assert isinstance(rec, PromptRecord), "input changed during the pre-pass"
+        h = hashes[line - 1].item()
+        first = seen.setdefault(h, {})
+        if rec.id in first:
+            duplicates += 1
+            valid_mask[line - 1] = False
+            hashes[line - 1] = 0
+            on_reject(Reject(line, f"duplicate id (first seen on line {first[rec.id]})", rec.id))
+        else:
+            first[rec.id] = line
+    return duplicates, frozenset(h for h, ids in seen.items() if len(ids) > 1)

@@ -1,0 +1,115 @@
+"""Live progress of a running job: a rich panel refreshed a few times a second.
+
+Done/total, output tokens/s (over the last 10 s and on average), ETA, retries, failures, and one
+line per server (state, in-flight/limit, its own tokens/s). Reads :class:`JobStats` only; on a
+terminal that is not a TTY it prints a one-line status every ``plain_interval_s`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from servefleet.generate.stats import JobStats
+
+__all__ = ["ProgressView", "format_eta"]
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "--"
+    seconds = int(seconds)
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if d:
+        return f"{d}d{h:02d}h{m:02d}m"
+    if h:
+        return f"{h}h{m:02d}m{s:02d}s"
+    return f"{m}m{s:02d}s"
+
+
+class ProgressView:
+    """Start with :meth:`start` once the job knows its totals; :meth:`phase` before that."""
+
+    def __init__(self, console: Console | None = None, *, refresh_per_s: float = 4.0, plain_interval_s: float = 10.0) -> None:
+        self.console = console or Console(stderr=True)
+        self.refresh_per_s = refresh_per_s
+        self.plain_interval_s = plain_interval_s
+        self._stats: JobStats | None = None
+        self._live: Live | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._shown_events = 0
+
+    def phase(self, text: str) -> None:
+        self.console.print(f"[dim]{text}[/dim]")
+
+    def start(self, stats: JobStats) -> None:
+        self._stats = stats
+        if self.console.is_terminal:
+            self._live = Live(self.render(), console=self.console, refresh_per_second=self.refresh_per_s, transient=False)
+            self._live.start()
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._live is not None:
+            self._live.update(self.render())
+            self._live.stop()
+            self._live = None
+
+    async def _loop(self) -> None:
+        last_plain = time.monotonic()
+        while True:
+            await asyncio.sleep(1.0 / self.refresh_per_s)
+            if self._live is not None:
+                self._live.update(self.render())
+            elif time.monotonic() - last_plain >= self.plain_interval_s:
+                last_plain = time.monotonic()
+                self.console.print(self.plain_line(), highlight=False)
+            self._print_events()
+
+    def _print_events(self) -> None:
+        st = self._stats
+        if st is None:
+            return
+        events = list(st.events)
+        new = events[self._shown_events :] if len(events) >= self._shown_events else events
+        self._shown_events = len(events)
+        for e in new:
+            self.console.print(f"[yellow]{e}[/yellow]", highlight=False)
+
+    def plain_line(self) -> str:
+        st = self._stats
+        assert st is not None
+        return (f"generate: {st.done_before + st.done:,}/{st.total:,} done, {st.instant_tps():,.0f} tok/s now, "
+                f"{st.avg_tps():,.0f} avg, ETA {format_eta(st.eta_s())}, retries {st.retries:,}, failed {st.failed:,}")
+
+    def render(self) -> Group:
+        st = self._stats
+        assert st is not None
+        done = st.done_before + st.done
+        bar = ProgressBar(total=max(1, st.total), completed=done, width=40)
+        head = Text.assemble(
+            (f"{done:,}/{st.total:,}", "bold"), f"  {100 * done / max(1, st.total):5.1f}%   ",
+            (f"{st.instant_tps():,.0f} tok/s", "cyan"), f" now, {st.avg_tps():,.0f} avg   ",
+            f"ETA {format_eta(st.eta_s())}   retries {st.retries:,}   ",
+            (f"failed {st.failed:,}", "red" if st.failed else ""),
+            f"   shards {st.shards:,}",
+        )
+        table = Table(box=None, padding=(0, 2), show_header=True, header_style="dim")
+        for col in ("server", "state", "in flight", "tok/s", "requests", "errors"):
+            table.add_column(col, justify="left" if col in ("server", "state") else "right")
+        for s in st.servers.values():
+            style = {"up": "green", "down": "yellow", "gone": "red"}.get(s.state, "")
+            table.add_row(s.name, Text(s.state, style=style), f"{s.in_flight}/{s.limit}", f"{s.meter.rate():,.0f}",
+                          f"{s.requests:,}", f"{s.errors:,}")
+        return Group(Group(bar, head), table)

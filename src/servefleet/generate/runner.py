@@ -1,0 +1,329 @@
+"""`generate` end to end: one async function the CLI (and tests, and benchmarks) call.
+
+    report = await run_generate(GenerateConfig(input="prompts.jsonl", output="out/", urls=[...]))
+
+Order of work, and why:
+
+1. lock the destination, read its job manifest;
+2. fingerprint + pre-pass the input (skipped when the manifest's pre-pass is for this very file:
+   same size and mtime, same parameters) -- rejects file, duplicate ids, totals;
+3. refuse a different job in the same destination unless ``force``; with ``strict``, stop here if
+   anything was rejected -- nothing has been sent yet;
+4. record the run in the manifest, discard leftovers of killed runs;
+5. read the ledger: committed shards are done, nothing else is;
+6. stream the rest of the input to the dispatcher; rows become shards as they come;
+7. on the way out (also on interrupt): commit what is buffered, write failures and the manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from servefleet.errors import ConfigError
+from servefleet.generate.client import Client
+from servefleet.generate.committer import Committer
+from servefleet.generate.dispatch import Dispatcher, Ticket
+from servefleet.generate.endpoints import Restarter, Target, targets_from_urls
+from servefleet.generate.health import HealthPolicy
+from servefleet.generate.inputs import PromptRecord, Reject, RequestDefaults, detect_kind, input_stat, iter_raw, parse_raw
+from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
+from servefleet.generate.ledger import DoneSet, Ledger
+from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, run_prepass
+from servefleet.generate.report import JobReport, build_report
+from servefleet.generate.retry import RequestFailure, RetryPolicy
+from servefleet.generate.shards import ShardBuffer, ShardLimits, shard_schema
+from servefleet.generate.sinks import Sink, open_sink
+from servefleet.generate.stats import JobStats
+
+__all__ = ["GenerateConfig", "run_generate", "JobMismatch", "Progress", "REJECTS_FILE", "FAILURES_FILE"]
+
+REJECTS_FILE = "rejects.jsonl"
+FAILURES_FILE = "failures.jsonl"
+
+
+class JobMismatch(ConfigError):
+    """The destination holds the output of another job (other input or parameters)."""
+
+
+class Progress(Protocol):
+    def phase(self, text: str) -> None: ...
+
+    def start(self, stats: JobStats) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class GenerateConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: str
+    output: str
+    urls: list[str] = Field(default_factory=list)
+    params: JobParams = Field(default_factory=JobParams)
+    concurrency: int | None = None  # None: auto
+    max_running: int | None = None  # capacity hint for --url servers that do not report it
+    max_attempts: int = 5
+    shard_rows: int = 1000
+    shard_bytes: int = 256 << 20
+    shard_seconds: float = 60.0
+    strict: bool = False
+    force: bool = False
+    request_timeout_s: float = 3600.0
+    api_key: SecretStr | None = None
+    health: HealthPolicy = Field(default_factory=HealthPolicy)
+    retry_base_s: float = 0.5
+    retry_cap_s: float = 30.0
+
+    def defaults(self) -> RequestDefaults:
+        p = self.params
+        return RequestDefaults(max_tokens=p.max_tokens, temperature=p.temperature, mode=p.mode, token_ids=p.token_ids)
+
+
+async def run_generate(
+    config: GenerateConfig,
+    *,
+    targets: list[Target] | None = None,
+    restarter: Restarter | None = None,
+    progress: Progress | None = None,
+    stop: asyncio.Event | None = None,
+) -> JobReport:
+    """Run (or resume) the job. ``targets``: the servers (else ``config.urls`` are probed).
+    ``stop``: set it to end the run early and cleanly (what is answered is committed)."""
+    if not os.path.isfile(config.input):
+        raise ConfigError(f"--input {config.input}: no such file")
+    t_start = time.monotonic()
+    sink = open_sink(config.output)
+    try:
+        with sink.lock():
+            return await _run_locked(config, sink, targets, restarter, progress, stop, t_start)
+    finally:
+        sink.close()
+
+
+async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] | None, restarter: Restarter | None,
+                      progress: Progress | None, stop: asyncio.Event | None, t_start: float) -> JobReport:
+    params, defaults = config.params, config.defaults()
+    raw_manifest = await asyncio.to_thread(sink.read_bytes, JOB_FILE)
+    manifest = JobManifest.from_bytes(raw_manifest) if raw_manifest else None
+    base = {"destination": sink.url, "input": config.input}
+
+    if manifest is not None and manifest.params != params and not config.force:  # fail fast, before the pre-pass
+        raise JobMismatch(_mismatch_text(sink, params.differences(manifest.params)))
+
+    # -- 2. the input ---------------------------------------------------------------------------
+    prepass: Prepass | None = None
+    info: InputInfo | None = None
+    rejected_lines: list[int] | None = None
+    size, mtime_ns = input_stat(config.input)
+    if manifest is not None and manifest.params == params and manifest.input.size == size and manifest.input.mtime_ns == mtime_ns:
+        rejected_lines = await asyncio.to_thread(_read_reject_lines, sink, manifest.input.rejected)
+        if rejected_lines is not None:
+            info = manifest.input.model_copy(update={"path": config.input})
+    spool = None
+    if info is None:
+        if progress:
+            progress.phase(f"reading {config.input} (pre-pass: fingerprint, validation, duplicate ids)")
+        spool = sink.new_staging_file(".jsonl")
+        prepass = await asyncio.to_thread(_prepass_to_file, config.input, defaults, spool)
+        info = InputInfo(path=config.input, kind=detect_kind(config.input), size=prepass.size, mtime_ns=prepass.mtime_ns,
+                         sha256=prepass.sha256, lines=prepass.lines, valid=prepass.valid, rejected=prepass.rejected,
+                         duplicates=prepass.duplicates)
+
+    # -- 3. same job? strict? --------------------------------------------------------------------
+    resumed = manifest is not None
+    if manifest is not None:
+        problems = manifest.mismatch(info, params)
+        if problems and not config.force:
+            raise JobMismatch(_mismatch_text(sink, problems))
+    if spool is not None:
+        await asyncio.to_thread(sink.commit_file, spool, REJECTS_FILE)
+    files = {"rejects": f"{sink.url}/{REJECTS_FILE}"} if info.rejected else {}
+    if config.strict and info.rejected:
+        return JobReport(status="rejected", total=info.valid, rejected=info.rejected, duplicates=info.duplicates, files=files,
+                         message=f"--strict: {info.rejected} input records rejected (see {REJECTS_FILE}); nothing was sent", **base)
+
+    # -- 4. record the run -----------------------------------------------------------------------
+    await asyncio.to_thread(sink.discard_partial)
+    run = RunRecord(run_id=new_run_id(), input_sha256=info.sha256, forced=bool(manifest and manifest.mismatch(info, params)))
+    if manifest is None:
+        manifest = JobManifest(input=info, params=params)
+    manifest = manifest.model_copy(update={"input": info, "params": params, "runs": [*manifest.runs, run]})
+    await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
+
+    # -- 5. what is done --------------------------------------------------------------------------
+    ledger = Ledger(sink, params.format, run.run_id, info.sha256)
+    done = await asyncio.to_thread(ledger.scan, manifest, prepass.collisions if prepass else frozenset())
+    if not done.by_line and prepass is None:
+        # Shards from another input version (--force): match by id, which needs the pre-pass.
+        if progress:
+            progress.phase("matching committed ids against the input (pre-pass)")
+        prepass = await asyncio.to_thread(run_prepass, config.input, defaults, lambda r: None)
+        done = await asyncio.to_thread(ledger.scan, manifest, prepass.collisions)
+    plan = prepass.plan() if prepass is not None else _plan_from_rejects(info.lines, rejected_lines or [])
+    done_count = done.apply(plan, prepass)
+    stats = JobStats(total=info.valid, done_before=done_count, rejected=info.rejected)
+    stats.to_send = max(0, info.valid - done_count)
+    prepass = None  # the plan has what the feed needs: free the hashes
+    for event in ([f"ledger: rebuilt {done.rebuilt} entries of shards committed just before a crash"] if done.rebuilt else []):
+        stats.event(event)
+
+    # -- 6. send the rest -------------------------------------------------------------------------
+    outcome = "complete"
+    failures_path = sink.new_staging_file(".jsonl")
+    failures_file = open(failures_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in finally
+    startup_s = 0.0
+    message = None
+    try:
+        if stats.to_send > 0:
+            async with Client(request_timeout_s=config.request_timeout_s,
+                              api_key=config.api_key.get_secret_value() if config.api_key else None) as client:
+                if targets is None:
+                    targets = await targets_from_urls(config.urls, client, config.max_running)
+                if not targets:
+                    raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
+                buffer = ShardBuffer(shard_schema(params.token_ids, params.store_request),
+                                     ShardLimits(config.shard_rows, config.shard_bytes, config.shard_seconds))
+                committer = Committer(ledger, buffer, stats)
+
+                def on_failure(ticket: Ticket, failure: RequestFailure) -> None:
+                    r = ticket.record
+                    failures_file.write(json.dumps({"id": r.id, "line": r.line, "attempts": ticket.attempts, "server": ticket.last_server,
+                                                    "error": failure.describe(), "retryable": failure.retryable, "time": utcnow()}) + "\n")
+
+                dispatcher = Dispatcher(
+                    targets, client=client, out=committer, on_failure=on_failure, stats=stats,
+                    retry=RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_cap_s),
+                    health=config.health, concurrency=config.concurrency, model=params.model,
+                    store_request=params.store_request, restarter=restarter,
+                )
+                startup_s = time.monotonic() - t_start
+                stats.started = time.monotonic()
+                committer.start()
+                if progress:
+                    progress.start(stats)
+                try:
+                    outcome = await _until_stopped(dispatcher.run(_feed(config.input, plan, defaults, done)), stop)
+                finally:
+                    with contextlib.suppress(Exception):
+                        if progress:
+                            await progress.stop()
+                    await committer.close()
+                if outcome == "stalled":
+                    message = "no server left to send to; run the same command again when servers are ready"
+        status = _status(outcome, stats)
+    except BaseException:
+        run.status = "error"
+        raise
+    finally:
+        failures_file.close()
+        if stats.failed:
+            await asyncio.to_thread(sink.commit_file, failures_path, FAILURES_FILE)
+            files["failures"] = f"{sink.url}/{FAILURES_FILE}"
+        else:
+            os.remove(failures_path)
+            await asyncio.to_thread(sink.remove, FAILURES_FILE)
+        run.finished = utcnow()
+        run.status = run.status if run.status == "error" else _status(outcome, stats)
+        run.done_before, run.done, run.failed = done_count, stats.committed, stats.failed
+        manifest = manifest.model_copy(update={"shards": done.shards + stats.shards, "rows": done.rows + stats.committed})
+        await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
+
+    remaining = max(0, info.valid - done_count - stats.committed)
+    return build_report(
+        stats, status=status, run_id=run.run_id, resumed=resumed, duplicates=info.duplicates, remaining=remaining,
+        startup_s=round(startup_s, 3), peak_rss_mb=_peak_rss_mb(), files=files, message=message, **base,
+    )
+
+
+def _mismatch_text(sink: Sink, problems: list[str]) -> str:
+    return (f"{sink.url} holds another job: " + "; ".join(problems)
+            + ". Use another --output, or --force to keep its committed ids and go on with these settings.")
+
+
+def _status(outcome: str, stats: JobStats) -> str:
+    if outcome in ("stalled", "interrupted"):
+        return outcome
+    return "complete" if stats.failed == 0 else "incomplete"
+
+
+async def _until_stopped(run: Any, stop: asyncio.Event | None) -> str:
+    task = asyncio.ensure_future(run)
+    if stop is None:
+        return await task
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return "interrupted"
+
+
+async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: DoneSet, chunk: int = 256) -> AsyncIterator[PromptRecord]:
+    """The records still to send, parsed in a worker thread a chunk at a time."""
+    raw_iter = iter_raw(path)
+    n = len(plan)
+
+    def next_chunk() -> list[PromptRecord]:
+        out: list[PromptRecord] = []
+        for line, raw in raw_iter:
+            code = plan[line - 1] if line <= n else SEND
+            if code == SKIP:
+                continue
+            rec = parse_raw(line, raw, defaults)
+            if not isinstance(rec, PromptRecord):
+                continue
+            if code == CHECK and done.is_done_exact(rec.id):
+                continue
+            out.append(rec)
+            if len(out) >= chunk:
+                break
+        return out
+
+    while batch := await asyncio.to_thread(next_chunk):
+        for rec in batch:
+            yield rec
+
+
+def _prepass_to_file(path: str, defaults: RequestDefaults, spool: str) -> Prepass:
+    with open(spool, "w", encoding="utf-8") as f:
+        def on_reject(r: Reject) -> None:
+            f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
+
+        return run_prepass(path, defaults, on_reject)
+
+
+def _read_reject_lines(sink: Sink, expected: int) -> list[int] | None:
+    """Line numbers from the rejects file, or None when it does not match the manifest."""
+    data = sink.read_bytes(REJECTS_FILE) if expected else b""
+    if data is None:
+        return None
+    lines = [json.loads(raw)["line"] for raw in data.splitlines() if raw.strip()]
+    return lines if len(lines) == expected else None
+
+
+def _plan_from_rejects(total_lines: int, rejected: list[int]) -> bytearray:
+    plan = bytearray(total_lines)  # SEND == 0
+    for line in rejected:
+        if 1 <= line <= total_lines:
+            plan[line - 1] = SKIP
+    return plan
+
+
+def _peak_rss_mb() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024, 1)

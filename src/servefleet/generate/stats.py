@@ -1,0 +1,103 @@
+"""Counters of a running job, shared by the dispatcher (writes), the progress view and the report
+(read). Plain numbers, no I/O; rates over a sliding window for the "instant" figures."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["RateMeter", "ServerStats", "JobStats"]
+
+
+class RateMeter:
+    """Rate of a growing counter over the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self.total = 0.0
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def add(self, amount: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.total += amount
+        self._samples.append((now, self.total))
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while len(self._samples) > 2 and self._samples[1][0] < now - self.window_s:
+            self._samples.popleft()
+
+    def rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self._trim(now)
+        if not self._samples:
+            return 0.0
+        t0, c0 = self._samples[0]
+        span = max(now - t0, 1e-9)
+        if span < 0.5:  # too little history to say
+            return 0.0
+        return (self.total - c0) / span
+
+
+@dataclass
+class ServerStats:
+    name: str
+    base_url: str
+    state: str = "up"
+    limit: int = 0
+    in_flight: int = 0
+    requests: int = 0
+    errors: int = 0
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    latency_sum_s: float = 0.0
+    outages: int = 0
+    restarts: int = 0
+    meter: RateMeter = field(default_factory=RateMeter)
+
+    def mean_latency_s(self) -> float:
+        return self.latency_sum_s / self.requests if self.requests else 0.0
+
+
+@dataclass
+class JobStats:
+    total: int = 0  # valid ids in the input
+    done_before: int = 0  # committed by earlier runs
+    to_send: int = 0  # what this run set out to do
+    done: int = 0  # answered in this run (committed or about to be)
+    committed: int = 0  # rows of this run in committed shards
+    failed: int = 0
+    retries: int = 0
+    requeued: int = 0
+    rejected: int = 0
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    shards: int = 0
+    started: float = field(default_factory=time.monotonic)
+    servers: dict[str, ServerStats] = field(default_factory=dict)
+    events: deque[str] = field(default_factory=lambda: deque(maxlen=200))
+    meter: RateMeter = field(default_factory=RateMeter)
+
+    def elapsed_s(self, now: float | None = None) -> float:
+        return (time.monotonic() if now is None else now) - self.started
+
+    def avg_tps(self, now: float | None = None) -> float:
+        e = self.elapsed_s(now)
+        return self.completion_tokens / e if e > 0 else 0.0
+
+    def instant_tps(self, now: float | None = None) -> float:
+        return self.meter.rate(now)
+
+    def remaining(self) -> int:
+        return max(0, self.to_send - self.done - self.failed)
+
+    def eta_s(self, now: float | None = None) -> float | None:
+        """Remaining requests at the recent request rate (None until there is one)."""
+        e = self.elapsed_s(now)
+        if self.done == 0 or e <= 0:
+            return None
+        return self.remaining() / (self.done / e)
+
+    def event(self, text: str) -> None:
+        self.events.append(f"{self.elapsed_s():7.1f}s {text}")

@@ -1,0 +1,286 @@
+"""The SSH host: the Host contract over the system OpenSSH client.
+
+Every command is an argument list quoted as a whole with ``shlex.join`` and carried as a mux
+client of a master connection (see ssh_master.py), so a model path with spaces, quotes or
+``$(...)`` reaches the remote program literally and a command costs no handshake. Servers are
+started fully detached on the remote (``setsid`` + the same wrapper as local hosts), so they
+survive the SSH link; their logs are followed by one streaming ``tail -F`` per log, which
+reconnects and resumes from the last delivered byte when the link drops (ssh_follow.py).
+
+Failures are translated once, here: ssh's exit 255 with a connection-level message becomes
+HostUnreachable (within ConnectTimeout), anything else the remote command's CommandError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import subprocess
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+from servefleet.errors import HostError, HostUnreachable
+from servefleet.hosts import ssh_scripts as scripts
+from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
+from servefleet.hosts.ssh_master import MasterPool, free_local_port
+from servefleet.hosts.ssh_options import SSHSpec, classify_ssh_failure, ssh_argv, ssh_error
+
+__all__ = ["SSHHost", "SSHSpec"]
+
+
+class SSHHost:
+    """One remote host reached with the system ``ssh``. Create it cheaply; the first call
+    connects (starts the master). ``close()`` stops the masters; servers keep running."""
+
+    def __init__(self, spec: SSHSpec, *, control_folder: str | None = None) -> None:
+        self.spec = spec
+        self.name = spec.label
+        self.pool = MasterPool(spec, control_folder) if spec.multiplex else None
+        self._direct_slots = asyncio.Semaphore(spec.max_sessions)  # stays under sshd's MaxStartups
+        self._direct_forwards: dict[tuple[str, int], tuple[int, asyncio.subprocess.Process]] = {}
+        self._facts: dict[str, str] | None = None
+        self._connect_lock = asyncio.Lock()
+
+    # -- connection -------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Start the master (if multiplexing) and learn the remote's home folder and tools.
+        Raises HostUnreachable within the connect timeout when the host cannot be reached."""
+        async with self._connect_lock:
+            if self._facts is not None:
+                return
+            code, out, err = await self._exec(scripts.probe_argv(), timeout=self.spec.connect_timeout * 2 + 10)
+            if code != 0:
+                raise ssh_error(self.spec, ["probe"], code, err.decode(errors="replace"))
+            self._facts = scripts.parse_probe(out.decode(errors="replace"))
+            if not self._facts.get("home"):
+                raise HostError(f"ssh host {self.name!r}: could not learn the remote home folder")
+
+    @property
+    def home(self) -> str:
+        if self._facts is None:
+            raise HostError("SSHHost.connect() has not run yet")
+        return self._facts["home"]
+
+    @property
+    def workdir(self) -> str:
+        """The remote work folder, ``~`` expanded (after connect())."""
+        return self.expand(self.spec.workdir)
+
+    @property
+    def tail_has_pid(self) -> bool:
+        return bool(self._facts and self._facts.get("tailpid") == "1")
+
+    def expand(self, path: str) -> str:
+        """Expand a leading ``~`` with the remote home (paths are quoted, so the remote shell
+        never does it)."""
+        if path == "~" or path.startswith("~/"):
+            return self.home.rstrip("/") + path[1:]
+        return path
+
+    async def _path(self, path: str) -> str:
+        if path.startswith("~"):
+            await self.connect()
+            return self.expand(path)
+        return path
+
+    async def disconnect(self) -> None:
+        """Stop the master connections without closing the host (the next call reconnects):
+        what a dropped link looks like, on purpose."""
+        if self.pool is not None:
+            await self.pool.exit_all()
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+        for _local, proc in self._direct_forwards.values():
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        self._direct_forwards.clear()
+
+    # -- commands ---------------------------------------------------------------------------
+
+    async def _exec(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, bytes, bytes]:
+        """Run ``argv`` on the remote; (exit code, stdout, stderr). Exit 255 with a connection
+        message means ssh failed, not the command (see classify_ssh_failure)."""
+        remote = shlex.join(argv)
+        if self.pool is None:
+            async with self._direct_slots:
+                return await self._client(ssh_argv(self.spec, "direct", None, flags=["-T"], remote=remote), input, timeout)
+        async with self.pool.session() as master:
+            code, out, err = await self._client(ssh_argv(self.spec, "client", master.path, flags=["-T"], remote=remote), input, timeout)
+            if code == 255 and classify_ssh_failure(code, err.decode(errors="replace")):
+                self.pool.suspect(master)
+            return code, out, err
+
+    async def _client(self, argv: list[str], input: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise HostError(f"cannot run the ssh client: {exc}") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise HostError(f"command on ssh host {self.name!r} timed out after {timeout}s") from None
+        except BaseException:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+        return proc.returncode if proc.returncode is not None else 255, out, err
+
+    def _failed(self, shown: Sequence[str], code: int, err: bytes) -> HostError:
+        return ssh_error(self.spec, shown, code, err.decode(errors="replace"), shown=shown)
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        input: bytes | None = None,
+    ) -> CommandResult:
+        remote = scripts.with_prelude(argv, venv=self.spec.venv, env=self.spec.env)
+        code, out, err = await self._exec(remote, input=input, timeout=timeout)
+        if code != 0:
+            error = self._failed(argv, code, err)
+            if isinstance(error, HostUnreachable) or check:
+                raise error
+        return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    async def spawn_detached(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> int:
+        await self.connect()
+        log_path, status_path = self.expand(log_path), self.expand(status_path)
+        launch = scripts.launch_argv(detach_argv(argv, log_path, status_path), log_path, status_path)
+        remote = scripts.with_prelude(launch, cwd=self.expand(cwd) if cwd else self.workdir, venv=self.spec.venv)
+        stdin = scripts.env_lines({**self.spec.env, **(env or {})})
+        code, out, err = await self._exec(remote, input=stdin, timeout=self.spec.connect_timeout * 2 + 30)
+        if code != 0:
+            error = self._failed(["spawn_detached", *argv], code, err)
+            if isinstance(error, HostUnreachable):
+                raise error
+            raise HostError(f"cannot start {shlex.join(argv)[:200]!s} on ssh host {self.name!r}: {err.decode(errors='replace').strip()[-300:]}") from error
+        lines = out.decode(errors="replace").split()
+        if not lines or not lines[0].isdigit():
+            raise HostError(f"the remote launcher on {self.name!r} did not report a pid: {out!r} {err!r}")
+        return int(lines[0])
+
+    # -- files ------------------------------------------------------------------------------
+
+    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        path = await self._path(path)
+        if limit is not None and limit <= 0:
+            if await self.file_size(path) is None:
+                raise FileNotFoundError(path)
+            return b""
+        code, out, err = await self._exec(scripts.read_argv(path, offset, limit))
+        if code == scripts.MISSING_RC:
+            raise FileNotFoundError(path)
+        if code != 0:
+            raise self._failed(["read", path], code, err)
+        return out
+
+    async def file_size(self, path: str) -> int | None:
+        path = await self._path(path)
+        code, out, err = await self._exec(scripts.size_argv(path))
+        if code == scripts.MISSING_RC:
+            return None
+        if code != 0:
+            raise self._failed(["size", path], code, err)
+        return int(out.split()[0])
+
+    def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
+        from servefleet.hosts.ssh_follow import follow
+
+        return follow(self, path, offset)
+
+    async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        path = await self._path(path)
+        code, _out, err = await self._exec(scripts.write_argv(path, mode), input=data)
+        if code != 0:
+            raise self._failed(["write", path], code, err)
+
+    async def remove(self, path: str) -> None:
+        path = await self._path(path)
+        code, _out, err = await self._exec(scripts.remove_argv(path))
+        if code != 0:
+            raise self._failed(["rm", "-f", path], code, err)
+
+    # -- processes and ports ----------------------------------------------------------------
+
+    async def group_alive(self, pgid: int) -> bool:
+        code, _out, err = await self._exec(scripts.group_alive_argv(pgid))
+        if code in (0, 1):
+            return code == 0
+        raise self._failed(["group_alive", str(pgid)], code, err)
+
+    async def signal_group(self, pgid: int, signum: int) -> None:
+        code, _out, err = await self._exec(scripts.signal_argv(pgid, signum))
+        if code != 0:
+            error = self._failed(["kill", f"-{int(signum)}", f"-{pgid}"], code, err)
+            if isinstance(error, HostUnreachable):
+                raise error
+            raise HostError(f"cannot signal process group {pgid} on {self.name!r}: {err.decode(errors='replace').strip()}") from error
+
+    async def port_holder(self, port: int) -> PortHolder | None:
+        code, out, err = await self._exec(scripts.port_holder_argv(port))
+        if code != 0:
+            raise self._failed(["port_holder", str(port)], code, err)
+        return scripts.parse_port_holder(out.decode(errors="replace"))
+
+    async def url_for(self, port: int, bind_host: str = "127.0.0.1") -> str:
+        """``http://127.0.0.1:LOCAL`` forwarded to ``bind_host:port`` on the remote; one forward
+        per port, kept until close() (and re-added if the master restarts)."""
+        target = "127.0.0.1" if bind_host in ("0.0.0.0", "", "localhost") else ("::1" if bind_host == "::" else bind_host)
+        if self.pool is not None:
+            local = await self.pool.forward(target, port)
+        else:
+            local = await self._direct_forward(target, port)
+        return f"http://127.0.0.1:{local}"
+
+    async def _direct_forward(self, host: str, port: int) -> int:
+        """Without a master: one background ``ssh -N -L`` process per forward."""
+        key = (host, port)
+        if key in self._direct_forwards and self._direct_forwards[key][1].returncode is None:
+            return self._direct_forwards[key][0]
+        local = free_local_port()
+        target = f"[{host}]" if ":" in host else host
+        argv = ssh_argv(self.spec, "direct", None, flags=["-N", "-T", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{local}:{target}:{port}"])
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = asyncio.get_running_loop().time() + self.spec.connect_timeout * 2 + 5
+        while asyncio.get_running_loop().time() < deadline:
+            if proc.returncode is not None:
+                err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
+                raise ssh_error(self.spec, argv, proc.returncode or 255, err)
+            try:
+                _reader, writer = await asyncio.open_connection("127.0.0.1", local)
+                writer.close()
+                self._direct_forwards[key] = (local, proc)
+                return local
+            except OSError:
+                await asyncio.sleep(0.05)
+        proc.kill()
+        await proc.wait()
+        raise HostUnreachable(f"ssh host {self.name!r}: the forward to {host}:{port} did not come up")
+

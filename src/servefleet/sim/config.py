@@ -1,0 +1,130 @@
+"""The simulated engine's configuration: one pydantic model, the single source of its CLI options.
+
+Every field becomes a command-line option (``--max-running``, ``--fail-at-startup``, ...; see
+:mod:`servefleet.sim.cli_args`), so ``python -m servefleet.sim`` and ``servefleet sim`` take exactly
+the same options. Some fields also answer to the real engines' flag names (``--max-running-requests``
+/ ``--max-num-seqs``, ``--max-total-tokens``, ``--max-model-len``, ``--model-path``, ``--tp-size``), so
+a fleet file written for SGLang or vLLM can point at the sim with few changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servefleet.catalog import Category
+
+__all__ = ["SimConfig", "Style", "DEFAULT_VERSIONS", "option_aliases"]
+
+Style = Literal["sglang", "vllm"]
+
+# Versions whose log format the styles reproduce (SGLang 0.5.x main-process/TP-rank prefixes;
+# vLLM 0.11 V1 engine with "(APIServer pid=N)" / "(EngineCore_DP0 pid=N)" prefixes).
+DEFAULT_VERSIONS: dict[str, str] = {"sglang": "0.5.2", "vllm": "0.11.0"}
+
+
+def _alias(*names: str) -> dict[str, Any]:
+    return {"aliases": list(names)}
+
+
+class SimConfig(BaseModel):
+    """What the simulated server looks like, how fast it is, and which faults it injects."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # ---- identity -------------------------------------------------------------------------------
+    style: Style = Field("sglang", description="engine whose log format, endpoints' flavour and failure texts to imitate")
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(30000, ge=0, le=65535, description="port to bind (0: any free port, printed in the log)")
+    model: str = Field("sim-model", description="model path or repo id (printed in the log; served name by default)",
+                       json_schema_extra=_alias("--model-path"))
+    served_model_name: str | None = Field(None, description="name listed by /v1/models (default: --model)")
+    engine_version: str | None = Field(None, description="version string to report (default: per style)")
+
+    # ---- capacity -------------------------------------------------------------------------------
+    max_running: int = Field(64, ge=1, description="requests decoded at once; the rest queue FIFO",
+                             json_schema_extra=_alias("--max-running-requests", "--max-num-seqs"))
+    kv_tokens: int = Field(262144, ge=1, description="KV-cache tokens; a request reserves prompt+max_tokens on admission",
+                           json_schema_extra=_alias("--max-total-tokens"))
+    context_length: int = Field(32768, ge=2, description="longest prompt+completion accepted",
+                                json_schema_extra=_alias("--max-model-len"))
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel ranks (per-rank log lines are repeated)",
+                    json_schema_extra=_alias("--tp-size", "--tensor-parallel-size"))
+    mem_fraction_static: float = Field(0.88, gt=0, le=1, description="cosmetic: SGLang's memory flag, printed in server_args")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="cosmetic: vLLM's memory flag, printed in its args")
+
+    # ---- timing model (see servefleet.sim.theory) -----------------------------------------------
+    prefill_ms_per_1k_tokens: float = Field(20.0, ge=0, description="prefill cost added to the step that admits a request")
+    decode_ms: float = Field(10.0, ge=0, description="fixed cost of one batched decode step")
+    decode_ms_per_running: float = Field(0.1, ge=0, description="extra step cost per request in the batch")
+    tokens_per_step: int = Field(1, ge=1, le=64, description="tokens per request per step (>1 models speculative decoding)")
+    speculative_algorithm: str | None = Field(None, description="name reported when --tokens-per-step > 1 (default EAGLE)")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none")
+    eos_rate: float = Field(0.5, ge=0, le=1, description="share of requests without ignore_eos that stop early (EOS)")
+
+    # ---- start-up log ---------------------------------------------------------------------------
+    load_time: float = Field(2.0, ge=0, description="seconds the start-up log is spread over before ready")
+    shards: int = Field(4, ge=1, le=1000, description="checkpoint shards in the loading progress lines")
+    color: bool = Field(False, description="ANSI colours in the log, like engines on a terminal")
+    access_log: bool = Field(False, description="uvicorn-style access line per HTTP request")
+    log_interval: float = Field(10.0, gt=0, description="seconds between vLLM-style throughput lines while busy")
+    children: int = Field(0, ge=0, le=16, description="idle child processes to start (like scheduler/detokenizer ranks)")
+    seed: int = Field(0, description="seed of every pseudo-random choice (EOS lengths, fault draws)")
+
+    # ---- faults ---------------------------------------------------------------------------------
+    fail_at_startup: Category | None = Field(None, description="fail while loading, printing this style's real text for the category")
+    fail_variant: int = Field(0, ge=0, description="which of the category's texts to print (several exist for some)")
+    fail_after_ready: Category | None = Field(None, description="fail after the HTTP server is up, during warm-up")
+    fail_delay: float | None = Field(None, ge=0, description="seconds into loading (or after the server is up) the failure happens")
+    fail_exit_code: int | None = Field(None, ge=0, le=255, description="override the realistic exit status of a failure")
+    hang_loading: bool = Field(False, description="print some progress, then stay alive and silent forever")
+    crash_after: int | None = Field(None, ge=0, description="exit abruptly after this many completed requests")
+    crash_mode: Literal["exit", "kill"] = Field("exit", description="how --crash-after ends: os._exit(1) or SIGKILL")
+    die_on_first_request: bool = Field(False, description="pass /health, then crash on the first completion")
+    error_rate: float = Field(0.0, ge=0, le=1, description="share of completions answered 500")
+    rate_limit_rate: float = Field(0.0, ge=0, le=1, description="share of completions answered 429")
+    slow_rate: float = Field(0.0, ge=0, le=1, description="share of completions delayed by --slow-ms before admission")
+    slow_ms: float = Field(1000.0, ge=0, description="delay of a slow request")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SimConfig":
+        if self.fail_at_startup is not None and self.fail_after_ready is not None:
+            raise ValueError("--fail-at-startup and --fail-after-ready exclude each other")
+        if self.hang_loading and (self.fail_at_startup is not None or self.fail_after_ready is not None):
+            raise ValueError("--hang-loading excludes --fail-at-startup / --fail-after-ready")
+        if self.error_rate + self.rate_limit_rate > 1:
+            raise ValueError("--error-rate + --rate-limit-rate must not exceed 1")
+        return self
+
+    # ---- derived --------------------------------------------------------------------------------
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def version(self) -> str:
+        return self.engine_version or DEFAULT_VERSIONS[self.style]
+
+    @property
+    def speculative(self) -> bool:
+        return self.tokens_per_step > 1
+
+    @property
+    def spec_algorithm(self) -> str | None:
+        if not self.speculative:
+            return None
+        return self.speculative_algorithm or "EAGLE"
+
+    @property
+    def instant(self) -> bool:
+        """No time model at all: answers as fast as the HTTP stack allows (client-overhead benchmarks)."""
+        return self.decode_ms == 0 and self.decode_ms_per_running == 0 and self.prefill_ms_per_1k_tokens == 0
+
+
+def option_aliases(name: str) -> list[str]:
+    """Extra flag names of a SimConfig field (real engines' names for the same thing)."""
+    extra = SimConfig.model_fields[name].json_schema_extra
+    if isinstance(extra, dict):
+        return list(extra.get("aliases", []))  # type: ignore[arg-type]
+    return []

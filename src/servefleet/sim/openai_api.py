@@ -1,0 +1,177 @@
+"""OpenAI-compatible request parsing and response encoding (completions and chat).
+
+Parsing turns a JSON body into a :class:`Job` (prompt size, how many tokens it will produce and why it
+stops); encoding builds the response bodies and SSE chunks from precomputed byte prefixes, so a
+streamed step costs one small string join. Field names and shapes follow vLLM/SGLang's OpenAI
+servers: ``usage`` on every non-streaming answer, ``stream_options.include_usage`` for a final usage
+chunk, ``ignore_eos`` / ``min_tokens`` (vLLM/SGLang extensions), ``max_completion_tokens``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from servefleet.sim.config import SimConfig
+from servefleet.sim.tokens import count_tokens, render_chat, request_hash
+
+__all__ = ["ApiError", "Job", "parse_job", "error_body", "full_body", "StreamEncoder", "DONE"]
+
+DONE = b"data: [DONE]\n\n"
+_ids = itertools.count(1)
+
+
+class ApiError(Exception):
+    """A request the server refuses, with the OpenAI error shape."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+
+
+@dataclass
+class Job:
+    chat: bool
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int
+    target: int  # tokens it will produce
+    finish_reason: str  # "length" | "stop"
+    stream: bool
+    include_usage: bool
+    start: int  # where its text starts in the TextBank
+    rid: str
+    created: int
+    model: str
+
+
+def _prompt(body: dict[str, Any]) -> tuple[str, int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt, count_tokens(prompt)
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return " ".join(map(str, prompt)), len(prompt)
+    if isinstance(prompt, list):
+        raise ApiError(400, "batched prompts are not supported by the simulator; send one prompt per request")
+    raise ApiError(400, "prompt must be a string or a list of token ids")
+
+
+def _int_field(body: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiError(400, f"{name} must be an integer")
+        return value
+    return None
+
+
+def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if cfg.style == "vllm" and model is not None and model != cfg.served_name:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "messages must be a non-empty list of objects")
+        text = render_chat(messages)
+        prompt_tokens = count_tokens(text)
+    else:
+        text, prompt_tokens = _prompt(body)
+    if prompt_tokens == 0:
+        raise ApiError(400, "The decoder prompt cannot be empty")
+    if (body.get("n") or 1) != 1:
+        raise ApiError(400, "n > 1 is not supported by the simulator")
+    room = cfg.context_length - prompt_tokens
+    max_tokens = _int_field(body, "max_completion_tokens", "max_tokens") if chat else _int_field(body, "max_tokens")
+    if max_tokens is None:
+        max_tokens = min(cfg.default_max_tokens, max(room, 1))
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.")
+    if prompt_tokens + max_tokens > cfg.context_length:
+        kind = "messages" if chat else "prompt"
+        raise ApiError(400, f"This model's maximum context length is {cfg.context_length} tokens. However, you requested "
+                            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {kind}, {max_tokens} in the completion). "
+                            "Please reduce the length of the messages or completion.")
+    if prompt_tokens + max_tokens > cfg.kv_tokens:
+        raise ApiError(400, f"The request needs {prompt_tokens + max_tokens} KV-cache tokens, more than the "
+                            f"{cfg.kv_tokens} the server has.")
+    stream = bool(body.get("stream", False))
+    options = body.get("stream_options") or {}
+    include_usage = bool(stream and isinstance(options, dict) and options.get("include_usage"))
+    h = request_hash(text, cfg.seed, max_tokens)
+    target, finish = max_tokens, "length"
+    if not body.get("ignore_eos", False) and cfg.eos_rate > 0 and (h & 0xFFFF) / 65536.0 < cfg.eos_rate:
+        target = 1 + (h >> 16) % max_tokens
+        finish = "stop" if target < max_tokens else "length"
+    min_tokens = _int_field(body, "min_tokens") or 0
+    if target < min(min_tokens, max_tokens):
+        target = min(min_tokens, max_tokens)
+        finish = "stop" if target < max_tokens else "length"
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    return Job(chat=chat, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, target=target,
+               finish_reason=finish, stream=stream, include_usage=include_usage, start=h % 64,
+               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=cfg.served_name)
+
+
+def _usage(job: Job, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": job.prompt_tokens + completion_tokens}
+
+
+def full_body(job: Job, text: str) -> dict[str, Any]:
+    """A non-streaming answer (always with ``usage``)."""
+    if job.chat:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                                          "tool_calls": []},
+                                  "logprobs": None, "finish_reason": job.finish_reason, "stop_reason": None}
+        kind = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason, "stop_reason": None}
+        kind = "text_completion"
+    return {"id": job.rid, "object": kind, "created": job.created, "model": job.model, "choices": [choice],
+            "usage": _usage(job, job.target)}
+
+
+class StreamEncoder:
+    """SSE chunks of one streamed answer: ``data: {...}\\n\\n`` per step, a usage chunk, ``data: [DONE]``."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        model = json.dumps(job.model)
+        kind = "chat.completion.chunk" if job.chat else "text_completion"
+        self._head = f'data: {{"id":"{job.rid}","object":"{kind}","created":{job.created},"model":{model},"choices":[{{"index":0,'
+        self._envelope = f'data: {{"id":"{job.rid}","object":"{kind}","created":{job.created},"model":{model},'
+
+    def role(self) -> bytes:
+        """Chat streams open with the assistant role and empty content, as vLLM and SGLang do."""
+        if not self.job.chat:
+            return b""
+        return (self._head + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n').encode()
+
+    def chunk(self, text: str, finish: str | None) -> bytes:
+        fin = "null" if finish is None else f'"{finish}"'
+        if self.job.chat:
+            body = f'"delta":{{"content":{json.dumps(text)}}},"logprobs":null,"finish_reason":{fin}}}]}}\n\n'
+        else:
+            body = f'"text":{json.dumps(text)},"logprobs":null,"finish_reason":{fin},"stop_reason":null}}]}}\n\n'
+        return (self._head + body).encode()
+
+    def usage(self, completion_tokens: int) -> bytes:
+        if not self.job.include_usage:
+            return b""
+        return (self._envelope + f'"choices":[],"usage":{json.dumps(_usage(self.job, completion_tokens), separators=(",", ":"))}}}\n\n').encode()

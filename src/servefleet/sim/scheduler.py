@@ -1,0 +1,243 @@
+"""The batching/timing model: ONE loop task steps every running request (see :mod:`.theory`).
+
+Requests never sleep on their own. The loop admits from a FIFO queue at each step boundary (bounded
+by ``max_running`` and the KV tokens reserved), sleeps for the step's cost, then hands each request
+its new tokens: a streaming request is woken with a count per step (one SSE chunk each), a
+non-streaming one only when it finishes. With 256+ concurrent requests the cost per step is one
+pass over a list, which keeps the sim cheap next to the clients it is measuring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from servefleet.sim.config import SimConfig
+
+__all__ = ["SimRequest", "Scheduler", "Stats", "StepInfo"]
+
+
+class SimRequest:
+    """One request's progress through the scheduler."""
+
+    __slots__ = ("prompt_tokens", "target", "reserve", "stream", "generated", "pending", "waiter",
+                 "done", "cancelled", "prefilled", "arrived", "first_token_at")
+
+    def __init__(self, prompt_tokens: int, target: int, reserve: int, stream: bool) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.target = target  # tokens it will produce (max_tokens, or fewer when EOS comes early)
+        self.reserve = reserve  # KV tokens held while it runs (prompt + max_tokens)
+        self.stream = stream
+        self.generated = 0
+        self.pending: list[int] = []  # token counts per step not yet sent (streaming only)
+        self.waiter: asyncio.Future[None] | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.cancelled = False
+        self.prefilled = False
+        self.arrived = time.monotonic()
+        self.first_token_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.generated >= self.target
+
+    async def next_steps(self) -> list[int]:
+        """Token counts of the steps since the last call (waits for at least one, or the end)."""
+        while not self.pending and not self.finished:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            self.waiter = None
+        steps, self.pending = self.pending, []
+        return steps
+
+
+@dataclass
+class Stats:
+    """Counters shared by the scheduler, the instant path and /metrics."""
+
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    requests_finished: int = 0
+    spec_accepted_total: int = 0
+    spec_draft_total: int = 0
+    spec_drafts_total: int = 0
+    steps: int = 0
+    running: int = 0
+    waiting: int = 0
+    used_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self._samples: deque[tuple[float, int]] = deque(maxlen=64)
+
+    def sample(self, now: float) -> None:
+        if not self._samples or now - self._samples[-1][0] >= 0.25:
+            self._samples.append((now, self.generation_tokens_total))
+
+    def gen_throughput(self, now: float, window_s: float = 5.0) -> float:
+        """Output tokens/s over the last few seconds (SGLang's gen_throughput)."""
+        if not self._samples:
+            return 0.0
+        old_t, old_n = self._samples[0]
+        for t, n in self._samples:
+            if now - t <= window_s:
+                old_t, old_n = t, n
+                break
+        if now - old_t <= 0:
+            return 0.0
+        return (self.generation_tokens_total - old_n) / (now - old_t)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one step did, for the engine-style batch log lines."""
+
+    admitted: int
+    admitted_tokens: int
+    batch: int
+    waiting: int
+    used_tokens: int
+    step_s: float
+
+
+class Scheduler:
+    def __init__(self, config: SimConfig, stats: Stats, on_step: Callable[[StepInfo], None] | None = None) -> None:
+        self.cfg = config
+        self.stats = stats
+        self.on_step = on_step
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.kv_reserved = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- requests -------------------------------------------------------------------------------
+    def submit(self, req: SimRequest) -> None:
+        self.waiting.append(req)
+        self.stats.waiting = len(self.waiting)
+        self._wake.set()
+
+    def cancel(self, req: SimRequest) -> None:
+        """The client went away: free its slot and KV at once."""
+        if req.cancelled or req.done.done():
+            return
+        req.cancelled = True
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            if req in self.running:
+                self.running.remove(req)
+                self.kv_reserved -= req.reserve
+        self.stats.waiting = len(self.waiting)
+        self.stats.running = len(self.running)
+        req.done.set_result(None)
+
+    # ---- loop -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="sim-scheduler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def _admit(self) -> list[SimRequest]:
+        admitted: list[SimRequest] = []
+        cfg = self.cfg
+        while self.waiting and len(self.running) < cfg.max_running:
+            head = self.waiting[0]
+            if self.kv_reserved + head.reserve > cfg.kv_tokens:
+                break  # FIFO: the head waits for KV, and so does everyone behind it
+            self.waiting.popleft()
+            self.running.append(head)
+            self.kv_reserved += head.reserve
+            admitted.append(head)
+        return admitted
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.cfg
+        k = cfg.tokens_per_step
+        stats = self.stats
+        next_at: float | None = None  # planned end of the previous step (keeps the cadence under jitter)
+        while True:
+            admitted = self._admit()
+            stats.waiting = len(self.waiting)
+            stats.running = len(self.running)
+            if not self.running:
+                self._wake.clear()
+                next_at = None
+                await self._wake.wait()
+                continue
+            batch = list(self.running)
+            new_tokens = sum(r.prompt_tokens for r in admitted)
+            step_s = (cfg.decode_ms + cfg.decode_ms_per_running * len(batch)
+                      + cfg.prefill_ms_per_1k_tokens * new_tokens / 1000.0) / 1000.0
+            now = loop.time()
+            # Start where the last step planned to end, unless we fell more than a step behind.
+            start = next_at if next_at is not None and now - next_at < max(step_s, 0.002) else now
+            end = start + step_s
+            delay = end - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let handlers run even when steps cost nothing
+            next_at = end
+            stats.steps += 1
+            stats.prompt_tokens_total += new_tokens
+            self._advance(batch, k, loop.time())
+            stats.running = len(self.running)
+            stats.waiting = len(self.waiting)
+            stats.sample(time.monotonic())
+            if self.on_step is not None:
+                self.on_step(StepInfo(len(admitted), new_tokens, len(batch), len(self.waiting), stats.used_tokens, step_s))
+
+    def _advance(self, batch: list[SimRequest], k: int, now: float) -> None:
+        stats = self.stats
+        produced = 0
+        used = 0
+        finished: list[SimRequest] = []
+        for req in batch:
+            if req.cancelled:
+                continue
+            if req.prefilled:
+                n = min(k, req.target - req.generated)
+                if k > 1:
+                    stats.spec_drafts_total += 1
+                    stats.spec_draft_total += k - 1
+                    stats.spec_accepted_total += max(n - 1, 0)
+            else:
+                req.prefilled = True
+                req.first_token_at = now
+                n = min(1, req.target - req.generated)
+            req.generated += n
+            produced += n
+            used += req.prompt_tokens + req.generated
+            if req.stream and n:
+                req.pending.append(n)
+                w = req.waiter
+                if w is not None and not w.done():
+                    w.set_result(None)
+            if req.generated >= req.target:
+                finished.append(req)
+        stats.generation_tokens_total += produced
+        if finished:
+            gone = set(finished)
+            self.running = [r for r in self.running if r not in gone]
+        for req in finished:
+            self.kv_reserved -= req.reserve
+            used -= req.prompt_tokens + req.generated
+            stats.requests_finished += 1
+            w = req.waiter
+            if w is not None and not w.done():
+                w.set_result(None)
+            if not req.done.done():
+                req.done.set_result(None)
+        stats.used_tokens = used

@@ -1,0 +1,97 @@
+"""The events that drive the readiness state machine.
+
+Each of the waiter's watchers (log follower, HTTP probe, liveness) turns what it sees into one of
+these plain values; the state machine consumes them with a clock reading and does no I/O itself,
+so every rule is testable with a table of events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "ProbeOutcome",
+    "ProbeResult",
+    "SmokeResult",
+    "LogLines",
+    "LogGrew",
+    "LogTruncated",
+    "LogMissing",
+    "ProcessExit",
+    "Tick",
+    "Event",
+]
+
+
+class ProbeOutcome(StrEnum):
+    REFUSED = "refused"  # nothing listens (connection refused / reset / timed out)
+    HTTP = "http"  # an answer that is not readiness (503 while loading, 500, all paths 404)
+    OK = "ok"  # 2xx and the identity holds: our server says it is ready
+    WRONG_IDENTITY = "wrong_identity"  # 2xx from a process that is not our server
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    outcome: ProbeOutcome
+    status: int | None = None
+    path: str | None = None
+    detail: str = ""  # plain words: "connection refused", "held by pid 123 (pgid 120), not 456"
+
+    @property
+    def key(self) -> tuple[str, int | None]:
+        """What counts as a change of the probe for stall detection."""
+        return (self.outcome.value, self.status)
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    ok: bool
+    detail: str = ""  # "HTTP 500: ...", "server disconnected", "200 in 0.01s"
+
+
+@dataclass(frozen=True)
+class LogLines:
+    """Complete raw lines, in order; the machine numbers them."""
+
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LogGrew:
+    """Bytes arrived without completing a line (a progress bar redrawn in place)."""
+
+    partial: str = ""
+
+
+@dataclass(frozen=True)
+class LogTruncated:
+    """The log shrank or was replaced: numbering restarts at line 1."""
+
+
+@dataclass(frozen=True)
+class LogMissing:
+    """The log path does not exist (``present=True`` when it appears later)."""
+
+    present: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """The server process is gone.
+
+    ``code``: its exit status (137 = SIGKILL as reported by the shell wrapper, negative = signal).
+    ``code=None, killed=True``: the group vanished without the wrapper recording a status, i.e. the
+    wrapper itself was SIGKILLed. ``code=None, killed=False``: gone, with no way to know the code
+    (a server attached with ``--pid``, no status file)."""
+
+    code: int | None
+    killed: bool = False
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed (drives the stall and overall timeouts and grace periods)."""
+
+
+Event = ProbeResult | SmokeResult | LogLines | LogGrew | LogTruncated | LogMissing | ProcessExit | Tick

@@ -1,0 +1,212 @@
+"""The HTTP side of verification: readiness probe, identity check, smoke request, capacity.
+
+One aiohttp session per wait. Connections are not kept alive: a kept connection to a process that
+died, or to a port that changed hands, would answer for a server that is no longer there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from servefleet.capacity import Capacity
+from servefleet.engines.base import EngineProfile, Probe
+from servefleet.hosts.base import Host
+from servefleet.verify.events import ProbeOutcome, ProbeResult, SmokeResult
+
+__all__ = ["Prober", "new_session", "port_of"]
+
+# Errors that mean "nothing (usable) listens there": refused, reset, closed mid-answer.
+_DOWN = (aiohttp.ClientConnectionError, ConnectionError, OSError)
+
+
+def new_session() -> aiohttp.ClientSession:
+    """A session for loopback probing: no proxies from the environment, no kept connections."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=8), trust_env=False)
+
+
+def port_of(base_url: str) -> int | None:
+    try:
+        parts = urlsplit(base_url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+
+
+class Prober:
+    """Probes one server. ``pgid`` and ``port`` (the server's port on its host, which differs from
+    the URL's when the URL is an SSH forward) enable the identity check by socket owner;
+    ``served_model`` enables the check by /v1/models when the owner cannot be known."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        host: Host,
+        *,
+        pgid: int | None = None,
+        port: int | None = None,
+        served_model: str | None = None,
+    ) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.host = host
+        self.pgid = pgid
+        self.port = port if port is not None else port_of(base_url)
+        self.served_model = served_model
+        self._good_path: str | None = None
+        self._identity_ok = False  # cached while the probe keeps answering 2xx
+        self._ahead: Callable[[], tuple[EngineProfile, bool]] | None = None
+        self._smoke_task: asyncio.Task[SmokeResult] | None = None
+        self._capacity_task: asyncio.Task[Capacity] | None = None
+
+    def work_ahead(self, what: Callable[[], tuple[EngineProfile, bool]]) -> None:
+        """At the first 2xx, start the smoke request (when ``what()`` says so) and the capacity read
+        together with the identity check, instead of one after the other: readiness is then known
+        one round trip after the probe, not three. Their results are used only if the identity
+        holds (a foreign server may get one tiny completion request: harmless)."""
+        self._ahead = what
+
+    def _start_ahead(self) -> None:
+        if self._ahead is None or self._smoke_task is not None:
+            return
+        profile, smoke = self._ahead()
+        if smoke:
+            self._smoke_task = asyncio.create_task(self._smoke(profile))
+        self._capacity_task = asyncio.create_task(self._capacity(profile))
+
+    def _drop_ahead(self) -> None:
+        for task in (self._smoke_task, self._capacity_task):
+            if task is not None and not task.done():
+                task.cancel()
+        self._smoke_task = self._capacity_task = None
+
+    async def close(self) -> None:
+        """Cancel work started ahead that nobody collected."""
+        tasks = [t for t in (self._smoke_task, self._capacity_task) if t is not None]
+        self._drop_ahead()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def probe(self, spec: Probe) -> ProbeResult:
+        """GET the probe paths in order (404 moves on); a 2xx is OK only if the identity holds."""
+        paths = list(spec.paths)
+        if self._good_path in paths:  # the path that answered before goes first
+            paths.remove(self._good_path)
+            paths.insert(0, self._good_path)
+        last: ProbeResult | None = None
+        for path in paths:
+            try:
+                async with self.session.get(self.base_url + path, timeout=aiohttp.ClientTimeout(total=spec.timeout_s)) as resp:
+                    status = resp.status
+                    await resp.read()
+            except (TimeoutError, asyncio.TimeoutError):
+                return self._not_ok(ProbeResult(ProbeOutcome.HTTP, None, path, f"no answer to GET {path} within {spec.timeout_s:g}s"))
+            except _DOWN as exc:
+                return self._not_ok(ProbeResult(ProbeOutcome.REFUSED, None, path, _short(exc)))
+            if status == 404:
+                last = ProbeResult(ProbeOutcome.HTTP, 404, path, f"GET {path} -> 404")
+                continue
+            if 200 <= status < 300:
+                if not self._identity_ok:
+                    self._start_ahead()
+                    ok, detail = await self.identity()
+                    if not ok:
+                        self._drop_ahead()
+                        return ProbeResult(ProbeOutcome.WRONG_IDENTITY, status, path, detail)
+                    self._identity_ok = True
+                self._good_path = path
+                return ProbeResult(ProbeOutcome.OK, status, path, f"GET {path} -> {status}")
+            return self._not_ok(ProbeResult(ProbeOutcome.HTTP, status, path, f"GET {path} -> {status}"))
+        return self._not_ok(last or ProbeResult(ProbeOutcome.HTTP, None, None, "no probe paths"))
+
+    def _not_ok(self, result: ProbeResult) -> ProbeResult:
+        """Not ready (any more): forget the identity and the work started ahead."""
+        self._identity_ok = False
+        self._drop_ahead()
+        return result
+
+    async def identity(self) -> tuple[bool, str]:
+        """Whether the answering process is our server, and why not."""
+        if self.pgid is not None and self.port is not None:
+            holder = await self.host.port_holder(self.port)
+            if holder is not None and holder.pgid is not None:
+                if holder.pgid == self.pgid:
+                    return True, ""
+                return False, f"port {self.port} is held by pid {holder.pid} (process group {holder.pgid}), not by process group {self.pgid}"
+        if self.served_model:
+            names = await self.served_names()
+            if names is None:
+                return False, "/v1/models does not answer with a model list"
+            if self.served_model not in names:
+                return False, f"/v1/models lists {', '.join(names) or 'no model'}, not {self.served_model!r}"
+        return True, ""
+
+    async def served_names(self) -> list[str] | None:
+        """Model ids listed by /v1/models, or None when it does not answer a list."""
+        try:
+            async with self.session.get(self.base_url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status != 200:
+                    return None
+                body = await resp.json(content_type=None)
+        except (TimeoutError, asyncio.TimeoutError, ValueError, *_DOWN):
+            return None
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            return None
+        return [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id") is not None]
+
+    async def smoke(self, profile: EngineProfile, timeout_s: float = 60.0) -> SmokeResult:
+        """One tiny completion; any non-2xx or broken connection is a start-up failure."""
+        if self._smoke_task is not None:  # started ahead, with the identity check
+            task, self._smoke_task = self._smoke_task, None
+            await asyncio.wait([task])
+            if not task.cancelled():  # cancelled: the probe failed meanwhile; ask again
+                return task.result()
+        return await self._smoke(profile, timeout_s)
+
+    async def _smoke(self, profile: EngineProfile, timeout_s: float = 60.0) -> SmokeResult:
+        name = self.served_model
+        if not name:
+            names = await self.served_names()
+            name = names[0] if names else "default"
+        path, body = profile.smoke_request(name)
+        t0 = time.monotonic()
+        try:
+            async with self.session.post(self.base_url + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                text = await resp.text(errors="replace")
+                status = resp.status
+        except (TimeoutError, asyncio.TimeoutError):
+            return SmokeResult(False, f"POST {path}: no answer within {timeout_s:g}s")
+        except _DOWN as exc:
+            return SmokeResult(False, f"POST {path}: {_short(exc)}")
+        if 200 <= status < 300:
+            return SmokeResult(True, f"POST {path} -> {status} in {time.monotonic() - t0:.2f}s")
+        return SmokeResult(False, f"POST {path} -> HTTP {status}: {' '.join(text.split())[:200]}")
+
+    async def capacity(self, profile: EngineProfile, timeout_s: float = 5.0) -> Capacity:
+        """Capacity from the server's info endpoints; empty when they fail (logs remain)."""
+        if self._capacity_task is not None:  # started ahead, with the identity check
+            task, self._capacity_task = self._capacity_task, None
+            await asyncio.wait([task])
+            if not task.cancelled():
+                return task.result()
+        return await self._capacity(profile, timeout_s)
+
+    async def _capacity(self, profile: EngineProfile, timeout_s: float = 5.0) -> Capacity:
+        try:
+            return await asyncio.wait_for(profile.capacity_from_server(self.session, self.base_url), timeout_s)
+        except Exception:  # an info endpoint is a bonus, never a reason to fail a ready server
+            return Capacity()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        text = f"connection refused ({exc.host}:{exc.port})" if "refused" in text.lower() else text
+    elif isinstance(exc, aiohttp.ServerDisconnectedError):
+        text = "server disconnected"
+    return " ".join(text.split())[:200]

@@ -1,0 +1,286 @@
+"""Waiting for a server: the I/O edge around the readiness state machine.
+
+Three watchers run concurrently and turn what they see into events on one queue: the log follower
+(``host.follow``, split into lines), the HTTP prober (every ``PROBE_INTERVAL_S``, at once when a
+ready line appears), and the process watcher (the detach wrapper's status file for the exit code,
+``host.group_alive`` for a group that vanished). The machine decides; this module only feeds it,
+starts the smoke request when asked, and reads capacity from the server once it is ready.
+
+Before a process exit is applied, the rest of the log is read to its end, so the last lines a
+dying server wrote are classified before its exit code is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from servefleet.catalog import State
+from servefleet.engines.base import EngineProfile, Probe
+from servefleet.hosts.base import Host, Truncated
+from servefleet.hosts.local import LocalHost
+from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Tick
+from servefleet.verify.logtext import LineSplitter
+from servefleet.verify.machine import ReadinessMachine, message_shape
+from servefleet.verify.probe import Prober, new_session, port_of
+from servefleet.verify.verdict import Verdict
+
+__all__ = ["WaitTarget", "wait_for_server", "PROBE_INTERVAL_S"]
+
+PROBE_INTERVAL_S = 0.05
+STATUS_INTERVAL_S = 0.05  # status file: a stat per tick, cheap
+ALIVE_INTERVAL_S = 0.1  # group liveness: a process-table scan
+TICK_S = 0.1
+LIVE_LINE_EVERY_S = 0.25
+FINAL_PROBE_S = 0.5  # the probe made when the process exits, to tell port_in_use from other  # on_update for a new last log line, at most this often
+
+
+@dataclass
+class WaitTarget:
+    """What to wait for. Only ``base_url`` is required; every other clue makes the verdict surer."""
+
+    base_url: str  # e.g. http://127.0.0.1:30000
+    engine: EngineProfile | None  # None = detect from the log
+    host: Host = field(default_factory=LocalHost)
+    log_path: str | None = None
+    log_offset: int = 0  # start following here (restart appends to the same log)
+    pgid: int | None = None  # process group of the launched server (liveness + identity)
+    status_path: str | None = None  # detach wrapper's exit-code file
+    served_model: str | None = None  # expected name in /v1/models (identity when pgid unknown)
+    port: int | None = None  # the server's port on its host, when base_url is a forward (SSH)
+    probe: Probe | None = None  # overrides the engine's probe (the `openai` engine's ready path)
+
+
+@dataclass
+class _Crashed:
+    """A watcher failed (e.g. the host became unreachable): the wait raises its error."""
+
+    error: BaseException
+
+
+class _LogState:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.splitter = LineSplitter()
+
+
+async def wait_for_server(
+    target: WaitTarget,
+    *,
+    timeout_s: float = 1800,
+    stall_s: float = 300,
+    smoke: bool = True,
+    on_update: Callable[[Verdict], None] | None = None,
+) -> Verdict:
+    """Wait until the server is ready, failed or stalled, and say which (and why)."""
+    clock = time.monotonic
+    host = target.host
+    first_line_no = await _line_number_at(host, target.log_path, target.log_offset)
+    machine = ReadinessMachine(
+        target.engine,
+        now=clock(),
+        timeout_s=timeout_s,
+        stall_s=stall_s,
+        smoke=smoke,
+        log_path=target.log_path,
+        pgid=target.pgid,
+        port=target.port if target.port is not None else port_of(target.base_url),
+        first_line_no=first_line_no,
+        probe=target.probe,
+    )
+    queue: asyncio.Queue[Event | _Crashed] = asyncio.Queue()
+    wake = asyncio.Event()
+    log = _LogState(target.log_offset)
+    emitter = _Emitter(on_update)
+
+    async with new_session() as session:
+        prober = Prober(session, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
+        prober.work_ahead(lambda: (machine.engine or EngineProfile(), smoke))
+        follower = _start(_follow_log(host, target.log_path, log, queue), queue) if target.log_path else None
+        tasks = [_start(_probe_loop(prober, machine, queue, wake), queue)]
+        if target.pgid is not None or target.status_path is not None:
+            tasks.append(_start(_watch_process(host, target.pgid, target.status_path, queue), queue))
+        smoke_task: asyncio.Task[None] | None = None
+        try:
+            while not machine.done:
+                try:
+                    event = await asyncio.wait_for(queue.get(), TICK_S)
+                except TimeoutError:
+                    event = Tick()
+                if isinstance(event, _Crashed):
+                    raise event.error
+                if isinstance(event, ProcessExit):
+                    if follower is not None:
+                        await _stop(follower)
+                        follower = None
+                        await _drain_before_exit(host, target.log_path, log, queue, machine, clock)
+                    if not machine.done:  # who answers on the port now? (another process: port_in_use)
+                        with contextlib.suppress(TimeoutError):
+                            machine.feed(await asyncio.wait_for(prober.probe(machine.probe_spec), FINAL_PROBE_S), clock())
+                ready_line = machine.clf.ready_line
+                machine.feed(event, clock())
+                if machine.clf.ready_line is not ready_line:
+                    wake.set()  # a ready line: probe now rather than at the next interval
+                if machine.wants_smoke:
+                    machine.smoke_started()
+                    smoke_task = asyncio.create_task(_smoke(prober, machine.engine or EngineProfile(), queue))
+                emitter.emit(machine.verdict(clock()))
+            # Lines already read after the cause complete its excerpt.
+            while not queue.empty():
+                pending = queue.get_nowait()
+                if isinstance(pending, LogLines):
+                    machine.feed(pending, clock())
+        finally:
+            for task in [*tasks, follower, smoke_task]:
+                if task is not None:
+                    await _stop(task)
+            verdict = machine.verdict(clock())
+            if verdict.state is State.READY:
+                found = await prober.capacity(machine.engine or EngineProfile())
+                verdict = verdict.model_copy(update={"capacity": found.merge(verdict.capacity)})
+            await prober.close()
+    emitter.emit(verdict, force=True)
+    return verdict
+
+
+# ---- watchers ---------------------------------------------------------------------------------
+def _start(coro, queue: asyncio.Queue) -> asyncio.Task[None]:  # type: ignore[type-arg]
+    async def guarded() -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # surfaced by the main loop
+            queue.put_nowait(_Crashed(exc))
+
+    return asyncio.create_task(guarded())
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+async def _follow_log(host: Host, path: str, log: _LogState, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+    if await host.file_size(path) is None:
+        queue.put_nowait(LogMissing())
+        while await host.file_size(path) is None:
+            await asyncio.sleep(TICK_S)
+        queue.put_nowait(LogMissing(present=True))
+    async for item in host.follow(path, log.offset):
+        if isinstance(item, Truncated):
+            log.splitter.reset()
+            log.offset = item.offset
+            queue.put_nowait(LogTruncated())
+            continue
+        log.offset += len(item)
+        lines = log.splitter.feed(item)
+        queue.put_nowait(LogLines(tuple(lines)) if lines else LogGrew(log.splitter.pending))
+
+
+async def _drain_before_exit(host: Host, path: str | None, log: _LogState, queue: asyncio.Queue, machine: ReadinessMachine, clock: Callable[[], float]) -> None:  # type: ignore[type-arg]
+    """Classify everything the process wrote before it exited, then let the exit be applied."""
+    held: list[Event | _Crashed] = []
+    while not queue.empty():
+        event = queue.get_nowait()
+        if isinstance(event, (LogLines, LogGrew, LogTruncated, LogMissing)):
+            machine.feed(event, clock())
+        else:
+            held.append(event)
+    for event in held:
+        queue.put_nowait(event)
+    if path is None:
+        return
+    try:
+        rest = await host.read_bytes(path, log.offset)
+    except FileNotFoundError:
+        rest = b""
+    log.offset += len(rest)
+    lines = log.splitter.feed(rest) + log.splitter.flush()
+    if lines:
+        machine.feed(LogLines(tuple(lines)), clock())
+
+
+async def _probe_loop(prober: Prober, machine: ReadinessMachine, queue: asyncio.Queue, wake: asyncio.Event) -> None:  # type: ignore[type-arg]
+    while True:
+        queue.put_nowait(await prober.probe(machine.probe_spec))
+        wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), PROBE_INTERVAL_S)
+
+
+async def _smoke(prober: Prober, profile: EngineProfile, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+    queue.put_nowait(await prober.smoke(profile))
+
+
+async def _watch_process(host: Host, pgid: int | None, status_path: str | None, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+    """Report the exit: the status file's code, or a group gone without one.
+
+    A status file present at the start while the group lives is the previous attempt's (the
+    wrapper removes it first thing, but we may look before it does): ignored until it goes."""
+    stale = False
+    if status_path is not None and pgid is not None and await host.file_size(status_path) is not None:
+        stale = await host.group_alive(pgid)
+    next_alive = 0.0
+    while True:
+        if status_path is not None:
+            present = await host.file_size(status_path) is not None
+            if present and not stale:
+                queue.put_nowait(ProcessExit(await _read_code(host, status_path)))
+                return
+            if not present:
+                stale = False
+        if pgid is not None and time.monotonic() >= next_alive:
+            next_alive = time.monotonic() + ALIVE_INTERVAL_S
+            if not await host.group_alive(pgid):
+                if status_path is not None and await host.file_size(status_path) is not None:
+                    queue.put_nowait(ProcessExit(await _read_code(host, status_path)))
+                else:
+                    queue.put_nowait(ProcessExit(None, killed=status_path is not None))
+                return
+        await asyncio.sleep(STATUS_INTERVAL_S)
+
+
+async def _read_code(host: Host, status_path: str) -> int | None:
+    try:
+        return int((await host.read_bytes(status_path)).decode().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+async def _line_number_at(host: Host, path: str | None, offset: int) -> int:
+    """The line number of the byte at ``offset`` (a restart appends to the same log)."""
+    if not path or offset <= 0:
+        return 1
+    try:
+        return 1 + (await host.read_bytes(path, 0, offset)).count(b"\n")
+    except FileNotFoundError:
+        return 1
+
+
+class _Emitter:
+    """Calls on_update when the state, progress, category or message changes (a message whose
+    only change is a ticking number does not count), and for a new last log line at most
+    every LIVE_LINE_EVERY_S."""
+
+    def __init__(self, callback: Callable[[Verdict], None] | None) -> None:
+        self.callback = callback
+        self.key: tuple | None = None  # type: ignore[type-arg]
+        self.line: str | None = None
+        self.line_at = 0.0
+
+    def emit(self, verdict: Verdict, force: bool = False) -> None:
+        if self.callback is None:
+            return
+        key = (verdict.state, verdict.progress, verdict.category, message_shape(verdict.message))
+        now = time.monotonic()
+        line_due = verdict.last_line != self.line and now - self.line_at >= LIVE_LINE_EVERY_S
+        if force or key != self.key or line_due:
+            self.key = key
+            self.line = verdict.last_line
+            self.line_at = now
+            self.callback(verdict)

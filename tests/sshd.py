@@ -1,0 +1,210 @@
+"""A real OpenSSH server on 127.0.0.1 for tests and benchmarks: the "remote host" of the SSH suite.
+
+The rig generates a host key and a user key in a temporary folder, writes an ``sshd_config`` that
+listens on loopback only (a free port), points ``AuthorizedKeysFile`` and ``PidFile`` into that
+folder, starts ``/usr/sbin/sshd -D`` as a child process, waits until the port answers with an SSH
+banner, and writes a ``known_hosts`` the client can trust — host-key checking stays on in tests too.
+
+Server limits stay at OpenSSH's defaults on purpose (``MaxSessions 10``, ``MaxStartups 10:30:100``):
+SSHHost must work against a stock server, not one tuned for it.
+
+Install sshd with ``scripts/ci-sshd-setup.sh`` (Debian's openssh-server).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+PRIVSEP_DIR = "/run/sshd"  # Debian's sshd refuses to start without its privilege-separation folder
+
+
+def sshd_unavailable_reason() -> str | None:
+    """Why the rig cannot run here, or None when it can."""
+    if not os.path.exists(SSHD):
+        return f"{SSHD} is not installed (run scripts/ci-sshd-setup.sh: apt-get install openssh-server)"
+    for tool in ("ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"the OpenSSH client tool {tool!r} is not installed"
+    if not os.path.isdir(PRIVSEP_DIR):
+        if os.geteuid() != 0:
+            return f"{PRIVSEP_DIR} is missing and only root can create it"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _banner_seen(port: int, address: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5) as s:
+            s.settimeout(0.5)
+            return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+@dataclass
+class SSHServer:
+    """A running sshd; ``destination``, ``port``, ``identity_file`` and ``known_hosts`` are what a
+    client needs. ``netns`` runs it inside a network namespace (``ip netns exec``)."""
+
+    root: Path
+    port: int = 0
+    address: str = "127.0.0.1"
+    netns: str | None = None
+    user: str = field(default_factory=lambda: os.environ.get("USER") or _login_name())
+    proc: subprocess.Popen | None = None
+
+    @property
+    def destination(self) -> str:
+        return f"{self.user}@{self.address}"
+
+    @property
+    def identity_file(self) -> str:
+        return str(self.root / "id_ed25519")
+
+    @property
+    def known_hosts(self) -> str:
+        return str(self.root / "known_hosts")
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "sshd.log"
+
+    def client_options(self) -> dict[str, str]:
+        """Extra ``ssh -o`` settings for clients of the rig. bash sources ~/.bashrc for commands
+        started by sshd only when SHLVL < 1; sending SHLVL=1 keeps test timings independent of
+        whatever the machine's root ~/.bashrc does (pyenv, conda...)."""
+        return {"SetEnv": "SHLVL=1"}
+
+    def spec(self, **overrides: object):  # -> servefleet.hosts.ssh_options.SSHSpec
+        """An SSHSpec that reaches this server with its own key and known_hosts, ignoring the
+        user's ~/.ssh/config."""
+        from servefleet.hosts.ssh_options import SSHSpec
+
+        fields: dict[str, object] = {
+            "name": "rig",
+            "destination": self.destination,
+            "port": self.port,
+            "identity_file": self.identity_file,
+            "known_hosts": self.known_hosts,
+            "config_file": "none",
+            "options": self.client_options(),
+            "connect_timeout": 5,
+        }
+        fields.update(overrides)
+        return SSHSpec(**fields)  # type: ignore[arg-type]
+
+    def start(self, timeout: float = 15.0) -> SSHServer:
+        reason = sshd_unavailable_reason()
+        if reason:
+            raise RuntimeError(reason)
+        if not os.path.isdir(PRIVSEP_DIR):
+            os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        host_key = self.root / "ssh_host_ed25519_key"
+        user_key = self.root / "id_ed25519"
+        for key, comment in ((host_key, "servefleet-test-host"), (user_key, "servefleet-test-user")):
+            if not key.exists():
+                subprocess.run(
+                    ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)],
+                    check=True,
+                    stdin=subprocess.DEVNULL,
+                )
+        shutil.copyfile(f"{user_key}.pub", self.root / "authorized_keys")
+        if not self.port:
+            self.port = _free_port()
+        host_pub = (self.root / "ssh_host_ed25519_key.pub").read_text().split()
+        (self.root / "known_hosts").write_text(f"[{self.address}]:{self.port} {host_pub[0]} {host_pub[1]}\n")
+        config = self.root / "sshd_config"
+        config.write_text(
+            "\n".join(
+                [
+                    f"ListenAddress {self.address}",
+                    f"Port {self.port}",
+                    f"HostKey {host_key}",
+                    f"PidFile {self.root / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
+                    "StrictModes no",  # the key files live in a temporary folder
+                    "UsePAM no",
+                    "PermitRootLogin prohibit-password",  # CI runs as root: keys only
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "AllowTcpForwarding yes",  # url_for's local forwards
+                    "X11Forwarding no",
+                    "PrintMotd no",
+                    # Lets the client send SHLVL=1 (see client_options): bash then skips the
+                    # login user's ~/.bashrc, which on a developer machine can cost 0.5 s a command.
+                    "AcceptEnv SHLVL",
+                    "LogLevel VERBOSE",
+                    "",
+                ]
+            )
+        )
+        argv = [SSHD, "-D", "-e", "-f", str(config)]
+        if self.netns:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
+        log = open(self.log_file, "ab")
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited with {self.proc.returncode}: {self.log_file.read_text()[-2000:]}")
+            if self._accepts():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"sshd did not accept connections on {self.address}:{self.port} within {timeout}s")
+
+    def _accepts(self) -> bool:
+        if self.netns:
+            probe = subprocess.run(
+                ["ip", "netns", "exec", self.netns, "ssh-keyscan", "-T", "1", "-p", str(self.port), self.address],
+                capture_output=True,
+            )
+            return probe.returncode == 0 and b"ssh-" in probe.stdout
+        return _banner_seen(self.port, self.address)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            # sshd -D leads its own session; its per-connection children exit with it.
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> SSHServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _login_name() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name

@@ -1,0 +1,158 @@
+"""The fleet file: defaults merging, and precise errors (file, server, field) for bad files."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from servefleet.errors import ConfigError
+from servefleet.fleet.core import find_fleet_file
+from servefleet.fleet.loader import load_fleet_file
+from servefleet.fleet.state import StateStore
+
+GOOD = """
+[fleet]
+name = "mtp-vs-plain"
+timeout = 600
+smoke = false
+
+[defaults]
+engine = "sglang"
+model = "/models/qwen"
+args = ["--mem-fraction-static", "0.85"]
+env = { HF_HOME = "/data/hf", NCCL_DEBUG = "WARN" }
+
+[[servers]]
+name = "mtp"
+port = 30000
+gpus = [0, 1]
+args = ["--speculative-algorithm", "EAGLE", "--tp", 2]
+env = { NCCL_DEBUG = "INFO" }
+
+[[servers]]
+name = "plain"
+port = 30001
+gpus = "2"
+engine = "vllm"
+model = "other"
+bind = "0.0.0.0"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "fleet.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_good_fleet_merges_defaults(tmp_path: Path) -> None:
+    spec = load_fleet_file(write(tmp_path, GOOD))
+    assert spec.name == "mtp-vs-plain"
+    assert spec.state_dir == tmp_path / ".servefleet" / "mtp-vs-plain"
+    assert spec.timeout == 600 and spec.stall == 300 and spec.smoke is False
+    mtp, plain = spec.servers
+    # args: defaults first, then the server's own (numbers become strings), untouched otherwise
+    assert mtp.args == ("--mem-fraction-static", "0.85", "--speculative-algorithm", "EAGLE", "--tp", "2")
+    assert mtp.env == {"HF_HOME": "/data/hf", "NCCL_DEBUG": "INFO"}  # env merged, server wins
+    assert mtp.gpus == (0, 1) and mtp.host == "local" and mtp.bind == "127.0.0.1"
+    assert plain.engine == "vllm" and plain.model == "other" and plain.gpus == (2,) and plain.bind == "0.0.0.0"
+
+
+def test_defaults_for_name_and_state_dir(tmp_path: Path) -> None:
+    spec = load_fleet_file(write(tmp_path, '[[servers]]\nname="a"\nport=1\nengine="sim"\nmodel="m"\n', "my fleet.toml"))
+    assert spec.name == "my-fleet"
+    assert spec.state_dir == tmp_path / ".servefleet" / "my-fleet"
+    spec = load_fleet_file(write(tmp_path, '[fleet]\nstate_dir="st"\n[[servers]]\nname="a"\nport=1\nengine="sim"\nmodel="m"\n'))
+    assert spec.state_dir == tmp_path / "st"
+
+
+def test_hosts_table_shape_is_validated(tmp_path: Path) -> None:
+    text = '[hosts.gpu1]\nssh = "root@box"\nport = 2222\n[[servers]]\nname="a"\nport=1\nengine="sim"\nmodel="m"\nhost="gpu1"\n'
+    spec = load_fleet_file(write(tmp_path, text))
+    assert spec.hosts["gpu1"].ssh == "root@box" and spec.hosts["gpu1"].port == 2222
+    assert spec.servers[0].host == "gpu1"
+
+
+SERVER = '[[servers]]\nname = "a"\nport = 30000\nengine = "sim"\nmodel = "m"\n'
+
+BAD_FILES = [
+    pytest.param("[fleet\nname = 'x'\n", ["fleet.toml: TOML syntax error", "line 1"], id="toml-syntax"),
+    pytest.param("[fleet]\nname = 'x'\n\n[[servers]]\nname = 'a'\nport = = 3\n", ["TOML syntax error", "line 6"], id="toml-syntax-line"),
+    pytest.param(SERVER + '[[servers]]\nname = "plain"\nport = 70000\nengine = "sim"\nmodel = "m"\n',
+                 ['fleet.toml: servers[1] "plain": port: must be between 1 and 65535'], id="port-range"),
+    pytest.param('[[servers]]\nname = "a"\nprot = 30000\nengine = "sim"\nmodel = "m"\n',
+                 ['servers[0] "a": prot: unknown field; did you mean \'port\'?', 'servers[0] "a": port: required field is missing'], id="typo"),
+    pytest.param(SERVER + SERVER.replace("30000", "30001"), ['server "a": name: duplicate'], id="duplicate-name"),
+    pytest.param(SERVER + SERVER.replace('"a"', '"b"'), ['server "b": port: 30000 on host "local" is already used by server "a"'], id="duplicate-port"),
+    pytest.param(SERVER.replace('"sim"', '"sglangg"'), ['servers[0] "a": engine: unknown engine \'sglangg\'', "known engines:", "sglang", "vllm"], id="unknown-engine"),
+    pytest.param('[defaults]\nengine = "vlm"\n' + SERVER.replace('engine = "sim"\n', ""),
+                 ["engine: unknown engine 'vlm'", "(value from [defaults])"], id="bad-default-engine"),
+    pytest.param('[[servers]]\nname = "a"\nport = 1\nengine = "sim"\n', ['servers[0] "a": model: required field is missing'], id="no-model"),
+    pytest.param(SERVER.replace('model = "m"', 'model = "m"\nargs = "--tp 2"'), ['servers[0] "a": args: must be a list of strings', "not split"], id="args-string"),
+    pytest.param(SERVER.replace('model = "m"', 'model = "m"\ngpus = ["x"]'), ['servers[0] "a": gpus:', "not a GPU index"], id="bad-gpus"),
+    pytest.param(SERVER.replace('model = "m"', 'model = "m"\nenv = { TOKEN = true }'), ['servers[0] "a": env: TOKEN: must be a string'], id="env-bool"),
+    pytest.param(SERVER.replace('name = "a"', 'name = "a/b"'), ['servers[0] "a/b": name: must be 1-64 characters'], id="bad-name"),
+    pytest.param(SERVER.replace('model = "m"', 'model = "m"\nhost = "gpu9"'), ['server "a": host: unknown host \'gpu9\'', "[hosts.gpu9]"], id="unknown-host"),
+    pytest.param('[servers]\nname = "a"\n', ["write [[servers]] (double brackets"], id="servers-not-array"),
+    pytest.param('[fleet]\nname = "x"\n', ["no servers: add at least one [[servers]]"], id="no-servers"),
+    pytest.param('[fleet]\ntimeout = -1\n' + SERVER, ["fleet.toml: [fleet]: timeout: must be a positive number of seconds"], id="fleet-timeout"),
+    pytest.param('[fleet]\nnmae = "x"\n' + SERVER, ["[fleet]: nmae: unknown field; did you mean 'name'?"], id="fleet-typo"),
+    pytest.param('[defualts]\nengine = "sim"\n' + SERVER, ["defualts: unknown table or key; did you mean 'defaults'?"], id="top-level-typo"),
+    pytest.param('[hosts.local]\nssh = "x"\n' + SERVER, ["[hosts.local]: name:", "built-in local host"], id="host-named-local"),
+    pytest.param('[hosts.gpu1]\nssh = "x"\nport = 0\n' + SERVER, ["[hosts.gpu1]: port: must be between 1 and 65535"], id="host-port"),
+    pytest.param(SERVER.replace('engine = "sim"\nmodel = "m"', 'engine = "openai"'), ['servers[0] "a": command: the openai engine runs your own command'], id="openai-needs-command"),
+    pytest.param(SERVER.replace('model = "m"', 'model = "m"\nready_path = "health"'), ['servers[0] "a": ready_path: must start with "/"'], id="ready-path"),
+]
+
+
+@pytest.mark.parametrize(("text", "fragments"), BAD_FILES)
+def test_bad_fleet_files_name_file_server_and_field(tmp_path: Path, text: str, fragments: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_fleet_file(write(tmp_path, text))
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in:\n{message}"
+    assert all(line.startswith("fleet.toml: ") for line in message.splitlines())
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    text = SERVER.replace("30000", "0") + SERVER.replace('"a"', '"b"').replace('model = "m"', 'model = "m"\nportt = 2')
+    with pytest.raises(ConfigError) as info:
+        load_fleet_file(write(tmp_path, text))
+    lines = str(info.value).splitlines()
+    assert any('servers[0] "a": port: must be between' in line for line in lines)
+    assert any('servers[1] "b": portt: unknown field' in line for line in lines)
+
+
+def test_missing_fleet_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="fleet file not found"):
+        load_fleet_file(tmp_path / "nope.toml")
+
+
+def test_find_fleet_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no fleet file: pass --fleet FILE"):
+        find_fleet_file(None, tmp_path)
+    # the only fleet recorded under ./.servefleet
+    elsewhere = write(tmp_path, SERVER, "elsewhere.toml")
+    StateStore(tmp_path / ".servefleet" / "one").write_index("one", elsewhere)
+    assert find_fleet_file(None, tmp_path) == elsewhere
+    StateStore(tmp_path / ".servefleet" / "two").write_index("two", elsewhere)
+    with pytest.raises(ConfigError, match="several fleets"):
+        find_fleet_file(None, tmp_path)
+    # ./servefleet.toml wins; an explicit path wins over everything
+    default = write(tmp_path, SERVER, "servefleet.toml")
+    assert find_fleet_file(None, tmp_path) == default
+    assert find_fleet_file("x.toml", tmp_path) == Path("x.toml")
+
+
+def test_ssh_hosts_are_validated_but_not_launchable_yet(tmp_path: Path) -> None:
+    from servefleet.fleet import Fleet
+
+    text = '[hosts.gpu1]\nssh = "root@box"\n[[servers]]\nname="a"\nport=1\nengine="sglang"\nmodel="m"\nhost="gpu1"\n'
+    fleet = Fleet.load(write(tmp_path, text))
+    with pytest.raises(ConfigError, match=r"\[hosts.gpu1\]: ssh hosts are not supported yet"):
+        fleet.resolve()
+    with pytest.raises(ConfigError, match=r"ssh: must not be empty, start with '-'"):
+        load_fleet_file(write(tmp_path, '[hosts.gpu1]\nssh = "-oProxyCommand=x"\n' + SERVER))

@@ -1,0 +1,311 @@
+"""generate end to end in one process: run_generate against small in-process OpenAI-style servers
+whose behaviour each test scripts (latency, error storms, permanent errors, hanging)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from aiohttp import web
+
+from servefleet.generate.endpoints import Target
+from servefleet.generate.health import HealthPolicy
+from servefleet.generate.job import JobParams
+from servefleet.generate.runner import GenerateConfig, JobMismatch, run_generate
+
+from conftest import free_port
+
+Behaviour = Callable[[dict, int], "int | None"]  # (body, request number) -> error status or None
+
+
+class FakeServer:
+    """An OpenAI-style server in this process; counts what it sees."""
+
+    def __init__(self, *, delay_s: float = 0.0, behaviour: Behaviour | None = None, hang: bool = False, name: str = "fake") -> None:
+        self.delay_s = delay_s
+        self.behaviour = behaviour
+        self.hang = hang
+        self.name = name
+        self.port = free_port()
+        self.requests = 0
+        self.answered = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def target(self, max_running: int | None = None, managed: bool = False) -> Target:
+        return Target(self.name, self.url, "fake-model", max_running, managed)
+
+    async def start(self) -> "FakeServer":
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        self.runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.2)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if self.hang:
+            await asyncio.sleep(3600)
+        return web.json_response({"data": [{"id": "fake-model"}]})
+
+    async def _complete(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests += 1
+        n = self.requests
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.hang:
+                await asyncio.sleep(3600)
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            status = self.behaviour(body, n) if self.behaviour else None
+            if status is not None:
+                headers = {"Retry-After": "0"} if status == 429 else None
+                return web.json_response({"error": {"message": f"scripted {status}"}}, status=status, headers=headers)
+            self.answered += 1
+            tokens = body.get("max_tokens", 4)
+            prompt = body.get("prompt") or body["messages"][-1]["content"]
+            choice = {"finish_reason": "length", "token_ids": list(range(tokens))}
+            if "messages" in body:
+                choice["message"] = {"role": "assistant", "content": f"answer to {prompt}"}
+            else:
+                choice["text"] = f"answer to {prompt}"
+            return web.json_response({"model": body.get("model"), "choices": [choice],
+                                      "usage": {"prompt_tokens": 3, "completion_tokens": tokens}})
+        finally:
+            self.in_flight -= 1
+
+
+def write_input(path: Path, n: int, *, extra: list[str] | None = None) -> Path:
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n")
+        for line in extra or []:
+            f.write(line + "\n")
+    return path
+
+
+def read_rows(out: Path) -> list[dict]:
+    shards = sorted((out / "shards").glob("part-*"))
+    rows: list[dict] = []
+    for s in shards:
+        if s.suffix == ".parquet":
+            rows.extend(pq.read_table(s).to_pylist())
+        else:
+            rows.extend(json.loads(x) for x in s.read_text().splitlines())
+    return rows
+
+
+def assert_exactly_once(out: Path, ids: set[str]) -> list[dict]:
+    rows = read_rows(out)
+    got = [r["id"] for r in rows]
+    assert len(got) == len(set(got)), "an id was committed twice"
+    assert set(got) == ids
+    return rows
+
+
+def config(src: Path, out: Path, **kw) -> GenerateConfig:
+    kw.setdefault("params", JobParams(max_tokens=4))
+    kw.setdefault("shard_rows", 50)
+    kw.setdefault("retry_base_s", 0.01)
+    kw.setdefault("retry_cap_s", 0.05)
+    return GenerateConfig(input=str(src), output=str(out), **kw)
+
+
+async def test_continuous_dispatch_keeps_limits_and_prefers_the_less_loaded_server(tmp_path):
+    slow, fast = await FakeServer(delay_s=0.04, name="slow").start(), await FakeServer(delay_s=0.005, name="fast").start()
+    try:
+        src = write_input(tmp_path / "in.jsonl", 400)
+        report = await run_generate(config(src, tmp_path / "out", concurrency=4), targets=[slow.target(), fast.target()])
+    finally:
+        await slow.stop()
+        await fast.stop()
+    assert report.status == "complete" and report.committed == 400 and report.remaining == 0
+    assert slow.max_in_flight <= 4 and fast.max_in_flight <= 4
+    assert fast.answered > 2 * slow.answered  # a free slot is refilled at once: the fast server does more
+    rows = assert_exactly_once(tmp_path / "out", {f"p{i}" for i in range(400)})
+    assert {r["server"] for r in rows} == {"slow", "fast"}
+    assert all(r["text"] == f"answer to prompt {r['line'] - 1}" for r in rows)
+
+
+async def test_auto_concurrency_starts_from_the_reported_capacity(tmp_path):
+    server = await FakeServer(delay_s=0.02).start()
+    try:
+        src = write_input(tmp_path / "in.jsonl", 300)
+        report = await run_generate(config(src, tmp_path / "out"), targets=[server.target(max_running=10)])
+    finally:
+        await server.stop()
+    assert report.status == "complete"
+    assert server.max_in_flight == 12  # 10 running + 2 queued at the server
+    assert report.servers[0].final_concurrency == 12
+
+
+async def test_429_and_5xx_storms_are_retried_until_every_prompt_is_answered(tmp_path):
+    rng = random.Random(5)
+    storm = lambda body, n: rng.choice([429, 500, 502, 503]) if rng.random() < 0.5 else None  # noqa: E731
+    server = await FakeServer(behaviour=storm).start()
+    try:
+        src = write_input(tmp_path / "in.jsonl", 300)
+        report = await run_generate(config(src, tmp_path / "out", concurrency=8, max_attempts=30), targets=[server.target()])
+    finally:
+        await server.stop()
+    assert report.status == "complete" and report.failed == 0
+    assert report.retries == server.requests - 300 > 100
+    rows = assert_exactly_once(tmp_path / "out", {f"p{i}" for i in range(300)})
+    assert max(r["attempts"] for r in rows) > 1
+    assert not (tmp_path / "out" / "failures.jsonl").exists()
+
+
+async def test_failing_prompts_go_to_the_failures_file_and_are_retried_on_resume(tmp_path):
+    broken = {"on": True}
+
+    def behaviour(body: dict, n: int) -> int | None:
+        if "prompt 3" == body["prompt"]:
+            return 400  # the request itself is wrong: no retry
+        if body["prompt"] in ("prompt 5", "prompt 7") and broken["on"]:
+            return 500  # keeps failing: given up after --max-attempts
+        return None
+
+    server = await FakeServer(behaviour=behaviour).start()
+    src = write_input(tmp_path / "in.jsonl", 20)
+    out = tmp_path / "out"
+    try:
+        report = await run_generate(config(src, out, max_attempts=3), targets=[server.target()])
+        assert report.status == "incomplete" and report.failed == 3 and report.committed == 17 and report.remaining == 3
+        failures = {f["id"]: f for f in map(json.loads, (out / "failures.jsonl").read_text().splitlines())}
+        assert set(failures) == {"p3", "p5", "p7"}
+        assert failures["p3"]["attempts"] == 1 and "HTTP 400" in failures["p3"]["error"] and not failures["p3"]["retryable"]
+        assert failures["p5"]["attempts"] == 3 and "HTTP 500: scripted 500" == failures["p5"]["error"] and failures["p5"]["line"] == 6
+        broken["on"] = False
+        again = await run_generate(config(src, out, max_attempts=3), targets=[server.target()])
+    finally:
+        await server.stop()
+    assert again.resumed and again.done_before == 17 and again.to_send == 3
+    assert again.committed == 2 and again.failed == 1  # p3 is still a bad request
+    assert_exactly_once(out, {f"p{i}" for i in range(20)} - {"p3"})
+
+
+async def test_a_hung_server_is_found_by_probes_and_its_requests_go_elsewhere(tmp_path):
+    hung, good = await FakeServer(hang=True, name="hung").start(), await FakeServer(delay_s=0.002, name="good").start()
+    try:
+        src = write_input(tmp_path / "in.jsonl", 200)
+        policy = HealthPolicy(probe_interval_s=0.3, probe_failures=1, probe_timeout_s=0.3, recover_timeout_s=0.5, retry_interval_s=0.1)
+        cfg = config(src, tmp_path / "out", concurrency=4, health=policy, request_timeout_s=3600)
+        report = await run_generate(cfg, targets=[hung.target(), good.target()])
+    finally:
+        await hung.stop()
+        await good.stop()
+    assert report.status == "complete" and report.committed == 200
+    by_name = {s.name: s for s in report.servers}
+    assert by_name["hung"].state in ("down", "gone") and by_name["hung"].outages == 1 and by_name["hung"].requests == 0
+    assert report.requeued == 4  # its four in-flight requests, re-queued without counting an attempt
+    rows = assert_exactly_once(tmp_path / "out", {f"p{i}" for i in range(200)})
+    assert all(r["attempts"] == 1 for r in rows)
+
+
+async def test_a_dead_managed_server_is_restarted_through_the_restarter_and_reused(tmp_path):
+    server = await FakeServer(delay_s=0.005, name="s0").start()
+    restarts: list[str] = []
+
+    class Restarter:
+        async def restart(self, name: str) -> Target:
+            restarts.append(name)
+            await server.start()  # same port, like a fleet restart
+            return server.target(managed=True)
+
+    async def kill_after(n: int) -> None:
+        while server.answered < n:
+            await asyncio.sleep(0.005)
+        await server.stop()
+
+    src = write_input(tmp_path / "in.jsonl", 300)
+    policy = HealthPolicy(failures_to_take_out=1, retry_interval_s=0.05)
+    killer = asyncio.ensure_future(kill_after(100))
+    try:
+        report = await run_generate(config(src, tmp_path / "out", concurrency=6, health=policy),
+                                    targets=[server.target(managed=True)], restarter=Restarter())
+    finally:
+        killer.cancel()
+        await server.stop()
+    assert restarts == ["s0"]
+    assert report.status == "complete" and report.committed == 300
+    assert report.servers[0].restarts == 1 and report.servers[0].state == "up"
+    assert_exactly_once(tmp_path / "out", {f"p{i}" for i in range(300)})
+
+
+async def test_stop_commits_what_is_answered_and_resume_finishes_exactly_once(tmp_path):
+    server = await FakeServer(delay_s=0.01).start()
+    src = write_input(tmp_path / "in.jsonl", 300)
+    out = tmp_path / "out"
+    stop = asyncio.Event()
+
+    async def stop_after(n: int) -> None:
+        while server.answered < n:
+            await asyncio.sleep(0.005)
+        stop.set()
+
+    try:
+        stopper = asyncio.ensure_future(stop_after(120))
+        first = await run_generate(config(src, out, concurrency=8, shard_rows=1000), targets=[server.target()], stop=stop)
+        await stopper
+        assert first.status == "interrupted"
+        assert first.committed == first.done >= 120  # the partial shard was committed on the way out
+        second = await run_generate(config(src, out, concurrency=8), targets=[server.target()])
+    finally:
+        await server.stop()
+    assert second.done_before == first.committed and second.committed == 300 - first.committed
+    assert_exactly_once(out, {f"p{i}" for i in range(300)})
+
+
+async def test_another_job_in_the_same_destination_is_refused_unless_forced(tmp_path):
+    server = await FakeServer().start()
+    src = write_input(tmp_path / "in.jsonl", 30)
+    out = tmp_path / "out"
+    try:
+        await run_generate(config(src, out), targets=[server.target()])
+        with pytest.raises(JobMismatch, match="max_tokens: 4 -> 8"):
+            await run_generate(config(src, out, params=JobParams(max_tokens=8)), targets=[server.target()])
+        write_input(src, 40)  # ten new prompts: another input
+        with pytest.raises(JobMismatch, match="input content changed"):
+            await run_generate(config(src, out), targets=[server.target()])
+        forced = await run_generate(config(src, out, force=True), targets=[server.target()])
+    finally:
+        await server.stop()
+    assert forced.done_before == 30 and forced.committed == 10  # done ids matched by id, not line
+    assert_exactly_once(out, {f"p{i}" for i in range(40)})
+
+
+async def test_jsonl_output_with_token_ids_and_requests(tmp_path):
+    server = await FakeServer().start()
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"custom_id": "c1", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "hi"}]}}) + "\n"
+                   + json.dumps({"id": "c2", "prompt": "yo", "max_tokens": 2}) + "\n")
+    try:
+        params = JobParams(max_tokens=3, format="jsonl", token_ids=True, store_request=True)
+        report = await run_generate(config(src, tmp_path / "out", params=params), targets=[server.target()])
+    finally:
+        await server.stop()
+    assert report.status == "complete"
+    rows = {r["id"]: r for r in assert_exactly_once(tmp_path / "out", {"c1", "c2"})}
+    assert rows["c1"]["text"] == "answer to hi" and rows["c1"]["token_ids"] == [0, 1, 2]
+    assert json.loads(rows["c1"]["request"])["return_token_ids"] is True
+    assert json.loads(rows["c2"]["request"]) == {"prompt": "yo", "max_tokens": 2, "return_token_ids": True, "model": "fake-model"}
+    assert rows["c2"]["completion_tokens"] == 2 and rows["c2"]["line"] == 2

@@ -1,0 +1,242 @@
+"""generate as users run it: the CLI in a subprocess, against simulated engines in subprocesses.
+
+SIGKILL at random moments and resume; a server of a managed fleet crashing mid-job; error storms;
+bad input; a 200k-line input in bounded memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import PYTHON, SimProcess, free_port, wait_until
+
+FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
+INSTANT_SIM = ("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("sim") / "sim.log"
+    proc = SimProcess(*FAST_SIM, "--max-running", "16", log_path=log).start().wait_ready()
+    yield proc
+    proc.stop()
+
+
+def write_prompts(path: Path, n: int, *, pad: int = 0) -> Path:
+    filler = "x" * pad
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"p{i}", "prompt": f"prompt {i} {filler}"}) + "\n")
+    return path
+
+
+def generate_argv(src: Path, out: Path | str, *target: str, extra: tuple[str, ...] = ()) -> list[str]:
+    return [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), *target,
+            "--max-tokens", "4", "--json", *extra]
+
+
+def run_cli(argv: list[str], *, timeout: float = 120, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"no JSON report (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}") from None
+    return proc.returncode, report, proc.stderr
+
+
+def committed_ids(out: Path) -> list[str]:
+    ids: list[str] = []
+    for shard in sorted((out / "shards").glob("*")):
+        assert shard.name.startswith("part-") and shard.suffix == ".parquet", f"not a committed shard: {shard.name}"
+        ids.extend(pq.read_table(shard, columns=["id"]).column("id").to_pylist())  # whole and readable
+    return ids
+
+
+def shard_count(out: Path) -> int:
+    d = out / "shards"
+    return len(os.listdir(d)) if d.is_dir() else 0
+
+
+# ---- kill at any moment, resume, exactly once ----------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [11, 22, 33])
+def test_sigkill_at_random_moments_then_resume_answers_every_id_exactly_once(sim, tmp_path, seed):
+    rng = random.Random(seed)
+    n = 300
+    src = write_prompts(tmp_path / "in.jsonl", n)
+    out = tmp_path / "out"
+    argv = generate_argv(src, out, "--url", sim.url, extra=("--shard-rows", "15", "--shard-seconds", "0.2"))
+    kills = 0
+    for _ in range(2):
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if rng.random() < 0.3:
+            # early: once the run is recorded, before (or while) anything is committed
+            wait_until(lambda: (out / "job.json").exists() or proc.poll() is not None, timeout=60, what="job.json")
+        else:
+            goal = shard_count(out) + rng.randint(1, 6)
+            wait_until(lambda: shard_count(out) >= goal or proc.poll() is not None, timeout=60, what=f"{goal} shards")
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=30)
+        ids = committed_ids(out)
+        assert len(ids) == len(set(ids)), "a killed run left an id committed twice"
+    assert kills >= 1
+    rc, report, err = run_cli(argv)
+    assert rc == 0 and report["status"] == "complete", err[-2000:]
+    assert report["resumed"] and report["done_before"] + report["committed"] == n and report["remaining"] == 0
+    ids = committed_ids(out)
+    assert sorted(ids) == sorted(f"p{i}" for i in range(n))
+    assert not list((out / ".staging").glob("*")) if (out / ".staging").exists() else True
+    ledger = {p.stem for p in (out / "ledger").glob("*.json")}
+    assert ledger == {p.stem for p in (out / "shards").glob("*.parquet")}  # every shard has its entry again
+
+
+# ---- a managed server crashes mid-job ------------------------------------------------------------
+
+
+def test_a_crashing_fleet_server_is_restarted_and_reused_without_losing_prompts(tmp_path):
+    """A fleet of one server that dies (SIGKILL) after 120 answers: the job can only finish if the
+    server is restarted through the fleet layer and used again."""
+    port = free_port()
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(f"""
+[fleet]
+name = "gen"
+timeout = 60
+stall = 30
+smoke = false
+
+[[servers]]
+name = "crashy"
+engine = "sim"
+model = "sim-7b"
+port = {port}
+args = {json.dumps([*FAST_SIM, "--max-running", "8", "--crash-after", "120", "--crash-mode", "kill"])}
+""")
+    servefleet = [PYTHON, "-m", "servefleet.cli.main"]
+    up = subprocess.run([*servefleet, "up", str(fleet)], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        src = write_prompts(tmp_path / "in.jsonl", 200)
+        rc, report, err = run_cli(generate_argv(src, tmp_path / "out", "--fleet", str(fleet)), timeout=180)
+    finally:
+        subprocess.run([*servefleet, "down", "--fleet", str(fleet)], capture_output=True, timeout=120)
+    assert rc == 0 and report["status"] == "complete", err[-3000:]
+    crashy = report["servers"][0]
+    assert crashy["outages"] == 1 and crashy["restarts"] == 1 and crashy["state"] == "up"
+    assert crashy["requests"] == 200 and report["requeued"] + report["retries"] >= 1
+    assert any("crashy: back in service" in e for e in report["events"])
+    assert sorted(committed_ids(tmp_path / "out")) == sorted(f"p{i}" for i in range(200))
+
+
+# ---- error storms ---------------------------------------------------------------------------------
+
+
+def test_429_and_500_storms_from_the_sim_are_retried(tmp_path):
+    storm = SimProcess(*FAST_SIM, "--max-running", "16", "--error-rate", "0.25", "--rate-limit-rate", "0.25", "--seed", "3",
+                       log_path=tmp_path / "storm.log").start().wait_ready()
+    try:
+        src = write_prompts(tmp_path / "in.jsonl", 300)
+        rc, report, err = run_cli(generate_argv(src, tmp_path / "out", "--url", storm.url, extra=("--max-attempts", "40")))
+    finally:
+        storm.stop()
+    assert rc == 0 and report["status"] == "complete", err[-2000:]
+    assert report["failed"] == 0 and report["retries"] > 100
+    assert report["servers"][0]["errors"] == report["retries"]
+    assert sorted(committed_ids(tmp_path / "out")) == sorted(f"p{i}" for i in range(300))
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+
+def _requests_served(sim: SimProcess) -> float:
+    with urllib.request.urlopen(sim.url + "/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("vllm:request_success_total"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no request counter in /metrics")
+
+
+def test_bad_lines_and_duplicates_go_to_the_rejects_file_and_strict_sends_nothing(sim, tmp_path):
+    src = tmp_path / "in.jsonl"
+    lines = [json.dumps({"id": "a", "prompt": "one"}), "{broken", json.dumps({"id": "b"}), json.dumps({"id": "a", "prompt": "dup"}),
+             "", json.dumps({"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}]}}),
+             json.dumps(["not", "an", "object"])]
+    src.write_text("\n".join(lines) + "\n")
+    before = _requests_served(sim)
+    rc, report, _ = run_cli(generate_argv(src, tmp_path / "strict", "--url", sim.url, extra=("--strict",)))
+    assert rc == 1 and report["status"] == "rejected" and report["rejected"] == 4
+    assert _requests_served(sim) == before  # --strict: nothing was sent
+    assert not (tmp_path / "strict" / "shards").exists()
+    rc, report, _ = run_cli(generate_argv(src, tmp_path / "out", "--url", sim.url))
+    assert rc == 0 and report["status"] == "complete" and report["committed"] == 2 and report["duplicates"] == 1
+    rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert sorted((r["line"], r["reason"].split(":")[0].split(" (")[0]) for r in rejects) == [
+        (2, "invalid JSON"), (3, "no 'prompt' or 'messages'"), (4, "duplicate id"), (7, "a record must be a JSON object, not list")]
+    assert sorted(committed_ids(tmp_path / "out")) == ["a", "c"]
+
+
+# ---- a 200k-line input in bounded memory ----------------------------------------------------------
+
+
+def test_a_200k_line_input_runs_in_bounded_memory(tmp_path):
+    """The input (about 140 MB) is larger than the memory bound, so holding it would fail the test.
+    190,000 of its ids are already committed (written through the ledger, as an earlier run would
+    have), so the run reads and checks all 200,000 lines and sends the last 10,000."""
+    from servefleet.generate.job import InputInfo, JobManifest, JobParams, RunRecord
+    from servefleet.generate.ledger import Ledger
+    from servefleet.generate.prepass import run_prepass
+    from servefleet.generate.inputs import RequestDefaults
+    from servefleet.generate.shards import OutputRow, ShardBuffer, ShardLimits, shard_schema
+    from servefleet.generate.sinks import LocalSink
+
+    n, done = 200_000, 190_000
+    src = write_prompts(tmp_path / "in.jsonl", n, pad=680)
+    out = tmp_path / "out"
+    pp = run_prepass(str(src), RequestDefaults(max_tokens=4), lambda r: None)
+    info = InputInfo(path=str(src), kind="jsonl", size=pp.size, mtime_ns=pp.mtime_ns, sha256=pp.sha256, lines=pp.lines,
+                     valid=pp.valid, rejected=0, duplicates=0)
+    run_id = "20260101T000000-0001"
+    sink = LocalSink(str(out))
+    sink.write_bytes("job.json", JobManifest(input=info, params=JobParams(max_tokens=4),
+                                             runs=[RunRecord(run_id=run_id, input_sha256=pp.sha256)]).to_bytes())
+    ledger = Ledger(sink, "parquet", run_id, pp.sha256)
+    schema = shard_schema(False, False)
+    for start in range(0, done, 10_000):
+        buf = ShardBuffer(schema, ShardLimits(rows=10_000))
+        for i in range(start, start + 10_000):
+            buf.add(OutputRow(f"p{i}", i + 1, "earlier answer", "length", 3, 4, "m", "earlier", 1, 0.1))
+        ledger.commit(buf)
+    os.utime(src)  # touched: the pre-pass runs again (same content: same job, resumed)
+    server = SimProcess(*INSTANT_SIM, "--max-running", "64", log_path=tmp_path / "sim.log").start().wait_ready()
+    try:
+        proc = subprocess.Popen(generate_argv(src, out, "--url", server.url, extra=("--shard-rows", "5000")),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        t0 = time.monotonic()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - t0
+        report = json.loads(proc.stdout.read())
+        proc.stdout.close()
+        proc.stderr.close()
+    finally:
+        server.stop()
+    assert os.waitstatus_to_exitcode(status) == 0 and report["status"] == "complete"
+    assert (report["done_before"], report["committed"], report["remaining"]) == (done, n - done, 0)
+    peak_mb = usage.ru_maxrss / 1024
+    input_mb = src.stat().st_size / 2**20
+    assert input_mb > 130
+    assert peak_mb < 200, f"peak RSS {peak_mb:.0f} MB for a {input_mb:.0f} MB input (wall {wall:.1f}s)"
+    assert report["peak_rss_mb"] == pytest.approx(peak_mb, rel=0.05)
+    ids = committed_ids(out)
+    assert len(ids) == n and len(set(ids)) == n

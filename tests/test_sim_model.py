@@ -1,0 +1,168 @@
+"""The sim's pure parts: the timing formula, options, tokenizer, request parsing, and the scheduler
+loop driven in-process (admission by max-running and KV, FIFO, tokens per step, cancellation)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from servefleet.sim import SimConfig, steady_state, steps_per_request, theoretical_output_tokens_per_s
+from servefleet.sim.cli_args import parse_args, parse_config
+from servefleet.sim.openai_api import ApiError, parse_job
+from servefleet.sim.scheduler import Scheduler, SimRequest, Stats
+from servefleet.sim.tokens import TextBank, count_tokens, render_chat, token_ids
+
+
+# ---- formula --------------------------------------------------------------------------------------
+def test_formula_matches_hand_computation() -> None:
+    cfg = SimConfig(decode_ms=20, decode_ms_per_running=2, prefill_ms_per_1k_tokens=50, max_running=64)
+    # C=8, P=200, N=30: S=30 steps of 20+2*8=36 ms, plus 8 prefills of 10 ms -> 1160 ms per 8 requests.
+    assert theoretical_output_tokens_per_s(cfg, 8, prompt_tokens=200, output_tokens=30) == pytest.approx(8 * 30 / 1.160)
+    s = steady_state(cfg, 1, prompt_tokens=200, output_tokens=30)
+    assert s.batch == 1 and s.steps == 30 and s.step_ms == 22
+    assert s.request_latency_s == pytest.approx((30 * 22 + 10) / 1000)
+    assert s.ttft_s == pytest.approx(0.032)
+
+
+def test_speculative_steps_and_caps() -> None:
+    assert steps_per_request(1, 3) == 1
+    assert steps_per_request(10, 3) == 4  # 1 from prefill, then 3+3+3
+    cfg = SimConfig(decode_ms=10, decode_ms_per_running=1, prefill_ms_per_1k_tokens=0, max_running=4, kv_tokens=1000)
+    assert steady_state(cfg, 100, prompt_tokens=100, output_tokens=100).batch == 4  # max_running
+    small_kv = cfg.model_copy(update={"kv_tokens": 450})
+    assert steady_state(small_kv, 100, prompt_tokens=100, output_tokens=100).batch == 2  # 450 // 200
+    queued = steady_state(cfg, 8, prompt_tokens=100, output_tokens=100)
+    alone = steady_state(cfg, 4, prompt_tokens=100, output_tokens=100)
+    assert queued.output_tokens_per_s == alone.output_tokens_per_s
+    assert queued.request_latency_s == pytest.approx(2 * alone.request_latency_s)  # waits one turn in the queue
+
+
+def test_knee_per_request_falls_total_plateaus() -> None:
+    cfg = SimConfig(decode_ms=10, decode_ms_per_running=0.5, prefill_ms_per_1k_tokens=20, max_running=256)
+    states = [steady_state(cfg, c, prompt_tokens=128, output_tokens=256) for c in (1, 4, 16, 64, 256)]
+    per_req = [s.per_request_tokens_per_s for s in states]
+    totals = [s.output_tokens_per_s for s in states]
+    assert per_req == sorted(per_req, reverse=True)
+    assert totals == sorted(totals)
+    assert totals[-1] < 1000 / 0.5  # below the asymptote k * 1000 / decode_ms_per_running
+    assert totals[-1] / totals[-2] < 1.5 < totals[1] / totals[0]  # gains shrink: the knee
+
+
+def test_instant_mode_is_infinite() -> None:
+    cfg = SimConfig(decode_ms=0, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0)
+    assert cfg.instant and math.isinf(theoretical_output_tokens_per_s(cfg, 256))
+
+
+# ---- options ----------------------------------------------------------------------------------------
+def test_engine_flag_aliases_and_defaults() -> None:
+    cfg = parse_config(["--style", "vllm", "--max-num-seqs", "7", "--max-model-len", "4096", "--max-total-tokens", "9000",
+                        "--model-path", "/m", "--tp-size", "2", "--fail-at-startup", "gpu_oom", "--no-color"])
+    assert (cfg.max_running, cfg.context_length, cfg.kv_tokens, cfg.model, cfg.tp) == (7, 4096, 9000, "/m", 2)
+    assert cfg.fail_at_startup == "gpu_oom" and cfg.color is False and cfg.decode_ms == 10.0
+    assert parse_config(["--max-running-requests", "3"]).max_running == 3
+
+
+@pytest.mark.parametrize(("style", "prog"), [("sglang", "launch_server.py"), ("vllm", "vllm serve")])
+def test_bad_option_fails_like_the_engine(style: str, prog: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--style", style, "--max-running", "zero"])
+    assert exc.value.code == 2
+    assert f"{prog}: error: argument --max-running/" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--fail-at-startup", "gpu_oom", "--fail-after-ready", "other"])  # exclusive
+    assert "exclude each other" in capsys.readouterr().err
+
+
+def test_cli_dry_run_json_and_table() -> None:
+    from servefleet.cli.main import app
+
+    result = CliRunner().invoke(app, ["sim", "--dry-run", "--json", "--max-running", "4", "--decode-ms", "5"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["config"]["max_running"] == 4 and [s["concurrency"] for s in report["curve"]] == [1, 2, 4, 8]
+    assert report["curve"][-1]["batch"] == 4
+    table = CliRunner().invoke(app, ["sim", "--dry-run", "--max-running", "2"])
+    assert table.exit_code == 0 and "tok/s" in table.output
+
+
+# ---- tokens and requests ----------------------------------------------------------------------------
+def test_tokenizer_and_generated_text_agree() -> None:
+    bank = TextBank(500)
+    for start in (0, 17, 63, 64, 200):
+        for n in (1, 2, 37, 300):
+            assert count_tokens(bank.text(start, 0, n)) == n
+            assert bank.text(start, 0, 5) + bank.text(start, 5, n) == bank.text(start, 0, n) or n < 5
+    assert count_tokens("Hello, world!") == 4 == len(token_ids("Hello, world!"))
+    assert count_tokens(render_chat([{"role": "user", "content": [{"type": "text", "text": "hi there"}]}])) > 2
+
+
+def test_parse_job_lengths_and_errors() -> None:
+    cfg = SimConfig(context_length=100, kv_tokens=1000, eos_rate=1.0, seed=3)
+    job = parse_job({"prompt": "one two three", "max_tokens": 50, "ignore_eos": True}, chat=False, cfg=cfg)
+    assert (job.prompt_tokens, job.target, job.finish_reason) == (3, 50, "length")
+    early = parse_job({"prompt": "one two three", "max_tokens": 50}, chat=False, cfg=cfg)
+    again = parse_job({"prompt": "one two three", "max_tokens": 50}, chat=False, cfg=cfg)
+    assert 1 <= early.target <= 50 and early.target == again.target  # deterministic
+    assert early.finish_reason == ("stop" if early.target < 50 else "length")
+    assert parse_job({"prompt": "x", "max_tokens": 50, "min_tokens": 50}, chat=False, cfg=cfg).target == 50
+    chat = parse_job({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4, "ignore_eos": True},
+                     chat=True, cfg=cfg)
+    assert chat.target == 4 and chat.prompt_tokens == count_tokens(render_chat([{"role": "user", "content": "hi"}]))
+    with pytest.raises(ApiError, match="maximum context length is 100 tokens"):
+        parse_job({"prompt": "a b", "max_tokens": 99}, chat=False, cfg=cfg)
+    with pytest.raises(ApiError):
+        parse_job({"prompt": ["a", "b"]}, chat=False, cfg=cfg)
+    with pytest.raises(ApiError) as missing:
+        parse_job({"model": "other", "prompt": "a"}, chat=False, cfg=cfg.model_copy(update={"style": "vllm"}))
+    assert missing.value.status == 404
+
+
+# ---- the scheduler loop, in-process ------------------------------------------------------------------
+async def test_admission_bounded_by_max_running_and_kv_fifo() -> None:
+    cfg = SimConfig(decode_ms=2, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0, max_running=3, kv_tokens=250)
+    seen: list[tuple[int, int]] = []
+    sched = Scheduler(cfg, Stats(), on_step=lambda step: seen.append((step.batch, sched.kv_reserved)))
+    sched.start()
+    try:
+        big = [SimRequest(20, 40, 100, stream=False) for _ in range(3)]  # KV: only two of these fit in 250
+        small = SimRequest(5, 5, 10, stream=False)
+        for r in [*big, small]:
+            sched.submit(r)
+        await asyncio.wait_for(asyncio.gather(*(r.done for r in [*big, small])), 10)
+        assert max(batch for batch, _ in seen) <= 3 and max(kv for _, kv in seen) <= 250
+        # The third big request waited for KV until one of the first two finished (40 steps) ...
+        assert big[2].first_token_at >= big[0].first_token_at + 0.002 * 39
+        # ... and FIFO: the small one, which would have fitted, did not overtake it.
+        assert small.first_token_at >= big[2].first_token_at
+        assert sched.kv_reserved == 0 and not sched.running
+    finally:
+        await sched.stop()
+
+
+async def test_streaming_steps_carry_tokens_per_step_and_cancel_frees_slot() -> None:
+    cfg = SimConfig(decode_ms=1, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0, max_running=1, tokens_per_step=4)
+    stats = Stats()
+    sched = Scheduler(cfg, stats)
+    sched.start()
+    try:
+        req = SimRequest(3, 10, 13, stream=True)
+        sched.submit(req)
+        steps: list[int] = []
+        while sum(steps) < 10:
+            steps += await asyncio.wait_for(req.next_steps(), 5)
+        assert steps == [1, 4, 4, 1]
+        assert stats.generation_tokens_total == 10 and stats.spec_accepted_total == 3 + 3 + 0
+        hog, waiting = SimRequest(1, 10_000, 10_001, stream=False), SimRequest(1, 2, 3, stream=False)
+        sched.submit(hog)
+        sched.submit(waiting)
+        await asyncio.sleep(0.01)
+        assert waiting.first_token_at is None  # max_running=1: it waits behind the hog
+        sched.cancel(hog)
+        await asyncio.wait_for(waiting.done, 5)
+        assert sched.kv_reserved == 0
+    finally:
+        await sched.stop()
