@@ -148,13 +148,22 @@ class Watcher(threading.Thread):
                 pass
         return out
 
+    def _server_cpu(self) -> float:
+        root = psutil.Process(self.server_pid)
+        total = 0.0
+        for p in (root, *root.children(recursive=True)):
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
     def run(self) -> None:
-        server = psutil.Process(self.server_pid)
         while not self._halt.is_set():
             try:
                 reqs, toks = counters(self.base)
-                st = server.cpu_times()
-                self.samples.append((time.monotonic(), reqs, toks, self._tree_cpu(), st.user + st.system))
+                self.samples.append((time.monotonic(), reqs, toks, self._tree_cpu(), self._server_cpu()))
             except (OSError, psutil.Error):
                 pass
             self._halt.wait(self.interval)
@@ -300,8 +309,12 @@ def run_case(case: Case, base: str, server_pid: int, args: argparse.Namespace) -
 
 # ---- the plain openai loop (runs as a subprocess of this script) ---------------------------------
 async def _openai_loop(ns: argparse.Namespace) -> None:
-    import httpx
     import openai
+
+    try:  # openai >= 3 ships on httpx2
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
 
     rng = random.Random(0)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(ns.input_len)) for _ in range(min(ns.n, 1024))]

@@ -149,7 +149,8 @@ async def one_round(server: SSHServer, n: int, multiplex: bool, login_rc: bool, 
         assert all(r["alive"] and r["ours"] for r in report.values()), report
     finally:
         await kill_all(list(pgids.values()))
-    commands = {"launch": 3 * n, "status": 3 * n}
+    # per server 3 remote commands in each phase, plus the probe each new SSHHost runs first
+    commands = {"launch": 3 * n + 1, "status": 3 * n + 1}
     return {"n": n, "transport": "multiplexed" if multiplex else "naive", "launch_s": launch_s, "status_s": status_s, "masters_started": masters, "commands": commands}
 
 
@@ -165,6 +166,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     reason = sshd_unavailable_reason()
     if reason:
         raise SystemExit(f"cannot run: {reason}")
+    load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="sf-remote-bench-"))
     server = SSHServer(root / "sshd").start()
     rows: list[dict[str, Any]] = []
@@ -189,7 +191,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "login_rc": args.login_rc,
         "rows": rows,
         "ratios": ratios,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ssh": _ssh_version(), "load_avg_before": os.getloadavg()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ssh": _ssh_version(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
     }
 
 
@@ -205,6 +207,8 @@ def render(result: dict[str, Any]) -> None:
         table.add_row(str(r["n"]), r["transport"], f"{r['launch_s']:.3f}", f"{r['status_s']:.3f}", str(r["masters_started"]), str(r["commands"]["launch"] + r["commands"]["status"]))
     console = Console()
     console.print(table)
+    load = result["machine"]
+    console.print(f"load average before/after: {load['load_avg_before'][0]:.1f} / {load['load_avg_after'][0]:.1f} on {load['cpus']} CPUs")
     for r in result["ratios"]:
         console.print(f"N={r['n']}: naive / multiplexed = {r['launch_ratio']:.1f}x for launch, {r['status_ratio']:.1f}x for status")
 

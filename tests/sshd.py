@@ -88,6 +88,13 @@ class SSHServer:
         whatever the machine's root ~/.bashrc does (pyenv, conda...)."""
         return {"SetEnv": "SHLVL=1"}
 
+    def client_config(self) -> str:
+        """An ssh_config file for clients of the rig (fleet files name it as ``config_file``):
+        the same settings as client_options, and none of the user's ~/.ssh/config."""
+        path = self.root / "ssh_config"
+        path.write_text("".join(f"{key} {value}\n" for key, value in self.client_options().items()))
+        return str(path)
+
     def spec(self, **overrides: object):  # -> servefleet.hosts.ssh_options.SSHSpec
         """An SSHSpec that reaches this server with its own key and known_hosts, ignoring the
         user's ~/.ssh/config."""
@@ -208,3 +215,76 @@ def _login_name() -> str:
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+# --- a second "host" in its own network namespace -----------------------------------------------
+
+# stdin/stdout <-> TCP, run *inside* the namespace as ssh's ProxyCommand (no nc/socat needed).
+RELAY = r"""
+import os, selectors, socket, sys
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+sel = selectors.DefaultSelector()
+sel.register(0, selectors.EVENT_READ)
+sel.register(sock, selectors.EVENT_READ)
+while True:
+    for key, _ in sel.select():
+        if key.fileobj == 0:
+            data = os.read(0, 65536)
+            if not data:
+                sock.shutdown(socket.SHUT_WR)
+                sel.unregister(0)
+                continue
+            sock.sendall(data)
+        else:
+            data = sock.recv(65536)
+            if not data:
+                sys.exit(0)
+            while data:
+                data = data[os.write(1, data):]
+"""
+
+
+def netns_unavailable_reason() -> str | None:
+    """Why a network namespace cannot be made here (needs root and iproute2), or None."""
+    reason = sshd_unavailable_reason()
+    if reason:
+        return reason
+    if shutil.which("ip") is None:
+        return "iproute2 (`ip`) is not installed"
+    probe = f"sf-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip() or made.returncode}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+class NetnsSSHServer(SSHServer):
+    """An sshd on the loopback of its own network namespace: a second host whose 127.0.0.1 is
+    not ours (the same port number can serve on both). Clients reach it through a ProxyCommand
+    relay run inside the namespace; nothing but loopback addresses is ever used."""
+
+    def __init__(self, root: Path, name: str | None = None) -> None:
+        super().__init__(root=root, netns=name or f"sf-{os.getpid()}-{os.urandom(3).hex()}")
+
+    def start(self, timeout: float = 15.0) -> SSHServer:
+        assert self.netns
+        subprocess.run(["ip", "netns", "add", self.netns], check=True, capture_output=True)
+        subprocess.run(["ip", "netns", "exec", self.netns, "ip", "link", "set", "lo", "up"], check=True)
+        try:
+            return super().start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def client_options(self) -> dict[str, str]:
+        import sys
+
+        relay = self.root / "relay.py"
+        relay.write_text(RELAY)
+        return {**super().client_options(), "ProxyCommand": f"ip netns exec {self.netns} {sys.executable} {relay} 127.0.0.1 {self.port}"}
+
+    def stop(self) -> None:
+        super().stop()
+        if self.netns:
+            subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)

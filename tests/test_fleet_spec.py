@@ -147,12 +147,18 @@ def test_find_fleet_file(tmp_path: Path) -> None:
     assert find_fleet_file("x.toml", tmp_path) == Path("x.toml")
 
 
-def test_ssh_hosts_are_validated_but_not_launchable_yet(tmp_path: Path) -> None:
+def test_ssh_host_fields_are_validated(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\[hosts.gpu1\]: ssh: must not be empty, start with '-'"):
+        load_fleet_file(write(tmp_path, '[hosts.gpu1]\nssh = "-oProxyCommand=x"\n' + SERVER))
+    with pytest.raises(ConfigError, match=r"\[hosts.gpu1\]: strict_host_key: Input should be 'yes' or 'accept-new'"):
+        load_fleet_file(write(tmp_path, '[hosts.gpu1]\nssh = "box"\nstrict_host_key = "no"\n' + SERVER))
+
+
+@pytest.mark.parametrize("example", sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.toml")), ids=lambda p: p.name)
+def test_example_fleet_files_are_valid(example: Path) -> None:
     from servefleet.fleet import Fleet
 
-    text = '[hosts.gpu1]\nssh = "root@box"\n[[servers]]\nname="a"\nport=1\nengine="sglang"\nmodel="m"\nhost="gpu1"\n'
-    fleet = Fleet.load(write(tmp_path, text))
-    with pytest.raises(ConfigError, match=r"\[hosts.gpu1\]: ssh hosts are not supported yet"):
-        fleet.resolve()
-    with pytest.raises(ConfigError, match=r"ssh: must not be empty, start with '-'"):
-        load_fleet_file(write(tmp_path, '[hosts.gpu1]\nssh = "-oProxyCommand=x"\n' + SERVER))
+    fleet = Fleet.load(example)
+    assert fleet.spec.servers
+    for item in fleet.resolve():  # every engine builds its argv from the example
+        assert item.argv and str(item.server.port) in item.argv

@@ -307,3 +307,14 @@ def test_manifest_mismatch_names_what_changed():
     assert any("input content changed" in p for p in problems)
     assert "max_tokens: 10 -> 20" in problems and "format: 'parquet' -> 'jsonl'" in problems
     assert JobManifest.from_bytes(m.to_bytes()) == m
+
+
+def test_a_failed_restart_is_described_with_its_diagnosis():
+    from servefleet.catalog import Category, State
+    from servefleet.generate.endpoints import describe_verdict
+    from servefleet.verify.verdict import Evidence, Verdict
+
+    v = Verdict(state=State.FAILED, category=Category.GPU_OOM, evidence=Evidence(line_no=812, text="torch.OutOfMemoryError: CUDA out of memory"),
+                hint="lower --mem-fraction-static")
+    assert describe_verdict(v) == "failed [gpu_oom] log line 812: torch.OutOfMemoryError: CUDA out of memory -- lower --mem-fraction-static"
+    assert describe_verdict(Verdict(state=State.READY, message="GET /health answered 200")) == "ready (GET /health answered 200)"

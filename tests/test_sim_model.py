@@ -166,3 +166,34 @@ async def test_streaming_steps_carry_tokens_per_step_and_cancel_frees_slot() -> 
         assert sched.kv_reserved == 0
     finally:
         await sched.stop()
+
+
+# ---- request faults and log rendering ------------------------------------------------------------------
+def test_request_fault_draws_honour_rates_and_seed() -> None:
+    from servefleet.sim.faults import RequestFaults
+
+    cfg = SimConfig(error_rate=0.2, rate_limit_rate=0.1, slow_rate=0.3, slow_ms=250, seed=5)
+    faults = RequestFaults(cfg)
+    draws = [faults.draw() for _ in range(10000)]
+    share = {s: sum(d.status == s for d in draws) / len(draws) for s in (500, 429, None)}
+    assert share[500] == pytest.approx(0.2, abs=0.02) and share[429] == pytest.approx(0.1, abs=0.02)
+    assert sum(d.slow_s == 0.25 for d in draws) / len(draws) == pytest.approx(0.3, abs=0.02)
+    first, second = RequestFaults(cfg), RequestFaults(cfg)
+    assert [first.draw() for _ in range(100)] == [second.draw() for _ in range(100)]  # same seed, same faults
+    assert RequestFaults(SimConfig()).draw().status is None
+
+
+def test_renderer_prefixes_and_colour() -> None:
+    from servefleet.sim.logline import SG_RANK, Line, Renderer, uv
+
+    clock = lambda: 1_764_000_000.0  # noqa: E731
+    sg = Renderer("sglang", tp=2, clock=clock)
+    assert sg.render(Line("Load weight begin.", SG_RANK)).count("] Load weight begin.\n") == 2
+    assert " TP1] Load weight begin." in sg.render(Line("Load weight begin.", SG_RANK))
+    assert sg.render(Line("a\nb", "TP0")).endswith(" TP0] a\nb\n")  # a traceback continues bare
+    vl = Renderer("vllm", color=True, pids={"APIServer": 7}, clock=clock)
+    text = vl.render(Line("x\ny", "APIServer", level="ERROR", src="core.py:1"))
+    assert text.count("\x1b[1;36m(APIServer pid=7)\x1b[0;0m ") == 2 and "\x1b[31mERROR\x1b[0m" in text and "[core.py:1] y\n" in text
+    assert vl.render(uv("INFO:     Application startup complete.", "APIServer")).endswith("\x1b[32mINFO\x1b[0m:     Application startup complete.\n")
+    bar = Renderer("vllm").render(Line("100%", raw=True, redraws=("0%", "50%")))
+    assert bar == "0%\r50%\r100%\n"

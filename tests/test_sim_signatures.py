@@ -41,7 +41,7 @@ def _last_lines(lines) -> list[str]:
 @pytest.mark.parametrize(("style", "category", "variant"), CASES, ids=IDS)
 def test_failure_text_is_complete_and_exits_like_the_engine(style: str, category: Category, variant: int) -> None:
     cfg = _config(style, fail_at_startup=category, fail_variant=variant)
-    failure = startup_failure(cfg, category, cfg.port)
+    failure = startup_failure(cfg, category, cfg.bind_port)
     text = transcript(cfg)
     positions = [text.find(last) for last in _last_lines(failure.lines)]
     assert -1 not in positions and positions == sorted(positions), text[-1500:]
@@ -86,7 +86,7 @@ def test_classifier_after_ready_failures(style: str, category: Category) -> None
     diagnose_text, engines = _classifier()
     cfg = _config(style, fail_after_ready=category)
     text = transcript(cfg)
-    assert text.index("Application startup complete.") < text.rfind(_last_lines(after_ready_failure(cfg, category, cfg.port).lines)[-1])
+    assert text.index("Application startup complete.") < text.rfind(_last_lines(after_ready_failure(cfg, category, cfg.bind_port).lines)[-1])
     verdict = diagnose_text(text, engines[style])
     assert verdict.state is State.FAILED and verdict.category is category, verdict
 
@@ -102,7 +102,7 @@ def test_classifier_reads_capacity_and_ready_and_first_request_crash(style: str)
         # ready: the probe decides); the style's own profile takes its ready line as the log's word.
         assert verdict.state is (State.READY if engine is engines[style] or style == "sglang" else State.LOADING), verdict
         assert (verdict.capacity.kv_cache_tokens, verdict.capacity.max_running_requests, verdict.capacity.context_length) == (123456, 48, 8192)
-    crash = first_request_crash(cfg, cfg.port)
+    crash = first_request_crash(cfg, cfg.bind_port)
     renderer = Renderer(style, tp=cfg.tp)
     verdict = diagnose_text(text + "".join(renderer.render(line) for line in crash.lines), engines[style])
     assert verdict.state is State.FAILED and "illegal memory access" in verdict.evidence.text

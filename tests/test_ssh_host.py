@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -290,3 +291,40 @@ async def test_secrets_in_env_never_reach_a_command_line(host: SSHHost, tmp_path
         assert any(b"SF_SECRET_TOKEN=tok-3141592653" in e for e in environs)
     finally:
         await host.signal_group(pgid, signal.SIGKILL)
+
+
+async def test_tilde_paths_are_the_remote_home(sshd_server, tmp_path: Path) -> None:
+    """``~`` is expanded with the remote home (learned at connect), never by a shell; the fleet's
+    binding turns its work folder absolute when the host connects."""
+    from servefleet.fleet.hosts import _connect_ssh
+    from servefleet.fleet.spec import HostSpec
+
+    folder = f".sf-test-{os.getpid()}-{os.urandom(3).hex()}"
+    host = SSHHost(sshd_server.spec(workdir=f"~/{folder}"))
+    made: Path | None = None
+    try:
+        await host.connect()
+        home = Path(host.home)
+        made = home / folder
+        assert host.workdir == str(home / folder)
+        pgid = await host.spawn_detached(["pwd"], log_path=f"~/{folder}/logs/p.log", status_path=f"~/{folder}/p.status")
+        wait_until((home / folder / "p.status").exists, what="the status file")
+        assert (home / folder / "logs" / "p.log").read_text() == f"{home / folder}\n"  # cwd: the work folder
+        assert await host.read_bytes(f"~/{folder}/logs/p.log") == f"{home / folder}\n".encode()
+        assert not await host.group_alive(pgid)
+
+        class FakeFleet:
+            name = "fl"
+            path = tmp_path / "fleet.toml"
+
+        spec = HostSpec(name="rig", ssh=sshd_server.destination, port=sshd_server.port, identity_file=sshd_server.identity_file,
+                        known_hosts=sshd_server.known_hosts, config_file=sshd_server.client_config(), workdir=f"~/{folder}")
+        binding = _connect_ssh(spec, FakeFleet)  # type: ignore[arg-type]
+        assert binding.log_path("s") == f"~/{folder}/fl/logs/s.log"  # not connected yet
+        assert await binding.host.file_size(binding.log_path("s")) is None  # connects
+        assert binding.log_path("s") == str(home / folder / "fl" / "logs" / "s.log")
+        await binding.host.close()
+    finally:
+        await host.close()
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)

@@ -245,11 +245,12 @@ port = {bad}
     result = {s["name"]: s for s in json.loads(down.stdout)["servers"]}
     assert result["good"]["port_free"] is True
     pgid = report["good"]["pgid"]
-    assert not [p for p in psutil.process_iter() if _pgid(p) == pgid]
+    assert not [p for p in psutil.process_iter() if _live_member(p, pgid)]
 
 
-def _pgid(proc: psutil.Process) -> int | None:
+def _live_member(proc: psutil.Process, pgid: int) -> bool:
+    """A live process of the group (a zombie waiting for a reaper that is not ours does not count)."""
     try:
-        return os.getpgid(proc.pid)
-    except (ProcessLookupError, PermissionError):
-        return None
+        return os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE
+    except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+        return False

@@ -108,7 +108,7 @@ class Snapshot:
 class ServerWatcher:
     """Scrapes one server before, during and after a point. Never raises on a scrape failure."""
 
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, interval_s: float = 1.0) -> None:
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, interval_s: float = 0.25) -> None:
         self.base_url = base_url.rstrip("/")
         self.session = session
         self.interval_s = interval_s

@@ -45,6 +45,7 @@ MIN_PER_WORKER = 32  # fewer concurrent requests than this per worker process is
 PER_WORKER = 128  # auto mode: one worker process per this many concurrent requests
 MAX_PROMPTS = 4096  # distinct prompts built per run; beyond that they are reused
 WARMUP_MAX_TOKENS = 16
+PROBE_RETRIES = 5
 
 
 class BenchError(ServefleetError):
@@ -106,8 +107,12 @@ async def _discover(session: aiohttp.ClientSession, target: BenchTarget) -> tupl
     except (aiohttp.ClientError, ValueError):
         models = None
     model = target.model
-    if model is None and isinstance(models, dict) and models.get("data"):
-        model = models["data"][0].get("id")
+    owner = None
+    if isinstance(models, dict) and models.get("data"):
+        first = models["data"][0]
+        if model is None:
+            model = first.get("id")
+        owner = str(first.get("owned_by") or "").lower()
     info = await fetch_server_info(session, base) or {}
     engine, version = target.engine, None
     metrics_text = ""
@@ -118,7 +123,9 @@ async def _discover(session: aiohttp.ClientSession, target: BenchTarget) -> tupl
     except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
         pass
     if engine is None:
-        if info and ("internal_states" in info or "max_total_num_tokens" in info):
+        if owner in ("vllm", "sglang", "llamacpp", "tgi"):  # /v1/models says whose it is
+            engine = owner
+        elif info and ("internal_states" in info or "max_total_num_tokens" in info):
             engine = "sglang"
         elif "vllm:" in metrics_text:
             engine = "vllm"
@@ -166,6 +173,7 @@ async def _probe(endpoint: EndpointConfig, body: dict[str, Any], options: dict[s
     drops = [("stream_options", "continuous_usage_stats"), ("ignore_eos", None), ("stream_options", None)]
     backend = OpenAIBackend(endpoint)
     await backend.open(1)
+    transient = 0
     try:
         while True:
             req = PreparedRequest(index=-1, body=json.dumps({**body, **opts}).encode(), input_tokens=None, max_tokens=body["max_tokens"])
@@ -174,6 +182,10 @@ async def _probe(endpoint: EndpointConfig, body: dict[str, Any], options: dict[s
                 return opts, rec
             if rec.error_kind == "connection":
                 raise ServerUnreachable(f"{endpoint.base_url}: {rec.error}")
+            if rec.error_kind in ("server_error", "rate_limited", "disconnected") and transient < PROBE_RETRIES:
+                transient += 1  # a server that fails some requests (the sweep counts those) may pass
+                await asyncio.sleep(0.05 * transient)
+                continue
             if rec.error_kind != "client_error" or not drops:
                 raise BenchError(f"probe request to {endpoint.url} failed: {rec.error_kind}: {rec.error}")
             key, sub = drops.pop(0)

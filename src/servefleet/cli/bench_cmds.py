@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,7 +21,9 @@ from rich.console import Console
 from servefleet.cli.exitcodes import ExitCode
 from servefleet.errors import ServefleetError
 
-console = Console()
+# Tables are wide (a dozen columns): when the output is not a terminal (a log, a pipe), do not
+# squeeze them into rich's 80-column default; COLUMNS still wins where it is set.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 

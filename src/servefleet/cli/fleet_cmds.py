@@ -52,7 +52,7 @@ def _err(message: str) -> None:
     Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
 
 
-def _run(make: Callable[[], Awaitable[T]]) -> T:
+def _run(make: Callable[[], Awaitable[T]], *, quiet_interrupt: bool = False) -> T:
     """Run one coroutine; translate servefleet errors into messages and stable exit codes."""
     try:
         return asyncio.run(make())
@@ -66,6 +66,8 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
         _err(str(exc))
         raise typer.Exit(ExitCode.FAILED) from None
     except KeyboardInterrupt:
+        if quiet_interrupt:  # `logs -f`: Ctrl-C is how it ends
+            raise typer.Exit(ExitCode.OK) from None
         Console(stderr=True).print("interrupted; launched servers keep running (`servefleet status`, `servefleet down`)")
         raise typer.Exit(ExitCode.INTERRUPTED) from None
 
@@ -234,12 +236,7 @@ def logs(
                 async for line in fleet.follow(name, size):
                     emit(line)
 
-    try:
-        _run(go)
-    except typer.Exit as exc:
-        if exc.exit_code == ExitCode.INTERRUPTED and follow:
-            raise typer.Exit(ExitCode.OK) from None
-        raise
+    _run(go, quiet_interrupt=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -37,6 +37,8 @@ def generate(
     concurrency: Annotated[str, typer.Option("--concurrency", help="requests in flight per server: auto or a number")] = "auto",
     max_running: Annotated[Optional[int], typer.Option("--max-running", help="capacity hint for --url servers that do not report theirs")] = None,
     max_attempts: Annotated[int, typer.Option("--max-attempts", min=1, help="attempts per prompt before it goes to failures.jsonl")] = 5,
+    backoff_base: Annotated[float, typer.Option("--backoff-base", min=0.0, help="seconds: retry n waits a random time below base*2^(n-1)")] = 0.5,
+    backoff_max: Annotated[float, typer.Option("--backoff-max", min=0.0, help="seconds: cap of one retry's wait")] = 30.0,
     shard_rows: Annotated[int, typer.Option("--shard-rows", min=1, help="rows per shard")] = 1000,
     shard_seconds: Annotated[float, typer.Option("--shard-seconds", min=0.1, help="commit a partial shard after this long")] = 60.0,
     fmt: Annotated[str, typer.Option("--format", help="parquet (zstd) or jsonl")] = "parquet",
@@ -71,7 +73,8 @@ def generate(
             input=str(input), output=output, urls=list(url or []),
             params=JobParams(model=model, max_tokens=max_tokens, temperature=temperature, mode=mode, token_ids=token_ids,
                              store_request=store_request, format=fmt),
-            concurrency=conc, max_running=max_running, max_attempts=max_attempts, shard_rows=shard_rows,
+            concurrency=conc, max_running=max_running, max_attempts=max_attempts, retry_base_s=backoff_base,
+            retry_cap_s=backoff_max, shard_rows=shard_rows,
             shard_seconds=shard_seconds, strict=strict, force=force, request_timeout_s=request_timeout, api_key=api_key,
         )
     except ValueError as exc:

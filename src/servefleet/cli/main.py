@@ -19,6 +19,7 @@ app = typer.Typer(
 # Order here is the order in --help.
 _COMMAND_MODULES = (
     "servefleet.cli.fleet_cmds",  # up, down, status, logs, restart
+    "servefleet.cli.tunnel_cmd",  # tunnel
     "servefleet.cli.verify_cmds",  # wait, diagnose
     "servefleet.cli.bench_cmds",  # bench, compare
     "servefleet.cli.generate_cmd",  # generate

@@ -139,8 +139,8 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
           hint="offline (HF_HUB_OFFLINE=1) and the model is not in the cache: fix the local path or download it first"),
         f(r"GatedRepoError|Access to model .* is restricted|You are trying to access a gated repo", C.MODEL_NOT_FOUND,
           hint="a gated repo: accept its licence on the Hub and set HF_TOKEN for the server"),
-        f(r"does not appear to have a file named|does not appear to have files named|no file named (?:pytorch_model|model\.safetensors|config\.json)"
-          r"|Error no file named", C.MODEL_NOT_FOUND,
+        f(r"does not appear to have a file named|does not appear to have files named|Error no file named"
+          r"|no file named (?:pytorch_model|model\.safetensors|config\.json)", C.MODEL_NOT_FOUND,
           hint="the model folder lacks weight or config files; check the path and that the download finished"),
         # tokenizer: "Can't load tokenizer for 'x'"; a missing tokenizer.json on a sentencepiece model shows up
         # as "... requires the SentencePiece library but it was not found in your environment" (install
@@ -170,8 +170,8 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
           r"|error while loading shared libraries: ", C.IMPORT_ERROR),
         # the launch itself: the detach wrapper's sh reports a missing program ("sh: 5: llama-server: not
         # found", bash "sh: line 5: x: command not found"), and build tools missing for JIT kernels.
-        f(r"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (?:exec: )?\S+: (?:command not found|not found|No such file or directory"
-          r"|Permission denied)|No such file or directory: '(?:ninja|nvcc|gcc|g\+\+|cc)'|Failed to find C compiler"
+        f(r"^(?:/bin/)?(?:sh|bash|dash): (?:line )?\d+: (?:exec: )?\S+: "
+          r"(?:command not found|not found|No such file or directory|Permission denied)|No such file or directory: '(?:ninja|nvcc|gcc|g\+\+|cc)'|Failed to find C compiler"
           r"|Ninja is required", C.IMPORT_ERROR,
           hint="a program the server needs (the engine itself, ninja, nvcc or a C compiler) is not on PATH"),
         # -- killed: the shell's "Killed" / "sh: line 1: 4242 Killed  python3 ...", an exit by SIGKILL

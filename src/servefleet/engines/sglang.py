@@ -215,7 +215,8 @@ def parse_server_info(info: dict[str, Any]) -> dict[str, Any]:
     memory = state.get("memory_usage") if isinstance(state.get("memory_usage"), dict) else {}
     facts: dict[str, Any] = {}
 
-    kv = as_int(info.get("max_total_num_tokens")) or as_int(state.get("max_total_num_tokens")) or as_int(memory.get("token_capacity"))
+    kv = (as_int(info.get("max_total_num_tokens")) or as_int(state.get("max_total_num_tokens"))
+          or as_int(memory.get("token_capacity")))
     if kv:
         facts["kv_cache_tokens"] = kv
     dp = as_int(info.get("dp_size")) or 1

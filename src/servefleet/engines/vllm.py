@@ -65,7 +65,8 @@ OWN_SIGNATURES = (
     S.ready(r"Application startup complete\."),
     # ---- wrappers: the cause is above (another process) or in the traceback below
     S.wrapper(r"Engine core initialization failed\. See root cause above"),
-    S.wrapper(r"Engine process failed to start"),  # V1 before 0.8: "RuntimeError: Engine process failed to start. See stack trace..."
+    # V1 before 0.8: "RuntimeError: Engine process failed to start. See stack trace for the root cause."
+    S.wrapper(r"Engine process failed to start"),
     S.wrapper(r"EngineCore failed to start|EngineCore encountered (?:a fatal error|an issue)|\bEngineDeadError\b"),
     S.wrapper(r"WorkerProc (?:failed to start|hit an exception|initialization failed)"),
     S.wrapper(r"Engine core proc \S+ died unexpectedly|Worker proc \S+ died unexpectedly|died unexpectedly, shutting down"),

@@ -84,13 +84,49 @@ class HostPool:
 
 
 def _connect_ssh(spec: HostSpec, fleet: FleetSpec) -> HostBinding:
-    """The SSH seam. The SSH transport returns::
+    """The SSH seam: an SSHHost (connects on first use) and this fleet's folder on that host,
+    ``<workdir>/<fleet name>``. A ``~`` in the work folder is replaced by the remote home as
+    soon as the host connects, so the paths in state records are the ones the remote processes
+    were given (the lifecycle recognises its servers by their log path)."""
+    from servefleet.hosts.ssh import SSHHost
+    from servefleet.hosts.ssh_options import SSHSpec
 
-        HostBinding(name=spec.name, host=SSHHost(spec), work_dir=f"{spec.workdir}/{fleet.name}",
-                    cwd=spec.workdir, env=spec.env, python=spec.python or "python3",
-                    remote_state=True)
-    """
-    raise ConfigError(
-        f'{fleet.path.name}: [hosts.{spec.name}]: ssh hosts are not supported yet; run the servers of host "{spec.name}" '
-        f'on "{LOCAL}" for now'
+    if spec.systemd:
+        raise ConfigError(
+            f"{fleet.path.name}: [hosts.{spec.name}]: systemd = true (launch through systemd-run --user) is not supported yet; "
+            "servers are launched with setsid, which survives the SSH link but not logind's KillUserProcesses"
+        )
+    try:
+        ssh_spec = SSHSpec(
+            destination=spec.ssh,
+            name=spec.name,
+            port=spec.port,
+            user=spec.user,
+            identity_file=spec.identity_file,
+            jump=spec.jump,
+            known_hosts=spec.known_hosts,
+            strict_host_key=spec.strict_host_key,
+            config_file=spec.config_file,
+            workdir=spec.workdir,
+            env=dict(spec.env),
+            venv=spec.venv,
+            connect_timeout=spec.connect_timeout,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{fleet.path.name}: [hosts.{spec.name}]: {exc}") from exc
+    host = SSHHost(ssh_spec)
+    binding = HostBinding(
+        name=spec.name,
+        host=host,
+        work_dir=posixpath.join(spec.workdir, fleet.name),
+        cwd=spec.workdir,  # stays as written (SSHHost expands it): part of the spec hash
+        env={},  # the host's env travels with every command of SSHHost already
+        python=spec.python or "python3",
+        remote_state=True,
     )
+
+    def absolute_work_dir(connected: SSHHost) -> None:
+        binding.work_dir = connected.expand(binding.work_dir)
+
+    host.on_connect.append(absolute_work_dir)
+    return binding

@@ -36,7 +36,6 @@ class Committer:
         self._room = asyncio.Event()
         self._room.set()
         self._committing = 0
-        self.entries: list[LedgerEntry] = []
         self._task: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
 
@@ -92,7 +91,6 @@ class Committer:
             finally:
                 self._committing = 0
                 self._room.set()
-            self.entries.append(entry)
             self.stats.committed += entry.rows
             self.stats.shards += 1
 

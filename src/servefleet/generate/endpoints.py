@@ -50,14 +50,28 @@ class FleetRestarter:
         verdict = await self.fleet.restart(name)
         state = getattr(verdict.state, "value", verdict.state)
         if self.on_event is not None:
-            detail = verdict.message or (verdict.category.value if getattr(verdict, "category", None) else "")
-            self.on_event(f"{name}: restart -> {state}" + (f" ({detail})" if detail else ""))
+            self.on_event(f"{name}: restart -> {describe_verdict(verdict)}")
         if state != "ready":
             return None
         for ep in await self.fleet.ready_endpoints():
             if ep.name == name:
                 return _from_endpoint(ep)
         return None
+
+
+def describe_verdict(verdict: Any) -> str:
+    """One line: the state, and for a failure its category, evidence line and hint."""
+    state = getattr(verdict.state, "value", verdict.state)
+    parts = [str(state)]
+    if getattr(verdict, "category", None) is not None:
+        parts.append(f"[{verdict.category.value}]")
+    if getattr(verdict, "evidence", None) is not None:
+        parts.append(f"log line {verdict.evidence.line_no}: {verdict.evidence.text}")
+    elif verdict.message:
+        parts.append(f"({verdict.message})")
+    if getattr(verdict, "hint", None) and state != "ready":
+        parts.append(f"-- {verdict.hint}")
+    return " ".join(parts)
 
 
 def _from_endpoint(ep: Any) -> Target:

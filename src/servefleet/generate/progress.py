@@ -81,10 +81,9 @@ class ProgressView:
         st = self._stats
         if st is None:
             return
-        events = list(st.events)
-        new = events[self._shown_events :] if len(events) >= self._shown_events else events
-        self._shown_events = len(events)
-        for e in new:
+        fresh = min(st.events_total - self._shown_events, len(st.events))
+        self._shown_events = st.events_total
+        for e in list(st.events)[len(st.events) - fresh :] if fresh > 0 else []:
             self.console.print(f"[yellow]{e}[/yellow]", highlight=False)
 
     def plain_line(self) -> str:

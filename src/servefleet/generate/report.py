@@ -106,8 +106,8 @@ def render_report(report: JobReport, console: Console) -> None:
     if report.message:
         summary.add_row("note", report.message)
     table = Table(title="servers", title_justify="left", expand=False)
-    for col in ("server", "state", "requests", "errors", "output tok/s", "mean latency", "concurrency", "outages", "restarts"):
-        table.add_column(col, justify="left" if col in ("server", "state") else "right")
+    for col in ("server", "state", "requests", "errors", "tok/s", "latency", "limit", "outages", "restarts"):
+        table.add_column(col, justify="left" if col in ("server", "state") else "right", no_wrap=True)
     for s in report.servers:
         table.add_row(s.name, s.state, f"{s.requests:,}", f"{s.errors:,}", f"{s.output_tokens_per_s:,.1f}",
                       f"{s.mean_latency_s:.2f}s", str(s.final_concurrency), str(s.outages), str(s.restarts))

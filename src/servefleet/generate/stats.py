@@ -77,6 +77,7 @@ class JobStats:
     started: float = field(default_factory=time.monotonic)
     servers: dict[str, ServerStats] = field(default_factory=dict)
     events: deque[str] = field(default_factory=lambda: deque(maxlen=200))
+    events_total: int = 0  # events ever recorded (the deque keeps the last 200)
     meter: RateMeter = field(default_factory=RateMeter)
 
     def elapsed_s(self, now: float | None = None) -> float:
@@ -101,3 +102,4 @@ class JobStats:
 
     def event(self, text: str) -> None:
         self.events.append(f"{self.elapsed_s():7.1f}s {text}")
+        self.events_total += 1

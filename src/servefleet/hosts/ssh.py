@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import shlex
 import subprocess
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
-from servefleet.errors import HostError, HostUnreachable
+from servefleet.errors import CommandError, HostError, HostUnreachable
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
 from servefleet.hosts.ssh_master import MasterPool, free_local_port
@@ -39,6 +39,9 @@ class SSHHost:
         self._direct_forwards: dict[tuple[str, int], tuple[int, asyncio.subprocess.Process]] = {}
         self._facts: dict[str, str] | None = None
         self._connect_lock = asyncio.Lock()
+        # Called once, right after the first connection: the fleet layer turns "~/..." work
+        # folders into absolute paths here, so records name the same paths the processes see.
+        self.on_connect: list[Callable[[SSHHost], None]] = []
 
     # -- connection -------------------------------------------------------------------------
 
@@ -48,12 +51,15 @@ class SSHHost:
         async with self._connect_lock:
             if self._facts is not None:
                 return
-            code, out, err = await self._exec(scripts.probe_argv(), timeout=self.spec.connect_timeout * 2 + 10)
+            code, out, err = await self._exec(scripts.probe_argv(), timeout=self.spec.connect_timeout * 2 + 10, probe=True, retry=True)
             if code != 0:
                 raise ssh_error(self.spec, ["probe"], code, err.decode(errors="replace"))
-            self._facts = scripts.parse_probe(out.decode(errors="replace"))
-            if not self._facts.get("home"):
+            facts = scripts.parse_probe(out.decode(errors="replace"))
+            if not facts.get("home"):
                 raise HostError(f"ssh host {self.name!r}: could not learn the remote home folder")
+            self._facts = facts
+            for hook in self.on_connect:
+                hook(self)
 
     @property
     def home(self) -> str:
@@ -106,18 +112,41 @@ class SSHHost:
         *,
         input: bytes | None = None,
         timeout: float | None = None,
+        probe: bool = False,
+        retry: bool = False,
     ) -> tuple[int, bytes, bytes]:
-        """Run ``argv`` on the remote; (exit code, stdout, stderr). Exit 255 with a connection
-        message means ssh failed, not the command (see classify_ssh_failure)."""
+        """Run ``argv`` on the remote; (exit code, stdout, stderr) of the remote command.
+
+        A connection failure raises HostUnreachable instead (see classify_ssh_failure); the first
+        call connects. ``retry``: the command is idempotent (reads, checks, atomic writes), so
+        when the link drops under it, reconnect once and run it again — a wait or a status must
+        ride out a dropped link. Commands that start things are never repeated."""
+        if self._facts is None and not probe:
+            await self.connect()
         remote = shlex.join(argv)
-        if self.pool is None:
-            async with self._direct_slots:
-                return await self._client(ssh_argv(self.spec, "direct", None, flags=["-T"], remote=remote), input, timeout)
-        async with self.pool.session() as master:
-            code, out, err = await self._client(ssh_argv(self.spec, "client", master.path, flags=["-T"], remote=remote), input, timeout)
-            if code == 255 and classify_ssh_failure(code, err.decode(errors="replace")):
-                self.pool.suspect(master)
-            return code, out, err
+        attempts = 2 if retry else 1
+        for attempt in range(attempts):
+            if self.pool is None:
+                async with self._direct_slots:
+                    code, out, err = await self._client(ssh_argv(self.spec, "direct", None, flags=["-T"], remote=remote), input, timeout)
+                lost = code == 255 and classify_ssh_failure(code, err.decode(errors="replace")) is not None
+            else:
+                async with self.pool.session() as master:
+                    code, out, err = await self._client(ssh_argv(self.spec, "client", master.path, flags=["-T"], remote=remote), input, timeout)
+                    # A mux client whose master dies mid-command may exit 255 without a word:
+                    # the master's socket tells a dropped link from a command that exited 255.
+                    lost = code == 255 and (classify_ssh_failure(code, err.decode(errors="replace")) is not None or not self.pool.alive(master))
+                    if lost:
+                        self.pool.suspect(master)
+            if not lost:
+                return code, out, err
+            text = err.decode(errors="replace")
+            if attempt + 1 < attempts and classify_ssh_failure(code, text) in (None, "master connection lost", "connection closed"):
+                continue  # the link dropped under an idempotent command: reconnect and repeat
+            if classify_ssh_failure(code, text) is None:
+                text += "\nmux_client: the master connection was lost during the command"
+            raise ssh_error(self.spec, argv[:1], code, text)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _client(self, argv: list[str], input: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
         try:
@@ -142,8 +171,9 @@ class SSHHost:
             raise
         return proc.returncode if proc.returncode is not None else 255, out, err
 
-    def _failed(self, shown: Sequence[str], code: int, err: bytes) -> HostError:
-        return ssh_error(self.spec, shown, code, err.decode(errors="replace"), shown=shown)
+    def _failed(self, shown: Sequence[str], code: int, err: bytes) -> CommandError:
+        """A remote command failed (link failures never get here: _exec raises them)."""
+        return CommandError(list(shown), code, err.decode(errors="replace"))
 
     async def run(
         self,
@@ -155,10 +185,8 @@ class SSHHost:
     ) -> CommandResult:
         remote = scripts.with_prelude(argv, venv=self.spec.venv, env=self.spec.env)
         code, out, err = await self._exec(remote, input=input, timeout=timeout)
-        if code != 0:
-            error = self._failed(argv, code, err)
-            if isinstance(error, HostUnreachable) or check:
-                raise error
+        if code != 0 and check:
+            raise self._failed(argv, code, err)
         return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
 
     async def spawn_detached(
@@ -178,8 +206,6 @@ class SSHHost:
         code, out, err = await self._exec(remote, input=stdin, timeout=self.spec.connect_timeout * 2 + 30)
         if code != 0:
             error = self._failed(["spawn_detached", *argv], code, err)
-            if isinstance(error, HostUnreachable):
-                raise error
             raise HostError(f"cannot start {shlex.join(argv)[:200]!s} on ssh host {self.name!r}: {err.decode(errors='replace').strip()[-300:]}") from error
         lines = out.decode(errors="replace").split()
         if not lines or not lines[0].isdigit():
@@ -194,7 +220,7 @@ class SSHHost:
             if await self.file_size(path) is None:
                 raise FileNotFoundError(path)
             return b""
-        code, out, err = await self._exec(scripts.read_argv(path, offset, limit))
+        code, out, err = await self._exec(scripts.read_argv(path, offset, limit), retry=True)
         if code == scripts.MISSING_RC:
             raise FileNotFoundError(path)
         if code != 0:
@@ -203,7 +229,7 @@ class SSHHost:
 
     async def file_size(self, path: str) -> int | None:
         path = await self._path(path)
-        code, out, err = await self._exec(scripts.size_argv(path))
+        code, out, err = await self._exec(scripts.size_argv(path), retry=True)
         if code == scripts.MISSING_RC:
             return None
         if code != 0:
@@ -217,54 +243,54 @@ class SSHHost:
 
     async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         path = await self._path(path)
-        code, _out, err = await self._exec(scripts.write_argv(path, mode), input=data)
+        code, _out, err = await self._exec(scripts.write_argv(path, mode), input=data, retry=True)
         if code != 0:
             raise self._failed(["write", path], code, err)
 
     async def remove(self, path: str) -> None:
         path = await self._path(path)
-        code, _out, err = await self._exec(scripts.remove_argv(path))
+        code, _out, err = await self._exec(scripts.remove_argv(path), retry=True)
         if code != 0:
             raise self._failed(["rm", "-f", path], code, err)
 
     # -- processes and ports ----------------------------------------------------------------
 
     async def group_alive(self, pgid: int) -> bool:
-        code, _out, err = await self._exec(scripts.group_alive_argv(pgid))
+        code, _out, err = await self._exec(scripts.group_alive_argv(pgid), retry=True)
         if code in (0, 1):
             return code == 0
         raise self._failed(["group_alive", str(pgid)], code, err)
 
     async def signal_group(self, pgid: int, signum: int) -> None:
-        code, _out, err = await self._exec(scripts.signal_argv(pgid, signum))
+        code, _out, err = await self._exec(scripts.signal_argv(pgid, signum), retry=True)
         if code != 0:
             error = self._failed(["kill", f"-{int(signum)}", f"-{pgid}"], code, err)
-            if isinstance(error, HostUnreachable):
-                raise error
             raise HostError(f"cannot signal process group {pgid} on {self.name!r}: {err.decode(errors='replace').strip()}") from error
 
     async def port_holder(self, port: int) -> PortHolder | None:
-        code, out, err = await self._exec(scripts.port_holder_argv(port))
+        code, out, err = await self._exec(scripts.port_holder_argv(port), retry=True)
         if code != 0:
             raise self._failed(["port_holder", str(port)], code, err)
         return scripts.parse_port_holder(out.decode(errors="replace"))
 
-    async def url_for(self, port: int, bind_host: str = "127.0.0.1") -> str:
+    async def url_for(self, port: int, bind_host: str = "127.0.0.1", local_port: int | None = None) -> str:
         """``http://127.0.0.1:LOCAL`` forwarded to ``bind_host:port`` on the remote; one forward
-        per port, kept until close() (and re-added if the master restarts)."""
+        per port, kept until close() (and re-added if the master restarts). ``local_port``
+        asks for a given local port (`servefleet tunnel --local-port`); default: a free one."""
+        await self.connect()
         target = "127.0.0.1" if bind_host in ("0.0.0.0", "", "localhost") else ("::1" if bind_host == "::" else bind_host)
         if self.pool is not None:
-            local = await self.pool.forward(target, port)
+            local = await self.pool.forward(target, port, local_port)
         else:
-            local = await self._direct_forward(target, port)
+            local = await self._direct_forward(target, port, local_port)
         return f"http://127.0.0.1:{local}"
 
-    async def _direct_forward(self, host: str, port: int) -> int:
+    async def _direct_forward(self, host: str, port: int, local_port: int | None = None) -> int:
         """Without a master: one background ``ssh -N -L`` process per forward."""
         key = (host, port)
         if key in self._direct_forwards and self._direct_forwards[key][1].returncode is None:
             return self._direct_forwards[key][0]
-        local = free_local_port()
+        local = local_port or free_local_port()
         target = f"[{host}]" if ":" in host else host
         argv = ssh_argv(self.spec, "direct", None, flags=["-N", "-T", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{local}:{target}:{port}"])
         proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

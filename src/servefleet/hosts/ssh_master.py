@@ -116,6 +116,10 @@ class MasterPool:
                     m.short -= 1
                 self._cond.notify_all()
 
+    def alive(self, m: Master) -> bool:
+        """Whether ``m`` answers on its control socket right now (True when its path is unknown)."""
+        return m.socket is None or _socket_accepts(m.socket)
+
     def suspect(self, m: Master) -> None:
         """A client of ``m`` failed at the connection level: check it before the next use."""
         m.verified_at = None
@@ -234,8 +238,9 @@ class MasterPool:
 
     # -- forwards ---------------------------------------------------------------------------
 
-    async def forward(self, host: str, port: int) -> int:
-        """A local port on 127.0.0.1 forwarded over master 0 to ``host:port`` on the remote."""
+    async def forward(self, host: str, port: int, local_port: int | None = None) -> int:
+        """A local port on 127.0.0.1 forwarded over master 0 to ``host:port`` on the remote
+        (``local_port`` if given, else a free one)."""
         key = (host, port)
         async with self._forward_lock:
             if self._closed:
@@ -246,8 +251,8 @@ class MasterPool:
             if key in self.forwards:
                 return self.forwards[key]
             last = ""
-            for _ in range(FORWARD_ATTEMPTS):
-                local = free_local_port()  # -L cannot take port 0: pick one, retry if taken
+            for _ in range(1 if local_port else FORWARD_ATTEMPTS):
+                local = local_port or free_local_port()  # -L cannot take port 0: pick one, retry if taken
                 rc, _out, err = await self._ssh(["-O", "forward", "-L", _forward_spec(local, host, port)], m, timeout=15)
                 if rc == 0:
                     self.forwards[key] = local

@@ -1,8 +1,11 @@
 """Train the tiny model's byte-level BPE tokenizer here, with `tokenizers`, on generated text.
 
-Byte-level BPE (the GPT-2 pre-tokenizer regex and byte-to-unicode alphabet) is what Llama 3 and
-Qwen2 ship, so every engine treats it as a normal tokenizer, and llama.cpp can read it from GGUF
-metadata as a ``gpt2`` model with the ``gpt-2`` pre-tokenizer. The vocabulary is filled to exactly
+Byte-level BPE (the byte-to-unicode alphabet of GPT-2) is what Llama 3 and Qwen2 ship, so every
+engine treats it as a normal tokenizer, and llama.cpp reads it from GGUF metadata as a ``gpt2``
+model. The split before BPE follows the family: ``llama`` models use the GPT-2 regex (llama.cpp
+pre-tokenizer ``gpt-2``); ``qwen2`` models use Qwen2's regex (digits one by one; pre-tokenizer
+``qwen2``), because transformers >= 5 loads any ``qwen2`` folder with ``Qwen2Tokenizer``, which
+imposes that regex whatever tokenizer.json says — one split everywhere keeps the engines agreeing. The vocabulary is filled to exactly
 the model's vocab size (reserved tokens pad it when the corpus runs out of merges), so embedding
 rows and tokens agree, as GGUF requires.
 """
@@ -13,12 +16,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from servefleet.modelgen.corpus import corpus_lines
 from servefleet.modelgen.spec import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, TinyModelSpec
 
-__all__ = ["TrainedTokenizer", "train_tokenizer", "tokenizer_config"]
+__all__ = ["TrainedTokenizer", "train_tokenizer", "tokenizer_config", "GGUF_PRE"]
+
+# Qwen2's pre-tokenizer split (Qwen2Tokenizer in transformers; llama.cpp's "qwen2" pre-tokenizer).
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+# llama.cpp's name for the split each architecture uses (tokenizer.ggml.pre).
+GGUF_PRE = {"llama": "gpt-2", "qwen2": "qwen2"}
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,13 @@ def train_tokenizer(spec: TinyModelSpec) -> TrainedTokenizer:
     """A byte-level BPE tokenizer of exactly ``spec.vocab_size`` tokens. Depends only on the
     vocabulary size and architecture, never on the weights' seed."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if spec.arch == "qwen2":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size,
@@ -77,15 +93,16 @@ def train_tokenizer(spec: TinyModelSpec) -> TrainedTokenizer:
 
 
 def tokenizer_config(spec: TinyModelSpec, trained: TrainedTokenizer) -> dict[str, Any]:
-    """``tokenizer_config.json``: the generic fast-tokenizer class (so transformers loads
-    tokenizer.json as it is rather than rebuilding a family-specific one), the special tokens and
-    the chat template."""
+    """``tokenizer_config.json``: the tokenizer class (the generic fast class for ``llama``, so
+    transformers loads tokenizer.json as it is rather than rebuilding a SentencePiece-style Llama
+    tokenizer; ``Qwen2Tokenizer`` for ``qwen2``, which transformers picks anyway), the special tokens
+    and the chat template."""
     added = {
         str(idx): {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
         for content, idx in sorted(trained.special_ids.items(), key=lambda kv: kv[1])
     }
     return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": "Qwen2Tokenizer" if spec.arch == "qwen2" else "PreTrainedTokenizerFast",
         "bos_token": BOS,
         "eos_token": EOS,
         "pad_token": PAD,

@@ -7,10 +7,13 @@ formula in :mod:`servefleet.sim.theory`), and injects faults: start-up failures 
 real text, hangs, crashes, slow and failing requests. It exists for tests and demos; it never
 replaces supporting the real engines.
 
-Run it with ``python -m servefleet.sim --help`` or ``servefleet sim --help``.
+Run it with ``python -m servefleet.sim --help`` or ``servefleet sim --help``. :func:`transcript` renders,
+in-process, the exact start-up text a configuration prints (every failure of every style) for tests
+of log classifiers.
 """
 
 from servefleet.sim.config import SimConfig
+from servefleet.sim.script import transcript
 from servefleet.sim.theory import SteadyState, steady_state, steps_per_request, theoretical_output_tokens_per_s
 
-__all__ = ["SimConfig", "SteadyState", "steady_state", "steps_per_request", "theoretical_output_tokens_per_s"]
+__all__ = ["SimConfig", "SteadyState", "steady_state", "steps_per_request", "theoretical_output_tokens_per_s", "transcript"]

@@ -22,6 +22,7 @@ Style = Literal["sglang", "vllm"]
 # Versions whose log format the styles reproduce (SGLang 0.5.x main-process/TP-rank prefixes;
 # vLLM 0.11 V1 engine with "(APIServer pid=N)" / "(EngineCore_DP0 pid=N)" prefixes).
 DEFAULT_VERSIONS: dict[str, str] = {"sglang": "0.5.2", "vllm": "0.11.0"}
+DEFAULT_PORTS: dict[str, int] = {"sglang": 30000, "vllm": 8000}
 
 
 def _alias(*names: str) -> dict[str, Any]:
@@ -36,7 +37,8 @@ class SimConfig(BaseModel):
     # ---- identity -------------------------------------------------------------------------------
     style: Style = Field("sglang", description="engine whose log format, endpoints' flavour and failure texts to imitate")
     host: str = Field("127.0.0.1", description="address to bind")
-    port: int = Field(30000, ge=0, le=65535, description="port to bind (0: any free port, printed in the log)")
+    port: int | None = Field(None, ge=0, le=65535,
+                             description="port to bind (default: 30000 for sglang, 8000 for vllm; 0: any free port, printed in the log)")
     model: str = Field("sim-model", description="model path or repo id (printed in the log; served name by default)",
                        json_schema_extra=_alias("--model-path"))
     served_model_name: str | None = Field(None, description="name listed by /v1/models (default: --model)")
@@ -101,6 +103,13 @@ class SimConfig(BaseModel):
     @property
     def served_name(self) -> str:
         return self.served_model_name or self.model
+
+    @property
+    def bind_port(self) -> int:
+        """The port to bind: --port, else the style's engine default."""
+        if self.port is not None:
+            return self.port
+        return DEFAULT_PORTS[self.style]
 
     @property
     def version(self) -> str:

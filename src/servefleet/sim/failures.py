@@ -44,6 +44,7 @@ class Failure:
     exit_code: int | None  # None: SIGKILL itself
     before_log: bool = False  # happens before the first log line (argparse, imports)
     kill_children: bool = True  # False: the children outlive it (the OOM killer takes one process)
+    prelude: tuple[Line, ...] = ()  # after-ready failures: printed as the server comes up, before --fail-delay
 
 
 # (file, line number, function, source line or None)

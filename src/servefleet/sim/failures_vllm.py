@@ -318,9 +318,9 @@ def after_ready(cfg: SimConfig, category: Category, port: int) -> Failure:
                   Category.NCCL_OR_DISTRIBUTED: "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)",
                   Category.CUDA_DRIVER: "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version\n" + CUDA_TAIL}
         dead = _engine_dead(finals[category])
-        return Failure(started + dead.lines, 1.0, dead.exit_code)
+        return Failure(dead.lines, 1.0, dead.exit_code, prelude=started)
     failure = STARTUP[category][cfg.fail_variant % len(STARTUP[category])](cfg, port)
-    return Failure(started + failure.lines, 1.0, failure.exit_code, kill_children=failure.kill_children)
+    return Failure(failure.lines, 1.0, failure.exit_code, kill_children=failure.kill_children, prelude=started)
 
 
 def first_request(cfg: SimConfig, port: int) -> Failure:

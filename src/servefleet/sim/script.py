@@ -59,7 +59,7 @@ def plan_startup(cfg: SimConfig, port: int, failure: Failure | None = None) -> S
 def transcript(cfg: SimConfig, port: int | None = None, *, clock: float = 1_764_000_000.0) -> str:
     """The full text a sim process with ``cfg`` prints through start-up (and an after-ready failure),
     rendered at once with a fixed clock. A real port conflict is not simulated here."""
-    port = cfg.port if port is None else port
+    port = cfg.bind_port if port is None else port
     pid = os.getpid()
     renderer = Renderer(cfg.style, tp=cfg.tp, color=cfg.color, pids={API: pid}, clock=lambda: clock)
     failure = startup_failure(cfg, cfg.fail_at_startup, port) if cfg.fail_at_startup is not None else None
@@ -75,7 +75,8 @@ def transcript(cfg: SimConfig, port: int | None = None, *, clock: float = 1_764_
         elif plan.outcome == "ready":
             lines += server_up_lines(cfg, port, pid)
             if cfg.fail_after_ready is not None:
-                lines += after_ready_failure(cfg, cfg.fail_after_ready, port).lines
+                late = after_ready_failure(cfg, cfg.fail_after_ready, port)
+                lines += late.prelude + late.lines
             else:
                 warm, ready = ready_lines(cfg, port)
                 lines += warm + ready

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from functools import lru_cache
@@ -176,6 +177,7 @@ class SimServer:
             if not resp.prepared:
                 await resp.prepare(request)
             await resp.write_eof()
+            await _delivered(request)
             self.hard_exit(self.cfg.crash_mode)
         return resp
 
@@ -248,6 +250,24 @@ class SimServer:
                                            waiting=s.waiting, kv_usage=s.used_tokens / cfg.kv_tokens,
                                            accepted=s.spec_accepted_total, drafted=s.spec_draft_total))
             self._last_stats = (now, s.prompt_tokens_total, s.generation_tokens_total)
+
+
+async def _delivered(request: web.Request, limit_s: float = 1.0) -> None:
+    """Let the last answer leave before a crash: flush, then FIN, so the client reads it whole
+    (an exit with bytes still queued, or with the peer's next bytes unread, resets the connection)."""
+    transport = request.transport
+    if transport is None:
+        return
+    deadline = time.monotonic() + limit_s
+    while transport.get_write_buffer_size() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    await asyncio.sleep(0.05)
 
 
 @lru_cache(maxsize=8192)

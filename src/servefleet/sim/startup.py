@@ -68,7 +68,17 @@ class SimProcess:
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(1)
 
-    def _kill_children(self) -> None:
+    def _kill_children(self, grace_s: float = 0.0) -> None:
+        """SIGTERM (with ``grace_s``) then SIGKILL the children, and reap them."""
+        if grace_s > 0:
+            for child in self.children:
+                if child.poll() is None:
+                    child.terminate()
+            for child in self.children:
+                try:
+                    child.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    pass
         for child in self.children:
             if child.poll() is None:
                 child.kill()
@@ -85,11 +95,11 @@ class SimProcess:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
         try:
-            sock.bind((cfg.host, cfg.port))
+            sock.bind((cfg.host, cfg.bind_port))
         except OSError as exc:
             sock.close()
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return None, cfg.port
+                return None, cfg.bind_port
             raise
         sock.listen(1024)
         sock.setblocking(False)
@@ -122,7 +132,7 @@ class SimProcess:
         cfg = self.cfg
         failure: Failure | None = None
         if cfg.fail_at_startup is not None:
-            failure = startup_failure(cfg, cfg.fail_at_startup, cfg.port)
+            failure = startup_failure(cfg, cfg.fail_at_startup, cfg.bind_port)
             if failure.before_log and cfg.fail_delay is None:
                 self.exit_with(failure)
         sock, port = self._bind()
@@ -140,8 +150,10 @@ class SimProcess:
         assert self.server is not None
         self.log.emit(server_up_lines(cfg, port, os.getpid()))
         if cfg.fail_after_ready is not None:
+            late = after_ready_failure(cfg, cfg.fail_after_ready, port)
+            self.log.emit(late.prelude)
             await asyncio.sleep(cfg.fail_delay if cfg.fail_delay is not None else 0.2)
-            self.exit_with(after_ready_failure(cfg, cfg.fail_after_ready, port))
+            self.exit_with(late)
         warm, ready = ready_lines(cfg, port)
         self.log.emit(warm)
         self.server.ready = True
@@ -165,10 +177,7 @@ class SimProcess:
                 await asyncio.wait_for(self.runner.cleanup(), timeout=3)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 pass
-        for child in self.children:
-            if child.poll() is None:
-                child.terminate()
-        self._kill_children()
+        self._kill_children(grace_s=2.0)
         return 0
 
 

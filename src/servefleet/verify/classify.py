@@ -26,7 +26,7 @@ from servefleet.catalog import DEFAULT_HINTS, Category
 from servefleet.engines.base import EngineProfile, SignalKind, Signature
 from servefleet.errors import EngineError
 from servefleet.verify.logtext import display_text, match_text
-from servefleet.verify.prefilter import may_match
+from servefleet.verify.prefilter import required_literals
 
 __all__ = [
     "Signal",
@@ -87,19 +87,42 @@ def match_signature(text: str, signatures: Sequence[Signature]) -> Signature | N
     in the profile's declared order, then the generic process-death lines."""
     lowered = text.lower()
     hit: Signature | None = None
-    for sig in signatures:
-        if hit is not None and sig.kind is not SignalKind.BENIGN:
+    for sig, lits, benign in _plan(signatures):
+        if hit is not None and not benign:
             continue  # only a shield can still change the answer
-        if may_match(sig.pattern, lowered) and sig.pattern.search(text):
-            if sig.kind is SignalKind.BENIGN:
+        if lits is not None:  # the regex needs one of these strings: skip it when none is there
+            for lit in lits:
+                if lit in lowered:
+                    break
+            else:
+                continue
+        if sig.pattern.search(text):
+            if benign:
                 return sig
             hit = sig
     if hit is not None:
         return hit
-    for sig in _GENERIC:
-        if may_match(sig.pattern, lowered) and sig.pattern.search(text):
+    for sig, lits, _ in _plan(_GENERIC):
+        if (lits is None or any(lit in lowered for lit in lits)) and sig.pattern.search(text):
             return sig
     return None
+
+
+_Plan = tuple[tuple[Signature, tuple[str, ...] | None, bool], ...]
+_PLANS: dict[int, tuple[Sequence[Signature], _Plan]] = {}
+
+
+def _plan(signatures: Sequence[Signature]) -> _Plan:
+    """Each signature with the literals its regex requires (see ``prefilter``), computed once."""
+    cached = _PLANS.get(id(signatures))
+    if cached is not None and cached[0] is signatures:
+        return cached[1]
+    plan = tuple(
+        (sig, tuple(lits) if (lits := required_literals(sig.pattern)) is not None else None, sig.kind is SignalKind.BENIGN)
+        for sig in signatures
+    )
+    _PLANS[id(signatures)] = (signatures, plan)
+    return plan
 
 
 class AnyEngine(EngineProfile):

@@ -18,7 +18,9 @@ from servefleet.engines.base import EngineProfile, Probe
 from servefleet.hosts.base import Host
 from servefleet.verify.events import ProbeOutcome, ProbeResult, SmokeResult
 
-__all__ = ["Prober", "new_session", "port_of"]
+__all__ = ["Prober", "new_session", "port_of", "NEGATIVE_TTL_S"]
+
+NEGATIVE_TTL_S = 0.5
 
 # Errors that mean "nothing (usable) listens there": refused, reset, closed mid-answer.
 _DOWN = (aiohttp.ClientConnectionError, ConnectionError, OSError)
@@ -60,6 +62,7 @@ class Prober:
         self.served_model = served_model
         self._good_path: str | None = None
         self._identity_ok = False  # cached while the probe keeps answering 2xx
+        self._negative: tuple[float, str] | None = None
         self._ahead: Callable[[], tuple[EngineProfile, bool]] | None = None
         self._smoke_task: asyncio.Task[SmokeResult] | None = None
         self._capacity_task: asyncio.Task[Capacity] | None = None
@@ -130,7 +133,16 @@ class Prober:
         return result
 
     async def identity(self) -> tuple[bool, str]:
-        """Whether the answering process is our server, and why not."""
+        """Whether the answering process is our server, and why not. A "not ours" is reused for
+        ``NEGATIVE_TTL_S`` (a socket-table scan per probe would cost a core while a foreign
+        process holds the port)."""
+        if self._negative is not None and time.monotonic() - self._negative[0] < NEGATIVE_TTL_S:
+            return False, self._negative[1]
+        ok, detail = await self._identity()
+        self._negative = None if ok else (time.monotonic(), detail)
+        return ok, detail
+
+    async def _identity(self) -> tuple[bool, str]:
         if self.pgid is not None and self.port is not None:
             holder = await self.host.port_holder(self.port)
             if holder is not None and holder.pgid is not None:

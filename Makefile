@@ -1,0 +1,34 @@
+# The project's two commands (see README.md):
+#   make demo   create .venv/ if needed, then run the main job on the embedded default (CPU, no GPU)
+#   make test   create .venv/ if needed, then run every test
+# The environment is (re)installed only when it is missing or pyproject.toml changed (a stamp file),
+# so repeated runs start at once. torch==2.13.0 comes as a CPU build on machines whose pip config
+# (/etc/xdg/pip) points at local wheels; elsewhere pip picks torch's default build.
+
+PYTHON ?= python3.11
+VENV := .venv
+STAMP := $(VENV)/.servefleet-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv clean-demo
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found; install Python 3.11 or run: make PYTHON=/path/to/python3.11" >&2; exit 1; }
+	@test -x $(VENV)/bin/python || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e '.[serve,s3,test]'
+	@touch $(STAMP)
+
+# pytest exits 5 when it collects no test: said plainly, not reported as a crash.
+test: $(STAMP)
+	@$(VENV)/bin/pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; exit 0; fi; exit $$rc
+
+demo: $(STAMP)
+	$(VENV)/bin/python scripts/demo.py
+
+clean-demo:
+	-$(VENV)/bin/servefleet down --fleet examples/demo.toml
+	rm -rf demo-out
