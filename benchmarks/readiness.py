@@ -147,12 +147,16 @@ class GrepLoop:
         self.proc: asyncio.subprocess.Process | None = None
         self.task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec("bash", "-c", GREP_LOOP, "grep-loop", str(self.log_path), stdout=asyncio.subprocess.PIPE)
-        self.task = asyncio.create_task(self._read())
+    async def start(self, delay_s: float = 0.0) -> None:
+        """Start the loop ``delay_s`` from now: a person starts it whenever, so its 3 s phase is
+        random with respect to the server's events (a uniform delay in [0, 3) s models that)."""
+        self.task = asyncio.create_task(self._run(delay_s))
 
-    async def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
+    async def _run(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self.started = time.monotonic()
+        self.proc = await asyncio.create_subprocess_exec("bash", "-c", GREP_LOOP, "grep-loop", str(self.log_path), stdout=asyncio.subprocess.PIPE)
+        assert self.proc.stdout is not None
         async for raw in self.proc.stdout:
             now = time.monotonic()
             line = raw.decode().strip()
@@ -187,12 +191,12 @@ class GrepLoop:
         return self.outcome
 
     async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
 
 
 @dataclass
@@ -253,7 +257,7 @@ async def ready_run(folder: Path, rng: random.Random) -> dict[str, Any]:
     run = Run(folder, "sglang", ["--load-time", f"{rng.uniform(1.0, 2.0):.2f}"])
     target = await run.start()
     grep = GrepLoop(run.log)
-    await grep.start()
+    await grep.start(rng.uniform(0, GREP_PERIOD_S))
     try:
         verdict = await wait_for_server(target, timeout_s=60, stall_s=30)
         done = time.monotonic()
@@ -266,12 +270,12 @@ async def ready_run(folder: Path, rng: random.Random) -> dict[str, Any]:
         run.finish()
 
 
-async def failure_run(folder: Path, style: str, args: list[str], *, with_grep: bool, expect: str) -> dict[str, Any]:
+async def failure_run(folder: Path, style: str, args: list[str], *, with_grep: bool, expect: str, rng: random.Random) -> dict[str, Any]:
     run = Run(folder, style, args)
     target = await run.start()
     grep = GrepLoop(run.log)
     if with_grep:
-        await grep.start()
+        await grep.start(rng.uniform(0, GREP_PERIOD_S))
     try:
         verdict = await wait_for_server(target, timeout_s=60, stall_s=30)
         done = time.monotonic()
@@ -371,7 +375,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         cases = failure_cases(style)
         console.print(f"[bold]failures[/]: {len(cases)} start-up failures in {style} style" + (" (grep loop too)" if style == "sglang" else ""))
         for expect, fargs in cases:
-            failures.append(await failure_run(folder, style, fargs, with_grep=style == "sglang", expect=expect))
+            failures.append(await failure_run(folder, style, fargs, with_grep=style == "sglang", expect=expect, rng=rng))
 
     console.print(f"[bold]silent crash[/]: {args.crash_runs} x SIGKILL of the whole process group while loading")
     crashes = [await silent_crash_run(folder, with_grep=i == 0) for i in range(args.crash_runs)]
@@ -415,7 +419,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def render(result: dict[str, Any], console: Console) -> None:
+def render(result: dict[str, Any], console: Console, path: Path = RESULTS) -> None:
     s = result["summary"]
 
     def ms(v: float | None) -> str:
@@ -454,7 +458,7 @@ def render(result: dict[str, Any], console: Console) -> None:
     console.print(f"targets: ready median < {TARGET_READY_MS:g} ms: {s['targets']['ready_met']}; every failure < {TARGET_FAIL_MS:g} ms "
                   f"and right category: {s['targets']['failures_met']}")
     console.print("* extrapolated, not waited for: " + result["method"]["grep_extrapolation"])
-    console.print(f"took {result['duration_s']} s; JSON in {RESULTS}")
+    console.print(f"took {result['duration_s']} s; JSON in {path}")
 
 
 if __name__ == "__main__":
@@ -464,11 +468,12 @@ if __name__ == "__main__":
     parser.add_argument("--styles", default="sglang,vllm", help="sim styles for the failure runs")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="3 ready runs, 2 crash runs, SGLang style only")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"where the JSON goes (default {RESULTS})")
     ns = parser.parse_args()
     if ns.quick:
         ns.runs, ns.crash_runs, ns.styles = 3, 2, "sglang"
     ns.styles = [s for s in ns.styles.split(",") if s]
     out = asyncio.run(main(ns))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2))
-    render(out, Console())
+    ns.out.parent.mkdir(parents=True, exist_ok=True)
+    ns.out.write_text(json.dumps(out, indent=2))
+    render(out, Console(), ns.out)

@@ -50,6 +50,8 @@ async def _completions(request: web.Request) -> web.StreamResponse:
     cont = body.get("stream_options", {}).get("continuous_usage_stats") and usage
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
+    if "EMPTY" in prompt:
+        return resp
     await resp.write(b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n')
     done = 0
     while done < n:
@@ -156,7 +158,8 @@ async def test_missing_usage_keeps_text_for_counting(fake_server) -> None:
 
 @pytest.mark.parametrize(
     "prompt, kind",
-    [("RATELIMIT", "rate_limited"), ("BOOM", "server_error"), ("STREAMERR", "stream_error"), ("CUT", "disconnected")],
+    [("RATELIMIT", "rate_limited"), ("BOOM", "server_error"), ("STREAMERR", "stream_error"), ("CUT", "disconnected"),
+     ("EMPTY", "bad_response")],
 )
 async def test_failures_are_records_not_exceptions(fake_server, prompt, kind) -> None:
     _, base = fake_server

@@ -36,7 +36,7 @@ def sim_factory(tmp_path):
     def start(**cfg) -> SimProcess:
         sim = SimProcess(*_sim_args(cfg), log_path=tmp_path / f"sim{len(started)}.log").start()
         started.append(sim)
-        return sim.wait_ready()
+        return sim.wait_ready(timeout=180)
 
     yield start
     for sim in started:

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -85,7 +84,7 @@ async def test_generate_to_s3_and_resume_without_writing_credentials(moto_url, s
     fs = s3fs_for(moto_url)
     fs.call_s3("create_bucket", Bucket="bucket")
     src = write_prompts(tmp_path / "in.jsonl", 120)
-    rc, report, err = await run_cli(argv(src, "s3://bucket/jobs/one", sim.url, "--shard-rows", "25"), s3_env(moto_url))
+    rc, report, err = await run_cli(argv(src, "s3://bucket/jobs/one", sim.url, "--shard-rows", "25", "--shard-seconds", "600"), s3_env(moto_url))
     assert rc == 0 and report["status"] == "complete", err[-3000:]
     assert report["destination"] == "s3://bucket/jobs/one" and report["shards"] == 5
     names = {p.rsplit("/", 1)[-1] for p in fs.find("bucket/jobs/one")}

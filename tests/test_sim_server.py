@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
 from conftest import SimProcess, async_wait_until
 
-from servefleet.sim import SimConfig, theoretical_output_tokens_per_s
+from servefleet.sim import theoretical_output_tokens_per_s
 from servefleet.sim.cli_args import parse_config
 from servefleet.sim.tokens import count_tokens, render_chat
 

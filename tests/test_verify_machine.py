@@ -218,3 +218,10 @@ def test_wrapper_grace_extends_while_the_log_streams() -> None:
     v = m.verdict(5.0)
     assert v.state is State.FAILED and v.category is Category.OTHER
     assert v.elapsed_s == pytest.approx(0.1 + WRAPPER_MAX_S, abs=0.11)
+
+
+def test_a_terminal_verdict_does_not_carry_a_stale_live_message() -> None:
+    m = run([(0.1, WRONG), (0.2, lines(OOM))])
+    v = m.verdict(0.3)
+    assert v.state is State.FAILED and v.category is Category.GPU_OOM
+    assert v.message is None

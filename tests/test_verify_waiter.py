@@ -216,3 +216,21 @@ def _async(value: bool):
 def _server_pid(log: Path) -> int:
     first = log.read_text().splitlines()[0]
     return int(first.rsplit("pid", 1)[1])
+
+
+class _NobodyListens:
+    """A host on which no listening socket is visible (another namespace, or ours just closed)."""
+
+    async def port_holder(self, port: int):
+        return None
+
+
+async def test_identity_when_the_server_stops_answering_is_not_a_wrong_identity() -> None:
+    from servefleet.verify.probe import Prober, new_session
+
+    async with new_session() as session:
+        prober = Prober(session, f"http://127.0.0.1:{free_port()}", _NobodyListens(), pgid=12345, served_model="m")
+        ok, detail = await prober.identity()
+        assert ok is None and "stopped answering" in detail
+        anyone = Prober(session, f"http://127.0.0.1:{free_port()}", _NobodyListens(), pgid=12345)
+        assert (await anyone.identity())[0] is True  # nothing to check against: the probe's 2xx stands

@@ -122,7 +122,8 @@ class OpenAIBackend:
             return
         # One connection per concurrent request, reused across requests (keep-alive); no DNS
         # cache churn, no per-request session (sglang's bench_serving opens one per request).
-        connector = aiohttp.TCPConnector(limit=max(connections, 1), limit_per_host=0, ttl_dns_cache=None)
+        # ``connections`` 0 means no cap (open-loop load without an in-flight limit).
+        connector = aiohttp.TCPConnector(limit=max(connections, 0), limit_per_host=0, ttl_dns_cache=None)
         timeout = aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=30)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
@@ -187,11 +188,13 @@ class OpenAIBackend:
         cumulative = 0
         keep = self.config.keep_text
         texts: list[bytes] = []
+        events = 0
         async for data in resp.content.iter_any():
             now = perf_counter()
             nbytes = 0
             tokens_before = cumulative
             for payload in splitter.feed(data):
+                events += 1
                 scan = scan_payload(payload)
                 if scan.done:
                     continue
@@ -220,10 +223,14 @@ class OpenAIBackend:
                 if rec.ttft is None:
                     rec.ttft = now - start
         for payload in splitter.flush():
+            events += 1
             scan = scan_payload(payload)
             if scan.completion_tokens is not None:
                 rec.completion_tokens = scan.completion_tokens
         rec.end = perf_counter()
+        if not events:
+            _failed(rec, "bad_response", "HTTP 200 with no server-sent events")
+            return
         rec.ok = True
         # Exact per-chunk counts only if every text chunk carried a cumulative usage count and they
         # add up to the final total (vLLM ``continuous_usage_stats``); otherwise metrics.py shares

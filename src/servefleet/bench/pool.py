@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,10 @@ class Runner(Protocol):
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it is installed (a faster loop for the same code), else asyncio's."""
+    """uvloop's loop when it is installed (a faster loop for the same code), else asyncio's.
+    ``SERVEFLEET_EVENT_LOOP=asyncio`` forces asyncio's own loop (for A/B measurements)."""
+    if os.environ.get("SERVEFLEET_EVENT_LOOP", "").lower() == "asyncio":
+        return None
     try:
         import uvloop  # noqa: PLC0415 - optional
     except ImportError:

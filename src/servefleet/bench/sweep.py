@@ -308,10 +308,11 @@ async def run_bench(
         max_load = int(config.max_concurrency or 0) if config.mode == "rate" else int(max(levels))
         workers = max(1, config.workers)
         runner: Runner
+        # Connections: one per concurrent request (0 = no cap: open loop without --max-concurrency).
         if workers == 1:
-            runner = InProcessRunner(endpoint, max(max_load, 1))
+            runner = InProcessRunner(endpoint, max_load)
         else:
-            runner = ProcessRunner(endpoint, max(1, math.ceil(max(max_load, 1) / workers)) + 1, workers)
+            runner = ProcessRunner(endpoint, math.ceil(max_load / workers) + 1 if max_load else 0, workers)
         watcher = ServerWatcher(base, session)
         points: list[Point] = []
         await runner.start()

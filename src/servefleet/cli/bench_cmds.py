@@ -94,6 +94,7 @@ def bench(
     """Measure throughput and latency of one or more servers across concurrency levels or request rates."""
     from servefleet.bench.compare import compare_runs, compare_table
     from servefleet.bench.plots import write_plots
+    from servefleet.bench.pool import loop_factory
     from servefleet.bench.report import point_line, run_table
     from servefleet.bench.result import BenchConfig, save_run
     from servefleet.bench.sweep import BenchTarget, ServerUnreachable, auto_workers, run_bench
@@ -159,11 +160,12 @@ def bench(
             err.print(f"[bold]bench[/] {target.label or target.base_url}: {len(levels)} points, "
                       f"{'%d requests' % requests if requests else '%gs' % duration} each, {n_workers} client process(es)")
         try:
-            run = asyncio.run(run_bench(
-                target, config, tokenizer=tokenizer,
-                on_point=None if quiet else (lambda p: err.print("  " + point_line(p))),
-                on_note=None if quiet else (lambda m: err.print(f"  [dim]note: {m}[/]")),
-            ))
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop where installed
+                run = runner.run(run_bench(
+                    target, config, tokenizer=tokenizer,
+                    on_point=None if quiet else (lambda p: err.print("  " + point_line(p))),
+                    on_note=None if quiet else (lambda m: err.print(f"  [dim]note: {m}[/]")),
+                ))
         except ServerUnreachable as exc:
             raise _fail(str(exc), ExitCode.UNREACHABLE) from None
         except ServefleetError as exc:

@@ -66,8 +66,8 @@ OWN_SIGNATURES = (
     # cli/serving/utils.py: "[transformers] The following generation flags are not valid and may be
     # ignored: ['temperature']" (temperature 0 with greedy decoding)
     S.benign(r"generation flags are not valid and may be ignored"),
-    # Source lines quoted in a traceback ("    raise HFValidationError(", leading blanks stripped) name an exception class but are
-    # code, not the message: the message line below them is the evidence.
+    # Source lines quoted in a traceback ("    raise HFValidationError(", matched with the leading blanks
+    # stripped) name an exception class but are code, not the message: the message below is the evidence.
     S.benign(r"^raise [A-Za-z_][\w.]*(?:\(|$)"),
     # transformers' auto classes look a model type up in a mapping and re-raise the bare KeyError
     # ("KeyError: 'fancynet'") as a ValueError that carries the real cause ("... has model type

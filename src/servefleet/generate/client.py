@@ -79,6 +79,29 @@ class Client:
             return RequestFailure(FailureKind.DISCONNECT, f"{type(exc).__name__}: {exc}")
         return _parse(data, endpoint)
 
+    async def ping(self, base_url: str, timeout_s: float | None = None) -> bool:
+        """Liveness: does the server answer HTTP at all (any status) within the timeout?"""
+        timeout = self.probe_timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self.session.get(base_url.rstrip("/") + "/v1/models", timeout=timeout) as resp:
+                await resp.read()
+                return True
+        except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError):
+            return False
+
+    async def ready(self, base_url: str, timeout_s: float | None = None) -> bool:
+        """Readiness: 200 from ``/health`` or ``/v1/models`` (some servers lack one of them)."""
+        timeout = self.probe_timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        for path in ("/health", "/v1/models"):
+            try:
+                async with self.session.get(base_url.rstrip("/") + path, timeout=timeout) as resp:
+                    await resp.read()
+                    if resp.status == 200:
+                        return True
+            except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError):
+                return False
+        return False
+
     async def models(self, base_url: str, timeout_s: float | None = None) -> list[str] | None:
         """Model names listed by ``/v1/models`` (None: the server did not answer usefully)."""
         timeout = self.probe_timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)

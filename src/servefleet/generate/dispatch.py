@@ -319,7 +319,7 @@ class Dispatcher:
 
     async def _probe(self, server: _Server) -> None:
         try:
-            ok = await self.client.models(server.target.base_url, timeout_s=self.policy.probe_timeout_s) is not None
+            ok = await self.client.ping(server.target.base_url, timeout_s=self.policy.probe_timeout_s)
         finally:
             server.probing = False
         if server.health.state is ServerState.UP and server.health.probed(ok, time.monotonic()):

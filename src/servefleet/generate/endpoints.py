@@ -89,12 +89,13 @@ async def targets_from_urls(urls: list[str], client: "Client", max_running: int 
             raise ConfigError(f"--url {url!r}: expected http://host:port")
         base = url.rstrip("/").removesuffix("/v1")
         models = await client.models(base)
-        answered += models is not None
+        alive = models is not None or await client.ready(base)  # some servers have no /v1/models
+        answered += alive
         served = models[0] if models else None
-        known = max_running or (await _probe_max_running(client, base) if models is not None else None)
+        known = max_running or (await _probe_max_running(client, base) if alive else None)
         targets.append(Target(f"url{i}" if len(urls) > 1 else "url", base, served, known))
     if urls and not answered:
-        raise ConfigError(f"no server answers GET /v1/models at {', '.join(urls)}")
+        raise ConfigError(f"no server answers (GET /v1/models, /health) at {', '.join(urls)}")
     return targets
 
 

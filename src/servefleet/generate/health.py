@@ -4,7 +4,7 @@ Evidence, per server:
 
 * consecutive *server-fault* failures of real requests (connection refused or dropped, timeouts;
   an HTTP error status is an answer and does not count) -- ``failures_to_take_out`` in a row;
-* a cheap probe (``GET /v1/models``) sent when the server has had requests in flight but no answer
+* a cheap probe (``GET /v1/models``, any HTTP answer counts) sent when the server has had requests in flight but no answer
   for ``probe_interval_s`` -- ``probe_failures`` failed probes in a row (catches a hung server whose
   requests would otherwise wait for the full request timeout).
 
@@ -126,7 +126,7 @@ async def recover(
         return None
     on_event(f"{target.name}: waiting for it to answer again (unmanaged: cannot restart it)")
     while time.monotonic() < deadline:
-        if await client.models(target.base_url, timeout_s=policy.probe_timeout_s) is not None:
+        if await client.ready(target.base_url, timeout_s=policy.probe_timeout_s):
             return target
         await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 30.0)

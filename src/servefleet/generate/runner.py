@@ -325,5 +325,14 @@ def _plan_from_rejects(total_lines: int, rejected: list[int]) -> bytearray:
 
 
 def _peak_rss_mb() -> float:
+    """Peak resident memory of this process. On Linux from VmHWM: ``ru_maxrss`` also counts the
+    parent's memory when the parent started us with vfork+exec (CPython's subprocess does)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024, 1)

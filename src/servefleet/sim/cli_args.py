@@ -50,7 +50,7 @@ def build_parser(prog: str = "servefleet sim") -> argparse.ArgumentParser:
         flags = ["--" + name.replace("_", "-"), *option_aliases(name)]
         kind, _ = _unwrap(field.annotation)
         default = field.default
-        help_text = f"{field.description} (default: {default})" if default not in (None, False) else field.description
+        help_text = f"{field.description} (default: {default})" if default is not None and default is not False else field.description
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if kind is bool:
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)

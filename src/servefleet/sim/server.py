@@ -64,6 +64,7 @@ class SimServer:
         self.completed = 0
         self.created = int(time.time())
         self._decode_steps = 0
+        self._crash: asyncio.Task[None] | None = None
         self._last_stats = (time.monotonic(), 0, 0)
 
     # ---- application ----------------------------------------------------------------------------
@@ -177,9 +178,13 @@ class SimServer:
             if not resp.prepared:
                 await resp.prepare(request)
             await resp.write_eof()
-            await _delivered(request)
-            self.hard_exit(self.cfg.crash_mode)
+            # Not in this handler: the client closing after it read the answer cancels the handler.
+            self._crash = asyncio.get_running_loop().create_task(self._crash_when_delivered(request.transport))
         return resp
+
+    async def _crash_when_delivered(self, transport: asyncio.Transport | None) -> None:
+        await _delivered(transport)
+        self.hard_exit(self.cfg.crash_mode)
 
     async def _instant(self, request: web.Request, job: Job) -> web.StreamResponse:
         stats = self.stats
@@ -252,11 +257,10 @@ class SimServer:
             self._last_stats = (now, s.prompt_tokens_total, s.generation_tokens_total)
 
 
-async def _delivered(request: web.Request, limit_s: float = 1.0) -> None:
+async def _delivered(transport: asyncio.Transport | None, limit_s: float = 1.0) -> None:
     """Let the last answer leave before a crash: flush, then FIN, so the client reads it whole
     (an exit with bytes still queued, or with the peer's next bytes unread, resets the connection)."""
-    transport = request.transport
-    if transport is None:
+    if transport is None or transport.is_closing():
         return
     deadline = time.monotonic() + limit_s
     while transport.get_write_buffer_size() and time.monotonic() < deadline:

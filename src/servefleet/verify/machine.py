@@ -151,7 +151,7 @@ class ReadinessMachine:
             "progress": self.clf.progress,
             "capacity": self.clf.capacity,
             "last_line": self.last_line,
-            "message": self._live_message(now),
+            "message": self._live_message(now) if not self.done else None,
         }
         fields.update(self._final)
         if self._final_finding is not None:  # lines read after the cause complete its excerpt

@@ -117,6 +117,8 @@ class Prober:
                 if not self._identity_ok:
                     self._start_ahead()
                     ok, detail = await self.identity()
+                    if ok is None:
+                        return self._not_ok(ProbeResult(ProbeOutcome.REFUSED, None, path, detail))
                     if not ok:
                         self._drop_ahead()
                         return ProbeResult(ProbeOutcome.WRONG_IDENTITY, status, path, detail)
@@ -132,25 +134,31 @@ class Prober:
         self._drop_ahead()
         return result
 
-    async def identity(self) -> tuple[bool, str]:
-        """Whether the answering process is our server, and why not. A "not ours" is reused for
-        ``NEGATIVE_TTL_S`` (a socket-table scan per probe would cost a core while a foreign
-        process holds the port)."""
+    async def identity(self) -> tuple[bool | None, str]:
+        """Whether the answering process is our server (True), another (False), or nobody any
+        more (None: the server stopped answering between the probe and this check).
+
+        A "not ours" is reused for ``NEGATIVE_TTL_S``: a socket-table scan per probe would cost a
+        core while a foreign process holds the port."""
         if self._negative is not None and time.monotonic() - self._negative[0] < NEGATIVE_TTL_S:
             return False, self._negative[1]
         ok, detail = await self._identity()
-        self._negative = None if ok else (time.monotonic(), detail)
+        self._negative = (time.monotonic(), detail) if ok is False else None
         return ok, detail
 
-    async def _identity(self) -> tuple[bool, str]:
+    async def _identity(self) -> tuple[bool | None, str]:
         if self.pgid is not None and self.port is not None:
             holder = await self.host.port_holder(self.port)
             if holder is not None and holder.pgid is not None:
                 if holder.pgid == self.pgid:
                     return True, ""
                 return False, f"port {self.port} is held by pid {holder.pid} (process group {holder.pgid}), not by process group {self.pgid}"
+            # Nobody visible listens (a socket in another namespace, or ours just closed): the
+            # served model, when known, decides.
         if self.served_model:
-            names = await self.served_names()
+            names, down = await self._models()
+            if down:
+                return None, "the server stopped answering"
             if names is None:
                 return False, "/v1/models does not answer with a model list"
             if self.served_model not in names:
@@ -159,17 +167,23 @@ class Prober:
 
     async def served_names(self) -> list[str] | None:
         """Model ids listed by /v1/models, or None when it does not answer a list."""
+        return (await self._models())[0]
+
+    async def _models(self) -> tuple[list[str] | None, bool]:
+        """(model ids or None, whether the server was unreachable)."""
         try:
             async with self.session.get(self.base_url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 if resp.status != 200:
-                    return None
+                    return None, False
                 body = await resp.json(content_type=None)
-        except (TimeoutError, asyncio.TimeoutError, ValueError, *_DOWN):
-            return None
+        except ValueError:
+            return None, False
+        except (TimeoutError, asyncio.TimeoutError, *_DOWN):
+            return None, True
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
-            return None
-        return [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id") is not None]
+            return None, False
+        return [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id") is not None], False
 
     async def smoke(self, profile: EngineProfile, timeout_s: float = 60.0) -> SmokeResult:
         """One tiny completion; any non-2xx or broken connection is a start-up failure."""

