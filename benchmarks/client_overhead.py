@@ -415,7 +415,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "client_overhead.json")
     args = ap.parse_args()
     TMP.mkdir(parents=True, exist_ok=True)
-    if args.tokenizer is None:
+    if args.tokenizer is not None:
+        args.tokenizer = args.tokenizer.resolve()  # clients run in TMP: relative paths would break
+    else:
         args.tokenizer = TMP / "tiny-model"
         if not (args.tokenizer / "tokenizer.json").exists():
             subprocess.run([*SERVEFLEET, "model", "tiny", str(args.tokenizer), "--force"], check=True,

@@ -149,14 +149,15 @@ class GrepLoop:
 
     async def start(self, delay_s: float = 0.0) -> None:
         """Start the loop ``delay_s`` from now: a person starts it whenever, so its 3 s phase is
-        random with respect to the server's events (a uniform delay in [0, 3) s models that)."""
-        self.task = asyncio.create_task(self._run(delay_s))
+        random with respect to the server's events (a uniform delay in [0, 3) s models that). The
+        delay is a ``sleep`` inside the same bash process, so stopping it never leaves a loop behind."""
+        self.started = time.monotonic() + delay_s
+        self.proc = await asyncio.create_subprocess_exec("bash", "-c", 'sleep "$2"\n' + GREP_LOOP, "grep-loop", str(self.log_path),
+                                                         f"{delay_s:.3f}", stdout=asyncio.subprocess.PIPE)
+        self.task = asyncio.create_task(self._read())
 
-    async def _run(self, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
-        self.started = time.monotonic()
-        self.proc = await asyncio.create_subprocess_exec("bash", "-c", GREP_LOOP, "grep-loop", str(self.log_path), stdout=asyncio.subprocess.PIPE)
-        assert self.proc.stdout is not None
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
         async for raw in self.proc.stdout:
             now = time.monotonic()
             line = raw.decode().strip()
@@ -191,12 +192,12 @@ class GrepLoop:
         return self.outcome
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
         if self.proc is not None and self.proc.returncode is None:
             self.proc.kill()
             await self.proc.wait()
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
 
 
 @dataclass
@@ -409,7 +410,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "readiness", "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
                     "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
-        "method": {"grep_loop": GREP_LOOP.strip(), "grep_extrapolation": "a failed, exited server whose log holds neither 'ready to roll' "
+        "method": {"grep_loop": GREP_LOOP.strip(), "grep_start": f"after a uniform random delay in [0, {GREP_PERIOD_S:g}) s (random phase)",
+                   "grep_extrapolation": "a failed, exited server whose log holds neither 'ready to roll' "
                    "nor 'Not enough' can never be caught by the loop: recorded as a 180 s timeout without waiting for it; any other wait on "
                    f"the loop is capped at {GREP_CAP_S:g} s", "event_times": "1 ms polling of the log (line complete) and of the status file; "
                    "the SIGKILL's own time for the silent crash"},

@@ -10,7 +10,7 @@ transformers version changes its words, rerunning this script shows exactly what
     .venv/bin/python scripts/capture_transformers_logs.py            # every case, two at a time
     .venv/bin/python scripts/capture_transformers_logs.py ready port_in_use
 
-Runs offline (HF_HUB_OFFLINE=1) and on 127.0.0.1 only. About 2 minutes on 2 cores.
+Runs offline (HF_HUB_OFFLINE=1) and on 127.0.0.1 only; a few minutes on 2 cores (each case imports torch).
 """
 
 from __future__ import annotations

@@ -296,6 +296,8 @@ def run_fleet(work: Path, engine: str, python: Path, model_dir: Path, scenarios:
             proc.kill()
         for t in killers:
             t.join(timeout=10)
+    (work / f"{engine}-up.json").write_text(out)
+    (work / f"{engine}-up.stderr").write_text(err)
     try:
         servers = json.loads(out)["servers"]
     except (json.JSONDecodeError, KeyError):

@@ -151,7 +151,11 @@ async def test_exit_code_is_recorded(host: Host, work: Path) -> None:
     pgid = await host.spawn_detached(["sh", "-c", "echo bye; exit 3"], log_path=str(work / "e.log"), status_path=status)
     await async_wait_until(lambda: _exists(host, status), what="the status file")
     assert (await host.read_bytes(status)).strip() == b"3"
-    assert not await host.group_alive(pgid)
+
+    async def gone() -> bool:  # the wrapper exits right after writing the status file
+        return not await host.group_alive(pgid)
+
+    await async_wait_until(gone, what="the wrapper to exit")
     assert await host.read_bytes(str(work / "e.log")) == b"bye\n"
 
 

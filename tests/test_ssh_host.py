@@ -43,6 +43,10 @@ async def read_until(agen: AsyncIterator[bytes | Truncated], done, timeout: floa
     return buf
 
 
+async def _gone(host: SSHHost, pgid: int) -> bool:
+    return not await host.group_alive(pgid)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -272,7 +276,7 @@ async def test_model_path_with_shell_syntax_reaches_the_program_literally(host: 
     assert status.read_text().strip() == "0"
     assert log.read_text() == f"{model}\n"
     assert not (tmp_path / "pwned").exists() and not (Path.home() / "pwned").exists()
-    assert not await host.group_alive(pgid)
+    await async_wait_until(lambda: _gone(host, pgid), what="the wrapper to exit")
 
 
 async def test_secrets_in_env_never_reach_a_command_line(host: SSHHost, tmp_path: Path) -> None:
@@ -311,7 +315,7 @@ async def test_tilde_paths_are_the_remote_home(sshd_server, tmp_path: Path) -> N
         wait_until((home / folder / "p.status").exists, what="the status file")
         assert (home / folder / "logs" / "p.log").read_text() == f"{home / folder}\n"  # cwd: the work folder
         assert await host.read_bytes(f"~/{folder}/logs/p.log") == f"{home / folder}\n".encode()
-        assert not await host.group_alive(pgid)
+        await async_wait_until(lambda: _gone(host, pgid), what="the wrapper to exit")
 
         class FakeFleet:
             name = "fl"

@@ -234,3 +234,16 @@ async def test_identity_when_the_server_stops_answering_is_not_a_wrong_identity(
         assert ok is None and "stopped answering" in detail
         anyone = Prober(session, f"http://127.0.0.1:{free_port()}", _NobodyListens(), pgid=12345)
         assert (await anyone.identity())[0] is True  # nothing to check against: the probe's 2xx stands
+
+
+async def test_cancelling_the_wait_cancels_every_watcher(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("Load weight begin\n")
+    seen = asyncio.Event()
+    target = WaitTarget(base_url=f"http://127.0.0.1:{free_port()}", engine=ToyEngine(), log_path=str(log), pgid=os.getpgid(0))
+    task = asyncio.create_task(wait_for_server(target, timeout_s=30, stall_s=30, on_update=lambda v: seen.set() if v.progress else None))
+    await asyncio.wait_for(seen.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []

@@ -143,9 +143,11 @@ class Dispatcher:
                 if all(s.health.state is ServerState.GONE for s in self.servers):
                     return "stalled"
                 self._wake.clear()
-                timeout = max(0.0, self._delayed[0][0] - time.monotonic()) if self._delayed else None
+                if not self._delayed:
+                    await self._wake.wait()
+                    continue
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, self._delayed[0][0] - time.monotonic()))
                 except TimeoutError:
                     pass
         finally:

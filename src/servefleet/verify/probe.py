@@ -61,7 +61,8 @@ class Prober:
         self.port = port if port is not None else port_of(base_url)
         self.served_model = served_model
         self._good_path: str | None = None
-        self._identity_ok = False  # cached while the probe keeps answering 2xx
+        self._identity_ok = False  # cached while the server keeps answering
+        self._id_task: asyncio.Task[tuple[bool | None, str]] | None = None
         self._negative: tuple[float, str] | None = None
         self._ahead: Callable[[], tuple[EngineProfile, bool]] | None = None
         self._smoke_task: asyncio.Task[SmokeResult] | None = None
@@ -90,12 +91,19 @@ class Prober:
 
     async def close(self) -> None:
         """Cancel work started ahead that nobody collected."""
-        tasks = [t for t in (self._smoke_task, self._capacity_task) if t is not None]
+        tasks = [t for t in (self._smoke_task, self._capacity_task, self._id_task) if t is not None]
         self._drop_ahead()
+        for task in tasks:
+            task.cancel()
+        self._id_task = None
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def probe(self, spec: Probe) -> ProbeResult:
-        """GET the probe paths in order (404 moves on); a 2xx is OK only if the identity holds."""
+        """GET the probe paths in order (404 moves on); a 2xx is OK only if the identity holds.
+
+        While the server answers without being ready (503 while loading), its identity is checked
+        in the background, so the ready answer needs no socket-table scan of its own; a foreign
+        process found there is reported at once (WRONG_IDENTITY, whatever its status)."""
         paths = list(spec.paths)
         if self._good_path in paths:  # the path that answered before goes first
             paths.remove(self._good_path)
@@ -107,32 +115,74 @@ class Prober:
                     status = resp.status
                     await resp.read()
             except (TimeoutError, asyncio.TimeoutError):
-                return self._not_ok(ProbeResult(ProbeOutcome.HTTP, None, path, f"no answer to GET {path} within {spec.timeout_s:g}s"))
+                self._drop_ahead()
+                return ProbeResult(ProbeOutcome.HTTP, None, path, f"no answer to GET {path} within {spec.timeout_s:g}s")
             except _DOWN as exc:
-                return self._not_ok(ProbeResult(ProbeOutcome.REFUSED, None, path, _short(exc)))
+                return self._gone(ProbeResult(ProbeOutcome.REFUSED, None, path, _short(exc)))
             if status == 404:
                 last = ProbeResult(ProbeOutcome.HTTP, 404, path, f"GET {path} -> 404")
                 continue
             if 200 <= status < 300:
-                if not self._identity_ok:
-                    self._start_ahead()
-                    ok, detail = await self.identity()
-                    if ok is None:
-                        return self._not_ok(ProbeResult(ProbeOutcome.REFUSED, None, path, detail))
-                    if not ok:
-                        self._drop_ahead()
-                        return ProbeResult(ProbeOutcome.WRONG_IDENTITY, status, path, detail)
-                    self._identity_ok = True
+                self._start_ahead()
+                ok, detail = await self._identity_now()
+                if ok is None:
+                    return self._gone(ProbeResult(ProbeOutcome.REFUSED, None, path, detail))
+                if not ok:
+                    self._drop_ahead()
+                    return ProbeResult(ProbeOutcome.WRONG_IDENTITY, status, path, detail)
                 self._good_path = path
                 return ProbeResult(ProbeOutcome.OK, status, path, f"GET {path} -> {status}")
-            return self._not_ok(ProbeResult(ProbeOutcome.HTTP, status, path, f"GET {path} -> {status}"))
-        return self._not_ok(last or ProbeResult(ProbeOutcome.HTTP, None, None, "no probe paths"))
+            last = ProbeResult(ProbeOutcome.HTTP, status, path, f"GET {path} -> {status}")
+            break
+        self._drop_ahead()
+        result = last or ProbeResult(ProbeOutcome.HTTP, None, None, "no probe paths")
+        known, detail = self._identity_peek()
+        if known is False:
+            return ProbeResult(ProbeOutcome.WRONG_IDENTITY, result.status, result.path, detail)
+        return result
 
-    def _not_ok(self, result: ProbeResult) -> ProbeResult:
-        """Not ready (any more): forget the identity and the work started ahead."""
+    def _gone(self, result: ProbeResult) -> ProbeResult:
+        """Nothing answers (any more): forget the identity and the work started ahead."""
         self._identity_ok = False
+        if self._id_task is not None:
+            self._id_task.cancel()
+            self._id_task = None
         self._drop_ahead()
         return result
+
+    def _identity_peek(self) -> tuple[bool | None, str]:
+        """The identity if known by now; else start finding it out in the background."""
+        if self._identity_ok:
+            return True, ""
+        task = self._id_task
+        if task is None:
+            self._id_task = asyncio.create_task(self.identity())
+            return None, ""
+        if not task.done():
+            return None, ""
+        self._id_task = None
+        if task.cancelled():
+            return None, ""
+        ok, detail = task.result()
+        self._identity_ok = ok is True
+        return ok, detail
+
+    async def _identity_now(self) -> tuple[bool | None, str]:
+        """The identity, waiting for a check in flight (or starting one)."""
+        if self._identity_ok:
+            return True, ""
+        task = self._id_task or asyncio.create_task(self.identity())
+        self._id_task = None
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task.cancelled():
+            return None, "the identity check was interrupted"
+        ok, detail = task.result()
+        self._identity_ok = ok is True
+        return ok, detail
 
     async def identity(self) -> tuple[bool | None, str]:
         """Whether the answering process is our server (True), another (False), or nobody any
@@ -224,7 +274,8 @@ class Prober:
 
     async def _capacity(self, profile: EngineProfile, timeout_s: float = 5.0) -> Capacity:
         try:
-            return await asyncio.wait_for(profile.capacity_from_server(self.session, self.base_url), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await profile.capacity_from_server(self.session, self.base_url)
         except Exception:  # an info endpoint is a bonus, never a reason to fail a ready server
             return Capacity()
 

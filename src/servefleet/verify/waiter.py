@@ -105,48 +105,59 @@ async def wait_for_server(
             tasks.append(_start(_watch_process(host, target.pgid, target.status_path, queue), queue))
         smoke_task: asyncio.Task[None] | None = None
         try:
-            while not machine.done:
-                try:
-                    event = await asyncio.wait_for(queue.get(), TICK_S)
-                except TimeoutError:
-                    event = Tick()
-                if isinstance(event, _Crashed):
-                    raise event.error
-                if isinstance(event, ProcessExit):
-                    if follower is not None:
-                        await _stop(follower)
-                        follower = None
-                        await _drain_before_exit(host, target.log_path, log, queue, machine, clock)
-                    if not machine.done:  # who answers on the port now? (another process: port_in_use)
-                        with contextlib.suppress(TimeoutError):
-                            machine.feed(await asyncio.wait_for(prober.probe(machine.probe_spec), FINAL_PROBE_S), clock())
-                ready_line = machine.clf.ready_line
-                machine.feed(event, clock())
-                if machine.clf.ready_line is not ready_line:
-                    wake.set()  # a ready line: probe now rather than at the next interval
-                if machine.wants_smoke:
-                    machine.smoke_started()
-                    smoke_task = asyncio.create_task(_smoke(prober, machine.engine or EngineProfile(), queue))
-                emitter.emit(machine.verdict(clock()))
-            # Lines already read after the cause complete its excerpt.
-            while not queue.empty():
-                pending = queue.get_nowait()
-                if isinstance(pending, LogLines):
-                    machine.feed(pending, clock())
-        finally:
-            for task in [*tasks, follower, smoke_task]:
-                if task is not None:
-                    await _stop(task)
+            try:
+                while not machine.done:
+                    event = await _next_event(queue)
+                    if isinstance(event, _Crashed):
+                        raise event.error
+                    if isinstance(event, ProcessExit):
+                        if follower is not None:
+                            await _stop(follower)
+                            follower = None
+                            await _drain_before_exit(host, target.log_path, log, queue, machine, clock)
+                        if not machine.done:  # who answers on the port now? (another process: port_in_use)
+                            with contextlib.suppress(TimeoutError):
+                                async with asyncio.timeout(FINAL_PROBE_S):
+                                    final = await prober.probe(machine.probe_spec)
+                                machine.feed(final, clock())
+                    ready_line = machine.clf.ready_line
+                    machine.feed(event, clock())
+                    if machine.clf.ready_line is not ready_line:
+                        wake.set()  # a ready line: probe now rather than at the next interval
+                    if machine.wants_smoke:
+                        machine.smoke_started()
+                        smoke_task = asyncio.create_task(_smoke(prober, machine.engine or EngineProfile(), queue))
+                    emitter.emit(machine.verdict(clock()))
+                # Lines already read after the cause complete its excerpt.
+                while not queue.empty():
+                    pending = queue.get_nowait()
+                    if isinstance(pending, LogLines):
+                        machine.feed(pending, clock())
+            finally:
+                for task in [*tasks, follower, smoke_task]:
+                    if task is not None:
+                        await _stop(task)
             verdict = machine.verdict(clock())
-            if verdict.state is State.READY:
+            if verdict.state is State.READY:  # endpoint facts first, the log's fill the gaps
                 found = await prober.capacity(machine.engine or EngineProfile())
                 verdict = verdict.model_copy(update={"capacity": found.merge(verdict.capacity)})
+        finally:
             await prober.close()
     emitter.emit(verdict, force=True)
     return verdict
 
 
 # ---- watchers ---------------------------------------------------------------------------------
+# asyncio.timeout rather than asyncio.wait_for throughout: on Python 3.11, wait_for can swallow a
+# cancellation that arrives as its inner future completes, and a cancelled wait must end.
+async def _next_event(queue: asyncio.Queue) -> "Event | _Crashed":  # type: ignore[type-arg]
+    try:
+        async with asyncio.timeout(TICK_S):
+            return await queue.get()
+    except TimeoutError:
+        return Tick()
+
+
 def _start(coro, queue: asyncio.Queue) -> asyncio.Task[None]:  # type: ignore[type-arg]
     async def guarded() -> None:
         try:
@@ -210,7 +221,8 @@ async def _probe_loop(prober: Prober, machine: ReadinessMachine, queue: asyncio.
         queue.put_nowait(await prober.probe(machine.probe_spec))
         wake.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), PROBE_INTERVAL_S)
+            async with asyncio.timeout(PROBE_INTERVAL_S):
+                await wake.wait()
 
 
 async def _smoke(prober: Prober, profile: EngineProfile, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]

