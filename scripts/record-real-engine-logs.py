@@ -47,6 +47,7 @@ from real_engines import (  # noqa: E402
     launch_by_hand,
     run_fleet,
     stop_group,
+    wait_for_exit,
 )
 from servefleet.engines.base import LaunchSpec  # noqa: E402
 from servefleet.engines.registry import get_engine  # noqa: E402
@@ -56,10 +57,11 @@ SETUP = {"vllm": (VLLM, VLLM_ENV, VLLM_ARGS), "llamacpp": (LLAMACPP, LLAMACPP_EN
 
 
 def log_expectation(sc: Scenario) -> dict[str, Any]:
-    """What `diagnose` must say from the log alone."""
-    if sc.how == "kill":
-        return {"state": "loading", "category": None, "evidence_substring": None}
-    return {"state": sc.state, "category": sc.category, "evidence_substring": sc.evidence}
+    """What `diagnose` must say from the log alone. A whole group SIGKILLed while importing leaves
+    no line to judge by (not even the wrapper's "Killed"): "loading", engine unknown."""
+    if sc.how == "kill" and sc.kill_at is None:
+        return {"state": "loading", "category": None, "evidence_substring": None, "detect": False}
+    return {"state": sc.state, "category": sc.category, "evidence_substring": sc.evidence, "detect": True}
 
 
 def live(verdict: dict[str, Any]) -> dict[str, Any]:
@@ -81,9 +83,10 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
     expected: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
 
-    def keep(sc: Scenario, log_path: str, verdict: dict[str, Any], argv: list[str] | None) -> None:
+    def keep(sc: Scenario, log_path: str, verdict: dict[str, Any], argv: list[str] | None, exit_code: int | None) -> None:
         shutil.copyfile(log_path, FIXTURES / sc.log_name)
-        entry = {**log_expectation(sc), "engine": engine, "scenario": sc.why, "live_verdict": live(verdict)}
+        entry = {**log_expectation(sc), "engine": engine, "scenario": sc.why, "live_verdict": live(verdict),
+                 "exit_code": exit_code}
         if argv:
             entry["argv"] = [a.replace(str(python), "$ENGINE_PYTHON") for a in argv]
         if sc.server == "ready" and engine == "vllm":
@@ -105,8 +108,9 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
                     if entry is not None and (entry["verdict"]["state"], entry["verdict"]["category"]) != (sc.state, sc.category):
                         problems.append(f"{sc.server}: up said {entry['verdict']}, scenario wants {sc.state}/{sc.category}")
                     continue
+                exit_code = wait_for_exit(run.state_dir, sc.server) if sc.state == "failed" else None
                 state = json.loads((run.state_dir / f"{sc.server}.json").read_text()) if (run.state_dir / f"{sc.server}.json").exists() else {}
-                keep(sc, entry["log_path"], entry["verdict"], state.get("argv"))
+                keep(sc, entry["log_path"], entry["verdict"], state.get("argv"), exit_code)
         finally:
             cli_json("down", "--fleet", str(run.fleet), "--grace", "20", timeout=300)
         for sc in (s for s in scenarios if s.how == "by_hand"):
@@ -120,9 +124,10 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
             try:
                 _, verdict, _ = cli_json("wait", "--url", f"http://127.0.0.1:{holder.port}", "--log", str(log), "--pid",
                                          str(proc.pid), "--engine", engine, "--timeout", "600", timeout=700)
+                exit_code = proc.wait(timeout=300)
             finally:
                 stop_group(proc)
-            keep(sc, str(log), verdict, argv)
+            keep(sc, str(log), verdict, argv, exit_code)
     print(f"{engine}: `up` took {run.wall_s:.1f} s; kills: {run.kills}")
     return expected, problems
 

@@ -113,11 +113,34 @@ VLLM = (
              args=("--max-model-len", str(KV_TOO_SMALL_LEN)), env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
              why="a context length whose KV cache exceeds VLLM_CPU_KVCACHE_SPACE: the engine core's ValueError, "
                  "above the API server's 'Engine core initialization failed' wrapper"),
-    Scenario("vllm", "killed_loading", "kill", "failed", "killed", None, kill_at=r"Initializing a V1 LLM engine",
-             why="SIGKILL to the server process while its engine core loads (the wrapper records 137)"),
+    Scenario("vllm", "killed_loading", "kill", "failed", "killed", "Killed", kill_at=r"Initializing a V1 LLM engine",
+             why="SIGKILL to the API server while its engine core loads: the detach wrapper prints 'Killed' and "
+                 "records 137; the engine core lives on until `down`"),
     Scenario("vllm", "port_taken", "blocked", "failed", "port_in_use", None, why="`up` refuses before launching"),
     Scenario("vllm", "port_in_use", "by_hand", "failed", "port_in_use", "Address already in use",
              why="the engine's own bind error, while another server answers 200 on that port"),
+)
+
+
+LLAMACPP_ENV: dict[str, str] = {}
+LLAMACPP_CTX = 1024
+LLAMACPP_ARGS = ("--n_ctx", str(LLAMACPP_CTX))
+LLAMACPP_HUGE_CTX = 2**30  # 1 Gi tokens x 512 B of f16 K+V per token (the tiny model) = 512 GiB
+
+LLAMACPP = (
+    Scenario("llamacpp", "ready", "up", "ready", None, "Uvicorn running on", why="a healthy start-up; capacity from its log"),
+    Scenario("llamacpp", "missing_model", "up", "failed", "model_not_found", "Model path does not exist", missing_model=True,
+             why="a .gguf path that does not exist"),
+    Scenario("llamacpp", "bad_argument", "up", "failed", "config_error", "argument --n_ctx: invalid int value: 'abc'",
+             args=("--n_ctx", "abc"), why="argparse rejects a value"),
+    # gpu_oom: "out of memory for the KV cache" (DESIGN.md), here the CPU buffer llama.cpp cannot allocate
+    Scenario("llamacpp", "kv_too_small", "up", "failed", "gpu_oom", "failed to allocate",
+             args=("--n_ctx", str(LLAMACPP_HUGE_CTX)), why="a context whose KV cache cannot be allocated"),
+    Scenario("llamacpp", "killed_loading", "kill", "failed", "killed", None,
+             why="the whole process group SIGKILLed while Python imports the server: an empty log"),
+    Scenario("llamacpp", "port_taken", "blocked", "failed", "port_in_use", None, why="`up` refuses before launching"),
+    Scenario("llamacpp", "port_in_use", "by_hand", "failed", "port_in_use", "error while attempting to bind on address",
+             why="uvicorn's bind error after 'Application startup complete.', while another server answers 200 there"),
 )
 
 
@@ -303,6 +326,20 @@ def run_fleet(work: Path, engine: str, python: Path, model_dir: Path, scenarios:
     except (json.JSONDecodeError, KeyError):
         raise AssertionError(f"servefleet up exited {proc.returncode} without its JSON report:\n{out[-2000:]}\n{err[-6000:]}") from None
     return FleetRun(fleet, state_dir, proc.returncode, {s["name"]: s for s in servers}, err, kills, time.monotonic() - started)
+
+
+def wait_for_exit(state_dir: Path, server: str, timeout_s: float = 300) -> int | None:
+    """The server process's exit code once the detach wrapper has recorded it (None on timeout).
+    `up` may answer "failed" from the first fatal line while the engine is still printing the
+    rest (vLLM's API server adds its wrapper lines seconds later): a kept log must be whole."""
+    status = state_dir / "run" / f"{server}.status"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return int(status.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            time.sleep(0.1)
+    return None
 
 
 def launch_by_hand(argv: list[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:

@@ -166,7 +166,9 @@ class SSHServer:
             argv = ["ip", "netns", "exec", self.netns, *argv]
         log = open(self.log_file, "ab")
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+            )
         finally:
             log.close()
         deadline = time.monotonic() + timeout
@@ -209,6 +211,19 @@ class SSHServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies, so a test run
+    that is killed (timeout, Ctrl-C twice) leaves no sshd behind. Linux only; a no-op elsewhere."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _login_name() -> str:

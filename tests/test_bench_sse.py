@@ -53,3 +53,22 @@ def test_extract_text_and_int_after() -> None:
     assert extract_text(body) == "four five"
     assert int_after(b'"n": 42,', 4) == 42
     assert int_after(b'"n":null', 4) is None
+
+
+def test_scan_arrival_agrees_with_event_by_event_scanning() -> None:
+    from servefleet.bench.sse import scan_arrival
+
+    chunks = [
+        {"choices": [{"delta": {"role": "assistant", "content": ""}}], "usage": {"prompt_tokens": 9, "completion_tokens": 0}},
+        {"choices": [{"delta": {"content": 'a "quoted" \\ word'}}], "usage": {"prompt_tokens": 9, "completion_tokens": 3}},
+        {"choices": [{"delta": {"content": None, "reasoning_content": "hmm"}}], "usage": {"prompt_tokens": 9, "completion_tokens": 4}},
+        {"choices": [{"text": " plain"}], "usage": {"prompt_tokens": 9, "completion_tokens": 5}},
+    ]
+    payloads = [json.dumps(c, separators=sep).encode() for c, sep in zip(chunks, [(",", ":"), (", ", ": ")] * 2)]
+    buf = b"".join(b"data: " + p + b"\n\n" for p in payloads) + b"data: [DONE]\n\n"
+    arrival = scan_arrival(buf)
+    scans = [scan_payload(p) for p in payloads]
+    assert arrival.text_bytes == sum(s.text_bytes for s in scans)
+    assert (arrival.text_events, arrival.usage_events, arrival.events) == (3, 4, 5)
+    assert (arrival.completion_tokens, arrival.prompt_tokens, arrival.error) == (5, 9, False)
+    assert scan_arrival(b'data: {"error":{"message":"x"}}\n\n').error

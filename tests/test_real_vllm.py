@@ -44,6 +44,13 @@ from servefleet.engines.base import LaunchSpec
 from servefleet.engines.vllm import VLLMEngine
 
 SCENARIOS = {sc.server: sc for sc in VLLM}
+
+
+def real(fn):
+    """A test on the real engine: whichever runs first sets up the shared fleet (1-2 min on 2
+    idle cores, several on a busy machine), hence the generous timeout."""
+    return pytest.mark.engine(pytest.mark.timeout(1500)(fn))
+
 EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
 
 
@@ -82,8 +89,7 @@ def check(verdict: dict[str, Any], server: str) -> None:
 
 
 # ---- one `up`: ready, and every real failure ------------------------------------------------------
-@pytest.mark.engine
-@pytest.mark.timeout(1200)
+@real
 def test_up_reports_one_ready_server_and_the_failures(vllm: Ctx) -> None:
     assert vllm.run.returncode == 1, vllm.run.stderr[-4000:]  # some servers failed
     assert set(vllm.run.report) == {sc.server for sc in VLLM if sc.how != "by_hand"}
@@ -92,7 +98,7 @@ def test_up_reports_one_ready_server_and_the_failures(vllm: Ctx) -> None:
     check(ready["verdict"], "ready")
 
 
-@pytest.mark.engine
+@real
 def test_capacity_is_read_from_the_real_log_and_endpoints(vllm: Ctx) -> None:
     """"CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 2,048 tokens per request: 1024.00x"
     -- both facts on one line in 0.32 -- and the numbers are what 1 GiB of bf16 KV cache holds."""
@@ -107,7 +113,7 @@ def test_capacity_is_read_from_the_real_log_and_endpoints(vllm: Ctx) -> None:
     assert cap["source"]["kv_cache_tokens"] in ("log", "endpoint:/metrics")
 
 
-@pytest.mark.engine
+@real
 @pytest.mark.parametrize("server", ["missing_model", "bad_argument", "kv_too_small"])
 def test_real_failure_is_diagnosed_from_vllms_own_output(vllm: Ctx, server: str) -> None:
     entry = vllm.run.report[server]
@@ -117,34 +123,38 @@ def test_real_failure_is_diagnosed_from_vllms_own_output(vllm: Ctx, server: str)
     assert entry["verdict"]["evidence"]["text"] in log  # the evidence is a line of the real log
 
 
-@pytest.mark.engine
-def test_kv_cache_failure_is_the_engine_core_cause_not_the_api_server_wrapper(vllm: Ctx) -> None:
+@real
+def test_kv_cache_failure_is_the_engine_core_cause(vllm: Ctx) -> None:
+    """The cause is printed by the engine-core process; the API server's generic "Engine core
+    initialization failed. See root cause above." comes later (up may already have answered by
+    then -- the recorded log below has both)."""
     verdict = vllm.verdict("kv_too_small")
-    log = Path(vllm.run.report["kv_too_small"]["log_path"]).read_text(errors="replace").splitlines()
-    wrapper = max(i for i, line in enumerate(log, 1) if "Engine core initialization failed" in line)
-    assert verdict["evidence"]["line_no"] < wrapper
-    assert "EngineCore" in verdict["evidence"]["text"]  # the engine-core process printed the cause
-    assert verdict["capacity"]["context_length"] == 4_194_304
+    assert verdict["evidence"]["text"].startswith("(EngineCore")
+    assert "max seq len (4194304)" in verdict["evidence"]["text"]
+    assert verdict["capacity"]["context_length"] == 4_194_304  # "Using max model len 4194304", read before the failure
 
 
-@pytest.mark.engine
+@real
 def test_sigkill_while_loading_is_killed(vllm: Ctx) -> None:
+    """SIGKILL to the API server while its engine core loads: the detach wrapper survives, prints
+    "Killed" into the log and records 137 (the verdict may come from either)."""
     kill = vllm.run.kills["killed_loading"]
     assert kill["killed"], kill
     verdict = vllm.verdict("killed_loading")
     check(verdict, "killed_loading")
-    assert verdict["exit_code"] == 137  # the detach wrapper outlived its child and recorded the signal
+    assert verdict["exit_code"] in (None, 137)
+    status = Path(vllm.run.state_dir / "run" / "killed_loading.status")
+    assert status.read_text().strip() == "137"
 
 
-@pytest.mark.engine
+@real
 def test_port_held_by_another_server_is_refused_before_launch(vllm: Ctx) -> None:
     entry = vllm.run.report["port_taken"]
     assert entry["action"] == "blocked" and entry["pgid"] is None and entry["log_path"] is None
     check(entry["verdict"], "port_taken")
 
 
-@pytest.mark.engine
-@pytest.mark.timeout(900)
+@real
 def test_wait_classifies_vllms_own_bind_error_on_a_taken_port(vllm: Ctx) -> None:
     """Started by hand (no servefleet) onto the port another server holds: `servefleet wait` must
     not take that server's 200 for ours, and must say port_in_use from vLLM's own error."""
@@ -163,17 +173,18 @@ def test_wait_classifies_vllms_own_bind_error_on_a_taken_port(vllm: Ctx) -> None
 
 
 # ---- the ready server, shared ----------------------------------------------------------------------
-@pytest.mark.engine
+@real
 def test_status_from_a_second_process_sees_the_fleet(vllm: Ctx) -> None:
     code, status, err = cli_json("status", "--fleet", str(vllm.run.fleet), timeout=120)
     states = {s["name"]: s for s in status["servers"]}
     assert states["ready"]["state"] == "ready", states["ready"]
     assert states["ready"]["capacity"]["kv_cache_tokens"] == expected_vllm_kv_tokens(vllm.model)
     for name in ("missing_model", "bad_argument", "kv_too_small", "killed_loading"):
-        assert states[name]["state"] == "dead", states[name]
+        # dead, or "failed" while a child lives on: vLLM's engine core outlives a SIGKILLed API server
+        assert states[name]["state"] in ("dead", "failed"), states[name]
 
 
-@pytest.mark.engine
+@real
 def test_up_again_adopts_the_running_server(vllm: Ctx) -> None:
     code, report, err = cli_json("up", str(vllm.run.fleet), "--only", "ready", timeout=300)
     assert code == 0, err
@@ -182,8 +193,7 @@ def test_up_again_adopts_the_running_server(vllm: Ctx) -> None:
     assert entry["verdict"]["state"] == "ready"
 
 
-@pytest.mark.engine
-@pytest.mark.timeout(600)
+@real
 def test_bench_against_real_vllm(vllm: Ctx) -> None:
     out = vllm.work / "bench.json"
     code, runs, err = cli_json("bench", "--fleet", str(vllm.run.fleet), "--servers", "ready", "--concurrency", "1,4",
@@ -200,8 +210,7 @@ def test_bench_against_real_vllm(vllm: Ctx) -> None:
     assert points[4]["output_tokens_per_s"] * points[4]["duration_s"] == pytest.approx(8 * 16, rel=0.01)
 
 
-@pytest.mark.engine
-@pytest.mark.timeout(600)
+@real
 def test_generate_against_real_vllm(vllm: Ctx) -> None:
     prompts = vllm.work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i:03d}", "prompt": f"Question {i}: the number after {i} is"}) + "\n"
@@ -224,8 +233,7 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
 
 
 # ---- last: down ---------------------------------------------------------------------------------------
-@pytest.mark.engine
-@pytest.mark.timeout(300)
+@real
 def test_down_stops_every_process_and_frees_the_ports(vllm: Ctx) -> None:
     launched = {n: e for n, e in vllm.run.report.items() if e["pgid"]}
     code, result, err = cli_json("down", "--fleet", str(vllm.run.fleet), "--grace", "20", timeout=300)

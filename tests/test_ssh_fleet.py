@@ -90,12 +90,12 @@ def cli(*args: str, cwd: Path, timeout: float = 90) -> subprocess.CompletedProce
 async def test_remote_up_ready_adopt_from_a_new_machine_and_down(sshd_server, tmp_path: Path, fleets) -> None:
     model_dir = tmp_path / "remote home" / WEIRD_MODEL
     model_dir.mkdir(parents=True)
-    path, ports = write_fleet(tmp_path, sshd_server, {"a": [], "w": ["--style", "vllm"]}, models={"w": str(model_dir)})
+    path, ports = write_fleet(tmp_path, sshd_server, {"w": ["--style", "vllm"]}, models={"w": str(model_dir)})
     fleet = fleets(Fleet.load(path))
 
     verdicts = await fleet.up(smoke=True)
-    assert {n: v.state for n, v in verdicts.items()} == {"a": State.READY, "w": State.READY}, verdicts
-    records = {n: fleet.store.load(n) for n in ("a", "w")}
+    assert {n: v.state for n, v in verdicts.items()} == {"w": State.READY}, verdicts
+    records = {n: fleet.store.load(n) for n in ("w",)}
     work = tmp_path / "remote home" / "rf"
     for name, record in records.items():
         assert record.host == "rig" and group_members(record.pgid)
@@ -110,7 +110,7 @@ async def test_remote_up_ready_adopt_from_a_new_machine_and_down(sshd_server, tm
 
     # ready servers are reached through a local forward, not their remote port
     endpoints = {e.name: e for e in await fleet.ready_endpoints()}
-    assert set(endpoints) == {"a", "w"}
+    assert set(endpoints) == {"w"}
     for name, ep in endpoints.items():
         assert ep.base_url.startswith("http://127.0.0.1:") and not ep.base_url.endswith(f":{ports[name]}")
         async with aiohttp.ClientSession() as session, session.get(f"{ep.base_url}/v1/models") as resp:
@@ -126,7 +126,7 @@ async def test_remote_up_ready_adopt_from_a_new_machine_and_down(sshd_server, tm
     assert {n: (s["state"], s["pid"]) for n, s in seen.items()} == {n: ("ready", r.pgid) for n, r in records.items()}
     again = fleets(Fleet.load(path))
     outcomes = await again.start()
-    assert {n: o.action.value for n, o in outcomes.items()} == {"a": "adopted", "w": "adopted"}
+    assert {n: o.action.value for n, o in outcomes.items()} == {"w": "adopted"}
 
     # down, from yet another process: nothing left running on the remote, records removed
     res = cli("down", "--json", "--fleet", str(path), cwd=tmp_path)
@@ -135,7 +135,7 @@ async def test_remote_up_ready_adopt_from_a_new_machine_and_down(sshd_server, tm
         assert group_members(record.pgid) == []
         assert not (work / "state" / f"{name}.json").exists()
     statuses = {s.name: s.state for s in await Fleet.load(path).status()}
-    assert statuses == {"a": Liveness.NOT_LAUNCHED, "w": Liveness.NOT_LAUNCHED}
+    assert statuses == {"w": Liveness.NOT_LAUNCHED}
 
 
 async def test_remote_failure_is_diagnosed_and_a_killed_server_detected(sshd_server, tmp_path: Path, fleets) -> None:
@@ -254,3 +254,29 @@ async def test_two_hosts_one_in_its_own_network_namespace(sshd_server, tmp_path:
         assert all(r.ok and r.was_running for r in results.values()), results
     finally:
         other.stop()
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(900)
+async def test_transformers_serve_on_the_ssh_host(sshd_server, tmp_path: Path, fleets) -> None:
+    """The real `transformers serve` on the SSH host: a tiny model in a folder whose name needs
+    quoting, ready through the forward, one real completion through it, `down` leaves nothing."""
+    from servefleet.modelgen import build_tiny_model, spec_from_preset
+
+    model = tmp_path / "remote home" / "tiny model 'q'"
+    build_tiny_model(model, spec_from_preset("tiny", seed=3))
+    path, _ = write_fleet(tmp_path, sshd_server, {"tf": ["--device", "cpu"]}, models={"tf": str(model)}, timeout=600)
+    text = path.read_text().replace('engine = "sim"', 'engine = "transformers"').replace('args = ["--load-time", "0.3"]\n', 'env = { HF_HUB_OFFLINE = "1", OMP_NUM_THREADS = "1" }\n')
+    path.write_text(text)
+    fleet = fleets(Fleet.load(path))
+    verdict = (await fleet.up(smoke=True))["tf"]
+    assert verdict.state == State.READY, verdict
+    (endpoint,) = await fleet.ready_endpoints()
+    body = {"model": str(model), "prompt": "The server is", "max_tokens": 4}
+    async with aiohttp.ClientSession() as session, session.post(f"{endpoint.base_url}/v1/completions", json=body) as resp:
+        answer = await resp.json()
+    assert answer["choices"][0]["text"].strip() and 1 <= answer["usage"]["completion_tokens"] <= 4
+    pgid = fleet.store.load("tf").pgid
+    result = (await fleet.down(grace_s=20))["tf"]
+    assert result.ok and result.port_free
+    assert group_members(pgid) == []

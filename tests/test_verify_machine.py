@@ -225,3 +225,8 @@ def test_a_terminal_verdict_does_not_carry_a_stale_live_message() -> None:
     v = m.verdict(0.3)
     assert v.state is State.FAILED and v.category is Category.GPU_OOM
     assert v.message is None
+
+
+def test_a_smoke_answer_after_a_wrapper_line_is_not_ready() -> None:
+    m = run([(0.1, OK), (0.15, lines("Rank 0 scheduler is dead.")), (0.2, SmokeResult(True, "200")), (0.2 + WRAPPER_GRACE_S, Tick())], smoke=True)
+    assert m.verdict(0.5).state is State.FAILED

@@ -140,7 +140,7 @@ async def test_port_held_by_another_process_is_not_our_server(launcher: Launcher
     updates: list[Verdict] = []
     verdict = await wait_for_server(ours, timeout_s=20, stall_s=10, on_update=updates.append)
     assert verdict.state is State.FAILED and verdict.category is Category.PORT_IN_USE, verdict
-    assert f"held by pid" in verdict.message
+    assert "held by pid" in verdict.message
     assert any(u.state is State.LOADING and "not from our server" in (u.message or "") for u in updates)
 
 

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import aiohttp
 
-from servefleet.bench.sse import SSESplitter, error_message, extract_text, scan_body, scan_payload
+from servefleet.bench.sse import SSESplitter, error_message, extract_text, scan_arrival, scan_body, scan_payload
 
 __all__ = [
     "PreparedRequest",
@@ -179,7 +179,75 @@ class OpenAIBackend:
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
         """The hot loop. One timestamp per socket arrival: events that arrive together are one
-        chunk, so several tokens in one arrival share one gap (per-token ITL, see metrics.py)."""
+        chunk, so several tokens in one arrival share one gap (per-token ITL, see metrics.py).
+
+        Each arrival (cut at its last newline) is scanned whole by :func:`scan_arrival` — no
+        per-event Python loop; only an arrival that holds an error object, or a run that must keep
+        the text, takes the event-by-event path.
+        """
+        if self.config.keep_text:
+            await self._read_stream_events(resp, rec)
+            return
+        start = rec.start
+        offsets = rec.chunk_offsets
+        sizes = rec.chunk_bytes
+        exact: list[int] | None = []  # tokens per arrival while every text event carries usage
+        cumulative = 0
+        events = 0
+        tail = b""
+        async for data in resp.content.iter_any():
+            now = perf_counter()
+            if tail:
+                data = tail + data
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                tail = data
+                continue
+            if cut < len(data):
+                data, tail = data[:cut], data[cut:]
+            else:
+                tail = b""
+            arrival = scan_arrival(data, need_text=exact is None)
+            if arrival.error:
+                for payload in SSESplitter().feed(data):
+                    if scan_payload(payload).error:
+                        rec.end = now
+                        _failed(rec, "stream_error", error_message(payload))
+                        return
+            events += arrival.events
+            new_tokens = 0
+            if arrival.completion_tokens is not None:
+                if arrival.completion_tokens > cumulative:
+                    new_tokens = arrival.completion_tokens - cumulative
+                    cumulative = arrival.completion_tokens
+                rec.completion_tokens = arrival.completion_tokens
+                if arrival.prompt_tokens is not None:
+                    rec.prompt_tokens = arrival.prompt_tokens
+            if exact is not None and arrival.usage_events < arrival.text_events:
+                exact = None  # text without usage: counts are not per chunk
+            # A chunk: text arrived, or (usage in every event) the count went up.
+            if arrival.text_bytes or (new_tokens and exact is not None):
+                offsets.append(now - start)
+                sizes.append(arrival.text_bytes)
+                if exact is not None:
+                    exact.append(new_tokens)
+                if rec.ttft is None:
+                    rec.ttft = now - start
+        if tail.strip():
+            last = scan_arrival(tail + b"\n")
+            events += last.events
+            if last.completion_tokens is not None:
+                rec.completion_tokens = last.completion_tokens
+        rec.end = perf_counter()
+        if not events:
+            _failed(rec, "bad_response", "HTTP 200 with no server-sent events")
+            return
+        rec.ok = True
+        if exact is not None and offsets and rec.completion_tokens is not None and sum(exact) == rec.completion_tokens:
+            rec.chunk_tokens = exact
+
+    async def _read_stream_events(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+        """Event-by-event reading that also keeps the text (servers that report no usage)."""
         start = rec.start
         splitter = SSESplitter()
         offsets = rec.chunk_offsets

@@ -14,9 +14,13 @@ token total among chunks in proportion (see ``metrics.py``), never as a token co
 from __future__ import annotations
 
 import json
+import re
 from typing import NamedTuple
 
-__all__ = ["SSESplitter", "Scan", "scan_payload", "scan_body", "int_after", "extract_text", "error_message"]
+__all__ = [
+    "SSESplitter", "Scan", "Arrival", "scan_payload", "scan_arrival", "scan_body", "int_after", "extract_text",
+    "error_message",
+]
 
 _DONE = b"[DONE]"
 # Keys whose string values are generated text: chat delta content, reasoning text
@@ -25,6 +29,10 @@ _TEXT_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning":
 _COMPLETION = b'"completion_tokens":'
 _PROMPT = b'"prompt_tokens":'
 _ERROR = b'"error"'
+# Generated-text string values in a buffer of events, matched in C: one regex per key, each
+# starting with its literal key so the engine can jump between occurrences (an alternation up
+# front would try every quote in the buffer); the value pattern is the unrolled-loop form.
+_TEXT_RES = tuple((key, re.compile(re.escape(key) + rb' ?"([^"\\]*(?:\\.[^"\\]*)*)"')) for key in _TEXT_KEYS)
 
 
 class SSESplitter:
@@ -164,3 +172,47 @@ def error_message(payload: bytes, limit: int = 200) -> str:
     else:
         msg = str(err)
     return str(msg)[:limit]
+
+
+class Arrival(NamedTuple):
+    """What one socket read of complete events carried, found without splitting it into events."""
+
+    text_bytes: int
+    text_events: int  # string values with text (about one per event that carries text)
+    usage_events: int  # events with a usage count
+    completion_tokens: int | None  # the last (cumulative) usage.completion_tokens
+    prompt_tokens: int | None
+    events: int
+    error: bool
+
+
+def scan_arrival(buf: bytes, need_text: bool = True) -> Arrival:
+    """The whole-buffer version of :func:`scan_payload`, for the hot loop: a handful of C-level
+    calls per socket read instead of a Python loop per event. ``buf`` ends at a line boundary.
+    An error object anywhere sets ``error`` (the caller re-reads such a buffer event by event).
+
+    With ``need_text=False`` the text is only measured when some event lacks a usage count: a
+    stream with usage in every event (vLLM ``continuous_usage_stats``) needs no text at all.
+    """
+    events = buf.count(b"data:")
+    usage = buf.count(_COMPLETION)
+    completion = prompt = None
+    if usage:
+        i = buf.rfind(_COMPLETION)
+        completion = int_after(buf, i + len(_COMPLETION))
+        j = buf.rfind(_PROMPT)
+        prompt = int_after(buf, j + len(_PROMPT)) if j >= 0 else None
+    text_bytes = text_events = 0
+    if need_text or usage < events - buf.count(_DONE):
+        reasoning = b'"reasoning' in buf  # one pass instead of one per reasoning key
+        for key, regex in _TEXT_RES:
+            if key.startswith(b'"reasoning') and not reasoning:
+                continue
+            values = regex.findall(buf)  # one pass; as cheap as testing `key in buf` first
+            if values:
+                text_events += len(values) - values.count(b"")
+                text_bytes += sum(map(len, values))
+    return Arrival(
+        text_bytes=text_bytes, text_events=text_events, usage_events=usage,
+        completion_tokens=completion, prompt_tokens=prompt, events=events, error=_ERROR in buf,
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import json
 import math
 import os
 import platform
@@ -42,7 +43,8 @@ from servefleet.errors import ServefleetError
 __all__ = ["BenchTarget", "BenchError", "ServerUnreachable", "run_bench", "auto_workers", "MIN_PER_WORKER", "MAX_PROMPTS"]
 
 MIN_PER_WORKER = 32  # fewer concurrent requests than this per worker process is not worth a process
-PER_WORKER = 128  # auto mode: one worker process per this many concurrent requests
+PER_WORKER = 64  # auto mode: one worker process per this many concurrent requests (one process
+# streams ~1-2k req/s of 128 tokens before its core is full: benchmarks/client_overhead.py)
 MAX_PROMPTS = 4096  # distinct prompts built per run; beyond that they are reused
 WARMUP_MAX_TOKENS = 16
 PROBE_RETRIES = 5
@@ -165,10 +167,9 @@ def _trim_info(info: dict[str, Any]) -> dict[str, Any]:
     return {k: info[k] for k in keep if k in info}
 
 
-async def _probe(endpoint: EndpointConfig, body: dict[str, Any], options: dict[str, Any], notes: list[str]) -> tuple[dict[str, Any], RequestRecord]:
+async def _probe(endpoint: EndpointConfig, body: dict[str, Any], options: dict[str, Any],
+                 note: Callable[[str], None]) -> tuple[dict[str, Any], RequestRecord]:
     """Send one short request, dropping options the server refuses; returns the accepted options."""
-    import json  # noqa: PLC0415
-
     opts = dict(options)
     drops = [("stream_options", "continuous_usage_stats"), ("ignore_eos", None), ("stream_options", None)]
     backend = OpenAIBackend(endpoint)
@@ -192,10 +193,10 @@ async def _probe(endpoint: EndpointConfig, body: dict[str, Any], options: dict[s
             if key not in opts:
                 continue
             if sub is None:
-                notes.append(f"server refused '{key}' ({rec.error}); sent without it")
+                note(f"server refused '{key}' ({rec.error}); sent without it")
                 opts.pop(key)
             elif isinstance(opts[key], dict) and sub in opts[key]:
-                notes.append(f"server refused '{key}.{sub}' ({rec.error}); sent without it")
+                note(f"server refused '{key}.{sub}' ({rec.error}); sent without it")
                 opts[key] = {k: v for k, v in opts[key].items() if k != sub}
     finally:
         await backend.close()
@@ -292,9 +293,7 @@ async def run_bench(
             options["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         probe_body = encode_bodies(prompts[:1], api=config.api, model=model, stream=config.stream, options={},
                                    max_tokens=4)[0]
-        import json  # noqa: PLC0415
-
-        options, probe = await _probe(endpoint, json.loads(probe_body.body), options, notes)
+        options, probe = await _probe(endpoint, json.loads(probe_body.body), options, note)
         if probe.completion_tokens is None:
             note("the server reports no token usage: output tokens are counted from the text after each point")
             endpoint = EndpointConfig(**{**endpoint.__dict__, "keep_text": True})
@@ -378,8 +377,6 @@ def _warmup_count(config: BenchConfig, level: int | float) -> int:
 
 def _shorten(req: PreparedRequest) -> PreparedRequest:
     """A warm-up copy of a request with a small max_tokens: opens connections, costs little."""
-    import json  # noqa: PLC0415
-
     body = json.loads(req.body)
     body["max_tokens"] = min(body.get("max_tokens", WARMUP_MAX_TOKENS), WARMUP_MAX_TOKENS)
     return PreparedRequest(index=-1 - req.index, body=json.dumps(body, separators=(",", ":")).encode(),

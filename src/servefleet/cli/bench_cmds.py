@@ -84,7 +84,7 @@ def bench(
     ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly --output-len tokens (default: where the engine supports it).")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature to send.")] = None,
     extra_body: Annotated[Optional[str], typer.Option("--extra-body", help="JSON object merged into every request body.")] = None,
-    workers: Annotated[str, typer.Option("--workers", help="Client processes: a number, or auto (one per 128 concurrent requests, at most one per core).")] = "auto",
+    workers: Annotated[str, typer.Option("--workers", help="Client processes: a number, or auto (one per 64 concurrent requests, at most one per core).")] = "auto",
     api_key_env: Annotated[str, typer.Option("--api-key-env", help="Environment variable holding the API key (never written anywhere).")] = "OPENAI_API_KEY",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds one request may take.")] = 600.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of prompts, lengths and arrivals.")] = 0,
@@ -160,7 +160,7 @@ def bench(
             err.print(f"[bold]bench[/] {target.label or target.base_url}: {len(levels)} points, "
                       f"{'%d requests' % requests if requests else '%gs' % duration} each, {n_workers} client process(es)")
         try:
-            with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop where installed
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:  # asyncio, or SERVEFLEET_EVENT_LOOP=uvloop
                 run = runner.run(run_bench(
                     target, config, tokenizer=tokenizer,
                     on_point=None if quiet else (lambda p: err.print("  " + point_line(p))),

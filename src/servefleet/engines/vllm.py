@@ -61,6 +61,10 @@ OWN_SIGNATURES = (
     S.benign(r"setting cudagraph_mode=|Skipping CUDA graph capture|Cudagraph is disabled|CUDA graph is not supported"
              r"|falling back to (?:eager|PIECEWISE)", re.I),
     S.benign(r"Failed to import from vllm\._C with"),
+    # Source lines quoted in a traceback name an exception class but are code: a real missing-model
+    # start-up (0.32) quotes huggingface_hub's "    raise HFValidationError(" two lines above the
+    # message "HFValidationError: Repo id must be in the form ..." that is the evidence.
+    S.benign(r"^raise [A-Za-z_][\w.]*(?:\(|$)"),
     # ---- ready (evidence; /health decides)
     S.ready(r"Application startup complete\."),
     # ---- wrappers: the cause is above (another process) or in the traceback below

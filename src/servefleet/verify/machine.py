@@ -276,6 +276,8 @@ class ReadinessMachine:
         self.activity_at = now
         if self.done:
             return
+        if result.ok and self.clf.first_wrapper is not None:
+            return  # a wrapper line already said start-up failed: its grace period decides
         if result.ok:
             self.smoke_state = "ok"
             probe = self.last_probe

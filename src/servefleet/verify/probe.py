@@ -114,7 +114,7 @@ class Prober:
                 async with self.session.get(self.base_url + path, timeout=aiohttp.ClientTimeout(total=spec.timeout_s)) as resp:
                     status = resp.status
                     await resp.read()
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 self._drop_ahead()
                 return ProbeResult(ProbeOutcome.HTTP, None, path, f"no answer to GET {path} within {spec.timeout_s:g}s")
             except _DOWN as exc:
@@ -228,7 +228,7 @@ class Prober:
                 body = await resp.json(content_type=None)
         except ValueError:
             return None, False
-        except (TimeoutError, asyncio.TimeoutError, *_DOWN):
+        except (TimeoutError, *_DOWN):
             return None, True
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
@@ -255,7 +255,7 @@ class Prober:
             async with self.session.post(self.base_url + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 text = await resp.text(errors="replace")
                 status = resp.status
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             return SmokeResult(False, f"POST {path}: no answer within {timeout_s:g}s")
         except _DOWN as exc:
             return SmokeResult(False, f"POST {path}: {_short(exc)}")

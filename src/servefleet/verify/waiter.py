@@ -150,7 +150,7 @@ async def wait_for_server(
 # ---- watchers ---------------------------------------------------------------------------------
 # asyncio.timeout rather than asyncio.wait_for throughout: on Python 3.11, wait_for can swallow a
 # cancellation that arrives as its inner future completes, and a cancelled wait must end.
-async def _next_event(queue: asyncio.Queue) -> "Event | _Crashed":  # type: ignore[type-arg]
+async def _next_event(queue: asyncio.Queue) -> Event | _Crashed:  # type: ignore[type-arg]
     try:
         async with asyncio.timeout(TICK_S):
             return await queue.get()
