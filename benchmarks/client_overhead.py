@@ -293,14 +293,25 @@ def run_case(case: Case, base: str, server_pid: int, args: argparse.Namespace) -
         return outcome
     watcher = Watcher(base, proc.pid, server_pid)
     watcher.start()
+    # A slow client is stopped --case-timeout seconds after its first request reached the server
+    # (start-up, e.g. importing vllm on a busy machine, does not count; at most --startup-timeout);
+    # its steady window so far still counts.
     stopped = False
-    try:
-        rc = proc.wait(timeout=args.case_timeout)
-    except subprocess.TimeoutExpired:
-        # A slow client is stopped after --case-timeout; its steady window so far still counts.
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        rc, stopped = -9, True
+    first_seen: float | None = None
+    while True:
+        try:
+            rc = proc.wait(timeout=1.0)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if first_seen is None and len(watcher.samples) > 1 and watcher.samples[-1][1] > watcher.samples[0][1]:
+            first_seen = now
+        if (first_seen is not None and now - first_seen > args.case_timeout) or now - t0 > args.startup_timeout + args.case_timeout:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc, stopped = -9, True
+            break
     watcher.stop()
     outcome.wall_s = time.monotonic() - t0
     outcome.measured = watcher.window()
@@ -417,7 +428,8 @@ def main() -> None:
     ap.add_argument("--guidellm", default=shutil.which("guidellm") or str(REPO / "benchmarks" / ".peers-venv" / "bin" / "guidellm"),
                     help="guidellm executable, or a command line such as 'python3 -m guidellm'")
     ap.add_argument("--tokenizer", type=Path, default=None, help="local tokenizer folder for vllm/guidellm (default: build one)")
-    ap.add_argument("--case-timeout", type=float, default=900)
+    ap.add_argument("--case-timeout", type=float, default=900, help="seconds of load per case before a slow client is stopped")
+    ap.add_argument("--startup-timeout", type=float, default=600, help="seconds a client may take to send its first request")
     ap.add_argument("--out", type=Path, default=RESULTS / "client_overhead.json")
     args = ap.parse_args()
     TMP.mkdir(parents=True, exist_ok=True)

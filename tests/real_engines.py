@@ -113,9 +113,10 @@ VLLM = (
              args=("--max-model-len", str(KV_TOO_SMALL_LEN)), env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
              why="a context length whose KV cache exceeds VLLM_CPU_KVCACHE_SPACE: the engine core's ValueError, "
                  "above the API server's 'Engine core initialization failed' wrapper"),
-    Scenario("vllm", "killed_loading", "kill", "failed", "killed", "Killed", kill_at=r"Initializing a V1 LLM engine",
-             why="SIGKILL to the API server while its engine core loads: the detach wrapper prints 'Killed' and "
-                 "records 137; the engine core lives on until `down`"),
+    # Killed right after argument parsing, before the engine-core process is spawned: killed later, the
+    # engine core outlives its API server (an orphan that loads the model and spins until `down`).
+    Scenario("vllm", "killed_loading", "kill", "failed", "killed", "Killed", kill_at=r"non-default args: ",
+             why="SIGKILL to the API server while it loads: the detach wrapper prints 'Killed' and records 137"),
     Scenario("vllm", "port_taken", "blocked", "failed", "port_in_use", None, why="`up` refuses before launching"),
     Scenario("vllm", "port_in_use", "by_hand", "failed", "port_in_use", "Address already in use",
              why="the engine's own bind error, while another server answers 200 on that port"),

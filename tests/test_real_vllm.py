@@ -41,7 +41,9 @@ from real_engines import (
     stop_group,
 )
 from servefleet.engines.base import LaunchSpec
+from servefleet.engines.registry import get_engine
 from servefleet.engines.vllm import VLLMEngine
+from servefleet.verify.diagnose import diagnose_text
 
 SCENARIOS = {sc.server: sc for sc in VLLM}
 
@@ -136,8 +138,8 @@ def test_kv_cache_failure_is_the_engine_core_cause(vllm: Ctx) -> None:
 
 @real
 def test_sigkill_while_loading_is_killed(vllm: Ctx) -> None:
-    """SIGKILL to the API server while its engine core loads: the detach wrapper survives, prints
-    "Killed" into the log and records 137 (the verdict may come from either)."""
+    """SIGKILL to the API server while it loads (as the OOM killer would): the detach wrapper
+    survives, prints "Killed" into the log and records 137 (the verdict may come from either)."""
     kill = vllm.run.kills["killed_loading"]
     assert kill["killed"], kill
     verdict = vllm.verdict("killed_loading")
@@ -180,7 +182,7 @@ def test_status_from_a_second_process_sees_the_fleet(vllm: Ctx) -> None:
     assert states["ready"]["state"] == "ready", states["ready"]
     assert states["ready"]["capacity"]["kv_cache_tokens"] == expected_vllm_kv_tokens(vllm.model)
     for name in ("missing_model", "bad_argument", "kv_too_small", "killed_loading"):
-        # dead, or "failed" while a child lives on: vLLM's engine core outlives a SIGKILLed API server
+        # dead, or "failed" while the process is still shutting down
         assert states[name]["state"] in ("dead", "failed"), states[name]
 
 
@@ -251,15 +253,26 @@ RECORDED = sorted(name for name in EXPECTED if name.startswith("vllm_"))
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_diagnose_on_the_recorded_real_log(name: str) -> None:
+    """`servefleet diagnose` (engine auto-detected) on a real vLLM log reaches the recorded verdict."""
     want = EXPECTED[name]
     code, verdict, err = cli_json("diagnose", str(FIXTURES / name), timeout=120)
-    assert verdict["engine"] == "vllm"
+    assert verdict["engine"] == ("vllm" if want["detect"] else None)
     assert (verdict["state"], verdict["category"]) == (want["state"], want["category"]), verdict
     if want["evidence_substring"]:
         assert want["evidence_substring"] in verdict["evidence"]["text"]
     for key, value in want.get("capacity", {}).items():
         assert verdict["capacity"][key] == value, key
     assert code == (1 if want["state"] == "failed" else 0)
+
+
+def test_recorded_kv_failure_names_the_cause_above_the_wrappers() -> None:
+    """The whole log: the engine core's ValueError, then its traceback again in the process's
+    stderr, then the API server's "Engine core initialization failed. See root cause above."."""
+    lines = (FIXTURES / "vllm_kv_too_small.log").read_text(errors="replace").splitlines()
+    verdict = diagnose_text("\n".join(lines), get_engine("vllm"))
+    wrapper = max(i for i, line in enumerate(lines, 1) if "Engine core initialization failed" in line)
+    assert verdict.evidence is not None and verdict.evidence.line_no < wrapper
+    assert lines[verdict.evidence.line_no - 1].startswith("(EngineCore")
 
 
 def test_every_vllm_scenario_with_a_log_is_recorded() -> None:

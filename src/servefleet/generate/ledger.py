@@ -169,7 +169,10 @@ class Ledger:
         shard_set = set(shards)
         entries = {n for n in self.sink.list(LEDGER_DIR) if n.endswith(".json")}
         done = DoneSet()
-        line_parts: list[np.ndarray] = []
+        # Flat growing arrays, not one small object per entry: long-lived small objects made
+        # between the many short-lived ones of each parsed entry would pin allocator arenas
+        # (measured: ~90 MB kept for 900 entries of 1,000 ids when each entry left a numpy array).
+        lines = array("q")
         hashes = array("q")
         wanted = [f"{LEDGER_DIR}/{_stem(s)}.json" for s in shards if f"{_stem(s)}.json" in entries]
         for stale in entries - {f"{_stem(s)}.json" for s in shard_set}:
@@ -178,26 +181,25 @@ class Ledger:
         for i in range(0, len(wanted), _BATCH):
             for rel, data in self.sink.read_many(wanted[i : i + _BATCH]).items():
                 entry = LedgerEntry.from_bytes(data)
-                self._count(entry, done, line_parts, hashes, collisions)
+                self._count(entry, done, lines, hashes, collisions)
         have = {f"{_stem(s)}.json" for s in shards} & entries
         for shard in shards:
             if f"{_stem(shard)}.json" in have:
                 continue
             entry = self._rebuild(shard, manifest)
             done.rebuilt += 1
-            self._count(entry, done, line_parts, hashes, collisions)
-        done.lines = np.concatenate(line_parts) if line_parts else np.zeros(0, dtype=np.int64)
+            self._count(entry, done, lines, hashes, collisions)
+        done.lines = np.frombuffer(lines, dtype=np.int64).copy() if len(lines) else np.zeros(0, dtype=np.int64)
         done.id_hashes = np.unique(np.frombuffer(hashes, dtype=np.int64)) if len(hashes) else np.zeros(0, dtype=np.int64)
         return done
 
-    def _count(self, entry: LedgerEntry, done: DoneSet, line_parts: list[np.ndarray], hashes: array,
-               collisions: frozenset[int]) -> None:
+    def _count(self, entry: LedgerEntry, done: DoneSet, lines: array, hashes: array, collisions: frozenset[int]) -> None:
         done.rows += entry.rows
         done.shards += 1
         done.completion_tokens += entry.completion_tokens
         if entry.input_sha256 != self.input_sha256:
             done.by_line = False
-        line_parts.append(np.asarray(entry.lines, dtype=np.int64))
+        lines.extend(entry.lines)
         # Id hashes are collected always: whether lines can be trusted is known only at the end.
         hashed = list(map(_prepass.id_hash, entry.ids))
         hashes.extend(hashed)
