@@ -170,6 +170,20 @@ def cli_json(*args: str, timeout: float) -> tuple[int, Any, str]:
                              f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}") from None
 
 
+def diagnose_logs(paths: list[Path], timeout: float = 300) -> dict[str, tuple[int, dict[str, Any]]]:
+    """`servefleet diagnose --json` on each log, all at once (one CLI process each): name -> (exit code, verdict)."""
+    procs = {p.name: subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "diagnose", str(p), "--json"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in paths}
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=timeout)
+        try:
+            results[name] = (proc.returncode, json.loads(out))
+        except json.JSONDecodeError:
+            raise AssertionError(f"servefleet diagnose {name} exited {proc.returncode}: {err[-3000:]}") from None
+    return results
+
+
 def build_tiny_model(dest: Path, *, gguf: bool = False) -> Path:
     """`servefleet model tiny DEST [--gguf]`: the documented way to get a model for these engines."""
     args = ["model", "tiny", str(dest), "--seed", "3", *(["--gguf"] if gguf else [])]

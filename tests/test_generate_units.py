@@ -318,3 +318,14 @@ def test_a_failed_restart_is_described_with_its_diagnosis():
                 hint="lower --mem-fraction-static")
     assert describe_verdict(v) == "failed [gpu_oom] log line 812: torch.OutOfMemoryError: CUDA out of memory -- lower --mem-fraction-static"
     assert describe_verdict(Verdict(state=State.READY, message="GET /health answered 200")) == "ready (GET /health answered 200)"
+
+
+def test_rate_meter_counts_the_recent_window_only():
+    from servefleet.generate.stats import RateMeter
+
+    m = RateMeter(window_s=10.0, bucket_s=0.25)
+    for i in range(200):  # 20 s at 10 events/s of 5 units: 50 units/s
+        m.add(5, now=100.0 + i * 0.1)
+    assert m.rate(now=120.0) == pytest.approx(50, rel=0.05)
+    assert m.rate(now=140.0) == 0.0  # nothing in the last 10 s
+    assert len(m._buckets) == 0

@@ -33,6 +33,7 @@ from real_engines import (
     PortHolder,
     build_tiny_model,
     cli_json,
+    diagnose_logs,
     engine_python,
     expected_vllm_kv_tokens,
     group_members,
@@ -251,11 +252,16 @@ def test_down_stops_every_process_and_frees_the_ports(vllm: Ctx) -> None:
 RECORDED = sorted(name for name in EXPECTED if name.startswith("vllm_"))
 
 
+@pytest.fixture(scope="module")
+def diagnosed() -> dict[str, tuple[int, dict[str, Any]]]:
+    return diagnose_logs([FIXTURES / name for name in RECORDED])
+
+
 @pytest.mark.parametrize("name", RECORDED)
-def test_diagnose_on_the_recorded_real_log(name: str) -> None:
+def test_diagnose_on_the_recorded_real_log(name: str, diagnosed: dict[str, tuple[int, dict[str, Any]]]) -> None:
     """`servefleet diagnose` (engine auto-detected) on a real vLLM log reaches the recorded verdict."""
     want = EXPECTED[name]
-    code, verdict, err = cli_json("diagnose", str(FIXTURES / name), timeout=120)
+    code, verdict = diagnosed[name]
     assert verdict["engine"] == ("vllm" if want["detect"] else None)
     assert (verdict["state"], verdict["category"]) == (want["state"], want["category"]), verdict
     if want["evidence_substring"]:
@@ -263,6 +269,9 @@ def test_diagnose_on_the_recorded_real_log(name: str) -> None:
     for key, value in want.get("capacity", {}).items():
         assert verdict["capacity"][key] == value, key
     assert code == (1 if want["state"] == "failed" else 0)
+    # the same verdict with the engine named, through the library
+    named = diagnose_text((FIXTURES / name).read_bytes().decode("utf-8", errors="replace"), get_engine("vllm"))
+    assert (named.state.value, named.category.value if named.category else None) == (want["state"], want["category"])
 
 
 def test_recorded_kv_failure_names_the_cause_above_the_wrappers() -> None:

@@ -94,7 +94,8 @@ class DoneSet:
         before = int((view == SKIP).sum())
         if self.by_line:
             lines = self.lines[(self.lines >= 1) & (self.lines <= len(view))]
-            view[lines - 1] = SKIP
+            lines -= 1
+            view[lines] = SKIP
             return int((view == SKIP).sum()) - before
         if prepass is None:
             raise ValueError("matching done ids needs the pre-pass's hashes")
@@ -106,6 +107,11 @@ class DoneSet:
         else:
             view[done] = SKIP
         return int((view == SKIP).sum()) - before
+
+    def release(self) -> None:
+        """Drop the per-row arrays once applied (the exact-match table stays for CHECK lines)."""
+        self.lines = np.zeros(0, dtype=np.int64)
+        self.id_hashes = np.zeros(0, dtype=np.int64)
 
     def is_done_exact(self, rid: str) -> bool:
         return rid in self.exact.get(_prepass.id_hash(rid), ())
@@ -189,8 +195,9 @@ class Ledger:
             entry = self._rebuild(shard, manifest)
             done.rebuilt += 1
             self._count(entry, done, lines, hashes, collisions)
-        done.lines = np.frombuffer(lines, dtype=np.int64).copy() if len(lines) else np.zeros(0, dtype=np.int64)
-        done.id_hashes = np.unique(np.frombuffer(hashes, dtype=np.int64)) if len(hashes) else np.zeros(0, dtype=np.int64)
+        # Views on the arrays' own buffers: no copy, no sort (np.isin does not need unique values).
+        done.lines = np.frombuffer(lines, dtype=np.int64) if len(lines) else np.zeros(0, dtype=np.int64)
+        done.id_hashes = np.frombuffer(hashes, dtype=np.int64) if len(hashes) else np.zeros(0, dtype=np.int64)
         return done
 
     def _count(self, entry: LedgerEntry, done: DoneSet, lines: array, hashes: array, collisions: frozenset[int]) -> None:

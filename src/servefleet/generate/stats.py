@@ -11,33 +11,40 @@ __all__ = ["RateMeter", "ServerStats", "JobStats"]
 
 
 class RateMeter:
-    """Rate of a growing counter over the last ``window_s`` seconds."""
+    """Rate of a growing counter over the last ``window_s`` seconds, in buckets of ``bucket_s``
+    (memory does not grow with the event rate)."""
 
-    def __init__(self, window_s: float = 10.0) -> None:
+    def __init__(self, window_s: float = 10.0, bucket_s: float = 0.25) -> None:
         self.window_s = window_s
+        self.bucket_s = bucket_s
         self.total = 0.0
-        self._samples: deque[tuple[float, float]] = deque()
+        self._buckets: deque[list[float]] = deque()  # [bucket start, amount]
+        self._first: float | None = None
 
     def add(self, amount: float, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self.total += amount
-        self._samples.append((now, self.total))
+        if self._first is None:
+            self._first = now
+        if self._buckets and now - self._buckets[-1][0] < self.bucket_s:
+            self._buckets[-1][1] += amount
+        else:
+            self._buckets.append([now, amount])
         self._trim(now)
 
     def _trim(self, now: float) -> None:
-        while len(self._samples) > 2 and self._samples[1][0] < now - self.window_s:
-            self._samples.popleft()
+        while self._buckets and self._buckets[0][0] < now - self.window_s:
+            self._buckets.popleft()
 
     def rate(self, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
         self._trim(now)
-        if not self._samples:
+        if self._first is None:
             return 0.0
-        t0, c0 = self._samples[0]
-        span = max(now - t0, 1e-9)
+        span = min(self.window_s, now - self._first)
         if span < 0.5:  # too little history to say
             return 0.0
-        return (self.total - c0) / span
+        return sum(b[1] for b in self._buckets) / span
 
 
 @dataclass
