@@ -295,7 +295,8 @@ def write_big_input(path: Path, n: int) -> None:
             f.write('{"id": "r%07d", "prompt": "Tell me something about the number %d.", "max_tokens": 8}\n' % (i, i))
 
 
-def watch_run(argv: list[str], sims: list[Sim] | None = None) -> tuple[int, dict[str, Any], float, float, float | None]:
+def watch_run(argv: list[str], sims: list[Sim] | None = None, stop_after_s: float | None = None,
+              ) -> tuple[int, dict[str, Any], float, float, float | None]:
     """Run ``argv``; returns (exit code, JSON report, peak RSS MB sampled from outside, wall s,
     s from exec to the first request at the sims). The report's own ``peak_rss_mb`` (VmHWM) is the
     exact peak; the outside samples (every 50 ms) check it. ``wait4``'s ``ru_maxrss`` is not used:
@@ -313,6 +314,9 @@ def watch_run(argv: list[str], sims: list[Sim] | None = None) -> tuple[int, dict
             sampled = max(sampled, watched.memory_info().rss / 2**20)
         except psutil.Error:
             pass
+        if stop_after_s is not None and time.monotonic() - t0 > stop_after_s:
+            proc.send_signal(signal.SIGTERM)  # a clean stop: what is answered is committed
+            stop_after_s = None
         if sims and first is None and _requests(sims) > base:
             first = time.monotonic() - t0
         time.sleep(0.05)
@@ -336,21 +340,22 @@ def gen_argv(src: Path, out: Path, sims: list[Sim]) -> list[str]:
             *[a for s in sims for a in ("--url", s.url)], "--json"]
 
 
-def memory_section(workdir: Path, lines: int) -> dict[str, Any]:
+def memory_section(workdir: Path, lines: int, time_limit_s: float | None) -> dict[str, Any]:
     src = workdir / "big.jsonl"
     write_big_input(src, lines)
     sims = start_fleet(workdir, max_running=64, decode_ms=0, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0)
     try:
-        rc, report, sampled, wall, _ = watch_run(gen_argv(src, workdir / "out-big", sims))
+        rc, report, sampled, wall, _ = watch_run(gen_argv(src, workdir / "out-big", sims), stop_after_s=time_limit_s)
     finally:
         for s in sims:
             s.stop()
-    if report.get("status") != "complete":
-        raise RuntimeError(f"1M run ended {report.get('status')}")
+    if report.get("status") not in ("complete", "interrupted") or (time_limit_s is None and report.get("status") != "complete"):
+        raise RuntimeError(f"{lines:,}-line run ended {report.get('status')}")
     peak = report["peak_rss_mb"]
     result = {"lines": lines, "input_mb": round(src.stat().st_size / 2**20, 1), "peak_rss_mb": peak,
               "peak_rss_sampled_mb": round(sampled, 1), "wall_s": round(wall, 1),
-              "requests_per_s": round(report["committed"] / wall, 1), "committed": report["committed"], "shards": report["shards"]}
+              "requests_per_s": round(report["committed"] / wall, 1), "committed": report["committed"], "shards": report["shards"],
+              "status": report["status"], "stopped_after_s": time_limit_s}
     print(f"  {lines:,} lines ({result['input_mb']} MB): peak RSS {peak:.1f} MB, {wall:.0f}s ({result['requests_per_s']} req/s)", flush=True)
     return result
 
@@ -379,7 +384,7 @@ def seed_done(src: Path, out: Path, done: int) -> None:
         ledger.commit(buf)
 
 
-def resume_section(workdir: Path, lines: int) -> dict[str, Any]:
+def resume_section(workdir: Path, lines: int, time_limit_s: float | None) -> dict[str, Any]:
     src = workdir / "big.jsonl"
     if not src.exists():
         write_big_input(src, lines)
@@ -398,12 +403,13 @@ def resume_section(workdir: Path, lines: int) -> dict[str, Any]:
                 shutil.rmtree(out)
                 shutil.copytree(backup, out)
                 os.utime(src)
-            rc, report, _, wall, first = watch_run(gen_argv(src, out, sims), sims)
+            rc, report, _, wall, first = watch_run(gen_argv(src, out, sims), sims, stop_after_s=time_limit_s)
             peak = report["peak_rss_mb"]
-            if report.get("status") != "complete" or report["done_before"] != done:
+            if report.get("status") not in ("complete", "interrupted") or report["done_before"] != done:
                 raise RuntimeError(f"resume ({label}) ended {report.get('status')}, done_before {report.get('done_before')}")
             results[label] = {"exec_to_first_request_s": round(first or float("nan"), 3), "startup_s": report["startup_s"],
-                              "wall_s": round(wall, 1), "sent": report["committed"], "peak_rss_mb": round(peak, 1)}
+                              "wall_s": round(wall, 1), "sent": report["committed"], "status": report["status"],
+                              "peak_rss_mb": round(peak, 1)}
             print(f"  resume, {label}: first request {first:.2f}s after exec (startup_s {report['startup_s']}), "
                   f"{report['committed']:,} sent in {wall:.0f}s, peak RSS {peak:.0f} MB", flush=True)
     finally:
@@ -427,16 +433,18 @@ def table(result: dict[str, Any]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     mem = result.get("memory")
     if mem:
-        lines.append(f"\npeak RSS, {mem['lines']:,}-line input sent in full: {mem['peak_rss_mb']} MB (target < 300 MB); "
+        how = "sent in full" if mem["status"] == "complete" else f"stopped cleanly after {mem['stopped_after_s']:.0f}s, {mem['committed']:,} sent"
+        lines.append(f"\npeak RSS, {mem['lines']:,}-line input ({how}): {mem['peak_rss_mb']} MB (target < 300 MB); "
                      f"{mem['requests_per_s']} req/s to instant sims")
     res = result.get("resume")
     if res:
         for label in ("same input", "input touched"):
             r = res.get(label)
             if r:
+                rest = f"rest sent in {r['wall_s']}s" if r["status"] == "complete" else f"stopped after {r['wall_s']}s, {r['sent']:,} sent"
                 lines.append(f"resume {res['lines']:,} lines, {res['done_before']:,} done ({label}): first request "
                              f"{r['exec_to_first_request_s']}s after exec (target < 10 s); run's own startup {r['startup_s']}s; "
-                             f"rest sent in {r['wall_s']}s")
+                             f"{rest}; peak RSS {r['peak_rss_mb']} MB")
     return "\n".join(lines)
 
 
@@ -455,10 +463,10 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             result["throughput"] = await throughput_section(workdir, args.prompts)
         if "memory" in args.sections:
             print(f"memory: {args.rss_lines:,}-line input", flush=True)
-            result["memory"] = await asyncio.to_thread(memory_section, workdir, args.rss_lines)
+            result["memory"] = await asyncio.to_thread(memory_section, workdir, args.rss_lines, args.rss_time_limit)
         if "resume" in args.sections:
             print(f"resume: {args.rss_lines:,}-line job, 90% done", flush=True)
-            result["resume"] = await asyncio.to_thread(resume_section, workdir, args.rss_lines)
+            result["resume"] = await asyncio.to_thread(resume_section, workdir, args.rss_lines, args.resume_time_limit)
     finally:
         result["machine"]["loadavg_at_end"] = os.getloadavg()
         if not args.keep:
@@ -470,6 +478,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=int, default=4000, help="prompts of the throughput job")
     p.add_argument("--rss-lines", type=int, default=1_000_000, help="lines of the memory and resume inputs")
+    p.add_argument("--rss-time-limit", type=float, default=None,
+                   help="stop the memory run cleanly (SIGTERM) after this many seconds: on a slow machine sending a million "
+                        "requests takes hours; the whole input is still read and checked, and RSS plateaus early")
+    p.add_argument("--resume-time-limit", type=float, default=None,
+                   help="stop each resumed run cleanly after this many seconds (the figure is the time to the first request)")
     p.add_argument("--sections", nargs="+", default=["throughput", "memory", "resume"], choices=["throughput", "memory", "resume"])
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not the reported figures)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")

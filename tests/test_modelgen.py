@@ -206,6 +206,43 @@ def test_gguf_computes_what_the_hf_folder_computes(llama: Path) -> None:
     assert diff < 1e-5
 
 
+# llama.cpp (llama-cpp-python, the cached real-engine environment) evaluates the GGUF; it prints
+# one JSON line: its tokens and its logits for every position.
+_LLAMA_CPP_EVAL = """
+import json, sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=128, logits_all=True, verbose=False)
+tokens = llm.tokenize(sys.argv[2].encode(), add_bos=True, special=False)
+llm.eval(tokens)
+print(json.dumps({"tokens": tokens, "logits": [list(map(float, row)) for row in llm.scores[: len(tokens)]]}))
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("which", ["llama", "qwen2"])
+def test_llama_cpp_computes_what_transformers_computes(which: str, request: pytest.FixtureRequest) -> None:
+    """The real consumer of the GGUF: same tokens as the HF tokenizer, logits equal to float noise
+    (q/k re-ordering, rotary style, tokenizer split and special tokens all agree)."""
+    import subprocess
+
+    import torch
+    from real_engines import engine_python
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    python = engine_python("llamacpp")
+    path = request.getfixturevalue(which)
+    text = "Hello world, the model server is ready. def foo(x): return 42"
+    done = subprocess.run([str(python), "-c", _LLAMA_CPP_EVAL, str(path / "model.gguf"), text],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    ids = AutoTokenizer.from_pretrained(path)(text)["input_ids"]
+    assert got["tokens"] == ids
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(path)(torch.tensor([ids])).logits[0]
+    assert (expected - torch.tensor(got["logits"])).abs().max().item() < 1e-2
+
+
 def test_bf16_gguf_is_written_as_bf16(tmp_path: Path) -> None:
     import gguf
 

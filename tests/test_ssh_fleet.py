@@ -41,13 +41,13 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
-def write_fleet(tmp_path: Path, server, servers: dict[str, list[str]], *, port: int | None = None, models: dict[str, str] | None = None, timeout: float = 60) -> tuple[Path, dict[str, int]]:
+def write_fleet(tmp_path: Path, server, servers: dict[str, list[str]], *, port: int | None = None, models: dict[str, str] | None = None, timeout: float = 60, stall: float = 30) -> tuple[Path, dict[str, int]]:
     """A fleet of sim servers on host "rig" (the sshd), remote work folder under tmp_path."""
     ports = {name: free_port() for name in servers}
     remote = tmp_path / "remote home"
     remote.mkdir(exist_ok=True)
     parts = [
-        f'[fleet]\nname = "rf"\ntimeout = {timeout}\nstall = 30\n',
+        f'[fleet]\nname = "rf"\ntimeout = {timeout}\nstall = {stall}\n',
         "[hosts.rig]\n"
         f'ssh = "{server.destination}"\nport = {port or server.port}\n'
         f'identity_file = "{server.identity_file}"\nknown_hosts = "{server.known_hosts}"\n'
@@ -134,7 +134,7 @@ async def test_remote_up_ready_adopt_from_a_new_machine_and_down(sshd_server, tm
     for name, record in records.items():
         assert group_members(record.pgid) == []
         assert not (work / "state" / f"{name}.json").exists()
-    statuses = {s.name: s.state for s in await Fleet.load(path).status()}
+    statuses = {s.name: s.state for s in await fleets(Fleet.load(path)).status()}
     assert statuses == {"w": Liveness.NOT_LAUNCHED}
 
 
@@ -265,7 +265,7 @@ async def test_transformers_serve_on_the_ssh_host(sshd_server, tmp_path: Path, f
 
     model = tmp_path / "remote home" / "tiny model 'q'"
     build_tiny_model(model, spec_from_preset("tiny", seed=3))
-    path, _ = write_fleet(tmp_path, sshd_server, {"tf": ["--device", "cpu"]}, models={"tf": str(model)}, timeout=600)
+    path, _ = write_fleet(tmp_path, sshd_server, {"tf": ["--device", "cpu"]}, models={"tf": str(model)}, timeout=600, stall=300)
     text = path.read_text().replace('engine = "sim"', 'engine = "transformers"').replace('args = ["--load-time", "0.3"]\n', 'env = { HF_HUB_OFFLINE = "1", OMP_NUM_THREADS = "1" }\n')
     path.write_text(text)
     fleet = fleets(Fleet.load(path))

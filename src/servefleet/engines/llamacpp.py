@@ -54,14 +54,26 @@ OWN_SIGNATURES = (
     # ggml-cuda: "ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected" -- llama.cpp
     # goes on with the CPU backend, so the server still starts: a warning, not a failure.
     S.benign(r"ggml_cuda_init: failed to initialize"),
+    # Source lines quoted in a traceback name an exception class but are code: llama-cpp-python 0.3.36 with
+    # a missing file quotes '    raise ValueError(f"Model path does not exist: {model_path}")' just above
+    # the message line "ValueError: Model path does not exist: /m/x.gguf" that is the evidence.
+    S.benign(r"^raise [A-Za-z_][\w.]*(?:\(|$)"),
     # ---- ready (evidence; the probe decides). Native: "main: server is listening on http://127.0.0.1:8080 -
     # starting the main loop" (newer: "srv  llama_server: listening on http://..."), then "all slots are idle".
     S.ready(r"\bserver is listening on \S+|llama_server: listening on http|update_slots: all slots are idle"),
+    # llama-cpp-python (uvicorn): "Uvicorn running on http://..." is printed once the socket is bound (a
+    # failed bind prints "[Errno 98] error while attempting to bind" instead), after the model loaded.
+    S.ready(r"Uvicorn running on https?://\S+"),
     # ---- wrappers: consequences printed after the cause
     S.wrapper(r"exiting due to (?:HTTP server|model loading) error"),
     S.wrapper(r"load_model: failed to load model|\bfailed to load model '"),
     # ---- fatal, llama.cpp's own words (ggml-cuda / ggml-backend allocation failures first)
     S.fatal(r"couldn't bind HTTP server socket", C.PORT_IN_USE),
+    # ggml-cpu: the first line of a KV cache (or weights) too large for the memory the process may use,
+    # above "failed to allocate CPU buffer of size N" / "failed to allocate buffer for kv cache" (real, 0.3.36).
+    S.fatal(r"ggml_aligned_malloc: insufficient memory|failed to allocate buffer for kv cache", C.GPU_OOM,
+            "the KV cache (or the weights) does not fit in memory: lower -c/--ctx-size (--n_ctx), -np/--parallel, "
+            "or use a smaller quantization"),
     S.fatal(r"cudaMalloc failed: out of memory|failed to allocate \w+ buffer|unable to allocate \w+ buffer"
             r"|ggml_backend_\w+_buffer_type_alloc_buffer: allocating .* failed|out of device memory"
             r"|ErrorOutOfDeviceMemory|hipMalloc failed", C.GPU_OOM),
@@ -85,12 +97,15 @@ OWN_SIGNATURES = (
     S.progress(r"initializing slots|new slot", "initialising slots"),
     S.progress(r"main: model loaded|llama_server: model loaded|chat template", "model loaded"),
     # llama-cpp-python (uvicorn): startup complete is printed before the port is bound
-    S.progress(r"Uvicorn running on|Application startup complete\.|Started server process", "HTTP server starting"),
+    S.progress(r"Application startup complete\.|Started server process|Waiting for application startup", "HTTP server starting"),
 )
 
 _SLOTS = re.compile(r"initializing slots, n_slots = (\d+)")
 _SLOT_CTX = re.compile(r"new slot,? n_ctx(?:_slot)? = (\d+)")
 _CTX = re.compile(r"\b(?:llama_context|llama_new_context_with_model): n_ctx\s+= (\d+)")
+# "llama_context: n_ctx_seq             = 1024" (per sequence), "llama_context: n_seq_max             = 1"
+_CTX_SEQ = re.compile(r"\bllama_context: n_ctx_seq\s+= (\d+)")
+_SEQ_MAX = re.compile(r"\bllama_context: n_seq_max\s+= (\d+)")
 _KV_SIZE = re.compile(r"llama_kv_cache\w*: +size = +([\d.]+) MiB \( *(\d+) cells")
 # "build: 6895 (4341dc8bc) with cc ...", "version: 5678 (4df29be)", "version: 0.1.0-dev (build 1, commit 4df29be)"
 _BUILD = re.compile(r"(?:^|\s)(?:build|version): (?P<n>\d+) \((?P<c>[0-9a-f]+)\)"
@@ -108,6 +123,8 @@ class LlamaCppEngine(EngineProfile):
         re.compile(r"\bggml_\w+: |\bgguf_\w+: "),
         re.compile(r"^srv +\w+: |^slot +\w+: "),
         re.compile(r"llama_cpp\.server|llama_cpp/"),
+        # llama-cpp-python's argparse usage (an argument error prints nothing else): its snake_case flags
+        re.compile(r"\[--n_gpu_layers N_GPU_LAYERS\]|\[--model_alias MODEL_ALIAS\]"),
     )
     memory_flag: ClassVar[str | None] = "--n-gpu-layers"
     supports_ignore_eos: ClassVar[bool] = False
@@ -144,6 +161,10 @@ class LlamaCppEngine(EngineProfile):
             return log_capacity(kv_cache_tokens=int(match.group(2)), kv_cache_gib=round(float(match.group(1)) / 1024, 4))
         if match := _CTX.search(line):
             return log_capacity(kv_cache_tokens=int(match.group(1)))  # n_ctx = KV cells over all slots
+        if match := _CTX_SEQ.search(line):
+            return log_capacity(context_length=int(match.group(1)))
+        if match := _SEQ_MAX.search(line):
+            return log_capacity(max_running_requests=int(match.group(1)))  # sequences decoded together
         if match := _BUILD.search(line):
             number, commit = match["n"] or match["n2"], match["c"] or match["c2"]
             return log_capacity(engine_version=f"b{number}-{commit}")  # the form /props calls build_info
