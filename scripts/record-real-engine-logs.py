@@ -34,6 +34,7 @@ from real_engines import (  # noqa: E402
     FIXTURES,
     LLAMACPP,
     LLAMACPP_ARGS,
+    LLAMACPP_CTX,
     LLAMACPP_ENV,
     VLLM,
     VLLM_ARGS,
@@ -94,6 +95,8 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
             kv = expected_vllm_kv_tokens(model)
             entry["capacity"] = {"kv_cache_tokens": kv, "context_length": context, "engine_version": "0.32.0",
                                  "max_concurrency": {str(context): kv / context}}
+        if sc.server == "ready" and engine == "llamacpp":
+            entry["capacity"] = {"kv_cache_tokens": LLAMACPP_CTX, "context_length": LLAMACPP_CTX, "max_running_requests": 1}
         expected[sc.log_name] = entry
         if (verdict["state"], verdict["category"]) != (sc.state, sc.category):
             problems.append(f"{sc.log_name}: live verdict {verdict['state']}/{verdict['category']}, "
@@ -134,8 +137,10 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("engines", nargs="*", choices=["vllm", "llamacpp"], default=[])
+    parser.add_argument("engines", nargs="*", metavar="vllm|llamacpp", help="engines to record (default: both)")
     engines = parser.parse_args().engines or ["vllm", "llamacpp"]
+    if set(engines) - set(SETUP):
+        parser.error(f"unknown engine(s): {', '.join(sorted(set(engines) - set(SETUP)))}; choose from vllm, llamacpp")
     path = FIXTURES / "EXPECTED.json"
     expected = json.loads(path.read_text()) if path.exists() else {}
     problems: list[str] = []

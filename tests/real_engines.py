@@ -88,6 +88,7 @@ class Scenario:
     env: Mapping[str, str] = field(default_factory=dict)
     missing_model: bool = False
     kill_at: str | None = None  # `kill`: a regex of the log line after which the server is killed
+    command_prefix: tuple[str, ...] = ()  # llamacpp: put before the server command (e.g. a memory cap)
     why: str = ""
 
     @property
@@ -126,19 +127,24 @@ VLLM = (
 LLAMACPP_ENV: dict[str, str] = {}
 LLAMACPP_CTX = 1024
 LLAMACPP_ARGS = ("--n_ctx", str(LLAMACPP_CTX))
-LLAMACPP_HUGE_CTX = 2**30  # 1 Gi tokens x 512 B of f16 K+V per token (the tiny model) = 512 GiB
+# 16 Mi tokens x 512 B of f16 K+V per token (the tiny model) = an 8 GiB KV buffer, under an address-space
+# limit of 4 GiB (prlimit: the memory cap a container or a shared box would set). Without a limit the
+# buffer is overcommitted, then touched, and the OOM killer ends the server -- or a neighbour.
+LLAMACPP_HUGE_CTX = 2**24
+MEMORY_CAP = ("prlimit", f"--as={4 * 2**30}")
 
 LLAMACPP = (
     Scenario("llamacpp", "ready", "up", "ready", None, "Uvicorn running on", why="a healthy start-up; capacity from its log"),
     Scenario("llamacpp", "missing_model", "up", "failed", "model_not_found", "Model path does not exist", missing_model=True,
              why="a .gguf path that does not exist"),
     Scenario("llamacpp", "bad_argument", "up", "failed", "config_error", "argument --n_ctx: invalid int value: 'abc'",
-             args=("--n_ctx", "abc"), why="argparse rejects a value"),
-    # gpu_oom: "out of memory for the KV cache" (DESIGN.md), here the CPU buffer llama.cpp cannot allocate
-    Scenario("llamacpp", "kv_too_small", "up", "failed", "gpu_oom", "failed to allocate",
-             args=("--n_ctx", str(LLAMACPP_HUGE_CTX)), why="a context whose KV cache cannot be allocated"),
+             args=("--n_ctx", "abc"), why="argparse rejects a value (the log is nothing but usage text)"),
+    # gpu_oom: "out of memory for the KV cache" (DESIGN.md), here the CPU buffer ggml cannot allocate
+    Scenario("llamacpp", "kv_too_small", "up", "failed", "gpu_oom", "ggml_aligned_malloc: insufficient memory",
+             args=("--n_ctx", str(LLAMACPP_HUGE_CTX)), command_prefix=MEMORY_CAP,
+             why="a context whose KV cache (8 GiB) exceeds the memory the server may use (4 GiB address space)"),
     Scenario("llamacpp", "killed_loading", "kill", "failed", "killed", None,
-             why="the whole process group SIGKILLed while Python imports the server: an empty log"),
+             why="the whole process group SIGKILLed as soon as it is launched: an empty log, no exit code"),
     Scenario("llamacpp", "port_taken", "blocked", "failed", "port_in_use", None, why="`up` refuses before launching"),
     Scenario("llamacpp", "port_in_use", "by_hand", "failed", "port_in_use", "error while attempting to bind on address",
              why="uvicorn's bind error after 'Application startup complete.', while another server answers 200 there"),
@@ -253,6 +259,8 @@ def fleet_toml(name: str, engine: str, python: Path, model_dir: Path, scenarios:
                   f"model = {json.dumps(str(model_path(engine, model_dir, sc.missing_model)))}"]
         if sc.args:
             lines.append(f"args = {json.dumps(list(sc.args))}")
+        if sc.command_prefix:
+            lines.append(f"command = {json.dumps([*sc.command_prefix, str(python), '-m', 'llama_cpp.server'])}")
         if sc.env:
             lines.append("env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in sc.env.items()) + " }")
         lines.append("")

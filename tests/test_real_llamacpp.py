@@ -95,9 +95,14 @@ def test_up_reports_one_ready_server_and_the_failures(llama: Ctx) -> None:
 
 @real
 def test_capacity_is_read_from_llama_cpps_log(llama: Ctx) -> None:
+    """llama-cpp-python has no /props: "llama_context: n_ctx = 1024", "n_ctx_seq = 1024", "n_seq_max = 1"
+    and "llama_kv_cache: size = 0.50 MiB (1024 cells, ...)" from llama.cpp's own log; the name from /v1/models."""
     cap = llama.verdict("ready")["capacity"]
-    assert cap["kv_cache_tokens"] == LLAMACPP_CTX  # "llama_context: n_ctx = 1024" (one sequence: all cells)
-    assert cap["served_model"] == str(llama.model / "model.gguf")  # /v1/models
+    assert cap["kv_cache_tokens"] == LLAMACPP_CTX
+    assert cap["context_length"] == LLAMACPP_CTX
+    assert cap["max_running_requests"] == 1  # one sequence at a time
+    assert cap["kv_cache_gib"] == pytest.approx(LLAMACPP_CTX * 512 / 2**30, abs=1e-4)  # f16 K+V of 2 layers x 2 heads x 32
+    assert cap["served_model"] == str(llama.model / "model.gguf")
 
 
 @real
@@ -194,9 +199,14 @@ def test_diagnose_on_the_recorded_real_log(name: str, diagnosed: dict[str, tuple
     assert (named.state.value, named.category.value if named.category else None) == (want["state"], want["category"])
 
 
-def test_recorded_kv_failure_asks_for_the_huge_context() -> None:
-    text = (FIXTURES / "llamacpp_kv_too_small.log").read_text(errors="replace")
-    assert str(LLAMACPP_HUGE_CTX) in text
+def test_recorded_kv_failure_is_the_first_allocation_error() -> None:
+    """ggml's "insufficient memory" comes first; "failed to allocate buffer for kv cache" and
+    llama-cpp-python's "ValueError: Failed to create llama_context" follow it."""
+    lines = (FIXTURES / "llamacpp_kv_too_small.log").read_text(errors="replace").splitlines()
+    verdict = diagnose_text("\n".join(lines), get_engine("llamacpp"))
+    later = max(i for i, line in enumerate(lines, 1) if "Failed to create llama_context" in line)
+    assert verdict.evidence is not None and verdict.evidence.line_no < later
+    assert verdict.capacity.context_length == LLAMACPP_HUGE_CTX
 
 
 def test_every_llamacpp_scenario_with_a_log_is_recorded() -> None:

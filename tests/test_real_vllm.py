@@ -284,5 +284,18 @@ def test_recorded_kv_failure_names_the_cause_above_the_wrappers() -> None:
     assert lines[verdict.evidence.line_no - 1].startswith("(EngineCore")
 
 
+@pytest.mark.parametrize(("line", "category"), [
+    # v1/worker/cpu_worker.py of 0.32: VLLM_CPU_KVCACHE_SPACE larger than the node's free memory
+    ("(Worker pid=20455) ERROR 11-30 01:29:57 [core.py:1510] ValueError: Available memory on node 0 (3.1/16.59 GiB) on kv "
+     "cache allocation is less than requested memory for kv (64.0 GiB). Decrease --kv-cache-memory-bytes, "
+     "VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.", "gpu_oom"),
+    # the traceback's quoted source line is not the evidence; the message line under it is
+    ("    raise HFValidationError(", None),
+])
+def test_cpu_backend_lines(line: str, category: str | None) -> None:
+    verdict = diagnose_text(f"{line}\n", get_engine("vllm"))
+    assert (verdict.category.value if verdict.category else None) == category, verdict
+
+
 def test_every_vllm_scenario_with_a_log_is_recorded() -> None:
     assert {sc.log_name for sc in VLLM if sc.how != "blocked"} == set(RECORDED)

@@ -235,10 +235,13 @@ def summarize_server(
         rates = [v for v in (_max_of(s, (S_ACCEPT_RATE,)) for s in series) if v]
         if rates:
             stats.spec_acceptance_rate = sum(rates) / len(rates)
+    # Saturated: requests waited for a slot — on average at least one queued, or every slot busy
+    # while some queued. (A request arriving mid-step waits for the step boundary even on an idle
+    # server: one momentary queued request is not saturation.)
     saturated = None
     if queued:
-        saturated = max(queued) > 0
-    if running and max_running:
-        saturated = bool(saturated) or max(running) >= max_running
+        saturated = sum(queued) / len(queued) >= 1.0
+        if running and max_running and max(running) >= max_running and max(queued) > 0:
+            saturated = True
     stats.saturated = saturated
     return stats

@@ -82,6 +82,11 @@ OWN_SIGNATURES = (
             r"|KV cache is needed, which is larger than the available KV cache memory", C.GPU_OOM,
             "lower --max-model-len (the log's 'estimated maximum model length' fits), or raise "
             "--gpu-memory-utilization / add GPUs with --tensor-parallel-size"),
+    # CPU backend (v1/worker/cpu_worker.py): the KV cache asked for (VLLM_CPU_KVCACHE_SPACE or
+    # --kv-cache-memory-bytes) is more than the NUMA node has free
+    S.fatal(r"on kv cache allocation is less than requested memory for kv", C.GPU_OOM,
+            "the CPU KV cache asked for does not fit in free memory: lower VLLM_CPU_KVCACHE_SPACE (GiB) or "
+            "--kv-cache-memory-bytes, or free memory"),
     S.fatal(r"Free memory on device .* is less than desired GPU memory utilization", C.GPU_OOM,
             "another process holds GPU memory: free it, or lower --gpu-memory-utilization"),
     S.fatal(r"Failed to infer device type", C.CUDA_DRIVER,
@@ -99,7 +104,7 @@ OWN_SIGNATURES = (
             "raise --max-num-batched-tokens (multimodal items need a larger prefill budget)"),
     # ---- progress, in start-up order
     S.progress(r"vLLM API server version|Automatically detected platform|Initializing a V\d LLM engine"
-               r"|Initializing an LLM engine", "starting"),
+               r"|Initializing an LLM engine|non-default args: |Resolved architecture: ", "starting"),
     S.progress(r"Starting to load model|Loading model from scratch", "loading weights"),
     S.progress(r"Time spent downloading weights|Downloading|Using model weights format", "downloading model"),
     S.progress(r"Loading safetensors checkpoint shards|Loading pt checkpoint shards", "loading weight shards"),
@@ -112,7 +117,7 @@ OWN_SIGNATURES = (
                "capturing CUDA graphs"),
     S.progress(r"Graph capturing finished", "CUDA graphs captured"),
     S.progress(r"init engine \(profile, create kv cache, warmup model\) took|warming up|Warming up", "warming up"),
-    S.progress(r"Starting vLLM API server|Available routes are|Waiting for application startup", "starting HTTP server"),
+    S.progress(r"Starting vLLM (?:API )?server|Available routes are|Waiting for application startup", "starting HTTP server"),
 )
 
 _KV_TOKENS = re.compile(r"\b(GPU|CPU) KV cache size: ([\d,]+) tokens")
