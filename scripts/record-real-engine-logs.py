@@ -46,6 +46,7 @@ from real_engines import (  # noqa: E402
     expected_vllm_kv_tokens,
     find_engine_python,
     launch_by_hand,
+    pinned_versions,
     run_fleet,
     stop_group,
     wait_for_exit,
@@ -93,7 +94,7 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
         if sc.server == "ready" and engine == "vllm":
             context = json.loads((model / "config.json").read_text())["max_position_embeddings"]
             kv = expected_vllm_kv_tokens(model)
-            entry["capacity"] = {"kv_cache_tokens": kv, "context_length": context, "engine_version": "0.32.0",
+            entry["capacity"] = {"kv_cache_tokens": kv, "context_length": context, "engine_version": pinned_versions()["vllm"],
                                  "max_concurrency": {str(context): kv / context}}
         if sc.server == "ready" and engine == "llamacpp":
             entry["capacity"] = {"kv_cache_tokens": LLAMACPP_CTX, "context_length": LLAMACPP_CTX, "max_running_requests": 1}
@@ -111,7 +112,9 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
                     if entry is not None and (entry["verdict"]["state"], entry["verdict"]["category"]) != (sc.state, sc.category):
                         problems.append(f"{sc.server}: up said {entry['verdict']}, scenario wants {sc.state}/{sc.category}")
                     continue
-                exit_code = wait_for_exit(run.state_dir, sc.server) if sc.state == "failed" else None
+                # a whole group killed leaves no status file: nothing to wait for
+                whole_group = sc.how == "kill" and sc.kill_at is None
+                exit_code = wait_for_exit(run.state_dir, sc.server) if sc.state == "failed" and not whole_group else None
                 state = json.loads((run.state_dir / f"{sc.server}.json").read_text()) if (run.state_dir / f"{sc.server}.json").exists() else {}
                 keep(sc, entry["log_path"], entry["verdict"], state.get("argv"), exit_code)
         finally:

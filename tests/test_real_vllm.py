@@ -38,6 +38,7 @@ from real_engines import (
     expected_vllm_kv_tokens,
     group_members,
     launch_by_hand,
+    pinned_versions,
     run_fleet,
     stop_group,
 )
@@ -111,7 +112,7 @@ def test_capacity_is_read_from_the_real_log_and_endpoints(vllm: Ctx) -> None:
     assert cap["kv_cache_tokens"] == kv
     assert cap["context_length"] == context
     assert cap["max_concurrency"] == {str(context): kv / context}
-    assert cap["engine_version"] == "0.32.0"
+    assert cap["engine_version"] == pinned_versions()["vllm"]
     assert cap["served_model"] == str(vllm.model)
     assert cap["source"]["kv_cache_tokens"] in ("log", "endpoint:/metrics")
 
