@@ -14,7 +14,7 @@ exactly what moved. Exits 1 when a verdict differs from the scenario (the logs a
     .venv/bin/python scripts/record-real-engine-logs.py            # both engines
     .venv/bin/python scripts/record-real-engine-logs.py llamacpp
 
-Needs the engines (scripts/install-real-engines.sh). Loopback only, offline. About 2 min on 2 cores.
+Needs the engines (scripts/install-real-engines.sh). Loopback only, offline. About 3 min on 2 idle cores.
 """
 
 from __future__ import annotations

@@ -160,6 +160,16 @@ def expected_vllm_kv_tokens(model_dir: Path, kv_gib: int = 1, block_size: int = 
     return (kv_gib * 2**30 // per_token) // block_size * block_size
 
 
+def check_verdict(verdict: dict[str, Any], sc: Scenario) -> None:
+    """A verdict (JSON) is the scenario's: state and category; for a failure, the evidence line
+    and a hint. (A live ready verdict rests on the probe, not on a line: no evidence to check.)"""
+    assert (verdict["state"], verdict["category"]) == (sc.state, sc.category), verdict
+    if sc.state == "failed":
+        if sc.evidence:
+            assert verdict["evidence"] and sc.evidence in verdict["evidence"]["text"], verdict
+        assert verdict["hint"], verdict
+
+
 # ---- helpers shared by the tests and the recording script ----------------------------------------
 def cli(*args: str, timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run `servefleet ARGS` in a subprocess (the interpreter that runs the tests)."""

@@ -31,6 +31,7 @@ from real_engines import (
     FleetRun,
     PortHolder,
     build_tiny_model,
+    check_verdict,
     cli_json,
     diagnose_logs,
     engine_python,
@@ -44,8 +45,8 @@ from servefleet.engines.llamacpp import LlamaCppEngine
 from servefleet.engines.registry import get_engine
 from servefleet.verify.diagnose import diagnose_text
 
-SCENARIOS = {sc.server: sc for sc in LLAMACPP}
 EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
+SCENARIOS = {sc.server: sc for sc in LLAMACPP}
 
 
 def real(fn):
@@ -75,12 +76,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory):
 
 
 def check(verdict: dict[str, Any], server: str) -> None:
-    sc = SCENARIOS[server]
-    assert (verdict["state"], verdict["category"]) == (sc.state, sc.category), verdict
-    if sc.evidence and sc.state == "failed":
-        assert verdict["evidence"] and sc.evidence in verdict["evidence"]["text"], verdict
-    if sc.state == "failed":
-        assert verdict["hint"], verdict
+    check_verdict(verdict, SCENARIOS[server])
 
 
 # ---- one `up`: ready, and every real failure ------------------------------------------------------

@@ -32,6 +32,7 @@ from real_engines import (
     FleetRun,
     PortHolder,
     build_tiny_model,
+    check_verdict,
     cli_json,
     diagnose_logs,
     engine_python,
@@ -47,6 +48,7 @@ from servefleet.engines.registry import get_engine
 from servefleet.engines.vllm import VLLMEngine
 from servefleet.verify.diagnose import diagnose_text
 
+EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
 SCENARIOS = {sc.server: sc for sc in VLLM}
 
 
@@ -55,8 +57,6 @@ def real(fn):
     idle cores, several on a busy machine), hence the generous timeout."""
     return pytest.mark.engine(pytest.mark.timeout(1500)(fn))
 
-EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
-
 
 class Ctx:
     def __init__(self, python: Path, work: Path, model: Path, holder: PortHolder, run: FleetRun) -> None:
@@ -64,10 +64,6 @@ class Ctx:
 
     def verdict(self, server: str) -> dict[str, Any]:
         return self.run.report[server]["verdict"]
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.run.report['ready']['port']}"
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +80,7 @@ def vllm(tmp_path_factory: pytest.TempPathFactory):
 
 
 def check(verdict: dict[str, Any], server: str) -> None:
-    sc = SCENARIOS[server]
-    assert (verdict["state"], verdict["category"]) == (sc.state, sc.category), verdict
-    if sc.evidence and sc.state == "failed":  # a live ready verdict rests on the probe, not a line
-        assert verdict["evidence"] and sc.evidence in verdict["evidence"]["text"], verdict
-    if sc.state == "failed":
-        assert verdict["hint"], verdict
+    check_verdict(verdict, SCENARIOS[server])
 
 
 # ---- one `up`: ready, and every real failure ------------------------------------------------------
