@@ -405,6 +405,8 @@ def resume_section(workdir: Path, lines: int, time_limit_s: float | None) -> dic
                 os.utime(src)
             rc, report, _, wall, first = watch_run(gen_argv(src, out, sims), sims, stop_after_s=time_limit_s)
             peak = report["peak_rss_mb"]
+            if first is None:
+                raise RuntimeError(f"resume ({label}): no request reached the servers: {json.dumps(report)[:2000]}")
             if report.get("status") not in ("complete", "interrupted") or report["done_before"] != done:
                 raise RuntimeError(f"resume ({label}) ended {report.get('status')}, done_before {report.get('done_before')}")
             results[label] = {"exec_to_first_request_s": round(first or float("nan"), 3), "startup_s": report["startup_s"],

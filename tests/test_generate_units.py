@@ -329,3 +329,17 @@ def test_rate_meter_counts_the_recent_window_only():
     assert m.rate(now=120.0) == pytest.approx(50, rel=0.05)
     assert m.rate(now=140.0) == 0.0  # nothing in the last 10 s
     assert len(m._buckets) == 0
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
+def test_iter_pending_yields_exactly_the_lines_not_skipped(tmp_path, chunk):
+    from servefleet.generate.inputs import iter_pending, iter_raw
+
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(b'{"id": "%d"}\n' % i for i in range(500)) + b'{"id": "last, no newline"}')
+    rng = random.Random(chunk)
+    skip = bytearray(rng.choice([0, 1, 1, 1, 2]) for _ in range(480))  # the last 21 lines are past the plan
+    skip[100:400] = b"\x01" * 300  # long runs of skipped lines: whole chunks are passed over
+    want = [(line, raw) for line, raw in iter_raw(str(src)) if line > len(skip) or skip[line - 1] != 1]
+    got = list(iter_pending(str(src), skip, 1, chunk_bytes=chunk))
+    assert got == want and got[-1] == (501, b'{"id": "last, no newline"}')

@@ -168,8 +168,11 @@ class Ledger:
         return self.publish(self.stage(buffer))
 
     # ---- resume ---------------------------------------------------------------------------------
-    def scan(self, manifest: JobManifest | None, collisions: frozenset[int] = frozenset()) -> DoneSet:
+    def scan(self, manifest: JobManifest | None, collisions: frozenset[int] = frozenset(), *, by_id: bool = False) -> DoneSet:
         """Read every committed shard's entry (rebuilding missing ones) into a :class:`DoneSet`.
+
+        Lines only at first (the usual resume: every entry from today's input); when an entry
+        turns out to come from another input version, a second pass collects the ids' hashes.
         ``collisions``: the pre-pass's shared hashes, whose ids are kept for exact comparison."""
         shards = [n for n in self.sink.list(SHARDS_DIR) if _NAME.match(n)]
         shard_set = set(shards)
@@ -187,27 +190,31 @@ class Ledger:
         for i in range(0, len(wanted), _BATCH):
             for rel, data in self.sink.read_many(wanted[i : i + _BATCH]).items():
                 entry = LedgerEntry.from_bytes(data)
-                self._count(entry, done, lines, hashes, collisions)
+                self._count(entry, done, lines, hashes, collisions, by_id)
         have = {f"{_stem(s)}.json" for s in shards} & entries
         for shard in shards:
             if f"{_stem(shard)}.json" in have:
                 continue
             entry = self._rebuild(shard, manifest)
             done.rebuilt += 1
-            self._count(entry, done, lines, hashes, collisions)
+            self._count(entry, done, lines, hashes, collisions, by_id)
+        if not done.by_line and not by_id:
+            return self.scan(manifest, collisions, by_id=True)
         # Views on the arrays' own buffers: no copy, no sort (np.isin does not need unique values).
         done.lines = np.frombuffer(lines, dtype=np.int64) if len(lines) else np.zeros(0, dtype=np.int64)
         done.id_hashes = np.frombuffer(hashes, dtype=np.int64) if len(hashes) else np.zeros(0, dtype=np.int64)
         return done
 
-    def _count(self, entry: LedgerEntry, done: DoneSet, lines: array, hashes: array, collisions: frozenset[int]) -> None:
+    def _count(self, entry: LedgerEntry, done: DoneSet, lines: array, hashes: array, collisions: frozenset[int],
+               by_id: bool) -> None:
         done.rows += entry.rows
         done.shards += 1
         done.completion_tokens += entry.completion_tokens
         if entry.input_sha256 != self.input_sha256:
             done.by_line = False
         lines.extend(entry.lines)
-        # Id hashes are collected always: whether lines can be trusted is known only at the end.
+        if not by_id:
+            return
         hashed = list(map(_prepass.id_hash, entry.ids))
         hashes.extend(hashed)
         if collisions:

@@ -27,6 +27,7 @@ import resource
 import sys
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -37,7 +38,7 @@ from servefleet.generate.committer import Committer
 from servefleet.generate.dispatch import Dispatcher, Ticket
 from servefleet.generate.endpoints import Restarter, Target, targets_from_urls
 from servefleet.generate.health import HealthPolicy
-from servefleet.generate.inputs import PromptRecord, Reject, RequestDefaults, detect_kind, input_stat, iter_raw, parse_raw
+from servefleet.generate.inputs import PromptRecord, Reject, RequestDefaults, detect_kind, input_stat, iter_pending, parse_raw
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
 from servefleet.generate.ledger import DoneSet, Ledger
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, run_prepass
@@ -170,7 +171,7 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
         if progress:
             progress.phase("matching committed ids against the input (pre-pass)")
         prepass = await asyncio.to_thread(run_prepass, config.input, defaults, lambda r: None)
-        done = await asyncio.to_thread(ledger.scan, manifest, prepass.collisions)
+        done = await asyncio.to_thread(partial(ledger.scan, manifest, prepass.collisions, by_id=True))
     plan = prepass.plan() if prepass is not None else _plan_from_rejects(info.lines, rejected_lines or [])
     done_count = done.apply(plan, prepass)
     stats = JobStats(total=info.valid, done_before=done_count, rejected=info.rejected)
@@ -279,15 +280,13 @@ async def _until_stopped(run: Any, stop: asyncio.Event | None) -> str:
 
 async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: DoneSet, chunk: int = 256) -> AsyncIterator[PromptRecord]:
     """The records still to send, parsed in a worker thread a chunk at a time."""
-    raw_iter = iter_raw(path)
+    raw_iter = iter_pending(path, plan, SKIP)
     n = len(plan)
 
     def next_chunk() -> list[PromptRecord]:
         out: list[PromptRecord] = []
         for line, raw in raw_iter:
             code = plan[line - 1] if line <= n else SEND
-            if code == SKIP:
-                continue
             rec = parse_raw(line, raw, defaults)
             if not isinstance(rec, PromptRecord):
                 continue
