@@ -27,8 +27,8 @@ Three questions, one run:
    the way a killed run leaves it (job manifest and 900 committed shards of 1,000 rows, written
    through the ledger), then the same command is run again. Measured: from ``exec`` to the first
    new request arriving at a server (polled at the sims), the run's own ``startup_s``, and the wall
-   time of the whole resumed run (100,000 requests). Also with the input touched (mtime changed:
-   the pre-pass runs again and done ids are matched by line).
+   time of the whole resumed run (100,000 requests). Also with the input touched (mtime changed,
+   same bytes: one hashing read instead of the pre-pass).
 
 Usage (from the repository root)::
 

@@ -242,8 +242,9 @@ async def test_a_dead_managed_server_is_restarted_through_the_restarter_and_reus
     restarts: list[str] = []
 
     class Restarter:
-        async def restart(self, name: str) -> Target:
+        async def restart(self, name: str, on_event) -> Target:
             restarts.append(name)
+            on_event(f"{name}: restarted by the test")
             await server.start()  # same port, like a fleet restart
             return server.target(managed=True)
 
@@ -264,6 +265,7 @@ async def test_a_dead_managed_server_is_restarted_through_the_restarter_and_reus
     assert restarts == ["s0"]
     assert report.status == "complete" and report.committed == 300
     assert report.servers[0].restarts == 1 and report.servers[0].state == "up"
+    assert any("s0: restarted by the test" in e for e in report.events)
     assert_exactly_once(tmp_path / "out", {f"p{i}" for i in range(300)})
 
 
@@ -325,3 +327,24 @@ async def test_jsonl_output_with_token_ids_and_requests(tmp_path):
     assert json.loads(rows["c1"]["request"])["return_token_ids"] is True
     assert json.loads(rows["c2"]["request"]) == {"prompt": "yo", "max_tokens": 2, "return_token_ids": True, "model": "fake-model"}
     assert rows["c2"]["completion_tokens"] == 2 and rows["c2"]["line"] == 2
+
+
+async def test_a_touched_input_is_hashed_not_parsed_again(tmp_path, monkeypatch):
+    """Same bytes, new mtime (a copy, a touch): resume without the pre-pass, from the rejects file."""
+    import os
+
+    from servefleet.generate import runner
+
+    server = await FakeServer().start()
+    src = write_input(tmp_path / "in.jsonl", 50, extra=["{bad", json.dumps({"id": "p1", "prompt": "dup"})])
+    out = tmp_path / "out"
+    try:
+        first = await run_generate(config(src, out, shard_rows=1000), targets=[server.target()])
+        assert first.committed == 50 and first.rejected == 2
+        os.utime(src, ns=(1, 1))
+        monkeypatch.setattr(runner, "_prepass_to_file", lambda *a: pytest.fail("the pre-pass ran again"))
+        again = await run_generate(config(src, out), targets=[server.target()])
+    finally:
+        await server.stop()
+    assert again.resumed and again.done_before == 50 and again.to_send == 0 and again.rejected == 2
+    assert json.loads((out / "job.json").read_text())["input"]["mtime_ns"] == 1

@@ -41,6 +41,7 @@ def generate(
     backoff_max: Annotated[float, typer.Option("--backoff-max", min=0.0, help="seconds: cap of one retry's wait")] = 30.0,
     shard_rows: Annotated[int, typer.Option("--shard-rows", min=1, help="rows per shard")] = 1000,
     shard_seconds: Annotated[float, typer.Option("--shard-seconds", min=0.1, help="commit a partial shard after this long")] = 60.0,
+    shard_mb: Annotated[float, typer.Option("--shard-mb", min=0.001, help="commit a shard once its rows hold about this many MB")] = 256.0,
     fmt: Annotated[str, typer.Option("--format", help="parquet (zstd) or jsonl")] = "parquet",
     token_ids: Annotated[bool, typer.Option("--token-ids", help="ask for output token ids (vLLM return_token_ids) and store them")] = False,
     store_request: Annotated[bool, typer.Option("--store-request", help="store each request body in its row")] = False,
@@ -74,7 +75,7 @@ def generate(
             params=JobParams(model=model, max_tokens=max_tokens, temperature=temperature, mode=mode, token_ids=token_ids,
                              store_request=store_request, format=fmt),
             concurrency=conc, max_running=max_running, max_attempts=max_attempts, retry_base_s=backoff_base,
-            retry_cap_s=backoff_max, shard_rows=shard_rows,
+            retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),
             shard_seconds=shard_seconds, strict=strict, force=force, request_timeout_s=request_timeout, api_key=api_key,
         )
     except ValueError as exc:
@@ -115,7 +116,7 @@ async def _run(config, fleet_file: Path | None, progress):  # type: ignore[no-un
         targets = await targets_from_fleet(fleet)
         if not targets:
             raise ConfigError(f"no server of {fleet_file} is ready; start them with `servefleet up {fleet_file}`")
-        restarter = FleetRestarter(fleet, on_event=progress.phase)
+        restarter = FleetRestarter(fleet)
         return await run_generate(config, targets=targets, restarter=restarter, progress=progress, stop=stop)
 
 

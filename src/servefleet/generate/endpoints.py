@@ -9,6 +9,7 @@ report). The job depends on the fleet only through :class:`Restarter`, so tests 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,23 +35,23 @@ class Target:
 
 
 class Restarter(Protocol):
-    async def restart(self, name: str) -> Target | None:
-        """Bring the server back; its new target when ready, None when it could not be."""
+    async def restart(self, name: str, on_event: Callable[[str], None]) -> Target | None:
+        """Bring the server back; its new target when ready, None when it could not be.
+        ``on_event`` takes one-line news for the progress view and the report."""
         ...
 
 
 class FleetRestarter:
-    """Restarts through a :class:`servefleet.fleet.Fleet` and reports the verdict."""
+    """Restarts through a :class:`servefleet.fleet.Fleet` (relaunch + verification loop) and
+    reports the verdict -- for a failure, its category, evidence line and hint."""
 
-    def __init__(self, fleet: Any, on_event: Any = None) -> None:
+    def __init__(self, fleet: Any) -> None:
         self.fleet = fleet
-        self.on_event = on_event
 
-    async def restart(self, name: str) -> Target | None:
+    async def restart(self, name: str, on_event: Callable[[str], None]) -> Target | None:
         verdict = await self.fleet.restart(name)
         state = getattr(verdict.state, "value", verdict.state)
-        if self.on_event is not None:
-            self.on_event(f"{name}: restart -> {describe_verdict(verdict)}")
+        on_event(f"{name}: restart -> {describe_verdict(verdict)}")
         if state != "ready":
             return None
         for ep in await self.fleet.ready_endpoints():

@@ -113,7 +113,7 @@ async def recover(
         for attempt in range(1, policy.restart_attempts + 1):
             on_event(f"{target.name}: restarting through the fleet (attempt {attempt}/{policy.restart_attempts})")
             try:
-                new = await restarter.restart(target.name)
+                new = await restarter.restart(target.name, on_event)
             except Exception as exc:  # noqa: BLE001 - a failed restart is an event, not a crash of the job
                 on_event(f"{target.name}: restart failed: {type(exc).__name__}: {exc}")
                 new = None

@@ -33,6 +33,7 @@ __all__ = [
     "iter_raw",
     "iter_pending",
     "input_stat",
+    "file_sha256",
     "parse_object",
     "parse_raw",
     "ENDPOINT_PATHS",
@@ -307,6 +308,16 @@ def _check_prompt(prompt: Any) -> str | None:
 def _excerpt(raw: bytes) -> str:
     text = raw[: _EXCERPT_CHARS * 4].decode("utf-8", errors="replace")
     return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
+
+
+def file_sha256(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def input_stat(path: str) -> tuple[int, int]:

@@ -5,8 +5,8 @@
 Order of work, and why:
 
 1. lock the destination, read its job manifest;
-2. fingerprint + pre-pass the input (skipped when the manifest's pre-pass is for this very file:
-   same size and mtime, same parameters) -- rejects file, duplicate ids, totals;
+2. fingerprint + pre-pass the input (skipped when the manifest's pre-pass is for these very bytes:
+   same size and mtime, or same SHA-256; same parameters) -- rejects file, duplicate ids, totals;
 3. refuse a different job in the same destination unless ``force``; with ``strict``, stop here if
    anything was rejected -- nothing has been sent yet;
 4. record the run in the manifest, discard leftovers of killed runs;
@@ -38,7 +38,16 @@ from servefleet.generate.committer import Committer
 from servefleet.generate.dispatch import Dispatcher, Ticket
 from servefleet.generate.endpoints import Restarter, Target, targets_from_urls
 from servefleet.generate.health import HealthPolicy
-from servefleet.generate.inputs import PromptRecord, Reject, RequestDefaults, detect_kind, input_stat, iter_pending, parse_raw
+from servefleet.generate.inputs import (
+    PromptRecord,
+    Reject,
+    RequestDefaults,
+    detect_kind,
+    file_sha256,
+    input_stat,
+    iter_pending,
+    parse_raw,
+)
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
 from servefleet.generate.ledger import DoneSet, Ledger
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, run_prepass
@@ -128,10 +137,14 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
     info: InputInfo | None = None
     rejected_lines: list[int] | None = None
     size, mtime_ns = input_stat(config.input)
-    if manifest is not None and manifest.params == params and manifest.input.size == size and manifest.input.mtime_ns == mtime_ns:
-        rejected_lines = await asyncio.to_thread(_read_reject_lines, sink, manifest.input.rejected)
-        if rejected_lines is not None:
-            info = manifest.input.model_copy(update={"path": config.input})
+    if manifest is not None and manifest.params == params and manifest.input.size == size:
+        # The same file (size and mtime), or the same bytes (touched or copied: one hashing read,
+        # no parsing): the pre-pass's verdicts stand -- rejects from the rejects file.
+        same = manifest.input.mtime_ns == mtime_ns or await asyncio.to_thread(file_sha256, config.input) == manifest.input.sha256
+        if same:
+            rejected_lines = await asyncio.to_thread(_read_reject_lines, sink, manifest.input.rejected)
+            if rejected_lines is not None:
+                info = manifest.input.model_copy(update={"path": config.input, "mtime_ns": mtime_ns})
     spool = None
     if info is None:
         if progress:
