@@ -41,6 +41,24 @@ async def async_wait_until(predicate: Callable[[], Awaitable[bool]], timeout: fl
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Render a failure with the garbage collector paused. CPython 3.11 before 3.11.8 (gh-106905)
+    raises "SystemError: AST constructor recursion depth mismatch" when a finalizer run by the GC
+    (an un-awaited asyncio task logging its exception: the traceback module parses source) calls
+    ast.parse while pytest is parsing a test's source to show the failure -- an INTERNALERROR that
+    ends the whole session and hides which test failed."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 @pytest.fixture
 def port() -> int:
     return free_port()
