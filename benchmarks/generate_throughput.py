@@ -478,7 +478,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompts", type=int, default=4000, help="prompts of the throughput job")
+    p.add_argument("--prompts", type=int, default=10_000, help="prompts of the throughput job (long enough that the final drain costs < 3%%)")
     p.add_argument("--rss-lines", type=int, default=1_000_000, help="lines of the memory and resume inputs")
     p.add_argument("--rss-time-limit", type=float, default=None,
                    help="stop the memory run cleanly (SIGTERM) after this many seconds: on a slow machine sending a million "
