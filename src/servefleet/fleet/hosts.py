@@ -91,11 +91,6 @@ def _connect_ssh(spec: HostSpec, fleet: FleetSpec) -> HostBinding:
     from servefleet.hosts.ssh import SSHHost
     from servefleet.hosts.ssh_options import SSHSpec
 
-    if spec.systemd:
-        raise ConfigError(
-            f"{fleet.path.name}: [hosts.{spec.name}]: systemd = true (launch through systemd-run --user) is not supported yet; "
-            "servers are launched with setsid, which survives the SSH link but not logind's KillUserProcesses"
-        )
     try:
         ssh_spec = SSHSpec(
             destination=spec.ssh,
@@ -111,6 +106,7 @@ def _connect_ssh(spec: HostSpec, fleet: FleetSpec) -> HostBinding:
             env=dict(spec.env),
             venv=spec.venv,
             connect_timeout=spec.connect_timeout,
+            launcher=spec.launcher,
         )
     except ConfigError as exc:
         raise ConfigError(f"{fleet.path.name}: [hosts.{spec.name}]: {exc}") from exc

@@ -20,10 +20,12 @@ from enum import StrEnum
 from servefleet.catalog import DEFAULT_HINTS, Category, State
 from servefleet.engines.base import EngineProfile, LaunchSpec
 from servefleet.engines.registry import get_engine
-from servefleet.errors import ConfigError, EngineError
+from servefleet.errors import ConfigError, EngineError, HostError, LaunchError
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.spec import ServerSpec
 from servefleet.fleet.state import ServerState, StateStore, is_secret_name, mask_argv, mask_env, spec_hash, utcnow
+from servefleet.hosts.base import UnitHost
+from servefleet.hosts.ssh_systemd import unit_name
 from servefleet.verify.verdict import Verdict
 
 __all__ = [
@@ -123,8 +125,19 @@ def resolve_launch(server: ServerSpec, binding: HostBinding, fleet_label: str) -
         served = profile.served_name(launch) or None  # none: no identity by model name
     except (EngineError, ValueError) as exc:
         raise ConfigError(f'{fleet_label}: server "{server.name}": engine {server.engine}: {exc}') from exc
-    digest = spec_hash({"argv": argv, "env": full_env, "cwd": binding.cwd, "host": binding.name})
+    payload = {"argv": argv, "env": full_env, "cwd": binding.cwd, "host": binding.name}
+    if _unit_host(binding) is not None:
+        payload["launcher"] = "systemd-run"  # switching launchers is a changed spec (restart applies it)
+    digest = spec_hash(payload)
     return Launchable(server, binding, profile, launch, argv, full_env, served, digest)
+
+
+def _unit_host(binding: HostBinding) -> UnitHost | None:
+    """The host, when it starts servers as systemd --user units (launcher = "systemd-run")."""
+    host = binding.host
+    if isinstance(host, UnitHost) and host.launcher == "systemd-run":
+        return host
+    return None
 
 
 async def owns_group(binding: HostBinding, record: ServerState) -> bool:
@@ -214,6 +227,19 @@ async def start_server(item: Launchable, store: StateStore, fleet_name: str) -> 
         )
         return StartOutcome(name, Action.BLOCKED, record=record, verdict=verdict, message=msg)
 
+    units = _unit_host(binding)
+    unit = None
+    if units is not None:
+        # Before anything is written or started: a host without a usable user manager (or
+        # without lingering) fails here, with what is missing and what to do.
+        try:
+            await units.check_units()
+        except LaunchError as exc:
+            hint = "enable lingering on the host (loginctl enable-linger USER) or use the default setsid launcher"
+            verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, hint=hint, message=str(exc), elapsed_s=0.0)
+            return StartOutcome(name, Action.FAILED, verdict=verdict, message=str(exc))
+        unit = unit_name(fleet_name, name)
+
     log_path, status_path = binding.log_path(name), binding.status_path(name)
     launched_at = utcnow()
     marker = LAUNCH_MARKER.format(time=launched_at.isoformat(timespec="seconds"))
@@ -221,7 +247,10 @@ async def start_server(item: Launchable, store: StateStore, fleet_name: str) -> 
         await host.run(["sh", "-c", _MARKER_SCRIPT, "sh", log_path, status_path, marker], timeout=30)
         offset = await host.file_size(log_path) or 0
         await host.remove(status_path)
-        pgid = await host.spawn_detached(item.argv, log_path=log_path, status_path=status_path, env=item.env, cwd=binding.cwd)
+        if units is not None and unit is not None:
+            pgid = await units.spawn_unit(item.argv, unit=unit, log_path=log_path, status_path=status_path, env=item.env, cwd=binding.cwd)
+        else:
+            pgid = await host.spawn_detached(item.argv, log_path=log_path, status_path=status_path, env=item.env, cwd=binding.cwd)
     except Exception as exc:  # a host that cannot start anything: a launch failure, not a crash
         msg = f"could not launch: {exc}"
         verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, message=msg, elapsed_s=0.0)
@@ -236,6 +265,7 @@ async def start_server(item: Launchable, store: StateStore, fleet_name: str) -> 
         port=port,
         bind=item.server.bind,
         pgid=pgid,
+        unit=unit,
         argv=mask_argv(item.argv, secrets),
         env=mask_env(item.env),
         cwd=binding.cwd,
@@ -260,11 +290,18 @@ async def stop_server(record: ServerState, binding: HostBinding, grace_s: float 
     no process of the group remains and the port is free."""
     host = binding.host
     result = StopResult(record.name, was_running=False)
+    units = binding.host if record.unit and isinstance(binding.host, UnitHost) else None
     if await owns_group(binding, record):
         result.was_running = True
-        await host.signal_group(record.pgid, signal.SIGTERM)
+        # The user manager signals the unit's whole cgroup (KillMode=control-group): also
+        # processes that left the process group. Our own clock decides when to escalate, and the
+        # group is signalled as well whenever the manager cannot be asked.
+        if not (units is not None and record.unit and await _stop_unit(units, record.unit)):
+            await host.signal_group(record.pgid, signal.SIGTERM)
         result.signal = "SIGTERM"
         if not await _wait_gone(binding, record.pgid, grace_s):
+            if units is not None and record.unit:
+                await _stop_unit(units, record.unit, force=True)
             await host.signal_group(record.pgid, signal.SIGKILL)
             result.signal = "SIGKILL"
             if not await _wait_gone(binding, record.pgid, kill_wait_s):
@@ -289,6 +326,15 @@ async def stop_server(record: ServerState, binding: HostBinding, grace_s: float 
         how = {"SIGTERM": "stopped", "SIGKILL": f"killed (did not stop within {grace_s:g}s of SIGTERM)"}
         result.message = how.get(result.signal or "", "was not running")
     return result
+
+
+async def _stop_unit(units: UnitHost, unit: str, force: bool = False) -> bool:
+    """Ask the user manager to stop (or SIGKILL) a unit; False when it could not be asked."""
+    try:
+        await units.stop_unit(unit, force=force)
+    except HostError:
+        return False
+    return True
 
 
 async def _wait_gone(binding: HostBinding, pgid: int, timeout_s: float) -> bool:

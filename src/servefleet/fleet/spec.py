@@ -159,7 +159,10 @@ class HostSpec(_Strict):
     venv: str | None = None  # a virtual environment to activate for every command
     python: str | None = None  # interpreter for `python -m` engines (default: python3 on the host)
     connect_timeout: int = 10
-    systemd: bool = False  # launch with systemd-run --user (survives KillUserProcesses)
+    # How servers are started there: "setsid" (a new session; survives the SSH link) or
+    # "systemd-run" (a transient `systemd-run --user` unit: also survives logind's
+    # KillUserProcesses; needs lingering, checked before each launch). See hosts/ssh_systemd.py.
+    launcher: Literal["setsid", "systemd-run"] = "setsid"
 
     @field_validator("ssh", "user", "jump", "identity_file", "known_hosts", "config_file")
     @classmethod

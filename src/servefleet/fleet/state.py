@@ -104,6 +104,7 @@ class ServerState(BaseModel):
     port: int
     bind: str = "127.0.0.1"
     pgid: int
+    unit: str | None = None  # the transient systemd --user unit, when launched with systemd-run
     argv: list[str]  # masked
     env: dict[str, str] = Field(default_factory=dict)  # what servefleet added; masked
     cwd: str | None = None

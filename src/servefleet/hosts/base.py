@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["CommandResult", "PortHolder", "Host", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated"]
+__all__ = ["CommandResult", "PortHolder", "Host", "UnitHost", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,37 @@ class Host(Protocol):
 
     async def close(self) -> None:
         """Release connections and forwards (servers keep running)."""
+        ...
+
+
+@runtime_checkable
+class UnitHost(Protocol):
+    """An optional capability of a Host: starting servers as transient ``systemd --user`` units
+    (SSH hosts with ``launcher = "systemd-run"``, see ssh_systemd.py). The process a unit runs is
+    the same detach wrapper with the same log and status file, so everything else still goes
+    through ``Host``; only the start and the stop of the unit differ."""
+
+    launcher: str  # "setsid" (the Host contract's spawn_detached) or "systemd-run"
+
+    async def check_units(self) -> None:
+        """Raise LaunchError, saying what is missing and what to do, unless units can be used."""
+        ...
+
+    async def spawn_unit(
+        self,
+        argv: Sequence[str],
+        *,
+        unit: str,
+        log_path: str,
+        status_path: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> int:
+        """``spawn_detached`` as unit ``unit``; returns the process group of its main process."""
+        ...
+
+    async def stop_unit(self, unit: str, *, force: bool = False) -> None:
+        """Stop the unit (SIGTERM to all its processes) without waiting, or SIGKILL them."""
         ...
 
 

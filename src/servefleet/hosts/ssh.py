@@ -4,7 +4,8 @@ Every command is an argument list quoted as a whole with ``shlex.join`` and carr
 client of a master connection (see ssh_master.py), so a model path with spaces, quotes or
 ``$(...)`` reaches the remote program literally and a command costs no handshake. Servers are
 started fully detached on the remote (``setsid`` + the same wrapper as local hosts), so they
-survive the SSH link; their logs are followed by one streaming ``tail -F`` per log, which
+survive the SSH link (or, with ``launcher = "systemd-run"``, as transient units of the user's
+service manager: see ssh_systemd.py); their logs are followed by one streaming ``tail -F`` per log, which
 reconnects and resumes from the last delivered byte when the link drops (ssh_follow.py).
 
 Failures are translated once, here: ssh's exit 255 with a connection-level message becomes
@@ -18,8 +19,9 @@ import shlex
 import subprocess
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
-from servefleet.errors import CommandError, HostError, HostUnreachable
+from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
 from servefleet.hosts import ssh_scripts as scripts
+from servefleet.hosts import ssh_systemd as units
 from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
 from servefleet.hosts.ssh_master import MasterPool, free_local_port
 from servefleet.hosts.ssh_options import SSHSpec, classify_ssh_failure, ssh_argv, ssh_error
@@ -38,6 +40,8 @@ class SSHHost:
         self._direct_slots = asyncio.Semaphore(spec.max_sessions)  # stays under sshd's MaxStartups
         self._direct_forwards: dict[tuple[str, int], tuple[int, asyncio.subprocess.Process]] = {}
         self._facts: dict[str, str] | None = None
+        self._units_error: LaunchError | bool | None = None  # check_units' answer, once asked
+        self._units_lock = asyncio.Lock()  # servers start concurrently: one check per host
         self._connect_lock = asyncio.Lock()
         # Called once, right after the first connection: the fleet layer turns "~/..." work
         # folders into absolute paths here, so records name the same paths the processes see.
@@ -201,6 +205,11 @@ class SSHHost:
         await self.connect()
         log_path, status_path = self.expand(log_path), self.expand(status_path)
         launch = scripts.launch_argv(detach_argv(argv, log_path, status_path), log_path, status_path)
+        return await self._launch(launch, argv, env, cwd)
+
+    async def _launch(self, launch: Sequence[str], argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> int:
+        """Run a launcher program (``launch``) in the server's folder with the venv on PATH, the
+        environment on its stdin; the pid it prints first is the new process group."""
         remote = scripts.with_prelude(launch, cwd=self.expand(cwd) if cwd else self.workdir, venv=self.spec.venv)
         stdin = scripts.env_lines({**self.spec.env, **(env or {})})
         code, out, err = await self._exec(remote, input=stdin, timeout=self.spec.connect_timeout * 2 + 30)
@@ -211,6 +220,51 @@ class SSHHost:
         if not lines or not lines[0].isdigit():
             raise HostError(f"the remote launcher on {self.name!r} did not report a pid: {out!r} {err!r}")
         return int(lines[0])
+
+    # -- systemd-run launcher (ssh_systemd.py): the UnitHost capability --------------------
+
+    @property
+    def launcher(self) -> str:
+        return self.spec.launcher
+
+    async def check_units(self) -> None:
+        """Raise LaunchError (saying what is missing and what to do) unless ``systemd-run
+        --user`` works on the host and lingering is enabled. Asked once per SSHHost."""
+        async with self._units_lock:
+            if self._units_error is None:
+                code, out, err = await self._exec(scripts.with_prelude(units.check_argv(), venv=self.spec.venv), retry=True)
+                if code != 0:
+                    raise self._failed(["check systemd-run"], code, err)
+                facts = units.parse_check(out.decode(errors="replace"))
+                self._units_error = units.check_error(self.name, f"[hosts.{self.name}]", facts) or False
+        if self._units_error:
+            raise LaunchError(str(self._units_error))
+
+    async def spawn_unit(
+        self,
+        argv: Sequence[str],
+        *,
+        unit: str,
+        log_path: str,
+        status_path: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> int:
+        """``spawn_detached`` through ``systemd-run --user`` as transient unit ``unit``: the
+        same wrapper, log and status file; the pid returned is again the process group."""
+        await self.check_units()
+        log_path, status_path = self.expand(log_path), self.expand(status_path)
+        launch = units.launch_argv(unit, detach_argv(argv, log_path, status_path), log_path, status_path)
+        return await self._launch(launch, argv, env, cwd)
+
+    async def stop_unit(self, unit: str, *, force: bool = False) -> None:
+        """Ask the user manager to stop ``unit`` (SIGTERM to its whole cgroup; without waiting),
+        or with ``force`` SIGKILL it. A unit that is gone already is not an error."""
+        argv = units.kill_argv(unit) if force else units.stop_argv(unit)
+        code, _out, err = await self._exec(scripts.with_prelude(argv, venv=self.spec.venv), retry=True)
+        if code != 0:
+            error = self._failed(["systemctl", "--user", "kill" if force else "stop", unit], code, err)
+            raise HostError(f"cannot stop unit {unit} on {self.name!r}: {err.decode(errors='replace').strip()[-300:]}") from error
 
     # -- files ------------------------------------------------------------------------------
 

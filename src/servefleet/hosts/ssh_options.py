@@ -65,6 +65,7 @@ class SSHSpec:
     max_sessions: int = 8
     max_masters: int = 8
     reconnect_s: float = 60.0
+    launcher: Literal["setsid", "systemd-run"] = "setsid"  # how servers are started (ssh_systemd.py)
 
     def __post_init__(self) -> None:
         where = f"ssh host {self.label!r}"
@@ -77,6 +78,8 @@ class SSHSpec:
             raise ConfigError(f"{where}: port {self.port} is out of range")
         if self.strict_host_key not in ("yes", "accept-new"):
             raise ConfigError(f"{where}: strict_host_key must be 'yes' or 'accept-new' (host keys are always checked), not {self.strict_host_key!r}")
+        if self.launcher not in ("setsid", "systemd-run"):
+            raise ConfigError(f"{where}: launcher must be 'setsid' or 'systemd-run', not {self.launcher!r}")
         if int(self.connect_timeout) < 1:
             raise ConfigError(f"{where}: connect_timeout must be at least 1 second")
         if not 1 <= self.max_sessions <= 64 or not 1 <= self.max_masters <= 64:
