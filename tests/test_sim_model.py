@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from conftest import async_wait_until
 from typer.testing import CliRunner
 
 from servefleet.sim import SimConfig, steady_state, steps_per_request, theoretical_output_tokens_per_s
@@ -139,6 +140,27 @@ async def test_admission_bounded_by_max_running_and_kv_fifo() -> None:
         # ... and FIFO: the small one, which would have fitted, did not overtake it.
         assert small.first_token_at >= big[2].first_token_at
         assert sched.kv_reserved == 0 and not sched.running
+    finally:
+        await sched.stop()
+
+
+async def test_kv_usage_counts_admitted_prompts_before_their_first_step() -> None:
+    """A scrape between admission and the first step (a long step: 1 s here) sees the admitted
+    prompts' KV in use, never running requests on an empty cache."""
+    cfg = SimConfig(decode_ms=1000, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0, max_running=2, kv_tokens=1000)
+    stats = Stats()
+    sched = Scheduler(cfg, stats)
+    sched.start()
+    try:
+        reqs = [SimRequest(30, 5, 35, stream=False) for _ in range(3)]
+        for r in reqs:
+            sched.submit(r)
+
+        async def admitted() -> bool:
+            return stats.running == 2
+
+        await async_wait_until(admitted, timeout=5, what="two requests admitted")
+        assert stats.waiting == 1 and stats.steps == 0 and stats.used_tokens == 60
     finally:
         await sched.stop()
 

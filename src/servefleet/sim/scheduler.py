@@ -171,6 +171,10 @@ class Scheduler:
             admitted = self._admit()
             stats.waiting = len(self.waiting)
             stats.running = len(self.running)
+            if admitted:
+                # An admitted request holds its prompt's KV from now on, before its first step: a
+                # /metrics scrape in between must not show running requests on an empty cache.
+                stats.used_tokens += sum(r.prompt_tokens for r in admitted)
             if not self.running:
                 self._wake.clear()
                 next_at = None
