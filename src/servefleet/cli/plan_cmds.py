@@ -85,17 +85,27 @@ def capacity(
 
 def plan(
     bench: Annotated[list[str], typer.Option("--bench", help="A bench RUN.json per configuration; RUN.json:G for G GPUs per replica.")],
-    prompts: Annotated[int, typer.Option("--prompts", help="Prompts in the job.")],
+    prompts: Annotated[Optional[int], typer.Option("--prompts", help="Prompts in the job.")] = None,
     output_tokens_mean: Annotated[Optional[float], typer.Option("--output-tokens-mean", help="Mean output tokens per prompt.")] = None,
     sample: Annotated[Optional[Path], typer.Option("--sample", help="JSONL/Parquet of real outputs to take the mean output length from.")] = None,
-    gpus: Annotated[str, typer.Option("--gpus", help="GPU counts to plan for, comma-separated (the first is ranked).")] = "1",
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU counts to plan for, comma-separated (the first is ranked); default 1, with --check the job's servers.")] = None,
     gpus_per_replica: Annotated[int, typer.Option("--gpus-per-replica", help="GPUs per server unless RUN.json:G says otherwise.")] = 1,
     max_running: Annotated[Optional[int], typer.Option("--max-running", help="Override the cap read from the runs' capacity facts.")] = None,
     gpu_hour_cost: Annotated[Optional[float], typer.Option("--gpu-hour-cost", help="Price of one GPU-hour.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of makespan against GPUs.")] = None,
+    check: Annotated[Optional[Path], typer.Option("--check", help="A `generate` destination: compare the plan with what it measured.")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", help="With --check: a saved `generate --json` report (times the sending alone).")] = None,
+    concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="With --check: the concurrency the job ran at (default: the planner's choice).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Which measured configuration, at what concurrency, finishes the job soonest on G GPUs, with an ETA."""
+    """Which measured configuration, at what concurrency, finishes the job soonest on G GPUs, with an ETA.
+    With --check JOB_DIR: how far the plan was from what `generate` measured."""
+    if check is not None:
+        _check(bench, check, report, gpus, gpus_per_replica, max_running, concurrency, as_json)
+        return
+    if prompts is None:
+        raise _fail("give --prompts N (or --check JOB_DIR to compare a plan with a finished job)")
+    gpus = gpus or "1"
     from servefleet.plan.planner import JobSpec, plan_job
     from servefleet.plan.report import plan_table, plot_makespan, recommendation
     from servefleet.plan.runs import curve_from_run, parse_bench_arg, sample_output_mean
@@ -141,6 +151,35 @@ def plan(
         console.print(f"  note: {note}")
     if plot_path:
         console.print(f"plot: {plot_path}")
+
+
+def _check(bench: list[str], job_dir: Path, report: Path | None, gpus: str | None, gpus_per_replica: int,
+           max_running: int | None, concurrency: int | None, as_json: bool) -> None:
+    from servefleet.plan.check import check_plan, measure_job, pick_config
+    from servefleet.plan.report import check_table
+    from servefleet.plan.runs import curve_from_run, model_of_run, parse_bench_arg
+
+    try:
+        measured = measure_job(job_dir, report)
+        configs = []
+        for arg in bench:
+            path, g = parse_bench_arg(arg)
+            configs.append((curve_from_run(path, g or gpus_per_replica, max_running), model_of_run(path)))
+        g = int(gpus.split(",")[0]) if gpus else None
+        result = check_plan(pick_config(configs, measured), measured, gpus=g, concurrency=concurrency)
+    except ServefleetError as exc:
+        raise _fail(str(exc)) from None
+    except ValueError:
+        raise _fail(f"--gpus must be an integer, got {gpus!r}") from None
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        console.print(check_table(result))
+        style = "green" if result.within else "red"
+        console.print(f"[bold {style}]verdict:[/] {result.verdict()}")
+        for note in result.notes:
+            console.print(f"  note: {note}")
+    # exit 0 either way: the check ran; the verdict (and "within_tolerance" in --json) says how it went
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["Curve", "ConfigCurve", "JobSpec", "PlanRow", "plan_job", "simulate_makespan"]
+__all__ = ["Curve", "ConfigCurve", "JobSpec", "PlanRow", "PointSample", "plan_job", "simulate_makespan", "steady_curve"]
 
 
 @dataclass(frozen=True)
@@ -126,11 +126,73 @@ def simulate_makespan(curve: Curve, concurrency: int, replicas: int, job: JobSpe
         per_replica = math.ceil(job.prompts / replicas)
         return _drain(curve, [m] * per_replica)
     # Tokens left in flight when the queue empties: the even spread sums to c * M / 2 per replica.
-    tail_tokens = slots * m / 2
-    steady_tokens = job.prompts * m - tail_tokens
+    spread = _spread(m, concurrency)
+    steady_tokens = job.prompts * m - _tail_tokens(m, slots)
     steady_s = steady_tokens / (curve.total(concurrency) * replicas)
-    spread = [m * (j + 1) / concurrency for j in range(concurrency)]
     return steady_s + _drain(curve, spread)
+
+
+def _spread(m: float, concurrency: int) -> list[float]:
+    """Remaining tokens of the requests in flight when the last one starts (the drain's input)."""
+    return [m * (j + 1) / concurrency for j in range(concurrency)]
+
+
+def _tail_tokens(m: float, slots: int) -> float:
+    """Tokens the steady phase leaves to the drain (the same accounting in both directions:
+    :func:`simulate_makespan` predicts with it, :func:`steady_curve` inverts with it)."""
+    return slots * m / 2
+
+
+@dataclass(frozen=True)
+class PointSample:
+    """One closed-loop bench point as measured: ``requests`` answered by ``concurrency`` users in
+    ``duration_s`` (first start to last end), ``output_tokens`` in all."""
+
+    concurrency: int
+    requests: int
+    output_tokens: float
+    duration_s: float
+    deadline_s: float | None = None  # a --duration point: no request started after this (from the first start)
+
+
+def steady_curve(points: list[PointSample], rounds: int = 4) -> Curve:
+    """The steady-state throughput behind finite bench points.
+
+    A bench point is itself a small job: its users start together, and once the last request has
+    gone out (the request count or the deadline is reached) the ones in flight finish at falling
+    concurrency. Its tokens/s (tokens over first start to last end) therefore includes one drain,
+    and a point of a few seconds reads several percent under what the server sustains while it is
+    kept full -- which is what a long ``generate`` sees. Feeding that figure to
+    :func:`simulate_makespan`, which adds the job's own tail, would count the drain twice and predict
+    a long job too slow by the same few percent.
+
+    So each point is inverted through the same model the planner predicts with: its tokens are
+    ``T * steady time + tail tokens``, solved for T. A ``--duration`` point knows its steady time:
+    the deadline, after which nothing new started (the drain is whatever came after it). A
+    ``--requests`` point does not: its duration is ``steady + drain``, the drain timed with the
+    per-request speeds of the curve being solved for, so this iterates a few rounds (it converges
+    quickly: the drain is a small part of a point). A point never reads below what was measured,
+    and one that never filled its users (N <= c) is left as measured."""
+    if not points:
+        raise ValueError("a curve needs at least one point")
+    raw = [p.output_tokens / p.duration_s if p.duration_s > 0 else 0.0 for p in points]
+    conc = tuple(p.concurrency for p in points)
+    curve = Curve(conc, tuple(raw))
+    for _ in range(rounds):
+        tps = []
+        for p, measured in zip(points, raw):
+            value = measured
+            if p.requests > p.concurrency and p.duration_s > 0 and p.output_tokens > 0:
+                m = p.output_tokens / p.requests
+                if p.deadline_s and 0 < p.deadline_s < p.duration_s:
+                    steady_s = p.deadline_s
+                else:
+                    steady_s = p.duration_s - _drain(curve, _spread(m, p.concurrency))
+                if steady_s > 0:
+                    value = max(measured, (p.output_tokens - _tail_tokens(m, p.concurrency)) / steady_s)
+            tps.append(value)
+        curve = Curve(conc, tuple(tps))
+    return curve
 
 
 def plan_job(configs: list[ConfigCurve], job: JobSpec, gpus: int, gpu_hour_cost: float | None = None) -> list[PlanRow]:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 from rich.table import Table
 
+from servefleet.plan.check import TOLERANCE_PCT, CheckResult
 from servefleet.plan.memory import MemoryEstimate
 from servefleet.plan.planner import ConfigCurve, JobSpec, PlanRow, plan_job
 
-__all__ = ["fmt_duration", "plan_table", "recommendation", "memory_table", "plot_makespan"]
+__all__ = ["fmt_duration", "plan_table", "recommendation", "memory_table", "plot_makespan", "check_table"]
 
 
 def fmt_duration(seconds: float) -> str:
@@ -97,3 +98,23 @@ def plot_makespan(configs: list[ConfigCurve], job: JobSpec, gpu_counts: list[int
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+_CHECK_LABELS = {"output_tps_per_gpu": "output tok/s per GPU", "output_tps_per_server": "output tok/s per server",
+                 "makespan_s": "makespan"}
+
+
+def check_table(result: CheckResult) -> Table:
+    m = result.measured
+    title = (f"{result.configuration}: plan vs {m.job_dir} ({m.prompts_measured:,}/{m.prompts_total:,} prompts, "
+             f"{m.mean_output_tokens:,.1f} output tokens mean, {result.replicas} replica(s) at concurrency {result.concurrency})")
+    table = Table(title=title)
+    for col in ("", "predicted", "measured", "error"):
+        table.add_column(col, justify="left" if not col else "right")
+    for metric in result.metrics:
+        fmt = (lambda v: f"{v:,.1f} s") if metric.name == "makespan_s" else (lambda v: f"{v:,.1f}")
+        err = metric.error_pct
+        style = "green" if abs(err) <= TOLERANCE_PCT else "red"
+        table.add_row(_CHECK_LABELS.get(metric.name, metric.name), fmt(metric.predicted), fmt(metric.measured),
+                      f"[{style}]{err:+.1f}%[/]")
+    return table

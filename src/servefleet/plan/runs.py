@@ -9,9 +9,9 @@ from pydantic import ValidationError
 
 from servefleet.bench.result import Run, load_run
 from servefleet.errors import ConfigError
-from servefleet.plan.planner import ConfigCurve, Curve
+from servefleet.plan.planner import ConfigCurve, PointSample, steady_curve
 
-__all__ = ["curve_from_run", "parse_bench_arg", "sample_output_mean"]
+__all__ = ["curve_from_run", "model_of_run", "parse_bench_arg", "sample_output_mean"]
 
 _TOKEN_FIELDS = ("output_tokens", "completion_tokens", "num_output_tokens")
 
@@ -36,15 +36,26 @@ def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | Non
     points = [p for p in run.points if p.concurrency and p.successful > 0]
     if not points:
         raise ConfigError(f"{path}: no fixed-concurrency point with successful requests to plan from")
+    deadline = run.config.duration_s if run.config.mode == "concurrency" and not run.config.requests else None
     cap = max_running
     if cap is None and run.capacity is not None:
         cap = run.capacity.max_running_requests
     return ConfigCurve(
         name=run.target.label,
-        curve=Curve(tuple(p.concurrency for p in points), tuple(p.output_tokens_per_s for p in points)),
+        # steady-state throughput: each point's own end-of-point drain taken out (see steady_curve)
+        curve=steady_curve([PointSample(p.concurrency, p.successful, p.output_tokens, p.duration_s, deadline) for p in points]),
         gpus_per_replica=gpus_per_replica,
         max_running=cap,
     )
+
+
+def model_of_run(path: Path) -> str | None:
+    """The model a bench run measured (to match it with the job it is checked against)."""
+    try:
+        run = load_run(path)
+    except (FileNotFoundError, ValidationError, json.JSONDecodeError):
+        return None
+    return run.target.model
 
 
 def _tokens_of(record: dict) -> float | None:

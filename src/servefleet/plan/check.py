@@ -1,0 +1,307 @@
+"""Check a plan against reality: what the planner predicts for a job that `generate` has run.
+
+The measurement comes from the destination itself, so a finished, partial or killed job can be
+checked without having kept anything else: ``job.json`` (the runs, their start and end times) and
+the committed shards (every row names its server and its completion tokens). A saved
+``servefleet generate --json`` report (``--report FILE``, or ``report.json`` in the folder) is used
+for the wall time when given: it excludes the pre-pass and server probing, which the manifest's run
+times include.
+
+The prediction is the planner's own: the bench run's curve, at the concurrency the planner picks
+(or the one given), on as many replicas as servers answered the job, for the job's prompt count and
+its *measured* mean output length -- so a wrong guess of the output length is not blamed on the
+throughput model.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servefleet.errors import ConfigError
+from servefleet.plan.planner import ConfigCurve, JobSpec, simulate_makespan
+
+__all__ = ["ServerMeasure", "Measured", "Metric", "CheckResult", "measure_job", "check_plan", "pick_config", "TOLERANCE_PCT"]
+
+TOLERANCE_PCT = 10.0
+JOB_FILE = "job.json"  # servefleet.generate.job.JOB_FILE (not imported: keeps plan free of generate's deps)
+REPORT_FILE = "report.json"
+
+
+@dataclass(frozen=True)
+class ServerMeasure:
+    name: str
+    requests: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Measured:
+    job_dir: str
+    status: str  # the last run's status
+    complete: bool  # every valid input id is committed
+    prompts_total: int  # valid ids in the input
+    prompts_measured: int  # rows committed by the timed runs
+    completion_tokens: int
+    wall_s: float
+    runs: int
+    servers: tuple[ServerMeasure, ...]
+    model: str | None
+    wall_source: str  # "report" or "manifest"
+
+    @property
+    def mean_output_tokens(self) -> float:
+        return self.completion_tokens / self.prompts_measured if self.prompts_measured else 0.0
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    predicted: float
+    measured: float
+
+    @property
+    def error_pct(self) -> float:
+        """(predicted - measured) / measured, in percent: positive = the plan said more."""
+        return (self.predicted - self.measured) / self.measured * 100 if self.measured else math.inf
+
+
+@dataclass
+class CheckResult:
+    measured: Measured
+    configuration: str
+    concurrency: int
+    gpus_per_replica: int
+    replicas: int
+    steady_replica_tps: float
+    metrics: list[Metric]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def makespan(self) -> Metric:
+        return next(m for m in self.metrics if m.name == "makespan_s")
+
+    @property
+    def within(self) -> bool:
+        """The makespan is what the plan promises; throughput errors are its mirror image."""
+        return abs(self.makespan.error_pct) <= TOLERANCE_PCT
+
+    def verdict(self) -> str:
+        m = self.makespan
+        err = m.error_pct
+        if abs(err) <= TOLERANCE_PCT:
+            head = f"within {TOLERANCE_PCT:.0f}%"
+        else:
+            head = f"off by more than {TOLERANCE_PCT:.0f}%"
+        if abs(err) < 0.05:
+            way = "exact"
+        elif err < 0:
+            way = f"the plan was optimistic: it predicted {-err:.1f}% less time than the job took"
+        else:
+            way = f"the plan was pessimistic: it predicted {err:.1f}% more time than the job took"
+        return f"{head}: {way}"
+
+    def to_json(self) -> dict[str, Any]:
+        meas = self.measured
+        return {
+            "job_dir": meas.job_dir,
+            "status": meas.status,
+            "complete": meas.complete,
+            "configuration": self.configuration,
+            "concurrency": self.concurrency,
+            "gpus_per_replica": self.gpus_per_replica,
+            "replicas": self.replicas,
+            "gpus": self.replicas * self.gpus_per_replica,
+            "prompts_total": meas.prompts_total,
+            "prompts_measured": meas.prompts_measured,
+            "output_tokens_mean": round(meas.mean_output_tokens, 3),
+            "steady_replica_tps": round(self.steady_replica_tps, 3),
+            "wall_source": meas.wall_source,
+            "metrics": {m.name: {"predicted": round(m.predicted, 3), "measured": round(m.measured, 3),
+                                 "error_pct": round(m.error_pct, 2)} for m in self.metrics},
+            "servers": [asdict(s) for s in meas.servers],
+            "within_tolerance": self.within,
+            "tolerance_pct": TOLERANCE_PCT,
+            "verdict": self.verdict(),
+            "notes": list(self.notes),
+        }
+
+
+# ---- measuring -------------------------------------------------------------------------------------
+
+
+def _parse_time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        return None
+
+
+def _shard_rows(path: Path) -> list[tuple[str, int, str | None]]:
+    """(server, completion tokens, model) of every row of one committed shard."""
+    data = path.read_bytes()
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(io.BytesIO(data), columns=["server", "completion_tokens", "model"])
+        return list(zip(table.column("server").to_pylist(), (t or 0 for t in table.column("completion_tokens").to_pylist()),
+                        table.column("model").to_pylist()))
+    rows = []
+    for raw in data.splitlines():
+        if raw.strip():
+            obj = json.loads(raw)
+            rows.append((obj.get("server") or "?", obj.get("completion_tokens") or 0, obj.get("model")))
+    return rows
+
+
+def _ledger_last_commit(job_dir: Path) -> dict[str, dt.datetime]:
+    """The last commit time of each run, from the ledger entries (for a run that never finished)."""
+    last: dict[str, dt.datetime] = {}
+    for path in (job_dir / "ledger").glob("*.json"):
+        try:
+            entry = json.loads(path.read_bytes())
+        except (OSError, json.JSONDecodeError):
+            continue
+        when = _parse_time(entry.get("committed"))
+        run = entry.get("run_id")
+        if when and run and (run not in last or when > last[run]):
+            last[run] = when
+    return last
+
+
+def measure_job(job_dir: Path, report: Path | None = None) -> Measured:
+    """What `generate` measured in ``job_dir`` (a local destination folder)."""
+    manifest_path = job_dir / JOB_FILE
+    if not job_dir.is_dir():
+        raise ConfigError(f"{job_dir}: no such folder")
+    if not manifest_path.is_file():
+        raise ConfigError(f"{job_dir}: no {JOB_FILE}, so not the destination of a `servefleet generate` run; nothing to check")
+    try:
+        manifest = json.loads(manifest_path.read_bytes())
+        valid = int(manifest["input"]["valid"])
+        runs = list(manifest.get("runs") or [])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{manifest_path}: not a generate job manifest ({exc})") from None
+
+    per_server: dict[str, list[int]] = {}
+    models: dict[str, int] = {}
+    for path in sorted((job_dir / "shards").glob("part-*")):
+        if path.suffix not in (".parquet", ".jsonl"):
+            continue
+        for server, tokens, model in _shard_rows(path):
+            acc = per_server.setdefault(server or "?", [0, 0])
+            acc[0] += 1
+            acc[1] += int(tokens)
+            if model:
+                models[model] = models.get(model, 0) + 1
+    rows = sum(a[0] for a in per_server.values())
+    if rows == 0:
+        raise ConfigError(f"{job_dir}: no committed shards yet, so nothing measured to check the plan against")
+
+    timed_runs = 0
+    wall = 0.0
+    last_commit = None
+    for run in runs:
+        start = _parse_time(run.get("started"))
+        end = _parse_time(run.get("finished"))
+        if end is None:  # killed or still running: its last committed shard is when it was last seen working
+            last_commit = last_commit if last_commit is not None else _ledger_last_commit(job_dir)
+            end = last_commit.get(run.get("run_id", ""))
+        if start and end and end > start:
+            wall += (end - start).total_seconds()
+            timed_runs += 1
+    source = "manifest"
+    report_data = None
+    report = report if report is not None else (job_dir / REPORT_FILE if (job_dir / REPORT_FILE).is_file() else None)
+    if report is not None:
+        try:
+            report_data = json.loads(Path(report).read_bytes())
+        except FileNotFoundError:
+            raise ConfigError(f"{report}: no such report (save one with `servefleet generate ... --json > FILE`)") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{report}: not a generate --json report ({exc})") from None
+        if not isinstance(report_data, dict) or "wall_s" not in report_data:
+            raise ConfigError(f"{report}: not a generate --json report (no wall_s)")
+        if len(runs) > 1:
+            report_data = None  # one run's report cannot time a resumed job; the manifest times every run
+        elif report_data.get("wall_s"):
+            wall = float(report_data["wall_s"])
+            source = "report"
+    if wall <= 0:
+        raise ConfigError(f"{job_dir}: the job's runs have no start and end times to measure a wall time from")
+    last = runs[-1] if runs else {}
+    return Measured(
+        job_dir=str(job_dir), status=str(last.get("status", "unknown")), complete=rows >= valid, prompts_total=valid,
+        prompts_measured=rows, completion_tokens=sum(a[1] for a in per_server.values()), wall_s=wall, runs=len(runs),
+        servers=tuple(ServerMeasure(name, a[0], a[1]) for name, a in sorted(per_server.items())),
+        model=max(models, key=models.get) if models else None, wall_source=source,
+    )
+
+
+# ---- predicting and comparing ----------------------------------------------------------------------
+
+
+def _same_model(a: str | None, b: str | None) -> bool:
+    if not a or not b:
+        return True  # unknown on one side: nothing to contradict
+    a, b = a.rstrip("/"), b.rstrip("/")
+    return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def pick_config(configs: list[tuple[ConfigCurve, str | None]], measured: Measured) -> ConfigCurve:
+    """The bench run (curve, model it measured) that matches the job's model; one must."""
+    matching = [c for c, model in configs if _same_model(model, measured.model)]
+    if not matching:
+        seen = ", ".join(f"{c.name} ({m})" for c, m in configs)
+        raise ConfigError(f"configuration mismatch: the job was served by model {measured.model!r} but the bench runs "
+                          f"measured {seen}; pass the bench run of the configuration that ran the job")
+    if len(matching) > 1:
+        raise ConfigError(f"{len(matching)} bench runs match the job ({', '.join(c.name for c in matching)}); "
+                          "give --check exactly one --bench, the configuration that ran the job")
+    return matching[0]
+
+
+def check_plan(config: ConfigCurve, measured: Measured, *, gpus: int | None = None, concurrency: int | None = None) -> CheckResult:
+    """Predict what ``measured`` did with the planner's model and compare."""
+    notes: list[str] = []
+    servers = len(measured.servers)
+    replicas = (gpus // config.gpus_per_replica) if gpus else servers
+    if replicas <= 0:
+        raise ConfigError(f"--gpus {gpus} is fewer than the {config.gpus_per_replica} GPUs one replica of {config.name} needs")
+    if gpus is None:
+        notes.append(f"{servers} server(s) answered the job: planned as {replicas} replica(s) of {config.gpus_per_replica} GPU(s)")
+    best_c, _, best_notes = config.best()
+    notes.extend(best_notes)
+    conc = concurrency or best_c
+    if concurrency is None:
+        notes.append(f"concurrency {conc}: the planner's choice for this configuration (give --concurrency for a job run at a fixed one)")
+    mean = measured.mean_output_tokens
+    steady = config.curve.total(conc)
+    if measured.complete:
+        predicted_s = simulate_makespan(config.curve, conc, replicas, JobSpec(measured.prompts_measured, mean))
+    else:
+        # a partial job has not reached its tail: compare steady-state time for the rows it did
+        predicted_s = measured.prompts_measured * mean / (steady * replicas)
+        full = simulate_makespan(config.curve, conc, replicas, JobSpec(measured.prompts_total, mean))
+        eta = measured.wall_s * measured.prompts_total / measured.prompts_measured
+        notes.append(f"partial job ({measured.prompts_measured:,}/{measured.prompts_total:,} prompts): compared without the tail; "
+                     f"whole job predicted {full:,.0f} s, at the measured pace {eta:,.0f} s")
+    tokens = measured.completion_tokens
+    gpus_used = replicas * config.gpus_per_replica
+    metrics = [
+        Metric("output_tps_per_gpu", tokens / predicted_s / gpus_used, tokens / measured.wall_s / gpus_used),
+        Metric("output_tps_per_server", tokens / predicted_s / replicas, tokens / measured.wall_s / servers),
+        Metric("makespan_s", predicted_s, measured.wall_s),
+    ]
+    if measured.wall_source == "manifest":
+        notes.append("wall time from the job manifest's run times (includes probing the servers); "
+                     "a saved `generate --json` report (--report) times the sending alone")
+    return CheckResult(measured=measured, configuration=config.name, concurrency=conc, gpus_per_replica=config.gpus_per_replica,
+                       replicas=replicas, steady_replica_tps=steady, metrics=metrics, notes=notes)

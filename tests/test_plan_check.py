@@ -1,0 +1,265 @@
+"""`servefleet plan --check JOB_DIR`: the planner's prediction against what `generate` measured.
+
+Unit tests build destinations the way `generate` leaves them (its manifest model, its shard writer)
+with known times and token counts, so the expected figures are computed by hand. One test runs the
+real chain on a sim: bench -> generate -> plan --check."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import PYTHON, SimProcess
+from servefleet.bench.result import BenchConfig, Environment, Point, Run, Stat, Target, save_run
+from servefleet.capacity import Capacity
+from servefleet.cli.main import app
+from servefleet.errors import ConfigError
+from servefleet.generate.job import InputInfo, JobManifest, JobParams, RunRecord
+from servefleet.generate.shards import OutputRow, ShardBuffer, ShardLimits, shard_schema, write_shard
+from servefleet.plan.check import check_plan, measure_job, pick_config
+from servefleet.plan.planner import ConfigCurve, Curve, JobSpec, PointSample, simulate_makespan, steady_curve
+
+runner = CliRunner()
+T0 = dt.datetime(2026, 11, 30, 1, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def _ts(seconds: float) -> str:
+    return (T0 + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def make_job_dir(root: Path, *, valid: int, runs: list[tuple[float, float | None, str]], rows: dict[str, list[int]],
+                 model: str = "m", fmt: str = "parquet", ledger_commit_s: float | None = None) -> Path:
+    """A destination as generate leaves it: job.json with runs (start s, end s or None, status),
+    one shard per server with rows of the given completion tokens."""
+    root.mkdir(parents=True, exist_ok=True)
+    run_ids = [f"20261130T0100{i:02d}-abc{i}" for i in range(len(runs))]
+    info = InputInfo(path="in.jsonl", kind="jsonl", size=1, mtime_ns=1, sha256="0" * 64, lines=valid, valid=valid,
+                     rejected=0, duplicates=0)
+    records = [RunRecord(run_id=rid, started=_ts(s), finished=_ts(e) if e is not None else None, status=st, input_sha256="0" * 64)
+               for rid, (s, e, st) in zip(run_ids, runs)]
+    manifest = JobManifest(input=info, params=JobParams(model=model, format=fmt), runs=records)
+    (root / "job.json").write_bytes(manifest.to_bytes())
+    (root / "shards").mkdir(exist_ok=True)
+    (root / "ledger").mkdir(exist_ok=True)
+    line = 0
+    for seq, (server, tokens) in enumerate(rows.items()):
+        buf = ShardBuffer(shard_schema(False, False), ShardLimits())
+        for n in tokens:
+            line += 1
+            buf.add(OutputRow(id=f"p{line}", line=line, text="x", finish_reason="length", prompt_tokens=3, completion_tokens=n,
+                              model=model, server=server, attempts=1, latency_s=0.1))
+        name = f"part-{run_ids[-1]}-{seq:06d}.{'parquet' if fmt == 'parquet' else 'jsonl'}"
+        write_shard(buf, str(root / "shards" / name), fmt)
+        entry = {"shard": name, "run_id": run_ids[-1], "rows": len(tokens), "ids": [], "lines": [],
+                 "committed": _ts(ledger_commit_s if ledger_commit_s is not None else 0.0)}
+        (root / "ledger" / name.replace(".parquet", ".json").replace(".jsonl", ".json")).write_text(json.dumps(entry))
+    return root
+
+
+def bench_run(path: Path, curve: list[tuple[int, float]], *, model: str | None = "m", cap: int | None = None,
+              requests: int = 100_000, duration_s: float = 1000.0) -> Path:
+    """A RUN.json whose points are long (the end-of-point drain is negligible: the curve is as given)."""
+    points = [
+        Point(concurrency=c, requests=requests, successful=requests, errors=0, duration_s=duration_s,
+              requests_per_s=requests / duration_s, input_tokens=requests, output_tokens=int(t * duration_s),
+              output_tokens_per_s=t, total_tokens_per_s=t, ttft_ms=Stat(), tpot_ms=Stat(), itl_ms=Stat(), e2e_ms=Stat(),
+              achieved_concurrency=float(c), client_bound=False)
+        for c, t in curve
+    ]
+    run = Run(created_at="2026-11-30T00:00:00Z", target=Target(label=path.stem, base_url="http://127.0.0.1:1", model=model),
+              config=BenchConfig(concurrency=[c for c, _ in curve]),
+              environment=Environment(servefleet_version="0", python="3.11", platform="linux", hostname="h"),
+              capacity=Capacity(max_running_requests=cap) if cap else None, points=points)
+    save_run(run, path)
+    return path
+
+
+# ---- measuring a destination ------------------------------------------------------------------------
+
+
+def test_measure_reads_rows_tokens_servers_and_run_time(tmp_path):
+    job = make_job_dir(tmp_path / "out", valid=4, runs=[(0.0, 20.0, "complete")], rows={"a": [10, 30], "b": [20, 40]})
+    m = measure_job(job)
+    assert (m.prompts_total, m.prompts_measured, m.completion_tokens, m.complete) == (4, 4, 100, True)
+    assert m.mean_output_tokens == 25.0
+    assert m.wall_s == pytest.approx(20.0)
+    assert [(s.name, s.requests, s.completion_tokens) for s in m.servers] == [("a", 2, 40), ("b", 2, 60)]
+    assert (m.model, m.wall_source, m.status) == ("m", "manifest", "complete")
+
+
+def test_measure_resumed_job_sums_runs_and_times_a_killed_run_by_its_last_commit(tmp_path):
+    # run 1 finished after 10 s; run 2 was killed (no end): its last ledger commit, 35 s after T0, ends it
+    job = make_job_dir(tmp_path / "out", valid=10, runs=[(0.0, 10.0, "interrupted"), (30.0, None, "running")],
+                       rows={"a": [5, 5, 5]}, fmt="jsonl", ledger_commit_s=35.0)
+    m = measure_job(job)
+    assert m.wall_s == pytest.approx(15.0)
+    assert (m.prompts_measured, m.complete, m.runs) == (3, False, 2)
+
+
+def test_measure_prefers_a_saved_report_for_a_single_run(tmp_path):
+    job = make_job_dir(tmp_path / "out", valid=2, runs=[(0.0, 20.0, "complete")], rows={"a": [10, 10]})
+    (tmp_path / "r.json").write_text(json.dumps({"status": "complete", "wall_s": 16.0}))
+    m = measure_job(job, tmp_path / "r.json")
+    assert (m.wall_s, m.wall_source) == (16.0, "report")
+    (job / "report.json").write_text(json.dumps({"wall_s": 12.5}))  # found in the folder without --report
+    assert measure_job(job).wall_s == 12.5
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "no such folder"),
+    ("no-manifest", "no job.json"),
+    ("no-shards", "no committed shards"),
+    ("bad-report", "no such report"),
+])
+def test_measure_errors_say_what_is_missing(tmp_path, case, message):
+    job = tmp_path / "out"
+    report = None
+    if case == "no-manifest":
+        job.mkdir()
+    elif case == "no-shards":
+        make_job_dir(job, valid=5, runs=[(0.0, None, "running")], rows={})
+    elif case == "bad-report":
+        make_job_dir(job, valid=1, runs=[(0.0, 5.0, "complete")], rows={"a": [1]})
+        report = tmp_path / "nope.json"
+    with pytest.raises(ConfigError, match=message):
+        measure_job(job, report)
+
+
+# ---- predicting and comparing -------------------------------------------------------------------
+
+
+def test_check_complete_job_compares_with_the_planners_makespan(tmp_path):
+    # 2 servers x 8 prompts of 100 tokens; the curve says 100 tok/s per replica at concurrency 4
+    job = make_job_dir(tmp_path / "out", valid=16, runs=[(0.0, 9.0, "complete")], rows={"a": [100] * 8, "b": [100] * 8})
+    curve = Curve((1, 4), (40.0, 100.0))
+    cfg = ConfigCurve("c", curve, max_running=4)
+    res = check_plan(cfg, measure_job(job))
+    expected = simulate_makespan(curve, 4, 2, JobSpec(16, 100.0))
+    assert (res.replicas, res.concurrency) == (2, 4)
+    assert res.makespan.predicted == pytest.approx(expected)
+    assert res.makespan.measured == 9.0
+    assert res.makespan.error_pct == pytest.approx((expected - 9.0) / 9.0 * 100)
+    per_server = next(m for m in res.metrics if m.name == "output_tps_per_server")
+    assert per_server.measured == pytest.approx(1600 / 9.0 / 2)
+    out = res.to_json()
+    assert set(out["metrics"]) == {"output_tps_per_gpu", "output_tps_per_server", "makespan_s"}
+    assert out["within_tolerance"] is (abs(res.makespan.error_pct) <= 10)
+
+
+def test_verdict_says_which_way_and_the_tolerance(tmp_path):
+    # steady 100 tok/s x 2 replicas for 100,000 tokens: about 500 s predicted
+    job = make_job_dir(tmp_path / "out", valid=1000, runs=[(0.0, 800.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500})
+    cfg = ConfigCurve("c", Curve((1, 4), (40.0, 100.0)), max_running=4)
+    slow = check_plan(cfg, measure_job(job))
+    assert not slow.within and "optimistic" in slow.verdict() and "more than 10%" in slow.verdict()
+    job2 = make_job_dir(tmp_path / "out2", valid=1000, runs=[(0.0, 505.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500})
+    ok = check_plan(cfg, measure_job(job2))
+    assert ok.within and ok.verdict().startswith("within 10%")
+    fast = check_plan(cfg, measure_job(job2), gpus=1)  # planned on one GPU: far too pessimistic
+    assert fast.replicas == 1 and "pessimistic" in fast.verdict()
+
+
+def test_partial_job_is_compared_without_a_tail_and_gets_an_eta(tmp_path):
+    job = make_job_dir(tmp_path / "out", valid=100, runs=[(0.0, None, "running")], rows={"a": [100] * 10}, ledger_commit_s=10.0)
+    res = check_plan(ConfigCurve("c", Curve((4,), (100.0,))), measure_job(job))
+    assert res.makespan.predicted == pytest.approx(10.0)  # 1000 tokens at 100 tok/s, no drain
+    assert res.within
+    assert any("partial job (10/100 prompts)" in n for n in res.notes)
+
+
+def test_pick_config_refuses_a_run_of_another_model(tmp_path):
+    job = make_job_dir(tmp_path / "out", valid=1, runs=[(0.0, 1.0, "complete")], rows={"a": [5]}, model="org/llama")
+    meas = measure_job(job)
+    a, b = ConfigCurve("a", Curve((1,), (1.0,))), ConfigCurve("b", Curve((1,), (1.0,)))
+    assert pick_config([(a, "qwen"), (b, "/models/llama")], meas) is b  # same name under another path
+    with pytest.raises(ConfigError, match="configuration mismatch"):
+        pick_config([(a, "qwen")], meas)
+    with pytest.raises(ConfigError, match="exactly one --bench"):
+        pick_config([(a, None), (b, "llama")], meas)
+
+
+# ---- the bench point's own drain ------------------------------------------------------------------
+
+
+def test_steady_curve_recovers_the_throughput_behind_short_points():
+    true = Curve((1, 8, 32), (100.0, 700.0, 2000.0))
+    points = []
+    for c in true.concurrency:
+        n, m = 6 * c, 50.0  # a short point: 6 requests per user, one drain at the end
+        points.append(PointSample(c, n, n * m, simulate_makespan(true, c, 1, JobSpec(n, m))))
+    naive = [p.output_tokens / p.duration_s for p in points]
+    assert naive[-1] < 0.95 * 2000.0  # a short point reads well under the steady rate
+    got = steady_curve(points)
+    assert got.output_tps == pytest.approx(true.output_tps, rel=0.01)
+
+
+def test_steady_curve_leaves_points_that_never_filled_and_never_lowers():
+    points = [PointSample(16, 10, 1000.0, 2.0), PointSample(4, 400, 40_000.0, 100.0)]
+    got = steady_curve(points)
+    assert got.total(16) == 500.0  # 10 requests for 16 users: left as measured
+    assert got.total(4) >= 400.0
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_check_json_and_table_and_errors(tmp_path):
+    job = make_job_dir(tmp_path / "out", valid=1000, runs=[(0.0, 505.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500})
+    run = bench_run(tmp_path / "run.json", [(1, 40.0), (4, 100.0)], cap=4)
+    res = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert (out["replicas"], out["gpus"], out["concurrency"], out["prompts_measured"]) == (2, 2, 4, 1000)
+    assert out["within_tolerance"] is True and out["verdict"].startswith("within 10%")
+    assert out["metrics"]["makespan_s"]["measured"] == 505.0
+    table = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(run)])
+    assert table.exit_code == 0 and "makespan" in table.output and "verdict" in table.output
+    other = bench_run(tmp_path / "other.json", [(4, 100.0)], model="another-model")
+    bad = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(other)])
+    assert bad.exit_code == 3 and "configuration mismatch" in bad.output
+    missing = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(tmp_path / "nope.json")])
+    assert missing.exit_code == 3 and "no such bench run" in missing.output
+    empty = runner.invoke(app, ["plan", "--check", str(tmp_path), "--bench", str(run)])
+    assert empty.exit_code == 3 and "no job.json" in empty.output
+    no_prompts = runner.invoke(app, ["plan", "--bench", str(run)])
+    assert no_prompts.exit_code == 3 and "--prompts" in no_prompts.output
+
+
+def test_bench_generate_then_check_on_a_sim(tmp_path):
+    """The real chain: bench a sim, generate on it, check. Loose bound: CI shares 2 cores."""
+    sim = SimProcess("--load-time", "0", "--model", "sim-check", "--max-running", "8", "--decode-ms", "4",
+                     "--decode-ms-per-running", "0.2", "--prefill-ms-per-1k-tokens", "0", log_path=tmp_path / "sim.log").start()
+    try:
+        sim.wait_ready()
+        cli = [PYTHON, "-m", "servefleet.cli.main"]
+        run = tmp_path / "run.json"
+        subprocess.run([*cli, "bench", "--url", sim.url, "-c", "1,8", "--duration", "1", "--input-len", "8", "--output-len", "16",
+                        "--api", "completions", "--no-stream", "--ignore-eos", "-o", str(run), "--json"],
+                       check=True, capture_output=True, timeout=120)
+        src = tmp_path / "in.jsonl"
+        src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"item {i}", "max_tokens": 16, "ignore_eos": True}) + "\n"
+                               for i in range(200)))
+        gen = subprocess.run([*cli, "generate", "-i", str(src), "-o", str(tmp_path / "out"), "--url", sim.url, "--json"],
+                             capture_output=True, text=True, timeout=120)
+        assert gen.returncode == 0, gen.stderr[-2000:]
+        (tmp_path / "report.json").write_text(gen.stdout)
+    finally:
+        sim.stop()
+    res = runner.invoke(app, ["plan", "--check", str(tmp_path / "out"), "--bench", str(run), "--report", str(tmp_path / "report.json"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["complete"] and out["prompts_measured"] == 200 and out["output_tokens_mean"] == 16.0
+    assert out["wall_source"] == "report" and out["replicas"] == 1
+    assert abs(out["metrics"]["makespan_s"]["error_pct"]) < 25, out
+
+
+def test_steady_curve_uses_a_duration_points_deadline():
+    # 32 users at a steady 2000 tok/s until the 10 s deadline, then their 32 * 50 / 2 tokens drain over 1.5 s
+    p = PointSample(32, 416, 2000 * 10 + 32 * 50 / 2, 11.5, deadline_s=10.0)  # 416 requests of 50 tokens
+    assert p.output_tokens / p.duration_s < 1900
+    assert steady_curve([p]).total(32) == pytest.approx(2000.0)
