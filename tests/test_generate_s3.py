@@ -88,7 +88,10 @@ async def test_generate_to_s3_and_resume_without_writing_credentials(moto_url, s
     assert rc == 0 and report["status"] == "complete", err[-3000:]
     assert report["destination"] == "s3://bucket/jobs/one" and report["shards"] == 5
     names = {p.rsplit("/", 1)[-1] for p in fs.find("bucket/jobs/one")}
-    assert "job.json" in names and sum(n.endswith(".parquet") for n in names) == 5 and sum(n.endswith(".json") for n in names) == 6
+    # job manifest, the run's report, and one sidecar per shard
+    assert {"job.json", "report.json"} <= names and sum(n.endswith(".parquet") for n in names) == 5
+    assert sum(n.endswith(".json") for n in names) == 7
+    assert json.loads(fs.cat_file("bucket/jobs/one/report.json"))["committed"] == 120
     assert sorted(committed_ids(fs, "bucket/jobs/one")) == sorted(f"p{i}" for i in range(120))
     for path in fs.find("bucket/jobs/one"):
         assert SECRET.encode() not in fs.cat_file(path) and b"testing" not in fs.cat_file(path)

@@ -18,7 +18,9 @@ from servefleet.errors import ConfigError, ServefleetError
 HELP = """Send every prompt of --input to the servers and write the answers to --output as
 sharded Parquet (or JSONL). Run the same command again to resume: ids in committed shards are
 skipped, nothing is asked twice. Input: JSONL in the OpenAI batch format ({custom_id, body}) or
-{id, prompt|messages, ...}, or Parquet with the same columns."""
+{id, prompt|messages, ...}, or Parquet with the same columns.
+
+--output holds: job.json (the manifest: input fingerprint, parameters, runs, shard counts), part-*.parquet shards with a .json sidecar each (the commit record), rejects.jsonl (bad input lines, with line numbers), failures.jsonl (prompts that failed every attempt, with the last error) and report.json (this run's report, as --json prints it; `servefleet plan --check` reads it)."""
 
 
 def register(app: typer.Typer) -> None:

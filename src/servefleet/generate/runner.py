@@ -57,10 +57,11 @@ from servefleet.generate.shards import ShardBuffer, ShardLimits, shard_schema
 from servefleet.generate.sinks import Sink, open_sink
 from servefleet.generate.stats import JobStats
 
-__all__ = ["GenerateConfig", "run_generate", "JobMismatch", "Progress", "REJECTS_FILE", "FAILURES_FILE"]
+__all__ = ["GenerateConfig", "run_generate", "JobMismatch", "Progress", "REJECTS_FILE", "FAILURES_FILE", "REPORT_FILE"]
 
 REJECTS_FILE = "rejects.jsonl"
 FAILURES_FILE = "failures.jsonl"
+REPORT_FILE = "report.json"
 
 
 class JobMismatch(ConfigError):
@@ -257,10 +258,13 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
         await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
 
     remaining = max(0, info.valid - done_count - stats.committed)
-    return build_report(
+    report = build_report(
         stats, status=status, run_id=run.run_id, resumed=resumed, duplicates=info.duplicates, remaining=remaining,
         startup_s=round(startup_s, 3), peak_rss_mb=_peak_rss_mb(), files=files, message=message, **base,
     )
+    # The last run's report beside the shards: `servefleet plan --check DEST` reads its timings.
+    await asyncio.to_thread(sink.write_bytes, REPORT_FILE, json.dumps(report.to_json(), indent=1).encode())
+    return report
 
 
 def _mismatch_text(sink: Sink, problems: list[str]) -> str:

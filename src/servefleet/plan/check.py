@@ -30,7 +30,7 @@ __all__ = ["ServerMeasure", "Measured", "Metric", "CheckResult", "measure_job", 
 
 TOLERANCE_PCT = 10.0
 JOB_FILE = "job.json"  # servefleet.generate.job.JOB_FILE (not imported: keeps plan free of generate's deps)
-REPORT_FILE = "report.json"
+REPORT_FILE = "report.json"  # servefleet.generate.runner.REPORT_FILE, written by generate beside the shards
 
 
 @dataclass(frozen=True)

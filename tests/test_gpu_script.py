@@ -1,0 +1,218 @@
+"""The H200 run's driver (benchmarks/gpu/h200.py): its fleet files and command lines, checked with
+servefleet's own loader and engine profile, its summaries, its budget, and (slow, marked ``engine``)
+the whole CPU rehearsal: the same stages with servefleet's simulator printing vLLM's log."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from servefleet.fleet.core import Fleet
+from servefleet.sim.cli_args import parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import h200  # noqa: E402
+from h200_failures import evidence_substring  # noqa: E402
+from h200_layout import (  # noqa: E402
+    NGRAM_CONFIG, Layout, Settings, failure_cases, failures_toml, fleet_toml, manual_argv, vllm_bench_argv,
+)
+from h200_report import markdown, plateau  # noqa: E402
+from h200_stages import ab_ratio  # noqa: E402
+
+# `vllm bench serve` options of vLLM 0.26.0 (vllm/benchmarks/serve.py and datasets/datasets.py of the wheel).
+VLLM_026_BENCH_FLAGS = {
+    "--backend", "--base-url", "--endpoint", "--model", "--tokenizer", "--dataset-name", "--random-input-len",
+    "--random-output-len", "--num-prompts", "--max-concurrency", "--ignore-eos", "--temperature",
+    "--percentile-metrics", "--metric-percentiles", "--disable-tqdm", "--save-result", "--result-dir",
+    "--result-filename",
+}
+
+
+def layout(tmp_path: Path, rehearse: bool) -> Layout:
+    names = ("plain", "ngram", "oom", "missing", "badarg", "sigkill", "portheld", "portup")
+    return Layout(repo=str(ROOT), work=str(tmp_path), out=str(tmp_path / "out"), python="/opt/py/bin/python3",
+                  rehearse=rehearse, ports={n: 18000 + i for i, n in enumerate(names)})
+
+
+def resolved(path: Path) -> dict:
+    return {item.name: item for item in Fleet.load(path).resolve()}
+
+
+def test_real_fleet_is_two_vllm_servers_sharing_gpu0(tmp_path: Path) -> None:
+    lay = layout(tmp_path, rehearse=False)
+    lay.main_fleet.write_text(fleet_toml(lay, Settings()))
+    items = resolved(lay.main_fleet)
+    assert set(items) == {"plain", "ngram"}
+    for name, item in items.items():
+        argv = item.argv
+        assert argv[:3] == ["/opt/py/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
+        assert argv[argv.index("--model") + 1] == str(lay.model)
+        assert argv[argv.index("--port") + 1] == str(lay.ports[name])
+        assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.45"
+        assert argv[argv.index("--max-model-len") + 1] == "4096"
+        assert item.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+        assert item.env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "--speculative-config" not in items["plain"].argv
+    spec = items["ngram"].argv[items["ngram"].argv.index("--speculative-config") + 1]
+    assert spec == NGRAM_CONFIG
+    assert json.loads(spec) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                "prompt_lookup_min": 2}
+
+
+def test_real_failure_fleet_provokes_each_failure(tmp_path: Path) -> None:
+    lay = layout(tmp_path, rehearse=False)
+    cases = failure_cases(lay)
+    assert {c.expected for c in cases} == {"gpu_oom", "model_not_found", "port_in_use", "config_error", "killed"}
+    lay.failures_fleet.write_text(failures_toml(lay, Settings(), cases))
+    items = resolved(lay.failures_fleet)
+    assert set(items) == {"oom", "missing", "badarg", "sigkill"}  # the port cases are not fleet launches
+    util = {n: i.argv[len(i.argv) - 1 - i.argv[::-1].index("--gpu-memory-utilization") + 1] for n, i in items.items()}
+    assert util == {"oom": "0.01", "missing": "0.05", "badarg": "abc", "sigkill": "0.05"}
+    assert items["missing"].argv[items["missing"].argv.index("--model") + 1] == str(lay.path("no-such-model"))
+    assert "--enforce-eager" in items["oom"].argv and "--fail-at-startup" not in items["oom"].argv
+    by_name = {c.name: c for c in cases}
+    hand = manual_argv(lay, by_name["portheld"])
+    assert hand[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert hand[hand.index("--port") + 1] == str(lay.ports["portheld"])
+    assert len(set(lay.ports.values())) == len(lay.ports)
+
+
+def test_rehearsal_fleets_are_valid_sim_command_lines(tmp_path: Path) -> None:
+    """The rehearsal keeps the vLLM engine profile but runs the sim: every argv must parse as sim options."""
+    lay = layout(tmp_path, rehearse=True)
+    lay.main_fleet.write_text(fleet_toml(lay, Settings(rehearse=True)))
+    lay.failures_fleet.write_text(failures_toml(lay, Settings(rehearse=True), failure_cases(lay)))
+    main = resolved(lay.main_fleet)
+    assert main["ngram"].argv[:5] == ["/opt/py/bin/python3", "-m", "servefleet.sim", "--style", "vllm"]
+    assert parse_config(main["ngram"].argv[3:]).tokens_per_step == 3
+    assert parse_config(main["plain"].argv[3:]).max_running == 256
+    fails = resolved(lay.failures_fleet)
+    assert parse_config(fails["oom"].argv[3:]).fail_at_startup.value == "gpu_oom"
+    assert parse_config(fails["missing"].argv[3:]).fail_at_startup.value == "model_not_found"
+    with pytest.raises(SystemExit):  # the bad value is rejected by argparse, as vLLM's parser does
+        parse_config(fails["badarg"].argv[3:])
+
+
+def test_vllm_bench_serve_command_uses_026_flags(tmp_path: Path) -> None:
+    lay = layout(tmp_path, rehearse=False)
+    argv = vllm_bench_argv(lay, Settings(), 256, 512, tmp_path / "vb", "vllm-c256.json")
+    assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "bench", "serve"]
+    flags = {a for a in argv if a.startswith("--")}
+    assert flags <= VLLM_026_BENCH_FLAGS
+    value = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+    assert value["--backend"] == "openai" and value["--base-url"] == "http://127.0.0.1:18000"
+    assert (value["--max-concurrency"], value["--num-prompts"]) == ("256", "512")
+    assert (value["--random-input-len"], value["--random-output-len"]) == ("256", "256")
+    assert value["--tokenizer"] == str(lay.model) and value["--dataset-name"] == "random"
+
+
+def _point(c: int, tps: float, *, client_bound: bool = False, running: float | None = None,
+           saturated: bool | None = None) -> dict:
+    return {"concurrency": c, "output_tokens_per_s": tps, "client_bound": client_bound,
+            "client": {"reasons": ["busy"] if client_bound else []}, "tpot_ms": {"p50": 4.0},
+            "server": {"running_mean": running, "saturated": saturated, "queued_mean": 0.0}}
+
+
+def test_plateau_names_the_side_that_limits() -> None:
+    client = plateau([_point(64, 12_000), _point(256, 12_300, client_bound=True, running=120)])
+    assert client["verdict"] == "client" and client["gain_256_over_64"] == pytest.approx(1.025)
+    assert plateau([_point(64, 12_000), _point(256, 12_300, running=250)])["verdict"] == "server"
+    assert plateau([_point(64, 12_000), _point(256, 12_300, saturated=True, running=90)])["verdict"] == "server"
+    assert plateau([_point(64, 12_000), _point(256, 12_300, running=100)])["verdict"] == "undetermined"
+    assert plateau([_point(64, 12_000)]) is None
+
+
+def test_ab_ratio_and_evidence_cleanup() -> None:
+    assert ab_ratio({"servefleet": {"output_tokens_per_s": 900.0}, "vllm": {"output_throughput": 1000.0}}) == 0.9
+    assert ab_ratio({"servefleet": {"output_tokens_per_s": 900.0}, "vllm": "skipped (rehearsal)"}) is None
+    assert ab_ratio({"vllm": {"output_throughput": 0}}) is None
+    line = "(EngineCore_DP0 pid=77) ERROR 11-30 04:06:38 [core.py:708] ValueError: No available memory for the cache blocks."
+    assert evidence_substring(line) == "ValueError: No available memory for the cache blocks."
+    assert evidence_substring("(APIServer pid=5) OSError: [Errno 98] Address already in use") == \
+        "OSError: [Errno 98] Address already in use"
+    assert evidence_substring(None) is None
+
+
+def test_markdown_summary_has_each_table() -> None:
+    text = markdown({
+        "rehearsal": False, "timings": [{"stage": "up", "status": "ok", "seconds": 180.0}],
+        "up": {"plain": {"state": "ready", "time_to_ready_s": 98.1, "kv_cache_tokens": 1_390_112, "log_first_to_ready_s": 80}},
+        "sweep": {"plain": {"1": {"output_tok_s": 392.0, "tpot_p50_ms": 2.5}}},
+        "vllm_bench": [{"concurrency": 256, "requests": 512, "servefleet_tok_s": 12000.0, "vllm_tok_s": 12500.0, "ratio": 0.96}],
+        "failures": {"oom": {"expected": "gpu_oom", "got": "gpu_oom", "match": True, "diagnose": "gpu_oom", "evidence": "a|b"}},
+        "plan": {"8": [{"name": "plain", "best_concurrency": 256, "makespan_s": 7200.0, "gpu_hours": 16.0}]},
+    })
+    for needle in ("| up | ok | 180.0 |", "| plain | ready | 98.1 | 1390112 | 80 |", "| 1 | 392.0 | 2.50 |",
+                   "| 256 | 512 | 12000.0 | 12500.0 | 0.96 |", "gpu_oom ✓", "a\\|b", "Plan on 8 GPU(s): plain at concurrency 256, makespan 2.0 h"):
+        assert needle in text
+
+
+def test_budget_skips_stages_but_still_collects(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Past the budget only down and collect run; what comes back says which stages were skipped."""
+    out = tmp_path / "out"
+    rc = h200.main(["--rehearse", "all", "--work", str(tmp_path / "w"), "--out", str(out), "--budget", "0.001"])
+    assert rc == 0
+    assert {"h200-results.tar.gz", "summary.json", "summary.md", "timings.json", "driver.log"} <= {p.name for p in out.iterdir()}
+    timings = {t["stage"]: t["status"] for t in json.loads((out / "timings.json").read_text())}
+    assert timings["setup"] == timings["bench"] == timings["failures"] == "skipped (budget)"
+    assert timings["down"] == "ok" and timings["collect"] == "ok"
+    assert "SKIPPED (budget" in capsys.readouterr().out
+    layout_file = json.loads((tmp_path / "w" / "layout.json").read_text())
+    assert layout_file["rehearse"] is True and len(set(layout_file["ports"].values())) == 8
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(420)
+def test_cpu_rehearsal_runs_every_stage(tmp_path: Path) -> None:
+    """The whole run on the CPU (the sim in vLLM style): up, bench, plan, the five failures
+    diagnosed through up/wait/diagnose, the servefleet half of the A/B, a generate job with one
+    server SIGKILLed midway, down, and what comes back."""
+    work, out = tmp_path / "w", tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("OUT", None)
+    proc = subprocess.run(
+        ["bash", str(GPU / "run_h200.sh"), "--rehearse", *h200.ORDER[:-2], "generate", "down", "collect",
+         "--work", str(work), "--out", str(out), "--concurrency", "1,2", "--point-seconds", "0.3",
+         "--input-len", "16", "--output-len", "8", "--vllm-bench-concurrency", "2",
+         "--generate-prompts", "6000", "--generate-max-tokens", "32", "--generate-kill-after", "3"],
+        capture_output=True, text=True, env=env, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert {n: s["state"] for n, s in summary["up"].items()} == {"plain": "ready", "ngram": "ready"}
+    assert summary["up"]["plain"]["kv_cache_tokens"] == summary["up"]["ngram"]["kv_cache_tokens"] == 262144
+    assert {n: f["got"] for n, f in summary["failures"].items()} == {
+        "oom": "gpu_oom", "missing": "model_not_found", "badarg": "config_error", "sigkill": "killed",
+        "portheld": "port_in_use", "portup": "port_in_use"}
+    assert all(f["match"] for f in summary["failures"].values())
+    assert {n: sorted(levels) for n, levels in summary["sweep"].items()} == {"plain": ["1", "2"], "ngram": ["1", "2"]}
+    assert summary["sweep"]["ngram"]["2"]["output_tok_s"] > summary["sweep"]["plain"]["2"]["output_tok_s"]
+    assert set(summary["plan"]) == {"1", "8", "64"}
+    ab = summary["vllm_bench"][0]
+    assert ab["servefleet_tok_s"] > 0 and ab["ratio"] is None and "rehearsal" in ab["vllm_tok_s"]
+    gen = summary["generate"]
+    assert gen["status"] == "complete" and gen["exactly_once"] and gen["duplicates"] == 0
+    assert gen["killed"]["server"] == "ngram" and gen["restarts"] >= 1
+    with tarfile.open(out / "h200-results.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert "results/fixtures/sim_rehearsal_gpu_util_too_low.log" in names
+    assert "results/bench/run-ngram.json" in names and "results/commands.jsonl" in names
+    expected = json.loads((work / "results" / "fixtures" / "EXPECTED.json").read_text())
+    assert expected["sim_rehearsal_port_in_use.log"]["category"] == "port_in_use"
+    assert expected["sim_rehearsal_ready_plain.log"]["capacity"]["max_running_requests"] == 256
+    ports = json.loads((work / "layout.json").read_text())["ports"]
+    assert all(_port_free(p) for p in ports.values()), "a server outlived `down`"
