@@ -1,0 +1,158 @@
+"""servefleet on a real GPU (issue 8): one driver, stages that can run in separate device commands.
+
+    python3 benchmarks/gpu/h200.py [options] STAGE...       (usually through run_h200.sh)
+
+Stages, in the order ``all`` runs them: setup, up, bench, plan, failures, vllm-bench, down, collect;
+``generate`` (issue 8 step 6, a job with one server SIGKILLed midway) runs only when named.
+``--rehearse`` runs the same plumbing on a CPU: servefleet's simulator prints vLLM's log in place
+of real vLLM (same engine profile, fleet files and commands), nothing is installed, and ``vllm bench
+serve`` is skipped. Standard library only: it starts before servefleet's dependencies are installed.
+
+Every stage writes results/<stage>.json under the work folder; ``collect`` (run after every stage
+of ``all``) packs them into the output folder ($OUT on the device machine). ``--budget S`` skips a
+stage that would not finish within S seconds of the start (by its estimate), so a device command
+ends inside its limit with down and collect done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from h200_exec import T0, Runner  # noqa: E402
+from h200_failures import stage_failures  # noqa: E402
+from h200_generate import stage_generate  # noqa: E402
+from h200_layout import Layout, Settings, child_env  # noqa: E402
+from h200_report import stage_collect  # noqa: E402
+from h200_stages import (  # noqa: E402
+    Ctx, stage_bench, stage_down, stage_plan, stage_setup, stage_up, stage_vllm_bench,
+)
+
+# Most valuable first: if --budget runs out, what is skipped is the A/B against vllm bench serve.
+ORDER = ("setup", "up", "bench", "plan", "failures", "vllm-bench", "down", "collect")
+STAGES = {"setup": stage_setup, "up": stage_up, "bench": stage_bench, "vllm-bench": stage_vllm_bench,
+          "failures": stage_failures, "plan": stage_plan, "down": stage_down, "generate": stage_generate}
+ALWAYS = ("down", "collect")  # run even past the budget
+
+
+def estimate_s(stage: str, st: Settings) -> float:
+    """Seconds a stage takes on the H200 (first run: guesses from the recipe's reference figures)."""
+    if st.rehearse:
+        return 5.0
+    points = len(st.levels())
+    return {
+        "setup": 120.0,                                   # wheels, editable install, model build
+        "up": 200.0 if st.stagger == "kv" else 240.0,     # ~100 s per vLLM start, second one staggered
+        "bench": 2 * points * (st.point_seconds + 6) + 20,
+        "vllm-bench": 60.0,                               # at least one level (the stage checks each level)
+        "failures": 120.0,                                # slowest case: gpu_oom after model load and profiling
+        "plan": 15.0,
+        "generate": st.generate_kill_after + 240.0,       # the rest of the job plus a ~100 s restart
+    }.get(stage, 10.0)
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
+    p = argparse.ArgumentParser(prog="h200.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("stages", nargs="+", choices=[*ORDER, "generate", "all"],
+                   help="stages to run, in the given order (generate is not part of all)")
+    p.add_argument("--rehearse", action="store_true", help="CPU rehearsal: the sim in vLLM style instead of vLLM")
+    p.add_argument("--work", type=Path, default=None, help="work folder (default /tmp/sf-h200; rehearsal: a temp folder)")
+    p.add_argument("--out", type=Path, default=None, help="folder for what comes back (default $OUT, else WORK/out)")
+    d = Settings()
+    p.add_argument("--concurrency", default=d.concurrency)
+    p.add_argument("--point-seconds", type=float, default=d.point_seconds)
+    p.add_argument("--input-len", type=int, default=d.input_len)
+    p.add_argument("--output-len", type=int, default=d.output_len)
+    p.add_argument("--vllm-bench-concurrency", default=d.vllm_bench_concurrency)
+    p.add_argument("--vllm-bench-waves", type=int, default=d.vllm_bench_waves)
+    p.add_argument("--stagger", choices=("kv", "serial", "none"), default=d.stagger)
+    p.add_argument("--up-timeout", type=float, default=d.up_timeout)
+    p.add_argument("--failure-timeout", type=float, default=d.failure_timeout)
+    p.add_argument("--generate-prompts", type=int, default=d.generate_prompts)
+    p.add_argument("--generate-max-tokens", type=int, default=d.generate_max_tokens)
+    p.add_argument("--generate-kill-after", type=float, default=d.generate_kill_after)
+    p.add_argument("--budget", type=float, default=None, help="seconds: skip stages that would end past this")
+    a = p.parse_args(argv)
+    st = Settings(rehearse=a.rehearse, concurrency=a.concurrency, point_seconds=a.point_seconds, input_len=a.input_len,
+                  output_len=a.output_len, vllm_bench_concurrency=a.vllm_bench_concurrency,
+                  vllm_bench_waves=a.vllm_bench_waves, stagger=a.stagger, up_timeout=a.up_timeout,
+                  failure_timeout=a.failure_timeout, budget_s=a.budget, generate_prompts=a.generate_prompts,
+                  generate_max_tokens=a.generate_max_tokens, generate_kill_after=a.generate_kill_after)
+    return a, st
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, st = parse(sys.argv[1:] if argv is None else argv)
+    repo = Path(__file__).resolve().parents[2]
+    work = a.work or (Path(tempfile.mkdtemp(prefix="sf-rehearse-")) if st.rehearse else Path("/tmp/sf-h200"))
+    out = a.out or Path(os.environ.get("OUT") or work / "out")
+    layout = Layout.load_or_create(repo, work.resolve(), out, st.rehearse)
+    layout.results.mkdir(parents=True, exist_ok=True)
+    runner = Runner(layout.results, child_env(layout), Path(layout.work))
+    ctx = Ctx(layout, st, runner)
+    stages = list(ORDER) if "all" in a.stages else a.stages
+    runner.say(f"h200 driver: stages {' '.join(stages)}; work {layout.work}; out {layout.out}"
+               f"{'; REHEARSAL (sim in vLLM style)' if st.rehearse else ''}")
+    timings: list[dict] = []
+    failed = False
+    blocked: str | None = None
+    for stage in stages:
+        elapsed = time.monotonic() - T0
+        if blocked and stage not in ALWAYS:
+            runner.say(f"== {stage}: SKIPPED ({blocked})")
+            timings.append({"stage": stage, "status": f"skipped ({blocked})", "seconds": 0.0})
+            continue
+        if st.budget_s and stage not in ALWAYS and elapsed + estimate_s(stage, st) > st.budget_s:
+            runner.say(f"== {stage}: SKIPPED (budget: {elapsed:.0f} s used, ~{estimate_s(stage, st):.0f} s needed, "
+                       f"{st.budget_s:.0f} s allowed)")
+            timings.append({"stage": stage, "status": "skipped (budget)", "seconds": 0.0})
+            continue
+        runner.say(f"== {stage}")
+        t0 = time.monotonic()
+        status = "ok"
+        try:
+            if stage == "collect":
+                timings.append({"stage": "collect", "status": "ok", "seconds": 0.0})
+                result = stage_collect(ctx, timings)
+            else:
+                result = STAGES[stage](ctx)
+                if isinstance(result, dict) and result.get("skipped"):
+                    status = f"skipped ({result['skipped']})"
+                if stage == "setup" and not result.get("ready"):
+                    status = "not ready"
+                    rest = stages[stages.index(stage) + 1:]
+                    if any(s not in ALWAYS for s in rest):  # no vLLM, servefleet or model: nothing after can work
+                        blocked = ("setup not ready: vLLM, servefleet or the model is missing "
+                                   "(was the first device command run on this same machine?)")
+                        failed = True
+        except Exception as exc:  # keep going: later stages (down, collect) must still run
+            failed = True
+            status = f"error: {type(exc).__name__}: {exc}"
+            runner.say(traceback.format_exc())
+        seconds = round(time.monotonic() - t0, 1)
+        if stage == "collect":
+            timings[-1].update(status=status, seconds=seconds)
+        else:
+            timings.append({"stage": stage, "status": status, "seconds": seconds})
+        runner.say(f"== {stage}: {status} in {seconds:.1f} s")
+        if "all" in a.stages and stage not in ("collect", "down") and "collect" in stages:
+            try:  # a checkpoint in $OUT after every stage: a run cut short still brings results back
+                stage_collect(ctx, timings)
+            except Exception as exc:
+                runner.say(f"checkpoint collect failed: {exc}")
+    runner.say("stage timings: " + ", ".join(f"{t['stage']} {t['seconds']}s ({t['status']})" for t in timings))
+    summary = layout.results / "summary.md"
+    if summary.exists() and "collect" in stages:
+        print(summary.read_text())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
