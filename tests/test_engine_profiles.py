@@ -476,3 +476,17 @@ def test_fixture_progress_is_visible_before_the_failure() -> None:
         if sig and sig.kind is SignalKind.PROGRESS:
             labels.append(sig.label)
     assert labels[:1] == ["initialising torch.distributed"] and "loading weights" in labels
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ("SpeculativeConfig(method='ngram', model=None, num_spec_tokens=4)", {"method": "ngram", "num_speculative_tokens": 4}),
+    ("SpeculativeConfig(method='eagle3', model='/m/eagle3 draft', num_spec_tokens=3)",
+     {"method": "eagle3", "num_speculative_tokens": 3, "draft_model": "/m/eagle3 draft"}),
+    ("None", {}),
+])
+def test_vllm_speculative_settings_from_the_engine_config_line(config: str, expected: dict) -> None:
+    """vLLM prints its SpeculativeConfig repr in the engine's config line (vllm/config/speculative.py)."""
+    line = ("(EngineCore_DP0 pid=7) INFO 11-30 02:41:03 [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: "
+            f"model='/m/qwen', speculative_config={config}, tokenizer='/m/qwen', skip_tokenizer_init=False")
+    capacity = get_engine("vllm").capacity_from_line(normalise(line))
+    assert (capacity.speculative if capacity else {}) == expected

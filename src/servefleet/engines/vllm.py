@@ -128,6 +128,8 @@ _VERSION = re.compile(r"vLLM API server version (\S+)|[█▄▀].*\bversion (\d
 _MAX_LEN = re.compile(r"Using max model len (\d+)")
 _ARG_INT = re.compile(r"\b'?(max_num_seqs|max_model_len)'?(?:=|: )(\d+)")
 _ARG_NAME = re.compile(r"\b'?served_model_name'?(?:=|: )\[?'([^']+)'")
+# engine config line: "speculative_config=SpeculativeConfig(method='ngram', model=None, num_spec_tokens=4)"
+_SPEC_CONFIG = re.compile(r"speculative_config=SpeculativeConfig\(method='([^']*)', model=(?:'([^']*)'|None), num_spec_tokens=(\d+)\)")
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -185,6 +187,9 @@ class VLLMEngine(EngineProfile):
             facts["engine_version"] = match.group(1) or match.group(2)
         if match := _MAX_LEN.search(line):
             facts["context_length"] = int(match.group(1))
+        if match := _SPEC_CONFIG.search(line):
+            facts["speculative"] = {"method": match.group(1), "num_speculative_tokens": int(match.group(3)),
+                                    **({"draft_model": match.group(2)} if match.group(2) else {})}
         if "args: " in line or "non-default args" in line:  # "args: Namespace(...)" / "non-default args: {...}"
             for key, value in _ARG_INT.findall(line):
                 facts["max_running_requests" if key == "max_num_seqs" else "context_length"] = int(value)
