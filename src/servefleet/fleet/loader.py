@@ -7,6 +7,7 @@ described in ``servefleet.fleet.spec``.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -169,7 +170,8 @@ def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
     name = settings.name or _default_name(path.stem)
     state_dir = Path(settings.state_dir).expanduser() if settings.state_dir else Path(".servefleet") / name
     if not state_dir.is_absolute():
-        state_dir = path.parent / state_dir
+        # normpath: "examples/../demo-out" is shown (and stored) as ".../demo-out"
+        state_dir = Path(os.path.normpath(path.parent / state_dir))
     return FleetSpec(
         path=path,
         name=name,
