@@ -51,8 +51,12 @@ async def _fleet_targets(fleet_file: str, servers: list[str] | None):
     from servefleet.fleet.core import Fleet
 
     async with Fleet.discover(fleet_file) as fleet:
+        known = list(fleet.spec.names)
+        unknown = [n for n in servers or [] if n not in known]
+        if unknown:
+            raise ServefleetError(f"no server named {', '.join(unknown)} in {fleet_file} (its servers: {', '.join(known)})")
         ready = {e.name: e for e in await fleet.ready_endpoints()}
-        names = servers or fleet.spec.names
+        names = servers or known
     missing = [n for n in names if n not in ready]
     if missing:
         raise ServefleetError(f"not ready in the fleet: {', '.join(missing)} (see `servefleet status`)")
