@@ -24,7 +24,7 @@ skipped, nothing is asked twice. Input: JSONL in the OpenAI batch format ({custo
 
 
 def register(app: typer.Typer) -> None:
-    app.command("generate", help=HELP)(generate)
+    app.command("generate", help=HELP, short_help="Send every prompt of --input to the ready servers and write the answers as sharded Parquet/JSONL; resumable, exactly once.")(generate)
 
 
 def generate(

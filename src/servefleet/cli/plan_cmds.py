@@ -183,5 +183,5 @@ def _check(bench: list[str], job_dir: Path, report: Path | None, gpus: str | Non
 
 
 def register(app: typer.Typer) -> None:
-    app.command("capacity")(capacity)
-    app.command("plan")(plan)
+    app.command("capacity", short_help="Predict KV-cache tokens and max running requests from a model's config.json; with --url, compare with the engine.")(capacity)
+    app.command("plan", short_help="Which measured configuration, at what concurrency, finishes the job soonest on G GPUs; --check compares with a run.")(plan)

@@ -51,4 +51,4 @@ def tunnel(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("tunnel")(tunnel)
+    app.command("tunnel", short_help="Forward a local port to a fleet server over its host's SSH connection, until Ctrl-C.")(tunnel)
