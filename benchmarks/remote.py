@@ -6,8 +6,12 @@ it times, for each transport:
 
 - **launch** — what ``up`` does per server before waiting: write the state record, start the
   server detached (``setsid`` + wrapper, confirmed alive), write the record again with its pgid;
-- **status** — what ``status`` does per server: read the record, check the process group is
-  alive, ask who holds the port (identity).
+- **status** (per question) — what ``status`` did per server until it was batched: read the
+  record, check the process group is alive, ask who holds the port (identity): 3 remote
+  commands per server;
+- **status** (batched) — what ``servefleet status`` does now (fleet/status.py): every question
+  about every server of the host (state record, group alive, leader's command line, exit-code
+  file, port holder, the log when the group is gone) in ONE remote command (hosts/ssh_batch.py).
 
 Each phase starts from a new SSHHost, as a new CLI invocation would, so the multiplexed figure
 includes starting its master. Both transports run at most 8 commands at a time: sshd's defaults
@@ -19,10 +23,14 @@ The naive transport is SSHHost with ``multiplex=False``: the same remote program
 a full ``ssh`` connection (ControlMaster=no, ControlPath=none): key exchange, authentication and
 a login shell per command.
 
-Run:  .venv/bin/python benchmarks/remote.py                 (about a minute on 2 cores)
+Run:  .venv/bin/python benchmarks/remote.py                 (several minutes on 2 cores: the naive
+                                                            transport at N=32 dominates)
       .venv/bin/python benchmarks/remote.py --sizes 1 8    (a quicker subset)
       .venv/bin/python benchmarks/remote.py --login-rc     (let bash read ~/.bashrc per command)
-Writes benchmarks/results/remote.json and prints a table.
+      .venv/bin/python benchmarks/remote.py --only status  (multiplexed transport only: status per
+                                                            question vs batched, compared with the
+                                                            figures in results/remote.json)
+Writes benchmarks/results/remote.json (``--only status``: remote-status.json) and prints a table.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from sshd import SSHServer, sshd_unavailable_reason  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "remote.json"
+STATUS_RESULTS = RESULTS.with_name("remote-status.json")
 CONCURRENCY = 8
 
 
@@ -103,6 +112,35 @@ async def status(host: SSHHost, work: Path, names: list[str]) -> dict[str, dict[
     return dict(await asyncio.gather(*(one(n) for n in names)))
 
 
+async def status_batched(host: SSHHost, work: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """The questions of ``servefleet status`` (fleet/status.py: prefetch_questions plus the
+    record) for every server, in one batch. The records are read in the same batch as everything
+    else here because the benchmark's servers have no local record; `servefleet status` reads
+    local records from disk and needs a second batch only when it rediscovers remote ones."""
+    await host.connect()
+    records = {n: json.loads(p.read_bytes()) for n in names for p in [work / "state" / f"{n}.json"]}  # pgid/port: known to the caller
+    ops: list[tuple[Any, ...]] = []
+    for name, rec in records.items():
+        log = str(work / "logs" / f"{name}.log")
+        ops += [
+            ("read", str(work / "state" / f"{name}.json"), 0, None),
+            ("alive", rec["pgid"]),
+            ("read", f"/proc/{rec['pgid']}/cmdline", 0, None),
+            ("read", str(work / "run" / f"{name}.status"), 0, None),
+            ("port", rec["port"]),
+            ("read_if_dead", rec["pgid"], log, 0, 8 * 1024 * 1024),
+        ]
+    answers = await host.batch(ops)
+    report = {}
+    for name, rec in records.items():
+        holder = answers[("port", rec["port"])]
+        alive = answers[("alive", rec["pgid"])]
+        ours = alive and holder is not None and holder.pgid == rec["pgid"] and f"{name}.log".encode() in answers[("read", f"/proc/{rec['pgid']}/cmdline", 0, None)]
+        assert json.loads(answers[("read", str(work / "state" / f"{name}.json"), 0, None)]) == rec
+        report[name] = {"alive": alive, "listening": holder is not None, "ours": ours}
+    return report
+
+
 async def wait_listening(ports: list[int], timeout: float = 180.0) -> None:
     local = LocalHost()  # the "remote" is this machine: checking locally keeps SSH out of it
     deadline = time.monotonic() + timeout
@@ -138,25 +176,31 @@ async def one_round(server: SSHServer, n: int, multiplex: bool, login_rc: bool, 
     pgids = await launch(host, work, ports)
     launch_s = time.perf_counter() - t0
     masters = host.pool.starts if host.pool else 0
+    commands = {"launch": host.commands}
     await host.close()
+    timings: dict[str, float] = {}
     try:
         await wait_listening(ports)
-        host = SSHHost(spec)  # a new invocation: `servefleet status`
-        t0 = time.perf_counter()
-        report = await status(host, work, sorted(pgids))
-        status_s = time.perf_counter() - t0
-        await host.close()
-        assert all(r["alive"] and r["ours"] for r in report.values()), report
+        # each variant from a new SSHHost (a new `servefleet status` invocation), alternating
+        # which goes first so neither always pays for a cold page cache
+        variants = [("status_s", status), ("status_batched_s", status_batched)]
+        for key, fn in variants if n % 2 == 0 else variants[::-1]:
+            host = SSHHost(spec)
+            t0 = time.perf_counter()
+            report = await fn(host, work, sorted(pgids))
+            timings[key] = time.perf_counter() - t0
+            commands[key.removesuffix("_s")] = host.commands
+            await host.close()
+            assert all(r["alive"] and r["ours"] for r in report.values()), (key, report)
     finally:
         await kill_all(list(pgids.values()))
-    # per server 3 remote commands in each phase, plus the probe each new SSHHost runs first
-    commands = {"launch": 3 * n + 1, "status": 3 * n + 1}
-    return {"n": n, "transport": "multiplexed" if multiplex else "naive", "launch_s": launch_s, "status_s": status_s, "masters_started": masters, "commands": commands}
+    # remote commands actually run (the probe each new SSHHost runs first included)
+    return {"n": n, "transport": "multiplexed" if multiplex else "naive", "launch_s": launch_s, **timings, "masters_started": masters, "commands": commands}
 
 
 def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(rows[0])
-    for key in ("launch_s", "status_s"):
+    for key in ("launch_s", "status_s", "status_batched_s"):
         out[key] = statistics.median(r[key] for r in rows)
         out[f"{key}_all"] = [round(r[key], 4) for r in rows]
     return out
@@ -172,7 +216,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     try:
         for n in args.sizes:
-            for multiplex in (True, False):
+            for multiplex in (True,) if args.only == "status" else (True, False):
                 runs = [await one_round(server, n, multiplex, args.login_rc, root) for _ in range(args.repeats)]
                 rows.append(median_row(runs))
     finally:
@@ -180,11 +224,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     by = {(r["n"], r["transport"]): r for r in rows}
     ratios = []
     for n in args.sizes:
-        mux, naive = by[(n, "multiplexed")], by[(n, "naive")]
-        ratios.append({"n": n, "launch_ratio": naive["launch_s"] / mux["launch_s"], "status_ratio": naive["status_s"] / mux["status_s"]})
+        mux = by[(n, "multiplexed")]
+        entry: dict[str, Any] = {"n": n, "status_per_question_over_batched": mux["status_s"] / mux["status_batched_s"]}
+        previous = _previous_status(n)
+        if previous is not None:
+            entry["previous_status_s"] = previous
+            entry["previous_over_batched"] = previous / mux["status_batched_s"]
+        if (n, "naive") in by:
+            naive = by[(n, "naive")]
+            entry.update(launch_ratio=naive["launch_s"] / mux["launch_s"], status_ratio=naive["status_s"] / mux["status_s"], status_batched_ratio=naive["status_batched_s"] / mux["status_batched_s"])
+        ratios.append(entry)
     return {
         "benchmark": "remote",
-        "what": "launch and status of N sim servers on an SSH host: multiplexed master vs one ssh connection per command",
+        "what": "launch and status of N sim servers on an SSH host: multiplexed master vs one ssh connection per command; status one question at a time vs one batch per host",
+        "only": args.only,
         "sizes": args.sizes,
         "repeats": args.repeats,
         "concurrency": CONCURRENCY,
@@ -195,22 +248,47 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _previous_status(n: int) -> float | None:
+    """The multiplexed status figure for ``n`` in results/remote.json as it was before status was
+    batched (per-question rows only: a row with ``status_batched_s`` is already a new run)."""
+    try:
+        old = json.loads(RESULTS.read_text())
+    except (OSError, ValueError):
+        return None
+    for row in old.get("rows", []):
+        if row.get("n") == n and row.get("transport") == "multiplexed" and "status_batched_s" not in row:
+            return float(row["status_s"])
+    for ratio in old.get("ratios", []):  # a newer file keeps the pre-batching figure here
+        if ratio.get("n") == n and "previous_status_s" in ratio:
+            return float(ratio["previous_status_s"])
+    return None
+
+
 def _ssh_version() -> str:
     return subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
 
 
 def render(result: dict[str, Any]) -> None:
     table = Table(title="SSH host: launch and status of N sim servers (median seconds)")
-    for col in ("N", "transport", "launch s", "status s", "masters", "ssh commands"):
+    for col in ("N", "transport", "launch s", "status s (per question)", "status s (batched)", "masters", "commands launch/status/batched"):
         table.add_column(col, justify="right" if col not in ("transport",) else "left")
     for r in result["rows"]:
-        table.add_row(str(r["n"]), r["transport"], f"{r['launch_s']:.3f}", f"{r['status_s']:.3f}", str(r["masters_started"]), str(r["commands"]["launch"] + r["commands"]["status"]))
+        c = r["commands"]
+        table.add_row(
+            str(r["n"]), r["transport"], f"{r['launch_s']:.3f}", f"{r['status_s']:.3f}", f"{r['status_batched_s']:.3f}",
+            str(r["masters_started"]), f"{c['launch']}/{c['status']}/{c['status_batched']}",
+        )
     console = Console()
     console.print(table)
     load = result["machine"]
     console.print(f"load average before/after: {load['load_avg_before'][0]:.1f} / {load['load_avg_after'][0]:.1f} on {load['cpus']} CPUs")
     for r in result["ratios"]:
-        console.print(f"N={r['n']}: naive / multiplexed = {r['launch_ratio']:.1f}x for launch, {r['status_ratio']:.1f}x for status")
+        line = f"N={r['n']}: status per question / batched = {r['status_per_question_over_batched']:.1f}x"
+        if "previous_over_batched" in r:
+            line += f"; previous results/remote.json status {r['previous_status_s']:.3f}s / batched = {r['previous_over_batched']:.1f}x"
+        if "launch_ratio" in r:
+            line += f"; naive / multiplexed = {r['launch_ratio']:.1f}x launch, {r['status_ratio']:.1f}x status, {r['status_batched_ratio']:.1f}x batched status"
+        console.print(line)
 
 
 def main() -> None:
@@ -218,8 +296,10 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--login-rc", action="store_true", help="let bash read the login user's ~/.bashrc for every command (as on many real hosts)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--only", choices=["all", "status"], default="all", help="status: the multiplexed transport only (status per question vs batched); writes remote-status.json")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    args.out = args.out or (STATUS_RESULTS if args.only == "status" else RESULTS)
     result = asyncio.run(main_async(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -31,7 +31,7 @@ def test_master_client_and_direct_options() -> None:
     o = opts_dict(master)
     assert o["BatchMode"] == "yes" and o["StrictHostKeyChecking"] == "yes"
     assert o["ControlMaster"] == "auto" and o["ControlPath"] == "/tmp/sf/abc.0.%C" and o["ControlPersist"] == "300s"
-    assert o["ConnectTimeout"] == "7" and o["ServerAliveInterval"] == "15" and o["ServerAliveCountMax"] == "3"
+    assert o["ConnectTimeout"] == "7" and o["ServerAliveInterval"] == "4" and o["ServerAliveCountMax"] == "3"  # a silent link: ~16 s
     assert o["IdentitiesOnly"] == "yes"
     assert master[master.index("-p") + 1] == "2222" and master[master.index("-J") + 1] == "bastion" and master[master.index("-i") + 1] == "/k/id"
     client = opts_dict(ssh_options(spec, "client", "/tmp/sf/abc.0.%C"))
@@ -192,3 +192,25 @@ def test_remote_scripts_run_under_dash_and_bash(tmp_path) -> None:
         argv = scripts.group_alive_argv(os.getpgid(0))
         argv[0] = shell
         assert subprocess.run(argv).returncode == 0
+
+
+def test_alive_timeout_from_the_fleet_file_sets_the_keep_alives(tmp_path) -> None:
+    """``[hosts.X] alive_timeout`` (default 15 s) becomes three keep-alives over that time."""
+    from servefleet.errors import ConfigError as _ConfigError
+    from servefleet.fleet import Fleet
+
+    assert SSHSpec.alive_settings(15) == {"alive_interval": 4, "alive_count_max": 3}
+    assert SSHSpec.alive_settings(3) == {"alive_interval": 1, "alive_count_max": 2}
+    assert SSHSpec.alive_settings(1) == {"alive_interval": 1, "alive_count_max": 1}
+    assert SSHSpec(destination="h").alive_timeout == SSHSpec(destination="h", **SSHSpec.alive_settings(15)).alive_timeout == 16
+    assert SSHSpec(destination="h", **SSHSpec.alive_settings(3)).alive_timeout == 3
+    text = '[hosts.a]\nssh = "a"\n{extra}\n[[servers]]\nname = "s"\nengine = "sim"\nmodel = "m"\nhost = "a"\nport = 9000\n'
+    for extra, interval, count in (("", "4", "3"), ("alive_timeout = 30", "8", "3")):
+        path = tmp_path / "fleet.toml"
+        path.write_text(text.format(extra=extra))
+        host = Fleet.load(path).binding("a").host
+        o = opts_dict(ssh_options(host.spec, "master", "/tmp/sf/x.0.%C"))
+        assert (o["ServerAliveInterval"], o["ServerAliveCountMax"]) == (interval, count)
+    path.write_text(text.format(extra="alive_timeout = 0"))
+    with pytest.raises(_ConfigError, match="alive_timeout"):
+        Fleet.load(path)

@@ -434,6 +434,11 @@ async def test_launch_wait_and_down_through_systemd_run_standins(sshd_server, tm
     async with aiohttp.ClientSession() as session, session.get(f"{endpoint.base_url}/v1/models") as resp:
         assert resp.status == 200
 
+    # status names the unit (--json always; the table grows a "unit" column)
+    statuses = {s.name: s for s in await fleet.status()}
+    assert statuses["w"].unit == record.unit and statuses["w"].to_json()["unit"] == record.unit
+    assert statuses["oom"].unit == fleet.store.load("oom").unit
+
     # down: through systemctl --user stop, then the usual group checks
     results = await fleet.down(["w"], grace_s=10)
     assert results["w"].was_running and results["w"].ok, results["w"]

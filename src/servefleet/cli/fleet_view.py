@@ -160,8 +160,12 @@ def up_json(fleet: str, outcomes: dict[str, StartOutcome], verdicts: dict[str, V
 
 
 def status_table(fleet: str, statuses: list[ServerStatus]) -> Table:
+    """The ``status`` table; a ``unit`` column (systemd --user unit, ``launcher =
+    "systemd-run"``) only when some server has one."""
+    units = any(st.unit for st in statuses)
     table = Table(title=f"fleet {fleet}", title_justify="left")
-    for col in ("server", "engine", "host", "port", "pid", "state", "uptime", "KV tokens", "max running", "context", "log"):
+    cols = ["server", "engine", "host", "port", "pid", *(["unit"] if units else []), "state", "uptime", "KV tokens", "max running", "context", "log"]
+    for col in cols:
         table.add_column(col, no_wrap=col != "log", overflow="fold")
     for st in statuses:
         state = st.state.value
@@ -171,8 +175,9 @@ def status_table(fleet: str, statuses: list[ServerStatus]) -> Table:
             state += f" ({st.category})"
         name = st.name + ("" if st.in_fleet else " (not in file)")
         cap = st.capacity
+        unit = [st.unit or "-"] if units else []
         table.add_row(
-            name, st.engine or "-", st.host, str(st.port or "-"), str(st.pid or "-"), _state(state), fmt_secs(st.uptime_s),
+            name, st.engine or "-", st.host, str(st.port or "-"), str(st.pid or "-"), *unit, _state(state), fmt_secs(st.uptime_s),
             fmt_int(cap.kv_cache_tokens), fmt_int(cap.max_running_requests), fmt_int(cap.context_length), st.log_path or "-",
         )
     return table

@@ -19,8 +19,6 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-
 from servefleet.capacity import Capacity
 from servefleet.catalog import State
 from servefleet.engines.base import Probe
@@ -42,7 +40,8 @@ from servefleet.fleet.logs import follow_lines, tail_lines
 from servefleet.fleet.loader import load_fleet_file
 from servefleet.fleet.spec import LOCAL, FleetSpec
 from servefleet.fleet.state import ServerState, StateStore, utcnow
-from servefleet.fleet.status import Liveness, ServerStatus, not_launched, server_status
+from servefleet.fleet.prefetch import fleet_status, prefetched_launchables
+from servefleet.fleet.status import Liveness, ServerStatus
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
 
@@ -169,6 +168,7 @@ class Fleet:
         items = self.resolve(names)
         async with self.store.lock():
             self.store.write_index(self.name, self.spec.path)
+            items = await prefetched_launchables(items, self.store)  # the adopt checks: one command per host
             outcomes = await asyncio.gather(*(start_server(item, self.store, self.name) for item in items))
         return {o.name: o for o in outcomes}
 
@@ -288,29 +288,8 @@ class Fleet:
 
     # ---- status ---------------------------------------------------------------------------------
     async def status(self, names: Iterable[str] | None = None) -> list[ServerStatus]:
-        wanted = list(dict.fromkeys(names)) if names else self.recorded_names()
-        async with aiohttp.ClientSession() as session:
-
-            async def one(name: str) -> ServerStatus:
-                in_fleet = name in self.spec.names
-                server = self.spec.server(name) if in_fleet else None
-                record = await self.record(name)
-                if record is None:
-                    if server is None:
-                        self.spec.server(name)  # unknown: ConfigError listing the servers
-                    log = self.binding(server.host).log_path(name)
-                    exists = await self.binding(server.host).host.file_size(log) is not None
-                    return not_launched(name, server.engine, server.host, server.port, log if exists else None)
-                binding = self.binding(record.host)
-                changed = False
-                if server is not None:
-                    try:
-                        changed = resolve_launch(server, self.binding(server.host), self.label).digest != record.spec_hash
-                    except ConfigError:
-                        changed = True
-                return await server_status(record, binding, session, in_fleet=in_fleet, spec_changed=changed)
-
-            return list(await asyncio.gather(*(one(n) for n in wanted)))
+        """Every wanted server's status; one remote command per SSH host (see fleet_status)."""
+        return await fleet_status(self, names)
 
     # ---- logs -----------------------------------------------------------------------------------
     async def log_location(self, name: str) -> tuple[HostBinding, str]:

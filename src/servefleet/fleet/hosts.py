@@ -106,6 +106,7 @@ def _connect_ssh(spec: HostSpec, fleet: FleetSpec) -> HostBinding:
             env=dict(spec.env),
             venv=spec.venv,
             connect_timeout=spec.connect_timeout,
+            **SSHSpec.alive_settings(spec.alive_timeout),
             launcher=spec.launcher,
         )
     except ConfigError as exc:

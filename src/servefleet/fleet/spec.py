@@ -159,6 +159,9 @@ class HostSpec(_Strict):
     venv: str | None = None  # a virtual environment to activate for every command
     python: str | None = None  # interpreter for `python -m` engines (default: python3 on the host)
     connect_timeout: int = 10
+    # Seconds of unanswered keep-alives after which a silent link (packets dropped) is dead and
+    # the host reported unreachable; quiet sessions on a live link are not affected.
+    alive_timeout: int = 15
     # How servers are started there: "setsid" (a new session; survives the SSH link) or
     # "systemd-run" (a transient `systemd-run --user` unit: also survives logind's
     # KillUserProcesses; needs lingering, checked before each launch). See hosts/ssh_systemd.py.
@@ -172,7 +175,7 @@ class HostSpec(_Strict):
             raise ValueError("must not be empty, start with '-' or contain a newline")
         return v
 
-    @field_validator("connect_timeout")
+    @field_validator("connect_timeout", "alive_timeout")
     @classmethod
     def _timeout(cls, v: int) -> int:
         if v < 1:

@@ -26,9 +26,9 @@ from servefleet.fleet.state import ServerState, utcnow
 from servefleet.verify.diagnose import diagnose_text
 from servefleet.verify.verdict import Verdict
 
-__all__ = ["Liveness", "ServerStatus", "probe_ready", "server_status", "not_launched", "log_of_attempt"]
+__all__ = ["Liveness", "ServerStatus", "probe_ready", "server_status", "not_launched", "log_of_attempt", "DIAGNOSE_LIMIT"]
 
-_DIAGNOSE_LIMIT = 8 * 1024 * 1024  # bytes of the current attempt's log read for a diagnosis
+DIAGNOSE_LIMIT = 8 * 1024 * 1024  # bytes of the current attempt's log read for a diagnosis
 
 
 class Liveness(StrEnum):
@@ -58,6 +58,7 @@ class ServerStatus(BaseModel):
     base_url: str | None = None
     log_path: str | None = None
     served_model: str | None = None
+    unit: str | None = None  # the transient systemd --user unit (launcher = "systemd-run")
     in_fleet: bool = True  # false: a record of a server no longer in the fleet file
     spec_changed: bool = False
 
@@ -81,7 +82,7 @@ async def probe_ready(session: aiohttp.ClientSession, base_url: str, paths: list
     return False
 
 
-async def log_of_attempt(binding: HostBinding, record: ServerState, limit: int = _DIAGNOSE_LIMIT) -> str:
+async def log_of_attempt(binding: HostBinding, record: ServerState, limit: int = DIAGNOSE_LIMIT) -> str:
     """The current attempt's part of the (appended) log, decoded."""
     try:
         raw = await binding.host.read_bytes(record.log_path, record.log_offset, limit)
@@ -128,6 +129,7 @@ async def server_status(
         base_url=base_url,
         log_path=record.log_path,
         served_model=record.served_model,
+        unit=record.unit,
         in_fleet=in_fleet,
         spec_changed=spec_changed,
     )

@@ -9,7 +9,11 @@ service manager: see ssh_systemd.py); their logs are followed by one streaming `
 reconnects and resumes from the last delivered byte when the link drops (ssh_follow.py).
 
 Failures are translated once, here: ssh's exit 255 with a connection-level message becomes
-HostUnreachable (within ConnectTimeout), anything else the remote command's CommandError.
+HostUnreachable (within ConnectTimeout), anything else the remote command's CommandError. A link
+that goes silent (packets dropped) is noticed by the master's keep-alives (``alive_timeout``,
+~16 s by default): commands on it are stopped and reported unreachable at once, never left to
+fall back to a fresh connection that would wait out ConnectTimeout as well. ``status`` asks a
+whole fleet's questions in one remote command per host (``batch``, ssh_batch.py).
 """
 
 from __future__ import annotations
@@ -18,15 +22,19 @@ import asyncio
 import shlex
 import subprocess
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts import ssh_systemd as units
 from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
-from servefleet.hosts.ssh_master import MasterPool, free_local_port
+from servefleet.hosts.ssh_batch import Op, batch_argv, chunk_ops, parse_batch
+from servefleet.hosts.ssh_master import Master, MasterPool, free_local_port
 from servefleet.hosts.ssh_options import SSHSpec, classify_ssh_failure, ssh_argv, ssh_error
 
 __all__ = ["SSHHost", "SSHSpec"]
+
+MASTER_WATCH_S = 0.5  # how often a running command looks whether its master still lives
 
 
 class SSHHost:
@@ -43,6 +51,7 @@ class SSHHost:
         self._units_error: LaunchError | bool | None = None  # check_units' answer, once asked
         self._units_lock = asyncio.Lock()  # servers start concurrently: one check per host
         self._connect_lock = asyncio.Lock()
+        self.commands = 0  # remote commands run (each one ssh client process); benchmarks read it
         # Called once, right after the first connection: the fleet layer turns "~/..." work
         # folders into absolute paths here, so records name the same paths the processes see.
         self.on_connect: list[Callable[[SSHHost], None]] = []
@@ -129,14 +138,17 @@ class SSHHost:
             await self.connect()
         remote = shlex.join(argv)
         attempts = 2 if retry else 1
+        loop = asyncio.get_running_loop()
         for attempt in range(attempts):
+            self.commands += 1
+            started = loop.time()
             if self.pool is None:
                 async with self._direct_slots:
                     code, out, err = await self._client(ssh_argv(self.spec, "direct", None, flags=["-T"], remote=remote), input, timeout)
                 lost = code == 255 and classify_ssh_failure(code, err.decode(errors="replace")) is not None
             else:
                 async with self.pool.session() as master:
-                    code, out, err = await self._client(ssh_argv(self.spec, "client", master.path, flags=["-T"], remote=remote), input, timeout)
+                    code, out, err = await self._client(ssh_argv(self.spec, "client", master.path, flags=["-T"], remote=remote), input, timeout, master)
                     # A mux client whose master dies mid-command may exit 255 without a word:
                     # the master's socket tells a dropped link from a command that exited 255.
                     lost = code == 255 and (classify_ssh_failure(code, err.decode(errors="replace")) is not None or not self.pool.alive(master))
@@ -145,6 +157,11 @@ class SSHHost:
             if not lost:
                 return code, out, err
             text = err.decode(errors="replace")
+            if self.pool is not None and classify_ssh_failure(code, text) in (None, "master connection lost") and loop.time() - started >= self.spec.alive_interval:
+                # The master died under a command that had waited a keep-alive interval or more:
+                # its keep-alives went unanswered, the link is silent (packets dropped, not a
+                # closed socket). Reconnecting would only wait out ConnectTimeout on top.
+                raise ssh_error(self.spec, argv[:1], 255, text + f"\nno answer to keep-alives for ~{self.spec.alive_timeout}s: the link went silent (alive_timeout)")
             if attempt + 1 < attempts and classify_ssh_failure(code, text) in (None, "master connection lost", "connection closed"):
                 continue  # the link dropped under an idempotent command: reconnect and repeat
             if classify_ssh_failure(code, text) is None:
@@ -152,7 +169,12 @@ class SSHHost:
             raise ssh_error(self.spec, argv[:1], code, text)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _client(self, argv: list[str], input: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+    async def _client(self, argv: list[str], input: bytes | None, timeout: float | None, master: Master | None = None) -> tuple[int, bytes, bytes]:
+        """One ssh client process. With ``master``: should that master die while the client
+        runs, the client is stopped at once. A mux client that loses its master before its
+        session was confirmed would otherwise fall back to a connection of its own, which on a
+        silent link waits out ConnectTimeout (and would run the command a second time on a
+        link that comes back); reconnecting is the pool's decision."""
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -163,7 +185,11 @@ class SSHHost:
         except OSError as exc:
             raise HostError(f"cannot run the ssh client: {exc}") from exc
         try:
-            out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+            master_lost = False
+            if master is None or self.pool is None:
+                out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+            else:
+                out, err, master_lost = await asyncio.wait_for(self._communicate_while(proc, input, master), timeout)
         except TimeoutError:
             proc.kill()
             await proc.wait()
@@ -173,7 +199,37 @@ class SSHHost:
                 proc.kill()
                 await proc.wait()
             raise
+        if master_lost:
+            return 255, out, err
         return proc.returncode if proc.returncode is not None else 255, out, err
+
+    async def _communicate_while(self, proc: asyncio.subprocess.Process, input: bytes | None, master: Master) -> tuple[bytes, bytes, bool]:
+        """``proc.communicate`` while ``master`` lives; (stdout, stderr, whether it died first)."""
+        assert self.pool is not None
+        talk = asyncio.ensure_future(proc.communicate(input))
+        try:
+            while True:
+                done, _ = await asyncio.wait({talk}, timeout=MASTER_WATCH_S)
+                if done:
+                    out, err = talk.result()
+                    return out, err, False
+                if not self.pool.alive(master):
+                    break
+            if proc.returncode is None:
+                proc.kill()
+            try:
+                # A client falling back to a connection of its own may have started a
+                # ProxyCommand that inherited (and still holds) our pipes: do not wait for EOF.
+                out, err = await asyncio.wait_for(asyncio.shield(talk), 0.5)
+            except TimeoutError:
+                out, err = b"", b""
+                transport = getattr(proc, "_transport", None)  # close our ends of those pipes
+                if transport is not None:
+                    transport.close()
+            return out, err + b"\nmux_client: the master connection was lost during the command\n", True
+        finally:
+            if not talk.done():
+                talk.cancel()
 
     def _failed(self, shown: Sequence[str], code: int, err: bytes) -> CommandError:
         """A remote command failed (link failures never get here: _exec raises them)."""
@@ -306,6 +362,26 @@ class SSHHost:
         code, _out, err = await self._exec(scripts.remove_argv(path), retry=True)
         if code != 0:
             raise self._failed(["rm", "-f", path], code, err)
+
+    # -- many questions, one command (ssh_batch.py) -----------------------------------------
+
+    async def batch(self, ops: Sequence[Op]) -> dict[Op, Any]:
+        """Answer ``ops`` (liveness, file reads and sizes, port holders) with one remote command
+        (one per ~96 KiB of arguments): what ``status`` asks about a whole fleet. Paths must be
+        absolute. Raises HostUnreachable for the link, HostError when the answers are garbled."""
+        await self.connect()
+
+        async def one(chunk: list[Op]) -> dict[Op, Any]:
+            argv, token = batch_argv(chunk)
+            code, out, err = await self._exec(argv, retry=True)
+            if code != 0:
+                raise self._failed(["batch", f"{len(chunk)} questions"], code, err)
+            return parse_batch(chunk, out, token)
+
+        answers: dict[Op, Any] = {}
+        for part in await asyncio.gather(*(one(c) for c in chunk_ops(list(ops)))):
+            answers.update(part)
+        return answers
 
     # -- processes and ports ----------------------------------------------------------------
 

@@ -58,7 +58,12 @@ class SSHSpec:
     venv: str | None = None
     options: Mapping[str, str] = field(default_factory=dict)
     connect_timeout: int = 10
-    alive_interval: int = 15
+    # A link that goes silent (packets dropped, no RST) is declared dead after about
+    # alive_interval x (alive_count_max + 1) seconds: ssh sends the first keep-alive after one
+    # interval of silence and gives up when alive_count_max of them went unanswered. 16 s by
+    # default (``alive_timeout = 15`` in a fleet file). A quiet command or log follow on a live
+    # link is never affected (the server answers the keep-alives).
+    alive_interval: int = 4
     alive_count_max: int = 3
     control_persist: int = 300
     multiplex: bool = True
@@ -80,6 +85,8 @@ class SSHSpec:
             raise ConfigError(f"{where}: strict_host_key must be 'yes' or 'accept-new' (host keys are always checked), not {self.strict_host_key!r}")
         if self.launcher not in ("setsid", "systemd-run"):
             raise ConfigError(f"{where}: launcher must be 'setsid' or 'systemd-run', not {self.launcher!r}")
+        if int(self.alive_interval) < 1 or int(self.alive_count_max) < 1:
+            raise ConfigError(f"{where}: alive_interval and alive_count_max must be at least 1")
         if int(self.connect_timeout) < 1:
             raise ConfigError(f"{where}: connect_timeout must be at least 1 second")
         if not 1 <= self.max_sessions <= 64 or not 1 <= self.max_masters <= 64:
@@ -94,6 +101,22 @@ class SSHSpec:
     @property
     def label(self) -> str:
         return self.name or self.destination
+
+    @property
+    def alive_timeout(self) -> int:
+        """About how many seconds of silence make the link count as dead (measured: the first
+        keep-alive goes out after one silent interval, the master exits ``alive_count_max``
+        intervals later)."""
+        return int(self.alive_interval) * (int(self.alive_count_max) + 1)
+
+    @staticmethod
+    def alive_settings(alive_timeout: int) -> dict[str, int]:
+        """``alive_interval``/``alive_count_max`` for a wanted ``alive_timeout`` (a fleet file's
+        ``[hosts.X] alive_timeout``): three unanswered keep-alives where the time allows, so
+        one lost packet is not a dead link. 15 -> every 4 s, 3 of them (~16 s)."""
+        timeout = max(1, int(alive_timeout))
+        count = 3 if timeout >= 8 else max(1, timeout - 1)
+        return {"alive_interval": max(1, round(timeout / (count + 1))), "alive_count_max": count}
 
 
 def ssh_options(spec: SSHSpec, role: Role, control: str | None = None) -> list[str]:
@@ -122,8 +145,10 @@ def ssh_options(spec: SSHSpec, role: Role, control: str | None = None) -> list[s
     # Bound the TCP connect and the banner exchange, so an unreachable host is reported as such
     # within this many seconds instead of hanging on the kernel's SYN retries.
     o("ConnectTimeout", int(spec.connect_timeout))
-    # Keep-alives inside the encrypted channel: a dead link is noticed after interval x count
-    # seconds, the master exits, and followers reconnect instead of waiting forever.
+    # Keep-alives inside the encrypted channel: a dead link (even one that silently drops
+    # packets, where TCP alone would wait many minutes) is noticed after interval x count
+    # seconds, the master exits, commands report the host unreachable and followers reconnect
+    # instead of waiting forever. A live link answers them, however quiet its sessions are.
     o("ServerAliveInterval", spec.alive_interval)
     o("ServerAliveCountMax", spec.alive_count_max)
     # Errors only: informational lines ("Warning: Permanently added ...") would mix into the
@@ -225,6 +250,7 @@ def control_path(folder: str, token: str, index: int) -> str:
 UNREACHABLE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (reason, re.compile(pattern, re.IGNORECASE | re.MULTILINE))
     for reason, pattern in (
+        ("link went silent", r"no answer to keep-alives"),
         ("host key verification failed", r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED|No \S+ host key is known"),
         ("authentication failed", r"Permission denied \(|Too many authentication failures|no matching host key type"),
         ("name resolution failed", r"Could not resolve hostname|Name or service not known|nodename nor servname|Temporary failure in name resolution"),

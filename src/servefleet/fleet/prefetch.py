@@ -1,0 +1,224 @@
+"""A fleet's status (and ``up``'s adopt checks) in one remote command per host.
+
+``server_status`` (status.py) and ``start_server`` (lifecycle.py) ask their host a handful of small
+questions per server: is the group alive, whose command line is it, what did the wrapper record,
+who holds the port. Over SSH each is a round trip. Here every question about every server of a
+host is asked up front in one batch (``SSHHost.batch``, hosts/ssh_batch.py), and the per-server
+code then runs unchanged against a ``PrefetchedHost`` that answers from the batch: the same
+answers, in one round trip per host instead of three or more per server. Hosts that cannot batch
+(the local host) are asked as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import aiohttp
+
+from servefleet.errors import ConfigError, HostUnreachable
+from servefleet.fleet.hosts import HostBinding
+from servefleet.fleet.lifecycle import Launchable, load_record, resolve_launch
+from servefleet.fleet.spec import LOCAL
+from servefleet.fleet.state import ServerState, StateStore
+from servefleet.fleet.status import DIAGNOSE_LIMIT, ServerStatus, not_launched, server_status
+
+__all__ = ["PrefetchedHost", "prefetch_questions", "fleet_status", "prefetched_launchables"]
+
+
+
+
+class PrefetchedHost:
+    """A Host seen through answers fetched in advance (``host.batch``): ``group_alive``,
+    ``read_bytes``, ``file_size`` and ``port_holder`` return the prefetched answer for exactly
+    the question asked, anything else goes to the host. The per-server code above runs
+    unchanged, so a batched status says exactly what the one-question-at-a-time status says.
+    ``once``: each answer serves one call (for callers that later change what they asked about)."""
+
+    def __init__(self, host: Any, *, once: bool = False) -> None:
+        self.host = host
+        self.once = once
+        self.answers: dict[tuple[Any, ...], Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.host, name)
+
+    async def prefetch(self, ops: Sequence[tuple[Any, ...]]) -> None:
+        """Ask ``ops`` in one batch. A host that cannot batch, or a batch that fails for any
+        reason but the link, leaves the questions to be asked one by one."""
+        batch = getattr(self.host, "batch", None)
+        if batch is None or not ops:
+            return
+        try:
+            self.answers.update(await batch(list(dict.fromkeys(ops))))
+        except HostUnreachable:
+            raise
+        except Exception:  # noqa: BLE001 - a garbled batch costs speed, never correctness
+            return
+
+    def _take(self, key: tuple[Any, ...]) -> tuple[bool, Any]:
+        if key not in self.answers:
+            return False, None
+        return True, (self.answers.pop(key) if self.once else self.answers[key])
+
+    async def group_alive(self, pgid: int) -> bool:
+        found, value = self._take(("alive", int(pgid)))
+        return value if found else await self.host.group_alive(pgid)
+
+    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        found, value = self._take(("read", path, int(offset), limit))
+        if not found:
+            return await self.host.read_bytes(path, offset, limit)
+        if value is None:
+            raise FileNotFoundError(path)
+        return value
+
+    async def file_size(self, path: str) -> int | None:
+        found, value = self._take(("size", path))
+        return value if found else await self.host.file_size(path)
+
+    async def port_holder(self, port: int) -> Any:
+        found, value = self._take(("port", int(port)))
+        return value if found else await self.host.port_holder(port)
+
+
+def prefetch_questions(record: ServerState) -> list[tuple[Any, ...]]:
+    """Everything ``server_status`` may ask the host about ``record`` (the log only when the
+    group is gone: a live server's log is read only if its probe does not answer)."""
+    return [
+        ("alive", record.pgid),
+        ("read", f"/proc/{record.pgid}/cmdline", 0, None),
+        ("read", record.status_path, 0, None),
+        ("port", record.port),
+        ("read_if_dead", record.pgid, record.log_path, record.log_offset, DIAGNOSE_LIMIT),
+    ]
+
+
+async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[ServerStatus]:
+    """``Fleet.status``: every wanted server's status, with the questions about each host asked
+    in one remote command per host (two when records must first be rediscovered from the remote
+    state files). ``fleet`` is a ``Fleet`` (spec, store, binding(), label, recorded_names())."""
+    spec, store = fleet.spec, fleet.store
+    assert isinstance(store, StateStore)
+    wanted = list(dict.fromkeys(names)) if names else fleet.recorded_names()
+    for name in wanted:
+        if name not in spec.names and store.load(name) is None:
+            spec.server(name)  # unknown everywhere: ConfigError listing the servers
+
+    views: dict[str, HostBinding] = {}
+
+    def view(host: str) -> HostBinding:
+        if host not in views:
+            binding = fleet.binding(host)
+            views[host] = dataclasses.replace(binding, host=PrefetchedHost(binding.host))
+        return views[host]
+
+    async def connected(host: str) -> HostBinding:
+        binding = view(host)
+        connect = getattr(binding.host.host, "connect", None)
+        if connect is not None:
+            await connect()  # "~" in the work folder becomes absolute: the batch keys are the paths asked
+            binding.work_dir = fleet.binding(host).work_dir
+        return binding
+
+    def lookup_host(name: str) -> str:
+        return spec.server(name).host if name in spec.names else LOCAL
+
+    # Round 1: what the local records name, and the remote state file and log of every server
+    # without a local record (rediscovery from a new machine; "not launched").
+    local = {name: store.load(name) for name in wanted}
+    questions: dict[str, list[tuple[Any, ...]]] = {}
+    for name, record in local.items():
+        if record is not None:
+            questions.setdefault(record.host, []).extend(prefetch_questions(record))
+    for name, record in local.items():
+        if record is None and name in spec.names:
+            binding = await connected(lookup_host(name))
+            asks = questions.setdefault(binding.name, [])
+            if binding.remote_state:
+                asks.append(("read", binding.state_path(name), 0, None))
+            asks.append(("size", binding.log_path(name)))
+    await _prefetch_all({h: (await connected(h), q) for h, q in questions.items()})
+
+    # Round 2: rediscovered records (only when some were found on a host).
+    records = {name: await load_record(store, view(lookup_host(name)), name) for name in wanted}
+    later: dict[str, list[tuple[Any, ...]]] = {}
+    for name, record in records.items():
+        if record is not None and local[name] is None:
+            later.setdefault(record.host, []).extend(prefetch_questions(record))
+    await _prefetch_all({h: (await connected(h), q) for h, q in later.items()})
+
+    async with aiohttp.ClientSession() as session:
+
+        async def one(name: str) -> ServerStatus:
+            in_fleet = name in spec.names
+            server = spec.server(name) if in_fleet else None
+            record = records[name]
+            if record is None:
+                assert server is not None
+                binding = view(server.host)
+                log = binding.log_path(name)
+                exists = await binding.host.file_size(log) is not None
+                return not_launched(name, server.engine, server.host, server.port, log if exists else None)
+            binding = view(record.host)
+            changed = False
+            if server is not None:
+                try:
+                    changed = resolve_launch(server, fleet.binding(server.host), fleet.label).digest != record.spec_hash
+                except ConfigError:
+                    changed = True
+            return await server_status(record, binding, session, in_fleet=in_fleet, spec_changed=changed)
+
+        return list(await asyncio.gather(*(one(n) for n in wanted)))
+
+
+async def prefetched_launchables(items: Sequence[Launchable], store: StateStore) -> list[Launchable]:
+    """``items`` whose hosts answer ``start_server``'s adopt check (record, liveness and
+    identity of the recorded group, the port's holder) from one batch per host, asked before
+    anything is launched. Each prefetched answer serves one call (``once``): what the launch
+    itself asks afterwards (the new group, the log's size) always goes to the host."""
+    views: dict[str, PrefetchedHost] = {}
+    bindings: dict[str, HostBinding] = {}
+    for item in items:
+        name = item.binding.name
+        if name not in views and getattr(item.binding.host, "batch", None) is not None:
+            views[name] = PrefetchedHost(item.binding.host, once=True)
+            bindings[name] = dataclasses.replace(item.binding, host=views[name])
+    if not views:
+        return list(items)
+    for view in views.values():
+        await view.host.connect()
+    for name, binding in bindings.items():
+        binding.work_dir = next(i.binding.work_dir for i in items if i.binding.name == name)
+    first: dict[str, list[tuple[Any, ...]]] = {}
+    later: dict[str, list[tuple[Any, ...]]] = {}
+    local = {item.name: store.load(item.name) for item in items}
+    for item in items:
+        if item.binding.name not in views:
+            continue
+        asks = first.setdefault(item.binding.name, [])
+        asks.append(("port", item.server.port))
+        record = local[item.name]
+        if record is not None:
+            asks += [("alive", record.pgid), ("read", f"/proc/{record.pgid}/cmdline", 0, None)]
+        elif bindings[item.binding.name].remote_state:
+            asks.append(("read", bindings[item.binding.name].state_path(item.name), 0, None))
+    await asyncio.gather(*(views[h].prefetch(ops) for h, ops in first.items()))
+    for item in items:
+        if item.binding.name in views and local[item.name] is None:
+            # the remote record (left in the answers: load_record reads it from there)
+            raw = views[item.binding.name].answers.get(("read", bindings[item.binding.name].state_path(item.name), 0, None))
+            if raw is not None:
+                try:
+                    pgid = int(ServerState.model_validate_json(raw).pgid)
+                except Exception:  # noqa: BLE001 - load_record reports a bad record itself
+                    continue
+                later.setdefault(item.binding.name, []).extend([("alive", pgid), ("read", f"/proc/{pgid}/cmdline", 0, None)])
+    await asyncio.gather(*(views[h].prefetch(ops) for h, ops in later.items()))
+    return [dataclasses.replace(item, binding=bindings[item.binding.name]) if item.binding.name in bindings else item for item in items]
+
+
+async def _prefetch_all(work: dict[str, tuple[HostBinding, list[tuple[Any, ...]]]]) -> None:
+    await asyncio.gather(*(binding.host.prefetch(ops) for binding, ops in work.values()))
