@@ -140,3 +140,24 @@ class SimProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+async def fleets():
+    """Track every Fleet a test opens (``fleets(Fleet.load(...))``): each is brought down and
+    closed afterwards, whatever happened."""
+    from servefleet.fleet import Fleet
+
+    opened: list[Fleet] = []
+
+    def track(fleet: Fleet) -> Fleet:
+        opened.append(fleet)
+        return fleet
+
+    yield track
+    for fleet in opened:
+        try:
+            await fleet.down(grace_s=2)
+        except Exception:
+            pass
+        await fleet.close()

@@ -65,24 +65,6 @@ def write_fleet(tmp_path: Path, server, servers: dict[str, list[str]], *, port: 
     return path, ports
 
 
-@pytest.fixture
-async def fleets():
-    """Every fleet a test opens is brought down and closed, whatever happened."""
-    opened: list[Fleet] = []
-
-    def track(fleet: Fleet) -> Fleet:
-        opened.append(fleet)
-        return fleet
-
-    yield track
-    for fleet in opened:
-        try:
-            await fleet.down(grace_s=2)
-        except Exception:
-            pass
-        await fleet.close()
-
-
 def cli(*args: str, cwd: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
 

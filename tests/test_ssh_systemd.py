@@ -324,23 +324,6 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-@pytest.fixture
-async def fleets():
-    opened: list[Fleet] = []
-
-    def track(fleet: Fleet) -> Fleet:
-        opened.append(fleet)
-        return fleet
-
-    yield track
-    for fleet in opened:
-        try:
-            await fleet.down(grace_s=2)
-        except Exception:
-            pass
-        await fleet.close()
-
-
 # -- no user manager: the clear error, before anything runs (real sshd, real tools) --------------
 
 
