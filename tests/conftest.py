@@ -161,3 +161,53 @@ async def fleets():
         except Exception:
             pass
         await fleet.close()
+
+
+# --- a real `transformers serve` on a tiny model built here (shared by the engine tests) ---------
+
+
+@pytest.fixture(scope="module")
+def transformers_serve(tmp_path_factory: pytest.TempPathFactory):
+    """``(base_url, model_dir)`` of a real ``transformers serve`` on the CPU, started through the
+    engine profile's own argv and env, stopped (its whole process group) after the module."""
+    import os
+    import signal
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from servefleet.engines.base import LaunchSpec
+    from servefleet.engines.transformers import TransformersEngine
+    from servefleet.modelgen import build_tiny_model, spec_from_preset
+
+    folder = tmp_path_factory.mktemp("transformers-serve")
+    model = folder / "tiny"
+    build_tiny_model(model, spec_from_preset("tiny", seed=11))
+    port = free_port()
+    engine = TransformersEngine()
+    spec = LaunchSpec(model=str(model), port=port, extra_args=("--device", "cpu"), python=sys.executable)
+    env = {**os.environ, **engine.build_env(spec), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    log = folder / "serve.log"
+    with log.open("wb") as fh:
+        server = subprocess.Popen(engine.build_argv(spec), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if server.poll() is not None:
+            raise AssertionError(f"transformers serve exited with {server.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.HTTPError, OSError):
+            return False
+
+    try:
+        wait_until(ready, timeout=600, interval=0.5, what="transformers serve /health")
+        yield url, model
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

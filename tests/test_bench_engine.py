@@ -7,68 +7,26 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from servefleet.bench.result import load_run
-from servefleet.engines.base import LaunchSpec
-from servefleet.engines.transformers import TransformersEngine
-
-from conftest import free_port, wait_until
-
-
-def _health(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
 
 
 @pytest.mark.engine
 @pytest.mark.timeout(900)
-def test_bench_transformers_serve_end_to_end(tmp_path: Path) -> None:
-    from servefleet.modelgen import build_tiny_model, spec_from_preset
-
-    model = tmp_path / "tiny"
-    build_tiny_model(model, spec_from_preset("tiny", seed=11))
-    port = free_port()
-    engine = TransformersEngine()
-    spec = LaunchSpec(model=str(model), port=port, extra_args=("--device", "cpu"), python=sys.executable)
-    env = {**os.environ, **engine.build_env(spec), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    log = tmp_path / "serve.log"
-    with log.open("wb") as fh:
-        server = subprocess.Popen(engine.build_argv(spec), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def ready() -> bool:
-            if server.poll() is not None:
-                raise AssertionError(f"transformers serve exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-            return _health(url) == 200
-
-        wait_until(ready, timeout=600, interval=0.5, what="transformers serve /health")
-        out, probe = tmp_path / "RUN.json", tmp_path / "PROBE.json"
-        common = ["--url", url, "--model", str(model), "--tokenizer", str(model), "--input-len", "24", "--output-len", "8"]
-        for args in (["--engine", "transformers", "-c", "1,2", "-n", "4", "--out", str(out)],
-                     ["-c", "1", "-n", "2", "--out", str(probe)]):  # engine unknown: ignore_eos is tried
-            result = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "bench", *common, *args],
-                                    capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
-            assert result.returncode == 0, result.stdout + result.stderr
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+def test_bench_transformers_serve_end_to_end(transformers_serve, tmp_path: Path) -> None:
+    url, model = transformers_serve
+    out, probe = tmp_path / "RUN.json", tmp_path / "PROBE.json"
+    common = ["--url", url, "--model", str(model), "--tokenizer", str(model), "--input-len", "24", "--output-len", "8"]
+    for args in (["--engine", "transformers", "-c", "1,2", "-n", "4", "--out", str(out)],
+                 ["-c", "1", "-n", "2", "--out", str(probe)]):  # engine unknown: ignore_eos is tried
+        result = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "bench", *common, *args],
+                                capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+        assert result.returncode == 0, result.stdout + result.stderr
     run = load_run(out)
     assert run.target.engine == "transformers"
     assert run.workload["input_tokens_counted_by"] == f"tokenizer:{model}"
