@@ -134,7 +134,7 @@ async def test_remote_failure_is_diagnosed_and_a_killed_server_detected(sshd_ser
     local = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "servefleet.cli.main", "tunnel", "ok", "--json", "--local-port", str(local), "--fleet", str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
@@ -145,7 +145,13 @@ async def test_remote_failure_is_diagnosed_and_a_killed_server_detected(sshd_ser
             assert resp.status == 200 and "sim-m" in await resp.text()
     finally:
         proc.send_signal(signal.SIGINT)
-        assert await asyncio.to_thread(proc.wait, 30) == 0, proc.stderr.read()
+        try:
+            code = await asyncio.to_thread(proc.wait, 30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack to stderr
+            proc.wait(10)
+            raise AssertionError(f"tunnel did not end on SIGINT:\n{proc.stderr.read()[-6000:]}") from None
+        assert code == 0, proc.stderr.read()
     with pytest.raises(OSError):  # closed with the tunnel
         await asyncio.open_connection("127.0.0.1", local)
 

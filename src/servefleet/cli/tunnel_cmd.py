@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
-from typing import Annotated
+from collections.abc import Awaitable
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,6 +16,8 @@ from rich.console import Console
 from servefleet.cli.fleet_cmds import FleetOpt, JsonOpt, _run
 from servefleet.fleet import Fleet
 from servefleet.fleet.tunnel import keep_open, open_tunnel
+
+T = TypeVar("T")
 
 
 def tunnel(
@@ -26,28 +30,49 @@ def tunnel(
     open until Ctrl-C. Prints the URL first, so scripts can read one line and go."""
 
     async def go() -> None:
-        task = asyncio.current_task()
+        # Ctrl-C and SIGTERM set an event rather than cancel the task: the forward and the SSH
+        # master are then closed by ordinary code, within a bound, whatever was running.
+        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        if task is not None:  # SIGTERM closes the forward and the SSH master cleanly too
-            loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        async with Fleet.discover(fleet_file) as fleet:
-            t = await open_tunnel(fleet, name, local_port)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        fleet = Fleet.discover(fleet_file)
+        try:
+            t = await _until(stop, open_tunnel(fleet, name, local_port))
+            if t is None:
+                return
             if as_json:
                 sys.stdout.write(json.dumps(t.to_json()) + "\n")
             else:
                 Console(highlight=False).print(f"{t.name}: {t.url} -> {t.remote} on {t.host}  (Ctrl-C to close)", soft_wrap=True)
             sys.stdout.flush()
+            await _until(stop, keep_open(fleet, t))
+        finally:
             try:
-                await keep_open(fleet, t)
-            except asyncio.CancelledError:
-                pass
+                await asyncio.wait_for(fleet.close(), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                Console(stderr=True).print(f"closing the SSH connection took over {CLOSE_TIMEOUT_S:.0f}s; left to ssh's own timeouts")
 
+    _run(go)
+
+
+CLOSE_TIMEOUT_S = 20.0  # close() cancels forwards and exits masters, 10 s bound per ssh -O call
+
+
+async def _until(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None once ``stop`` is set first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        _run(go)
-    except typer.Exit as exc:
-        if exc.exit_code == 130:  # Ctrl-C is how a tunnel ends
-            raise typer.Exit(0) from None
-        raise
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
 
 
 def register(app: typer.Typer) -> None:
