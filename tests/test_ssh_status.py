@@ -16,7 +16,7 @@ from servefleet.fleet import Fleet, Liveness
 from servefleet.fleet.status import server_status
 from servefleet.hosts.ssh import SSHHost
 from servefleet.hosts.ssh_batch import chunk_ops, parse_batch
-from test_ssh_fleet import fleets, write_fleet  # noqa: F401 - the fixture is used by name
+from test_ssh_fleet import write_fleet
 
 pytestmark = pytest.mark.timeout(120)
 
