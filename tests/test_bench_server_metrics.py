@@ -61,3 +61,16 @@ def test_sglang_gauges_and_server_info() -> None:
 
 def test_no_metrics_no_section() -> None:
     assert summarize_server(Snapshot(), Snapshot(), []) is None
+
+
+def test_a_burst_queued_between_steps_is_not_saturation() -> None:
+    """Eight requests sent at once to an idle server with 8 slots are queued for an instant (until
+    the next step admits them): not saturated. A queue while every slot is busy is."""
+    burst = [vllm(running=0, waiting=8), vllm(running=1, waiting=0), vllm(running=1, waiting=0)]
+    s = summarize_server(Snapshot(vllm()), Snapshot(vllm()), burst, max_running=8)
+    assert s is not None and s.queued_max == 8 and s.saturated is False
+    full = [vllm(running=8, waiting=0), vllm(running=8, waiting=2)]
+    assert summarize_server(Snapshot(vllm()), Snapshot(vllm()), full, max_running=8).saturated is True
+    # capacity unknown: a queue that persists on average
+    assert summarize_server(Snapshot(vllm()), Snapshot(vllm()), burst).saturated is True
+    assert summarize_server(Snapshot(vllm()), Snapshot(vllm()), [vllm(running=3, waiting=0)] * 2).saturated is False

@@ -235,13 +235,15 @@ def summarize_server(
         rates = [v for v in (_max_of(s, (S_ACCEPT_RATE,)) for s in series) if v]
         if rates:
             stats.spec_acceptance_rate = sum(rates) / len(rates)
-    # Saturated: requests waited for a slot — on average at least one queued, or every slot busy
-    # while some queued. (A request arriving mid-step waits for the step boundary even on an idle
-    # server: one momentary queued request is not saturation.)
+    # Saturated: requests waited for a slot. With the server's max running requests known: some
+    # scrape saw every slot busy AND a queue at the same moment. (A burst arriving between two
+    # steps is counted as queued for an instant even on an idle server, so a queue alone is not
+    # saturation.) Without it: on average at least one request queued.
     saturated = None
-    if queued:
+    pairs = [(r, q) for r, q in ((_first(s, RUNNING), _first(s, QUEUED)) for s in series) if r is not None and q is not None]
+    if pairs and max_running:
+        saturated = any(r >= max_running and q > 0 for r, q in pairs)
+    elif queued:
         saturated = sum(queued) / len(queued) >= 1.0
-        if running and max_running and max(running) >= max_running and max(queued) > 0:
-            saturated = True
     stats.saturated = saturated
     return stats
