@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import sys
-from collections.abc import Awaitable
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -16,8 +14,7 @@ from rich.console import Console
 from servefleet.cli.fleet_cmds import FleetOpt, JsonOpt, _run
 from servefleet.fleet import Fleet
 from servefleet.fleet.tunnel import keep_open, open_tunnel
-
-T = TypeVar("T")
+from servefleet.stopping import until_stopped
 
 
 def tunnel(
@@ -38,15 +35,15 @@ def tunnel(
             loop.add_signal_handler(sig, stop.set)
         fleet = Fleet.discover(fleet_file)
         try:
-            t = await _until(stop, open_tunnel(fleet, name, local_port))
-            if t is None:
+            stopped, t = await until_stopped(open_tunnel(fleet, name, local_port), stop)
+            if stopped or t is None:
                 return
             if as_json:
                 sys.stdout.write(json.dumps(t.to_json()) + "\n")
             else:
                 Console(highlight=False).print(f"{t.name}: {t.url} -> {t.remote} on {t.host}  (Ctrl-C to close)", soft_wrap=True)
             sys.stdout.flush()
-            await _until(stop, keep_open(fleet, t))
+            await until_stopped(keep_open(fleet, t), stop)
         finally:
             try:
                 await asyncio.wait_for(fleet.close(), CLOSE_TIMEOUT_S)
@@ -57,22 +54,6 @@ def tunnel(
 
 
 CLOSE_TIMEOUT_S = 20.0  # close() cancels forwards and exits masters, 10 s bound per ssh -O call
-
-
-async def _until(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
-    """``work``'s result, or None once ``stop`` is set first (``work`` is then cancelled)."""
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
 
 
 def register(app: typer.Typer) -> None:

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -56,6 +56,7 @@ from servefleet.generate.retry import RequestFailure, RetryPolicy
 from servefleet.generate.shards import ShardBuffer, ShardLimits, shard_schema
 from servefleet.generate.sinks import Sink, open_sink
 from servefleet.generate.stats import JobStats
+from servefleet.stopping import until_stopped
 
 __all__ = ["GenerateConfig", "run_generate", "JobMismatch", "Progress", "REJECTS_FILE", "FAILURES_FILE", "REPORT_FILE"]
 
@@ -231,7 +232,8 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
                 if progress:
                     progress.start(stats)
                 try:
-                    outcome = await _until_stopped(dispatcher.run(_feed(config.input, plan, defaults, done)), stop)
+                    stopped, outcome = await until_stopped(dispatcher.run(_feed(config.input, plan, defaults, done)), stop)
+                    outcome = "interrupted" if stopped else outcome
                 finally:
                     with contextlib.suppress(Exception):
                         if progress:
@@ -276,23 +278,6 @@ def _status(outcome: str, stats: JobStats) -> str:
     if outcome in ("stalled", "interrupted"):
         return outcome
     return "complete" if stats.failed == 0 else "incomplete"
-
-
-async def _until_stopped(run: Any, stop: asyncio.Event | None) -> str:
-    task = asyncio.ensure_future(run)
-    if stop is None:
-        return await task
-    waiter = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return "interrupted"
 
 
 async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: DoneSet, chunk: int = 256) -> AsyncIterator[PromptRecord]:
