@@ -21,6 +21,7 @@ from conftest import SimProcess, wait_until
 from servefleet.catalog import Category
 from servefleet.sim.cli_args import parse_config
 from servefleet.sim.failures import startup_failure
+from servefleet.sim.script import transcript
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,6 +32,7 @@ FAST = ("--load-time", "0.3")
 # moved by --fail-delay), the OOM killer (SIGKILL, no text).
 CATEGORY_RUNS = [("sglang", Category.GPU_OOM), ("sglang", Category.MODEL_NOT_FOUND), ("vllm", Category.CONFIG_ERROR),
                  ("vllm", Category.CUDA_DRIVER), ("sglang", Category.KILLED)]
+HANG_ARGS = ("--style", "sglang", "--load-time", "0.5", "--hang-loading")
 SGLANG_MAIN_PROCESS = {Category.MODEL_NOT_FOUND, Category.PORT_IN_USE, Category.IMPORT_ERROR}
 
 
@@ -62,7 +64,7 @@ def procs(tmp_path_factory: pytest.TempPathFactory):
     specs["vllm-cuda_driver"] = ("--style", "vllm", "--load-time", "30", "--fail-delay", "0.5", "--fail-at-startup", "cuda_driver", "--tp", "2")
     specs.update({
         "conflict-sglang": ("--style", "sglang", *FAST), "conflict-vllm": ("--style", "vllm", *FAST),
-        "hang": ("--style", "sglang", "--load-time", "0.5", "--hang-loading"),
+        "hang": HANG_ARGS,
         "after-ready-sglang": ("--style", "sglang", *FAST, "--fail-after-ready", "gpu_oom", "--fail-delay", "0.3"),
         "after-ready-vllm": ("--style", "vllm", *FAST, "--fail-after-ready", "nccl_or_distributed"),
         "crash-after": ("--style", "sglang", *FAST, "--crash-after", "3", "--decode-ms", "1"),
@@ -116,7 +118,11 @@ def test_real_port_conflict_prints_each_engines_text(procs) -> None:
 
 def test_hang_loading_stays_alive_and_silent(procs) -> None:
     proc = procs["hang"]
-    wait_until(lambda: "Loading safetensors checkpoint shards:  25%" in proc.log(), timeout=90, what="loading progress")
+    # the last line printed before the hang point, whatever it is (waiting for an earlier one raced the rest)
+    last = transcript(parse_config(list(HANG_ARGS))).rstrip().splitlines()[-1]
+    assert "checkpoint shards" in last  # the hang point is inside weight loading
+    marker = last.split("|")[0].strip()  # the percentage part, free of the timestamps and rates that vary
+    wait_until(lambda: marker in proc.log(), timeout=90, what=f"the last line before the hang ({marker!r})")
     time_limit = 0.8  # the observation window: nothing may be printed in it, and the server stays up, not ready
     size = proc.log_path.stat().st_size
     deadline = time.monotonic() + time_limit
