@@ -19,6 +19,7 @@ How a scenario is provoked (``how``):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,11 +29,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 INSTALL_SCRIPT = REPO / "scripts" / "install-real-engines.sh"
@@ -168,6 +171,64 @@ def check_verdict(verdict: dict[str, Any], sc: Scenario) -> None:
         if sc.evidence:
             assert verdict["evidence"] and sc.evidence in verdict["evidence"]["text"], verdict
         assert verdict["hint"], verdict
+
+
+# ---- what both real-engine modules share ------------------------------------------------------------
+EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
+
+
+def recorded(engine: str) -> list[str]:
+    """The recorded real logs of ``engine`` (EXPECTED.json's names start with the engine's)."""
+    return sorted(name for name in EXPECTED if name.split("_", 1)[0] == engine)
+
+
+def real_test(timeout_s: int):
+    """Mark a test that needs the real engine (the first one sets up the module's fleet, hence the timeout)."""
+    def mark(fn):
+        return pytest.mark.engine(pytest.mark.timeout(timeout_s)(fn))
+    return mark
+
+
+class Ctx:
+    """A module's real fleet: the engine's interpreter, the work folder, the model, the held port, the `up`."""
+
+    def __init__(self, python: Path, work: Path, model: Path, holder: "PortHolder", run: "FleetRun",
+                 scenarios: tuple["Scenario", ...]) -> None:
+        self.python, self.work, self.model, self.holder, self.run = python, work, model, holder, run
+        self.scenarios = {sc.server: sc for sc in scenarios}
+
+    def verdict(self, server: str) -> dict[str, Any]:
+        return self.run.report[server]["verdict"]
+
+    def check(self, verdict: dict[str, Any], server: str) -> None:
+        """``verdict`` is the one scenario ``server`` must reach."""
+        check_verdict(verdict, self.scenarios[server])
+
+
+@contextlib.contextmanager
+def real_fleet(work: Path, engine: str, scenarios: tuple["Scenario", ...], env: Mapping[str, str], args: tuple[str, ...],
+               *, grace_s: int, gguf: bool = False, up_timeout_s: float = 900) -> Iterator[Ctx]:
+    """A tiny model, a held port, one `servefleet up` over the scenarios; `down` on the way out."""
+    python = engine_python(engine)
+    model = build_tiny_model(work / "tiny", gguf=gguf)
+    with PortHolder() as holder:
+        run = run_fleet(work, engine, python, model, scenarios, holder.port, env, args, timeout_s=up_timeout_s)
+        try:
+            yield Ctx(python, work, model, holder, run, scenarios)
+        finally:
+            cli_json("down", "--fleet", str(run.fleet), "--grace", str(grace_s), timeout=300)
+
+
+def assert_down_stops_everything(run: "FleetRun", grace_s: int) -> None:
+    """`servefleet down` from another process: the ready server was running and its port is free,
+    and no process of any launched group is left."""
+    launched = {n: e for n, e in run.report.items() if e["pgid"]}
+    code, result, err = cli_json("down", "--fleet", str(run.fleet), "--grace", str(grace_s), timeout=300)
+    assert code == 0, err
+    stopped = {s["name"]: s for s in result["servers"]}
+    assert stopped["ready"]["was_running"] and stopped["ready"]["port_free"]
+    for name, entry in launched.items():
+        assert group_members(entry["pgid"]) == [], name
 
 
 # ---- helpers shared by the tests and the recording script ----------------------------------------

@@ -9,74 +9,42 @@ server started by hand on the held port is attached with `servefleet wait`: uvic
 "Application startup complete." *before* its bind fails, and the other server answers 200 on
 /v1/models -- neither may pass for ready. llama-cpp-python has no /health, so the probe is /v1/models.
 
-Starting llama-cpp-python takes about a second, so this module is quick; the recorded logs at the
-end (tests/fixtures/logs/real/llamacpp_*.log) need no engine.
+Starting llama-cpp-python takes about a second, so this module is quick; the recorded logs
+(tests/fixtures/logs/real/llamacpp_*.log) are checked by tests/test_real_logs_recorded.py, with no engine.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from real_engines import (
-    FIXTURES,
     LLAMACPP,
     LLAMACPP_ARGS,
     LLAMACPP_CTX,
     LLAMACPP_ENV,
-    LLAMACPP_HUGE_CTX,
-    FleetRun,
-    PortHolder,
-    build_tiny_model,
-    check_verdict,
+    Ctx,
+    assert_down_stops_everything,
     cli_json,
-    diagnose_logs,
-    engine_python,
-    group_members,
     launch_by_hand,
-    run_fleet,
+    real_fleet,
+    real_test,
+    recorded,
     stop_group,
 )
 from servefleet.engines.base import LaunchSpec
 from servefleet.engines.llamacpp import LlamaCppEngine
-from servefleet.engines.registry import get_engine
-from servefleet.verify.diagnose import diagnose_text
 
-EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
-SCENARIOS = {sc.server: sc for sc in LLAMACPP}
-
-
-def real(fn):
-    """A test on the real engine (the first one sets up the shared fleet)."""
-    return pytest.mark.engine(pytest.mark.timeout(900)(fn))
-
-
-class Ctx:
-    def __init__(self, python: Path, work: Path, model: Path, holder: PortHolder, run: FleetRun) -> None:
-        self.python, self.work, self.model, self.holder, self.run = python, work, model, holder, run
-
-    def verdict(self, server: str) -> dict[str, Any]:
-        return self.run.report[server]["verdict"]
+real = real_test(900)
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory):
-    python = engine_python("llamacpp")
-    work = tmp_path_factory.mktemp("real-llamacpp")
-    model = build_tiny_model(work / "tiny", gguf=True)
-    with PortHolder() as holder:
-        run = run_fleet(work, "llamacpp", python, model, LLAMACPP, holder.port, LLAMACPP_ENV, LLAMACPP_ARGS, timeout_s=600)
-        try:
-            yield Ctx(python, work, model, holder, run)
-        finally:
-            cli_json("down", "--fleet", str(run.fleet), "--grace", "10", timeout=300)
-
-
-def check(verdict: dict[str, Any], server: str) -> None:
-    check_verdict(verdict, SCENARIOS[server])
+    with real_fleet(tmp_path_factory.mktemp("real-llamacpp"), "llamacpp", LLAMACPP, LLAMACPP_ENV, LLAMACPP_ARGS,
+                    gguf=True, grace_s=10, up_timeout_s=600) as ctx:
+        yield ctx
 
 
 # ---- one `up`: ready, and every real failure ------------------------------------------------------
@@ -86,7 +54,7 @@ def test_up_reports_one_ready_server_and_the_failures(llama: Ctx) -> None:
     assert set(llama.run.report) == {sc.server for sc in LLAMACPP if sc.how != "by_hand"}
     ready = llama.run.report["ready"]
     assert ready["action"] == "launched" and ready["time_to_ready_s"] > 0
-    check(ready["verdict"], "ready")
+    llama.check(ready["verdict"], "ready")
 
 
 @real
@@ -106,7 +74,7 @@ def test_capacity_is_read_from_llama_cpps_log(llama: Ctx) -> None:
 def test_real_failure_is_diagnosed_from_llama_cpps_own_output(llama: Ctx, server: str) -> None:
     entry = llama.run.report[server]
     assert entry["action"] == "launched"
-    check(entry["verdict"], server)
+    llama.check(entry["verdict"], server)
     log = Path(entry["log_path"]).read_text(errors="replace")
     assert entry["verdict"]["evidence"]["text"] in log
 
@@ -117,7 +85,7 @@ def test_sigkill_while_importing_is_killed(llama: Ctx) -> None:
     exit code (the detach wrapper died too) -- the verdict still says killed, not "still loading"."""
     assert llama.run.kills["killed_loading"]["killed"], llama.run.kills
     verdict = llama.verdict("killed_loading")
-    check(verdict, "killed_loading")
+    llama.check(verdict, "killed_loading")
     assert verdict["exit_code"] is None
 
 
@@ -125,7 +93,7 @@ def test_sigkill_while_importing_is_killed(llama: Ctx) -> None:
 def test_port_held_by_another_server_is_refused_before_launch(llama: Ctx) -> None:
     entry = llama.run.report["port_taken"]
     assert entry["action"] == "blocked" and entry["pgid"] is None and entry["log_path"] is None
-    check(entry["verdict"], "port_taken")
+    llama.check(entry["verdict"], "port_taken")
 
 
 @real
@@ -140,7 +108,7 @@ def test_wait_classifies_uvicorns_bind_error_on_a_taken_port(llama: Ctx) -> None
     finally:
         stop_group(proc)
     assert code == 1, err
-    check(verdict, "port_in_use")
+    llama.check(verdict, "port_in_use")
     lines = log.read_text(errors="replace").splitlines()
     complete = next(i for i, line in enumerate(lines, 1) if "Application startup complete." in line)
     assert complete < verdict["evidence"]["line_no"]  # the trap: "startup complete" came first
@@ -161,49 +129,8 @@ def test_a_completion_from_the_ready_server(llama: Ctx) -> None:
 
 @real
 def test_down_stops_every_process_and_frees_the_ports(llama: Ctx) -> None:
-    launched = {n: e for n, e in llama.run.report.items() if e["pgid"]}
-    code, result, err = cli_json("down", "--fleet", str(llama.run.fleet), "--grace", "10", timeout=300)
-    assert code == 0, err
-    stopped = {s["name"]: s for s in result["servers"]}
-    assert stopped["ready"]["was_running"] and stopped["ready"]["port_free"]
-    for name, entry in launched.items():
-        assert group_members(entry["pgid"]) == [], name
-
-
-# ---- the recorded real logs (no engine needed) ------------------------------------------------------------
-RECORDED = sorted(name for name in EXPECTED if name.startswith("llamacpp_"))
-
-
-@pytest.fixture(scope="module")
-def diagnosed() -> dict[str, tuple[int, dict[str, Any]]]:
-    return diagnose_logs([FIXTURES / name for name in RECORDED])
-
-
-@pytest.mark.parametrize("name", RECORDED)
-def test_diagnose_on_the_recorded_real_log(name: str, diagnosed: dict[str, tuple[int, dict[str, Any]]]) -> None:
-    """`servefleet diagnose` (engine auto-detected) on a real llama-cpp-python log reaches the recorded verdict."""
-    want = EXPECTED[name]
-    code, verdict = diagnosed[name]
-    assert verdict["engine"] == ("llamacpp" if want["detect"] else None)
-    assert (verdict["state"], verdict["category"]) == (want["state"], want["category"]), verdict
-    if want["evidence_substring"]:
-        assert want["evidence_substring"] in verdict["evidence"]["text"]
-    for key, value in want.get("capacity", {}).items():
-        assert verdict["capacity"][key] == value, key
-    assert code == (1 if want["state"] == "failed" else 0)
-    named = diagnose_text((FIXTURES / name).read_bytes().decode("utf-8", errors="replace"), get_engine("llamacpp"))
-    assert (named.state.value, named.category.value if named.category else None) == (want["state"], want["category"])
-
-
-def test_recorded_kv_failure_is_the_first_allocation_error() -> None:
-    """ggml's "insufficient memory" comes first; "failed to allocate buffer for kv cache" and
-    llama-cpp-python's "ValueError: Failed to create llama_context" follow it."""
-    lines = (FIXTURES / "llamacpp_kv_too_small.log").read_text(errors="replace").splitlines()
-    verdict = diagnose_text("\n".join(lines), get_engine("llamacpp"))
-    later = max(i for i, line in enumerate(lines, 1) if "Failed to create llama_context" in line)
-    assert verdict.evidence is not None and verdict.evidence.line_no < later
-    assert verdict.capacity.context_length == LLAMACPP_HUGE_CTX
+    assert_down_stops_everything(llama.run, grace_s=10)
 
 
 def test_every_llamacpp_scenario_with_a_log_is_recorded() -> None:
-    assert {sc.log_name for sc in LLAMACPP if sc.how != "blocked"} == set(RECORDED)
+    assert {sc.log_name for sc in LLAMACPP if sc.how != "blocked"} == set(recorded("llamacpp"))

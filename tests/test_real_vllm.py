@@ -10,7 +10,7 @@ must classify vLLM's own bind error although the other server answers 200 there.
 is shared by `status`, the adopting second `up`, `bench` and `generate`; `down` ends the module.
 
 The logs of these runs are kept in tests/fixtures/logs/real/ (scripts/record-real-engine-logs.py);
-the tests at the end check `servefleet diagnose` on them and need no engine.
+tests/test_real_logs_recorded.py checks `servefleet diagnose` on them and needs no engine.
 
 vLLM starts in ~40 s on 2 cores with --enforce-eager; every failure here costs less than a start,
 and all of them run in parallel inside the one `up`.
@@ -20,27 +20,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from real_engines import (
-    FIXTURES,
     VLLM,
     VLLM_ARGS,
     VLLM_ENV,
-    FleetRun,
-    PortHolder,
-    build_tiny_model,
-    check_verdict,
+    Ctx,
+    assert_down_stops_everything,
     cli_json,
-    diagnose_logs,
-    engine_python,
     expected_vllm_kv_tokens,
-    group_members,
     launch_by_hand,
     pinned_versions,
-    run_fleet,
+    real_fleet,
+    real_test,
+    recorded,
     stop_group,
 )
 from servefleet.engines.base import LaunchSpec
@@ -48,39 +43,15 @@ from servefleet.engines.registry import get_engine
 from servefleet.engines.vllm import VLLMEngine
 from servefleet.verify.diagnose import diagnose_text
 
-EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
-SCENARIOS = {sc.server: sc for sc in VLLM}
 
-
-def real(fn):
-    """A test on the real engine: whichever runs first sets up the shared fleet (1-2 min on 2
-    idle cores, several on a busy machine), hence the generous timeout."""
-    return pytest.mark.engine(pytest.mark.timeout(1500)(fn))
-
-
-class Ctx:
-    def __init__(self, python: Path, work: Path, model: Path, holder: PortHolder, run: FleetRun) -> None:
-        self.python, self.work, self.model, self.holder, self.run = python, work, model, holder, run
-
-    def verdict(self, server: str) -> dict[str, Any]:
-        return self.run.report[server]["verdict"]
+# whichever test runs first sets up the shared fleet: 1-2 min on 2 idle cores, several on a busy machine
+real = real_test(1500)
 
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory):
-    python = engine_python("vllm")
-    work = tmp_path_factory.mktemp("real-vllm")
-    model = build_tiny_model(work / "tiny")
-    with PortHolder() as holder:
-        run = run_fleet(work, "vllm", python, model, VLLM, holder.port, VLLM_ENV, VLLM_ARGS)
-        try:
-            yield Ctx(python, work, model, holder, run)
-        finally:
-            cli_json("down", "--fleet", str(run.fleet), "--grace", "20", timeout=300)
-
-
-def check(verdict: dict[str, Any], server: str) -> None:
-    check_verdict(verdict, SCENARIOS[server])
+    with real_fleet(tmp_path_factory.mktemp("real-vllm"), "vllm", VLLM, VLLM_ENV, VLLM_ARGS, grace_s=20) as ctx:
+        yield ctx
 
 
 # ---- one `up`: ready, and every real failure ------------------------------------------------------
@@ -90,7 +61,7 @@ def test_up_reports_one_ready_server_and_the_failures(vllm: Ctx) -> None:
     assert set(vllm.run.report) == {sc.server for sc in VLLM if sc.how != "by_hand"}
     ready = vllm.run.report["ready"]
     assert ready["action"] == "launched" and ready["time_to_ready_s"] > 0
-    check(ready["verdict"], "ready")
+    vllm.check(ready["verdict"], "ready")
 
 
 @real
@@ -113,7 +84,7 @@ def test_capacity_is_read_from_the_real_log_and_endpoints(vllm: Ctx) -> None:
 def test_real_failure_is_diagnosed_from_vllms_own_output(vllm: Ctx, server: str) -> None:
     entry = vllm.run.report[server]
     assert entry["action"] == "launched"
-    check(entry["verdict"], server)
+    vllm.check(entry["verdict"], server)
     log = Path(entry["log_path"]).read_text(errors="replace")
     assert entry["verdict"]["evidence"]["text"] in log  # the evidence is a line of the real log
 
@@ -136,7 +107,7 @@ def test_sigkill_while_loading_is_killed(vllm: Ctx) -> None:
     kill = vllm.run.kills["killed_loading"]
     assert kill["killed"], kill
     verdict = vllm.verdict("killed_loading")
-    check(verdict, "killed_loading")
+    vllm.check(verdict, "killed_loading")
     assert verdict["exit_code"] in (None, 137)
     status = Path(vllm.run.state_dir / "run" / "killed_loading.status")
     assert status.read_text().strip() == "137"
@@ -146,7 +117,7 @@ def test_sigkill_while_loading_is_killed(vllm: Ctx) -> None:
 def test_port_held_by_another_server_is_refused_before_launch(vllm: Ctx) -> None:
     entry = vllm.run.report["port_taken"]
     assert entry["action"] == "blocked" and entry["pgid"] is None and entry["log_path"] is None
-    check(entry["verdict"], "port_taken")
+    vllm.check(entry["verdict"], "port_taken")
 
 
 @real
@@ -163,7 +134,7 @@ def test_wait_classifies_vllms_own_bind_error_on_a_taken_port(vllm: Ctx) -> None
     finally:
         stop_group(proc)
     assert code == 1, err
-    check(verdict, "port_in_use")
+    vllm.check(verdict, "port_in_use")
     assert "Errno 98" in verdict["evidence"]["text"]
 
 
@@ -230,52 +201,11 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
 # ---- last: down ---------------------------------------------------------------------------------------
 @real
 def test_down_stops_every_process_and_frees_the_ports(vllm: Ctx) -> None:
-    launched = {n: e for n, e in vllm.run.report.items() if e["pgid"]}
-    code, result, err = cli_json("down", "--fleet", str(vllm.run.fleet), "--grace", "20", timeout=300)
-    assert code == 0, err
-    stopped = {s["name"]: s for s in result["servers"]}
-    assert stopped["ready"]["was_running"] and stopped["ready"]["port_free"]
-    for name, entry in launched.items():
-        assert group_members(entry["pgid"]) == [], name
+    assert_down_stops_everything(vllm.run, grace_s=20)
     assert vllm.holder.thread.is_alive()  # the other server's port was never touched
 
 
-# ---- the recorded real logs (no engine needed) ------------------------------------------------------------
-RECORDED = sorted(name for name in EXPECTED if name.startswith("vllm_"))
-
-
-@pytest.fixture(scope="module")
-def diagnosed() -> dict[str, tuple[int, dict[str, Any]]]:
-    return diagnose_logs([FIXTURES / name for name in RECORDED])
-
-
-@pytest.mark.parametrize("name", RECORDED)
-def test_diagnose_on_the_recorded_real_log(name: str, diagnosed: dict[str, tuple[int, dict[str, Any]]]) -> None:
-    """`servefleet diagnose` (engine auto-detected) on a real vLLM log reaches the recorded verdict."""
-    want = EXPECTED[name]
-    code, verdict = diagnosed[name]
-    assert verdict["engine"] == ("vllm" if want["detect"] else None)
-    assert (verdict["state"], verdict["category"]) == (want["state"], want["category"]), verdict
-    if want["evidence_substring"]:
-        assert want["evidence_substring"] in verdict["evidence"]["text"]
-    for key, value in want.get("capacity", {}).items():
-        assert verdict["capacity"][key] == value, key
-    assert code == (1 if want["state"] == "failed" else 0)
-    # the same verdict with the engine named, through the library
-    named = diagnose_text((FIXTURES / name).read_bytes().decode("utf-8", errors="replace"), get_engine("vllm"))
-    assert (named.state.value, named.category.value if named.category else None) == (want["state"], want["category"])
-
-
-def test_recorded_kv_failure_names_the_cause_above_the_wrappers() -> None:
-    """The whole log: the engine core's ValueError, then its traceback again in the process's
-    stderr, then the API server's "Engine core initialization failed. See root cause above."."""
-    lines = (FIXTURES / "vllm_kv_too_small.log").read_text(errors="replace").splitlines()
-    verdict = diagnose_text("\n".join(lines), get_engine("vllm"))
-    wrapper = max(i for i, line in enumerate(lines, 1) if "Engine core initialization failed" in line)
-    assert verdict.evidence is not None and verdict.evidence.line_no < wrapper
-    assert lines[verdict.evidence.line_no - 1].startswith("(EngineCore")
-
-
+# ---- vLLM-CPU's own lines (no engine needed) --------------------------------------------------------------
 @pytest.mark.parametrize(("line", "category"), [
     # v1/worker/cpu_worker.py of 0.32: VLLM_CPU_KVCACHE_SPACE larger than the node's free memory
     ("(Worker pid=20455) ERROR 11-30 01:29:57 [core.py:1510] ValueError: Available memory on node 0 (3.1/16.59 GiB) on kv "
@@ -290,4 +220,4 @@ def test_cpu_backend_lines(line: str, category: str | None) -> None:
 
 
 def test_every_vllm_scenario_with_a_log_is_recorded() -> None:
-    assert {sc.log_name for sc in VLLM if sc.how != "blocked"} == set(RECORDED)
+    assert {sc.log_name for sc in VLLM if sc.how != "blocked"} == set(recorded("vllm"))
