@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import socket
 import sys
 import time
@@ -101,7 +104,9 @@ class SimProcess:
         import subprocess
 
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # its own process group, as servefleet launches servers: stop() takes the children too
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
         return self
 
     def log(self) -> str:
@@ -137,9 +142,12 @@ class SimProcess:
             raise AssertionError(f"sim still running after {timeout}s:\n{self.log()[-3000:]}") from None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        """SIGKILL the whole group: children (``--children``) outlive a killed or crashed sim otherwise."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -211,3 +219,33 @@ def transformers_serve(tmp_path_factory: pytest.TempPathFactory):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+# ---- object storage: moto's S3 server on loopback (the real protocol), for generate and plan --check ----
+S3_SECRET = "servefleet-test-secret-key"  # tests assert it is never written anywhere
+
+
+@pytest.fixture
+def moto_url():
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def s3_env(endpoint: str) -> dict[str, str]:
+    """The environment of a CLI subprocess that talks to ``endpoint`` (and to no real AWS account)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=endpoint)
+    return env
+
+
+def s3fs_for(endpoint: str):
+    """A client of ``endpoint`` for the test itself (no instance cache: every moto server is new)."""
+    import s3fs
+
+    return s3fs.S3FileSystem(key="testing", secret=S3_SECRET, endpoint_url=endpoint, client_kwargs={"region_name": "us-east-1"},
+                             skip_instance_cache=True, use_listings_cache=False)

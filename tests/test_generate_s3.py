@@ -6,31 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import ClientSession, web
 
-from conftest import PYTHON, SimProcess, free_port
+from conftest import PYTHON, S3_SECRET as SECRET, SimProcess, free_port, s3_env, s3fs_for
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-SECRET = "generate-test-secret-key"
 FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
-
-
-@pytest.fixture
-def moto_url():
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -38,19 +25,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory):
     proc = SimProcess(*FAST_SIM, "--max-running", "16", log_path=tmp_path_factory.mktemp("sim") / "sim.log").start().wait_ready()
     yield proc
     proc.stop()
-
-
-def s3_env(endpoint: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY=SECRET, AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=endpoint)
-    return env
-
-
-def s3fs_for(endpoint: str):
-    import s3fs
-
-    return s3fs.S3FileSystem(key="testing", secret=SECRET, endpoint_url=endpoint, client_kwargs={"region_name": "us-east-1"},
-                             skip_instance_cache=True, use_listings_cache=False)
 
 
 def write_prompts(path, n: int):

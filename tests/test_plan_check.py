@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import PYTHON, SimProcess
+from conftest import PYTHON, SimProcess, s3_env, s3fs_for
 from servefleet.bench.result import BenchConfig, Environment, Point, Run, Stat, Target, save_run
 from servefleet.capacity import Capacity
 from servefleet.cli.main import app
@@ -256,6 +256,37 @@ def test_bench_generate_then_check_on_a_sim(tmp_path):
     assert out["complete"] and out["prompts_measured"] == 200 and out["output_tokens_mean"] == 16.0
     assert out["wall_source"] == "report" and out["replicas"] == 1
     assert abs(out["metrics"]["makespan_s"]["error_pct"]) < 25, out
+
+
+def test_check_reads_a_destination_in_object_storage(tmp_path, moto_url):
+    """The same destination uploaded to S3 (moto, the real protocol on loopback) gives the same check as
+    the local folder, report.json included; a prefix with no job says so. The CLI runs in a subprocess
+    with the credentials in its environment, as a user's would."""
+    job = make_job_dir(tmp_path / "out", valid=1000, runs=[(0.0, 505.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500},
+                       ledger_commit_s=500.0)
+    (job / "report.json").write_text(json.dumps({"wall_s": 498.0}))
+    run = bench_run(tmp_path / "run.json", [(1, 40.0), (4, 100.0)], cap=4)
+    fs = s3fs_for(moto_url)
+    fs.call_s3("create_bucket", Bucket="bucket")
+    for path in job.rglob("*"):
+        if path.is_file():
+            fs.put_file(str(path), f"bucket/jobs/out/{path.relative_to(job).as_posix()}")
+
+    def check(dest: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PYTHON, "-m", "servefleet.cli.main", "plan", "--check", dest, "--bench", str(run), "--json"],
+                              capture_output=True, text=True, timeout=120, env=s3_env(moto_url))
+
+    remote = check("s3://bucket/jobs/out")
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    local = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(run), "--json"])
+    assert local.exit_code == 0, local.output
+    got, want = json.loads(remote.stdout), json.loads(local.output)
+    assert got.pop("job_dir") == "s3://bucket/jobs/out" and want.pop("job_dir") == str(job)
+    assert got == want
+    assert got["wall_source"] == "report" and got["metrics"]["makespan_s"]["measured"] == 498.0
+    assert got["prompts_measured"] == 1000 and got["replicas"] == 2
+    nothing = check("s3://bucket/jobs/elsewhere")
+    assert nothing.returncode == 3 and "no job.json" in nothing.stderr + nothing.stdout, nothing.stderr
 
 
 def test_steady_curve_uses_a_duration_points_deadline():

@@ -93,18 +93,18 @@ def plan(
     max_running: Annotated[Optional[int], typer.Option("--max-running", help="Override the cap read from the runs' capacity facts.")] = None,
     gpu_hour_cost: Annotated[Optional[float], typer.Option("--gpu-hour-cost", help="Price of one GPU-hour.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of makespan against GPUs.")] = None,
-    check: Annotated[Optional[Path], typer.Option("--check", help="A `generate` destination: compare the plan with what it measured.")] = None,
+    check: Annotated[Optional[str], typer.Option("--check", metavar="DEST", help="A `generate` destination (a folder or s3://bucket/prefix): compare the plan with what it measured.")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="With --check: a saved `generate --json` report (times the sending alone).")] = None,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="With --check: the concurrency the job ran at (default: the planner's choice).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Which measured configuration, at what concurrency, finishes the job soonest on G GPUs, with an ETA.
-    With --check JOB_DIR: how far the plan was from what `generate` measured."""
+    With --check DEST (a folder or s3://bucket/prefix): how far the plan was from what `generate` measured there."""
     if check is not None:
         _check(bench, check, report, gpus, gpus_per_replica, max_running, concurrency, as_json)
         return
     if prompts is None:
-        raise _fail("give --prompts N (or --check JOB_DIR to compare a plan with a finished job)")
+        raise _fail("give --prompts N (or --check DEST to compare a plan with a job `generate` ran)")
     gpus = gpus or "1"
     from servefleet.plan.planner import JobSpec, plan_job
     from servefleet.plan.report import plan_table, plot_makespan, recommendation
@@ -153,14 +153,14 @@ def plan(
         console.print(f"plot: {plot_path}")
 
 
-def _check(bench: list[str], job_dir: Path, report: Path | None, gpus: str | None, gpus_per_replica: int,
+def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, gpus_per_replica: int,
            max_running: int | None, concurrency: int | None, as_json: bool) -> None:
     from servefleet.plan.check import check_plan, measure_job, pick_config
     from servefleet.plan.report import check_table
     from servefleet.plan.runs import curve_from_run, model_of_run, parse_bench_arg
 
     try:
-        measured = measure_job(job_dir, report)
+        measured = measure_job(dest, report)
         configs = []
         for arg in bench:
             path, g = parse_bench_arg(arg)

@@ -1,9 +1,10 @@
 """Check a plan against reality: what the planner predicts for a job that `generate` has run.
 
-The measurement comes from the destination itself, so a finished, partial or killed job can be
+The measurement comes from the destination itself -- a local folder or object storage
+(``s3://bucket/prefix``), read through generate's own sink -- so a finished, partial or killed job can be
 checked without having kept anything else: ``job.json`` (the runs, their start and end times) and
 the committed shards (every row names its server and its completion tokens). A saved
-``servefleet generate --json`` report (``--report FILE``, or ``report.json`` in the folder) is used
+``servefleet generate --json`` report (``--report FILE``, or ``report.json`` at the destination) is used
 for the wall time when given: it excludes the pre-pass and server probing, which the manifest's run
 times include.
 
@@ -21,10 +22,13 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servefleet.errors import ConfigError
 from servefleet.plan.planner import ConfigCurve, JobSpec, simulate_makespan
+
+if TYPE_CHECKING:
+    from servefleet.generate.sinks import Sink
 
 __all__ = ["ServerMeasure", "Measured", "Metric", "CheckResult", "measure_job", "check_plan", "pick_config", "TOLERANCE_PCT"]
 
@@ -144,10 +148,9 @@ def _parse_time(text: str | None) -> dt.datetime | None:
         return None
 
 
-def _shard_rows(path: Path) -> list[tuple[str, int, str | None]]:
+def _shard_rows(name: str, data: bytes) -> list[tuple[str, int, str | None]]:
     """(server, completion tokens, model) of every row of one committed shard."""
-    data = path.read_bytes()
-    if path.suffix == ".parquet":
+    if name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         table = pq.read_table(io.BytesIO(data), columns=["server", "completion_tokens", "model"])
@@ -161,13 +164,14 @@ def _shard_rows(path: Path) -> list[tuple[str, int, str | None]]:
     return rows
 
 
-def _ledger_last_commit(job_dir: Path) -> dict[str, dt.datetime]:
+def _ledger_last_commit(sink: "Sink") -> dict[str, dt.datetime]:
     """The last commit time of each run, from the ledger entries (for a run that never finished)."""
     last: dict[str, dt.datetime] = {}
-    for path in (job_dir / "ledger").glob("*.json"):
+    names = [f"ledger/{n}" for n in sink.list("ledger") if n.endswith(".json")]
+    for data in sink.read_many(names).values():
         try:
-            entry = json.loads(path.read_bytes())
-        except (OSError, json.JSONDecodeError):
+            entry = json.loads(data)
+        except json.JSONDecodeError:
             continue
         when = _parse_time(entry.get("committed"))
         run = entry.get("run_id")
@@ -176,26 +180,45 @@ def _ledger_last_commit(job_dir: Path) -> dict[str, dt.datetime]:
     return last
 
 
-def measure_job(job_dir: Path, report: Path | None = None) -> Measured:
-    """What `generate` measured in ``job_dir`` (a local destination folder)."""
-    manifest_path = job_dir / JOB_FILE
-    if not job_dir.is_dir():
-        raise ConfigError(f"{job_dir}: no such folder")
-    if not manifest_path.is_file():
-        raise ConfigError(f"{job_dir}: no {JOB_FILE}, so not the destination of a `servefleet generate` run; nothing to check")
+def _open_destination(dest: str) -> "Sink":
+    """generate's sink for ``dest``, for reading; a local folder must exist (nothing is created)."""
+    from servefleet.generate.sinks import open_sink
+
+    if "://" not in dest or dest.startswith("file://"):
+        folder = Path(dest.removeprefix("file://")).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"{dest}: no such folder")
+    return open_sink(dest)
+
+
+def measure_job(dest: str | Path, report: Path | None = None) -> Measured:
+    """What `generate` measured at ``dest``: a local folder, or an object-storage URL (``s3://...``)."""
+    dest = str(dest)
+    sink = _open_destination(dest)
     try:
-        manifest = json.loads(manifest_path.read_bytes())
+        return _measure(sink, dest, report)
+    except OSError as exc:  # object storage unreachable, access denied...
+        raise ConfigError(f"{dest}: cannot read the destination: {exc}") from exc
+    finally:
+        sink.close()
+
+
+def _measure(sink: "Sink", dest: str, report: Path | None) -> Measured:
+    manifest_data = sink.read_bytes(JOB_FILE)
+    if manifest_data is None:
+        raise ConfigError(f"{dest}: no {JOB_FILE}, so not the destination of a `servefleet generate` run; nothing to check")
+    try:
+        manifest = json.loads(manifest_data)
         valid = int(manifest["input"]["valid"])
         runs = list(manifest.get("runs") or [])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{manifest_path}: not a generate job manifest ({exc})") from None
+        raise ConfigError(f"{dest}/{JOB_FILE}: not a generate job manifest ({exc})") from None
 
     per_server: dict[str, list[int]] = {}
     models: dict[str, int] = {}
-    for path in sorted((job_dir / "shards").glob("part-*")):
-        if path.suffix not in (".parquet", ".jsonl"):
-            continue
-        for server, tokens, model in _shard_rows(path):
+    shards = [f"shards/{n}" for n in sink.list("shards") if n.startswith("part-") and n.endswith((".parquet", ".jsonl"))]
+    for name, data in sorted(sink.read_many(shards).items()):
+        for server, tokens, model in _shard_rows(name, data):
             acc = per_server.setdefault(server or "?", [0, 0])
             acc[0] += 1
             acc[1] += int(tokens)
@@ -203,7 +226,7 @@ def measure_job(job_dir: Path, report: Path | None = None) -> Measured:
                 models[model] = models.get(model, 0) + 1
     rows = sum(a[0] for a in per_server.values())
     if rows == 0:
-        raise ConfigError(f"{job_dir}: no committed shards yet, so nothing measured to check the plan against")
+        raise ConfigError(f"{dest}: no committed shards yet, so nothing measured to check the plan against")
 
     timed_runs = 0
     wall = 0.0
@@ -212,33 +235,36 @@ def measure_job(job_dir: Path, report: Path | None = None) -> Measured:
         start = _parse_time(run.get("started"))
         end = _parse_time(run.get("finished"))
         if end is None:  # killed or still running: its last committed shard is when it was last seen working
-            last_commit = last_commit if last_commit is not None else _ledger_last_commit(job_dir)
+            last_commit = last_commit if last_commit is not None else _ledger_last_commit(sink)
             end = last_commit.get(run.get("run_id", ""))
         if start and end and end > start:
             wall += (end - start).total_seconds()
             timed_runs += 1
     source = "manifest"
-    report_data = None
-    report = report if report is not None else (job_dir / REPORT_FILE if (job_dir / REPORT_FILE).is_file() else None)
     if report is not None:
         try:
-            report_data = json.loads(Path(report).read_bytes())
+            report_text: bytes | None = Path(report).read_bytes()
         except FileNotFoundError:
             raise ConfigError(f"{report}: no such report (save one with `servefleet generate ... --json > FILE`)") from None
+        report_name = str(report)
+    else:
+        report_text, report_name = sink.read_bytes(REPORT_FILE), f"{dest}/{REPORT_FILE}"
+    if report_text is not None:
+        try:
+            report_data = json.loads(report_text)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{report}: not a generate --json report ({exc})") from None
+            raise ConfigError(f"{report_name}: not a generate --json report ({exc})") from None
         if not isinstance(report_data, dict) or "wall_s" not in report_data:
-            raise ConfigError(f"{report}: not a generate --json report (no wall_s)")
-        if len(runs) > 1:
-            report_data = None  # one run's report cannot time a resumed job; the manifest times every run
-        elif report_data.get("wall_s"):
+            raise ConfigError(f"{report_name}: not a generate --json report (no wall_s)")
+        # one run's report cannot time a resumed job; the manifest times every run
+        if len(runs) <= 1 and report_data.get("wall_s"):
             wall = float(report_data["wall_s"])
             source = "report"
     if wall <= 0:
-        raise ConfigError(f"{job_dir}: the job's runs have no start and end times to measure a wall time from")
+        raise ConfigError(f"{dest}: the job's runs have no start and end times to measure a wall time from")
     last = runs[-1] if runs else {}
     return Measured(
-        job_dir=str(job_dir), status=str(last.get("status", "unknown")), complete=rows >= valid, prompts_total=valid,
+        job_dir=dest, status=str(last.get("status", "unknown")), complete=rows >= valid, prompts_total=valid,
         prompts_measured=rows, completion_tokens=sum(a[1] for a in per_server.values()), wall_s=wall, runs=len(runs),
         servers=tuple(ServerMeasure(name, a[0], a[1]) for name, a in sorted(per_server.items())),
         model=max(models, key=models.get) if models else None, wall_source=source,
