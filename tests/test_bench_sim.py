@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from servefleet.bench.result import BenchConfig, load_run
 from servefleet.bench.sweep import BenchTarget, run_bench
+from servefleet.capacity import Capacity
 from servefleet.cli.main import app
 from servefleet.sim.config import SimConfig
 from servefleet.sim.theory import steady_state
@@ -43,30 +44,55 @@ def sim_factory(tmp_path):
         sim.stop()
 
 
+def _slow_against_the_model(run, model: SimConfig, out: int) -> list[str]:
+    """Assert what no load can change (counts, sources, too fast a sim); return what a busy machine can
+    (a slow step, a late client) as misses, for the caller to retry."""
+    misses = []
+    for p in run.points:
+        assert p.errors == 0 and p.successful == 16 and p.output_tokens == 16 * out
+        assert p.token_sources == {"usage": 16}
+        prompt = round(p.input_tokens / p.successful)
+        theory = steady_state(model, p.concurrency, prompt_tokens=prompt, output_tokens=out)
+        assert p.output_tokens_per_s <= theory.output_tokens_per_s * 1.1, (p.concurrency, p.output_tokens_per_s, theory)
+        assert p.itl_ms.p50 >= theory.step_ms * 0.65, (p.concurrency, p.itl_ms.p50, theory)
+        # Closed-loop turnaround costs up to one step per request below saturation (theory.py).
+        low = theory.output_tokens_per_s * (1 - 1 / (theory.steps + 1)) * 0.75
+        if p.output_tokens_per_s < low:
+            misses.append(f"c={p.concurrency}: {p.output_tokens_per_s:.1f} tok/s < {low:.1f}")
+        if p.itl_ms.p50 > theory.step_ms * 1.35:
+            misses.append(f"c={p.concurrency}: ITL p50 {p.itl_ms.p50:.1f} ms > 1.35 x {theory.step_ms:.1f}")
+    two, eight, sixteen = run.points
+    if not sixteen.ttft_ms.p90 > 3 * eight.ttft_ms.p90:
+        misses.append(f"TTFT p90 at 16 ({sixteen.ttft_ms.p90:.0f} ms) not > 3 x at 8 ({eight.ttft_ms.p90:.0f} ms)")
+    if sixteen.achieved_concurrency != pytest.approx(16, rel=0.25):
+        misses.append(f"achieved concurrency {sixteen.achieved_concurrency:.1f} at 16")
+    return misses
+
+
 async def test_throughput_and_latency_agree_with_the_model(sim_factory) -> None:
     sim = sim_factory(**TIMED)
     model = SimConfig(**TIMED)
     out = 8
     cfg = BenchConfig(concurrency=[2, 8, 16], requests=16, input_len=64, output_len=out, api="completions")
-    run = await run_bench(BenchTarget(base_url=sim.url), cfg)
-    assert run.target.engine == "vllm" and run.target.model == "sim-bench"
-    assert run.workload["input_tokens_counted_by"].startswith("server:/tokenize")
-    for p in run.points:
-        assert p.errors == 0 and p.successful == 16 and p.output_tokens == 16 * out
-        prompt = round(p.input_tokens / p.successful)
-        theory = steady_state(model, p.concurrency, prompt_tokens=prompt, output_tokens=out)
-        # Closed-loop turnaround costs up to one step per request below saturation (theory.py).
-        low = theory.output_tokens_per_s * (1 - 1 / (theory.steps + 1)) * 0.75
-        assert low <= p.output_tokens_per_s <= theory.output_tokens_per_s * 1.1, (p.concurrency, p.output_tokens_per_s, theory)
-        assert p.itl_ms.p50 == pytest.approx(theory.step_ms, rel=0.35)
-        assert p.token_sources == {"usage": 16}
+    # Up to three runs: a busy 2-core CI machine can only slow the sim's steps and the client down,
+    # so a run that is slow against the model is repeated; anything wrong or too fast fails at once.
+    # max running requests known, as a fleet's state gives it (vLLM's endpoints do not say it): saturation is
+    # then "every slot busy and a queue in one scrape", which no load can fake at concurrency 8 on 8 slots
+    # (the fallback, a mean queue >= 1, can be: requests arriving at a CPU-starved server wait a step).
+    target = BenchTarget(base_url=sim.url, capacity=Capacity(max_running_requests=TIMED["max_running"]))
+    for _ in range(3):
+        run = await run_bench(target, cfg)
+        assert run.target.engine == "vllm" and run.target.model == "sim-bench"
+        assert run.workload["input_tokens_counted_by"].startswith("server:/tokenize")
+        misses = _slow_against_the_model(run, model, out)
+        if not misses:
+            break
+    assert not misses, misses
     two, eight, sixteen = run.points
-    # Beyond max_running the server queues: time to first token grows, the server says so.
-    assert sixteen.ttft_ms.p90 > 3 * eight.ttft_ms.p90
+    # Beyond max_running the server queues (time to first token grows above), the server says so.
     assert eight.server is not None and eight.server.saturated is False
     assert sixteen.server is not None and sixteen.server.saturated is True and sixteen.server.queued_max > 0
     assert sixteen.server.running_max <= 8
-    assert sixteen.achieved_concurrency == pytest.approx(16, rel=0.25)
 
 
 async def test_speculative_chunks_give_per_token_itl_and_exact_counts(sim_factory) -> None:
