@@ -92,6 +92,17 @@ def test_measure_reads_rows_tokens_servers_and_run_time(tmp_path):
     assert (m.model, m.wall_source, m.status) == ("m", "manifest", "complete")
 
 
+def test_measure_reads_shards_a_few_at_a_time_and_counts_them_all(tmp_path, monkeypatch):
+    import servefleet.plan.check as check
+
+    monkeypatch.setattr(check, "SHARDS_PER_READ", 2)
+    rows = {f"s{i}": [i + 1] * (i + 1) for i in range(5)}  # 5 shards, read 2 + 2 + 1
+    job = make_job_dir(tmp_path / "out", valid=15, runs=[(0.0, 20.0, "complete")], rows=rows)
+    m = measure_job(job)
+    assert [(s.name, s.requests, s.completion_tokens) for s in m.servers] == [(f"s{i}", i + 1, (i + 1) ** 2) for i in range(5)]
+    assert m.complete and m.prompts_measured == 15
+
+
 def test_measure_resumed_job_sums_runs_and_times_a_killed_run_by_its_last_commit(tmp_path):
     # run 1 finished after 10 s; run 2 was killed (no end): its last ledger commit, 35 s after T0, ends it
     job = make_job_dir(tmp_path / "out", valid=10, runs=[(0.0, 10.0, "interrupted"), (30.0, None, "running")],

@@ -35,6 +35,7 @@ __all__ = ["ServerMeasure", "Measured", "Metric", "CheckResult", "measure_job", 
 TOLERANCE_PCT = 10.0
 JOB_FILE = "job.json"  # servefleet.generate.job.JOB_FILE (not imported: keeps plan free of generate's deps)
 REPORT_FILE = "report.json"  # servefleet.generate.runner.REPORT_FILE, written by generate beside the shards
+SHARDS_PER_READ = 8  # shards fetched together (object storage: in parallel); bounds memory to 8 shards
 
 
 @dataclass(frozen=True)
@@ -217,13 +218,15 @@ def _measure(sink: "Sink", dest: str, report: Path | None) -> Measured:
     per_server: dict[str, list[int]] = {}
     models: dict[str, int] = {}
     shards = [f"shards/{n}" for n in sink.list("shards") if n.startswith("part-") and n.endswith((".parquet", ".jsonl"))]
-    for name, data in sorted(sink.read_many(shards).items()):
-        for server, tokens, model in _shard_rows(name, data):
-            acc = per_server.setdefault(server or "?", [0, 0])
-            acc[0] += 1
-            acc[1] += int(tokens)
-            if model:
-                models[model] = models.get(model, 0) + 1
+    # a few shards at a time: a large job's shards hold gigabytes of text, of which three columns are read
+    for first in range(0, len(shards), SHARDS_PER_READ):
+        for name, data in sorted(sink.read_many(shards[first:first + SHARDS_PER_READ]).items()):
+            for server, tokens, model in _shard_rows(name, data):
+                acc = per_server.setdefault(server or "?", [0, 0])
+                acc[0] += 1
+                acc[1] += int(tokens)
+                if model:
+                    models[model] = models.get(model, 0) + 1
     rows = sum(a[0] for a in per_server.values())
     if rows == 0:
         raise ConfigError(f"{dest}: no committed shards yet, so nothing measured to check the plan against")
