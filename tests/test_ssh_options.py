@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
+from pathlib import Path
 
 import pytest
+
+from conftest import wait_until
 
 from servefleet.errors import CommandError, ConfigError, HostError, HostUnreachable
 from servefleet.hosts import ssh_scripts as scripts
@@ -192,6 +196,42 @@ def test_remote_scripts_run_under_dash_and_bash(tmp_path) -> None:
         argv = scripts.group_alive_argv(os.getpgid(0))
         argv[0] = shell
         assert subprocess.run(argv).returncode == 0
+
+
+def test_group_alive_without_ps_reads_proc_and_skips_zombies() -> None:
+    """On a host without ps, both remote programs (GROUP_ALIVE and the status batch) read /proc: a
+    group with a live process is alive; a group whose only member is a zombie, or no group, is not."""
+    from servefleet.hosts.ssh_batch import batch_argv, parse_batch
+
+    live = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    zombie = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    os.kill(zombie.pid, signal.SIGKILL)  # not reaped: a zombie, and `kill -0 -PGID` still succeeds
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    gone.wait()
+    no_ps = {"PATH": "/nonexistent"}  # the shells' builtins only: no ps, no awk
+    try:
+        wait_until(lambda: _state(zombie.pid) == "Z", what="the zombie")
+        for shell in ("/bin/sh", "/bin/dash", "/bin/bash"):
+            if not os.path.exists(shell):
+                continue
+            for pgid, alive in ((live.pid, True), (zombie.pid, False), (gone.pid, False)):
+                argv = scripts.group_alive_argv(pgid)
+                argv[0] = shell
+                assert (subprocess.run(argv, env=no_ps).returncode == 0) is alive, (shell, pgid, alive)
+            ops = [("alive", live.pid), ("alive", zombie.pid), ("alive", gone.pid)]
+            argv, token = batch_argv(ops)
+            argv[0] = shell
+            done = subprocess.run(argv, env=no_ps, capture_output=True)
+            assert done.returncode == 0, done.stderr
+            assert [parse_batch(ops, done.stdout, token)[op] for op in ops] == [True, False, False], shell
+    finally:
+        for proc in (live, zombie):
+            proc.kill()
+            proc.wait()
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
 
 
 def test_alive_timeout_from_the_fleet_file_sets_the_keep_alives(tmp_path) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from servefleet.errors import HostError
 from servefleet.hosts.base import PortHolder
-from servefleet.hosts.ssh_scripts import parse_port_holder
+from servefleet.hosts.ssh_scripts import PROC_GROUP_ALIVE_FN, parse_port_holder
 
 __all__ = ["Op", "batch_argv", "parse_batch", "answer_key", "chunk_ops", "MAX_ARGS_BYTES"]
 
@@ -44,7 +44,7 @@ MAX_ARGS_BYTES = 96 * 1024
 # Same semantics as GROUP_ALIVE / PORT_HOLDER / READ / SIZE in ssh_scripts.py, as functions;
 # `ps` and `ss` are asked once for the whole batch (one process table, one socket table) and
 # looked up per server, so a batch costs a few processes per server rather than ten.
-BATCH = r"""
+BATCH = PROC_GROUP_ALIVE_FN + r"""
 tok=$1; shift
 live=; psdone=0; sstab=; ssdone=0
 alive() {
@@ -56,13 +56,7 @@ alive() {
     case $live in *" $1 "*) return 0;; esac
     return 1
   fi
-  want=$1
-  for s in /proc/[0-9]*/stat; do
-    { read -r line < "$s"; } 2>/dev/null || continue
-    set -- ${line##*) }
-    [ "$3" = "$want" ] && [ "$1" != Z ] && return 0
-  done
-  return 1
+  proc_group_alive "$1"
 }
 holder() {  # sets h to "holder PID PGID", "holder - -", "" (nobody listens) or "error"
   h=

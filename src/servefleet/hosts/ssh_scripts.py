@@ -86,22 +86,31 @@ rm -f -- "$tmp"; exit 1
 
 REMOVE = r"""exec rm -f -- "$1" """
 
+# A shell function: any live (non-zombie) process in process group $1, from /proc alone (for hosts
+# without ps). The fields of /proc/PID/stat after the last ") " are: state ppid pgrp ... (the command
+# name before it may contain spaces). Shared by GROUP_ALIVE and ssh_batch's BATCH.
+PROC_GROUP_ALIVE_FN = r"""
+proc_group_alive() {
+  _group=$1
+  for s in /proc/[0-9]*/stat; do
+    { read -r line < "$s"; } 2>/dev/null || continue
+    set -- ${line##*) }
+    [ "$3" = "$_group" ] && [ "$1" != Z ] && return 0
+  done
+  return 1
+}
+"""
+
 # Any live (non-zombie) process whose process group is $1? `kill -0` answers "no such group" at
-# once; otherwise zombies must be told apart: ps when present, else /proc/PID/stat, whose fields
-# after the last ") " are: state ppid pgrp ... (the command name before it may contain spaces).
-GROUP_ALIVE = r"""
+# once; otherwise zombies must be told apart: ps when present, else /proc.
+GROUP_ALIVE = PROC_GROUP_ALIVE_FN + r"""
 want=$1
 kill -0 "-$want" 2>/dev/null || exit 1
 if command -v ps >/dev/null 2>&1; then
   ps -A -o pgid= -o stat= | awk -v g="$want" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
   exit $?
 fi
-for s in /proc/[0-9]*/stat; do
-  { read -r line < "$s"; } 2>/dev/null || continue
-  set -- ${line##*) }
-  [ "$3" = "$want" ] && [ "$1" != Z ] && exit 0
-done
-exit 1
+proc_group_alive "$want"
 """
 
 # `kill -N -PGID` is the one spelling dash, bash and busybox all accept; a gone group is fine.
