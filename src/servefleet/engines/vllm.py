@@ -145,6 +145,9 @@ class VLLMEngine(EngineProfile):
         re.compile(r"(?:GPU|CPU) KV cache size: [\d,]+ tokens|Maximum concurrency for [\d,]+ tokens per request"),
         re.compile(r"Engine core initialization failed|EngineCore failed to start"),
         re.compile(r"^(?:INFO|WARNING|ERROR|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d \[[\w./]+:\d+\]"),
+        # argparse usage alone (a bad value on an image whose vLLM prints no warning first, as on the
+        # H200, 2026-12-01): flags no other engine has
+        re.compile(r"\[--api-server-count API_SERVER_COUNT\]|\[--gpu-memory-utilization GPU_MEMORY_UTILIZATION\]"),
     )
     memory_flag: ClassVar[str | None] = "--gpu-memory-utilization"
     supports_ignore_eos: ClassVar[bool] = True
