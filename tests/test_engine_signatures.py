@@ -38,6 +38,10 @@ FATAL_ROWS = [
     # srt/model_executor/model_runner.py (v0.3-v0.5): KV pool <= 0 tokens
     ("sglang", "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
                "Current value: self.server_args.mem_fraction_static=0.88", C.GPU_OOM),
+    # mem_cache/kv_cache_configurator.py (v0.5.17): the weights exceed the static budget
+    ("sglang", "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.001. "
+               "Raise --mem-fraction-static above 0.007 (minimum viable = 1 - available/pre = 0.0064). If using "
+               "speculative decoding, draft weights are now counted.", C.GPU_OOM),
     # model_runner.py init_cuda_graphs: "Capture cuda graph failed: {e}" wrapping a torch OOM
     ("sglang", "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 34.00 MiB. GPU 0 has a "
                "total capacity of 79.19 GiB of which 9.06 MiB is free.", C.GPU_OOM),
@@ -463,6 +467,9 @@ def test_hints_are_engine_native() -> None:
     # SGLang's own "Not enough memory" goes the other way: the fraction must be raised
     own = first_match(get_engine("sglang"), "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
     assert own.hint.startswith("raise --mem-fraction-static")
+    newer = first_match(get_engine("sglang"), "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+                                              "--mem-fraction-static=0.001. Raise --mem-fraction-static above 0.007")
+    assert newer.hint.startswith("raise --mem-fraction-static")
 
 
 # (engine, line) that must attribute a log of unknown origin to the engine

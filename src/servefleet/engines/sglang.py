@@ -73,6 +73,12 @@ OWN_SIGNATURES = (
     S.fatal(r"Not enough memory\. Please try to increase --mem-fraction-static", C.GPU_OOM,
             "raise --mem-fraction-static (the weights left no room for the KV cache), or add GPUs with "
             "--tp-size, or use a smaller/quantized model"),
+    # kv_cache_configurator.py (v0.5.1x): the static budget is a fraction of the memory free at start-up,
+    # and the loaded weights already exceed it
+    S.fatal(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static", C.GPU_OOM,
+            "raise --mem-fraction-static above the value the message suggests (it is a fraction of the GPU "
+            "memory free when this server starts, so other servers on the GPU count against it), or add GPUs "
+            "with --tp-size"),
     S.fatal(r"Capture cuda graph failed:.*(?:out of memory|OutOfMemoryError)", C.GPU_OOM,
             "lower --mem-fraction-static or --cuda-graph-max-bs (or --disable-cuda-graph, slow)"),
     S.fatal(r"User-specified context_length .* is greater than the derived context_length", C.CONFIG_ERROR,

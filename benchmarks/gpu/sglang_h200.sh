@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# Real SGLang 0.5.17 on the H200 under servefleet (issue 19). One device command, from the repo root:
+#   bash benchmarks/gpu/sglang_h200.sh [--budget S] STAGE...     stages: setup smoke up failures bench down
+# (carry .gpu-sglang, made by benchmarks/gpu/sglang_prepare.sh). Everything lives in /tmp/sgw; results
+# go to /tmp/sgw/results and, after every stage, to $OUT (sglang-results.tar.gz, summary.txt), so a
+# command cut short still returns what it did. Later commands on the same warm machine skip what is done.
+set -u
+cd "$(dirname "$0")/../.." || exit 3
+BUDGET=560
+stages=()
+while [ $# -gt 0 ]; do
+  case "$1" in --budget) BUDGET=$2; shift 2 ;; *) stages+=("$1"); shift ;; esac
+done
+t_setup=$SECONDS
+source .gpu-sglang/run/sglang_setup.sh
+W=/tmp/sgw; R=$W/results; OUT=${OUT:-$W/out}
+mkdir -p "$R"/logs "$R"/fixtures "$R"/cmd "$OUT"
+P=python3
+SF="$P -m servefleet.cli.main"
+MODEL=$W/model
+NAME=sf-realistic
+# The SGLang flags every server here shares: no FA3 (not shipped) and no flashinfer (not installed).
+BASE=(--attention-backend triton --sampling-backend pytorch --context-length 4096 --log-level info)
+say() { echo "[$SECONDS s] $*" | tee -a "$R/driver.log"; }
+left() { echo $(( BUDGET - SECONDS )); }
+summary() { echo "$*" | tee -a "$R/summary.txt"; }
+checkpoint() { tar czf "$OUT/sglang-results.tar.gz" -C "$W" results 2>/dev/null; cp "$R/summary.txt" "$R/driver.log" "$OUT/" 2>/dev/null; true; }
+say "setup script: $(( SECONDS - t_setup )) s; PYTHONPATH=$PYTHONPATH STANDIN_MODULES=$STANDIN_MODULES"
+
+# ---- helpers ----------------------------------------------------------------------------------------
+health() { curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/$2" 2>/dev/null; }
+# wait_ready PORT PID LOG TIMEOUT: 0 when /health_generate answers 200, 1 when the process died, 2 on timeout
+wait_ready() {
+  local port=$1 pid=$2 log=$3 limit=$4 t0=$SECONDS
+  while [ $(( SECONDS - t0 )) -lt "$limit" ]; do
+    [ "$(health "$port" health_generate)" = 200 ] && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 2
+  done
+  return 2
+}
+kill_group() { kill -TERM -- "-$1" 2>/dev/null; for _ in $(seq 1 20); do kill -0 -- "-$1" 2>/dev/null || return 0; sleep 0.5; done; kill -KILL -- "-$1" 2>/dev/null; true; }
+gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
+wait_gpu_free() { for _ in $(seq 1 30); do [ "$(gpu_used)" -lt 2000 ] 2>/dev/null && return 0; sleep 1; done; say "GPU still holds $(gpu_used) MiB"; }
+
+# ---- stages -----------------------------------------------------------------------------------------
+stage_setup() {
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader > "$R/nvidia-smi.txt" 2>&1
+  $P - > "$R/versions.json" 2>&1 <<'PY'
+import importlib.metadata as m, json, sys
+out = {"python": sys.version.split()[0]}
+for n in ("sglang", "sglang-kernel", "torch", "triton", "transformers", "tokenizers", "xgrammar", "apache-tvm-ffi",
+          "fastapi", "uvicorn", "pydantic", "openai", "huggingface-hub", "servefleet", "typer", "rich", "aiohttp"):
+    try: out[n] = m.version(n)
+    except Exception: out[n] = None
+print(json.dumps(out))
+PY
+  cat "$R/versions.json"
+  local t0=$SECONDS
+  $P -c "import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler, sglang.srt.models.llama, sglang.srt.layers.attention.triton_backend, sgl_kernel; print('IMPORT_OK', sglang.__version__)" > "$R/cmd/import.out" 2>&1
+  say "import check ($(( SECONDS - t0 )) s): $(grep -E 'IMPORT_OK|Error' "$R/cmd/import.out" | tail -2)"
+  if [ ! -f "$MODEL/config.json" ]; then
+    t0=$SECONDS
+    $SF model tiny "$MODEL" --preset realistic --json > "$R/cmd/model.out" 2> "$R/cmd/model.err"
+    say "model: rc=$? in $(( SECONDS - t0 )) s"
+  fi
+  summary "setup: $(cat "$R/nvidia-smi.txt"); $(grep -o 'IMPORT_OK.*' "$R/cmd/import.out" || echo 'import FAILED'); model $([ -f "$MODEL/config.json" ] && echo ok || echo MISSING)"
+}
+
+# SGLang launched by hand (no servefleet): proves the recipe. A start-up that dies on a missing module
+# gets one more stand-in for it (STANDIN_MODULES) and is tried again, at most 4 times; the stand-ins added
+# are reported (results/autostubs.txt) so the recipe can name them.
+stage_smoke() {
+  local port=30000 n pid rc miss log
+  for n in 1 2 3 4 5; do
+    log=$R/logs/smoke-$n.log
+    setsid $P -m sglang.launch_server --model-path "$MODEL" --served-model-name $NAME --host 127.0.0.1 --port $port \
+      "${BASE[@]}" --mem-fraction-static 0.40 > "$log" 2>&1 < /dev/null &
+    pid=$!
+    local t0=$SECONDS
+    # servefleet watching the by-hand server (the `wait` path: log, process and /health_generate)
+    $SF wait --url http://127.0.0.1:$port --log "$log" --pid $pid --engine sglang --timeout $(( $(left) - 60 )) --json \
+      > "$R/cmd/wait-smoke-$n.out" 2> "$R/cmd/wait-smoke-$n.err" &
+    waiter=$!
+    wait_ready $port $pid "$log" $(( $(left) - 60 )); rc=$?
+    wait $waiter; say "servefleet wait: rc=$? $(head -c 400 "$R/cmd/wait-smoke-$n.out" | tr '\n' ' ')"
+    say "smoke try $n: rc=$rc after $(( SECONDS - t0 )) s"
+    if [ $rc = 0 ]; then
+      summary "smoke: READY after $(( SECONDS - t0 )) s (try $n, STANDIN_MODULES=$STANDIN_MODULES)"
+      curl -s -m 30 "http://127.0.0.1:$port/generate" -H 'Content-Type: application/json' \
+        -d '{"text":"def f(","sampling_params":{"max_new_tokens":16,"temperature":0}}' > "$R/smoke-generate.json"
+      curl -s -m 30 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\":\"$NAME\",\"prompt\":\"def f(\",\"max_tokens\":16,\"temperature\":0}" > "$R/smoke-completions.json"
+      curl -s -m 10 "http://127.0.0.1:$port/server_info" > "$R/smoke-server_info.json"
+      curl -s -m 10 "http://127.0.0.1:$port/v1/models" > "$R/smoke-models.json"
+      summary "smoke: completions: $(head -c 300 "$R/smoke-completions.json")"
+      kill_group $pid; sleep 2
+      cp "$log" "$R/fixtures/sglang0517_h200_ready_by_hand.log"
+      wait_gpu_free
+      return 0
+    fi
+    kill_group $pid
+    miss=$(grep -oP "No module named '\K[^'.]+" "$log" | head -1)
+    if [ -n "$miss" ] && [ $n -lt 5 ] && ! echo ",$STANDIN_MODULES," | grep -q ",$miss[=,]"; then
+      echo "$miss <- $(grep -B2 "No module named '$miss" "$log" | grep File | tail -1)" >> "$R/autostubs.txt"
+      export STANDIN_MODULES="$STANDIN_MODULES,$miss"
+      say "smoke: stand-in added for $miss"
+      continue
+    fi
+    summary "smoke: FAILED (rc=$rc, try $n): $(grep -E 'Error|error|Traceback' "$log" | tail -3 | cut -c1-300)"
+    tail -40 "$log"
+    cp "$log" "$R/fixtures/sglang0517_h200_smoke_failed.log"
+    return 1
+  done
+}
+
+fleet_main() {
+  cat > $W/fleet-main.toml <<T
+[fleet]
+name = "sgmain"
+state_dir = "$W/state/main"
+timeout = 400
+stall = 240
+smoke = true
+
+[defaults]
+engine = "sglang"
+model = "$MODEL"
+served_model_name = "$NAME"
+python = "$(command -v $P)"
+gpus = [0]
+env = { PYTHONPATH = "$PYTHONPATH", STANDIN_MODULES = "$STANDIN_MODULES", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
+
+[[servers]]
+name = "plain"
+port = 31000
+args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.40", "--max-running-requests", "256"]
+
+[[servers]]
+name = "ngram"
+port = 32000
+args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.70", "--max-running-requests", "128", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"]
+T
+}
+
+stage_up() {
+  fleet_main
+  cp $W/fleet-main.toml "$R/"
+  local n t0
+  for n in plain ngram; do
+    t0=$SECONDS
+    $SF up $W/fleet-main.toml --only $n --timeout $(( $(left) > 420 ? 400 : $(left) - 20 )) --json > "$R/cmd/up-$n.out" 2> "$R/cmd/up-$n.err"
+    say "up $n: rc=$? in $(( SECONDS - t0 )) s"
+    cp $W/state/main/logs/$n.log "$R/logs/main-$n.log" 2>/dev/null
+    $P - "$R/cmd/up-$n.out" <<'PY' | tee -a "$R/summary.txt"
+import json, sys
+try: d = json.load(open(sys.argv[1]))
+except Exception as e: print("up: no JSON", e); sys.exit()
+for s in d.get("servers", []):
+    v = s.get("verdict") or {}
+    print(f"up {s.get('name')}: {v.get('state')} {v.get('category')} ttr={s.get('time_to_ready_s')} "
+          f"evidence={((v.get('evidence') or {}).get('text') or '')[:200]!r} hint={v.get('hint')!r}")
+    print(f"   capacity={json.dumps({k: x for k, x in (v.get('capacity') or {}).items() if k != 'source'})}")
+PY
+  done
+  $SF status --fleet $W/fleet-main.toml --json > "$R/cmd/status-main.out" 2>&1
+  for n in plain ngram; do
+    local port; port=$([ $n = plain ] && echo 31000 || echo 32000)
+    curl -s -m 10 "http://127.0.0.1:$port/server_info" > "$R/server_info-$n.json"
+    grep -E "max_total_num_tokens=|KV Cache is allocated|KV cache allocated|fired up|Capture cuda graph end|Load weight end" \
+      "$R/logs/main-$n.log" | cut -c1-300 > "$R/loglines-$n.txt"
+    summary "log lines $n: $(grep -o 'max_total_num_tokens=[^ ]* .*' "$R/loglines-$n.txt" | head -1 | cut -c1-200)"
+    summary "server_info $n: $($P -c "import json,sys; d=json.load(open(sys.argv[1])); s=(d.get('internal_states') or [{}])[0]; print({k: d.get(k) for k in ('max_total_num_tokens','max_running_requests','context_length','speculative_algorithm','version')}, {k: s.get(k) for k in ('effective_max_running_requests_per_dp','max_total_num_tokens')})" "$R/server_info-$n.json" 2>&1 | cut -c1-300)"
+    [ -s "$R/logs/main-$n.log" ] && cp "$R/logs/main-$n.log" "$R/fixtures/sglang0517_h200_up_$n.log"
+  done
+}
+
+# The real failures, all at once, while the main servers keep running: a failure fleet through `up`
+# (mem fraction too low, missing model, bad value, SIGKILL while loading), SGLang by hand on a held
+# port through `servefleet wait`.
+stage_failures() {
+  cat > $W/fleet-fail.toml <<T
+[fleet]
+name = "sgfail"
+state_dir = "$W/state/fail"
+timeout = 240
+stall = 200
+smoke = true
+
+[defaults]
+engine = "sglang"
+model = "$MODEL"
+served_model_name = "$NAME"
+python = "$(command -v $P)"
+gpus = [0]
+env = { PYTHONPATH = "$PYTHONPATH", STANDIN_MODULES = "$STANDIN_MODULES", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
+
+[[servers]]
+name = "lowmem"
+port = 33000
+args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.001", "--disable-cuda-graph"]
+
+[[servers]]
+name = "missing"
+port = 34000
+model = "$W/no-such-model"
+args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.05", "--disable-cuda-graph"]
+
+[[servers]]
+name = "badarg"
+port = 35000
+args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "abc"]
+
+[[servers]]
+name = "sigkill"
+port = 36000
+args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.05", "--disable-cuda-graph"]
+T
+  cp $W/fleet-fail.toml "$R/"
+  # a port held by a listener that never answers
+  $P -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', 37000)); s.listen(8); time.sleep(400)" &
+  local holder=$! t0=$SECONDS
+  sleep 1
+  $SF up $W/fleet-fail.toml --timeout 240 --json > "$R/cmd/up-fail.out" 2> "$R/cmd/up-fail.err" &
+  local up=$!
+  setsid $P -m sglang.launch_server --model-path "$MODEL" --served-model-name $NAME --host 127.0.0.1 --port 37000 \
+    "${BASE[@]}" --mem-fraction-static 0.05 --disable-cuda-graph > "$R/logs/fail-portheld.log" 2>&1 < /dev/null &
+  local manual=$!
+  $SF wait --url http://127.0.0.1:37000 --log "$R/logs/fail-portheld.log" --pid $manual --engine sglang --timeout 240 --json \
+    > "$R/cmd/wait-portheld.out" 2> "$R/cmd/wait-portheld.err" &
+  local waiter=$!
+  # SIGKILL the sigkill server's process group as soon as its log says it loads weights
+  local klog=$W/state/fail/logs/sigkill.log
+  for _ in $(seq 1 240); do
+    if grep -qE "Load weight begin|Init torch distributed begin" "$klog" 2>/dev/null; then
+      local pg; pg=$($P -c "import json; print(json.load(open('$W/state/fail/sigkill.json'))['pgid'])" 2>/dev/null)
+      [ -n "$pg" ] && kill -KILL -- "-$pg" && say "failures: SIGKILL to group $pg on: $(grep -E 'Load weight begin|Init torch distributed begin' "$klog" | head -1 | cut -c1-120)"
+      break
+    fi
+    sleep 0.5
+  done
+  wait $up; say "failures: up rc=$? in $(( SECONDS - t0 )) s"
+  wait $waiter; say "failures: wait rc=$?"
+  kill_group $manual; kill $holder 2>/dev/null
+  for n in lowmem missing badarg sigkill; do cp $W/state/fail/logs/$n.log "$R/logs/fail-$n.log" 2>/dev/null; done
+  declare -A fx=([lowmem]=mem_fraction_too_low [missing]=missing_model [badarg]=bad_argument [sigkill]=killed_loading [portheld]=port_in_use)
+  for n in lowmem missing badarg sigkill portheld; do
+    [ -s "$R/logs/fail-$n.log" ] || continue
+    cp "$R/logs/fail-$n.log" "$R/fixtures/sglang0517_h200_${fx[$n]}.log"
+    $SF diagnose "$R/fixtures/sglang0517_h200_${fx[$n]}.log" --json > "$R/cmd/diagnose-$n.out" 2>&1
+  done
+  $P - "$R" <<'PY' | tee -a "$R/summary.txt"
+import json, sys, os
+R = sys.argv[1]
+def load(p):
+    try: return json.load(open(p))
+    except Exception: return None
+up = load(f"{R}/cmd/up-fail.out") or {}
+live = {s.get("name"): (s.get("verdict") or {}) for s in up.get("servers", [])}
+live["portheld"] = load(f"{R}/cmd/wait-portheld.out") or {}
+for n in ("lowmem", "missing", "badarg", "sigkill", "portheld"):
+    d = load(f"{R}/cmd/diagnose-{n}.out") or {}
+    v = live.get(n) or {}
+    print(f"failure {n}: live={v.get('state')}/{v.get('category')} diagnose={d.get('engine')}/{d.get('state')}/{d.get('category')} "
+          f"evidence={((d.get('evidence') or {}).get('text') or '')[:220]!r}")
+PY
+  $SF down --fleet $W/fleet-fail.toml --grace 5 --json > /dev/null 2>&1
+}
+
+stage_bench() {
+  local ready=() n
+  for n in plain ngram; do
+    local port; port=$([ $n = plain ] && echo 31000 || echo 32000)
+    [ "$(health $port health)" = 200 ] && ready+=($n)
+  done
+  [ ${#ready[@]} = 0 ] && { summary "bench: skipped (no server ready)"; return; }
+  mkdir -p "$R/bench"
+  local common=(--input-len 256 --output-len 256 --api completions --temperature 0 --tokenizer "$MODEL")
+  local names; names=$(IFS=,; echo "${ready[*]}")
+  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 1,16,64,256 --duration 5 "${common[@]}" \
+    --out "$R/bench/stream.json" --json > "$R/cmd/bench-stream.out" 2> "$R/cmd/bench-stream.err"
+  say "bench stream: rc=$?"
+  grep -hE "^\s+concurrency" "$R/cmd/bench-stream.err" | tee -a "$R/summary.txt"
+  [ "$(left)" -lt 150 ] && return
+  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 64,256 --duration 6 --no-stream "${common[@]}" \
+    --out "$R/bench/nostream.json" --json > "$R/cmd/bench-nostream.out" 2> "$R/cmd/bench-nostream.err"
+  say "bench no-stream: rc=$?"
+  grep -hE "^\s+concurrency" "$R/cmd/bench-nostream.err" | tee -a "$R/summary.txt"
+  [ "$(left)" -lt 90 ] && return
+  # SGLang's own benchmark on the plain server, the same request count and concurrency as servefleet's
+  STANDIN_MODULES="$STANDIN_MODULES,datasets=4.0.0" timeout 100 $P -m sglang.bench_serving --backend sglang-oai --base-url http://127.0.0.1:31000 \
+    --model $NAME --tokenizer "$MODEL" --dataset-name random --random-input-len 256 --random-output-len 256 \
+    --random-range-ratio 1 --num-prompts 512 --max-concurrency 256 --output-file "$R/bench/sglang-bench-c256.jsonl" \
+    > "$R/cmd/sglang-bench.out" 2>&1
+  say "sglang.bench_serving: rc=$?"
+  grep -E "Output token throughput|Successful requests|Benchmark duration|Median TPOT" "$R/cmd/sglang-bench.out" | tee -a "$R/summary.txt"
+  $SF bench --url http://127.0.0.1:31000 -c 256 --requests 512 "${common[@]}" --out "$R/bench/sf-c256.json" --json \
+    > "$R/cmd/bench-ab.out" 2> "$R/cmd/bench-ab.err"
+  grep -hE "^\s+concurrency" "$R/cmd/bench-ab.err" | sed 's/^/A\/B servefleet: /' | tee -a "$R/summary.txt"
+}
+
+stage_down() {
+  [ -f $W/fleet-main.toml ] && $SF down --fleet $W/fleet-main.toml --grace 10 --json > "$R/cmd/down.out" 2>&1
+  for n in plain ngram; do cp $W/state/main/logs/$n.log "$R/logs/main-$n.log" 2>/dev/null; done
+  true
+}
+
+for s in "${stages[@]}"; do
+  say "== $s ($(left) s left)"
+  if [ "$(left)" -lt 30 ] && [ "$s" != down ]; then say "skipped $s: budget"; continue; fi
+  "stage_$s"; rc=$?
+  say "== $s: rc=$rc"
+  checkpoint
+  if [ "$s" = smoke ] && [ $rc != 0 ]; then say "smoke failed: later stages skipped"; break; fi
+done
+checkpoint
+cat "$R/summary.txt"
