@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 
 from real_engines import EXPECTED, FIXTURES, LLAMACPP_HUGE_CTX, diagnose_logs
+from servefleet.catalog import State
 from servefleet.engines.registry import get_engine
 from servefleet.verify.diagnose import diagnose_text
+from servefleet.verify.events import LogLines
+from servefleet.verify.logtext import LineSplitter
+from servefleet.verify.machine import ReadinessMachine
 
 RECORDED = sorted(EXPECTED)
 
@@ -29,8 +33,8 @@ def diagnosed() -> dict[str, tuple[int, dict[str, Any]]]:
     return diagnose_logs([FIXTURES / name for name in RECORDED])
 
 
-def test_both_real_engines_have_recordings() -> None:
-    assert {engine_of(name) for name in RECORDED} == {"vllm", "llamacpp"}
+def test_every_real_engine_has_recordings() -> None:
+    assert {engine_of(name) for name in RECORDED} == {"vllm", "llamacpp", "sglang"}
 
 
 @pytest.mark.parametrize("name", RECORDED)
@@ -67,3 +71,16 @@ def test_llamacpp_kv_failure_is_the_first_allocation_error() -> None:
     later = max(i for i, line in enumerate(lines, 1) if "Failed to create llama_context" in line)
     assert verdict.evidence is not None and verdict.evidence.line_no < later
     assert verdict.capacity.context_length == LLAMACPP_HUGE_CTX
+
+
+@pytest.mark.parametrize("name", [n for n in RECORDED if EXPECTED[n]["state"] in ("ready", "loading")])
+def test_live_machine_does_not_fail_a_healthy_real_log(name: str) -> None:
+    """`up` and `wait` judge a start-up line by line as it is written: a notice in a healthy log (SGLang
+    0.5.17's "OpenAI Responses API (/v1/responses) disabled: ... init failed (ModuleNotFoundError ...)")
+    must not end it as failed while the process still runs."""
+    data = (FIXTURES / name).read_bytes()
+    machine = ReadinessMachine(None, now=0.0, log_path=str(FIXTURES / name), smoke=False)
+    splitter = LineSplitter()
+    lines = splitter.feed(data) + splitter.flush()
+    machine.feed(LogLines(tuple(lines)), 0.001)
+    assert machine.verdict(0.002).state is not State.FAILED, machine.verdict(0.002)

@@ -100,8 +100,9 @@ stage_smoke() {
       return 0
     fi
     kill_group $pid
-    miss=$(grep -oP "No module named '\K[^'.]+" "$log" | head -1)
-    if [ -n "$miss" ] && [ $n -lt 5 ] && ! echo ",$STANDIN_MODULES," | grep -q ",$miss[=,]"; then
+    # the exception that ended the start-up, not "Ignore import error" notices of optional models
+    miss=$(grep -oP "^(\[[^]]*\] )?ModuleNotFoundError: No module named '\K[^'.]+" "$log" | tail -1)
+    if [ -n "$miss" ] && [ $n -lt 5 ] && ! echo ",$STANDIN_MODULES," | grep -q ",$miss[=,/]"; then
       echo "$miss <- $(grep -B2 "No module named '$miss" "$log" | grep File | tail -1)" >> "$R/autostubs.txt"
       export STANDIN_MODULES="$STANDIN_MODULES,$miss"
       say "smoke: stand-in added for $miss"
@@ -129,7 +130,7 @@ model = "$MODEL"
 served_model_name = "$NAME"
 python = "$(command -v $P)"
 gpus = [0]
-env = { PYTHONPATH = "$PYTHONPATH", STANDIN_MODULES = "$STANDIN_MODULES", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
+env = { PYTHONPATH = "$PYTHONPATH", STANDIN_MODULES = "$STANDIN_MODULES", SGLANG_IS_FLASHINFER_AVAILABLE = "false", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
 
 [[servers]]
 name = "plain"
@@ -193,7 +194,7 @@ model = "$MODEL"
 served_model_name = "$NAME"
 python = "$(command -v $P)"
 gpus = [0]
-env = { PYTHONPATH = "$PYTHONPATH", STANDIN_MODULES = "$STANDIN_MODULES", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
+env = { PYTHONPATH = "$PYTHONPATH", STANDIN_MODULES = "$STANDIN_MODULES", SGLANG_IS_FLASHINFER_AVAILABLE = "false", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
 
 [[servers]]
 name = "lowmem"
@@ -277,26 +278,43 @@ stage_bench() {
   mkdir -p "$R/bench"
   local common=(--input-len 256 --output-len 256 --api completions --temperature 0 --tokenizer "$MODEL")
   local names; names=$(IFS=,; echo "${ready[*]}")
-  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 1,16,64,256 --duration 5 "${common[@]}" \
-    --out "$R/bench/stream.json" --json > "$R/cmd/bench-stream.out" 2> "$R/cmd/bench-stream.err"
-  say "bench stream: rc=$?"
-  grep -hE "^\s+concurrency" "$R/cmd/bench-stream.err" | tee -a "$R/summary.txt"
-  [ "$(left)" -lt 150 ] && return
-  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 64,256 --duration 6 --no-stream "${common[@]}" \
-    --out "$R/bench/nostream.json" --json > "$R/cmd/bench-nostream.out" 2> "$R/cmd/bench-nostream.err"
-  say "bench no-stream: rc=$?"
-  grep -hE "^\s+concurrency" "$R/cmd/bench-nostream.err" | tee -a "$R/summary.txt"
-  [ "$(left)" -lt 90 ] && return
-  # SGLang's own benchmark on the plain server, the same request count and concurrency as servefleet's
-  STANDIN_MODULES="$STANDIN_MODULES,datasets=4.0.0" timeout 100 $P -m sglang.bench_serving --backend sglang-oai --base-url http://127.0.0.1:31000 \
-    --model $NAME --tokenizer "$MODEL" --dataset-name random --random-input-len 256 --random-output-len 256 \
-    --random-range-ratio 1 --num-prompts 512 --max-concurrency 256 --output-file "$R/bench/sglang-bench-c256.jsonl" \
+  # servefleet's client and SGLang's own on the plain server first (the A/B), then the sweeps
+  SGLANG_BENCH_C=${SGLANG_BENCH_C:-256}
+  local nreq=$(( SGLANG_BENCH_C * 2 ))
+  STANDIN_MODULES="$STANDIN_MODULES,datasets=4.0.0" timeout 150 $P -m sglang.bench_serving --backend sglang-oai \
+    --base-url http://127.0.0.1:31000 --model $NAME --tokenizer "$MODEL" --dataset-name random-ids \
+    --random-input-len 256 --random-output-len 256 --random-range-ratio 1 --num-prompts $nreq \
+    --max-concurrency $SGLANG_BENCH_C --output-file "$R/bench/sglang-bench-c$SGLANG_BENCH_C.jsonl" --disable-tqdm \
     > "$R/cmd/sglang-bench.out" 2>&1
   say "sglang.bench_serving: rc=$?"
-  grep -E "Output token throughput|Successful requests|Benchmark duration|Median TPOT" "$R/cmd/sglang-bench.out" | tee -a "$R/summary.txt"
-  $SF bench --url http://127.0.0.1:31000 -c 256 --requests 512 "${common[@]}" --out "$R/bench/sf-c256.json" --json \
-    > "$R/cmd/bench-ab.out" 2> "$R/cmd/bench-ab.err"
-  grep -hE "^\s+concurrency" "$R/cmd/bench-ab.err" | sed 's/^/A\/B servefleet: /' | tee -a "$R/summary.txt"
+  grep -E "Output token throughput|Successful requests|Benchmark duration|Median TPOT|Total token throughput" "$R/cmd/sglang-bench.out" \
+    | sed 's/^/sglang.bench_serving C='$SGLANG_BENCH_C': /' | tee -a "$R/summary.txt"
+  $SF bench --url http://127.0.0.1:31000 -c $SGLANG_BENCH_C --requests $nreq "${common[@]}" \
+    --out "$R/bench/sf-ab-c$SGLANG_BENCH_C.json" --json > "$R/cmd/bench-ab.out" 2> "$R/cmd/bench-ab.err"
+  say "servefleet bench A/B: rc=$?"
+  points "$R/bench/sf-ab-c$SGLANG_BENCH_C.json" "A/B servefleet"
+  [ "$(left)" -lt 110 ] && return
+  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 64,256 --duration 10 --no-stream "${common[@]}" \
+    --out "$R/bench/nostream.json" --json > "$R/cmd/bench-nostream.out" 2> "$R/cmd/bench-nostream.err"
+  say "bench no-stream: rc=$?"
+  for n in "${ready[@]}"; do points "$R/bench/nostream-$n.json" "no-stream $n"; done
+  [ "$(left)" -lt 110 ] && return
+  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 64,256 --duration 10 "${common[@]}" \
+    --out "$R/bench/stream.json" --json > "$R/cmd/bench-stream.out" 2> "$R/cmd/bench-stream.err"
+  say "bench stream: rc=$?"
+  for n in "${ready[@]}"; do points "$R/bench/stream-$n.json" "stream $n"; done
+}
+
+# points FILE LABEL: one summary line per bench point
+points() {
+  $P - "$1" "$2" <<'PY' | tee -a "$R/summary.txt"
+import json, sys
+try: d = json.load(open(sys.argv[1]))
+except Exception as e: print(sys.argv[2], "no result", e); sys.exit()
+for p in d.get("points", []):
+    print(f"{sys.argv[2]} C={p.get('concurrency')}: {p['output_tokens_per_s']:.0f} out tok/s, TPOT p50 "
+          f"{(p.get('tpot_ms') or {}).get('p50')}, errors {p.get('errors')}, client_bound {p.get('client_bound')}")
+PY
 }
 
 stage_down() {

@@ -19,8 +19,13 @@ if [ -f .gpu-sglang/sf-src.tar.gz ]; then rm -rf /tmp/sf-src/* && tar xzf .gpu-s
 # /tmp/sgl-stubs first: its sitecustomize.py installs the stand-ins named in STANDIN_MODULES (README.md).
 export PYTHONPATH=/tmp/sgl-stubs:/tmp/sgl-site:/tmp/sf-src/src${PYTHONPATH:+:$PYTHONPATH}
 # IPython: sglang.utils imports IPython.display (notebook helpers); soundfile: the ASR/realtime audio
-# endpoints. Neither is used by a text model; both are stand-ins (sitecustomize.py).
-export STANDIN_MODULES=${STANDIN_MODULES:-IPython=9.0.0,soundfile=0.13.1}
+# endpoints; flashinfer (the package, flashinfer.sampling and flashinfer.prefill only): on CUDA, fp8_utils
+# imports `flashinfer.bmm_fp8`, the sampler `flashinfer.sampling` and vision attention `flashinfer.prefill`
+# unguarded, while sgl_kernel's norms probe `import flashinfer.norm` in a try and must keep failing. None is used by a
+# bf16 text model on the triton backend; all are stand-ins (sitecustomize.py). SGLANG_IS_FLASHINFER_AVAILABLE=false
+# keeps SGLang's own availability checks (find_spec, which a stand-in would satisfy) off flashinfer.
+export STANDIN_MODULES=${STANDIN_MODULES:-IPython=9.0.0,soundfile=0.13.1,flashinfer/sampling+prefill=0.6.15.post1}
+export SGLANG_IS_FLASHINFER_AVAILABLE=false
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 SGLANG_DISABLE_TELEMETRY=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false \
        PYTHONUNBUFFERED=1
 [ -f /tmp/sgl-site/sglang/__init__.py ] && echo "SGLang 0.5.17 unpacked: python3 -m sglang.launch_server ... --attention-backend triton --sampling-backend pytorch"

@@ -50,11 +50,16 @@ class _Any(metaclass=_AnyMeta):
 
 
 def _stubs() -> dict:
+    """name -> (version, submodules): "name=1.0" stands in for the package and every submodule;
+    "name/a+b=1.0" for the package and the submodules ``name.a`` and ``name.b`` only (and what is
+    below them), so that ``try: import name.other`` still fails where callers probe that way;
+    "name/top=1.0" for the package alone."""
     out = {}
     for part in os.environ.get("STANDIN_MODULES", "").split(","):
         name, _, version = part.strip().partition("=")
+        name, _, subs = name.partition("/")
         if name:
-            out[name] = version or "0.0.0"
+            out[name] = (version or "0.0.0", None if not subs else set(subs.split("+")) - {"top"})
     return out
 
 
@@ -70,14 +75,18 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.stubs = stubs
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in self.stubs:
+        parts = fullname.split(".")
+        if parts[0] not in self.stubs:
+            return None
+        allowed = self.stubs[parts[0]][1]
+        if len(parts) == 1 or allowed is None or parts[1] in allowed:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
     def create_module(self, spec):
         module = _StubModule(spec.name)
         module.__path__ = []
-        module.__version__ = self.stubs[spec.name.split(".")[0]]
+        module.__version__ = self.stubs[spec.name.split(".")[0]][0]
         module.__sgl_stub__ = True
         return module
 

@@ -60,6 +60,13 @@ OWN_SIGNATURES = (
     S.benign(r"(?:Disable|Disabling) (?:piecewise )?cuda graph", re.I),
     # the advice block under "Capture cuda graph failed": "Possible solutions:\n1. set --mem-fraction-static ..."
     S.benign(r"^Possible solutions:?$|^\d\. (?:set|disable|reduce|use|lower) "),
+    # http_server.py (v0.5.1x): an optional endpoint whose init failed is switched off and the server
+    # starts: "OpenAI Responses API (/v1/responses) disabled: OpenAIServingResponses init failed
+    # (ModuleNotFoundError: No module named 'openai_harmony')" -- seen on a healthy H200 start-up
+    S.benign(r"API \(/v1/[\w/]+\) disabled: \w+ init failed"),
+    # Source lines quoted in a traceback ("    raise HFValidationError(", leading blanks stripped) name
+    # an exception class but are code: the message below them is the evidence (real missing-model log)
+    S.benign(r"^raise [A-Za-z_][\w.]*(?:\(|$)"),
     # ---- ready (evidence; the probe decides)
     S.ready(r"The server is fired up and ready to roll!"),
     # ---- wrappers: they point at a cause above (or at the traceback below them)
