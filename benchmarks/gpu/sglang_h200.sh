@@ -148,7 +148,7 @@ stage_up() {
   fleet_main
   cp $W/fleet-main.toml "$R/"
   local n t0
-  for n in plain ngram; do
+  for n in ${UP_SERVERS:-plain ngram}; do
     t0=$SECONDS
     $SF up $W/fleet-main.toml --only $n --timeout $(( $(left) > 420 ? 400 : $(left) - 20 )) --json > "$R/cmd/up-$n.out" 2> "$R/cmd/up-$n.err"
     say "up $n: rc=$? in $(( SECONDS - t0 )) s"
@@ -165,7 +165,7 @@ for s in d.get("servers", []):
 PY
   done
   $SF status --fleet $W/fleet-main.toml --json > "$R/cmd/status-main.out" 2>&1
-  for n in plain ngram; do
+  for n in ${UP_SERVERS:-plain ngram}; do
     local port; port=$([ $n = plain ] && echo 31000 || echo 32000)
     curl -s -m 10 "http://127.0.0.1:$port/server_info" > "$R/server_info-$n.json"
     grep -E "max_total_num_tokens=|KV Cache is allocated|KV cache allocated|fired up|Capture cuda graph end|Load weight end" \
@@ -315,6 +315,30 @@ for p in d.get("points", []):
     print(f"{sys.argv[2]} C={p.get('concurrency')}: {p['output_tokens_per_s']:.0f} out tok/s, TPOT p50 "
           f"{(p.get('tpot_ms') or {}).get('p50')}, errors {p.get('errors')}, client_bound {p.get('client_bound')}")
 PY
+}
+
+# The A/B again, longer and in both orders: servefleet bench, sglang.bench_serving, servefleet bench,
+# the same request count and concurrency on the plain server (AB_C, AB_N).
+stage_ab() {
+  [ "$(health 31000 health)" = 200 ] || { summary "ab: skipped (plain not ready)"; return; }
+  mkdir -p "$R/ab"
+  local c=${AB_C:-256} n=${AB_N:-1024} i
+  local common=(--input-len 256 --output-len 256 --api completions --temperature 0 --tokenizer "$MODEL")
+  for i in 1 2 3; do
+    [ "$(left)" -lt 45 ] && return
+    if [ $i = 2 ]; then
+      STANDIN_MODULES="$STANDIN_MODULES,datasets=4.0.0" timeout 120 $P -m sglang.bench_serving --backend sglang-oai \
+        --base-url http://127.0.0.1:31000 --model $NAME --tokenizer "$MODEL" --dataset-name random-ids \
+        --random-input-len 256 --random-output-len 256 --random-range-ratio 1 --num-prompts $n \
+        --max-concurrency $c --output-file "$R/ab/sglang-bench-c$c-n$n.jsonl" --disable-tqdm > "$R/ab/sglang-bench.out" 2>&1
+      grep -E "Output token throughput|Benchmark duration|Median TPOT|Median ITL|Median TTFT" "$R/ab/sglang-bench.out" \
+        | sed "s/^/ab sglang.bench_serving C=$c N=$n: /" | tee -a "$R/summary.txt"
+    else
+      $SF bench --url http://127.0.0.1:31000 -c $c --requests $n "${common[@]}" --out "$R/ab/sf-$i-c$c-n$n.json" --json \
+        > "$R/ab/sf-$i.out" 2> "$R/ab/sf-$i.err"
+      points "$R/ab/sf-$i-c$c-n$n.json" "ab servefleet run $i N=$n"
+    fi
+  done
 }
 
 stage_down() {
