@@ -91,12 +91,12 @@ class NativeArgs:
     """What an argument list says about the facts of :data:`FIELDS`.
 
     ``values``: field -> value (fields not given are absent); ``spelled``: field -> the argument(s)
-    as written (``"--port 8001"``), for error messages; ``problems``: values the engine would
-    reject (``"--port 'abc': not a whole number"``)."""
+    as written (``"--port 8001"``), for error messages; ``problems``: field -> a value the engine
+    would reject (``"--port 'abc': not a whole number"``); such a field is absent from ``values``."""
 
     values: Mapping[str, Any] = field(default_factory=dict)
     spelled: Mapping[str, str] = field(default_factory=dict)
-    problems: tuple[str, ...] = ()
+    problems: Mapping[str, str] = field(default_factory=dict)
 
     def __contains__(self, name: str) -> bool:
         return name in self.values
@@ -155,7 +155,7 @@ class ArgTable:
     def read(self, args: Sequence[str]) -> NativeArgs:
         values: dict[str, Any] = {}
         spelled: dict[str, str] = {}
-        problems: list[str] = []
+        problems: dict[str, str] = {}
         spec_parts: dict[str, str] = {}
         args = [str(a) for a in args]
         i = 0
@@ -174,12 +174,12 @@ class ArgTable:
                     i += 1
                 written = " ".join([name, *given])
                 if not given:
-                    problems.append(f"{name}: needs a value")
+                    problems[flag.field] = f"{name}: needs a value"
                     continue
             try:
                 value = flag.convert(given[0])
             except ValueError as exc:
-                problems.append(f"{name} {given[0]!r}: {exc}")
+                problems[flag.field] = f"{name} {given[0]!r}: {exc}"
                 continue
             if flag.field == "speculative":
                 current = dict(values.get("speculative") or {})
@@ -193,7 +193,7 @@ class ArgTable:
             else:
                 values[flag.field] = value
                 spelled[flag.field] = written
-        return NativeArgs(MappingProxyType(values), MappingProxyType(spelled), tuple(problems))
+        return NativeArgs(MappingProxyType(values), MappingProxyType(spelled), MappingProxyType(problems))
 
 
 def _is_flag(token: str) -> bool:

@@ -22,6 +22,7 @@ __all__ = ["reconcile_native_args"]
 
 # fleet-file field -> native fact (servefleet.engines.native_args.FIELDS)
 _SAME = (("port", "port"), ("bind", "host"), ("served_model_name", "served_model_name"))
+_USED = {fact for _, fact in _SAME} | {"tensor_parallel_size"}
 
 
 def reconcile_native_args(raw: dict[str, Any], from_defaults: Set[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
@@ -36,7 +37,9 @@ def reconcile_native_args(raw: dict[str, Any], from_defaults: Set[str] = frozens
     profile = get_engine(engine)
     native = profile.native_args([str(a) for a in args], [str(c) for c in command])
     out = dict(raw)
-    problems = [f"args: {p}" for p in native.problems]
+    # A malformed value of a fact servefleet uses is an error here (it cannot know the port of
+    # `--port abc`); other malformed flags are the engine's to reject, in its own words.
+    problems = [f"args: {msg}" for fact, msg in native.problems.items() if fact in _USED]
 
     def where(name: str) -> str:
         return f"{name} = {raw[name]!r}" + (" (from [defaults])" if name in from_defaults else "")
