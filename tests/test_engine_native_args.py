@@ -306,3 +306,13 @@ def test_up_stops_a_conflict_before_launching_with_exit_3(tmp_path: Path) -> Non
     assert result.exit_code == 3, result.output
     assert "port = 8000 conflicts with '--port 8001' in args" in result.output
     assert not (tmp_path / "state").exists()  # nothing was launched (no state, no log)
+
+
+def test_one_parse_is_shared_and_read_only() -> None:
+    args = ["--speculative-config", '{"method": "ngram"}']
+    native = get_engine("vllm").native_args(args)
+    assert get_engine("vllm").native_args(list(args)) is native  # parsed once per argument list
+    with pytest.raises(TypeError):
+        native.values["speculative"]["method"] = "eagle"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        native.values["port"] = 1  # type: ignore[index]

@@ -182,7 +182,7 @@ class ArgTable:
                 problems[flag.field] = f"{name} {given[0]!r}: {exc}"
                 continue
             if flag.field == "speculative":
-                current = dict(values.get("speculative") or {})
+                current = dict(values.get("speculative") or {})  # a copy: merged from several flags
                 if flag.key is not None:
                     current[flag.key] = value
                 elif isinstance(value, dict):
@@ -193,6 +193,8 @@ class ArgTable:
             else:
                 values[flag.field] = value
                 spelled[flag.field] = written
+        if "speculative" in values:  # read-only like the rest: one parse is shared by every caller
+            values["speculative"] = MappingProxyType(values["speculative"])
         return NativeArgs(MappingProxyType(values), MappingProxyType(spelled), MappingProxyType(problems))
 
 
