@@ -36,6 +36,12 @@ TABLE: list[tuple[str, tuple[str, ...], list[str], dict[str, Any]]] = [
     # the last occurrence wins, like argparse; unrelated flags and their values are skipped
     ("vllm", (), ["--port", "1", "--dtype", "bfloat16", "--port", "2", "--enforce-eager"], {"port": 2}),
     ("vllm", (), ["--served-model-name", "a", "--trust-remote-code"], {"served_model_name": "a"}),
+    ("vllm", (), ["--model=/m/x", "--max_model_len", "auto"], {"model": "/m/x", "context_length": None}),
+    ("sglang", (), ["--model-path", "/m/q"], {"model": "/m/q"}),
+    ("llamacpp", (), ["-m", "/m/t.gguf"], {"model": "/m/t.gguf"}),
+    ("llamacpp", ("python3", "-m", "llama_cpp.server"), ["--model", "/m/t.gguf"], {"model": "/m/t.gguf"}),
+    ("tgi", (), ["--model-id", "org/m"], {"model": "org/m"}),
+    ("sim", (), ["--model-path", "sim-7b"], {"model": "sim-7b"}),
     # ---- SGLang
     ("sglang", (), ["--served-model-name", "q", "--port=30001", "--host", "0.0.0.0", "--tp-size", "2"],
      {"served_model_name": "q", "port": 30001, "host": "0.0.0.0", "tensor_parallel_size": 2}),
@@ -217,6 +223,35 @@ def test_the_loader_takes_port_bind_and_name_from_the_args(tmp_path: Path) -> No
     item = Fleet(spec).resolve()[0]
     assert item.served_model == "tiny"
     assert item.argv.count("--port=8003") == 1 and "--port" not in item.argv and item.argv.count("--host") == 1
+
+
+@pytest.mark.parametrize(("engine", "args", "model_flag"), [
+    ("vllm", ["--model", "/m/x"], "--model"), ("sglang", ["--model-path", "/m/x"], "--model-path"),
+    ("llamacpp", ["-m", "/m/x"], "-m"), ("tgi", ["--model-id", "/m/x"], "--model-id"), ("sim", ["--model", "/m/x"], "--model"),
+])
+def test_a_model_given_only_in_the_args_is_the_model(tmp_path: Path, engine: str, args: list[str], model_flag: str) -> None:
+    spec = fleet(f"""
+        [[servers]]
+        name = "s"
+        engine = "{engine}"
+        port = 9000
+        args = {json.dumps(args)}
+    """, tmp_path)
+    item = Fleet(spec).resolve()[0]
+    assert item.server.model == "/m/x" and item.served_model == "/m/x"  # what requests name when no served name is set
+    assert item.argv.count(model_flag) == 1 and item.argv.count("/m/x") == 1
+
+
+def test_a_model_in_both_places_must_agree(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"model: model = '/a' conflicts with '--model /b' in args"):
+        fleet("""
+            [[servers]]
+            name = "v"
+            engine = "vllm"
+            model = "/a"
+            port = 8000
+            args = ["--model", "/b"]
+        """, tmp_path)
 
 
 def test_the_same_value_in_both_places_is_fine(tmp_path: Path) -> None:

@@ -119,7 +119,8 @@ class EngineProfile:
         """The native args of a launch; a value that disagrees with the spec is an EngineError (the
         fleet loader reports such conflicts first, naming the fleet file's field)."""
         native = self.native_args(spec.extra_args, spec.command)
-        for name, ours in (("port", spec.port), ("host", spec.host), ("served_model_name", spec.served_model_name)):
+        for name, ours in (("model", spec.model or None), ("port", spec.port), ("host", spec.host),
+                           ("served_model_name", spec.served_model_name)):
             theirs = native.values.get(name)
             if ours is not None and theirs is not None and str(theirs) != str(ours):
                 raise EngineError(f"{native.spelled[name]!r} in args disagrees with {name} {ours!r}; set it in one place")

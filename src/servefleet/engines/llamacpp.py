@@ -105,6 +105,7 @@ OWN_SIGNATURES = (
 # Flags whose values servefleet needs. Native llama-server (common/arg.cpp): -c is the context of
 # all slots together (each of the -np slots gets its share unless --kv-unified).
 NATIVE_ARGS = na.ArgTable(
+    na.Flag(("-m", "--model"), "model"),
     na.Flag(("-a", "--alias"), "served_model_name"),
     na.Flag(("--port",), "port", na.to_int),
     na.Flag(("--host",), "host"),
@@ -115,6 +116,7 @@ NATIVE_ARGS = na.ArgTable(
 )
 # llama-cpp-python (llama_cpp/server/settings.py: pydantic fields as snake_case flags)
 PYTHON_ARGS = na.ArgTable(
+    na.Flag(("--model",), "model"),
     na.Flag(("--model_alias",), "served_model_name"),
     na.Flag(("--port",), "port", na.to_int),
     na.Flag(("--host",), "host"),
@@ -167,10 +169,10 @@ class LlamaCppEngine(EngineProfile):
         if is_python_server(command):
             if "llama_cpp.server" not in command:
                 command += ["-m", "llama_cpp.server"]
-            argv = [*command, "--model", spec.model]
+            argv = [*command] if "model" in native else [*command, "--model", spec.model]
             alias_flag = "--model_alias"
         else:
-            argv = [*command, "-m", spec.model]
+            argv = [*command] if "model" in native else [*command, "-m", spec.model]
             alias_flag = "--alias"
         if "host" not in native:
             argv += ["--host", spec.host]

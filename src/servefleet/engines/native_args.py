@@ -25,6 +25,7 @@ __all__ = ["FIELDS", "Flag", "ArgTable", "NativeArgs", "to_int", "to_float", "to
 
 # The facts servefleet needs and an engine flag may set.
 FIELDS = (
+    "model",  # the model path or repo id the engine loads
     "served_model_name",  # the name requests must use and /v1/models lists
     "port",
     "host",  # the address the server binds

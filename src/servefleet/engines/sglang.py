@@ -108,6 +108,7 @@ _SERVED = re.compile(r"\bserved_model_name='([^']*)'")
 # Flags whose values servefleet needs (server_args.py); the speculative keys are server_args' names,
 # as /server_info reports them.
 ARGS = na.ArgTable(
+    na.Flag(("--model-path", "--model"), "model"),
     na.Flag(("--served-model-name",), "served_model_name"),
     na.Flag(("--port",), "port", na.to_int),
     na.Flag(("--host",), "host"),
@@ -152,7 +153,8 @@ class SGLangEngine(EngineProfile):
         extra args are not added twice; extra args are never rewritten."""
         native = self.launch_args(spec)
         argv = list(spec.command) or [spec.python, "-m", "sglang.launch_server"]
-        argv += ["--model-path", spec.model]
+        if "model" not in native:
+            argv += ["--model-path", spec.model]
         if "host" not in native:
             argv += ["--host", spec.host]
         if "port" not in native:

@@ -25,6 +25,7 @@ __all__ = ["SimEngine"]
 # The simulator's own flags (servefleet.sim.config: each field is --field-name, some with the real
 # engines' names as aliases). Not imported from servefleet.sim: real work never imports the sim.
 ARGS = na.ArgTable(
+    na.Flag(("--model", "--model-path"), "model"),
     na.Flag(("--served-model-name",), "served_model_name"),
     na.Flag(("--port",), "port", na.to_int),
     na.Flag(("--host",), "host"),
@@ -67,7 +68,8 @@ class SimEngine(EngineProfile):
             argv += ["--host", spec.host]
         if "port" not in native:
             argv += ["--port", str(spec.port)]
-        argv += ["--model", spec.model]
+        if "model" not in native:
+            argv += ["--model", spec.model]
         if spec.served_model_name and "served_model_name" not in native:
             argv += ["--served-model-name", spec.served_model_name]
         return argv + list(extra)

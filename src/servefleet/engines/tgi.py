@@ -72,6 +72,7 @@ OWN_SIGNATURES = (
 
 # Flags whose values servefleet needs (launcher/src/main.rs, clap: `--x v` and `--x=v`).
 ARGS = na.ArgTable(
+    na.Flag(("--model-id",), "model"),
     na.Flag(("--served-model-name",), "served_model_name"),  # newer launchers; default: the model id
     na.Flag(("-p", "--port"), "port", na.to_int),
     na.Flag(("--hostname",), "host"),
@@ -100,7 +101,9 @@ class TGIEngine(EngineProfile):
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``text-generation-launcher --model-id M --hostname H --port P [--num-shard N] EXTRA...``."""
         native = self.launch_args(spec)
-        argv = [*(spec.command or ("text-generation-launcher",)), "--model-id", spec.model]
+        argv = [*(spec.command or ("text-generation-launcher",))]
+        if "model" not in native:
+            argv += ["--model-id", spec.model]
         if "host" not in native:
             argv += ["--hostname", spec.host]
         if "port" not in native:

@@ -150,6 +150,7 @@ def human_int(text: str) -> int | None:
 
 # Flags whose values servefleet needs (vLLM's argparse accepts --max_num_seqs for --max-num-seqs too).
 ARGS = na.ArgTable(
+    na.Flag(("--model",), "model"),
     na.Flag(("--served-model-name",), "served_model_name", many=True),  # nargs="+": the first name is reported
     na.Flag(("--port",), "port", na.to_int),
     na.Flag(("--host",), "host"),
@@ -194,6 +195,8 @@ class VLLMEngine(EngineProfile):
         command = list(spec.command) or [spec.python, "-m", "vllm.entrypoints.openai.api_server"]
         if command[-1] == "serve":
             argv = [*command, spec.model]
+        elif "model" in native:
+            argv = command
         else:
             argv = [*command, "--model", spec.model]
         if "host" not in native:

@@ -6,8 +6,8 @@ request ``tiny`` and probe 8001. Before a server spec is validated, each field t
 field given in both places with different values is a configuration error naming both -- found
 here, before anything is launched, instead of as a 404 from a healthy server.
 
-Fields and the native facts behind them: ``port`` <- port, ``bind`` <- host, ``served_model_name``
-<- served name, and ``gpus`` against the tensor-parallel size (a server cannot span more GPUs than
+Fields and the native facts behind them: ``model`` <- model, ``port`` <- port, ``bind`` <- host,
+``served_model_name`` <- served name, and ``gpus`` against the tensor-parallel size (a server cannot span more GPUs than
 it is given).
 """
 
@@ -21,7 +21,7 @@ from servefleet.engines.registry import ENGINES, get_engine
 __all__ = ["reconcile_native_args"]
 
 # fleet-file field -> native fact (servefleet.engines.native_args.FIELDS)
-_SAME = (("port", "port"), ("bind", "host"), ("served_model_name", "served_model_name"))
+_SAME = (("model", "model"), ("port", "port"), ("bind", "host"), ("served_model_name", "served_model_name"))
 _USED = {fact for _, fact in _SAME} | {"tensor_parallel_size"}
 
 
