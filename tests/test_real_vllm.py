@@ -27,6 +27,7 @@ from real_engines import (
     VLLM,
     VLLM_ARGS,
     VLLM_ENV,
+    VLLM_SERVED,
     Ctx,
     assert_down_stops_everything,
     cli_json,
@@ -75,8 +76,19 @@ def test_capacity_is_read_from_the_real_log_and_endpoints(vllm: Ctx) -> None:
     assert cap["context_length"] == context
     assert cap["max_concurrency"] == {str(context): kv / context}
     assert cap["engine_version"] == pinned_versions()["vllm"]
-    assert cap["served_model"] == str(vllm.model)
+    assert cap["served_model"] == VLLM_SERVED
     assert cap["source"]["kv_cache_tokens"] in ("log", "endpoint:/metrics")
+
+
+@real
+def test_the_served_name_given_in_args_is_what_servefleet_requests(vllm: Ctx) -> None:
+    """`--served-model-name tiny` only in args (no served_model_name field): the smoke request and
+    the identity check use "tiny", which vLLM lists -- the model path would be a 404."""
+    ready = vllm.run.report["ready"]
+    assert ready["verdict"]["state"] == "ready", ready["verdict"]
+    code, status, err = cli_json("status", "--fleet", str(vllm.run.fleet), timeout=120)
+    states = {s["name"]: s for s in status["servers"]}
+    assert states["ready"]["served_model"] == VLLM_SERVED, states["ready"]
 
 
 @real

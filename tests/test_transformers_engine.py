@@ -71,9 +71,16 @@ def test_a_served_model_name_cannot_be_honoured() -> None:
 
 
 @pytest.mark.parametrize("flag", ["--port", "--host", "--port=9"])
-def test_host_and_port_come_from_the_fleet_not_the_args(flag: str) -> None:
-    with pytest.raises(EngineError, match="remove it from args"):
+def test_a_host_or_port_in_the_args_that_disagrees_with_the_spec_is_refused(flag: str) -> None:
+    with pytest.raises(EngineError, match="disagrees with"):
         TransformersEngine().build_argv(LaunchSpec(model="m", port=1, extra_args=(flag, "9") if "=" not in flag else (flag,)))
+
+
+def test_a_port_in_the_args_is_used_once() -> None:
+    # the fleet loader fills port/bind from the args, so spec and args agree: the flag is not doubled
+    argv = TransformersEngine().build_argv(LaunchSpec(model="m", port=9, host="0.0.0.0", extra_args=("--port=9", "--host", "0.0.0.0")))
+    assert argv[-4:] == ["m", "--port=9", "--host", "0.0.0.0"]
+    assert sum(a.startswith("--port") for a in argv) == 1
 
 
 def test_env_is_unbuffered_and_keeps_the_users_choice() -> None:

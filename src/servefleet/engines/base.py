@@ -8,12 +8,16 @@ from its info endpoint and its log. Adding an engine means adding one module and
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import DEFAULT_HINTS, Category
+from servefleet.engines.native_args import ArgTable, NativeArgs
+from servefleet.errors import EngineError
 
 if TYPE_CHECKING:
     import aiohttp
@@ -97,6 +101,30 @@ class EngineProfile:
     # Engine-native flag names the hints and the fleet layer use (None where there is no such flag).
     memory_flag: ClassVar[str | None] = None
     supports_ignore_eos: ClassVar[bool] = False
+    # The engine-native flags that set facts servefleet depends on (served name, port, host, ...):
+    # read from the user's args, so a vLLM user's own `--served-model-name` is what is requested.
+    arg_table: ClassVar[ArgTable] = ArgTable()
+
+    # ---- engine-native arguments ----------------------------------------------------------------
+    def arg_table_for(self, command: Sequence[str] = ()) -> ArgTable:
+        """The flag table for a launch ``command`` (one engine may run as different programs)."""
+        return self.arg_table
+
+    def native_args(self, args: Sequence[str], command: Sequence[str] = ()) -> NativeArgs:
+        """What the engine-native ``args`` say about the facts servefleet needs; parsed once per
+        distinct argument list."""
+        return _read_args(self.arg_table_for(tuple(command)), tuple(str(a) for a in args))
+
+    def launch_args(self, spec: LaunchSpec) -> NativeArgs:
+        """The native args of a launch; a value that disagrees with the spec is an EngineError (the
+        fleet loader reports such conflicts first, naming the fleet file's field)."""
+        native = self.native_args(spec.extra_args, spec.command)
+        for name, ours in (("model", spec.model or None), ("port", spec.port), ("host", spec.host),
+                           ("served_model_name", spec.served_model_name)):
+            theirs = native.values.get(name)
+            if ours is not None and theirs is not None and str(theirs) != str(ours):
+                raise EngineError(f"{native.spelled[name]!r} in args disagrees with {name} {ours!r}; set it in one place")
+        return native
 
     # ---- launch -------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:
@@ -110,8 +138,9 @@ class EngineProfile:
         return env
 
     def served_name(self, spec: LaunchSpec) -> str:
-        """The model name the server lists in /v1/models (used for identity checks and requests)."""
-        return spec.served_model_name or spec.model
+        """The model name the server lists in /v1/models (used for identity checks and requests):
+        the fleet file's ``served_model_name``, else the engine-native flag in the args, else the model."""
+        return spec.served_model_name or self.native_args(spec.extra_args, spec.command).served_model_name or spec.model
 
     def probe_for(self, spec: LaunchSpec | None) -> Probe:
         return self.probe
@@ -129,3 +158,8 @@ class EngineProfile:
     def smoke_request(self, served_name: str) -> tuple[str, dict[str, Any]]:
         """A one-token request that proves the server answers: (path, JSON body)."""
         return "/v1/completions", {"model": served_name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+
+
+@lru_cache(maxsize=512)
+def _read_args(table: ArgTable, args: tuple[str, ...]) -> NativeArgs:
+    return table.read(args)

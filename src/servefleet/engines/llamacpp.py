@@ -21,13 +21,15 @@ failed: out of memory"), ``common/arg.cpp`` ("error: invalid argument"), llama-c
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
+from servefleet.engines import native_args as na
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
-from servefleet.engines.generic import as_int, build_signatures, first_model, get_json, has_flag, log_capacity
+from servefleet.engines.generic import as_int, build_signatures, first_model, get_json, log_capacity
 
 if TYPE_CHECKING:
     import aiohttp
@@ -100,6 +102,29 @@ OWN_SIGNATURES = (
     S.progress(r"Application startup complete\.|Started server process|Waiting for application startup", "HTTP server starting"),
 )
 
+# Flags whose values servefleet needs. Native llama-server (common/arg.cpp): -c is the context of
+# all slots together (each of the -np slots gets its share unless --kv-unified).
+NATIVE_ARGS = na.ArgTable(
+    na.Flag(("-m", "--model"), "model"),
+    na.Flag(("-a", "--alias"), "served_model_name"),
+    na.Flag(("--port",), "port", na.to_int),
+    na.Flag(("--host",), "host"),
+    na.Flag(("-np", "--parallel"), "max_running_requests", na.to_int),
+    na.Flag(("-c", "--ctx-size"), "context_length", na.to_int),
+    na.Flag(("-md", "--model-draft"), "speculative", key="draft_model"),
+    na.Flag(("--draft-max", "--draft", "--draft-n"), "speculative", na.to_int, key="draft_max"),
+)
+# llama-cpp-python (llama_cpp/server/settings.py: pydantic fields as snake_case flags)
+PYTHON_ARGS = na.ArgTable(
+    na.Flag(("--model",), "model"),
+    na.Flag(("--model_alias",), "served_model_name"),
+    na.Flag(("--port",), "port", na.to_int),
+    na.Flag(("--host",), "host"),
+    na.Flag(("--n_ctx",), "context_length", na.to_int),
+    na.Flag(("--draft_model",), "speculative", key="draft_model"),
+    na.Flag(("--draft_model_num_pred_tokens",), "speculative", na.to_int, key="num_pred_tokens"),
+)
+
 _SLOTS = re.compile(r"initializing slots, n_slots = (\d+)")
 _SLOT_CTX = re.compile(r"new slot,? n_ctx(?:_slot)? = (\d+)")
 _CTX = re.compile(r"\b(?:llama_context|llama_new_context_with_model): n_ctx\s+= (\d+)")
@@ -128,6 +153,10 @@ class LlamaCppEngine(EngineProfile):
     )
     memory_flag: ClassVar[str | None] = "--n-gpu-layers"
     supports_ignore_eos: ClassVar[bool] = False
+    arg_table: ClassVar[na.ArgTable] = NATIVE_ARGS
+
+    def arg_table_for(self, command: Sequence[str] = ()) -> na.ArgTable:
+        return PYTHON_ARGS if is_python_server(list(command)) else NATIVE_ARGS
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:
@@ -135,19 +164,23 @@ class LlamaCppEngine(EngineProfile):
 
         llama.cpp offloads to every visible GPU itself (``CUDA_VISIBLE_DEVICES`` from ``gpus``), so no
         tensor-parallel flag is added; ``-ngl``, ``-c``, ``-np``... go in the extra args untouched."""
+        native = self.launch_args(spec)
         command = list(spec.command) or ["llama-server"]
-        extra = spec.extra_args
         if is_python_server(command):
             if "llama_cpp.server" not in command:
                 command += ["-m", "llama_cpp.server"]
-            argv = [*command, "--model", spec.model, "--host", spec.host, "--port", str(spec.port)]
-            if spec.served_model_name and not has_flag(extra, "--model_alias"):
-                argv += ["--model_alias", spec.served_model_name]
+            argv = [*command] if "model" in native else [*command, "--model", spec.model]
+            alias_flag = "--model_alias"
         else:
-            argv = [*command, "-m", spec.model, "--host", spec.host, "--port", str(spec.port)]
-            if spec.served_model_name and not has_flag(extra, "--alias", "-a"):
-                argv += ["--alias", spec.served_model_name]
-        return argv + list(extra)
+            argv = [*command] if "model" in native else [*command, "-m", spec.model]
+            alias_flag = "--alias"
+        if "host" not in native:
+            argv += ["--host", spec.host]
+        if "port" not in native:
+            argv += ["--port", str(spec.port)]
+        if spec.served_model_name and "served_model_name" not in native:
+            argv += [alias_flag, spec.served_model_name]
+        return argv + list(spec.extra_args)
 
     # ---- log --------------------------------------------------------------------------------------
     def capacity_from_line(self, line: str) -> Capacity | None:

@@ -3,15 +3,19 @@
 servefleet knows nothing engine-specific here: the command runs verbatim (``command`` in the
 fleet file, then ``args``), readiness is the path the user names (``ready_path``, else
 ``/v1/models``), and only the engine-independent signatures apply (CUDA out of memory, port in use,
-import errors, ...). Put ``--port`` etc. in the command yourself: servefleet does not rewrite it.
+import errors, ...). Put ``--port`` etc. in the command yourself: servefleet does not rewrite it,
+but reads the common spellings (``--port``, ``--host``, ``--served-model-name``) from the command
+and the args, so a port there that differs from the fleet file's is caught before launch.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
+from servefleet.engines import native_args as na
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
 from servefleet.engines.generic import as_int, build_signatures, first_model, get_json
 from servefleet.errors import EngineError
@@ -31,6 +35,13 @@ OWN_SIGNATURES = (
                "HTTP server starting"),
 )
 
+# The spellings most OpenAI-compatible servers share (vLLM's, SGLang's, uvicorn apps').
+ARGS = na.ArgTable(
+    na.Flag(("--port",), "port", na.to_int),
+    na.Flag(("--host",), "host"),
+    na.Flag(("--served-model-name",), "served_model_name", many=True),
+)
+
 
 class OpenAIEngine(EngineProfile):
     name: ClassVar[str] = "openai"
@@ -39,11 +50,17 @@ class OpenAIEngine(EngineProfile):
     detect: ClassVar[tuple[re.Pattern[str], ...]] = ()  # anything can be behind it: never guessed
     memory_flag: ClassVar[str | None] = None
     supports_ignore_eos: ClassVar[bool] = False
+    arg_table: ClassVar[na.ArgTable] = ARGS
+
+    def native_args(self, args: Sequence[str], command: Sequence[str] = ()) -> na.NativeArgs:
+        """The user's command carries the server's flags as much as the args do."""
+        return super().native_args([*command, *args], command)
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``command`` verbatim, then the extra args."""
         if not spec.command:
             raise EngineError('the openai engine runs your own command; set command = ["...", "..."] for the server')
+        self.launch_args(spec)  # a --port in the command that is not the fleet file's port: an error
         return [*spec.command, *spec.extra_args]
 
     def probe_for(self, spec: LaunchSpec | None) -> Probe:

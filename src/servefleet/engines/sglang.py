@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
+from servefleet.engines import native_args as na
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
 from servefleet.engines.generic import (
     as_int,
     build_signatures,
     first_model,
     get_json,
-    has_flag,
     log_capacity,
     to_float,
     to_int,
@@ -118,6 +118,24 @@ _SPEC_ARG = re.compile(r"\b(speculative_(?:algorithm|num_steps|eagle_topk|num_dr
                        r"('[^']*'|[\w.]+)")
 _SERVED = re.compile(r"\bserved_model_name='([^']*)'")
 
+# Flags whose values servefleet needs (server_args.py); the speculative keys are server_args' names,
+# as /server_info reports them.
+ARGS = na.ArgTable(
+    na.Flag(("--model-path", "--model"), "model"),
+    na.Flag(("--served-model-name",), "served_model_name"),
+    na.Flag(("--port",), "port", na.to_int),
+    na.Flag(("--host",), "host"),
+    na.Flag(("--tp-size", "--tp", "--tensor-parallel-size"), "tensor_parallel_size", na.to_int),
+    na.Flag(("--max-running-requests",), "max_running_requests", na.to_int),
+    na.Flag(("--mem-fraction-static",), "memory_fraction", na.to_float),
+    na.Flag(("--context-length",), "context_length", na.to_int),
+    na.Flag(("--speculative-algorithm",), "speculative", key="speculative_algorithm"),
+    na.Flag(("--speculative-num-steps",), "speculative", na.to_int, key="speculative_num_steps"),
+    na.Flag(("--speculative-eagle-topk",), "speculative", na.to_int, key="speculative_eagle_topk"),
+    na.Flag(("--speculative-num-draft-tokens",), "speculative", na.to_int, key="speculative_num_draft_tokens"),
+    na.Flag(("--speculative-draft-model-path", "--speculative-draft-model"), "speculative", key="speculative_draft_model_path"),
+)
+
 _SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
               "speculative_num_draft_tokens", "speculative_draft_model_path")
 
@@ -138,6 +156,7 @@ class SGLangEngine(EngineProfile):
     )
     memory_flag: ClassVar[str | None] = "--mem-fraction-static"
     supports_ignore_eos: ClassVar[bool] = True
+    arg_table: ClassVar[na.ArgTable] = ARGS
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:
@@ -145,14 +164,19 @@ class SGLangEngine(EngineProfile):
         [--served-model-name S] EXTRA...``; ``spec.command`` replaces the launcher (e.g.
         ``["sglang", "serve"]`` or another interpreter). Flags the user already passed in the
         extra args are not added twice; extra args are never rewritten."""
+        native = self.launch_args(spec)
         argv = list(spec.command) or [spec.python, "-m", "sglang.launch_server"]
-        argv += ["--model-path", spec.model, "--host", spec.host, "--port", str(spec.port)]
-        extra = spec.extra_args
-        if spec.gpus and len(spec.gpus) > 1 and not has_flag(extra, "--tp-size", "--tp", "--tensor-parallel-size"):
+        if "model" not in native:
+            argv += ["--model-path", spec.model]
+        if "host" not in native:
+            argv += ["--host", spec.host]
+        if "port" not in native:
+            argv += ["--port", str(spec.port)]
+        if spec.gpus and len(spec.gpus) > 1 and "tensor_parallel_size" not in native:
             argv += ["--tp-size", str(len(spec.gpus))]
-        if spec.served_model_name and not has_flag(extra, "--served-model-name"):
+        if spec.served_model_name and "served_model_name" not in native:
             argv += ["--served-model-name", spec.served_model_name]
-        return argv + list(extra)
+        return argv + list(spec.extra_args)
 
     # ---- log --------------------------------------------------------------------------------------
     def capacity_from_line(self, line: str) -> Capacity | None:

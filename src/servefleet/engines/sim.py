@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, ClassVar
 
 from servefleet.capacity import Capacity
+from servefleet.engines import native_args as na
 from servefleet.engines import sglang, vllm
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
 from servefleet.engines.generic import build_signatures, has_flag
@@ -20,6 +21,21 @@ if TYPE_CHECKING:
     import aiohttp
 
 __all__ = ["SimEngine"]
+
+# The simulator's own flags (servefleet.sim.config: each field is --field-name, some with the real
+# engines' names as aliases). Not imported from servefleet.sim: real work never imports the sim.
+ARGS = na.ArgTable(
+    na.Flag(("--model", "--model-path"), "model"),
+    na.Flag(("--served-model-name",), "served_model_name"),
+    na.Flag(("--port",), "port", na.to_int),
+    na.Flag(("--host",), "host"),
+    na.Flag(("--tp", "--tp-size", "--tensor-parallel-size"), "tensor_parallel_size", na.to_int),
+    na.Flag(("--max-running", "--max-running-requests", "--max-num-seqs"), "max_running_requests", na.to_int),
+    na.Flag(("--mem-fraction-static", "--gpu-memory-utilization"), "memory_fraction", na.to_float),
+    na.Flag(("--context-length", "--max-model-len"), "context_length", na.to_int),
+    na.Flag(("--tokens-per-step",), "speculative", na.to_int, key="tokens_per_step"),
+    na.Flag(("--speculative-algorithm",), "speculative", key="speculative_algorithm"),
+)
 
 _SGLANG = sglang.SGLangEngine()
 _VLLM = vllm.VLLMEngine()
@@ -36,18 +52,25 @@ class SimEngine(EngineProfile):
     detect: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"\bservefleet[. ]sim\b"),)
     memory_flag: ClassVar[str | None] = "--kv-tokens"
     supports_ignore_eos: ClassVar[bool] = True
+    arg_table: ClassVar[na.ArgTable] = ARGS
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``python -m servefleet.sim --style sglang --host H --port P --model M [--served-model-name S]
         EXTRA...`` (``--style`` in the extra args replaces the default; ``command`` replaces the
         launcher). The simulator's own options (``--max-running``, ``--kv-tokens``,
         ``--fail-at-startup CATEGORY``...) go in the extra args untouched."""
+        native = self.launch_args(spec)
         argv = list(spec.command) or [spec.python, "-m", "servefleet.sim"]
         extra = spec.extra_args
         if not has_flag(extra, "--style"):
             argv += ["--style", "sglang"]
-        argv += ["--host", spec.host, "--port", str(spec.port), "--model", spec.model]
-        if spec.served_model_name and not has_flag(extra, "--served-model-name"):
+        if "host" not in native:
+            argv += ["--host", spec.host]
+        if "port" not in native:
+            argv += ["--port", str(spec.port)]
+        if "model" not in native:
+            argv += ["--model", spec.model]
+        if spec.served_model_name and "served_model_name" not in native:
             argv += ["--served-model-name", spec.served_model_name]
         return argv + list(extra)
 

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
+from servefleet.engines import native_args as na
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
-from servefleet.engines.generic import as_int, build_signatures, get_json, has_flag, log_capacity
+from servefleet.engines.generic import as_int, build_signatures, get_json, log_capacity
 
 if TYPE_CHECKING:
     import aiohttp
@@ -69,6 +70,19 @@ OWN_SIGNATURES = (
     S.progress(r"Setting max batch total tokens to", "warm-up done"),
 )
 
+# Flags whose values servefleet needs (launcher/src/main.rs, clap: `--x v` and `--x=v`).
+ARGS = na.ArgTable(
+    na.Flag(("--model-id",), "model"),
+    na.Flag(("--served-model-name",), "served_model_name"),  # newer launchers; default: the model id
+    na.Flag(("-p", "--port"), "port", na.to_int),
+    na.Flag(("--hostname",), "host"),
+    na.Flag(("--num-shard",), "tensor_parallel_size", na.to_int),
+    na.Flag(("--max-concurrent-requests",), "max_running_requests", na.to_int),
+    na.Flag(("--cuda-memory-fraction",), "memory_fraction", na.to_float),
+    na.Flag(("--max-total-tokens",), "context_length", na.to_int),
+    na.Flag(("--speculate",), "speculative", na.to_int, key="speculate"),
+)
+
 _MAX_BATCH = re.compile(r"Setting max batch total tokens to (\d+)")
 
 
@@ -82,15 +96,21 @@ class TGIEngine(EngineProfile):
     )
     memory_flag: ClassVar[str | None] = "--cuda-memory-fraction"
     supports_ignore_eos: ClassVar[bool] = False
+    arg_table: ClassVar[na.ArgTable] = ARGS
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``text-generation-launcher --model-id M --hostname H --port P [--num-shard N] EXTRA...``."""
-        argv = [*(spec.command or ("text-generation-launcher",)), "--model-id", spec.model,
-                "--hostname", spec.host, "--port", str(spec.port)]
-        extra = spec.extra_args
-        if spec.gpus and len(spec.gpus) > 1 and not has_flag(extra, "--num-shard"):
+        native = self.launch_args(spec)
+        argv = [*(spec.command or ("text-generation-launcher",))]
+        if "model" not in native:
+            argv += ["--model-id", spec.model]
+        if "host" not in native:
+            argv += ["--hostname", spec.host]
+        if "port" not in native:
+            argv += ["--port", str(spec.port)]
+        if spec.gpus and len(spec.gpus) > 1 and "tensor_parallel_size" not in native:
             argv += ["--num-shard", str(len(spec.gpus))]
-        return argv + list(extra)
+        return argv + list(spec.extra_args)
 
     def capacity_from_line(self, line: str) -> Capacity | None:
         if match := _MAX_BATCH.search(line):

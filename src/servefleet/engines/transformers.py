@@ -34,8 +34,9 @@ from typing import Any, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
+from servefleet.engines import native_args as na
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
-from servefleet.engines.generic import build_signatures, has_flag, log_capacity
+from servefleet.engines.generic import build_signatures, log_capacity
 from servefleet.errors import EngineError
 
 __all__ = ["TransformersEngine", "SERVE_MODULE"]
@@ -107,6 +108,15 @@ OWN_SIGNATURES = (
                "starting HTTP server"),
 )
 
+# Flags whose values servefleet needs (cli/serve.py, typer options). There is no served-name flag:
+# the server is pinned to its force model. --cb-max-memory-percent is the memory share of the KV
+# cache with --continuous-batching.
+ARGS = na.ArgTable(
+    na.Flag(("--port",), "port", na.to_int),
+    na.Flag(("--host",), "host"),
+    na.Flag(("--cb-max-memory-percent",), "memory_fraction", na.to_float),
+)
+
 _LOADING = re.compile(r"(?:^|\s)Loading (\S+?)@([^\s:]+)(?::(\S+\.gguf))?\s*$")
 
 
@@ -120,6 +130,7 @@ class TransformersEngine(EngineProfile):
     )
     memory_flag: ClassVar[str | None] = None  # no memory fraction unless --continuous-batching (--cb-max-memory-percent)
     supports_ignore_eos: ClassVar[bool] = False  # the request schema rejects unknown fields with 422
+    arg_table: ClassVar[na.ArgTable] = ARGS
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:
@@ -134,14 +145,16 @@ class TransformersEngine(EngineProfile):
                 f"transformers serve cannot rename the model (served_model_name={spec.served_model_name!r}); "
                 f"it serves it as {spec.model!r}: drop served_model_name"
             )
-        extra = list(spec.extra_args)
-        for flag in ("--host", "--port"):
-            if has_flag(extra, flag):
-                raise EngineError(f"{flag} is set by servefleet from the server's bind/port fields; remove it from args")
+        native = self.launch_args(spec)
         command = list(spec.command) or [spec.python, "-m", SERVE_MODULE]
         if "serve" not in command:
             command.append("serve")
-        return [*command, spec.model, "--host", spec.host, "--port", str(spec.port), *extra]
+        argv = [*command, spec.model]
+        if "host" not in native:
+            argv += ["--host", spec.host]
+        if "port" not in native:
+            argv += ["--port", str(spec.port)]
+        return [*argv, *spec.extra_args]
 
     def build_env(self, spec: LaunchSpec) -> dict[str, str]:
         """Unbuffered output, so log lines reach the file as they happen (a user's value wins)."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
+from servefleet.engines import native_args as na
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
 from servefleet.engines.generic import (
     as_int,
@@ -30,7 +31,6 @@ from servefleet.engines.generic import (
     first_model,
     get_json,
     get_text,
-    has_flag,
     log_capacity,
     to_float,
     to_int,
@@ -130,6 +130,41 @@ _ARG_INT = re.compile(r"\b'?(max_num_seqs|max_model_len)'?(?:=|: )(\d+)")
 _ARG_NAME = re.compile(r"\b'?served_model_name'?(?:=|: )\[?'([^']+)'")
 # engine config line: "speculative_config=SpeculativeConfig(method='ngram', model=None, num_spec_tokens=4)"
 _SPEC_CONFIG = re.compile(r"speculative_config=SpeculativeConfig\(method='([^']*)', model=(?:'([^']*)'|None), num_spec_tokens=(\d+)\)")
+_HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
+_HUMAN_SCALE = {"": 1, "k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
+
+
+def human_int(text: str) -> int | None:
+    """``--max-model-len`` values: ``16384``, ``16k`` (x1000), ``16K`` (x1024), ``1m``/``1M``; ``auto``
+    or ``-1`` (vLLM derives it from the model) -> None."""
+    if text.strip().lower() in ("auto", "-1"):
+        return None
+    match = _HUMAN_INT.match(text.strip())
+    if not match:
+        raise ValueError("not a whole number (e.g. 16384, 16k or 16K)")
+    value = float(match.group(1)) * _HUMAN_SCALE[match.group(2)]
+    if not value.is_integer():
+        raise ValueError("not a whole number of tokens")
+    return int(value)
+
+
+# Flags whose values servefleet needs (vLLM's argparse accepts --max_num_seqs for --max-num-seqs too).
+ARGS = na.ArgTable(
+    na.Flag(("--model",), "model"),
+    na.Flag(("--served-model-name",), "served_model_name", many=True),  # nargs="+": the first name is reported
+    na.Flag(("--port",), "port", na.to_int),
+    na.Flag(("--host",), "host"),
+    na.Flag(("-tp", "--tensor-parallel-size"), "tensor_parallel_size", na.to_int),
+    na.Flag(("--max-num-seqs",), "max_running_requests", na.to_int),
+    na.Flag(("--gpu-memory-utilization",), "memory_fraction", na.to_float),
+    na.Flag(("--max-model-len",), "context_length", human_int),
+    na.Flag(("--speculative-config", "-sc"), "speculative", na.to_json_object),
+    # before 0.8: separate flags, folded into the same dict under the --speculative-config keys
+    na.Flag(("--speculative-model",), "speculative", key="model"),
+    na.Flag(("--num-speculative-tokens",), "speculative", na.to_int, key="num_speculative_tokens"),
+    underscores=True,
+)
+
 _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -151,24 +186,31 @@ class VLLMEngine(EngineProfile):
     )
     memory_flag: ClassVar[str | None] = "--gpu-memory-utilization"
     supports_ignore_eos: ClassVar[bool] = True
+    arg_table: ClassVar[na.ArgTable] = ARGS
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``python -m vllm.entrypoints.openai.api_server --model M --host H --port P
         [--tensor-parallel-size N] [--served-model-name S] EXTRA...``; with ``command = ["vllm",
-        "serve"]`` the model is positional (``vllm serve M ...``). Extra args are never rewritten."""
+        "serve"]`` the model is positional (``vllm serve M ...``). Extra args are never rewritten;
+        a flag they already carry (``--port``, ``-tp``...) is not added again."""
+        native = self.launch_args(spec)
         command = list(spec.command) or [spec.python, "-m", "vllm.entrypoints.openai.api_server"]
         if command[-1] == "serve":
             argv = [*command, spec.model]
+        elif "model" in native:
+            argv = command
         else:
             argv = [*command, "--model", spec.model]
-        argv += ["--host", spec.host, "--port", str(spec.port)]
-        extra = spec.extra_args
-        if spec.gpus and len(spec.gpus) > 1 and not has_flag(extra, "--tensor-parallel-size", "-tp"):
+        if "host" not in native:
+            argv += ["--host", spec.host]
+        if "port" not in native:
+            argv += ["--port", str(spec.port)]
+        if spec.gpus and len(spec.gpus) > 1 and "tensor_parallel_size" not in native:
             argv += ["--tensor-parallel-size", str(len(spec.gpus))]
-        if spec.served_model_name and not has_flag(extra, "--served-model-name"):
+        if spec.served_model_name and "served_model_name" not in native:
             argv += ["--served-model-name", spec.served_model_name]
-        return argv + list(extra)
+        return argv + list(spec.extra_args)
 
     # ---- log --------------------------------------------------------------------------------------
     def capacity_from_line(self, line: str) -> Capacity | None:

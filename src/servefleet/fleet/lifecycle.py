@@ -216,7 +216,8 @@ async def start_server(item: Launchable, store: StateStore, fleet_name: str) -> 
     holder = await host.port_holder(port)
     if holder is not None:
         who = await _describe_pid(binding, holder.pid)
-        msg = f"port {port} is already in use by {who}; nothing was launched"
+        seen = f" (seen by {holder.evidence})" if holder.evidence else ""
+        msg = f"port {port} is already in use by {who}{seen}; nothing was launched"
         verdict = Verdict(
             state=State.FAILED,
             category=Category.PORT_IN_USE,

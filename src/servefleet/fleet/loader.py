@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from servefleet.errors import ConfigError
+from servefleet.fleet.native import reconcile_native_args
 from servefleet.fleet.spec import LOCAL, FleetSettings, FleetSpec, HostSpec, ServerDefaults, ServerSpec
 
 __all__ = ["load_fleet_file", "parse_fleet"]
@@ -143,6 +144,10 @@ def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
         if isinstance(raw.get("name"), str):
             who += f' "{raw["name"]}"'
         merged, from_defaults = _merge(defaults, raw)
+        merged, conflicts = reconcile_native_args(merged, from_defaults)  # --port etc. in args
+        if conflicts:
+            problems += [f"{who}: {m}" for m in conflicts]
+            continue
         try:
             servers.append(ServerSpec(**merged))
         except ValidationError as exc:

@@ -31,6 +31,9 @@ Server fields: ``name``, ``engine``, ``model``, ``port``, ``host`` (default ``"l
 ``command`` (the ``openai`` engine's own command, or an override), ``ready_path`` and ``python``
 (the interpreter for engines started as ``python -m ...``; on the local host it defaults to the
 one running servefleet). ``[hosts.NAME]`` tables describe SSH hosts (see ``HostSpec``).
+``port``, ``bind`` and ``served_model_name`` may be given the engine's way in ``args`` instead
+(``--port``, ``--host``, ``--served-model-name``...); a value in both places must agree
+(``servefleet.fleet.native``).
 
 The loader (``servefleet.fleet.loader``) reports every error with the file, the server (by index and name) and the field, e.g.
 ``fleet.toml: servers[1] "plain": port: must be between 1 and 65535``; unknown fields are

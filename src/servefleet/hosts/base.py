@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 __all__ = ["CommandResult", "PortHolder", "Host", "UnitHost", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated"]
@@ -24,10 +24,14 @@ class CommandResult:
 
 @dataclass(frozen=True)
 class PortHolder:
-    """The process listening on a port (pid may be None when the OS hides it from us)."""
+    """The process listening on a port (pid may be None when the OS hides it from us).
+
+    ``evidence``: how it was found ("psutil", "/proc/net/tcp", "ss -ltnp", "bind test"), for
+    verdicts to say what they rest on; not part of equality."""
 
     pid: int | None
     pgid: int | None
+    evidence: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

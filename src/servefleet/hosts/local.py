@@ -11,6 +11,7 @@ import psutil
 
 from servefleet.errors import CommandError, HostError
 from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
+from servefleet.hosts.local_ports import port_holder_fallback
 
 __all__ = ["LocalHost"]
 
@@ -183,8 +184,10 @@ class LocalHost:
     def _port_holder(port: int) -> PortHolder | None:
         try:
             conns = psutil.net_connections(kind="tcp")
-        except psutil.AccessDenied:  # pragma: no cover - non-root on some systems
-            conns = []
+        except psutil.AccessDenied:
+            # Not "nobody listens": that would switch off the pre-launch port check and the
+            # identity check wherever the socket table needs privileges. Ask /proc, ss, a bind.
+            return port_holder_fallback(port)
         for conn in conns:
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
                 pgid = None
@@ -193,7 +196,7 @@ class LocalHost:
                         pgid = os.getpgid(conn.pid)
                     except ProcessLookupError:
                         continue
-                return PortHolder(conn.pid, pgid)
+                return PortHolder(conn.pid, pgid, evidence="psutil")
         return None
 
     async def url_for(self, port: int, bind_host: str = "127.0.0.1") -> str:

@@ -202,7 +202,8 @@ class Prober:
             if holder is not None and holder.pgid is not None:
                 if holder.pgid == self.pgid:
                     return True, ""
-                return False, f"port {self.port} is held by pid {holder.pid} (process group {holder.pgid}), not by process group {self.pgid}"
+                seen = f", seen by {holder.evidence}" if holder.evidence else ""
+                return False, f"port {self.port} is held by pid {holder.pid} (process group {holder.pgid}{seen}), not by process group {self.pgid}"
             # Nobody visible listens (a socket in another namespace, or ours just closed): the
             # served model, when known, decides.
         if self.served_model:
