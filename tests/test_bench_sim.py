@@ -75,7 +75,7 @@ async def test_throughput_and_latency_agree_with_the_model(sim_factory) -> None:
     sim = sim_factory(**TIMED)
     model = SimConfig(**TIMED)
     out = 8
-    cfg = BenchConfig(concurrency=[2, 8, 16], requests=16, input_len=64, output_len=out, api="completions")
+    cfg = BenchConfig(concurrency=[2, 8, 16], requests=16, input_len=64, output_len=out, api="completions", stream=True)
     # Up to three runs: a busy 2-core CI machine can only slow the sim's steps and the client down,
     # so a run that is slow against the model is repeated; anything wrong or too fast fails at once.
     # max running requests known, as a fleet's state gives it (vLLM's endpoints do not say it): saturation is
@@ -103,7 +103,7 @@ async def test_speculative_chunks_give_per_token_itl_and_exact_counts(sim_factor
     spec = dict(TIMED, timing="knee", tokens_per_step=4, decode_ms=12.0, decode_ms_per_running=0.0, prefill_ms_per_1k_tokens=0.0)
     sim = sim_factory(**spec)
     out = 33  # 1 (prefill) + 8 steps of 4 tokens
-    cfg = BenchConfig(concurrency=[2], requests=8, input_len=16, output_len=out)
+    cfg = BenchConfig(concurrency=[2], requests=8, input_len=16, output_len=out, stream=True)
     (p,) = (await run_bench(BenchTarget(base_url=sim.url), cfg)).points
     assert p.output_tokens == 8 * out  # from usage, not from counting chunks
     # 9 steps per request; on a busy machine two steps can land in one socket read (one chunk).

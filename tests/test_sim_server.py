@@ -145,7 +145,8 @@ def _parse_metrics(text: str) -> dict[str, float]:
         elif line and not line.startswith("#"):
             name_labels, value = line.rsplit(" ", 1)
             name = name_labels.split("{", 1)[0]
-            assert name in typed, f"sample {name} without a TYPE line"
+            family = next((name[: -len(x)] for x in ("_bucket", "_sum", "_count") if name.endswith(x) and name[: -len(x)] in typed), name)
+            assert family in typed, f"sample {name} without a TYPE line"  # a histogram's samples: under its family
             values[name] = float(value)
     return values
 

@@ -84,7 +84,10 @@ def bench(
     dataset: Annotated[Optional[Path], typer.Option("--dataset", help="JSONL/Parquet of real prompts (prompt|text|messages[, max_tokens]).")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Local tokenizer folder for exact prompt lengths (default: the server's /tokenize).")] = None,
     api: Annotated[str, typer.Option("--api", help="chat or completions.")] = "chat",
-    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Stream responses (needed for TTFT and ITL).")] = True,
+    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Stream the answers. Default: no, the way a batch job runs "
+                                         "(a server's API process can cap streamed throughput far below what it generates); "
+                                         "TTFT/TPOT then come from the engine's /metrics histograms. --stream: client-side "
+                                         "latency, for latency work.")] = False,
     ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly --output-len tokens (default: where the engine supports it).")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature to send.")] = None,
     extra_body: Annotated[Optional[str], typer.Option("--extra-body", help="JSON object merged into every request body.")] = None,
@@ -162,7 +165,8 @@ def bench(
     for target in targets:
         if not quiet:
             err.print(f"[bold]bench[/] {target.label or target.base_url}: {len(levels)} points, "
-                      f"{'%d requests' % requests if requests else '%gs' % duration} each, {n_workers} client process(es)")
+                      f"{'%d requests' % requests if requests else '%gs' % duration} each, "
+                      f"{'streaming' if stream else 'non-streaming'}, {n_workers} client process(es)")
         try:
             with asyncio.Runner(loop_factory=loop_factory()) as runner:  # asyncio, or SERVEFLEET_EVENT_LOOP=uvloop
                 run = runner.run(run_bench(

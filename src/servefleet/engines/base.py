@@ -18,7 +18,7 @@ from servefleet.catalog import DEFAULT_HINTS, Category
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "Probe"]
+__all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "Probe"]
 
 
 class SignalKind(StrEnum):
@@ -62,6 +62,18 @@ class Signature:
 
 
 @dataclass(frozen=True)
+class LatencyMetrics:
+    """Names of the latency histograms (seconds) an engine publishes on ``/metrics``, each a list of
+    names to try in order (releases rename them). ``bench`` reads them around a point, so a
+    non-streaming point still gets the engine's own TTFT and TPOT."""
+
+    ttft: tuple[str, ...] = ()
+    tpot: tuple[str, ...] = ()  # per request: (end - first token) / (tokens - 1)
+    itl: tuple[str, ...] = ()  # per decode iteration of each request
+    e2e: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Probe:
     """An HTTP readiness probe: GET each path in order; the first that answers 2xx proves readiness.
     A 404 on one path moves on to the next (older versions lack newer endpoints)."""
@@ -97,6 +109,7 @@ class EngineProfile:
     # Engine-native flag names the hints and the fleet layer use (None where there is no such flag).
     memory_flag: ClassVar[str | None] = None
     supports_ignore_eos: ClassVar[bool] = False
+    latency_metrics: ClassVar[LatencyMetrics | None] = None  # None: no latency histograms on /metrics
 
     # ---- launch -------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:

@@ -21,7 +21,35 @@ from dataclasses import dataclass
 from servefleet.sim.config import SimConfig
 from servefleet.sim.timing import tokens_after
 
-__all__ = ["EventPipe", "SimRequest", "Scheduler", "Stats", "StepInfo"]
+__all__ = ["EventPipe", "Histogram", "SimRequest", "Scheduler", "Stats", "StepInfo"]
+
+# vLLM 0.32's default buckets (vllm/v1/metrics/buckets.py), seconds.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+                   960.0, 1920.0, 7680.0)
+
+
+class Histogram:
+    """A Prometheus histogram: per-bucket counts (not cumulative here), sum and count."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        i = 0
+        while i < len(self.bounds) and value > self.bounds[i]:
+            i += 1
+        self.counts[i] += n
+        self.sum += value * n
+        self.count += n
+
 
 
 class SimRequest:
@@ -78,6 +106,23 @@ class Stats:
 
     def __post_init__(self) -> None:
         self._samples: deque[tuple[float, int]] = deque(maxlen=64)
+        # Request latencies as the engine sees them (from arrival; engine-side times, so a streamed
+        # request's wait in the API process is not in them).
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.tpot = Histogram(ITL_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(LATENCY_BUCKETS)
+
+    def observe_finished(self, req: "SimRequest", now: float) -> None:
+        first = req.first_token_at
+        self.e2e.observe(now - req.arrived)
+        if first is None:
+            return
+        self.ttft.observe(first - req.arrived)
+        if req.generated > 1:
+            self.tpot.observe((now - first) / (req.generated - 1))
+        if req.decode_steps:
+            self.itl.observe((now - first) / req.decode_steps, req.decode_steps)
 
     def sample(self, now: float) -> None:
         if not self._samples or now - self._samples[-1][0] >= 0.25:
@@ -317,6 +362,7 @@ class Scheduler:
             self.kv_reserved -= req.reserve
             used -= req.prompt_tokens + req.generated
             stats.requests_finished += 1
+            stats.observe_finished(req, now)
             w = req.waiter
             if w is not None and not w.done():
                 w.set_result(None)
