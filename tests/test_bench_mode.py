@@ -192,3 +192,34 @@ async def test_streaming_on_the_realistic_sim_is_capped_by_the_api_process(sim) 
     for p in run.points:
         assert p.latency_source["ttft"] == "client" and p.ttft_ms.n == 64
         assert p.output_tokens_per_s_span <= 1.1 * cap, (p.concurrency, p.output_tokens_per_s_span, cap)
+
+
+def test_plan_takes_a_points_steady_rate_and_inverts_the_rest(tmp_path: Path) -> None:
+    from servefleet.bench.result import SteadyWindow
+    from servefleet.plan.runs import curve_from_run
+
+    path = _run(tmp_path / "r.json", False, [(8, 100.0), (32, 300.0)], "r")
+    run = load_run(path)
+    # The 32 point: 30 s of 1000 answers, its steady part read 360 tok/s (the span mixes in ramp and drain).
+    run.points[1] = run.points[1].model_copy(update={
+        "requests": 1000, "successful": 1000, "duration_s": 30.0, "output_tokens": 9000, "output_tokens_per_s": 360.0,
+        "steady": SteadyWindow(start_s=2.0, end_s=28.0, output_tokens=9360.0, output_tokens_per_s=360.0, steady=True)})
+    save_run(run, path)
+    curve = curve_from_run(path).curve
+    assert curve.total(32) == 360.0  # measured steady, taken as is
+    assert curve.total(8) == pytest.approx(100.0, rel=0.01)  # a 1000 s point: the drain model changes little
+    run.points[1] = run.points[1].model_copy(update={"steady": run.points[1].steady.model_copy(update={"steady": False})})
+    save_run(run, path)
+    assert curve_from_run(path).curve.total(32) != 360.0  # a short window is not trusted: inverted from the span
+
+
+async def test_without_histograms_a_small_streamed_sample_gives_latency(sim) -> None:
+    """An engine whose profile names no latency histograms (llama.cpp's): a few streamed requests beside the
+    load measure TTFT/TPOT; they are not counted in the point's requests or rate."""
+    cfg = BenchConfig(concurrency=[4], requests=40, input_len=16, output_len=24, api="completions", warmup=4)
+    run = await run_bench(BenchTarget(base_url=sim.url, engine="llamacpp"), cfg)
+    (p,) = run.points
+    assert any("streamed requests sent one at a time" in n for n in run.notes)
+    assert p.successful == 40 and p.output_tokens == 40 * 24 and p.chunks_per_request is None
+    assert p.latency_source["ttft"].startswith("client:streamed sample of ") and 1 <= p.ttft_ms.n <= 8
+    assert p.tpot_ms.mean is not None and p.tpot_ms.mean > 0 and p.server_latency is None

@@ -35,6 +35,7 @@ import psutil
 from servefleet import __version__
 from servefleet.bench.client import EndpointConfig, OpenAIBackend, PreparedRequest, RequestRecord
 from servefleet.bench.histograms import first_histogram
+from servefleet.bench.latency_sample import SAMPLE_REQUESTS, StreamedSample
 from servefleet.bench.loadgen import ShareJob, split_share
 from servefleet.bench.metrics import summarize
 from servefleet.bench.pool import InProcessRunner, ProcessRunner, Runner, Share, loop_factory
@@ -324,9 +325,12 @@ async def run_bench(
             runner = ProcessRunner(endpoint, math.ceil(max_load / workers) + 1 if max_load else 0, workers)
         watcher = ServerWatcher(base, session)
         latency_names = _latency_metrics(engine)
-        if not config.stream and latency_names is None:
-            note(f"engine {engine or 'unknown'} publishes no latency histograms servefleet knows: non-streaming points "
-                 "have no TTFT/TPOT (run again with --stream for latency)")
+        sample_bodies = encode_bodies(prompts[:SAMPLE_REQUESTS], api=config.api, model=model, stream=True,
+                                      options={**options, "stream_options": {"include_usage": True}})
+        use_sample = not config.stream and latency_names is None
+        if use_sample:
+            note(f"engine {engine or 'unknown'} publishes no latency histograms servefleet knows: TTFT/TPOT of each "
+                 f"point from {SAMPLE_REQUESTS} streamed requests sent one at a time beside its load")
         points: list[Point] = []
         await runner.start()
         try:
@@ -339,13 +343,17 @@ async def run_bench(
                 shares = _shares(run_config, level, runner.workers, chunk[warm_n:], warm, index)
                 before = await watcher.scrape()
                 warm_metrics: dict[str, float] = {}
+                sample = StreamedSample(endpoint, sample_bodies) if use_sample else None
 
                 async def after_warmup() -> None:
                     warm_metrics.update(await watcher.scrape_metrics())
                     psutil.cpu_percent(None)
                     watcher.start_sampling()
+                    if sample is not None:
+                        sample.start()
 
                 records, loads = await runner.run_point(shares, on_warm=after_warmup)
+                sampled = await sample.stop() if sample is not None else []
                 host_cpu = psutil.cpu_percent(None)
                 samples = await watcher.stop_sampling()
                 sample_times = list(watcher.sample_times)
@@ -362,7 +370,12 @@ async def run_bench(
                     gen = [(t, v) for t, v in zip(sample_times, (_gen_tokens(s) for s in samples)) if v is not None]
                     window.server_output_tokens_per_s = counter_rate(gen, t0 + window.start_s, t0 + window.end_s)
                 server_latency = _server_latency(latency_names, warm_metrics, after.metrics)
-                fields.update(_latencies(fields, server_latency, streamed=config.stream))
+                fields.update(_latencies(fields, server_latency, streamed=config.stream,
+                                         sample=summarize(sampled).fields() if sampled else None))
+                if not config.stream and server_latency is None and not use_sample:
+                    use_sample = True  # the profile names histograms this server does not publish
+                    note(f"no latency histograms on {base}/metrics: TTFT/TPOT of the next points from "
+                         f"{SAMPLE_REQUESTS} streamed requests beside the load")
                 point = Point(
                     concurrency=(config.max_concurrency if config.mode == "rate" else int(level)),
                     request_rate=float(level) if config.mode == "rate" else None,
@@ -432,15 +445,21 @@ def _server_latency(names: LatencyMetrics | None, warm: dict[str, float], after:
     return out if out.metrics else None
 
 
-def _latencies(fields: dict[str, Any], server: ServerLatency | None, *, streamed: bool) -> dict[str, Any]:
+def _latencies(fields: dict[str, Any], server: ServerLatency | None, *, streamed: bool,
+               sample: dict[str, Any] | None = None) -> dict[str, Any]:
     """TTFT/TPOT/ITL of a point and where each came from: the client's own timing when it streamed,
-    else the engine's histograms (TPOT from ITL's mean when the engine has no per-request TPOT)."""
+    else the engine's histograms (TPOT from ITL's mean when the engine has no per-request TPOT),
+    else a small streamed sample sent beside the load."""
     source: dict[str, str] = {}
     out: dict[str, Any] = {"latency_source": source}
     for key in ("ttft", "tpot", "itl"):
         client: Stat = fields[f"{key}_ms"]
         if streamed and client.n:
             source[key] = "client"
+            continue
+        if not streamed and server is None and sample is not None and sample[f"{key}_ms"].n:
+            out[f"{key}_ms"] = sample[f"{key}_ms"]
+            source[key] = f"client:streamed sample of {sample['successful']}"
             continue
         got = getattr(server, f"{key}_ms", None) if server is not None else None
         metric = server.metrics.get(key) if server is not None else None
