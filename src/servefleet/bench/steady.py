@@ -3,8 +3,7 @@
 A closed-loop point starts its users together: the first wave of answers is a synchronised batch
 (every prefill at once) until the first ``concurrency`` answers are back -- the ramp. Once the last
 request has gone out, the ones in flight finish at falling concurrency -- the drain. Tokens over
-first start to last end mix both into the rate, more so the shorter the point (on the H200, 6 s
-streaming points read 21.7k tok/s at C=64, 30 s points 18.4k). The window here runs from the ``concurrency``-th answer to the
+first start to last end mix both into the rate, more so the shorter the point. The window here runs from the ``concurrency``-th answer to the
 last request's start (rate mode: from one median request lifetime in).
 
 Client side, each answer's tokens are spread evenly over its lifetime and the window's share is

@@ -75,7 +75,10 @@ def bench(
     request_rate: Annotated[Optional[str], typer.Option("--request-rate", help="Poisson request-rate sweep (req/s), e.g. 1,2,4.")] = None,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="In-flight cap in request-rate mode.")] = None,
     requests: Annotated[Optional[int], typer.Option("--requests", "-n", help="Measured requests per point.")] = None,
-    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds per point (instead of --requests).")] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds per point (instead of --requests). The rate is taken "
+                                                    "from the point's steady part (after the first wave of answers, before the "
+                                                    "drain), flagged when under 2 request lifetimes: give it several lifetimes "
+                                                    "(benchmarks/bench_modes.py measures how long).")] = None,
     warmup: Annotated[Optional[int], typer.Option("--warmup", help="Unmeasured warm-up requests per point (default: one per connection).")] = None,
     input_len: Annotated[int, typer.Option("--input-len", help="Prompt tokens of random prompts.")] = 128,
     output_len: Annotated[Optional[int], typer.Option("--output-len", help="Output tokens (max_tokens) per request.")] = None,
