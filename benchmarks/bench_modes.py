@@ -217,6 +217,8 @@ def main() -> None:
     finally:
         stop(proc)
     result["host"]["load_avg_at_end"] = os.getloadavg()
+    if args.engine == "sim":
+        add_theory(result)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"bench_modes_{args.engine}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -224,13 +226,33 @@ def main() -> None:
     print(f"wrote {out}")
 
 
+def add_theory(r: dict[str, Any]) -> None:
+    """The sim's closed-form figures beside the measured ones (servefleet.sim.theory; bench's prompts
+    are counted by the sim's tokenizer, so the measured mean prompt length is used)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from servefleet.sim.config import SimConfig  # noqa: PLC0415
+    from servefleet.sim.theory import best_concurrency, theoretical_output_tokens_per_s  # noqa: PLC0415
+
+    s = r["settings"]
+    cfg = SimConfig(max_running=s["max_running"])
+    prompt, out = s["input_len"], s["output_len"]
+    for mode in ("non-streaming", "streaming"):
+        for p in r[mode]["points"]:
+            p["theory_output_tokens_per_s"] = round(theoretical_output_tokens_per_s(
+                cfg, p["concurrency"], prompt_tokens=prompt, output_tokens=out, stream=mode == "streaming"), 1)
+    r["theory"] = {"best_concurrency_non_streaming": best_concurrency(cfg, prompt_tokens=prompt, output_tokens=out),
+                   "api_events_per_s": cfg.steps.api_events_per_s, "peak_batch": cfg.steps.peak_batch}
+
+
 def table(r: dict[str, Any]) -> str:
     lines = [f"bench_modes on {r['engine']} ({r['server']['engine']})", "",
              "| concurrency | non-streaming tok/s (span) | streaming tok/s (span) | streaming / non-streaming |", "|---|---|---|---|"]
     for a, b in zip(r["non-streaming"]["points"], r["streaming"]["points"]):
+        theory = (f" theory {a['theory_output_tokens_per_s']:,.0f} / {b['theory_output_tokens_per_s']:,.0f}"
+                  if "theory_output_tokens_per_s" in a else "")
         lines.append(f"| {a['concurrency']} | {a['output_tokens_per_s']:,.0f} ({a['output_tokens_per_s_span']:,.0f}) | "
                      f"{b['output_tokens_per_s']:,.0f} ({b['output_tokens_per_s_span']:,.0f}) | "
-                     f"{b['output_tokens_per_s'] / a['output_tokens_per_s']:.2f} |")
+                     f"{b['output_tokens_per_s'] / a['output_tokens_per_s']:.2f}{theory} |")
     lines += ["", "| concurrency | non-streaming again, after the job / before |", "|---|---|"]
     lines += [f"| {a['concurrency']} | {a.get('repeat_ratio')} |" for a in r["non-streaming"]["points"]]
     lines += ["", "| plan from | concurrency | predicted makespan s | generate measured s | error |", "|---|---|---|---|---|"]
