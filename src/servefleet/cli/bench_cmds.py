@@ -77,8 +77,10 @@ def bench(
     requests: Annotated[Optional[int], typer.Option("--requests", "-n", help="Measured requests per point.")] = None,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds per point (instead of --requests). The rate is taken "
                                                     "from the point's steady part (after the first wave of answers, before the "
-                                                    "drain), flagged when under 2 request lifetimes: give it several lifetimes "
-                                                    "(benchmarks/bench_modes.py measures how long).")] = None,
+                                                    "drain), flagged when under 2 request lifetimes. Give it 5 or more lifetimes: "
+                                                    "on the sim 5 s points (10 lifetimes) read within 0.5% of 20 s ones "
+                                                    "(benchmarks/results/bench_modes.md); at 256 output tokens and C=512 on an "
+                                                    "H200 a lifetime is ~4.5 s, so 25 s.")] = None,
     warmup: Annotated[Optional[int], typer.Option("--warmup", help="Unmeasured warm-up requests per point (default: one per connection).")] = None,
     input_len: Annotated[int, typer.Option("--input-len", help="Prompt tokens of random prompts.")] = 128,
     output_len: Annotated[Optional[int], typer.Option("--output-len", help="Output tokens (max_tokens) per request.")] = None,
