@@ -185,7 +185,7 @@ async def test_non_streamed_answer(fake_server) -> None:
 async def test_run_bench_drops_refused_options_and_counts_errors(fake_server) -> None:
     app, base = fake_server
     app["strict"] = True  # refuses continuous_usage_stats with 400, like a strict server
-    cfg = BenchConfig(concurrency=[1, 4], requests=8, input_len=16, output_len=20, warmup=2)
+    cfg = BenchConfig(concurrency=[1, 4], requests=8, input_len=16, output_len=20, warmup=2, stream=True)
     run = await run_bench(BenchTarget(base_url=base, label="fake"), cfg)
     Run.model_validate_json(run.model_dump_json())  # round-trips through the schema
     assert run.target.model == "fake-model"

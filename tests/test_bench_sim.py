@@ -52,19 +52,21 @@ def _slow_against_the_model(run, model: SimConfig, out: int) -> list[str]:
         assert p.errors == 0 and p.successful == 16 and p.output_tokens == 16 * out
         assert p.token_sources == {"usage": 16}
         prompt = round(p.input_tokens / p.successful)
-        theory = steady_state(model, p.concurrency, prompt_tokens=prompt, output_tokens=out)
+        theory = steady_state(model, p.concurrency, prompt_tokens=prompt, output_tokens=out, stream=True)
         assert p.output_tokens_per_s <= theory.output_tokens_per_s * 1.1, (p.concurrency, p.output_tokens_per_s, theory)
-        assert p.itl_ms.p50 >= theory.step_ms * 0.65, (p.concurrency, p.itl_ms.p50, theory)
+        assert p.itl_ms.p50 >= theory.itl_ms * 0.65, (p.concurrency, p.itl_ms.p50, theory)
         # Closed-loop turnaround costs up to one step per request below saturation (theory.py).
         low = theory.output_tokens_per_s * (1 - 1 / (theory.steps + 1)) * 0.75
         if p.output_tokens_per_s < low:
             misses.append(f"c={p.concurrency}: {p.output_tokens_per_s:.1f} tok/s < {low:.1f}")
-        if p.itl_ms.p50 > theory.step_ms * 1.35:
-            misses.append(f"c={p.concurrency}: ITL p50 {p.itl_ms.p50:.1f} ms > 1.35 x {theory.step_ms:.1f}")
+        if p.itl_ms.p50 > theory.itl_ms * 1.35:
+            misses.append(f"c={p.concurrency}: ITL p50 {p.itl_ms.p50:.1f} ms > 1.35 x {theory.itl_ms:.1f}")
     two, eight, sixteen = run.points
     if not sixteen.ttft_ms.p90 > 3 * eight.ttft_ms.p90:
         misses.append(f"TTFT p90 at 16 ({sixteen.ttft_ms.p90:.0f} ms) not > 3 x at 8 ({eight.ttft_ms.p90:.0f} ms)")
-    if sixteen.achieved_concurrency != pytest.approx(16, rel=0.25):
+    # 16 requests at once through 8 slots, in realistic timing behind the API process's events: the
+    # last ones run with fewer in flight (drain), about 12 of 16 on average.
+    if sixteen.achieved_concurrency != pytest.approx(16, rel=0.3):
         misses.append(f"achieved concurrency {sixteen.achieved_concurrency:.1f} at 16")
     return misses
 
@@ -73,7 +75,7 @@ async def test_throughput_and_latency_agree_with_the_model(sim_factory) -> None:
     sim = sim_factory(**TIMED)
     model = SimConfig(**TIMED)
     out = 8
-    cfg = BenchConfig(concurrency=[2, 8, 16], requests=16, input_len=64, output_len=out, api="completions")
+    cfg = BenchConfig(concurrency=[2, 8, 16], requests=16, input_len=64, output_len=out, api="completions", stream=True)
     # Up to three runs: a busy 2-core CI machine can only slow the sim's steps and the client down,
     # so a run that is slow against the model is repeated; anything wrong or too fast fails at once.
     # max running requests known, as a fleet's state gives it (vLLM's endpoints do not say it): saturation is
@@ -96,10 +98,12 @@ async def test_throughput_and_latency_agree_with_the_model(sim_factory) -> None:
 
 
 async def test_speculative_chunks_give_per_token_itl_and_exact_counts(sim_factory) -> None:
-    spec = dict(TIMED, tokens_per_step=4, decode_ms=12.0, decode_ms_per_running=0.0, prefill_ms_per_1k_tokens=0.0)
+    # Knee timing: a constant 12 ms step, so the per-token gap is known exactly (what is under test is
+    # spreading a chunk's gap over its tokens, not the step model).
+    spec = dict(TIMED, timing="knee", tokens_per_step=4, decode_ms=12.0, decode_ms_per_running=0.0, prefill_ms_per_1k_tokens=0.0)
     sim = sim_factory(**spec)
     out = 33  # 1 (prefill) + 8 steps of 4 tokens
-    cfg = BenchConfig(concurrency=[2], requests=8, input_len=16, output_len=out)
+    cfg = BenchConfig(concurrency=[2], requests=8, input_len=16, output_len=out, stream=True)
     (p,) = (await run_bench(BenchTarget(base_url=sim.url), cfg)).points
     assert p.output_tokens == 8 * out  # from usage, not from counting chunks
     # 9 steps per request; on a busy machine two steps can land in one socket read (one chunk).

@@ -178,14 +178,21 @@ def test_bench_against_real_vllm(vllm: Ctx) -> None:
                                "--requests", "8", "--input-len", "32", "--output-len", "16", "--out", str(out), timeout=500)
     assert code == 0, err
     run = json.loads(out.read_text())
+    # Non-streaming by default, the way a job runs; latency from vLLM's own /metrics histograms.
+    assert run["measured_mode"] == "non-streaming" and run["config"]["stream"] is False
     points = {p["concurrency"]: p for p in run["points"]}
     assert sorted(points) == [1, 4]
     for point in points.values():
         assert point["requests"] == 8 and point["errors"] == 0, point
-        assert point["output_tokens_per_s"] > 0 and point["ttft_ms"]["p50"] > 0
-        assert point["e2e_ms"]["p50"] >= point["ttft_ms"]["p50"]
+        assert point["chunks_per_request"] is None  # answered whole
+        assert point["latency_source"]["ttft"] == "server:vllm:time_to_first_token_seconds", point["latency_source"]
+        assert point["latency_source"]["tpot"].startswith("server:vllm:"), point["latency_source"]
+        # exactly the 8 measured requests: the warm-up was scraped out of the histograms
+        assert point["ttft_ms"]["n"] == 8 and point["server_latency"]["e2e_ms"]["n"] == 8
+        assert point["output_tokens_per_s"] > 0 and point["ttft_ms"]["mean"] > 0 and point["tpot_ms"]["mean"] > 0
+        assert point["e2e_ms"]["mean"] >= point["ttft_ms"]["mean"]
     # vLLM honours ignore_eos: every request produced exactly --output-len tokens
-    assert points[4]["output_tokens_per_s"] * points[4]["duration_s"] == pytest.approx(8 * 16, rel=0.01)
+    assert points[4]["output_tokens_per_s_span"] * points[4]["duration_s"] == pytest.approx(8 * 16, rel=0.01)
 
 
 @real

@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 
 from servefleet.sim import SimConfig, steady_state, steps_per_request, theoretical_output_tokens_per_s
 from servefleet.sim.cli_args import parse_args, parse_config
+from servefleet.sim.theory import best_concurrency
+from servefleet.sim.timing import H200_VLLM
 from servefleet.sim.openai_api import ApiError, parse_job
 from servefleet.sim.scheduler import Scheduler, SimRequest, Stats
 from servefleet.sim.tokens import TextBank, count_tokens, render_chat, token_ids
@@ -20,7 +22,7 @@ from servefleet.sim.tokens import TextBank, count_tokens, render_chat, token_ids
 
 # ---- formula --------------------------------------------------------------------------------------
 def test_formula_matches_hand_computation() -> None:
-    cfg = SimConfig(decode_ms=20, decode_ms_per_running=2, prefill_ms_per_1k_tokens=50, max_running=64)
+    cfg = SimConfig(timing="knee", decode_ms=20, decode_ms_per_running=2, prefill_ms_per_1k_tokens=50, max_running=64)
     # C=8, P=200, N=30: S=30 steps of 20+2*8=36 ms, plus 8 prefills of 10 ms -> 1160 ms per 8 requests.
     assert theoretical_output_tokens_per_s(cfg, 8, prompt_tokens=200, output_tokens=30) == pytest.approx(8 * 30 / 1.160)
     s = steady_state(cfg, 1, prompt_tokens=200, output_tokens=30)
@@ -43,7 +45,7 @@ def test_speculative_steps_and_caps() -> None:
 
 
 def test_knee_per_request_falls_total_plateaus() -> None:
-    cfg = SimConfig(decode_ms=10, decode_ms_per_running=0.5, prefill_ms_per_1k_tokens=20, max_running=256)
+    cfg = SimConfig(timing="knee", decode_ms=10, decode_ms_per_running=0.5, prefill_ms_per_1k_tokens=20, max_running=256)
     states = [steady_state(cfg, c, prompt_tokens=128, output_tokens=256) for c in (1, 4, 16, 64, 256)]
     per_req = [s.per_request_tokens_per_s for s in states]
     totals = [s.output_tokens_per_s for s in states]
@@ -51,6 +53,121 @@ def test_knee_per_request_falls_total_plateaus() -> None:
     assert totals == sorted(totals)
     assert totals[-1] < 1000 / 0.5  # below the asymptote k * 1000 / decode_ms_per_running
     assert totals[-1] / totals[-2] < 1.5 < totals[1] / totals[0]  # gains shrink: the knee
+
+
+def test_realistic_throughput_peaks_below_max_running_and_declines() -> None:
+    cfg = SimConfig()  # the default: realistic timing, max running 64, peak at half of it
+    assert cfg.timing == "realistic" and cfg.resolved_peak_batch == 32
+    assert best_concurrency(cfg, prompt_tokens=128, output_tokens=256) == 32 < cfg.max_running
+    tps = {c: theoretical_output_tokens_per_s(cfg, c, prompt_tokens=128, output_tokens=256) for c in (1, 8, 16, 32, 48, 64, 128)}
+    assert tps[1] < tps[8] < tps[16] < tps[32] > tps[48] > tps[64] == tps[128]  # past max running: a queue, no gain
+    assert tps[64] / tps[32] == pytest.approx(0.81, abs=0.02)  # decline_at_2x_peak (prefill moves it a little)
+    steps = [cfg.steps.step_ms(b) for b in range(1, 129)]
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    assert all(g > 0 for g in gaps) and all(b >= a for a, b in zip(gaps, gaps[1:]))  # rising, super-linear
+    lat = [steady_state(cfg, c, prompt_tokens=128, output_tokens=256) for c in range(1, 65)]
+    assert all(b.request_latency_s > a.request_latency_s and b.ttft_s >= a.ttft_s for a, b in zip(lat, lat[1:]))
+
+
+def test_realistic_fit_reproduces_the_h200_figures() -> None:
+    """vLLM 0.26 on one H200 (shared/gpu/runs/2026-12-01), 256 in / 256 out: non-streaming 28.5k / 28.7k /
+    23.4k tok/s at 256 / 512 / 1024 (--max-num-seqs 1024), streaming flat at 17.9k-18.9k, 486 at C=1."""
+    cfg = SimConfig(**H200_VLLM)
+
+    def tps(c: int, stream: bool = False) -> float:
+        return theoretical_output_tokens_per_s(cfg, c, prompt_tokens=256, output_tokens=256, stream=stream)
+
+    for c, measured in ((256, 28_490), (512, 28_687), (1024, 23_363)):
+        assert tps(c) == pytest.approx(measured, rel=0.06), c
+    for c in (256, 512, 1024):
+        assert 17_500 <= tps(c, stream=True) <= 19_500, c
+    assert tps(1, stream=True) == pytest.approx(486, rel=0.05)
+    assert best_concurrency(cfg, prompt_tokens=256, output_tokens=256) == 512
+    assert tps(256, stream=True) / tps(512) < 0.66  # a streaming sweep under-rates the server by a third
+
+
+def test_streaming_costs_tokens_per_event_not_per_token() -> None:
+    """Speculative decoding sends several tokens per event: the API process's cap binds it less."""
+    plain = SimConfig(max_running=64)
+    spec = SimConfig(max_running=64, tokens_per_step=3)
+    cap = plain.steps.api_events_per_s
+    assert cap == spec.steps.api_events_per_s
+    assert theoretical_output_tokens_per_s(plain, 32, output_tokens=256, stream=True) == pytest.approx(cap * 256 / 256)
+    assert theoretical_output_tokens_per_s(spec, 32, output_tokens=256, stream=True) == pytest.approx(cap * 256 / 86)
+    knee = SimConfig(timing="knee")
+    assert knee.steps.api_events_per_s is None  # the old model: streaming costs nothing
+    assert theoretical_output_tokens_per_s(knee, 64, stream=True) == theoretical_output_tokens_per_s(knee, 64)
+
+
+def test_timing_mode_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="--peak-batch belongs to --timing realistic"):
+        SimConfig(timing="knee", peak_batch=4)
+    with pytest.raises(ValueError, match="needs --decode-ms > 0"):
+        SimConfig(decode_ms=0)  # no fixed cost: no peak to fit
+    assert SimConfig(peak_batch=10, max_running=64).steps.peak_batch == 10
+    assert SimConfig(max_running=1).resolved_peak_batch == 1
+
+
+def test_fractional_tokens_per_step_parse_and_count() -> None:
+    """examples/sim-fleet.toml passes --tokens-per-step 2.5 (a mean acceptance length); it used to be
+    refused as 'invalid int value'."""
+    cfg = parse_config(["--tokens-per-step", "2.5", "--max-running-requests", "4"])
+    assert cfg.tokens_per_step == 2.5 and cfg.speculative and cfg.spec_draft_tokens == 2
+    assert steps_per_request(256, 2.5) == 1 + 102  # 255 tokens after the first: 102 steps of 2.5
+    assert steps_per_request(6, 2.5) == 3
+    assert steps_per_request(10, 3) == 4
+
+
+async def test_fractional_tokens_per_step_alternate_in_the_loop() -> None:
+    cfg = SimConfig(timing="knee", decode_ms=1, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0, max_running=1,
+                    tokens_per_step=2.5)
+    stats = Stats()
+    sched = Scheduler(cfg, stats)
+    sched.start()
+    try:
+        req = SimRequest(3, 12, 15, stream=True)
+        sched.submit(req)
+        steps: list[int] = []
+        while sum(steps) < 12:
+            steps += await asyncio.wait_for(req.next_steps(), 5)
+        assert steps == [1, 2, 3, 2, 3, 1]  # a mean of 2.5 per decode step, the last one cut at max_tokens
+        assert stats.spec_draft_total == 5 * 2 and stats.spec_accepted_total == 1 + 2 + 1 + 2 + 0
+    finally:
+        await sched.stop()
+
+
+async def test_api_process_paces_streamed_events_but_not_the_engine() -> None:
+    """Realistic timing: streamed events leave the API process at most api_events_per_s a second; the
+    engine finishes its work earlier, and non-streaming answers do not wait for the events."""
+    cfg = SimConfig(decode_ms=1, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0, max_running=16, api_events_per_s=200)
+    stats = Stats()
+    sched = Scheduler(cfg, stats)
+    loop = asyncio.get_running_loop()
+    sched.start()
+    try:
+        t0 = loop.time()
+        streamed = [SimRequest(1, 10, 11, stream=True) for _ in range(10)]  # 100 events: >= 0.5 s at 200/s
+        for r in streamed:
+            sched.submit(r)
+        plain = SimRequest(1, 10, 11, stream=False)
+        sched.submit(plain)
+        await asyncio.wait_for(plain.done, 30)
+        assert sum(r.delivered for r in streamed) < 100  # the plain answer did not queue behind the events
+
+        async def drain(r: SimRequest) -> int:
+            got = 0
+            while got < r.target:
+                got += sum(await r.next_steps())
+            return got
+
+        assert await asyncio.wait_for(asyncio.gather(*(drain(r) for r in streamed)), 30) == [10] * 10
+        elapsed = loop.time() - t0
+        assert elapsed >= 0.5 * 0.95  # the cap is a floor no load can lower
+        assert max(r.finished_at for r in streamed) - t0 < elapsed  # the engine was done before the last event
+        assert sched.pipe is not None and not sched.pipe.queue
+    finally:
+        await sched.stop()
+    assert Scheduler(SimConfig(timing="knee"), Stats()).pipe is None
 
 
 def test_instant_mode_is_infinite() -> None:
@@ -63,7 +180,11 @@ def test_engine_flag_aliases_and_defaults() -> None:
     cfg = parse_config(["--style", "vllm", "--max-num-seqs", "7", "--max-model-len", "4096", "--max-total-tokens", "9000",
                         "--model-path", "/m", "--tp-size", "2", "--fail-at-startup", "gpu_oom", "--no-color"])
     assert (cfg.max_running, cfg.context_length, cfg.kv_tokens, cfg.model, cfg.tp) == (7, 4096, 9000, "/m", 2)
-    assert cfg.fail_at_startup == "gpu_oom" and cfg.color is False and cfg.decode_ms == 10.0
+    assert cfg.fail_at_startup == "gpu_oom" and cfg.color is False
+    assert (cfg.timing, cfg.decode_ms, cfg.decode_ms_per_running) == ("realistic", 1.0, 0.22)
+    knee = parse_config(["--timing", "knee"])
+    assert (knee.decode_ms, knee.decode_ms_per_running) == (10.0, 0.1)  # the old model keeps its old speeds
+    assert parse_config(["--timing", "knee", "--decode-ms", "3"]).decode_ms == 3.0
     assert parse_config(["--max-running-requests", "3"]).max_running == 3
 
 
@@ -86,6 +207,8 @@ def test_cli_dry_run_json_and_table() -> None:
     report = json.loads(result.output)
     assert report["config"]["max_running"] == 4 and [s["concurrency"] for s in report["curve"]] == [1, 2, 4, 8]
     assert report["curve"][-1]["batch"] == 4
+    assert report["timing"] == "realistic" and report["best_concurrency"] == 2 and report["peak_batch"] == 2
+    assert all(0 < p["streaming_output_tokens_per_s"] <= p["output_tokens_per_s"] for p in report["curve"])
     table = CliRunner().invoke(app, ["sim", "--dry-run", "--max-running", "2"])
     assert table.exit_code == 0 and "tok/s" in table.output
 

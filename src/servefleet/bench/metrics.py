@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from servefleet.bench.client import RequestRecord
-from servefleet.bench.result import Stat
+from servefleet.bench.result import Stat, SteadyWindow
+from servefleet.bench.steady import steady_window
 
 __all__ = ["stat", "output_tokens", "chunk_tokens", "itl_samples", "PointMetrics", "summarize", "BYTES_PER_TOKEN"]
 
@@ -100,6 +101,7 @@ class PointMetrics:
     input_tokens: int
     output_tokens: int
     output_tokens_per_s: float
+    output_tokens_per_s_span: float
     total_tokens_per_s: float
     output_tokens_per_s_per_request: Stat
     ttft_ms: Stat
@@ -110,6 +112,7 @@ class PointMetrics:
     token_sources: dict[str, int]
     chunks_per_request: float | None
     tokens_per_chunk: float | None
+    steady: SteadyWindow | None
 
     def fields(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -118,10 +121,12 @@ class PointMetrics:
 def summarize(
     records: Sequence[RequestRecord],
     counted: Callable[[RequestRecord], int | None] | None = None,
+    concurrency: int | None = None,
 ) -> PointMetrics:
     """Aggregate the measured (non-warm-up) records of one point.
 
-    ``counted(rec)`` returns a tokenizer count of ``rec.text`` for servers without usage.
+    ``counted(rec)`` returns a tokenizer count of ``rec.text`` for servers without usage;
+    ``concurrency`` (closed-loop users) marks where the ramp ends (see :mod:`.steady`).
     """
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
@@ -143,6 +148,7 @@ def summarize(
     out_total = 0
     in_total = 0
     ttft, tpot, e2e, per_req_speed = [], [], [], []
+    spans: list[tuple[float, float, int]] = []
     itl_vals: list[np.ndarray] = []
     itl_weights: list[np.ndarray] = []
     chunks = 0
@@ -157,6 +163,7 @@ def summarize(
             in_total += r.input_tokens
         latency = r.end - r.start
         e2e.append(latency)
+        spans.append((r.start, r.end, tokens))
         if r.ttft is not None:
             ttft.append(r.ttft)
             if tokens > 1:
@@ -176,6 +183,10 @@ def summarize(
         sources["chunks_exact"] = exact_chunks
     itl = np.repeat(np.concatenate(itl_vals), np.concatenate(itl_weights)) if itl_vals else np.empty(0)
     streamed = [r for r in ok if r.chunk_offsets]
+    span_rate = out_total / duration if duration else 0.0
+    window = steady_window(spans, concurrency)
+    # A window too short to be steady is noise more than signal: such a point keeps its span rate.
+    rate = window.output_tokens_per_s if window is not None and window.steady else span_rate
     return PointMetrics(
         requests=len(measured),
         successful=len(ok),
@@ -186,7 +197,8 @@ def summarize(
         requests_per_s=len(ok) / duration if duration else 0.0,
         input_tokens=in_total,
         output_tokens=out_total,
-        output_tokens_per_s=out_total / duration if duration else 0.0,
+        output_tokens_per_s=rate,
+        output_tokens_per_s_span=span_rate,
         total_tokens_per_s=(out_total + in_total) / duration if duration else 0.0,
         output_tokens_per_s_per_request=stat(per_req_speed, scale=1.0),
         ttft_ms=stat(ttft),
@@ -197,6 +209,7 @@ def summarize(
         token_sources=dict(sorted(sources.items())),
         chunks_per_request=(chunks / len(streamed)) if streamed else None,
         tokens_per_chunk=(sum(_tok(r, counted) for r in streamed) / chunks) if chunks else None,
+        steady=window,
     )
 
 

@@ -13,7 +13,7 @@ import asyncio
 import multiprocessing
 import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from time import perf_counter
@@ -46,7 +46,8 @@ class Runner(Protocol):
 
     async def start(self) -> None: ...
 
-    async def run_point(self, shares: Sequence[Share]) -> tuple[list[RequestRecord], list[WorkerLoad]]: ...
+    async def run_point(self, shares: Sequence[Share], on_warm: Callable[[], Awaitable[None]] | None = None,
+                        ) -> tuple[list[RequestRecord], list[WorkerLoad]]: ...
 
     async def close(self) -> None: ...
 
@@ -79,11 +80,15 @@ class InProcessRunner:
     async def start(self) -> None:
         await self.backend.open(self.connections)
 
-    async def run_point(self, shares: Sequence[Share]) -> tuple[list[RequestRecord], list[WorkerLoad]]:
+    async def run_point(self, shares: Sequence[Share], on_warm: Callable[[], Awaitable[None]] | None = None,
+                        ) -> tuple[list[RequestRecord], list[WorkerLoad]]:
+        """Warm up, call ``on_warm`` (a scrape between warm-up and measurement), then measure."""
         if len(shares) != 1:
             raise ValueError("InProcessRunner runs exactly one share")
         share = shares[0]
         await warm_up(self.backend, share.warmup, share.warmup_concurrency)
+        if on_warm is not None:
+            await on_warm()
         records, load = await run_share(self.backend, share.requests, share.job)
         return records, [load]
 
@@ -158,13 +163,16 @@ class ProcessRunner:
             self._conns.append(parent)
         await asyncio.gather(*(self._recv(i) for i in range(self.workers)))
 
-    async def run_point(self, shares: Sequence[Share]) -> tuple[list[RequestRecord], list[WorkerLoad]]:
+    async def run_point(self, shares: Sequence[Share], on_warm: Callable[[], Awaitable[None]] | None = None,
+                        ) -> tuple[list[RequestRecord], list[WorkerLoad]]:
         if len(shares) > self.workers:
             raise ValueError(f"{len(shares)} shares for {self.workers} workers")
         used = range(len(shares))
         for i in used:
             self._conns[i].send(("point", shares[i]))
         await asyncio.gather(*(self._recv(i) for i in used))
+        if on_warm is not None:
+            await on_warm()
         start_at = perf_counter() + START_DELAY_S
         for i in used:
             self._conns[i].send(("go", start_at))

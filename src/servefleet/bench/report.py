@@ -46,10 +46,25 @@ def _server(p: Point) -> str:
     return " ".join(parts) or "-"
 
 
+def _sources(run: Run) -> str:
+    kinds = {v.split(":", 1)[0] for p in run.points for v in p.latency_source.values()}
+    if kinds == {"client"}:
+        return "client"
+    if "server" in kinds:
+        return "engine /metrics" if "client" not in kinds else "client and engine /metrics"
+    return "none" if run.points else "-"
+
+
+def _rate(p: Point) -> str:
+    text = fmt(p.output_tokens_per_s)
+    return text if p.steady is None or p.steady.steady else f"{text} [yellow](short)[/]"
+
+
 def run_table(run: Run) -> Table:
     """The per-point table of one run."""
     t = run.target
-    title = f"{t.label} — {t.engine or 'unknown engine'}{' ' + t.engine_version if t.engine_version else ''}"
+    title = (f"{t.label} — {t.engine or 'unknown engine'}{' ' + t.engine_version if t.engine_version else ''} — "
+             f"{run.measured_mode} (out tok/s: steady part; latency: {_sources(run)})")
     rate_mode = run.config.mode == "rate"
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("rate/s" if rate_mode else "conc", justify="right")
@@ -70,7 +85,7 @@ def run_table(run: Run) -> Table:
         level = fmt(p.request_rate, 2) if rate_mode else str(p.concurrency)
         client = "[red]client-bound[/]" if p.client_bound else "ok"
         table.add_row(
-            level, str(p.requests), _errors(p), fmt(p.output_tokens_per_s), fmt(p.total_tokens_per_s),
+            level, str(p.requests), _errors(p), _rate(p), fmt(p.total_tokens_per_s),
             fmt(p.requests_per_s, 2), fmt(p.output_tokens_per_s_per_request.mean),
             f"{_ms(p.ttft_ms)}/{_ms(p.ttft_ms, 'p99')}", _ms(p.tpot_ms),
             f"{_ms(p.itl_ms, 'p50')}/{_ms(p.itl_ms, 'p99')}", _ms(p.e2e_ms), fmt(p.achieved_concurrency),
@@ -84,5 +99,7 @@ def point_line(p: Point) -> str:
     level = f"rate {p.request_rate:g}/s" if p.request_rate is not None else f"concurrency {p.concurrency}"
     flag = " [red]client-bound: " + "; ".join(p.client.reasons) + "[/]" if p.client_bound else ""
     errs = f", {p.errors} errors" if p.errors else ""
+    if p.steady is not None and not p.steady.steady and p.steady.reason:
+        flag += f" [yellow]{p.steady.reason}[/]"
     return (f"{level}: {fmt(p.output_tokens_per_s)} out tok/s, {fmt(p.requests_per_s, 2)} req/s, "
             f"TTFT p50 {_ms(p.ttft_ms)} ms, ITL p50 {_ms(p.itl_ms)} ms ({p.requests} requests{errs}){flag}")

@@ -5,6 +5,13 @@ contract fields are stable: ``points[].concurrency, requests, errors, duration_s
 requests_per_s, output_tokens_per_s, total_tokens_per_s, ttft_ms, tpot_ms, itl_ms, e2e_ms``
 (each latency an object with ``mean, p50, p90, p99``) and ``client_bound``. New fields may be
 added; none of those may be renamed.
+
+``measured_mode`` says how the answers came: ``non-streaming`` (the default, the way a batch job runs:
+throughput as ``generate`` will see it) or ``streaming`` (one event per token or step: the server's
+API process can cap throughput well below what it generates, so use it for latency work). A
+point's ``output_tokens_per_s`` is its steady rate (``steady``: ramp and drain kept out); its
+latencies come from the client (streaming) or the engine's own ``/metrics`` histograms
+(non-streaming), and ``latency_source`` says which.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servefleet.capacity import Capacity
 
@@ -22,7 +29,10 @@ __all__ = [
     "Stat",
     "ServerStats",
     "ClientCheck",
+    "MeasuredMode",
     "Point",
+    "ServerLatency",
+    "SteadyWindow",
     "BenchConfig",
     "Target",
     "Environment",
@@ -32,6 +42,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+
+MeasuredMode = Literal["non-streaming", "streaming"]
 
 
 class Stat(BaseModel):
@@ -87,6 +99,35 @@ class ClientCheck(BaseModel):
     reasons: list[str] = Field(default_factory=list)
 
 
+class ServerLatency(BaseModel):
+    """The engine's own latency histograms over one point's measured requests (``/metrics``, differenced
+    after the warm-up and after the point). Means are exact, percentiles interpolated in buckets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_ms: Stat | None = None
+    tpot_ms: Stat | None = None
+    itl_ms: Stat | None = None
+    e2e_ms: Stat | None = None
+    metrics: dict[str, str] = Field(default_factory=dict)  # which histogram each came from
+
+
+class SteadyWindow(BaseModel):
+    """The part of a point when the load was steady: after the ramp (the first ``concurrency``
+    answers: the users started together) and before the drain (no request started after it).
+    Seconds from the point's first request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start_s: float
+    end_s: float
+    output_tokens: float  # client side: each answer's tokens shared over its lifetime, the window's part
+    output_tokens_per_s: float
+    server_output_tokens_per_s: float | None = None  # the engine's generated-tokens counter over the window
+    steady: bool  # the window held at least two typical request lifetimes
+    reason: str | None = None  # why not steady (point too short)
+
+
 class Point(BaseModel):
     """One load level: a fixed concurrency, or a Poisson request rate."""
 
@@ -103,7 +144,8 @@ class Point(BaseModel):
     requests_per_s: float  # successful requests per second
     input_tokens: int
     output_tokens: int
-    output_tokens_per_s: float
+    output_tokens_per_s: float  # the steady window's rate when the point had one (steady.steady), else over its span
+    output_tokens_per_s_span: float | None = None  # first start to last end: ramp and drain included
     total_tokens_per_s: float
     output_tokens_per_s_per_request: Stat = Field(default_factory=Stat)  # per-user speed, tok/s
     ttft_ms: Stat
@@ -117,6 +159,9 @@ class Point(BaseModel):
     client_bound: bool
     client: ClientCheck = Field(default_factory=ClientCheck)
     server: ServerStats | None = None
+    steady: SteadyWindow | None = None
+    server_latency: ServerLatency | None = None
+    latency_source: dict[str, str] = Field(default_factory=dict)  # ttft/tpot/itl -> "client" or "server:<metric>"
 
 
 class BenchConfig(BaseModel):
@@ -137,7 +182,7 @@ class BenchConfig(BaseModel):
     output_len_range: float = 0.0
     dataset: str | None = None
     api: Literal["chat", "completions"] = "chat"
-    stream: bool = True
+    stream: bool = False  # non-streaming by default: the way a batch job (generate) runs
     ignore_eos: bool | None = None
     temperature: float | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -182,8 +227,19 @@ class Run(BaseModel):
     server_info: dict[str, Any] = Field(default_factory=dict)  # trimmed engine info (e.g. /server_info)
     workload: dict[str, Any] = Field(default_factory=dict)  # how prompts were made and counted
     environment: Environment
+    measured_mode: MeasuredMode | None = None  # filled from config.stream for runs written before it existed
     points: list[Point] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _mode(self) -> "Run":
+        if self.measured_mode is None:
+            self.measured_mode = "streaming" if self.config.stream else "non-streaming"
+        return self
+
+    @property
+    def streaming(self) -> bool:
+        return self.measured_mode == "streaming"
 
     @property
     def label(self) -> str:

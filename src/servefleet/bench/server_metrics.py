@@ -26,6 +26,7 @@ import contextlib
 import json
 import math
 from collections import defaultdict
+from time import perf_counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,7 @@ class ServerWatcher:
         self.has_metrics: bool | None = None  # unknown until the first scrape
         self.has_server_info: bool | None = None
         self._samples: list[dict[str, float]] = []
+        self.sample_times: list[float] = []  # perf_counter of each sample (the clock of the requests' records)
         self._task: asyncio.Task | None = None
 
     async def scrape(self) -> Snapshot:
@@ -144,10 +146,19 @@ class ServerWatcher:
             text = await self._get_text("/metrics")
             if text is not None:
                 self._samples.append(parse_prometheus(text))
+                self.sample_times.append(perf_counter())
             await asyncio.sleep(self.interval_s)
+
+    async def scrape_metrics(self) -> dict[str, float]:
+        """One /metrics scrape, parsed (empty when the server has none)."""
+        if self.has_metrics is False:
+            return {}
+        text = await self._get_text("/metrics")
+        return parse_prometheus(text) if text is not None else {}
 
     def start_sampling(self) -> None:
         self._samples = []
+        self.sample_times = []
         if self.has_metrics:
             self._task = asyncio.get_running_loop().create_task(self._sample_loop())
 

@@ -6,7 +6,14 @@ encodes their bodies, and sends one *probe* request to learn which request optio
 accepts: continuous usage in streams (exact tokens per chunk), ``ignore_eos`` (controlled output
 lengths) — each dropped, with a note, if the server refuses it — and whether it reports usage
 at all (if not, the text is kept and counted after each point). Then, per point: scrape the
-server, run the load (in-process or over worker processes), scrape again, and aggregate.
+server, warm up, scrape its latency histograms, run the load (in-process or over worker
+processes), scrape again, and aggregate.
+
+Non-streaming is the default (``BenchConfig.stream``): a batch job does not stream, and a server's
+API process that sends one event per token can cap streaming far below what the engine generates
+(H200, vLLM 0.26: 18-19k streamed against 28-34k tok/s). A non-streaming point's latencies come
+from the engine's own histograms where its profile names them (``EngineProfile.latency_metrics``);
+``--stream`` measures them at the client, for latency work.
 """
 
 from __future__ import annotations
@@ -27,17 +34,21 @@ import psutil
 
 from servefleet import __version__
 from servefleet.bench.client import EndpointConfig, OpenAIBackend, PreparedRequest, RequestRecord
+from servefleet.bench.histograms import first_histogram
+from servefleet.bench.latency_sample import SAMPLE_REQUESTS, StreamedSample
 from servefleet.bench.loadgen import ShareJob, split_share
 from servefleet.bench.metrics import summarize
 from servefleet.bench.pool import InProcessRunner, ProcessRunner, Runner, Share, loop_factory
-from servefleet.bench.result import BenchConfig, Environment, Point, Run, Target
+from servefleet.bench.result import BenchConfig, Environment, Point, Run, ServerLatency, Stat, Target
 from servefleet.bench.selfcheck import judge
-from servefleet.bench.server_metrics import ServerWatcher, fetch_server_info, summarize_server
+from servefleet.bench.server_metrics import GEN_TOKENS, ServerWatcher, fetch_server_info, summarize_server
+from servefleet.bench.steady import counter_rate
 from servefleet.bench.workload import (
     LocalTokenizer, Prompt, TokenCounter, WordCounter, encode_bodies, find_server_tokenizer, load_dataset,
     random_prompts,
 )
 from servefleet.capacity import Capacity
+from servefleet.engines.base import LatencyMetrics
 from servefleet.errors import ServefleetError
 
 __all__ = ["BenchTarget", "BenchError", "ServerUnreachable", "run_bench", "auto_workers", "MIN_PER_WORKER", "MAX_PROMPTS"]
@@ -313,6 +324,13 @@ async def run_bench(
         else:
             runner = ProcessRunner(endpoint, math.ceil(max_load / workers) + 1 if max_load else 0, workers)
         watcher = ServerWatcher(base, session)
+        latency_names = _latency_metrics(engine)
+        sample_bodies = encode_bodies(prompts[:SAMPLE_REQUESTS], api=config.api, model=model, stream=True,
+                                      options={**options, "stream_options": {"include_usage": True}})
+        use_sample = not config.stream and latency_names is None
+        if use_sample:
+            note(f"engine {engine or 'unknown'} publishes no latency histograms servefleet knows: TTFT/TPOT of each "
+                 f"point from {SAMPLE_REQUESTS} streamed requests sent one at a time beside its load")
         points: list[Point] = []
         await runner.start()
         try:
@@ -324,20 +342,45 @@ async def run_bench(
                 warm = [_shorten(r) for r in chunk[:warm_n]]
                 shares = _shares(run_config, level, runner.workers, chunk[warm_n:], warm, index)
                 before = await watcher.scrape()
-                psutil.cpu_percent(None)
-                watcher.start_sampling()
-                records, loads = await runner.run_point(shares)
+                warm_metrics: dict[str, float] = {}
+                sample = StreamedSample(endpoint, sample_bodies) if use_sample else None
+
+                async def after_warmup() -> None:
+                    warm_metrics.update(await watcher.scrape_metrics())
+                    psutil.cpu_percent(None)
+                    watcher.start_sampling()
+                    if sample is not None:
+                        sample.start()
+
+                records, loads = await runner.run_point(shares, on_warm=after_warmup)
+                sampled = await sample.stop() if sample is not None else []
                 host_cpu = psutil.cpu_percent(None)
                 samples = await watcher.stop_sampling()
+                sample_times = list(watcher.sample_times)
                 after = await watcher.scrape()
                 counted = await _count_texts(records, counter) if endpoint.keep_text and counter.exact else {}
-                metrics = summarize(records, counted=(lambda r: counted.get(id(r))) if counted else None)
+                metrics = summarize(records, counted=(lambda r: counted.get(id(r))) if counted else None,
+                                    concurrency=None if config.mode == "rate" else int(level))
                 check = judge(loads, host_cpu)
                 server = summarize_server(before, after, samples, capacity.max_running_requests if capacity else None)
+                fields = metrics.fields()
+                window = fields["steady"]
+                if window is not None and records:
+                    t0 = min((r.start for r in records if r.ok and not r.warmup), default=0.0)  # as steady_window's
+                    gen = [(t, v) for t, v in zip(sample_times, (_gen_tokens(s) for s in samples)) if v is not None]
+                    window.server_output_tokens_per_s = counter_rate(gen, t0 + window.start_s, t0 + window.end_s)
+                server_latency = _server_latency(latency_names, warm_metrics, after.metrics)
+                fields.update(_latencies(fields, server_latency, streamed=config.stream,
+                                         sample=summarize(sampled).fields() if sampled else None))
+                if not config.stream and server_latency is None and not use_sample:
+                    use_sample = True  # the profile names histograms this server does not publish
+                    note(f"no latency histograms on {base}/metrics: TTFT/TPOT of the next points from "
+                         f"{SAMPLE_REQUESTS} streamed requests beside the load")
                 point = Point(
                     concurrency=(config.max_concurrency if config.mode == "rate" else int(level)),
                     request_rate=float(level) if config.mode == "rate" else None,
-                    client_bound=bool(check.reasons), client=check, server=server, **metrics.fields(),
+                    client_bound=bool(check.reasons), client=check, server=server, server_latency=server_latency,
+                    **fields,
                 )
                 points.append(point)
                 if on_point:
@@ -361,9 +404,73 @@ async def run_bench(
             "request_options": options,
         },
         environment=_environment(),
+        measured_mode="streaming" if config.stream else "non-streaming",
         points=points,
         notes=notes,
     )
+
+
+def _latency_metrics(engine: str | None) -> LatencyMetrics | None:
+    """The engine profile's latency histogram names (None: unknown engine, or it has none)."""
+    if not engine:
+        return None
+    try:
+        from servefleet.engines.registry import get_engine  # noqa: PLC0415 - engines load lazily
+
+        return get_engine(engine).latency_metrics
+    except ServefleetError:
+        return None
+
+
+def _gen_tokens(sample: dict[str, float]) -> float | None:
+    for name in GEN_TOKENS:
+        if name in sample:
+            return sample[name]
+    return None
+
+
+def _server_latency(names: LatencyMetrics | None, warm: dict[str, float], after: dict[str, float]) -> ServerLatency | None:
+    """The engine's latency histograms over the measured requests (after warm-up .. after the point)."""
+    if names is None or not after:
+        return None
+    out = ServerLatency()
+    for key, candidates in (("ttft", names.ttft), ("tpot", names.tpot), ("itl", names.itl), ("e2e", names.e2e)):
+        hist = first_histogram(after, candidates)
+        if hist is None:
+            continue
+        got = hist.minus(first_histogram(warm, (hist.name,)))
+        if got.count > 0:
+            setattr(out, f"{key}_ms", got.stat())
+            out.metrics[key] = hist.name
+    return out if out.metrics else None
+
+
+def _latencies(fields: dict[str, Any], server: ServerLatency | None, *, streamed: bool,
+               sample: dict[str, Any] | None = None) -> dict[str, Any]:
+    """TTFT/TPOT/ITL of a point and where each came from: the client's own timing when it streamed,
+    else the engine's histograms (TPOT from ITL's mean when the engine has no per-request TPOT),
+    else a small streamed sample sent beside the load."""
+    source: dict[str, str] = {}
+    out: dict[str, Any] = {"latency_source": source}
+    for key in ("ttft", "tpot", "itl"):
+        client: Stat = fields[f"{key}_ms"]
+        if streamed and client.n:
+            source[key] = "client"
+            continue
+        if not streamed and server is None and sample is not None and sample[f"{key}_ms"].n:
+            out[f"{key}_ms"] = sample[f"{key}_ms"]
+            source[key] = f"client:streamed sample of {sample['successful']}"
+            continue
+        got = getattr(server, f"{key}_ms", None) if server is not None else None
+        metric = server.metrics.get(key) if server is not None else None
+        if got is None and key == "tpot" and server is not None and server.itl_ms is not None:
+            got, metric = Stat(mean=server.itl_ms.mean, n=server.itl_ms.n), server.metrics["itl"] + " (mean)"
+        if got is not None:
+            out[f"{key}_ms"] = got
+            source[key] = f"server:{metric}"
+        else:
+            source[key] = "none"
+    return out
 
 
 def _warmup_count(config: BenchConfig, level: int | float) -> int:

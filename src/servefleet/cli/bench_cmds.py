@@ -75,7 +75,12 @@ def bench(
     request_rate: Annotated[Optional[str], typer.Option("--request-rate", help="Poisson request-rate sweep (req/s), e.g. 1,2,4.")] = None,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="In-flight cap in request-rate mode.")] = None,
     requests: Annotated[Optional[int], typer.Option("--requests", "-n", help="Measured requests per point.")] = None,
-    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds per point (instead of --requests).")] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds per point (instead of --requests). The rate is taken "
+                                                    "from the point's steady part (after the first wave of answers, before the "
+                                                    "drain), flagged when under 2 request lifetimes. Give it 5 or more lifetimes: "
+                                                    "on the sim 5 s points (10 lifetimes) read within 0.5% of 20 s ones "
+                                                    "(benchmarks/results/bench_modes.md); at 256 output tokens and C=512 on an "
+                                                    "H200 a lifetime is ~4.5 s, so 25 s.")] = None,
     warmup: Annotated[Optional[int], typer.Option("--warmup", help="Unmeasured warm-up requests per point (default: one per connection).")] = None,
     input_len: Annotated[int, typer.Option("--input-len", help="Prompt tokens of random prompts.")] = 128,
     output_len: Annotated[Optional[int], typer.Option("--output-len", help="Output tokens (max_tokens) per request.")] = None,
@@ -84,7 +89,10 @@ def bench(
     dataset: Annotated[Optional[Path], typer.Option("--dataset", help="JSONL/Parquet of real prompts (prompt|text|messages[, max_tokens]).")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Local tokenizer folder for exact prompt lengths (default: the server's /tokenize).")] = None,
     api: Annotated[str, typer.Option("--api", help="chat or completions.")] = "chat",
-    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Stream responses (needed for TTFT and ITL).")] = True,
+    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Stream the answers. Default: no, the way a batch job runs "
+                                         "(a server's API process can cap streamed throughput far below what it generates); "
+                                         "TTFT/TPOT then come from the engine's /metrics histograms. --stream: client-side "
+                                         "latency, for latency work.")] = False,
     ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly --output-len tokens (default: where the engine supports it).")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature to send.")] = None,
     extra_body: Annotated[Optional[str], typer.Option("--extra-body", help="JSON object merged into every request body.")] = None,
@@ -162,7 +170,8 @@ def bench(
     for target in targets:
         if not quiet:
             err.print(f"[bold]bench[/] {target.label or target.base_url}: {len(levels)} points, "
-                      f"{'%d requests' % requests if requests else '%gs' % duration} each, {n_workers} client process(es)")
+                      f"{'%d requests' % requests if requests else '%gs' % duration} each, "
+                      f"{'streaming' if stream else 'non-streaming'}, {n_workers} client process(es)")
         try:
             with asyncio.Runner(loop_factory=loop_factory()) as runner:  # asyncio, or SERVEFLEET_EVENT_LOOP=uvloop
                 run = runner.run(run_bench(

@@ -108,7 +108,7 @@ def plan(
     gpus = gpus or "1"
     from servefleet.plan.planner import JobSpec, plan_job
     from servefleet.plan.report import plan_table, plot_makespan, recommendation
-    from servefleet.plan.runs import curve_from_run, parse_bench_arg, sample_output_mean
+    from servefleet.plan.runs import curve_from_run, mode_warnings, parse_bench_arg, sample_output_mean
 
     try:
         if (output_tokens_mean is None) == (sample is None):
@@ -127,20 +127,25 @@ def plan(
     except ValueError:
         raise _fail(f"--gpus must be comma-separated integers, got {gpus!r}") from None
     job = JobSpec(prompts=prompts, output_tokens_mean=output_tokens_mean)
+    warnings = mode_warnings(configs)
+    modes = {c.name: c.measured_mode for c in configs}
     results = {g: plan_job(configs, job, g, gpu_hour_cost) for g in counts}
     plot_path = plot_makespan(configs, job, counts, plot) if plot else None
     if as_json:
         def row(r):
             return {**r.__dict__, "makespan_s": r.makespan_s if math.isfinite(r.makespan_s) else None,
-                    "gpu_hours": r.gpu_hours if math.isfinite(r.gpu_hours) else None}
+                    "gpu_hours": r.gpu_hours if math.isfinite(r.gpu_hours) else None, "measured_mode": modes.get(r.name)}
         print(json.dumps({
             "job": {"prompts": prompts, "output_tokens_mean": output_tokens_mean},
             "plans": {str(g): [row(r) for r in rows] for g, rows in results.items()},
             "recommendation": recommendation(results[counts[0]]),
             "plot": str(plot_path) if plot_path else None,
             "notes": notes,
+            "warnings": warnings,
         }, indent=2))
         return
+    for warning in warnings:
+        console.print(f"[bold yellow]warning:[/] {warning}")
     for g, rows in results.items():
         console.print(plan_table(rows, job, g))
         for r in rows:
@@ -157,7 +162,7 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
            max_running: int | None, concurrency: int | None, as_json: bool) -> None:
     from servefleet.plan.check import check_plan, measure_job, pick_config
     from servefleet.plan.report import check_table
-    from servefleet.plan.runs import curve_from_run, model_of_run, parse_bench_arg
+    from servefleet.plan.runs import curve_from_run, mode_warnings, model_of_run, parse_bench_arg
 
     try:
         measured = measure_job(dest, report)
@@ -167,13 +172,16 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
             configs.append((curve_from_run(path, g or gpus_per_replica, max_running), model_of_run(path)))
         g = int(gpus.split(",")[0]) if gpus else None
         result = check_plan(pick_config(configs, measured), measured, gpus=g, concurrency=concurrency)
+        warnings = mode_warnings([c for c, _ in configs])
     except ServefleetError as exc:
         raise _fail(str(exc)) from None
     except ValueError:
         raise _fail(f"--gpus must be an integer, got {gpus!r}") from None
     if as_json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps({**result.to_json(), "warnings": warnings}, indent=2))
     else:
+        for warning in warnings:
+            console.print(f"[bold yellow]warning:[/] {warning}")
         console.print(check_table(result))
         style = "green" if result.within else "red"
         console.print(f"[bold {style}]verdict:[/] {result.verdict()}")

@@ -21,13 +21,14 @@ from servefleet.sim.theory import dry_run_report
 __all__ = ["register"]
 
 _HELP = ("Run the simulated OpenAI-compatible engine: a real SGLang/vLLM start-up log, continuous batching "
-         "with a realistic throughput knee, and fault injection. Options: `servefleet sim --help`.")
+         "(realistic timing by default: a throughput peak below max running, streaming capped by the API process; "
+         "--timing knee for the old model), and fault injection. Options: `servefleet sim --help`.")
 
 
 def _table(report: dict) -> Table:
     cfg = report["config"]
     table = Table(title=f"sim ({cfg['style']}): prompt {report['prompt_tokens']} + output {report['output_tokens']} tokens per request")
-    for col in ("concurrency", "batch", "step ms", "TTFT s", "latency s", "tok/s per request", "tok/s total"):
+    for col in ("concurrency", "batch", "step ms", "TTFT s", "latency s", "tok/s per request", "tok/s total", "streaming tok/s"):
         table.add_column(col, justify="right")
 
     def num(v: float | None, fmt: str) -> str:
@@ -36,7 +37,7 @@ def _table(report: dict) -> Table:
     for s in report["curve"]:
         table.add_row(str(s["concurrency"]), str(s["batch"]), f"{s['step_ms']:.2f}", num(s["ttft_s"], ".3f"),
                       num(s["request_latency_s"], ".3f"), num(s["per_request_tokens_per_s"], ",.1f"),
-                      num(s["output_tokens_per_s"], ",.1f"))
+                      num(s["output_tokens_per_s"], ",.1f"), num(s["streaming_output_tokens_per_s"], ",.1f"))
     return table
 
 

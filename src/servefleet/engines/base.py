@@ -22,7 +22,7 @@ from servefleet.errors import EngineError
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "Probe"]
+__all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "Probe"]
 
 
 class SignalKind(StrEnum):
@@ -63,6 +63,18 @@ class Signature:
     @classmethod
     def benign(cls, regex: str, flags: int = 0) -> "Signature":
         return cls(re.compile(regex, flags), SignalKind.BENIGN)
+
+
+@dataclass(frozen=True)
+class LatencyMetrics:
+    """Names of the latency histograms (seconds) an engine publishes on ``/metrics``, each a list of
+    names to try in order (releases rename them). ``bench`` reads them around a point, so a
+    non-streaming point still gets the engine's own TTFT and TPOT."""
+
+    ttft: tuple[str, ...] = ()
+    tpot: tuple[str, ...] = ()  # per request: (end - first token) / (tokens - 1)
+    itl: tuple[str, ...] = ()  # per decode iteration of each request
+    e2e: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,7 @@ class EngineProfile:
             if ours is not None and theirs is not None and str(theirs) != str(ours):
                 raise EngineError(f"{native.spelled[name]!r} in args disagrees with {name} {ours!r}; set it in one place")
         return native
+    latency_metrics: ClassVar[LatencyMetrics | None] = None  # None: no latency histograms on /metrics
 
     # ---- launch -------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
+from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature
 from servefleet.engines.generic import (
     as_int,
     build_signatures,
@@ -140,6 +140,15 @@ _SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eag
               "speculative_num_draft_tokens", "speculative_draft_model_path")
 
 
+# Request latency histograms of SGLang's /metrics (python/sglang/srt/metrics/collector.py; served
+# with --enable-metrics). Older releases named the per-token one time_per_output_token_seconds.
+LATENCY_METRICS = LatencyMetrics(
+    ttft=("sglang:time_to_first_token_seconds",),
+    itl=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    e2e=("sglang:e2e_request_latency_seconds",),
+)
+
+
 class SGLangEngine(EngineProfile):
     name: ClassVar[str] = "sglang"
     # /health_generate runs one real generation; /health only says the HTTP server is up.
@@ -157,6 +166,7 @@ class SGLangEngine(EngineProfile):
     memory_flag: ClassVar[str | None] = "--mem-fraction-static"
     supports_ignore_eos: ClassVar[bool] = True
     arg_table: ClassVar[na.ArgTable] = ARGS
+    latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:

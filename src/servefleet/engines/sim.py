@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.engines import native_args as na
 from servefleet.engines import sglang, vllm
-from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
+from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature
 from servefleet.engines.generic import build_signatures, has_flag
 
 if TYPE_CHECKING:
@@ -53,6 +53,13 @@ class SimEngine(EngineProfile):
     memory_flag: ClassVar[str | None] = "--kv-tokens"
     supports_ignore_eos: ClassVar[bool] = True
     arg_table: ClassVar[na.ArgTable] = ARGS
+    # The sim publishes both families; vLLM's names first (they include per-request TPOT).
+    latency_metrics: ClassVar[LatencyMetrics | None] = LatencyMetrics(
+        ttft=vllm.LATENCY_METRICS.ttft + sglang.LATENCY_METRICS.ttft,
+        tpot=vllm.LATENCY_METRICS.tpot + sglang.LATENCY_METRICS.tpot,
+        itl=vllm.LATENCY_METRICS.itl + sglang.LATENCY_METRICS.itl,
+        e2e=vllm.LATENCY_METRICS.e2e + sglang.LATENCY_METRICS.e2e,
+    )
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``python -m servefleet.sim --style sglang --host H --port P --model M [--served-model-name S]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
+from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature
 from servefleet.engines.generic import (
     as_int,
     build_signatures,
@@ -169,6 +169,17 @@ _CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
+# Request latency histograms of vLLM's /metrics (v1 engine, vllm/v1/metrics/loggers.py in 0.32.0).
+# Before ~0.10 the per-iteration histogram was named time_per_output_token_seconds; the per-request
+# TPOT one is newer. TTFT is recorded when the first token is processed, streamed or not.
+LATENCY_METRICS = LatencyMetrics(
+    ttft=("vllm:time_to_first_token_seconds",),
+    tpot=("vllm:request_time_per_output_token_seconds",),
+    itl=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    e2e=("vllm:e2e_request_latency_seconds",),
+)
+
+
 class VLLMEngine(EngineProfile):
     name: ClassVar[str] = "vllm"
     probe: ClassVar[Probe] = Probe(("/health",))
@@ -187,6 +198,7 @@ class VLLMEngine(EngineProfile):
     memory_flag: ClassVar[str | None] = "--gpu-memory-utilization"
     supports_ignore_eos: ClassVar[bool] = True
     arg_table: ClassVar[na.ArgTable] = ARGS
+    latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:

@@ -55,6 +55,7 @@ class ConfigCurve:
     curve: Curve
     gpus_per_replica: int = 1
     max_running: int | None = None  # the server's cap (from capacity facts)
+    measured_mode: str = "non-streaming"  # how the bench run's answers came (a batch job does not stream)
 
     def best(self) -> tuple[int, float, list[str]]:
         """(best concurrency, its throughput, notes) within the cap."""

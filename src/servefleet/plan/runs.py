@@ -9,9 +9,9 @@ from pydantic import ValidationError
 
 from servefleet.bench.result import Run, load_run
 from servefleet.errors import ConfigError
-from servefleet.plan.planner import ConfigCurve, PointSample, steady_curve
+from servefleet.plan.planner import ConfigCurve, Curve, PointSample, steady_curve
 
-__all__ = ["curve_from_run", "model_of_run", "parse_bench_arg", "sample_output_mean"]
+__all__ = ["curve_from_run", "mode_warnings", "model_of_run", "parse_bench_arg", "sample_output_mean"]
 
 _TOKEN_FIELDS = ("output_tokens", "completion_tokens", "num_output_tokens")
 
@@ -40,13 +40,31 @@ def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | Non
     cap = max_running
     if cap is None and run.capacity is not None:
         cap = run.capacity.max_running_requests
+    # Steady-state throughput: a point's measured steady window where it had one (bench keeps ramp and
+    # drain out of it); else the point inverted through the drain model (see steady_curve).
+    inverted = steady_curve([PointSample(p.concurrency, p.successful, p.output_tokens, p.duration_s, deadline) for p in points])
+    tps = [p.output_tokens_per_s if p.steady is not None and p.steady.steady else inverted.total(p.concurrency) for p in points]
     return ConfigCurve(
         name=run.target.label,
-        # steady-state throughput: each point's own end-of-point drain taken out (see steady_curve)
-        curve=steady_curve([PointSample(p.concurrency, p.successful, p.output_tokens, p.duration_s, deadline) for p in points]),
+        curve=Curve(tuple(p.concurrency for p in points), tuple(tps)),
         gpus_per_replica=gpus_per_replica,
         max_running=cap,
+        measured_mode=run.measured_mode or "non-streaming",
     )
+
+
+def mode_warnings(configs: list[ConfigCurve]) -> list[str]:
+    """What to say when the runs were not measured the way a batch job runs (non-streaming)."""
+    streamed = [c.name for c in configs if c.measured_mode == "streaming"]
+    if not streamed:
+        return []
+    again = "measure them again with `servefleet bench --no-stream` (the default)"
+    if len(streamed) == len(configs):
+        return [f"planned from streaming runs only ({', '.join(streamed)}): a batch job does not stream, and a server's "
+                "API process sending one event per token can cap streamed throughput far below what it generates "
+                f"(H200: 18-19k streamed vs 28-34k tok/s), more so for plain decoding than speculative; {again}"]
+    return [f"streaming runs ({', '.join(streamed)}) mixed with non-streaming ones: their throughputs are not "
+            f"comparable and the streamed ones are under-rated; {again}"]
 
 
 def model_of_run(path: Path) -> str | None:

@@ -2,8 +2,9 @@
 
 It prints a real SGLang or vLLM start-up log (``--style``), serves ``/v1/completions`` and
 ``/v1/chat/completions`` (streaming too), ``/v1/models``, ``/health``, ``/metrics`` and SGLang's
-``/server_info``, models continuous batching with a realistic throughput knee (one scheduler loop;
-formula in :mod:`servefleet.sim.theory`), and injects faults: start-up failures with each engine's
+``/server_info``, models continuous batching (one scheduler loop; by default realistic timing, where
+throughput peaks below max running and declines past it and streamed events cost the API process;
+``--timing knee`` for the old flat knee; formula in :mod:`servefleet.sim.theory`), and injects faults: start-up failures with each engine's
 real text, hangs, crashes, slow and failing requests. It exists for tests and demos; it never
 replaces supporting the real engines.
 

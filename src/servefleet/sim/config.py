@@ -9,15 +9,23 @@ a fleet file written for SGLang or vLLM can point at the sim with few changes.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servefleet.catalog import Category
+from servefleet.sim.timing import StepModel, step_model
 
-__all__ = ["SimConfig", "Style", "DEFAULT_VERSIONS", "option_aliases"]
+__all__ = ["SimConfig", "Style", "Timing", "DEFAULT_VERSIONS", "option_aliases"]
 
 Style = Literal["sglang", "vllm"]
+Timing = Literal["realistic", "knee"]
+
+# Step-cost defaults per timing mode: realistic keeps the H200's shape at max running 64 (see .timing).
+_DECODE_MS = {"realistic": 1.0, "knee": 10.0}
+_PER_RUNNING_MS = {"realistic": 0.22, "knee": 0.1}
+_REALISTIC_ONLY = ("peak_batch", "decline_at_2x_peak", "api_events_per_s")
 
 # Versions whose log format the styles reproduce (SGLang 0.5.x main-process/TP-rank prefixes;
 # vLLM 0.11 V1 engine with "(APIServer pid=N)" / "(EngineCore_DP0 pid=N)" prefixes).
@@ -56,11 +64,22 @@ class SimConfig(BaseModel):
     mem_fraction_static: float = Field(0.88, gt=0, le=1, description="cosmetic: SGLang's memory flag, printed in server_args")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="cosmetic: vLLM's memory flag, printed in its args")
 
-    # ---- timing model (see servefleet.sim.theory) -----------------------------------------------
+    # ---- timing model (see servefleet.sim.timing and servefleet.sim.theory) ----------------------
+    timing: Timing = Field("realistic", description="step-time model: realistic (throughput peaks at --peak-batch and "
+                           "declines past it; streamed events cost the API process) or knee (the old model: flat at max running)")
     prefill_ms_per_1k_tokens: float = Field(20.0, ge=0, description="prefill cost added to the step that admits a request")
-    decode_ms: float = Field(10.0, ge=0, description="fixed cost of one batched decode step")
-    decode_ms_per_running: float = Field(0.1, ge=0, description="extra step cost per request in the batch")
-    tokens_per_step: int = Field(1, ge=1, le=64, description="tokens per request per step (>1 models speculative decoding)")
+    decode_ms: float = Field(_DECODE_MS["realistic"], ge=0,
+                             description=f"fixed cost of one batched decode step ({_DECODE_MS['knee']} with --timing knee)")
+    decode_ms_per_running: float = Field(_PER_RUNNING_MS["realistic"], ge=0,
+                                         description=f"extra step cost per request in the batch ({_PER_RUNNING_MS['knee']} with --timing knee)")
+    peak_batch: int | None = Field(None, ge=1, description="realistic: batch of best throughput (default: half of --max-running, "
+                                   "as vLLM on an H200 peaked at 512 with --max-num-seqs 1024)")
+    decline_at_2x_peak: float = Field(0.81, gt=0, lt=1, description="realistic: throughput at twice --peak-batch, as a share of "
+                                      "the peak (H200: 23.4k / 28.7k)")
+    api_events_per_s: float | None = Field(None, gt=0, description="realistic: streamed events (one per step per request) the "
+                                           "API process sends a second (default: 0.62 x the peak decode rate, as on the H200)")
+    tokens_per_step: float = Field(1, ge=1, le=64, description="mean tokens per request per step (>1 models speculative decoding; "
+                                   "fractional = mean acceptance length, e.g. 2.5)")
     speculative_algorithm: str | None = Field(None, description="name reported when --tokens-per-step > 1 (default EAGLE)")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none")
     eos_rate: float = Field(0.5, ge=0, le=1, description="share of requests without ignore_eos that stop early (EOS)")
@@ -89,8 +108,27 @@ class SimConfig(BaseModel):
     slow_rate: float = Field(0.0, ge=0, le=1, description="share of completions delayed by --slow-ms before admission")
     slow_ms: float = Field(1000.0, ge=0, description="delay of a slow request")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_defaults(cls, data: Any) -> Any:
+        """The step-cost defaults depend on --timing (a knee sim keeps its old speeds)."""
+        if isinstance(data, dict):
+            timing = data.get("timing", "realistic")
+            if timing in _DECODE_MS:
+                data = dict(data)
+                data.setdefault("decode_ms", _DECODE_MS[timing])
+                data.setdefault("decode_ms_per_running", _PER_RUNNING_MS[timing])
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> "SimConfig":
+        if self.timing == "knee":
+            given = [n for n in _REALISTIC_ONLY if n in self.model_fields_set]
+            if given:
+                raise ValueError(f"--{given[0].replace('_', '-')} belongs to --timing realistic, not knee")
+        elif self.decode_ms == 0 and not self.instant:
+            raise ValueError("--timing realistic needs --decode-ms > 0 (the peak is fitted from it); use --timing knee for a "
+                             "step cost without a fixed part")
         if self.fail_at_startup is not None and self.fail_after_ready is not None:
             raise ValueError("--fail-at-startup and --fail-after-ready exclude each other")
         if self.hang_loading and (self.fail_at_startup is not None or self.fail_after_ready is not None):
@@ -118,6 +156,21 @@ class SimConfig(BaseModel):
     @property
     def speculative(self) -> bool:
         return self.tokens_per_step > 1
+
+    @property
+    def spec_draft_tokens(self) -> int:
+        """Draft tokens per step (what --num-speculative-tokens would be): the mean length rounded up, less one."""
+        return math.ceil(self.tokens_per_step) - 1
+
+    @property
+    def resolved_peak_batch(self) -> int:
+        return self.peak_batch if self.peak_batch is not None else max(1, self.max_running // 2)
+
+    @property
+    def steps(self) -> StepModel:
+        """The step-cost model of this configuration (servefleet.sim.timing)."""
+        return step_model(self.timing, self.decode_ms, self.decode_ms_per_running, self.resolved_peak_batch,
+                          self.decline_at_2x_peak, self.api_events_per_s, self.instant)
 
     @property
     def spec_algorithm(self) -> str | None:

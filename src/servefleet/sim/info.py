@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from servefleet.sim.config import SimConfig
-from servefleet.sim.scheduler import Stats
+from servefleet.sim.scheduler import Histogram, Stats
 from servefleet.sim.styles import Memory
 
 __all__ = ["metrics_text", "server_info", "models_body", "model_info"]
@@ -29,6 +29,18 @@ def _family(lines: list[str], name: str, kind: str, doc: str, value: float, labe
     lines.append(f"# HELP {name} {doc}")
     lines.append(f"# TYPE {name} {kind}")
     lines.append(f"{name}{{{labels}}} {float(value)!r}")
+
+
+def _histogram(lines: list[str], name: str, doc: str, hist: Histogram, labels: str) -> None:
+    lines.append(f"# HELP {name} {doc}")
+    lines.append(f"# TYPE {name} histogram")
+    running = 0
+    for bound, n in zip((*hist.bounds, None), hist.counts):
+        running += n
+        le = "+Inf" if bound is None else repr(float(bound))
+        lines.append(f'{name}_bucket{{{labels},le="{le}"}} {float(running)!r}')
+    lines.append(f"{name}_sum{{{labels}}} {float(hist.sum)!r}")
+    lines.append(f"{name}_count{{{labels}}} {float(hist.count)!r}")
 
 
 def metrics_text(cfg: SimConfig, stats: Stats, now: float | None = None) -> str:
@@ -57,6 +69,12 @@ def metrics_text(cfg: SimConfig, stats: Stats, now: float | None = None) -> str:
     _family(out, "sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", stats.prompt_tokens_total, sg)
     _family(out, "sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", stats.generation_tokens_total, sg)
     _family(out, "sglang:num_requests_total", "counter", "Number of requests processed.", stats.requests_finished, sg)
+    for prefix, labels in (("vllm", vl), ("sglang", sg)):
+        _histogram(out, f"{prefix}:time_to_first_token_seconds", "Histogram of time to first token in seconds.", stats.ttft, labels)
+        _histogram(out, f"{prefix}:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", stats.itl, labels)
+        _histogram(out, f"{prefix}:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", stats.e2e, labels)
+    _histogram(out, "vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+               stats.tpot, vl)
     if cfg.speculative:
         _family(out, "sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
                 float(cfg.tokens_per_step), sg)
@@ -79,9 +97,9 @@ def server_info(cfg: SimConfig, stats: Stats, port: int) -> dict[str, Any]:
         "mem_fraction_static": cfg.mem_fraction_static, "max_running_requests": cfg.max_running, "max_total_tokens": cfg.kv_tokens,
         "context_length": cfg.context_length, "chunked_prefill_size": 8192, "max_prefill_tokens": 16384, "tp_size": cfg.tp,
         "dp_size": 1, "page_size": 1, "random_seed": cfg.seed, "speculative_algorithm": spec,
-        "speculative_num_steps": cfg.tokens_per_step - 1 if spec else None,
+        "speculative_num_steps": cfg.spec_draft_tokens if spec else None,
         "speculative_eagle_topk": 1 if spec else None,
-        "speculative_num_draft_tokens": cfg.tokens_per_step if spec else None,
+        "speculative_num_draft_tokens": cfg.spec_draft_tokens + 1 if spec else None,
         "max_total_num_tokens": cfg.kv_tokens,
         "max_req_input_len": cfg.context_length - 1,
         "internal_states": [state],

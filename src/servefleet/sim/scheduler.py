@@ -1,10 +1,13 @@
 """The batching/timing model: ONE loop task steps every running request (see :mod:`.theory`).
 
 Requests never sleep on their own. The loop admits from a FIFO queue at each step boundary (bounded
-by ``max_running`` and the KV tokens reserved), sleeps for the step's cost, then hands each request
-its new tokens: a streaming request is woken with a count per step (one SSE chunk each), a
-non-streaming one only when it finishes. With 256+ concurrent requests the cost per step is one
-pass over a list, which keeps the sim cheap next to the clients it is measuring.
+by ``max_running`` and the KV tokens reserved), sleeps for the step's cost (:mod:`.timing`), then
+hands each request its new tokens: a streaming request gets a count per step (one SSE chunk each), a
+non-streaming one is woken only when it finishes. In realistic timing a streamed step's event goes
+through the :class:`EventPipe` first -- the API process, which sends at most ``api_events_per_s``
+events a second -- so a streaming client waits for it while the engine has moved on. With 256+
+concurrent requests the cost per step is one pass over a list, which keeps the sim cheap next to the
+clients it is measuring.
 """
 
 from __future__ import annotations
@@ -16,15 +19,44 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servefleet.sim.config import SimConfig
+from servefleet.sim.timing import tokens_after
 
-__all__ = ["SimRequest", "Scheduler", "Stats", "StepInfo"]
+__all__ = ["EventPipe", "Histogram", "SimRequest", "Scheduler", "Stats", "StepInfo"]
+
+# vLLM 0.32's default buckets (vllm/v1/metrics/buckets.py), seconds.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+                   960.0, 1920.0, 7680.0)
+
+
+class Histogram:
+    """A Prometheus histogram: per-bucket counts (not cumulative here), sum and count."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        i = 0
+        while i < len(self.bounds) and value > self.bounds[i]:
+            i += 1
+        self.counts[i] += n
+        self.sum += value * n
+        self.count += n
+
 
 
 class SimRequest:
     """One request's progress through the scheduler."""
 
-    __slots__ = ("prompt_tokens", "target", "reserve", "stream", "generated", "pending", "waiter",
-                 "done", "cancelled", "prefilled", "arrived", "first_token_at")
+    __slots__ = ("prompt_tokens", "target", "reserve", "stream", "generated", "delivered", "decode_steps", "pending",
+                 "waiter", "done", "cancelled", "prefilled", "arrived", "first_token_at", "finished_at")
 
     def __init__(self, prompt_tokens: int, target: int, reserve: int, stream: bool) -> None:
         self.prompt_tokens = prompt_tokens
@@ -32,6 +64,8 @@ class SimRequest:
         self.reserve = reserve  # KV tokens held while it runs (prompt + max_tokens)
         self.stream = stream
         self.generated = 0
+        self.delivered = 0  # tokens handed to the stream (after the API process, in realistic timing)
+        self.decode_steps = 0
         self.pending: list[int] = []  # token counts per step not yet sent (streaming only)
         self.waiter: asyncio.Future[None] | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -39,6 +73,7 @@ class SimRequest:
         self.prefilled = False
         self.arrived = time.monotonic()
         self.first_token_at: float | None = None
+        self.finished_at: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -46,7 +81,7 @@ class SimRequest:
 
     async def next_steps(self) -> list[int]:
         """Token counts of the steps since the last call (waits for at least one, or the end)."""
-        while not self.pending and not self.finished:
+        while not self.pending and self.delivered < self.target and not self.cancelled:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
             self.waiter = None
@@ -71,6 +106,23 @@ class Stats:
 
     def __post_init__(self) -> None:
         self._samples: deque[tuple[float, int]] = deque(maxlen=64)
+        # Request latencies as the engine sees them (from arrival; engine-side times, so a streamed
+        # request's wait in the API process is not in them).
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.tpot = Histogram(ITL_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(LATENCY_BUCKETS)
+
+    def observe_finished(self, req: "SimRequest", now: float) -> None:
+        first = req.first_token_at
+        self.e2e.observe(now - req.arrived)
+        if first is None:
+            return
+        self.ttft.observe(first - req.arrived)
+        if req.generated > 1:
+            self.tpot.observe((now - first) / (req.generated - 1))
+        if req.decode_steps:
+            self.itl.observe((now - first) / req.decode_steps, req.decode_steps)
 
     def sample(self, now: float) -> None:
         if not self._samples or now - self._samples[-1][0] >= 0.25:
@@ -102,9 +154,73 @@ class StepInfo:
     step_s: float
 
 
+def _hand_over(req: SimRequest, n: int) -> None:
+    """Give a streaming request ``n`` more tokens (one SSE chunk) and wake its handler."""
+    req.pending.append(n)
+    req.delivered += n
+    w = req.waiter
+    if w is not None and not w.done():
+        w.set_result(None)
+
+
+class EventPipe:
+    """The API process of a realistic sim: streamed events leave one after another, ``1 / rate`` seconds
+    each (vLLM's API server sends one SSE event per step per request; on the H200 that capped
+    streaming at ~18.5k tok/s). Events are released in small batches, at most every millisecond."""
+
+    def __init__(self, events_per_s: float) -> None:
+        self.cost_s = 1.0 / events_per_s
+        self.queue: deque[tuple[float, SimRequest, int]] = deque()
+        self.free_at = 0.0  # when the API process is done with the events already sent
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def push(self, at: float, req: SimRequest, n: int) -> None:
+        self.queue.append((at, req, n))
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="sim-api-events")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        queue, cost = self.queue, self.cost_s
+        while True:
+            if not queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            now = loop.time()
+            while queue:
+                at, req, n = queue[0]
+                sent = max(self.free_at, at) + cost
+                if sent > now:
+                    break
+                queue.popleft()
+                self.free_at = sent
+                if not req.cancelled:
+                    _hand_over(req, n)
+            if queue:
+                at = queue[0][0]
+                await asyncio.sleep(max(max(self.free_at, at) + cost - loop.time(), 0.001))
+
+
 class Scheduler:
     def __init__(self, config: SimConfig, stats: Stats, on_step: Callable[[StepInfo], None] | None = None) -> None:
         self.cfg = config
+        self.steps = config.steps
+        rate = self.steps.api_events_per_s
+        self.pipe = EventPipe(rate) if rate else None
         self.stats = stats
         self.on_step = on_step
         self.waiting: deque[SimRequest] = deque()
@@ -138,8 +254,12 @@ class Scheduler:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self.run(), name="sim-scheduler")
+        if self.pipe is not None:
+            self.pipe.start()
 
     async def stop(self) -> None:
+        if self.pipe is not None:
+            await self.pipe.stop()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -182,8 +302,7 @@ class Scheduler:
                 continue
             batch = list(self.running)
             new_tokens = sum(r.prompt_tokens for r in admitted)
-            step_s = (cfg.decode_ms + cfg.decode_ms_per_running * len(batch)
-                      + cfg.prefill_ms_per_1k_tokens * new_tokens / 1000.0) / 1000.0
+            step_s = (self.steps.step_ms(len(batch)) + cfg.prefill_ms_per_1k_tokens * new_tokens / 1000.0) / 1000.0
             now = loop.time()
             # Start where the last step planned to end, unless we fell more than a step behind.
             start = next_at if next_at is not None and now - next_at < max(step_s, 0.002) else now
@@ -203,8 +322,10 @@ class Scheduler:
             if self.on_step is not None:
                 self.on_step(StepInfo(len(admitted), new_tokens, len(batch), len(self.waiting), stats.used_tokens, step_s))
 
-    def _advance(self, batch: list[SimRequest], k: int, now: float) -> None:
+    def _advance(self, batch: list[SimRequest], k: float, now: float) -> None:
         stats = self.stats
+        pipe = self.pipe
+        drafts = self.cfg.spec_draft_tokens
         produced = 0
         used = 0
         finished: list[SimRequest] = []
@@ -212,10 +333,11 @@ class Scheduler:
             if req.cancelled:
                 continue
             if req.prefilled:
-                n = min(k, req.target - req.generated)
-                if k > 1:
+                req.decode_steps += 1
+                n = min(1 + tokens_after(req.decode_steps, k) - req.generated, req.target - req.generated)
+                if drafts:
                     stats.spec_drafts_total += 1
-                    stats.spec_draft_total += k - 1
+                    stats.spec_draft_total += drafts
                     stats.spec_accepted_total += max(n - 1, 0)
             else:
                 req.prefilled = True
@@ -225,11 +347,12 @@ class Scheduler:
             produced += n
             used += req.prompt_tokens + req.generated
             if req.stream and n:
-                req.pending.append(n)
-                w = req.waiter
-                if w is not None and not w.done():
-                    w.set_result(None)
+                if pipe is None:
+                    _hand_over(req, n)
+                else:
+                    pipe.push(now, req, n)
             if req.generated >= req.target:
+                req.finished_at = now
                 finished.append(req)
         stats.generation_tokens_total += produced
         if finished:
@@ -239,6 +362,7 @@ class Scheduler:
             self.kv_reserved -= req.reserve
             used -= req.prompt_tokens + req.generated
             stats.requests_finished += 1
+            stats.observe_finished(req, now)
             w = req.waiter
             if w is not None and not w.done():
                 w.set_result(None)

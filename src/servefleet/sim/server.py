@@ -25,6 +25,7 @@ from servefleet.sim.logline import LogWriter
 from servefleet.sim.openai_api import DONE, ApiError, Job, StreamEncoder, error_body, full_body, parse_job
 from servefleet.sim.scheduler import Scheduler, SimRequest, Stats, StepInfo
 from servefleet.sim.styles import access_line, sglang_batch_line, vllm_stats_lines
+from servefleet.sim.timing import tokens_after
 from servefleet.sim.tokens import TextBank, render_chat, token_ids
 
 __all__ = ["SimServer"]
@@ -275,12 +276,13 @@ async def _delivered(transport: asyncio.Transport | None, limit_s: float = 1.0) 
 
 
 @lru_cache(maxsize=8192)
-def _pieces(bank: TextBank, start: int, target: int, k: int) -> tuple[str, ...]:
-    """The text of each step of an instant stream: 1 token (prefill), then k per step."""
+def _pieces(bank: TextBank, start: int, target: int, k: float) -> tuple[str, ...]:
+    """The text of each step of an instant stream: 1 token (prefill), then k per step (a mean)."""
     out = [bank.text(start, 0, min(1, target))]
-    pos = 1
+    pos, steps = 1, 0
     while pos < target:
-        nxt = min(pos + k, target)
+        steps += 1
+        nxt = min(1 + tokens_after(steps, k), target)
         out.append(bank.text(start, pos, nxt))
         pos = nxt
     return tuple(out)

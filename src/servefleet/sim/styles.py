@@ -77,7 +77,7 @@ def _shards(cfg: SimConfig, start: float, end: float) -> list[Event]:
 # ---- SGLang ------------------------------------------------------------------------------------
 def _sglang_server_args(cfg: SimConfig, port: int) -> str:
     spec = cfg.spec_algorithm
-    steps = cfg.tokens_per_step - 1 if spec else None
+    steps = cfg.spec_draft_tokens if spec else None
     fields = [
         f"model_path={cfg.model!r}", f"tokenizer_path={cfg.model!r}", "tokenizer_mode='auto'", "skip_tokenizer_init=False",
         "load_format='auto'", "trust_remote_code=False", "dtype='auto'", "kv_cache_dtype='auto'", "quantization=None",
@@ -90,7 +90,7 @@ def _sglang_server_args(cfg: SimConfig, port: int) -> str:
         "decode_log_interval=40", "api_key=None", "dp_size=1", "attention_backend=None", "sampling_backend='flashinfer'",
         "grammar_backend='xgrammar'", f"speculative_algorithm={spec!r}", "speculative_draft_model_path=None",
         f"speculative_num_steps={steps}", f"speculative_eagle_topk={1 if spec else None}",
-        f"speculative_num_draft_tokens={cfg.tokens_per_step if spec else None}", "disable_radix_cache=False",
+        f"speculative_num_draft_tokens={cfg.spec_draft_tokens + 1 if spec else None}", "disable_radix_cache=False",
         "disable_cuda_graph=False", "enable_torch_compile=False", "cuda_graph_max_bs=256", "enable_mixed_chunk=False",
         "disaggregation_mode='null'",
     ]
@@ -131,7 +131,7 @@ def _sglang_events(cfg: SimConfig, port: int) -> list[Event]:
 def _vllm_events(cfg: SimConfig, port: int) -> list[Event]:
     mem = Memory.of(cfg)
     kv_gib = mem.kv_k + mem.kv_v
-    spec = (f"SpeculativeConfig(method='{cfg.spec_algorithm.lower()}', model='{cfg.model}', num_spec_tokens={cfg.tokens_per_step - 1})"
+    spec = (f"SpeculativeConfig(method='{cfg.spec_algorithm.lower()}', model='{cfg.model}', num_spec_tokens={cfg.spec_draft_tokens})"
             if cfg.speculative else "None")
     args = {"model_tag": cfg.model, "host": cfg.host, "port": port, "model": cfg.model, "max_model_len": cfg.context_length,
             "gpu_memory_utilization": cfg.gpu_memory_utilization, "max_num_seqs": cfg.max_running}
