@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import resource
 import signal
 import statistics
 import subprocess
@@ -291,14 +293,151 @@ def render(result: dict[str, Any]) -> None:
         console.print(line)
 
 
+# ---- up: launch + wait of N slow-loading servers, the remote commands it costs -----------------
+
+UP_RESULTS = RESULTS.with_name("remote-up.json")
+
+
+def write_up_fleet(server: SSHServer, work: Path, n: int, load_s: float) -> Path:
+    """A fleet of ``n`` sim servers on the rig, each loading for ``load_s`` seconds."""
+    remote = work / "remote"
+    remote.mkdir(parents=True, exist_ok=True)
+    parts = [
+        f'[fleet]\nname = "bench"\ntimeout = {load_s * 4 + 60}\nstall = 60\n',
+        f'[hosts.rig]\nssh = "{server.destination}"\nport = {server.port}\n'
+        f'identity_file = "{server.identity_file}"\nknown_hosts = "{server.known_hosts}"\n'
+        f'config_file = "{server.client_config()}"\nworkdir = {json.dumps(str(remote))}\n'
+        f'python = "{sys.executable}"\nconnect_timeout = 10\n',
+        f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "rig"\nargs = ["--load-time", "{load_s}", "--shards", "8"]\n',
+    ]
+    for i, port in enumerate(free_ports(n)):
+        parts.append(f'[[servers]]\nname = "s{i:02d}"\nport = {port}\n')
+    path = work / "fleet.toml"
+    path.write_text("\n".join(parts))
+    return path
+
+
+@contextlib.contextmanager
+def waiting_mode(mode: str):
+    """``poll``: the waiter's polling path (what every SSH wait did before the remote watcher),
+    by hiding SSHHost's ``watch`` capability for the run; ``watch``: as shipped."""
+    saved = SSHHost.__dict__.get("watch")
+    if mode == "poll" and saved is not None:
+        delattr(SSHHost, "watch")
+    try:
+        yield
+    finally:
+        if saved is not None and "watch" not in SSHHost.__dict__:
+            SSHHost.watch = saved  # type: ignore[attr-defined]
+
+
+def _cpu_s() -> float:
+    self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Path) -> dict[str, Any]:
+    from servefleet.fleet import Fleet
+
+    work = Path(tempfile.mkdtemp(prefix=f"up-n{n}-{mode}-", dir=root))
+    fleet = Fleet.load(write_up_fleet(server, work, n, load_s))
+    try:
+        with waiting_mode(mode):
+            cpu0, t0 = _cpu_s(), time.perf_counter()
+            outcomes = await fleet.start()
+            host = fleet.binding("rig").host
+            assert isinstance(host, SSHHost)
+            launched = host.commands
+            verdicts = await fleet.wait(outcomes)
+            wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+            total = host.commands
+        states = {name: v.state.value for name, v in verdicts.items()}
+        assert set(states.values()) == {"ready"}, verdicts
+    finally:
+        await fleet.down(grace_s=2)
+        await fleet.close()
+    return {
+        "n": n, "mode": mode, "load_s": load_s, "up_s": wall, "local_cpu_s": cpu,
+        "commands": {"launch": launched, "wait": total - launched, "total": total},
+        "wait_commands_per_server": (total - launched) / n, "commands_per_server": total / n,
+        "commands_per_s": total / wall,
+    }
+
+
+async def up_async(args: argparse.Namespace) -> dict[str, Any]:
+    reason = sshd_unavailable_reason()
+    if reason:
+        raise SystemExit(f"cannot run: {reason}")
+    load_before = os.getloadavg()
+    root = Path(tempfile.mkdtemp(prefix="sf-remote-up-"))
+    server = SSHServer(root / "sshd").start()
+    rows: list[dict[str, Any]] = []
+    try:
+        for n in args.sizes:
+            for mode in args.modes:
+                runs = [await up_round(server, n, args.load_time, mode, root) for _ in range(args.repeats)]
+                row = dict(runs[0])
+                for key in ("up_s", "local_cpu_s", "commands_per_s", "wait_commands_per_server", "commands_per_server"):
+                    row[key] = statistics.median(r[key] for r in runs)
+                    row[f"{key}_all"] = [round(r[key], 3) for r in runs]
+                row["commands_all"] = [r["commands"] for r in runs]
+                rows.append(row)
+    finally:
+        server.stop()
+    by = {(r["n"], r["mode"]): r for r in rows}
+    ratios = []
+    for n in args.sizes:
+        if (n, "poll") in by and (n, "watch") in by:
+            poll, watch = by[(n, "poll")], by[(n, "watch")]
+            ratios.append({
+                "n": n,
+                "wait_commands_poll_over_watch": poll["wait_commands_per_server"] / max(watch["wait_commands_per_server"], 1e-9),
+                "local_cpu_poll_over_watch": poll["local_cpu_s"] / watch["local_cpu_s"],
+                "up_s_poll_over_watch": poll["up_s"] / watch["up_s"],
+            })
+    return {
+        "benchmark": "remote-up",
+        "what": "servefleet up (Fleet.start + Fleet.wait) of N slow-loading sim servers on an SSH host: remote commands (SSHHost.commands: one per ssh client process that runs a remote program), wall time and local CPU (this process + its children: the ssh clients); wait = polling ssh commands (poll) vs one remote watcher per server (watch)",
+        "sizes": args.sizes, "modes": args.modes, "load_time_s": args.load_time, "repeats": args.repeats,
+        "rows": rows, "ratios": ratios,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ssh": _ssh_version(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+    }
+
+
+def render_up(result: dict[str, Any]) -> None:
+    table = Table(title=f"servefleet up over SSH: N servers loading {result['load_time_s']}s each (median of {result['repeats']})")
+    for col in ("N", "wait", "up s", "local CPU s", "commands launch/wait/total", "wait cmds/server", "cmds/server", "cmds/s"):
+        table.add_column(col, justify="left" if col == "wait" else "right")
+    for r in result["rows"]:
+        c = r["commands"]
+        table.add_row(str(r["n"]), r["mode"], f"{r['up_s']:.2f}", f"{r['local_cpu_s']:.2f}", f"{c['launch']}/{c['wait']}/{c['total']}",
+                      f"{r['wait_commands_per_server']:.1f}", f"{r['commands_per_server']:.1f}", f"{r['commands_per_s']:.1f}")
+    console = Console()
+    console.print(table)
+    for r in result["ratios"]:
+        console.print(f"N={r['n']}: poll / watch = {r['wait_commands_poll_over_watch']:.1f}x wait commands, {r['local_cpu_poll_over_watch']:.1f}x local CPU, {r['up_s_poll_over_watch']:.2f}x up time")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--login-rc", action="store_true", help="let bash read the login user's ~/.bashrc for every command (as on many real hosts)")
     parser.add_argument("--only", choices=["all", "status"], default="all", help="status: the multiplexed transport only (status per question vs batched); writes remote-status.json")
+    parser.add_argument("--up", action="store_true", help="measure `servefleet up` (launch + wait) of slow-loading servers instead: remote commands per server, polling wait vs remote watcher; writes remote-up.json")
+    parser.add_argument("--modes", nargs="+", choices=["poll", "watch"], default=["poll", "watch"], help="with --up: which wait paths to run, side by side")
+    parser.add_argument("--load-time", type=float, default=4.8, help="with --up: seconds each sim server takes to load")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.up:
+        args.sizes = args.sizes if args.sizes != [1, 8, 32] else [1, 4]
+        args.out = args.out or UP_RESULTS
+        result = asyncio.run(up_async(args))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        render_up(result)
+        print(f"wrote {args.out}")
+        return
     args.out = args.out or (STATUS_RESULTS if args.only == "status" else RESULTS)
     result = asyncio.run(main_async(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
