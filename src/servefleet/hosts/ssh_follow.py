@@ -28,7 +28,7 @@ import secrets
 import shlex
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -61,8 +61,9 @@ def classify_tail_notice(line: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _stream(host: SSHHost, remote: str) -> AsyncIterator[asyncio.subprocess.Process]:
-    """One remote FOLLOW or WATCH process, holding a long-lived session slot (or a direct connection)."""
+async def _stream(host: SSHHost, remote: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, Callable[[], bool]]]:
+    """One remote FOLLOW or WATCH process, holding a long-lived session slot (or a direct
+    connection), and a test of whether the connection it rides still lives."""
     host.commands += 1
 
     async def start(argv: list[str]) -> asyncio.subprocess.Process:
@@ -71,14 +72,15 @@ async def _stream(host: SSHHost, remote: str) -> AsyncIterator[asyncio.subproces
     if host.pool is None:
         proc = await start(ssh_argv(host.spec, "direct", None, flags=["-T"], remote=remote))
         try:
-            yield proc
+            yield proc, lambda: proc.returncode is None
         finally:
             await _stop(proc)
         return
     async with host.pool.session(long=True) as master:
         proc = await start(ssh_argv(host.spec, "client", master.path, flags=["-T"], remote=remote))
+        pool = host.pool
         try:
-            yield proc
+            yield proc, lambda: pool.alive(master)
         finally:
             await _stop(proc)
             if proc.returncode == 255:
@@ -110,7 +112,8 @@ def watch(host: SSHHost, log_path: str | None, offset: int = 0, *, pgid: int | N
     """``WatchHost.watch`` over SSH: the log, the exit and a heartbeat from one remote watcher
     (ssh_scripts.WATCH) on one long-lived session, instead of a command per poll. Besides a
     dropped link (reconnect, as ``follow``), a stream on which nothing — not even the heartbeat —
-    arrives for ``alive_timeout`` is restarted once; silent again, the host is unreachable."""
+    arrives from the watcher for ``alive_timeout`` (log bytes do not count: tail may outlive a
+    killed watcher loop) is restarted once; silent again, the host is unreachable."""
     return _streams(host, log_path, offset, _Watch(pgid, status_path, float(host.spec.alive_timeout)))
 
 
@@ -131,22 +134,25 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
     tail_failures = 0
     silent_streams = 0  # streams in a row that went quiet (job only)
     absent = False  # LogAbsent() yielded, its appearance not yet
+    # The remote's last word (a header, a heartbeat, an exit) on any stream so far; log bytes do
+    # not count (tail may outlive a killed watcher loop), nor does a stream that never started.
+    heard_at = time.monotonic()
     backoff = 0.05
     while True:
-        restart_now = silent = reconnect_failed = False
+        restart_now = silent = reconnect_failed = master_lost = False
         code: int | None = None
         stderr_text = ""
         token = secrets.token_hex(16)
         remote = scripts.watch_argv(path, offset, host.tail_has_pid, token, job.pgid, job.status_path, HEARTBEAT_S) if job else scripts.follow_argv(path or "", offset, host.tail_has_pid)
-        heard_at = time.monotonic()
         exit_info: tuple[int | None, int | None] | None = None  # (code, log size) once the watcher said so
         exit_due = 0.0
         try:
-            async with _stream(host, shlex.join(remote)) as proc:
+            async with _stream(host, shlex.join(remote)) as (proc, link_alive):
                 assert proc.stdout is not None and proc.stderr is not None
                 header = await _within(proc.stdout.readline(), job.silence_s if job else None)
                 if header is None:
                     silent = True
+                    master_lost = not link_alive()
                 elif header:
                     heard_at = time.monotonic()
                     lost_since, backoff = None, 0.05
@@ -168,13 +174,14 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
                     try:
                         while out_task is not None or err_task is not None:
                             waiting = {t for t in (out_task, err_task) if t is not None}
-                            timeout = job.silence_s if job else None
+                            timeout = max(0.0, heard_at + job.silence_s - time.monotonic()) if job else None
                             if exit_info is not None:
                                 timeout = max(0.0, exit_due - time.monotonic())
                             done, _pending = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                             if not done:
                                 if exit_info is None:
                                     silent = True  # not even a heartbeat
+                                    master_lost = not link_alive()
                                     break
                                 # tail has not delivered the log's last bytes in time: read them
                                 rest = await _rest(host, path, offset, exit_info[1])
@@ -182,14 +189,14 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
                                     yield rest
                                 yield _exited(exit_info[0], job)
                                 return
-                            heard_at = time.monotonic()
-                            silent_streams = 0
                             # stderr first: a truncation notice outranks data that follows it.
                             if err_task is not None and err_task in done:
                                 line = err_task.result()
                                 err_task = asyncio.ensure_future(proc.stderr.readline()) if line else None
                                 text = line.decode(errors="replace")
                                 if job and text.startswith(token + " "):
+                                    heard_at = time.monotonic()
+                                    silent_streams = 0
                                     fields = text.split()[1:]
                                     if fields and fields[0] == "exit":
                                         exit_info = scripts.parse_watch_exit(fields[1:])
@@ -256,14 +263,15 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
             # Nothing on a stream that should speak every HEARTBEAT_S: once, the watcher may have
             # died (a new one starts); twice in a row, the link is gone.
             silent_streams += 1
-            if silent_streams >= 2:
+            if silent_streams >= 2 or master_lost:  # the master's keep-alives failed as well
                 raise _silent_link(host, what, quiet_s)
             continue
         # The stream ended without our asking: a dropped link, or tail itself failed.
         if reconnect_failed or (code == 255 and (classify_ssh_failure(code, stderr_text) or not stderr_text.strip())):
-            if job is not None and not reconnect_failed and quiet_s >= max(host.spec.alive_interval, 2 * HEARTBEAT_S):
-                # The master died after a quiet spell longer than the heartbeat allows: its
-                # keep-alives went unanswered (a silent link), not a dropped connection.
+            if job is not None and (silent_streams or (not reconnect_failed and quiet_s >= max(host.spec.alive_interval, 2 * HEARTBEAT_S))):
+                # The master died after a quiet spell longer than the heartbeat allows (or right
+                # after a stream went quiet): its keep-alives went unanswered, a silent link,
+                # not a dropped connection. Reconnecting would only wait out ConnectTimeout.
                 raise _silent_link(host, what, quiet_s)
             now = time.monotonic()
             lost_since = lost_since or now
