@@ -30,7 +30,19 @@ Run:  .venv/bin/python benchmarks/remote.py                 (several minutes on 
       .venv/bin/python benchmarks/remote.py --only status  (multiplexed transport only: status per
                                                             question vs batched, compared with the
                                                             figures in results/remote.json)
-Writes benchmarks/results/remote.json (``--only status``: remote-status.json) and prints a table.
+      .venv/bin/python benchmarks/remote.py --up           (`servefleet up` of N = 1 and 4 servers
+                                                            loading 4.8 s: remote commands per
+                                                            server, local CPU; the polling wait
+                                                            and the remote watcher side by side)
+Writes benchmarks/results/remote.json (``--only status``: remote-status.json; ``--up``:
+remote-up.json) and prints a table.
+
+``--up`` runs the fleet layer itself (Fleet.start, then Fleet.wait, smoke request included) from
+a new Fleet per round. ``poll`` is the wait every SSH host had before the remote watcher (the
+status file every 50 ms, the process group every 100 ms, each an ssh command), obtained by hiding
+SSHHost.watch so the waiter falls back to it; ``watch`` is the shipped path (hosts/ssh_follow.py
+watch). Remote commands are counted by SSHHost.commands and, independently, from the sessions
+the rig's sshd logs.
 """
 
 from __future__ import annotations
@@ -331,6 +343,11 @@ def waiting_mode(mode: str):
             SSHHost.watch = saved  # type: ignore[attr-defined]
 
 
+def _sshd_sessions(server: SSHServer) -> int:
+    """Remote commands the rig's sshd has started (LogLevel VERBOSE logs each session)."""
+    return server.log_file.read_bytes().count(b"Starting session: command")
+
+
 def _cpu_s() -> float:
     self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime
@@ -343,14 +360,15 @@ async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Pa
     fleet = Fleet.load(write_up_fleet(server, work, n, load_s))
     try:
         with waiting_mode(mode):
+            sessions0 = _sshd_sessions(server)
             cpu0, t0 = _cpu_s(), time.perf_counter()
             outcomes = await fleet.start()
             host = fleet.binding("rig").host
             assert isinstance(host, SSHHost)
-            launched = host.commands
+            launched, sessions1 = host.commands, _sshd_sessions(server)
             verdicts = await fleet.wait(outcomes)
             wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
-            total = host.commands
+            total, sessions2 = host.commands, _sshd_sessions(server)
         states = {name: v.state.value for name, v in verdicts.items()}
         assert set(states.values()) == {"ready"}, verdicts
     finally:
@@ -359,6 +377,7 @@ async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Pa
     return {
         "n": n, "mode": mode, "load_s": load_s, "up_s": wall, "local_cpu_s": cpu,
         "commands": {"launch": launched, "wait": total - launched, "total": total},
+        "sshd_sessions": {"launch": sessions1 - sessions0, "wait": sessions2 - sessions1},  # the same, as sshd counted them
         "wait_commands_per_server": (total - launched) / n, "commands_per_server": total / n,
         "commands_per_s": total / wall,
     }
@@ -406,11 +425,12 @@ async def up_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def render_up(result: dict[str, Any]) -> None:
     table = Table(title=f"servefleet up over SSH: N servers loading {result['load_time_s']}s each (median of {result['repeats']})")
-    for col in ("N", "wait", "up s", "local CPU s", "commands launch/wait/total", "wait cmds/server", "cmds/server", "cmds/s"):
+    for col in ("N", "wait", "up s", "local CPU s", "commands launch/wait/total", "sshd sessions launch/wait", "wait cmds/server", "cmds/server", "cmds/s"):
         table.add_column(col, justify="left" if col == "wait" else "right")
     for r in result["rows"]:
         c = r["commands"]
-        table.add_row(str(r["n"]), r["mode"], f"{r['up_s']:.2f}", f"{r['local_cpu_s']:.2f}", f"{c['launch']}/{c['wait']}/{c['total']}",
+        sessions = r["sshd_sessions"]
+        table.add_row(str(r["n"]), r["mode"], f"{r['up_s']:.2f}", f"{r['local_cpu_s']:.2f}", f"{c['launch']}/{c['wait']}/{c['total']}", f"{sessions['launch']}/{sessions['wait']}",
                       f"{r['wait_commands_per_server']:.1f}", f"{r['commands_per_server']:.1f}", f"{r['commands_per_s']:.1f}")
     console = Console()
     console.print(table)
