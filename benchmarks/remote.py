@@ -310,17 +310,28 @@ def render(result: dict[str, Any]) -> None:
 UP_RESULTS = RESULTS.with_name("remote-up.json")
 
 
-def write_up_fleet(server: SSHServer, work: Path, n: int, load_s: float) -> Path:
-    """A fleet of ``n`` sim servers on the rig, each loading for ``load_s`` seconds."""
+def write_up_fleet(server: SSHServer, work: Path, n: int, load_s: float, engine: str = "sim") -> Path:
+    """A fleet of ``n`` servers on the rig: sim servers loading for ``load_s`` seconds, or
+    (``engine="vllm"``) vLLM's CPU build serving the tiny test model, as tests/test_real_vllm.py."""
     remote = work / "remote"
     remote.mkdir(parents=True, exist_ok=True)
+    if engine == "vllm":
+        from real_engines import VLLM_ARGS, VLLM_ENV, build_tiny_model, engine_python
+
+        model = build_tiny_model(work / "tiny-model")
+        env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in VLLM_ENV.items())
+        defaults = f'[defaults]\nengine = "vllm"\nmodel = {json.dumps(str(model))}\nhost = "rig"\npython = {json.dumps(str(engine_python("vllm")))}\nargs = {json.dumps(list(VLLM_ARGS))}\nenv = {{ {env} }}\n'
+        timeout = 900
+    else:
+        defaults = f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "rig"\nargs = ["--load-time", "{load_s}", "--shards", "8"]\n'
+        timeout = load_s * 4 + 60
     parts = [
-        f'[fleet]\nname = "bench"\ntimeout = {load_s * 4 + 60}\nstall = 60\n',
+        f'[fleet]\nname = "bench"\ntimeout = {timeout}\nstall = 300\n',
         f'[hosts.rig]\nssh = "{server.destination}"\nport = {server.port}\n'
         f'identity_file = "{server.identity_file}"\nknown_hosts = "{server.known_hosts}"\n'
         f'config_file = "{server.client_config()}"\nworkdir = {json.dumps(str(remote))}\n'
         f'python = "{sys.executable}"\nconnect_timeout = 10\n',
-        f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "rig"\nargs = ["--load-time", "{load_s}", "--shards", "8"]\n',
+        defaults,
     ]
     for i, port in enumerate(free_ports(n)):
         parts.append(f'[[servers]]\nname = "s{i:02d}"\nport = {port}\n')
@@ -353,11 +364,11 @@ def _cpu_s() -> float:
     return self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Path) -> dict[str, Any]:
+async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Path, engine: str = "sim") -> dict[str, Any]:
     from servefleet.fleet import Fleet
 
     work = Path(tempfile.mkdtemp(prefix=f"up-n{n}-{mode}-", dir=root))
-    fleet = Fleet.load(write_up_fleet(server, work, n, load_s))
+    fleet = Fleet.load(write_up_fleet(server, work, n, load_s, engine))
     try:
         with waiting_mode(mode):
             sessions0 = _sshd_sessions(server)
@@ -375,7 +386,7 @@ async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Pa
         await fleet.down(grace_s=2)
         await fleet.close()
     return {
-        "n": n, "mode": mode, "load_s": load_s, "up_s": wall, "local_cpu_s": cpu,
+        "n": n, "mode": mode, "engine": engine, "load_s": load_s if engine == "sim" else None, "up_s": wall, "local_cpu_s": cpu,
         "commands": {"launch": launched, "wait": total - launched, "total": total},
         "sshd_sessions": {"launch": sessions1 - sessions0, "wait": sessions2 - sessions1},  # the same, as sshd counted them
         "wait_commands_per_server": (total - launched) / n, "commands_per_server": total / n,
@@ -394,7 +405,7 @@ async def up_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for n in args.sizes:
             for mode in args.modes:
-                runs = [await up_round(server, n, args.load_time, mode, root) for _ in range(args.repeats)]
+                runs = [await up_round(server, n, args.load_time, mode, root, args.engine) for _ in range(args.repeats)]
                 row = dict(runs[0])
                 for key in ("up_s", "local_cpu_s", "commands_per_s", "wait_commands_per_server", "commands_per_server"):
                     row[key] = statistics.median(r[key] for r in runs)
@@ -417,14 +428,15 @@ async def up_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "remote-up",
         "what": "servefleet up (Fleet.start + Fleet.wait) of N slow-loading sim servers on an SSH host: remote commands (SSHHost.commands: one per ssh client process that runs a remote program), wall time and local CPU (this process + its children: the ssh clients); wait = polling ssh commands (poll) vs one remote watcher per server (watch)",
-        "sizes": args.sizes, "modes": args.modes, "load_time_s": args.load_time, "repeats": args.repeats,
+        "engine": args.engine, "sizes": args.sizes, "modes": args.modes, "load_time_s": args.load_time if args.engine == "sim" else None, "repeats": args.repeats,
         "rows": rows, "ratios": ratios,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ssh": _ssh_version(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
     }
 
 
 def render_up(result: dict[str, Any]) -> None:
-    table = Table(title=f"servefleet up over SSH: N servers loading {result['load_time_s']}s each (median of {result['repeats']})")
+    what = f"loading {result['load_time_s']}s each" if result.get("engine", "sim") == "sim" else f"of {result['engine']}"
+    table = Table(title=f"servefleet up over SSH: N servers {what} (median of {result['repeats']})")
     for col in ("N", "wait", "up s", "local CPU s", "commands launch/wait/total", "sshd sessions launch/wait", "wait cmds/server", "cmds/server", "cmds/s"):
         table.add_column(col, justify="left" if col == "wait" else "right")
     for r in result["rows"]:
@@ -447,6 +459,7 @@ def main() -> None:
     parser.add_argument("--up", action="store_true", help="measure `servefleet up` (launch + wait) of slow-loading servers instead: remote commands per server, polling wait vs remote watcher; writes remote-up.json")
     parser.add_argument("--modes", nargs="+", choices=["poll", "watch"], default=["poll", "watch"], help="with --up: which wait paths to run, side by side")
     parser.add_argument("--load-time", type=float, default=4.8, help="with --up: seconds each sim server takes to load")
+    parser.add_argument("--engine", choices=["sim", "vllm"], default="sim", help="with --up: the servers: simulated, or vLLM's CPU build with the tiny test model (scripts/install-real-engines.sh; run it under flock /tmp/servefleet-heavy.lock)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.up:

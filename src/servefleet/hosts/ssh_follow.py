@@ -139,7 +139,7 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
     heard_at = time.monotonic()
     backoff = 0.05
     while True:
-        restart_now = silent = reconnect_failed = master_lost = False
+        restart_now = silent = reconnect_failed = master_lost = started = False
         code: int | None = None
         stderr_text = ""
         token = secrets.token_hex(16)
@@ -154,7 +154,7 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
                     silent = True
                     master_lost = not link_alive()
                 elif header:
-                    heard_at = time.monotonic()
+                    heard_at, started = time.monotonic(), True
                     lost_since, backoff = None, 0.05
                     ino, size = scripts.parse_follow_header(header) if path else (None, None)
                     if job and path and ino is None and not absent:
@@ -268,7 +268,7 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
             continue
         # The stream ended without our asking: a dropped link, or tail itself failed.
         if reconnect_failed or (code == 255 and (classify_ssh_failure(code, stderr_text) or not stderr_text.strip())):
-            if job is not None and (silent_streams or (not reconnect_failed and quiet_s >= max(host.spec.alive_interval, 2 * HEARTBEAT_S))):
+            if job is not None and (silent_streams or (started and quiet_s >= max(host.spec.alive_interval, 2 * HEARTBEAT_S))):
                 # The master died after a quiet spell longer than the heartbeat allows (or right
                 # after a stream went quiet): its keep-alives went unanswered, a silent link,
                 # not a dropped connection. Reconnecting would only wait out ConnectTimeout.
