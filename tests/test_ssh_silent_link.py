@@ -103,7 +103,8 @@ async def test_a_wait_on_a_silent_link_is_unreachable_within_the_alive_timeout(n
         target = WaitTarget(base_url=await host.url_for(8), engine=None, host=host, log_path=str(log), pgid=pgid, status_path=str(status), port=8)
         waiting = asyncio.ensure_future(wait_for_server(target, timeout_s=120, stall_s=120, smoke=False))
         deadline = time.monotonic() + 20
-        while not host.commands or time.monotonic() < deadline and b"Loading" not in log.read_bytes():
+        while not (log.exists() and b"Loading" in log.read_bytes()):
+            assert time.monotonic() < deadline, "the server never started"
             await asyncio.sleep(0.1)
         await asyncio.sleep(1.5)  # the watcher's stream is up and has sent a heartbeat (not synchronisation of a result)
         assert not waiting.done()

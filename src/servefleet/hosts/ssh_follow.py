@@ -46,6 +46,7 @@ __all__ = ["follow", "watch", "classify_tail_notice", "HEARTBEAT_S"]
 CHUNK = 65536
 MAX_TAIL_FAILURES = 3
 HEARTBEAT_S = 1  # the remote watcher's heartbeat (whole seconds: the remote `sleep` may not do fractions)
+LINK_POLL_S = 0.2  # while the watcher is quiet, how often to look whether its connection still lives
 EXIT_CATCHUP_S = 2.0  # after the exit line, how long tail (polling every second without inotify) may take to deliver the log's end
 
 
@@ -113,7 +114,9 @@ def watch(host: SSHHost, log_path: str | None, offset: int = 0, *, pgid: int | N
     (ssh_scripts.WATCH) on one long-lived session, instead of a command per poll. Besides a
     dropped link (reconnect, as ``follow``), a stream on which nothing — not even the heartbeat —
     arrives from the watcher for ``alive_timeout`` (log bytes do not count: tail may outlive a
-    killed watcher loop) is restarted once; silent again, the host is unreachable."""
+    killed watcher loop) is left to its connection's keep-alives for another ``alive_timeout``:
+    the connection dies, the link went silent (HostUnreachable); it lives, the watcher died and
+    a new stream starts."""
     return _streams(host, log_path, offset, _Watch(pgid, status_path, float(host.spec.alive_timeout)))
 
 
@@ -132,7 +135,7 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
     inode: int | None = None
     lost_since: float | None = None  # when the link was first found down (None: it is up)
     tail_failures = 0
-    silent_streams = 0  # streams in a row that went quiet (job only)
+    mute_streams = 0  # streams in a row whose watcher went quiet on a live connection (job only)
     absent = False  # LogAbsent() yielded, its appearance not yet
     # The remote's last word (a header, a heartbeat, an exit) on any stream so far; log bytes do
     # not count (tail may outlive a killed watcher loop), nor does a stream that never started.
@@ -146,6 +149,7 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
         remote = scripts.watch_argv(path, offset, host.tail_has_pid, token, job.pgid, job.status_path, HEARTBEAT_S) if job else scripts.follow_argv(path or "", offset, host.tail_has_pid)
         exit_info: tuple[int | None, int | None] | None = None  # (code, log size) once the watcher said so
         exit_due = 0.0
+        grace_until: float | None = None  # the watcher went quiet: the connection's keep-alives decide until then
         try:
             async with _stream(host, shlex.join(remote)) as (proc, link_alive):
                 assert proc.stdout is not None and proc.stderr is not None
@@ -175,14 +179,24 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
                         while out_task is not None or err_task is not None:
                             waiting = {t for t in (out_task, err_task) if t is not None}
                             timeout = max(0.0, heard_at + job.silence_s - time.monotonic()) if job else None
+                            if grace_until is not None:
+                                timeout = LINK_POLL_S
                             if exit_info is not None:
                                 timeout = max(0.0, exit_due - time.monotonic())
                             done, _pending = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                             if not done:
-                                if exit_info is None:
-                                    silent = True  # not even a heartbeat
-                                    master_lost = not link_alive()
-                                    break
+                                if exit_info is None:  # not even a heartbeat
+                                    # A silent link or a mute watcher? The master's keep-alives
+                                    # (whose timer runs about as ours) end it on a silent link.
+                                    if not link_alive():
+                                        silent = master_lost = True
+                                        break
+                                    if grace_until is None:
+                                        grace_until = time.monotonic() + job.silence_s  # type: ignore[union-attr]
+                                    elif time.monotonic() >= grace_until:
+                                        silent = True  # the link lives, the watcher does not speak
+                                        break
+                                    continue
                                 # tail has not delivered the log's last bytes in time: read them
                                 rest = await _rest(host, path, offset, exit_info[1])
                                 if rest:
@@ -195,8 +209,7 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
                                 err_task = asyncio.ensure_future(proc.stderr.readline()) if line else None
                                 text = line.decode(errors="replace")
                                 if job and text.startswith(token + " "):
-                                    heard_at = time.monotonic()
-                                    silent_streams = 0
+                                    heard_at, grace_until, mute_streams = time.monotonic(), None, 0
                                     fields = text.split()[1:]
                                     if fields and fields[0] == "exit":
                                         exit_info = scripts.parse_watch_exit(fields[1:])
@@ -260,18 +273,20 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
             reconnect_failed, code, stderr_text = True, 255, str(exc)
         quiet_s = time.monotonic() - heard_at
         if silent:
-            # Nothing on a stream that should speak every HEARTBEAT_S: once, the watcher may have
-            # died (a new one starts); twice in a row, the link is gone.
-            silent_streams += 1
-            if silent_streams >= 2 or master_lost:  # the master's keep-alives failed as well
+            # Nothing on a stream that should speak every HEARTBEAT_S. Its connection gone as
+            # well: the link went silent. Still up: the watcher died; a new one starts.
+            if master_lost:
                 raise _silent_link(host, what, quiet_s)
+            mute_streams += 1
+            if mute_streams >= MAX_TAIL_FAILURES:
+                raise HostError(f"the remote watcher of {what} on ssh host {host.name!r} stopped speaking {mute_streams} times in a row on a live connection")
             continue
         # The stream ended without our asking: a dropped link, or tail itself failed.
         if reconnect_failed or (code == 255 and (classify_ssh_failure(code, stderr_text) or not stderr_text.strip())):
-            if job is not None and (silent_streams or (started and quiet_s >= max(host.spec.alive_interval, 2 * HEARTBEAT_S))):
-                # The master died after a quiet spell longer than the heartbeat allows (or right
-                # after a stream went quiet): its keep-alives went unanswered, a silent link,
-                # not a dropped connection. Reconnecting would only wait out ConnectTimeout.
+            if job is not None and started and quiet_s >= max(host.spec.alive_interval, 2 * HEARTBEAT_S):
+                # The master died after a quiet spell longer than the heartbeat allows: its
+                # keep-alives went unanswered, a silent link, not a dropped connection.
+                # Reconnecting would only wait out ConnectTimeout.
                 raise _silent_link(host, what, quiet_s)
             now = time.monotonic()
             lost_since = lost_since or now
