@@ -394,6 +394,26 @@ async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Pa
     }
 
 
+def watcher_loop_cpu(seconds: float = 10.0) -> dict[str, float]:
+    """What one remote watcher costs the remote host while its server loads: CPU of the WATCH
+    loop (and the ``sleep`` it forks every tick) run here on a live process group, without tail."""
+    from servefleet.hosts import ssh_scripts
+
+    group = subprocess.Popen(["sleep", str(seconds + 30)], start_new_session=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    loop = subprocess.Popen(ssh_scripts.watch_argv(None, 0, True, "0" * 32, group.pid, "/nonexistent/status", 1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(seconds)
+    loop.terminate()
+    loop.wait()
+    elapsed = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    group.kill()
+    group.wait()
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"seconds": elapsed, "cpu_s": cpu, "percent_of_a_core": 100 * cpu / elapsed}
+
+
 async def up_async(args: argparse.Namespace) -> dict[str, Any]:
     reason = sshd_unavailable_reason()
     if reason:
@@ -430,6 +450,7 @@ async def up_async(args: argparse.Namespace) -> dict[str, Any]:
         "what": "servefleet up (Fleet.start + Fleet.wait) of N slow-loading sim servers on an SSH host: remote commands (SSHHost.commands: one per ssh client process that runs a remote program), wall time and local CPU (this process + its children: the ssh clients); wait = polling ssh commands (poll) vs one remote watcher per server (watch)",
         "engine": args.engine, "sizes": args.sizes, "modes": args.modes, "load_time_s": args.load_time if args.engine == "sim" else None, "repeats": args.repeats,
         "rows": rows, "ratios": ratios,
+        "watcher_loop_cpu": watcher_loop_cpu(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ssh": _ssh_version(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
     }
 
@@ -446,6 +467,8 @@ def render_up(result: dict[str, Any]) -> None:
                       f"{r['wait_commands_per_server']:.1f}", f"{r['commands_per_server']:.1f}", f"{r['commands_per_s']:.1f}")
     console = Console()
     console.print(table)
+    loop = result["watcher_loop_cpu"]
+    console.print(f"one remote watcher loop: {loop['cpu_s']:.3f} s CPU in {loop['seconds']:.1f} s ({loop['percent_of_a_core']:.2f}% of a core) on the remote")
     for r in result["ratios"]:
         console.print(f"N={r['n']}: poll / watch = {r['wait_commands_poll_over_watch']:.1f}x wait commands, {r['local_cpu_poll_over_watch']:.1f}x local CPU, {r['up_s_poll_over_watch']:.2f}x up time")
 
