@@ -178,9 +178,11 @@ async def _has_watcher(log_path: str) -> bool:
 # -- SSHHost.watch itself -----------------------------------------------------------------------
 
 
-@pytest.fixture
-async def host(sshd_server, tmp_path: Path) -> AsyncIterator[SSHHost]:
-    h = SSHHost(sshd_server.spec(workdir=str(tmp_path / "remote"), **_alive(ALIVE_TIMEOUT)))
+@pytest.fixture(params=["multiplexed", "direct"])
+async def host(request: pytest.FixtureRequest, sshd_server, tmp_path: Path) -> AsyncIterator[SSHHost]:
+    """Over the master connection, and without one (``multiplex = false``: one connection per
+    command, so the watcher's stream is a connection of its own)."""
+    h = SSHHost(sshd_server.spec(workdir=str(tmp_path / "remote"), multiplex=request.param == "multiplexed", **_alive(ALIVE_TIMEOUT)))
     yield h
     await h.close()
 
