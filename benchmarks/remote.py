@@ -30,16 +30,30 @@ Run:  .venv/bin/python benchmarks/remote.py                 (several minutes on 
       .venv/bin/python benchmarks/remote.py --only status  (multiplexed transport only: status per
                                                             question vs batched, compared with the
                                                             figures in results/remote.json)
-Writes benchmarks/results/remote.json (``--only status``: remote-status.json) and prints a table.
+      .venv/bin/python benchmarks/remote.py --up           (`servefleet up` of N = 1 and 4 servers
+                                                            loading 4.8 s: remote commands per
+                                                            server, local CPU; the polling wait
+                                                            and the remote watcher side by side)
+Writes benchmarks/results/remote.json (``--only status``: remote-status.json; ``--up``:
+remote-up.json) and prints a table.
+
+``--up`` runs the fleet layer itself (Fleet.start, then Fleet.wait, smoke request included) from
+a new Fleet per round. ``poll`` is the wait every SSH host had before the remote watcher (the
+status file every 50 ms, the process group every 100 ms, each an ssh command), obtained by hiding
+SSHHost.watch so the waiter falls back to it; ``watch`` is the shipped path (hosts/ssh_follow.py
+watch). Remote commands are counted by SSHHost.commands and, independently, from the sessions
+the rig's sshd logs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import resource
 import signal
 import statistics
 import subprocess
@@ -291,14 +305,198 @@ def render(result: dict[str, Any]) -> None:
         console.print(line)
 
 
+# ---- up: launch + wait of N slow-loading servers, the remote commands it costs -----------------
+
+UP_RESULTS = RESULTS.with_name("remote-up.json")
+
+
+def write_up_fleet(server: SSHServer, work: Path, n: int, load_s: float, engine: str = "sim") -> Path:
+    """A fleet of ``n`` servers on the rig: sim servers loading for ``load_s`` seconds, or
+    (``engine="vllm"``) vLLM's CPU build serving the tiny test model, as tests/test_real_vllm.py."""
+    remote = work / "remote"
+    remote.mkdir(parents=True, exist_ok=True)
+    if engine == "vllm":
+        from real_engines import VLLM_ARGS, VLLM_ENV, build_tiny_model, engine_python
+
+        model = build_tiny_model(work / "tiny-model")
+        env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in VLLM_ENV.items())
+        defaults = f'[defaults]\nengine = "vllm"\nmodel = {json.dumps(str(model))}\nhost = "rig"\npython = {json.dumps(str(engine_python("vllm")))}\nargs = {json.dumps(list(VLLM_ARGS))}\nenv = {{ {env} }}\n'
+        timeout = 900
+    else:
+        defaults = f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "rig"\nargs = ["--load-time", "{load_s}", "--shards", "8"]\n'
+        timeout = load_s * 4 + 60
+    parts = [
+        f'[fleet]\nname = "bench"\ntimeout = {timeout}\nstall = 300\n',
+        f'[hosts.rig]\nssh = "{server.destination}"\nport = {server.port}\n'
+        f'identity_file = "{server.identity_file}"\nknown_hosts = "{server.known_hosts}"\n'
+        f'config_file = "{server.client_config()}"\nworkdir = {json.dumps(str(remote))}\n'
+        f'python = "{sys.executable}"\nconnect_timeout = 10\n',
+        defaults,
+    ]
+    for i, port in enumerate(free_ports(n)):
+        parts.append(f'[[servers]]\nname = "s{i:02d}"\nport = {port}\n')
+    path = work / "fleet.toml"
+    path.write_text("\n".join(parts))
+    return path
+
+
+@contextlib.contextmanager
+def waiting_mode(mode: str):
+    """``poll``: the waiter's polling path (what every SSH wait did before the remote watcher),
+    by hiding SSHHost's ``watch`` capability for the run; ``watch``: as shipped."""
+    saved = SSHHost.__dict__.get("watch")
+    if mode == "poll" and saved is not None:
+        delattr(SSHHost, "watch")
+    try:
+        yield
+    finally:
+        if saved is not None and "watch" not in SSHHost.__dict__:
+            SSHHost.watch = saved  # type: ignore[attr-defined]
+
+
+def _sshd_sessions(server: SSHServer) -> int:
+    """Remote commands the rig's sshd has started (LogLevel VERBOSE logs each session)."""
+    return server.log_file.read_bytes().count(b"Starting session: command")
+
+
+def _cpu_s() -> float:
+    self_, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Path, engine: str = "sim", smoke: bool = True) -> dict[str, Any]:
+    from servefleet.fleet import Fleet
+
+    work = Path(tempfile.mkdtemp(prefix=f"up-n{n}-{mode}-", dir=root))
+    fleet = Fleet.load(write_up_fleet(server, work, n, load_s, engine))
+    try:
+        with waiting_mode(mode):
+            sessions0 = _sshd_sessions(server)
+            cpu0, t0 = _cpu_s(), time.perf_counter()
+            outcomes = await fleet.start()
+            host = fleet.binding("rig").host
+            assert isinstance(host, SSHHost)
+            launched, sessions1 = host.commands, _sshd_sessions(server)
+            verdicts = await fleet.wait(outcomes, smoke=smoke)
+            wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+            total, sessions2 = host.commands, _sshd_sessions(server)
+        states = {name: v.state.value for name, v in verdicts.items()}
+        # a real engine's failure is recorded (the commands it cost count as well), a sim's is a bug here
+        assert engine != "sim" or set(states.values()) == {"ready"}, verdicts
+    finally:
+        await fleet.down(grace_s=2)
+        await fleet.close()
+    return {
+        "n": n, "mode": mode, "engine": engine, "smoke": smoke, "states": states,
+        "failures": {name: f"{v.category.value if v.category else ''}: {v.evidence.text if v.evidence else v.message}" for name, v in verdicts.items() if v.state.value != "ready"}, "load_s": load_s if engine == "sim" else None, "up_s": wall, "local_cpu_s": cpu,
+        "commands": {"launch": launched, "wait": total - launched, "total": total},
+        "sshd_sessions": {"launch": sessions1 - sessions0, "wait": sessions2 - sessions1},  # the same, as sshd counted them
+        "wait_commands_per_server": (total - launched) / n, "commands_per_server": total / n,
+        "commands_per_s": total / wall,
+    }
+
+
+def watcher_loop_cpu(seconds: float = 10.0) -> dict[str, float]:
+    """What one remote watcher costs the remote host while its server loads: CPU of the WATCH
+    loop (and the ``sleep`` it forks every tick) run here on a live process group, without tail."""
+    from servefleet.hosts import ssh_scripts
+
+    group = subprocess.Popen(["sleep", str(seconds + 30)], start_new_session=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    loop = subprocess.Popen(ssh_scripts.watch_argv(None, 0, True, "0" * 32, group.pid, "/nonexistent/status", 1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(seconds)
+    loop.terminate()
+    loop.wait()
+    elapsed = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    group.kill()
+    group.wait()
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"seconds": elapsed, "cpu_s": cpu, "percent_of_a_core": 100 * cpu / elapsed}
+
+
+async def up_async(args: argparse.Namespace) -> dict[str, Any]:
+    reason = sshd_unavailable_reason()
+    if reason:
+        raise SystemExit(f"cannot run: {reason}")
+    load_before = os.getloadavg()
+    root = Path(tempfile.mkdtemp(prefix="sf-remote-up-"))
+    server = SSHServer(root / "sshd").start()
+    rows: list[dict[str, Any]] = []
+    try:
+        for n in args.sizes:
+            for mode in args.modes:
+                runs = [await up_round(server, n, args.load_time, mode, root, args.engine, not args.no_smoke) for _ in range(args.repeats)]
+                row = dict(runs[0])
+                for key in ("up_s", "local_cpu_s", "commands_per_s", "wait_commands_per_server", "commands_per_server"):
+                    row[key] = statistics.median(r[key] for r in runs)
+                    row[f"{key}_all"] = [round(r[key], 3) for r in runs]
+                row["commands_all"] = [r["commands"] for r in runs]
+                rows.append(row)
+    finally:
+        server.stop()
+    by = {(r["n"], r["mode"]): r for r in rows}
+    ratios = []
+    for n in args.sizes:
+        if (n, "poll") in by and (n, "watch") in by:
+            poll, watch = by[(n, "poll")], by[(n, "watch")]
+            ratios.append({
+                "n": n,
+                "wait_commands_poll_over_watch": poll["wait_commands_per_server"] / max(watch["wait_commands_per_server"], 1e-9),
+                "local_cpu_poll_over_watch": poll["local_cpu_s"] / watch["local_cpu_s"],
+                "up_s_poll_over_watch": poll["up_s"] / watch["up_s"],
+            })
+    return {
+        "benchmark": "remote-up",
+        "what": "servefleet up (Fleet.start + Fleet.wait) of N slow-loading sim servers on an SSH host: remote commands (SSHHost.commands: one per ssh client process that runs a remote program), wall time and local CPU (this process + its children: the ssh clients); wait = polling ssh commands (poll) vs one remote watcher per server (watch)",
+        "engine": args.engine, "sizes": args.sizes, "modes": args.modes, "load_time_s": args.load_time if args.engine == "sim" else None, "repeats": args.repeats,
+        "rows": rows, "ratios": ratios,
+        "watcher_loop_cpu": watcher_loop_cpu(),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ssh": _ssh_version(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+    }
+
+
+def render_up(result: dict[str, Any]) -> None:
+    what = f"loading {result['load_time_s']}s each" if result.get("engine", "sim") == "sim" else f"of {result['engine']}"
+    table = Table(title=f"servefleet up over SSH: N servers {what} (median of {result['repeats']})")
+    for col in ("N", "wait", "up s", "local CPU s", "commands launch/wait/total", "sshd sessions launch/wait", "wait cmds/server", "cmds/server", "cmds/s"):
+        table.add_column(col, justify="left" if col == "wait" else "right")
+    for r in result["rows"]:
+        c = r["commands"]
+        sessions = r["sshd_sessions"]
+        table.add_row(str(r["n"]), r["mode"], f"{r['up_s']:.2f}", f"{r['local_cpu_s']:.2f}", f"{c['launch']}/{c['wait']}/{c['total']}", f"{sessions['launch']}/{sessions['wait']}",
+                      f"{r['wait_commands_per_server']:.1f}", f"{r['commands_per_server']:.1f}", f"{r['commands_per_s']:.1f}")
+    console = Console()
+    console.print(table)
+    loop = result["watcher_loop_cpu"]
+    console.print(f"one remote watcher loop: {loop['cpu_s']:.3f} s CPU in {loop['seconds']:.1f} s ({loop['percent_of_a_core']:.2f}% of a core) on the remote")
+    for r in result["ratios"]:
+        console.print(f"N={r['n']}: poll / watch = {r['wait_commands_poll_over_watch']:.1f}x wait commands, {r['local_cpu_poll_over_watch']:.1f}x local CPU, {r['up_s_poll_over_watch']:.2f}x up time")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--login-rc", action="store_true", help="let bash read the login user's ~/.bashrc for every command (as on many real hosts)")
     parser.add_argument("--only", choices=["all", "status"], default="all", help="status: the multiplexed transport only (status per question vs batched); writes remote-status.json")
+    parser.add_argument("--up", action="store_true", help="measure `servefleet up` (launch + wait) of slow-loading servers instead: remote commands per server, polling wait vs remote watcher; writes remote-up.json")
+    parser.add_argument("--modes", nargs="+", choices=["poll", "watch"], default=["poll", "watch"], help="with --up: which wait paths to run, side by side")
+    parser.add_argument("--load-time", type=float, default=4.8, help="with --up: seconds each sim server takes to load")
+    parser.add_argument("--no-smoke", action="store_true", help="with --up: ready at the HTTP probe, without the one-token smoke request")
+    parser.add_argument("--engine", choices=["sim", "vllm"], default="sim", help="with --up: the servers: simulated, or vLLM's CPU build with the tiny test model (scripts/install-real-engines.sh; run it under flock /tmp/servefleet-heavy.lock)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.up:
+        args.sizes = args.sizes if args.sizes != [1, 8, 32] else [1, 4]
+        args.out = args.out or UP_RESULTS
+        result = asyncio.run(up_async(args))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        render_up(result)
+        print(f"wrote {args.out}")
+        return
     args.out = args.out or (STATUS_RESULTS if args.only == "status" else RESULTS)
     result = asyncio.run(main_async(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)

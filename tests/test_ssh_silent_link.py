@@ -84,3 +84,39 @@ async def test_silent_link_is_unreachable_within_the_alive_timeout_and_quiet_ses
     finally:
         await follow.aclose()
         await host.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_wait_on_a_silent_link_is_unreachable_within_the_alive_timeout(netns_sshd, tmp_path: Path) -> None:
+    """A wait asks no command per poll any more: the remote watcher's stream (its heartbeat and
+    the master's keep-alives) is what must notice the silence, within the alive timeout."""
+    import os
+    import signal
+
+    from servefleet.verify.waiter import WaitTarget, wait_for_server
+
+    spec = netns_sshd.spec(workdir=str(tmp_path), options=netns_sshd.client_options(), connect_timeout=10, **SSHSpec.alive_settings(ALIVE_TIMEOUT))
+    host = SSHHost(spec)
+    log, status = tmp_path / "loading.log", tmp_path / "loading.status"
+    pgid = await host.spawn_detached(["sh", "-c", "echo Loading; exec sleep 120"], log_path=str(log), status_path=str(status))
+    try:
+        target = WaitTarget(base_url=await host.url_for(8), engine=None, host=host, log_path=str(log), pgid=pgid, status_path=str(status), port=8)
+        waiting = asyncio.ensure_future(wait_for_server(target, timeout_s=120, stall_s=120, smoke=False))
+        deadline = time.monotonic() + 20
+        while not (log.exists() and b"Loading" in log.read_bytes()):
+            assert time.monotonic() < deadline, "the server never started"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.5)  # the watcher's stream is up and has sent a heartbeat (not synchronisation of a result)
+        assert not waiting.done()
+        commands = host.commands
+        _link(netns_sshd.netns, "down")
+        started = time.monotonic()
+        with pytest.raises(HostUnreachable, match="silent"):
+            await asyncio.wait_for(waiting, 60)
+        elapsed = time.monotonic() - started
+        assert elapsed < ALIVE_TIMEOUT + SLACK, elapsed
+        assert host.commands - commands <= 2  # at most a restarted watcher, no polling
+    finally:
+        _link(netns_sshd.netns, "up")
+        os.killpg(pgid, signal.SIGKILL)
+        await host.close()

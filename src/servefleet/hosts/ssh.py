@@ -6,7 +6,9 @@ client of a master connection (see ssh_master.py), so a model path with spaces, 
 started fully detached on the remote (``setsid`` + the same wrapper as local hosts), so they
 survive the SSH link (or, with ``launcher = "systemd-run"``, as transient units of the user's
 service manager: see ssh_systemd.py); their logs are followed by one streaming ``tail -F`` per log, which
-reconnects and resumes from the last delivered byte when the link drops (ssh_follow.py).
+reconnects and resumes from the last delivered byte when the link drops (ssh_follow.py). A wait
+watches each server with one remote watcher (``watch``: log, exit code and a heartbeat on one
+session) rather than polling with a command every few tens of milliseconds.
 
 Failures are translated once, here: ssh's exit 255 with a connection-level message becomes
 HostUnreachable (within ConnectTimeout), anything else the remote command's CommandError. A link
@@ -31,6 +33,7 @@ from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_a
 from servefleet.hosts.ssh_batch import Op, batch_argv, chunk_ops, parse_batch
 from servefleet.hosts.ssh_master import Master, MasterPool, free_local_port
 from servefleet.hosts.ssh_options import SSHSpec, classify_ssh_failure, ssh_argv, ssh_error
+from servefleet.hosts.watch import WatchItem
 
 __all__ = ["SSHHost", "SSHSpec"]
 
@@ -350,6 +353,13 @@ class SSHHost:
         from servefleet.hosts.ssh_follow import follow
 
         return follow(self, path, offset)
+
+    def watch(self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
+        """The WatchHost capability: log, exit and liveness of one server from one remote
+        watcher (ssh_follow.watch), what a wait uses instead of polling."""
+        from servefleet.hosts.ssh_follow import watch
+
+        return watch(self, log_path, offset, pgid=pgid, status_path=status_path)
 
     async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         path = await self._path(path)

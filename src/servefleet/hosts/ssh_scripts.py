@@ -29,6 +29,8 @@ __all__ = [
     "parse_port_holder",
     "follow_argv",
     "parse_follow_header",
+    "watch_argv",
+    "parse_watch_exit",
     "probe_argv",
     "parse_probe",
 ]
@@ -148,6 +150,67 @@ if [ "$3" = 1 ]; then exec tail -c "+$start" -F -s 1 --pid="$PPID" -- "$path"; f
 exec tail -c "+$start" -F -s 1 -- "$path"
 """
 
+# FOLLOW plus the server's fate on the same channel: a remote watcher of one server (what a wait
+# needs: ssh_follow.watch). stdout is FOLLOW's header and log stream; a background loop writes
+# framed lines to stderr (TOKEN: 128 random bits per stream, so neither tail's notices nor
+# anything else there can forge one):
+#   "TOKEN exit CODE|- SIZE|-"  the group is gone (or the status file appeared): the wrapper's
+#                               code ("-": none) and the log's size then, so the local side
+#                               delivers every byte before the exit
+#   "TOKEN hb"                  every $7 seconds: a silent link is noticed without a command
+# It costs no process per tick while the group's leader lives: `kill -0`, `[ -e ]` and the
+# leader's /proc stat line are shell builtins; `sleep` is the one fork. Only when the leader is
+# gone or a zombie is the whole process table scanned (ps, else /proc), and at most every 0.5 s.
+# The loop ends with the stream ($$ is the shell that becomes tail; printf fails once the
+# session's pipe is closed). Arguments: PATH START TAILPID TOKEN PGID STATUS HEARTBEAT_S; an
+# empty PATH watches the process only.
+WATCH = PROC_GROUP_ALIVE_FN + r"""
+path=$1; start=$2; tailpid=$3; tok=$4; pgid=$5; status=$6; hb=$7
+if sleep 0.01 2>/dev/null; then tick=0.1; per_s=10; else tick=1; per_s=1; fi
+hbt=$((hb * per_s)); [ "$hbt" -ge 1 ] || hbt=1
+group_live() {
+  kill -0 "-$1" 2>/dev/null || return 1
+  if { read -r _line < "/proc/$1/stat"; } 2>/dev/null; then
+    _rest=${_line##*) }
+    [ "${_rest%% *}" != Z ] && return 0
+  fi
+  scan=$((scan + 1)); [ "$scan" -ge 5 ] || return 0
+  scan=0
+  if command -v ps >/dev/null 2>&1; then
+    ps -A -o pgid= -o stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
+    return
+  fi
+  proc_group_alive "$1"
+}
+report_exit() {
+  code=
+  if [ -n "$status" ] && [ -e "$status" ]; then { read -r code < "$status"; } 2>/dev/null; fi
+  size=
+  if [ -n "$path" ]; then size=$(stat -L -c %s -- "$path" 2>/dev/null); fi
+  printf '%s exit %s %s\n' "$tok" "${code:--}" "${size:--}" >&2
+}
+watch_loop() {
+  scan=4; stale=0; n=0; me=$1
+  if [ -n "$status" ] && [ -e "$status" ] && [ -n "$pgid" ] && group_live "$pgid"; then stale=1; fi
+  while kill -0 "$me" 2>/dev/null; do
+    if [ -n "$status" ]; then
+      if [ -e "$status" ]; then
+        if [ "$stale" = 0 ]; then report_exit; return; fi
+      else stale=0; fi
+    fi
+    if [ -n "$pgid" ] && ! group_live "$pgid"; then report_exit; return; fi
+    n=$((n + 1))
+    if [ "$n" -ge "$hbt" ]; then printf '%s hb\n' "$tok" >&2 || return; n=0; fi
+    sleep "$tick"
+  done
+}
+if [ -z "$path" ]; then echo "- -"; watch_loop "$$"; exit 0; fi
+if st=$(stat -L -c '%i %s' -- "$path" 2>/dev/null); then echo "$st"; else echo "- -"; fi
+watch_loop "$$" </dev/null >/dev/null &
+if [ "$3" = 1 ]; then exec tail -c "+$start" -F -s 1 --pid="$PPID" -- "$path"; fi
+exec tail -c "+$start" -F -s 1 -- "$path"
+"""
+
 PROBE = r"""
 printf 'home=%s\n' "$HOME"
 if tail --pid="$$" --version >/dev/null 2>&1; then echo tailpid=1; else echo tailpid=0; fi
@@ -229,6 +292,16 @@ def parse_follow_header(line: bytes) -> tuple[int | None, int | None]:
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
         return None, None
     return int(parts[0]), int(parts[1])
+
+
+def watch_argv(path: str | None, offset: int, tail_has_pid: bool, token: str, pgid: int | None, status_path: str | None, heartbeat_s: int) -> list[str]:
+    return _sh(WATCH, path or "", str(offset + 1), "1" if tail_has_pid else "0", token, "" if pgid is None else str(int(pgid)), status_path or "", str(int(heartbeat_s)))
+
+
+def parse_watch_exit(fields: Sequence[str]) -> tuple[int | None, int | None]:
+    """(exit code, log size) from the fields after "TOKEN exit"; None where WATCH said "-"."""
+    values = [int(f) if f.lstrip("-").isdigit() and f != "-" else None for f in (list(fields) + ["-", "-"])[:2]]
+    return values[0], values[1]
 
 
 def probe_argv() -> list[str]:

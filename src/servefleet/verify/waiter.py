@@ -7,7 +7,9 @@ ready line appears), and the process watcher (the detach wrapper's status file f
 starts the smoke request when asked, and reads capacity from the server once it is ready.
 
 Before a process exit is applied, the rest of the log is read to its end, so the last lines a
-dying server wrote are classified before its exit code is.
+dying server wrote are classified before its exit code is. A host with the WatchHost capability
+(SSH) replaces the follower and the process watcher with one stream that delivers the log up to
+the exit before the exit itself: no polling, no round trip per question.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from servefleet.catalog import State
 from servefleet.engines.base import EngineProfile, Probe
 from servefleet.hosts.base import Host, Truncated
 from servefleet.hosts.local import LocalHost
+from servefleet.hosts.watch import Exited, LogAbsent, WatchHost
 from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Tick
 from servefleet.verify.logtext import LineSplitter
 from servefleet.verify.machine import ReadinessMachine, message_shape
@@ -99,10 +102,14 @@ async def wait_for_server(
     async with new_session() as session:
         prober = Prober(session, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
         prober.work_ahead(lambda: (machine.engine or EngineProfile(), smoke))
-        follower = _start(_follow_log(host, target.log_path, log, queue), queue) if target.log_path else None
         tasks = [_start(_probe_loop(prober, machine, queue, wake), queue)]
-        if target.pgid is not None or target.status_path is not None:
-            tasks.append(_start(_watch_process(host, target.pgid, target.status_path, queue), queue))
+        watched = isinstance(host, WatchHost) and (target.pgid is not None or target.status_path is not None)
+        if watched:  # one stream for the log and the exit (hosts/watch.py), no polling
+            follower: asyncio.Task[None] | None = _start(_watch_server(host, target, log, queue), queue)
+        else:
+            follower = _start(_follow_log(host, target.log_path, log, queue), queue) if target.log_path else None
+            if target.pgid is not None or target.status_path is not None:
+                tasks.append(_start(_watch_process(host, target.pgid, target.status_path, queue), queue))
         smoke_task: asyncio.Task[None] | None = None
         try:
             try:
@@ -114,7 +121,8 @@ async def wait_for_server(
                         if follower is not None:
                             await _stop(follower)
                             follower = None
-                            await _drain_before_exit(host, target.log_path, log, queue, machine, clock)
+                            # a watcher delivered the log up to the exit: nothing left to read
+                            await _drain_before_exit(host, None if watched else target.log_path, log, queue, machine, clock)
                         if not machine.done:  # who answers on the port now? (another process: port_in_use)
                             with contextlib.suppress(TimeoutError):
                                 async with asyncio.timeout(FINAL_PROBE_S):
@@ -183,14 +191,30 @@ async def _follow_log(host: Host, path: str, log: _LogState, queue: asyncio.Queu
             await asyncio.sleep(TICK_S)
         queue.put_nowait(LogMissing(present=True))
     async for item in host.follow(path, log.offset):
-        if isinstance(item, Truncated):
-            log.splitter.reset()
-            log.offset = item.offset
-            queue.put_nowait(LogTruncated())
+        _log_item(item, log, queue)
+
+
+async def _watch_server(host: WatchHost, target: WaitTarget, log: _LogState, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+    """The log follower and the process watcher in one: the host's watch stream."""
+    async for item in host.watch(target.log_path, log.offset, pgid=target.pgid, status_path=target.status_path):
+        if isinstance(item, Exited):
+            queue.put_nowait(ProcessExit(item.code, killed=item.killed))
+            return
+        if isinstance(item, LogAbsent):
+            queue.put_nowait(LogMissing(present=item.present))
             continue
-        log.offset += len(item)
-        lines = log.splitter.feed(item)
-        queue.put_nowait(LogLines(tuple(lines)) if lines else LogGrew(log.splitter.pending))
+        _log_item(item, log, queue)
+
+
+def _log_item(item: bytes | Truncated, log: _LogState, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+    if isinstance(item, Truncated):
+        log.splitter.reset()
+        log.offset = item.offset
+        queue.put_nowait(LogTruncated())
+        return
+    log.offset += len(item)
+    lines = log.splitter.feed(item)
+    queue.put_nowait(LogLines(tuple(lines)) if lines else LogGrew(log.splitter.pending))
 
 
 async def _drain_before_exit(host: Host, path: str | None, log: _LogState, queue: asyncio.Queue, machine: ReadinessMachine, clock: Callable[[], float]) -> None:  # type: ignore[type-arg]

@@ -1,0 +1,61 @@
+"""An optional capability of a Host: watching one server with one long-lived stream.
+
+Waiting for a server needs its log as it grows, its exit code and whether its process group still
+lives. A host where every question is a round trip (SSH) answers all three with one remote watcher
+per server instead of a command per poll (ssh_follow.py); the waiter uses it when the host has it
+and polls ``file_size``/``group_alive`` otherwise (a local disk and process table are cheap).
+
+What ``watch`` yields, in order of occurrence:
+
+- ``bytes`` and ``Truncated``: as ``Host.follow`` (nothing when no log is watched);
+- ``LogAbsent(present=False)`` when the log does not exist yet, ``LogAbsent(present=True)`` when
+  it appears;
+- ``Exited`` once, when the process is gone, after every byte the log held at that moment: the
+  iteration ends there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from servefleet.hosts.base import Truncated
+
+__all__ = ["Exited", "LogAbsent", "WatchHost", "WatchItem"]
+
+
+@dataclass(frozen=True)
+class Exited:
+    """The server's process group is gone. ``code``: what the detach wrapper recorded (None when
+    it recorded nothing); ``killed``: no code although a status file was expected (the wrapper
+    was killed with its group)."""
+
+    code: int | None
+    killed: bool = False
+
+
+@dataclass(frozen=True)
+class LogAbsent:
+    """The watched log does not exist (``present=True``: it has appeared since)."""
+
+    present: bool = False
+
+
+WatchItem = bytes | Truncated | LogAbsent | Exited
+
+
+@runtime_checkable
+class WatchHost(Protocol):
+    def watch(
+        self,
+        log_path: str | None,
+        offset: int = 0,
+        *,
+        pgid: int | None = None,
+        status_path: str | None = None,
+    ) -> AsyncIterator[WatchItem]:
+        """Follow ``log_path`` from ``offset`` and report the exit of process group ``pgid``
+        (code from ``status_path``, the detach wrapper's file). A status file present at the
+        start while the group lives is an earlier attempt's and is ignored until it goes."""
+        ...
