@@ -3,7 +3,8 @@
 Three watchers run concurrently and turn what they see into events on one queue: the log follower
 (``host.follow``, split into lines), the HTTP prober (every ``PROBE_INTERVAL_S``, at once when a
 ready line appears), and the process watcher (the detach wrapper's status file for the exit code,
-``host.group_alive`` for a group that vanished). The machine decides; this module only feeds it,
+``host.group_alive`` for a group that vanished, ``host.pid_status`` for the one process a user
+pointed at). The machine decides; this module only feeds it,
 starts the smoke request when asked, and reads capacity from the server once it is ready.
 
 Before a process exit is applied, the rest of the log is read to its end, so the last lines a
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from servefleet.catalog import State
 from servefleet.engines.base import EngineProfile, Probe
 from servefleet.hosts.base import Host, Truncated
+from servefleet.hosts.pidstat import PidStatus
 from servefleet.hosts.local import LocalHost
 from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Tick
 from servefleet.verify.logtext import LineSplitter
@@ -48,6 +50,7 @@ class WaitTarget:
     log_path: str | None = None
     log_offset: int = 0  # start following here (restart appends to the same log)
     pgid: int | None = None  # process group of the launched server (liveness + identity)
+    pid: int | None = None  # the server's own pid, watched itself: its group can outlive it (a shell's group)
     status_path: str | None = None  # detach wrapper's exit-code file
     served_model: str | None = None  # expected name in /v1/models (identity when pgid unknown)
     port: int | None = None  # the server's port on its host, when base_url is a forward (SSH)
@@ -101,8 +104,8 @@ async def wait_for_server(
         prober.work_ahead(lambda: (machine.engine or EngineProfile(), smoke))
         follower = _start(_follow_log(host, target.log_path, log, queue), queue) if target.log_path else None
         tasks = [_start(_probe_loop(prober, machine, queue, wake), queue)]
-        if target.pgid is not None or target.status_path is not None:
-            tasks.append(_start(_watch_process(host, target.pgid, target.status_path, queue), queue))
+        if target.pgid is not None or target.status_path is not None or target.pid is not None:
+            tasks.append(_start(_watch_process(host, target.pgid, target.status_path, queue, target.pid), queue))
         smoke_task: asyncio.Task[None] | None = None
         try:
             try:
@@ -229,14 +232,16 @@ async def _smoke(prober: Prober, profile: EngineProfile, queue: asyncio.Queue) -
     queue.put_nowait(await prober.smoke(profile))
 
 
-async def _watch_process(host: Host, pgid: int | None, status_path: str | None, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
-    """Report the exit: the status file's code, or a group gone without one.
+async def _watch_process(host: Host, pgid: int | None, status_path: str | None, queue: asyncio.Queue, pid: int | None = None) -> None:  # type: ignore[type-arg]
+    """Report the exit: the status file's code, or a group gone without one, or the given pid gone
+    (whatever its group still holds: a shell that started it, orphaned children).
 
     A status file present at the start while the group lives is the previous attempt's (the
     wrapper removes it first thing, but we may look before it does): ignored until it goes."""
     stale = False
     if status_path is not None and pgid is not None and await host.file_size(status_path) is not None:
         stale = await host.group_alive(pgid)
+    first = await host.pid_status(pid) if pid is not None else None
     next_alive = 0.0
     while True:
         if status_path is not None:
@@ -246,8 +251,19 @@ async def _watch_process(host: Host, pgid: int | None, status_path: str | None, 
                 return
             if not present:
                 stale = False
-        if pgid is not None and time.monotonic() >= next_alive:
+        due = time.monotonic() >= next_alive
+        if due:
             next_alive = time.monotonic() + ALIVE_INTERVAL_S
+        if due and pid is not None and first is not None:
+            seen = await host.pid_status(pid)
+            reused = seen.alive and first.started is not None and seen.started != first.started
+            if not seen.alive or reused:
+                if status_path is not None and await host.file_size(status_path) is not None:
+                    queue.put_nowait(ProcessExit(await _read_code(host, status_path)))
+                else:
+                    queue.put_nowait(_pid_exit(pid, PidStatus("gone") if reused else seen, first))
+                return
+        if due and pgid is not None:
             if not await host.group_alive(pgid):
                 if status_path is not None and await host.file_size(status_path) is not None:
                     queue.put_nowait(ProcessExit(await _read_code(host, status_path)))
@@ -255,6 +271,16 @@ async def _watch_process(host: Host, pgid: int | None, status_path: str | None, 
                     queue.put_nowait(ProcessExit(None, killed=status_path is not None))
                 return
         await asyncio.sleep(STATUS_INTERVAL_S)
+
+
+def _pid_exit(pid: int, now: PidStatus, first: PidStatus) -> ProcessExit:
+    """The exit of a watched pid: its code while it is a zombie, else why the code is unknown."""
+    if now.code is not None:
+        return ProcessExit(now.code)
+    if now.state == "zombie":
+        return ProcessExit(None, note=f"pid {pid} exited, but /proc does not show its exit status")
+    parent = f"pid {first.ppid}" if first.ppid else "its parent"
+    return ProcessExit(None, note=f"pid {pid} is not a child of servefleet: only its parent ({parent}) could read its exit code")
 
 
 async def _read_code(host: Host, status_path: str) -> int | None:
