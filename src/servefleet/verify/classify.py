@@ -255,6 +255,12 @@ class LogClassifier:
         self._recent.append((line_no, text))
         return signal
 
+    def gap(self) -> None:
+        """Lines were skipped here (a bounded read of a big log): the lines before the gap are not
+        the context of the lines after it, nor the reverse."""
+        self._recent.clear()
+        self._open = []
+
     def _record(self, signal: Signal) -> None:
         if signal.kind is SignalKind.FATAL:
             if self.first_fatal is None:

@@ -16,6 +16,7 @@ with a minimum of one. Anything else ends a literal run. When no literal of at l
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 try:  # Python 3.11+: the regex parser lives here (private but stable); sre_parse before
@@ -25,7 +26,7 @@ except ImportError:  # pragma: no cover
     import sre_constants as _c  # type: ignore[no-redef]
     import sre_parse as _p  # type: ignore[no-redef]
 
-__all__ = ["required_literals", "may_match", "MIN_LITERAL"]
+__all__ = ["required_literals", "may_match", "MIN_LITERAL", "BLOCK_MARKERS", "block_marker_pattern", "ready_pattern"]
 
 MIN_LITERAL = 3
 _REPEATS = {_c.MAX_REPEAT, _c.MIN_REPEAT} | ({_c.POSSESSIVE_REPEAT} if hasattr(_c, "POSSESSIVE_REPEAT") else set())
@@ -85,3 +86,31 @@ def may_match(pattern: re.Pattern[str], lowered: str) -> bool:
     """False only when ``pattern`` certainly does not match the line (``lowered`` = line.lower())."""
     lits = required_literals(pattern)
     return lits is None or any(lit in lowered for lit in lits)
+
+
+# ---- a bytes-level pre-filter for whole files (verify/bounded.py) ------------------------------
+# Words that mark a fatal block in every engine's output: Python's traceback and exception lines,
+# log levels (ERROR), process deaths and the wrappers' words. Classifying every line of a 1 GB log
+# is minutes; finding these in raw bytes runs at disk speed, and only the lines that hold one (and
+# the windows around the first fatal block) are then classified. Case-insensitive.
+BLOCK_MARKERS = (
+    "rror", "xception", "traceback", "killed", "fault", "abort", "fail", "fatal", "dead", "crash",
+    "out of memory", "not enough", "sigquit", "exiting due to", "==== servefleet launch",
+)
+
+
+def block_marker_pattern(extra: Iterable[str] = ()) -> str:
+    """An RE2/Python pattern matching any block marker or any of ``extra`` (lower-cased literals,
+    e.g. the profile's ready and wrapper literals), case-insensitively."""
+    words = set(BLOCK_MARKERS)
+    for lit in extra:
+        if not any(marker in lit for marker in BLOCK_MARKERS):  # already found through a marker
+            words.add(lit)
+    return "(?i)" + "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
+
+
+def ready_pattern(ready: Iterable[str]) -> str:
+    """The pattern of the lines that can still change a verdict once its fatal line is known:
+    ready lines (``ready``: their lower-cased literals) and servefleet's launch marker."""
+    words = {"==== servefleet launch", *ready}
+    return "(?i)" + "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))

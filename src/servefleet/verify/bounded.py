@@ -1,0 +1,440 @@
+"""Diagnosing a log of any size in bounded time and memory.
+
+A real vLLM log of a long job is a start-up (a few hundred KB), then millions of request and
+metrics lines, then maybe a crash with its traceback at the end -- or a fatal block somewhere in the
+middle followed by shutdown noise. A verdict needs three places of it: the start-up (engine,
+capacity, progress), the first fatal block after the last ready line, and the end. So:
+
+* a log (from ``start``, the current launch's first byte) of at most ``cap`` bytes is read whole;
+* a bigger one: its first ``head`` and last ``tail`` bytes are read and classified. The part between
+  is scanned at disk speed for block markers (``prefilter.block_marker_pattern``: error, exception,
+  traceback, killed, ... and the profile's ready and wrapper words; RE2 through pyarrow, over raw
+  bytes), counting newlines on the way so that line numbers stay exact. Each line holding a marker
+  is classified with the engine's signatures (at most ``max_hits`` of them; after that only ready
+  and launch lines are looked for), and windows around the first fatal line, the first wrapper
+  line, the error lines and the last ready line since then are read and classified together with
+  the head and the tail, in file order, with ``LogClassifier.gap`` between windows;
+* the verdict's ``skipped`` says what was read: "read 2.1 MB of 1.0 GB: first 1 MB, ...".
+
+Blind spot, said plainly: a fatal line in the skipped middle with no marker word, farther than
+``FATAL_BEFORE`` from a marker line of its block, is not seen (fatal blocks carry Traceback or
+Error lines). The launch marker of servefleet's appended logs is a marker: the last one starts
+the attempt, wherever it is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from servefleet.engines.base import EngineProfile, SignalKind
+from servefleet.verify.classify import _EXCEPTION, AnyEngine, LogClassifier, detect_engine, match_signature
+from servefleet.verify.diagnose import ATTEMPT_MARKER, diagnose_lines, split_lines, verdict_of
+from servefleet.verify.logtext import match_text
+from servefleet.verify.prefilter import block_marker_pattern, ready_pattern, required_literals
+from servefleet.verify.verdict import Verdict
+
+__all__ = ["ByteSource", "FileSource", "HostSource", "Bounds", "diagnose_source", "diagnose_file", "human_bytes"]
+
+MiB = 1024 * 1024
+FATAL_BEFORE = 16 * 1024  # bytes kept before the first fatal line (the traceback above it)
+FATAL_AFTER = 64 * 1024  # ... and after it (ranks repeating it, the wrappers, the exit)
+POINT = 4 * 1024  # each side of a ready, wrapper or error line kept for its excerpt
+
+
+class ByteSource(Protocol):
+    """Where the log's bytes come from: a local file, or a host's file."""
+
+    async def size(self) -> int | None: ...
+
+    async def read(self, offset: int, length: int) -> bytes: ...
+
+
+class FileSource:
+    """A local file, read with pread (no shared file position)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+
+    async def size(self) -> int | None:
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:
+            return None
+
+    async def read(self, offset: int, length: int) -> bytes:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            out = bytearray()
+            while len(out) < length:
+                piece = os.pread(fd, length - len(out), offset + len(out))
+                if not piece:
+                    break
+                out += piece
+            return bytes(out)
+        finally:
+            os.close(fd)
+
+
+class HostSource:
+    """A file on any Host (``host.file_size`` / ``host.read_bytes``)."""
+
+    def __init__(self, host: object, path: str) -> None:
+        self.host = host
+        self.path = path
+
+    async def size(self) -> int | None:
+        return await self.host.file_size(self.path)  # type: ignore[attr-defined,no-any-return]
+
+    async def read(self, offset: int, length: int) -> bytes:
+        return await self.host.read_bytes(self.path, offset, length)  # type: ignore[attr-defined,no-any-return]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How much of a big log is read. Tests shrink these to take the bounded path on a few KB."""
+
+    cap: int = 4 * MiB  # a log (from the start offset) up to this size is read whole
+    head: int = 1 * MiB
+    tail: int = 1 * MiB
+    chunk: int = 4 * MiB  # scan step of the middle
+    max_hits: int = 5_000  # marker lines classified in the middle; then only ready/launch lines
+
+
+@dataclass
+class _Window:
+    start: int  # byte offsets, start at a line start
+    end: int
+    what: str
+    line_no: int | None = None  # of the line at ``start``, when known
+    anchor: tuple[int, int] | None = None  # (offset, line number) of a line inside, when start's is not known
+    aligned: bool = True  # ``start`` is a line start (windows around a scanned line are not, at first)
+
+
+@dataclass
+class _Segment:
+    """What the middle scan keeps since the last ready line (reset by a ready or launch line)."""
+
+    fatal: tuple[int, int] | None = None  # (offset, line number) of the first fatal line
+    wrapper: tuple[int, int] | None = None
+    exc_before_wrapper: tuple[int, int] | None = None
+    last_exc: tuple[int, int] | None = None
+
+
+@dataclass
+class _Scan:
+    segment: _Segment = field(default_factory=_Segment)
+    ready: tuple[int, int] | None = None
+    launch: tuple[int, int] | None = None  # (offset after the marker line, its line number + 1)
+    hits: int = 0
+    classified: int = 0
+    lines: int = 0  # newlines in the scanned part
+    budget_spent: bool = False  # max_hits lines classified with no fatal line among them
+
+    def full(self, bounds: Bounds) -> bool:
+        """Whether any marker line can still matter (else only ready and launch lines can)."""
+        return self.segment.fatal is None and self.classified < bounds.max_hits
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GB", 1024**3), ("MB", MiB), ("KB", 1024)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{n} B"
+
+
+async def diagnose_file(path: str | os.PathLike[str], engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()) -> Verdict:
+    """``diagnose_source`` of a local file."""
+    return await diagnose_source(FileSource(path), engine, start=start, bounds=bounds)
+
+
+async def diagnose_source(source: ByteSource, engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()) -> Verdict:
+    """The verdict of the log from byte ``start`` on (the current launch; 0: the whole file).
+    Line numbers are the file's own. Raises FileNotFoundError when there is no log."""
+    size = await source.size()
+    if size is None:
+        raise FileNotFoundError(getattr(source, "path", "log"))
+    start = max(0, min(start, size))
+    first_line = await _line_number_at(source, start, bounds.chunk)
+    span = size - start
+    if span <= max(bounds.cap, bounds.head + bounds.tail):
+        lines = split_lines((await source.read(start, span)).decode("utf-8", errors="replace"))
+        return _renumbered(diagnose_lines(lines, engine), first_line - 1)
+    return await _bounded(source, engine, start, size, first_line, bounds)
+
+
+def _renumbered(verdict: Verdict, shift: int) -> Verdict:
+    """A verdict of lines numbered from 1, moved to the file's numbering."""
+    if shift == 0:
+        return verdict
+    update: dict[str, object] = {}
+    if verdict.evidence is not None:
+        update["evidence"] = verdict.evidence.model_copy(update={"line_no": verdict.evidence.line_no + shift})
+    if verdict.excerpt_start is not None:
+        update["excerpt_start"] = verdict.excerpt_start + shift
+    return verdict.model_copy(update=update)
+
+
+async def _line_number_at(source: ByteSource, offset: int, chunk: int) -> int:
+    """1 + the newlines before ``offset`` (counted chunk by chunk: memory stays bounded)."""
+    count, pos = 0, 0
+    while pos < offset:
+        data = await source.read(pos, min(chunk, offset - pos))
+        if not data:
+            break
+        count += data.count(b"\n")
+        pos += len(data)
+    return count + 1
+
+
+async def _bounded(source: ByteSource, engine: EngineProfile | None, start: int, size: int, first_line: int, bounds: Bounds) -> Verdict:
+    head_bytes = await source.read(start, bounds.head)
+    head_end = start + (head_bytes.rfind(b"\n") + 1 or len(head_bytes))
+    tail_from = size - bounds.tail
+    tail_bytes = await source.read(tail_from, bounds.tail)
+    cut = tail_bytes.find(b"\n")
+    tail_start = tail_from + cut + 1 if 0 <= cut < len(tail_bytes) - 1 else tail_from
+    tail_start = max(tail_start, head_end)
+    head_lines = head_bytes[: head_end - start].count(b"\n")
+
+    scan_profile = engine if engine is not None else detect_engine(split_lines(head_bytes[: head_end - start].decode("utf-8", errors="replace")))
+    scan = _Scan()
+    middle_line = first_line + head_lines
+    await _scan_middle(source, head_end, tail_start, middle_line, scan_profile or AnyEngine(), bounds, scan)
+    tail_line = middle_line + scan.lines
+
+    # The last launch marker starts the attempt: in the tail, the middle, or the head.
+    seg_start, seg_line = start, first_line
+    tail_marker = _last_marker(tail_bytes[tail_start - tail_from :])
+    head_marker = _last_marker(head_bytes[: head_end - start])
+    if tail_marker is not None:
+        seg_start = tail_start + tail_marker[0]
+        seg_line = tail_line + tail_marker[1]
+    elif scan.launch is not None:
+        seg_start, seg_line = scan.launch
+    elif head_marker is not None:
+        seg_start, seg_line = start + head_marker[0], first_line + head_marker[1]
+
+    windows: list[_Window] = []
+    if seg_start < head_end:
+        windows.append(_Window(seg_start, head_end, "start-up", seg_line))
+    elif seg_start < tail_start:
+        windows.append(_Window(seg_start, min(seg_start + bounds.head, tail_start), "start-up", seg_line))
+    if seg_start < tail_start:
+        seg = scan.segment
+        if seg.fatal is not None:
+            windows.append(_around(seg.fatal, FATAL_BEFORE, FATAL_AFTER, "first fatal block"))
+        for point, what in ((scan.ready, "last ready line"), (seg.wrapper, "first wrapper line"),
+                            (seg.exc_before_wrapper, "error line"), (seg.last_exc, "last error line")):
+            if point is not None and point[0] >= seg_start and (seg.fatal is None or what in ("last ready line", "first wrapper line")):
+                windows.append(_around(point, POINT, POINT, what))
+    windows.append(_Window(max(tail_start, seg_start), size, "end", tail_line if seg_start <= tail_start else seg_line))
+    windows = _merged([w for w in windows if w.end > w.start], seg_start, size)
+
+    # Read and classify the windows in file order.
+    profile = engine
+    texts: list[tuple[_Window, list[str]]] = []
+    for w in windows:
+        data = await _window_bytes(source, w, start, head_bytes, tail_from, tail_bytes)
+        if w.line_no is None and w.anchor is not None:  # a window around a scanned line: number its first line
+            w.line_no = w.anchor[1] - data[: w.anchor[0] - w.start].count(b"\n")
+        texts.append((w, split_lines(data.decode("utf-8", errors="replace"))))
+    if profile is None:
+        profile = detect_engine(texts[0][1]) if texts else None
+    clf = LogClassifier(profile if profile is not None else AnyEngine())
+    prev_end = None
+    for w, lines in texts:
+        if prev_end is not None and w.start != prev_end:
+            clf.gap()
+        base = w.line_no if w.line_no is not None else 1
+        for i, raw in enumerate(lines):
+            clf.feed(base + i, raw)
+        prev_end = w.end
+    verdict = verdict_of(clf, profile, first=seg_line - 1)
+    read = sum(w.end - w.start for w in windows)
+    return verdict.model_copy(update={"skipped": _skipped_words(windows, read, size - start, scan, bounds)})
+
+
+def _around(point: tuple[int, int], before: int, after: int, what: str) -> _Window:
+    offset, _ = point
+    return _Window(max(0, offset - before), offset + after, what, anchor=point, aligned=offset - before <= 0)
+
+
+def _merged(windows: list[_Window], seg_start: int, size: int) -> list[_Window]:
+    """Sorted, overlapping windows joined, clipped to the attempt and the file."""
+    out: list[_Window] = []
+    for w in sorted(windows, key=lambda w: w.start):
+        w.end = min(w.end, size)
+        if w.start <= seg_start:
+            w.start, w.aligned = seg_start, True
+        if out and w.start <= out[-1].end:
+            last = out[-1]
+            if w.end > last.end:
+                last.end = w.end
+                if w.what not in last.what:
+                    last.what += f" + {w.what}"
+            continue
+        out.append(w)
+    return out
+
+
+async def _window_bytes(source: ByteSource, w: _Window, start: int, head: bytes, tail_from: int, tail: bytes) -> bytes:
+    """A window's bytes, cut to whole lines (from memory when it lies in the head or the tail)."""
+    lo = w.start if w.aligned else w.start - 1  # one byte before: is the window's start a line start?
+    if start <= lo and w.end <= start + len(head):
+        data = head[lo - start : w.end - start]
+    elif tail_from <= lo and w.end <= tail_from + len(tail):
+        data = tail[lo - tail_from : w.end - tail_from]
+    else:
+        data = await source.read(lo, w.end - lo)
+    if not w.aligned:  # around a scanned line: start at the first line start in the window
+        lead = data.find(b"\n")
+        lead = lead if 0 <= lead < (w.anchor[0] - lo if w.anchor else len(data)) else 0
+        data = data[lead + 1 :]
+        w.start = lo + lead + 1
+        w.aligned = True
+    cut = data.rfind(b"\n")
+    if cut >= 0 and w.end < tail_from + len(tail):  # not the end of the file: drop a partial last line
+        w.end = w.start + cut + 1
+        data = data[: cut + 1]
+    return data
+
+
+def _last_marker(data: bytes) -> tuple[int, int] | None:
+    """(offset after, newlines up to and including) the last launch marker line in ``data``."""
+    pos = data.rfind(b"==== servefleet launch")
+    while pos >= 0:
+        line_start = data.rfind(b"\n", 0, pos) + 1
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end + 1
+        if line_start == pos and ATTEMPT_MARKER.match(data[line_start:end].decode("utf-8", errors="replace").rstrip("\r\n")):
+            return end, data.count(b"\n", 0, end)
+        pos = data.rfind(b"==== servefleet launch", 0, pos)
+    return None
+
+
+# ---- the middle scan ------------------------------------------------------------------------------
+
+
+def _finder(pattern: str) -> Callable[[bytes, int, int], int]:
+    """``find(buf, pos, end)``: the offset of the first match in ``buf[pos:end]`` (-1: none), by RE2."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def find(buf: bytes, pos: int, end: int) -> int:
+        offsets = pa.py_buffer(np.array([pos, end], dtype=np.int64))
+        arr = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(buf)])
+        found = pc.find_substring_regex(arr, pattern)[0].as_py()
+        return -1 if found is None or found < 0 else pos + found
+
+    return find
+
+
+def _profile_words(profile: EngineProfile) -> tuple[list[str], list[str]]:
+    """The lower-cased literals of the profile's ready and wrapper signatures (marker extras), and the ready ones."""
+    extra: list[str] = []
+    ready: list[str] = []
+    for sig in profile.signatures:
+        if sig.kind in (SignalKind.READY, SignalKind.WRAPPER):
+            lits = required_literals(sig.pattern)
+            if lits:
+                extra.extend(lits)
+                if sig.kind is SignalKind.READY:
+                    ready.extend(lits)
+    return extra, ready
+
+
+async def _scan_middle(source: ByteSource, begin: int, end: int, first_line: int, profile: EngineProfile, bounds: Bounds, scan: _Scan) -> None:
+    extra, ready_words = _profile_words(profile)
+    finders = (_finder(block_marker_pattern(extra)), _finder(ready_pattern(ready_words)))
+    carry = b""
+    pos = begin
+    line_base = first_line
+    while pos < end or carry:
+        data = await source.read(pos, min(bounds.chunk, end - pos)) if pos < end else b""
+        pos += len(data)
+        buf = carry + data if carry else data
+        stop = buf.rfind(b"\n") + 1
+        if pos >= end or not data:
+            stop = len(buf)  # the part ends at a line start (the tail's): nothing to carry
+        elif stop == 0 and len(buf) < 2 * bounds.chunk:
+            carry = buf  # one long line so far: wait for its end
+            continue
+        elif stop == 0:
+            stop = len(buf)  # a line longer than two chunks: taken as it is
+        carry = buf[stop:]
+        offset = pos - len(buf)  # file offset of buf[0]
+        _scan_chunk(buf, stop, offset, line_base, finders, profile, ready_words, bounds, scan)
+        newlines = buf.count(b"\n", 0, stop)
+        line_base += newlines
+        scan.lines += newlines
+        if not data:
+            break
+
+
+def _scan_chunk(buf: bytes, stop: int, offset: int, line_base: int, finders: tuple[Callable[[bytes, int, int], int], ...],
+                profile: EngineProfile, ready_words: list[str], bounds: Bounds, scan: _Scan) -> None:
+    at, at_line = 0, line_base  # a cursor, so that numbering the hits costs one pass over the chunk
+    i = 0
+    while i < stop:
+        # Once the first fatal line is found (or the budget spent), only a ready or launch line
+        # can change the verdict: look for those alone (shutdown noise is full of "error").
+        hit = finders[0 if scan.full(bounds) else 1](buf, i, stop)
+        if hit < 0:
+            return
+        ls = buf.rfind(b"\n", 0, hit) + 1
+        le = buf.find(b"\n", hit, stop)
+        le = stop if le < 0 else le
+        at_line += buf.count(b"\n", at, ls)
+        at = ls
+        _on_hit(buf[ls:le], offset + ls, at_line, le + 1 - ls, profile, ready_words, bounds, scan)
+        i = le + 1
+
+
+def _on_hit(raw_bytes: bytes, offset: int, line_no: int, length: int, profile: EngineProfile, ready_words: list[str], bounds: Bounds, scan: _Scan) -> None:
+    scan.hits += 1
+    raw = raw_bytes.decode("utf-8", errors="replace").rstrip("\r")
+    if raw.startswith("==== servefleet launch") and ATTEMPT_MARKER.match(raw):
+        scan.segment = _Segment()
+        scan.ready = None
+        scan.launch = (offset + length, line_no + 1)
+        return
+    seg = scan.segment
+    text = match_text(raw)
+    lowered = text.lower()
+    if not scan.full(bounds) and not any(word in lowered for word in ready_words):
+        return  # only a ready line can still change the verdict
+    scan.classified += 1
+    if scan.classified >= bounds.max_hits and seg.fatal is None:
+        scan.budget_spent = True
+    sig = match_signature(text, profile.signatures) if text else None
+    point = (offset, line_no)
+    if sig is None:
+        if text and _EXCEPTION.search(text):
+            seg.last_exc = point
+        return
+    if sig.kind is SignalKind.READY:
+        scan.segment = _Segment()
+        scan.ready = point
+    elif sig.kind is SignalKind.FATAL and seg.fatal is None:
+        seg.fatal = point
+    elif sig.kind is SignalKind.WRAPPER and seg.wrapper is None:
+        seg.wrapper = point
+        seg.exc_before_wrapper = seg.last_exc
+
+
+def _skipped_words(windows: list[_Window], read: int, total: int, scan: _Scan, bounds: Bounds) -> str:
+    parts = []
+    for w in windows:
+        where = f", from line {w.line_no:,}" if w.line_no is not None else ""
+        parts.append(f"{w.what} ({human_bytes(w.end - w.start)}{where})")
+    words = f"read {human_bytes(read)} of {human_bytes(total)}: " + ", ".join(parts)
+    words += f"; the rest was scanned for error, ready and launch lines ({scan.hits:,} found"
+    if scan.budget_spent:
+        words += f"; {bounds.max_hits:,} of them classified, no fatal line among them, and after that only ready and launch lines were looked for"
+    return words + ")"
+
