@@ -1,0 +1,131 @@
+"""Bounded diagnosis of big logs (verify/bounded.py): the verdict of a bounded read must be the
+verdict of reading the whole file -- state, category, evidence line and excerpt -- on vLLM logs
+synthesized from real fixture lines, with small bounds so that a few MB take the bounded path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from biglog import WHERE, fatal_block, startup, steady_unit, write_log
+
+from servefleet.catalog import Category, State
+from servefleet.verify.bounded import Bounds, diagnose_file, human_bytes
+from servefleet.verify.diagnose import diagnose_text
+
+SMALL = Bounds(cap=64 * 1024, head=16 * 1024, tail=16 * 1024, chunk=32 * 1024)
+
+
+def bounded(path: Path, bounds: Bounds = SMALL, **kw):
+    return asyncio.run(diagnose_file(path, bounds=bounds, **kw))
+
+
+def whole(path: Path):
+    return diagnose_text(path.read_bytes().decode("utf-8", errors="replace"))
+
+
+def same(a, b) -> None:
+    assert (a.state, a.category, a.engine) == (b.state, b.category, b.engine), (a, b)
+    assert a.evidence == b.evidence
+    assert (a.excerpt_start, a.excerpt) == (b.excerpt_start, b.excerpt)
+    assert a.message == b.message
+
+
+@pytest.mark.parametrize("chunk", [4 * 1024, 32 * 1024])  # small chunks: lines and hits cut at chunk borders
+@pytest.mark.parametrize("where", WHERE)
+def test_bounded_verdict_is_the_whole_files(tmp_path: Path, where: str, chunk: int) -> None:
+    log = write_log(tmp_path / "big.log", 3 * 1024 * 1024, where)
+    got = bounded(log.path, Bounds(cap=SMALL.cap, head=SMALL.head, tail=SMALL.tail, chunk=chunk))
+    want = whole(log.path)
+    same(got, want)
+    assert got.skipped is not None and got.skipped.startswith("read ") and f" of {human_bytes(log.size)}: " in got.skipped
+    if where in ("middle", "end"):
+        assert got.state is State.FAILED and got.category is Category.GPU_OOM
+        assert log.fatal_line is not None and got.evidence.line_no > log.fatal_line
+        assert "KV cache is needed" in got.evidence.text
+    else:  # start: an earlier launch failed, the last one is healthy
+        assert got.state is State.READY
+    if where == "middle":
+        assert "first fatal block" in got.skipped
+
+
+def test_small_log_is_read_whole_and_says_nothing_skipped(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "small.log", 200 * 1024, "end")
+    got = bounded(log.path, Bounds())  # default cap: 4 MB
+    same(got, whole(log.path))
+    assert got.skipped is None and got.to_json()["skipped"] is None
+
+
+def test_skipped_report_names_the_windows_and_what_was_read(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "big.log", 2 * 1024 * 1024, "middle")
+    got = bounded(log.path)
+    text = got.to_json()["skipped"]
+    assert text.startswith("read ") and f"of {human_bytes(log.size)}:" in text
+    for window in ("start-up", "first fatal block", "end (16.0 KB, from line "):
+        assert window in text, text
+    assert "the rest was scanned for error, ready and launch lines" in text
+    read_kb = float(text.split()[1])
+    assert read_kb < 200 and text.split()[2] == "KB"  # the bounded part, not the file
+
+
+def test_hit_budget_is_said_and_a_later_fatal_block_still_counts_in_the_tail(tmp_path: Path) -> None:
+    # Thousands of request-level error lines (markers, never fatal) before a crash at the end.
+    path = tmp_path / "noisy.log"
+    unit = steady_unit(n=1000)
+    with path.open("wb") as fh:
+        fh.write(b"".join(startup()))
+        for _ in range(60):
+            fh.write(unit)
+        fh.write(b"".join(fatal_block()))
+    tight = Bounds(cap=SMALL.cap, head=SMALL.head, tail=SMALL.tail, chunk=SMALL.chunk, max_hits=10)
+    got = bounded(path, tight)
+    same(got, whole(path))
+    assert got.category is Category.GPU_OOM
+    assert "10 of them classified, no fatal line among them" in got.skipped
+
+
+def test_start_offset_reads_the_current_launch_only_with_the_files_line_numbers(tmp_path: Path) -> None:
+    # An earlier launch's failure above the offset must not count; line numbers stay the file's.
+    earlier = b"".join(fatal_block())
+    log = write_log(tmp_path / "current.log", 2 * 1024 * 1024, "none")
+    path = tmp_path / "appended.log"
+    path.write_bytes(earlier + log.path.read_bytes())
+    offset, shift = len(earlier), earlier.count(b"\n")
+    for bounds in (SMALL, Bounds()):  # the bounded path and the whole-read path
+        got = bounded(path, bounds, start=offset)
+        alone = bounded(log.path, bounds)
+        assert got.state is State.READY and got.evidence.line_no == alone.evidence.line_no + shift
+        assert whole(path).state is State.READY  # (the launch marker also separates them)
+
+
+def test_fatal_block_in_the_middle_without_a_launch_marker_before_it(tmp_path: Path) -> None:
+    # Hand-run servers append without markers: the classifier's own rules (first fatal after the
+    # last ready line) decide, on the windows as on the whole file.
+    path = tmp_path / "plain.log"
+    head = [line for line in startup() if not line.startswith(b"==== servefleet launch")]
+    unit = steady_unit()
+    with path.open("wb") as fh:
+        fh.write(b"".join(head))
+        for _ in range(8):
+            fh.write(unit)
+        fh.write(b"".join(fatal_block()))
+        fh.write(b"".join(head))  # restarted by hand: ready again
+        for _ in range(8):
+            fh.write(unit)
+    got = bounded(path)
+    same(got, whole(path))
+    assert got.state is State.READY
+
+
+def test_cli_diagnose_json_on_a_big_log(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "big.log", 6 * 1024 * 1024, "middle")  # above the default 4 MB cap
+    res = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "diagnose", str(log.path), "--json"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    out = json.loads(res.stdout)
+    assert out["state"] == "failed" and out["category"] == "gpu_oom"
+    assert out["evidence"]["line_no"] == whole(log.path).evidence.line_no
+    assert out["skipped"].startswith("read 2.") and f"of {human_bytes(log.size)}:" in out["skipped"]
