@@ -97,7 +97,7 @@ class Bounds:
 
     cap: int = 4 * MiB  # a log (from the start offset) up to this size is read whole
     head: int = 1 * MiB
-    tail: int = 1 * MiB
+    tail: int = MiB // 2  # the end: a crash's last lines (a first fatal line before it is found by the scan)
     chunk: int = 4 * MiB  # scan step of the middle
     max_hits: int = 5_000  # marker lines classified in the middle; then only ready/launch lines
 
@@ -241,8 +241,8 @@ async def _bounded(source: ByteSource, engine: EngineProfile | None, start: int,
         if w.line_no is None and w.anchor is not None:  # a window around a scanned line: number its first line
             w.line_no = w.anchor[1] - data[: w.anchor[0] - w.start].count(b"\n")
         texts.append((w, split_lines(data.decode("utf-8", errors="replace"))))
-    if profile is None:
-        profile = detect_engine(texts[0][1]) if texts else None
+    if profile is None:  # the scan's guess, unless a later launch marker moved the start-up
+        profile = scan_profile if seg_start < head_end else (detect_engine(texts[0][1]) if texts else None)
     clf = LogClassifier(profile if profile is not None else AnyEngine())
     prev_end = None
     for w, lines in texts:
