@@ -128,4 +128,6 @@ def test_cli_diagnose_json_on_a_big_log(tmp_path: Path) -> None:
     out = json.loads(res.stdout)
     assert out["state"] == "failed" and out["category"] == "gpu_oom"
     assert out["evidence"]["line_no"] == whole(log.path).evidence.line_no
-    assert out["skipped"].startswith("read 2.") and f"of {human_bytes(log.size)}:" in out["skipped"]
+    said = out["skipped"]
+    assert said.startswith("read 1.") and said.split()[2] == "MB" and f"of {human_bytes(log.size)}:" in said  # 1 MB head + 512 KB tail + the block
+    assert "start-up (" in said and "first fatal block (" in said and "end (512 KB, from line " in said
