@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--where", default="start,middle,end")
     ap.add_argument("--baseline-src", type=Path, default=None, help="src/ of the baseline tree (e.g. /work/main/src); none: after only")
     ap.add_argument("--baseline-label", default="main")
+    ap.add_argument("--after-src", type=Path, default=ROOT / "src", help="src/ of the tree measured as 'after' (default: this one)")
     ap.add_argument("--baseline-max", default="250M", help="largest log the baseline is run on")
     ap.add_argument("--baseline-timeout", type=float, default=300.0)
     ap.add_argument("--workdir", type=Path, default=None, help="where the logs are written (deleted after each run)")
@@ -103,7 +104,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [parse_size(s) for s in ("20M,50M" if args.quick else args.sizes).split(",")]
     wheres = args.where.split(",")
-    after_src = ROOT / "src"
+    after_src = args.after_src
     workdir = Path(tempfile.mkdtemp(prefix="diagnose-bounds-", dir=args.workdir))
     rows: list[dict[str, Any]] = []
     try:
