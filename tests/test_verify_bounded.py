@@ -131,3 +131,31 @@ def test_cli_diagnose_json_on_a_big_log(tmp_path: Path) -> None:
     said = out["skipped"]
     assert said.startswith("read 1.") and said.split()[2] == "MB" and f"of {human_bytes(log.size)}:" in said  # 1 MB head + 512 KB tail + the block
     assert "start-up (" in said and "first fatal block (" in said and "end (512 KB, from line " in said
+
+
+async def test_wait_catches_up_on_a_big_log_then_follows_it(tmp_path: Path) -> None:
+    """`wait` attached to a long-running server reads its big log with the same bounded read (not
+    line by line), then follows it: a crash appended afterwards is seen with the file's line numbers."""
+    from conftest import free_port
+
+    from servefleet.verify.waiter import WaitTarget, wait_for_server
+
+    log = write_log(tmp_path / "live.log", 3 * 1024 * 1024, "none")
+    updates = []
+    target = WaitTarget(base_url=f"http://127.0.0.1:{free_port()}", engine=None, log_path=str(log.path), log_bounds=SMALL)
+    task = asyncio.create_task(wait_for_server(target, timeout_s=60, stall_s=60, smoke=False, on_update=updates.append))
+
+    async def caught_up() -> bool:
+        return any(u.skipped for u in updates)
+
+    from conftest import async_wait_until
+
+    await async_wait_until(caught_up, timeout=30, what="the catch-up")
+    assert updates[-1].state is State.LOADING and updates[-1].engine == "vllm"
+    with log.path.open("ab") as fh:  # the server crashes now
+        fh.write(b"".join(fatal_block()))
+    verdict = await task
+    want = whole(log.path)
+    assert verdict.state is State.FAILED and verdict.category is Category.GPU_OOM
+    assert verdict.evidence == want.evidence and verdict.excerpt == want.excerpt
+    assert verdict.skipped is not None and verdict.skipped.startswith("read ")

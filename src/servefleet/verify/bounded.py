@@ -35,7 +35,8 @@ from servefleet.verify.logtext import match_text
 from servefleet.verify.prefilter import LAUNCH_MARKER, marker_words, spellings
 from servefleet.verify.verdict import Verdict
 
-__all__ = ["ByteSource", "FileSource", "HostSource", "Bounds", "diagnose_source", "diagnose_file", "human_bytes"]
+__all__ = ["ByteSource", "FileSource", "HostSource", "Bounds", "LogWindow", "WindowRead", "diagnose_source", "diagnose_file",
+           "read_big_log", "line_number_at", "human_bytes"]
 
 MiB = 1024 * 1024
 FATAL_BEFORE = 16 * 1024  # bytes kept before the first fatal line (the traceback above it)
@@ -157,12 +158,56 @@ async def diagnose_source(source: ByteSource, engine: EngineProfile | None = Non
     if size is None:
         raise FileNotFoundError(getattr(source, "path", "log"))
     start = max(0, min(start, size))
-    first_line = await _line_number_at(source, start, bounds.chunk)
+    first_line = await line_number_at(source, start, bounds.chunk)
     span = size - start
     if span <= max(bounds.cap, bounds.head + bounds.tail):
         lines = split_lines((await source.read(start, span)).decode("utf-8", errors="replace"))
         return _renumbered(diagnose_lines(lines, engine), first_line - 1)
-    return await _bounded(source, engine, start, size, first_line, bounds)
+    read = await _read_windows(source, engine, start, size, first_line, bounds)
+    clf = LogClassifier(read.profile if read.profile is not None else AnyEngine())
+    for window in read.windows:
+        if window.gap_before:
+            clf.gap()
+        for i, raw in enumerate(window.lines):
+            clf.feed(window.line_no + i, raw)
+    return verdict_of(clf, read.profile, first=read.first_line - 1).model_copy(update={"skipped": read.skipped})
+
+
+@dataclass(frozen=True)
+class LogWindow:
+    """Lines of a bounded read: ``lines[0]`` is line ``line_no`` of the file; ``gap_before``: lines
+    were skipped between the previous window and this one."""
+
+    line_no: int
+    lines: list[str]
+    gap_before: bool
+
+
+@dataclass(frozen=True)
+class WindowRead:
+    """What a bounded read kept of a big log, in file order, and what it says about the rest."""
+
+    windows: list[LogWindow]
+    profile: EngineProfile | None  # the engine detected from the start-up (or the one given)
+    skipped: str
+    first_line: int  # the attempt's first line
+    end: int  # the offset just after the last complete line read (where a follower goes on)
+
+
+async def read_big_log(source: ByteSource, engine: EngineProfile | None = None, *, start: int = 0,
+                       bounds: Bounds = Bounds()) -> WindowRead | None:
+    """The bounded read of the log from ``start``, or None when that part is small enough to be
+    read whole (``cap``). For a live wait: catch up on a big log, then follow it from ``end``.
+    A partial last line (still being written) is left to the follower."""
+    size = await source.size()
+    if size is None or size - start <= max(bounds.cap, bounds.head + bounds.tail):
+        return None
+    tail = await source.read(max(start, size - bounds.tail), bounds.tail)
+    complete = size - (len(tail) - (tail.rfind(b"\n") + 1))  # the last complete line's end
+    if complete - start <= max(bounds.cap, bounds.head + bounds.tail):
+        return None
+    first_line = await line_number_at(source, start, bounds.chunk)
+    return await _read_windows(source, engine, start, complete, first_line, bounds)
 
 
 def _renumbered(verdict: Verdict, shift: int) -> Verdict:
@@ -177,7 +222,7 @@ def _renumbered(verdict: Verdict, shift: int) -> Verdict:
     return verdict.model_copy(update=update)
 
 
-async def _line_number_at(source: ByteSource, offset: int, chunk: int) -> int:
+async def line_number_at(source: ByteSource, offset: int, chunk: int = 4 * MiB) -> int:
     """1 + the newlines before ``offset`` (counted chunk by chunk: memory stays bounded)."""
     count, pos = 0, 0
     while pos < offset:
@@ -189,7 +234,7 @@ async def _line_number_at(source: ByteSource, offset: int, chunk: int) -> int:
     return count + 1
 
 
-async def _bounded(source: ByteSource, engine: EngineProfile | None, start: int, size: int, first_line: int, bounds: Bounds) -> Verdict:
+async def _read_windows(source: ByteSource, engine: EngineProfile | None, start: int, size: int, first_line: int, bounds: Bounds) -> WindowRead:
     head_bytes = await source.read(start, bounds.head)
     head_end = start + (head_bytes.rfind(b"\n") + 1 or len(head_bytes))
     tail_from = size - bounds.tail
@@ -243,18 +288,13 @@ async def _bounded(source: ByteSource, engine: EngineProfile | None, start: int,
         texts.append((w, split_lines(data.decode("utf-8", errors="replace"))))
     if profile is None:  # the scan's guess, unless a later launch marker moved the start-up
         profile = scan_profile if seg_start < head_end else (detect_engine(texts[0][1]) if texts else None)
-    clf = LogClassifier(profile if profile is not None else AnyEngine())
+    kept: list[LogWindow] = []
     prev_end = None
     for w, lines in texts:
-        if prev_end is not None and w.start != prev_end:
-            clf.gap()
-        base = w.line_no if w.line_no is not None else 1
-        for i, raw in enumerate(lines):
-            clf.feed(base + i, raw)
+        kept.append(LogWindow(w.line_no if w.line_no is not None else 1, lines, prev_end is not None and w.start != prev_end))
         prev_end = w.end
-    verdict = verdict_of(clf, profile, first=seg_line - 1)
     read = sum(w.end - w.start for w in windows)
-    return verdict.model_copy(update={"skipped": _skipped_words(windows, read, size - start, scan, bounds)})
+    return WindowRead(kept, profile, _skipped_words(windows, read, size - start, scan, bounds), seg_line, size)
 
 
 def _around(point: tuple[int, int], before: int, after: int, what: str) -> _Window:

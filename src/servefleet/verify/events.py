@@ -52,9 +52,11 @@ class SmokeResult:
 
 @dataclass(frozen=True)
 class LogLines:
-    """Complete raw lines, in order; the machine numbers them."""
+    """Complete raw lines, in order; the machine numbers them. ``first_line_no``: the file's number
+    of the first one, when lines were skipped before it (a bounded catch-up on a big log)."""
 
     lines: tuple[str, ...]
+    first_line_no: int | None = None
 
 
 @dataclass(frozen=True)

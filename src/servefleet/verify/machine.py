@@ -120,6 +120,7 @@ class ReadinessMachine:
         self._final: dict[str, Any] = {}
         self._final_finding: Finding | None = None
         self._finished_at: float | None = None
+        self.skipped: str | None = None  # what a bounded catch-up on a big log left out
 
     # ---- queries ------------------------------------------------------------------------------
     @property
@@ -154,6 +155,7 @@ class ReadinessMachine:
             "capacity": self.clf.capacity,
             "last_line": self.last_line,
             "message": self._live_message(now) if not self.done else None,
+            "skipped": self.skipped,
         }
         fields.update(self._final)
         if self._final_finding is not None:  # lines read after the cause complete its excerpt
@@ -163,6 +165,9 @@ class ReadinessMachine:
     # ---- events -------------------------------------------------------------------------------
     def feed(self, event: Event, now: float) -> None:
         if isinstance(event, LogLines):
+            if event.first_line_no is not None and event.first_line_no != self.next_line_no:
+                self.next_line_no = event.first_line_no  # lines were skipped (a bounded catch-up)
+                self.clf.gap()
             self._on_lines(event.lines, now)
         elif isinstance(event, LogGrew):
             self._log_activity(now)

@@ -25,6 +25,7 @@ from servefleet.hosts.base import Host, Truncated
 from servefleet.hosts.pidstat import PidStatus
 from servefleet.hosts.local import LocalHost
 from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Tick
+from servefleet.verify.bounded import Bounds, HostSource, line_number_at, read_big_log
 from servefleet.verify.logtext import LineSplitter
 from servefleet.verify.machine import ReadinessMachine, message_shape
 from servefleet.verify.probe import Prober, new_session, port_of
@@ -55,6 +56,7 @@ class WaitTarget:
     served_model: str | None = None  # expected name in /v1/models (identity when pgid unknown)
     port: int | None = None  # the server's port on its host, when base_url is a forward (SSH)
     probe: Probe | None = None  # overrides the engine's probe (the `openai` engine's ready path)
+    log_bounds: Bounds = field(default_factory=Bounds)  # how much of a big existing log is read to catch up
 
 
 @dataclass
@@ -81,9 +83,12 @@ async def wait_for_server(
     """Wait until the server is ready, failed or stalled, and say which (and why)."""
     clock = time.monotonic
     host = target.host
+    # A big log already there (attaching to a long-running server) is caught up on with the same
+    # bounded read as `diagnose`, then followed from where that read ended.
+    caught_up = await read_big_log(HostSource(host, target.log_path), target.engine, start=target.log_offset, bounds=target.log_bounds) if target.log_path else None
     first_line_no = await _line_number_at(host, target.log_path, target.log_offset)
     machine = ReadinessMachine(
-        target.engine,
+        target.engine if target.engine is not None or caught_up is None else caught_up.profile,
         now=clock(),
         timeout_s=timeout_s,
         stall_s=stall_s,
@@ -98,6 +103,11 @@ async def wait_for_server(
     wake = asyncio.Event()
     log = _LogState(target.log_offset)
     emitter = _Emitter(on_update)
+    if caught_up is not None:
+        for window in caught_up.windows:
+            machine.feed(LogLines(tuple(window.lines), first_line_no=window.line_no), clock())
+        machine.skipped = caught_up.skipped
+        log.offset = caught_up.end
 
     async with new_session() as session:
         prober = Prober(session, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
@@ -294,8 +304,8 @@ async def _line_number_at(host: Host, path: str | None, offset: int) -> int:
     """The line number of the byte at ``offset`` (a restart appends to the same log)."""
     if not path or offset <= 0:
         return 1
-    try:
-        return 1 + (await host.read_bytes(path, 0, offset)).count(b"\n")
+    try:  # chunk by chunk: an offset deep in a big log must not read it all into memory
+        return await line_number_at(HostSource(host, path), offset)
     except FileNotFoundError:
         return 1
 
