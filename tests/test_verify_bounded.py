@@ -159,3 +159,12 @@ async def test_wait_catches_up_on_a_big_log_then_follows_it(tmp_path: Path) -> N
     assert verdict.state is State.FAILED and verdict.category is Category.GPU_OOM
     assert verdict.evidence == want.evidence and verdict.excerpt == want.excerpt
     assert verdict.skipped is not None and verdict.skipped.startswith("read ")
+
+
+def test_a_launch_marker_as_the_last_line_is_an_attempt_without_output(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "big.log", 2 * 1024 * 1024, "end")
+    with log.path.open("ab") as fh:
+        fh.write(b"==== servefleet launch 2026-12-01T09:00:00+00:00 ====\n")
+    got = bounded(log.path)
+    same(got, whole(log.path))
+    assert got.state is State.LOADING and "has no output yet" in got.message

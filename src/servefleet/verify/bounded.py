@@ -170,7 +170,8 @@ async def diagnose_source(source: ByteSource, engine: EngineProfile | None = Non
             clf.gap()
         for i, raw in enumerate(window.lines):
             clf.feed(window.line_no + i, raw)
-    return verdict_of(clf, read.profile, first=read.first_line - 1).model_copy(update={"skipped": read.skipped})
+    empty = not any(line.strip() for window in read.windows for line in window.lines)  # a launch marker as the last line
+    return verdict_of(clf, read.profile, empty=empty, first=read.first_line - 1).model_copy(update={"skipped": read.skipped})
 
 
 @dataclass(frozen=True)
@@ -287,7 +288,7 @@ async def _read_windows(source: ByteSource, engine: EngineProfile | None, start:
             w.line_no = w.anchor[1] - data[: w.anchor[0] - w.start].count(b"\n")
         texts.append((w, split_lines(data.decode("utf-8", errors="replace"))))
     if profile is None:  # the scan's guess, unless a later launch marker moved the start-up
-        profile = scan_profile if seg_start < head_end else (detect_engine(texts[0][1]) if texts else None)
+        profile = scan_profile if seg_start < head_end else ((detect_engine(texts[0][1]) if texts else None) or scan_profile)
     kept: list[LogWindow] = []
     prev_end = None
     for w, lines in texts:
