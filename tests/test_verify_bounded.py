@@ -72,20 +72,33 @@ def test_skipped_report_names_the_windows_and_what_was_read(tmp_path: Path) -> N
     assert read_kb < 200 and text.split()[2] == "KB"  # the bounded part, not the file
 
 
-def test_hit_budget_is_said_and_a_later_fatal_block_still_counts_in_the_tail(tmp_path: Path) -> None:
-    # Thousands of request-level error lines (markers, never fatal) before a crash at the end.
+def test_repeated_error_lines_do_not_spend_the_budget(tmp_path: Path) -> None:
+    # A request error repeated thousands of times (only its numbers change) is one kind of line:
+    # a crash in the middle after them is still found (a 1 GB log once lost it this way).
+    log = write_log(tmp_path / "big.log", 8 * 1024 * 1024, "middle")  # ~40 request errors before the crash
+    tight = Bounds(cap=SMALL.cap, head=SMALL.head, tail=SMALL.tail, chunk=SMALL.chunk, max_hits=40)  # > the kinds of marker lines
+    got = bounded(log.path, tight)
+    same(got, whole(log.path))
+    assert got.category is Category.GPU_OOM and "first fatal block" in got.skipped
+
+
+def test_hit_budget_is_said_and_a_fatal_block_at_the_end_still_counts(tmp_path: Path) -> None:
+    # Many *kinds* of error lines (never fatal) before a crash at the end: past the budget only
+    # ready and launch lines are looked for in the middle, and the verdict says so; the tail is read whole.
     path = tmp_path / "noisy.log"
     unit = steady_unit(n=1000)
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima"]
     with path.open("wb") as fh:
         fh.write(b"".join(startup()))
-        for _ in range(60):
+        for i in range(60):
             fh.write(unit)
+            fh.write(f"(APIServer pid=1) ERROR 11-30 02:41:01 [serving.py:1] Error in request handler {words[i % len(words)]}\n".encode())
         fh.write(b"".join(fatal_block()))
     tight = Bounds(cap=SMALL.cap, head=SMALL.head, tail=SMALL.tail, chunk=SMALL.chunk, max_hits=10)
     got = bounded(path, tight)
     same(got, whole(path))
     assert got.category is Category.GPU_OOM
-    assert "10 of them classified, no fatal line among them" in got.skipped
+    assert "10 kinds of them classified, no fatal line among them" in got.skipped
 
 
 def test_start_offset_reads_the_current_launch_only_with_the_files_line_numbers(tmp_path: Path) -> None:

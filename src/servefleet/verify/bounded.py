@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from servefleet.engines.base import EngineProfile, SignalKind
-from servefleet.verify.classify import _EXCEPTION, AnyEngine, LogClassifier, detect_engine, match_signature
+from servefleet.verify.classify import _EXCEPTION, AnyEngine, LogClassifier, ShapeMatcher, detect_engine
 from servefleet.verify.diagnose import ATTEMPT_MARKER, diagnose_lines, split_lines, verdict_of
 from servefleet.verify.logtext import match_text
 from servefleet.verify.prefilter import LAUNCH_MARKER, marker_words, spellings
@@ -100,7 +100,7 @@ class Bounds:
     head: int = 1 * MiB
     tail: int = MiB // 2  # the end: a crash's last lines (a first fatal line before it is found by the scan)
     chunk: int = 4 * MiB  # scan step of the middle
-    max_hits: int = 5_000  # marker lines classified in the middle; then only ready/launch lines
+    max_hits: int = 5_000  # kinds (digits aside) of marker lines classified in the middle; then only ready/launch lines
 
 
 @dataclass
@@ -393,6 +393,7 @@ async def _scan_middle(source: ByteSource, begin: int, end: int, first_line: int
     # change the verdict: a second automaton looks for those alone (shutdown noise is full of "error").
     finders = (_Finder(marker_words(extra)), _Finder(sorted({*ready_spellings, LAUNCH_MARKER})))
     ready_words = sorted({w.lower() for w in ready_spellings})
+    matcher = ShapeMatcher(profile.signatures)
     carry = b""
     pos = begin
     line_base = first_line
@@ -410,7 +411,7 @@ async def _scan_middle(source: ByteSource, begin: int, end: int, first_line: int
             stop = len(buf)  # a line longer than two chunks: taken as it is
         carry = buf[stop:]
         offset = pos - len(buf)  # file offset of buf[0]
-        _scan_chunk(buf, stop, offset, line_base, finders, profile, ready_words, bounds, scan)
+        _scan_chunk(buf, stop, offset, line_base, finders, matcher, ready_words, bounds, scan)
         newlines = buf.count(b"\n", 0, stop)
         line_base += newlines
         scan.lines += newlines
@@ -419,7 +420,7 @@ async def _scan_middle(source: ByteSource, begin: int, end: int, first_line: int
 
 
 def _scan_chunk(buf: bytes, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
-                profile: EngineProfile, ready_words: list[str], bounds: Bounds, scan: _Scan) -> None:
+                matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: _Scan) -> None:
     at, at_line = 0, line_base  # a cursor, so that numbering the hits costs one pass over the chunk
     i = 0
     mode = scan.full(bounds)
@@ -435,14 +436,14 @@ def _scan_chunk(buf: bytes, stop: int, offset: int, line_base: int, finders: tup
         le = stop if le < 0 else le
         at_line += buf.count(b"\n", at, ls)
         at = ls
-        _on_hit(buf[ls:le], offset + ls, at_line, le + 1 - ls, profile, ready_words, bounds, scan)
+        _on_hit(buf[ls:le], offset + ls, at_line, le + 1 - ls, matcher, ready_words, bounds, scan)
         i = le + 1
         if scan.full(bounds) != mode and i < stop:  # the mode changed: look again from here
             mode = scan.full(bounds)
             hits, k = finders[0 if mode else 1].starts(buf, i, stop), 0
 
 
-def _on_hit(raw_bytes: bytes, offset: int, line_no: int, length: int, profile: EngineProfile, ready_words: list[str], bounds: Bounds, scan: _Scan) -> None:
+def _on_hit(raw_bytes: bytes, offset: int, line_no: int, length: int, matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: _Scan) -> None:
     scan.hits += 1
     raw = raw_bytes.decode("utf-8", errors="replace").rstrip("\r")
     if raw.startswith("==== servefleet launch") and ATTEMPT_MARKER.match(raw):
@@ -455,10 +456,11 @@ def _on_hit(raw_bytes: bytes, offset: int, line_no: int, length: int, profile: E
     lowered = text.lower()
     if not scan.full(bounds) and not any(word in lowered for word in ready_words):
         return  # only a ready line can still change the verdict
-    scan.classified += 1
-    if scan.classified >= bounds.max_hits and seg.fatal is None:
-        scan.budget_spent = True
-    sig = match_signature(text, profile.signatures) if text else None
+    sig = matcher.match(text) if text else None
+    if matcher.new_shape:  # the budget counts kinds of lines: a request error repeated a million times is one
+        scan.classified += 1
+        if scan.classified >= bounds.max_hits and seg.fatal is None:
+            scan.budget_spent = True
     point = (offset, line_no)
     if sig is None:
         if text and _EXCEPTION.search(text):
@@ -482,6 +484,6 @@ def _skipped_words(windows: list[_Window], read: int, total: int, scan: _Scan, b
     words = f"read {human_bytes(read)} of {human_bytes(total)}: " + ", ".join(parts)
     words += f"; the rest was scanned for error, ready and launch lines ({scan.hits:,} found"
     if scan.budget_spent:
-        words += f"; {bounds.max_hits:,} of them classified, no fatal line among them, and after that only ready and launch lines were looked for"
+        words += f"; {bounds.max_hits:,} kinds of them classified, no fatal line among them, and after that only ready and launch lines were looked for"
     return words + ")"
 
