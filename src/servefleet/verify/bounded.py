@@ -67,7 +67,10 @@ class FileSource:
     async def read(self, offset: int, length: int) -> bytes:
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            out = bytearray()
+            first = os.pread(fd, length, offset)
+            if len(first) == length or not first:
+                return first  # the usual case: one read, no copy
+            out = bytearray(first)
             while len(out) < length:
                 piece = os.pread(fd, length - len(out), offset + len(out))
                 if not piece:
@@ -394,44 +397,56 @@ async def _scan_middle(source: ByteSource, begin: int, end: int, first_line: int
     finders = (_Finder(marker_words(extra)), _Finder(sorted({*ready_spellings, LAUNCH_MARKER})))
     ready_words = sorted({w.lower() for w in ready_spellings})
     matcher = ShapeMatcher(profile.signatures)
-    carry = b""
+    carry = b""  # a line cut by the previous chunk's end
     pos = begin
     line_base = first_line
     while pos < end or carry:
         data = await source.read(pos, min(bounds.chunk, end - pos)) if pos < end else b""
         pos += len(data)
-        buf = carry + data if carry else data
-        stop = buf.rfind(b"\n") + 1
-        if pos >= end or not data:
-            stop = len(buf)  # the part ends at a line start (the tail's): nothing to carry
-        elif stop == 0 and len(buf) < 2 * bounds.chunk:
-            carry = buf  # one long line so far: wait for its end
+        last = pos >= end or not data  # the part ends at a line start (the tail's): nothing to carry
+        if carry:  # finish the cut line first, in a small buffer (the chunk itself is never copied)
+            nl = data.find(b"\n")
+            if nl < 0 and not last and len(carry) + len(data) < 2 * bounds.chunk:
+                carry += data  # one long line so far: wait for its end
+                continue
+            cut = len(data) if nl < 0 else nl + 1
+            joined = carry + data[:cut]
+            line_base = _scan_part(joined, 0, len(joined), pos - len(data) - len(carry), line_base, finders, matcher, ready_words, bounds, scan)
+            carry, begin_at = b"", cut
+        else:
+            begin_at = 0
+        stop = len(data) if last else data.rfind(b"\n", begin_at) + 1
+        if stop <= begin_at and not last:  # no line end in the rest of the chunk
+            carry = data[begin_at:]
             continue
-        elif stop == 0:
-            stop = len(buf)  # a line longer than two chunks: taken as it is
-        carry = buf[stop:]
-        offset = pos - len(buf)  # file offset of buf[0]
-        _scan_chunk(buf, stop, offset, line_base, finders, matcher, ready_words, bounds, scan)
-        newlines = buf.count(b"\n", 0, stop)
-        line_base += newlines
-        scan.lines += newlines
+        line_base = _scan_part(data, begin_at, stop, pos - len(data), line_base, finders, matcher, ready_words, bounds, scan)
+        carry = data[stop:]
         if not data:
             break
 
 
-def _scan_chunk(buf: bytes, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
+def _scan_part(buf: bytes, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
+               matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: _Scan) -> int:
+    """Scan the whole lines ``buf[begin:stop]`` (``buf[0]`` is at file offset ``offset``); the line number after them."""
+    _scan_chunk(buf, begin, stop, offset, line_base, finders, matcher, ready_words, bounds, scan)
+    newlines = buf.count(b"\n", begin, stop)
+    scan.lines += newlines
+    return line_base + newlines
+
+
+def _scan_chunk(buf: bytes, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
                 matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: _Scan) -> None:
-    at, at_line = 0, line_base  # a cursor, so that numbering the hits costs one pass over the chunk
-    i = 0
+    at, at_line = begin, line_base  # a cursor, so that numbering the hits costs one pass over the chunk
+    i = begin
     mode = scan.full(bounds)
-    hits = finders[0 if mode else 1].starts(buf, 0, stop)
+    hits = finders[0 if mode else 1].starts(buf, begin, stop)
     k = 0
     while k < len(hits):
         hit = hits[k]
         k += 1
         if hit < i:
             continue  # another marker on a line already handled
-        ls = buf.rfind(b"\n", 0, hit) + 1
+        ls = max(buf.rfind(b"\n", begin, hit) + 1, begin)
         le = buf.find(b"\n", hit, stop)
         le = stop if le < 0 else le
         at_line += buf.count(b"\n", at, ls)
