@@ -9,30 +9,31 @@ capacity, progress), the first fatal block after the last ready line, and the en
 * a bigger one: its first ``head`` and last ``tail`` bytes are read and classified. The part between
   is scanned at disk speed for block markers (``prefilter.marker_words``: error, exception,
   traceback, killed, ... and the profile's ready and wrapper words; one Aho-Corasick automaton over
-  raw bytes), counting newlines on the way so that line numbers stay exact. Each line holding a marker
-  is classified with the engine's signatures (at most ``max_hits`` of them; after that only ready
-  and launch lines are looked for), and windows around the first fatal line, the first wrapper
+  raw bytes, in ``logscan``), counting newlines on the way so that line numbers stay exact. Each
+  line holding a marker is classified with the engine's signatures (at most ``max_hits`` kinds of
+  lines, digits aside; after that only ready and launch lines are looked for), and windows around the first fatal line, the first wrapper
   line, the error lines and the last ready line since then are read and classified together with
   the head and the tail, in file order, with ``LogClassifier.gap`` between windows;
 * the verdict's ``skipped`` says what was read: "read 2.1 MB of 1.0 GB: first 1 MB, ...".
 
-Blind spot, said plainly: a fatal line in the skipped middle with no marker word, farther than
-``FATAL_BEFORE`` from a marker line of its block, is not seen (fatal blocks carry Traceback or
-Error lines). The launch marker of servefleet's appended logs is a marker: the last one starts
+Blind spot, said plainly: in the skipped middle, a fatal line with no marker word is seen only
+inside the window of the first fatal line that has one (fatal blocks end in an exception line:
+"...Error: ...", "Killed", "Segmentation fault"); a spelling outside ``BLOCK_MARKERS`` (e.g.
+"eRRor") is no marker. The launch marker of servefleet's appended logs is a marker: the last one starts
 the attempt, wherever it is.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-from servefleet.engines.base import EngineProfile, SignalKind
-from servefleet.verify.classify import _EXCEPTION, AnyEngine, LogClassifier, ShapeMatcher, detect_engine
+from servefleet.engines.base import EngineProfile
+from servefleet.hosts.base import Host
+from servefleet.verify.classify import AnyEngine, LogClassifier, detect_engine
 from servefleet.verify.diagnose import ATTEMPT_MARKER, diagnose_lines, split_lines, verdict_of
-from servefleet.verify.logtext import match_text
-from servefleet.verify.prefilter import LAUNCH_MARKER, marker_words, spellings
+from servefleet.verify.logscan import Scan, scan_middle
 from servefleet.verify.verdict import Verdict
 
 __all__ = ["ByteSource", "FileSource", "HostSource", "Bounds", "LogWindow", "WindowRead", "diagnose_source", "diagnose_file",
@@ -84,15 +85,15 @@ class FileSource:
 class HostSource:
     """A file on any Host (``host.file_size`` / ``host.read_bytes``)."""
 
-    def __init__(self, host: object, path: str) -> None:
+    def __init__(self, host: Host, path: str) -> None:
         self.host = host
         self.path = path
 
     async def size(self) -> int | None:
-        return await self.host.file_size(self.path)  # type: ignore[attr-defined,no-any-return]
+        return await self.host.file_size(self.path)
 
     async def read(self, offset: int, length: int) -> bytes:
-        return await self.host.read_bytes(self.path, offset, length)  # type: ignore[attr-defined,no-any-return]
+        return await self.host.read_bytes(self.path, offset, length)
 
 
 @dataclass(frozen=True)
@@ -114,31 +115,6 @@ class _Window:
     line_no: int | None = None  # of the line at ``start``, when known
     anchor: tuple[int, int] | None = None  # (offset, line number) of a line inside, when start's is not known
     aligned: bool = True  # ``start`` is a line start (windows around a scanned line are not, at first)
-
-
-@dataclass
-class _Segment:
-    """What the middle scan keeps since the last ready line (reset by a ready or launch line)."""
-
-    fatal: tuple[int, int] | None = None  # (offset, line number) of the first fatal line
-    wrapper: tuple[int, int] | None = None
-    exc_before_wrapper: tuple[int, int] | None = None
-    last_exc: tuple[int, int] | None = None
-
-
-@dataclass
-class _Scan:
-    segment: _Segment = field(default_factory=_Segment)
-    ready: tuple[int, int] | None = None
-    launch: tuple[int, int] | None = None  # (offset after the marker line, its line number + 1)
-    hits: int = 0
-    classified: int = 0
-    lines: int = 0  # newlines in the scanned part
-    budget_spent: bool = False  # max_hits lines classified with no fatal line among them
-
-    def full(self, bounds: Bounds) -> bool:
-        """Whether any marker line can still matter (else only ready and launch lines can)."""
-        return self.segment.fatal is None and self.classified < bounds.max_hits
 
 
 def human_bytes(n: int) -> str:
@@ -249,9 +225,9 @@ async def _read_windows(source: ByteSource, engine: EngineProfile | None, start:
     head_lines = head_bytes[: head_end - start].count(b"\n")
 
     scan_profile = engine if engine is not None else detect_engine(split_lines(head_bytes[: head_end - start].decode("utf-8", errors="replace")))
-    scan = _Scan()
+    scan = Scan()
     middle_line = first_line + head_lines
-    await _scan_middle(source, head_end, tail_start, middle_line, scan_profile or AnyEngine(), bounds, scan)
+    await scan_middle(source, head_end, tail_start, middle_line, scan_profile or AnyEngine(), bounds, scan)
     tail_line = middle_line + scan.lines
 
     # The last launch marker starts the attempt: in the tail, the middle, or the head.
@@ -359,139 +335,7 @@ def _last_marker(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-# ---- the middle scan ------------------------------------------------------------------------------
-
-
-class _Finder:
-    """All marker hits in a buffer, by one Aho-Corasick automaton (ahocorasick_rs: leftmost-first,
-    which lets it use its SIMD prefilter: GB/s on log text)."""
-
-    def __init__(self, words: list[str]) -> None:
-        import ahocorasick_rs as ac
-
-        self.automaton = ac.BytesAhoCorasick([w.encode() for w in words], matchkind=ac.MATCHKIND_LEFTMOST_FIRST)
-
-    def starts(self, buf: bytes, pos: int, stop: int) -> list[int]:
-        view = memoryview(buf)[pos:stop]
-        return [pos + start for _, start, _ in self.automaton.find_matches_as_indexes(view)]
-
-
-def _profile_words(profile: EngineProfile) -> tuple[list[str], list[str]]:
-    """Spellings of the profile's ready and wrapper literals (marker extras), and of the ready ones alone."""
-    extra: list[str] = []
-    ready: list[str] = []
-    for sig in profile.signatures:
-        if sig.kind in (SignalKind.READY, SignalKind.WRAPPER):
-            lits = spellings(sig.pattern)
-            if lits:
-                extra.extend(lits)
-                if sig.kind is SignalKind.READY:
-                    ready.extend(lits)
-    return extra, ready
-
-
-async def _scan_middle(source: ByteSource, begin: int, end: int, first_line: int, profile: EngineProfile, bounds: Bounds, scan: _Scan) -> None:
-    extra, ready_spellings = _profile_words(profile)
-    # Once the first fatal line is known (or the budget spent) only a ready or launch line can
-    # change the verdict: a second automaton looks for those alone (shutdown noise is full of "error").
-    finders = (_Finder(marker_words(extra)), _Finder(sorted({*ready_spellings, LAUNCH_MARKER})))
-    ready_words = sorted({w.lower() for w in ready_spellings})
-    matcher = ShapeMatcher(profile.signatures)
-    carry = b""  # a line cut by the previous chunk's end
-    pos = begin
-    line_base = first_line
-    while pos < end or carry:
-        data = await source.read(pos, min(bounds.chunk, end - pos)) if pos < end else b""
-        pos += len(data)
-        last = pos >= end or not data  # the part ends at a line start (the tail's): nothing to carry
-        if carry:  # finish the cut line first, in a small buffer (the chunk itself is never copied)
-            nl = data.find(b"\n")
-            if nl < 0 and not last and len(carry) + len(data) < 2 * bounds.chunk:
-                carry += data  # one long line so far: wait for its end
-                continue
-            cut = len(data) if nl < 0 else nl + 1
-            joined = carry + data[:cut]
-            line_base = _scan_part(joined, 0, len(joined), pos - len(data) - len(carry), line_base, finders, matcher, ready_words, bounds, scan)
-            carry, begin_at = b"", cut
-        else:
-            begin_at = 0
-        stop = len(data) if last else data.rfind(b"\n", begin_at) + 1
-        if stop <= begin_at and not last:  # no line end in the rest of the chunk
-            carry = data[begin_at:]
-            continue
-        line_base = _scan_part(data, begin_at, stop, pos - len(data), line_base, finders, matcher, ready_words, bounds, scan)
-        carry = data[stop:]
-        if not data:
-            break
-
-
-def _scan_part(buf: bytes, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
-               matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: _Scan) -> int:
-    """Scan the whole lines ``buf[begin:stop]`` (``buf[0]`` is at file offset ``offset``); the line number after them."""
-    _scan_chunk(buf, begin, stop, offset, line_base, finders, matcher, ready_words, bounds, scan)
-    newlines = buf.count(b"\n", begin, stop)
-    scan.lines += newlines
-    return line_base + newlines
-
-
-def _scan_chunk(buf: bytes, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
-                matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: _Scan) -> None:
-    at, at_line = begin, line_base  # a cursor, so that numbering the hits costs one pass over the chunk
-    i = begin
-    mode = scan.full(bounds)
-    hits = finders[0 if mode else 1].starts(buf, begin, stop)
-    k = 0
-    while k < len(hits):
-        hit = hits[k]
-        k += 1
-        if hit < i:
-            continue  # another marker on a line already handled
-        ls = max(buf.rfind(b"\n", begin, hit) + 1, begin)
-        le = buf.find(b"\n", hit, stop)
-        le = stop if le < 0 else le
-        at_line += buf.count(b"\n", at, ls)
-        at = ls
-        _on_hit(buf[ls:le], offset + ls, at_line, le + 1 - ls, matcher, ready_words, bounds, scan)
-        i = le + 1
-        if scan.full(bounds) != mode and i < stop:  # the mode changed: look again from here
-            mode = scan.full(bounds)
-            hits, k = finders[0 if mode else 1].starts(buf, i, stop), 0
-
-
-def _on_hit(raw_bytes: bytes, offset: int, line_no: int, length: int, matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: _Scan) -> None:
-    scan.hits += 1
-    raw = raw_bytes.decode("utf-8", errors="replace").rstrip("\r")
-    if raw.startswith("==== servefleet launch") and ATTEMPT_MARKER.match(raw):
-        scan.segment = _Segment()
-        scan.ready = None
-        scan.launch = (offset + length, line_no + 1)
-        return
-    seg = scan.segment
-    text = match_text(raw)
-    lowered = text.lower()
-    if not scan.full(bounds) and not any(word in lowered for word in ready_words):
-        return  # only a ready line can still change the verdict
-    sig = matcher.match(text) if text else None
-    if matcher.new_shape:  # the budget counts kinds of lines: a request error repeated a million times is one
-        scan.classified += 1
-        if scan.classified >= bounds.max_hits and seg.fatal is None:
-            scan.budget_spent = True
-    point = (offset, line_no)
-    if sig is None:
-        if text and _EXCEPTION.search(text):
-            seg.last_exc = point
-        return
-    if sig.kind is SignalKind.READY:
-        scan.segment = _Segment()
-        scan.ready = point
-    elif sig.kind is SignalKind.FATAL and seg.fatal is None:
-        seg.fatal = point
-    elif sig.kind is SignalKind.WRAPPER and seg.wrapper is None:
-        seg.wrapper = point
-        seg.exc_before_wrapper = seg.last_exc
-
-
-def _skipped_words(windows: list[_Window], read: int, total: int, scan: _Scan, bounds: Bounds) -> str:
+def _skipped_words(windows: list[_Window], read: int, total: int, scan: Scan, bounds: Bounds) -> str:
     parts = []
     for w in windows:
         where = f", from line {w.line_no:,}" if w.line_no is not None else ""
