@@ -304,8 +304,9 @@ async def _line_number_at(host: Host, path: str | None, offset: int) -> int:
     """The line number of the byte at ``offset`` (a restart appends to the same log)."""
     if not path or offset <= 0:
         return 1
-    try:  # chunk by chunk: an offset deep in a big log must not read it all into memory
-        return await line_number_at(HostSource(host, path), offset)
+    try:  # 16 MB at a time: an offset deep in a big log is not read into memory whole, and a remote
+        # host answers a usual prefix in one command
+        return await line_number_at(HostSource(host, path), offset, chunk=16 * 1024 * 1024)
     except FileNotFoundError:
         return 1
 
