@@ -65,6 +65,20 @@ class FileSource:
         except FileNotFoundError:
             return None
 
+    async def read_into(self, offset: int, view: memoryview) -> int:
+        """Fill ``view`` from ``offset`` (fewer bytes at the end of the file): the scan reuses one buffer."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            got = 0
+            while got < len(view):
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if n == 0:
+                    break
+                got += n
+            return got
+        finally:
+            os.close(fd)
+
     async def read(self, offset: int, length: int) -> bytes:
         fd = os.open(self.path, os.O_RDONLY)
         try:

@@ -60,7 +60,7 @@ class _Finder:
 
         self.automaton = ac.BytesAhoCorasick([w.encode() for w in words], matchkind=ac.MATCHKIND_LEFTMOST_FIRST)
 
-    def starts(self, buf: bytes, pos: int, stop: int) -> list[int]:
+    def starts(self, buf: bytes | bytearray, pos: int, stop: int) -> list[int]:
         view = memoryview(buf)[pos:stop]
         return [pos + start for _, start, _ in self.automaton.find_matches_as_indexes(view)]
 
@@ -89,32 +89,40 @@ async def scan_middle(source: ByteSource, begin: int, end: int, first_line: int,
     carry = b""  # a line cut by the previous chunk's end
     pos = begin
     line_base = first_line
+    read_into = getattr(source, "read_into", None)  # a local file: one buffer for every chunk
+    chunk = bytearray(bounds.chunk) if read_into is not None else None
     while pos < end or carry:
-        data = await source.read(pos, min(bounds.chunk, end - pos)) if pos < end else b""
-        pos += len(data)
-        last = pos >= end or not data  # the part ends at a line start (the tail's): nothing to carry
+        want = min(bounds.chunk, end - pos)
+        if pos >= end:
+            data, n = b"", 0
+        elif read_into is not None and chunk is not None:
+            data, n = chunk, await read_into(pos, memoryview(chunk)[:want])
+        else:
+            data = await source.read(pos, want)
+            n = len(data)
+        pos += n
+        last = pos >= end or n == 0  # the part ends at a line start (the tail's): nothing to carry
         if carry:  # finish the cut line first, in a small buffer (the chunk itself is never copied)
-            nl = data.find(b"\n")
-            if nl < 0 and not last and len(carry) + len(data) < 2 * bounds.chunk:
-                carry += data  # one long line so far: wait for its end
+            nl = data.find(b"\n", 0, n)
+            if nl < 0 and not last and len(carry) + n < 2 * bounds.chunk:
+                carry += bytes(data[:n])  # one long line so far: wait for its end
                 continue
-            cut = len(data) if nl < 0 else nl + 1
-            joined = carry + data[:cut]
-            line_base = _scan_part(joined, 0, len(joined), pos - len(data) - len(carry), line_base, finders, matcher, ready_words, bounds, scan)
+            cut = n if nl < 0 else nl + 1
+            joined = carry + bytes(data[:cut])
+            line_base = _scan_part(joined, 0, len(joined), pos - n - len(carry), line_base, finders, matcher, ready_words, bounds, scan)
             carry, begin_at = b"", cut
         else:
             begin_at = 0
-        stop = len(data) if last else data.rfind(b"\n", begin_at) + 1
+        stop = n if last else data.rfind(b"\n", begin_at, n) + 1
         if stop <= begin_at and not last:  # no line end in the rest of the chunk
-            carry = data[begin_at:]
+            carry = bytes(data[begin_at:n])
             continue
-        line_base = _scan_part(data, begin_at, stop, pos - len(data), line_base, finders, matcher, ready_words, bounds, scan)
-        carry = data[stop:]
-        if not data:
+        line_base = _scan_part(data, begin_at, stop, pos - n, line_base, finders, matcher, ready_words, bounds, scan)
+        carry = bytes(data[stop:n])
+        if n == 0:
             break
 
-
-def _scan_part(buf: bytes, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
+def _scan_part(buf: bytes | bytearray, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
                matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: Scan) -> int:
     """Scan the whole lines ``buf[begin:stop]`` (``buf[0]`` is at file offset ``offset``); the line number after them."""
     _scan_chunk(buf, begin, stop, offset, line_base, finders, matcher, ready_words, bounds, scan)
@@ -123,7 +131,7 @@ def _scan_part(buf: bytes, begin: int, stop: int, offset: int, line_base: int, f
     return line_base + newlines
 
 
-def _scan_chunk(buf: bytes, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
+def _scan_chunk(buf: bytes | bytearray, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
                 matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: Scan) -> None:
     at, at_line = begin, line_base  # a cursor, so that numbering the hits costs one pass over the chunk
     i = begin
