@@ -304,3 +304,40 @@ async def test_url_for_reaches_a_server_on_the_host(host: Host, work: Path) -> N
 async def test_failures_are_host_errors(host: Host, work: Path) -> None:
     with pytest.raises(HostError):
         await host.run(["/nonexistent/program"])
+
+
+async def _child_pid(host: Host, log: str) -> int:
+    async def logged() -> bool:
+        return await host.file_size(log) is not None and b"child=" in await host.read_bytes(log)
+
+    await async_wait_until(logged, what="the child's pid in the log")
+    return int((await host.read_bytes(log)).decode().split("child=")[1].split()[0])
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped-by-its-shell", "zombie"])
+async def test_pid_status_sees_a_child_die_while_its_group_lives(host: Host, work: Path, reaped: bool) -> None:
+    # A plain child of a live shell shares the shell's group: the group outlives it (issue 12, item 5).
+    log = str(work / "p.log")
+    then = "wait; exec sleep 60" if reaped else "exec sleep 60"  # exec'd sleep never reaps: a zombie stays
+    pgid = await host.spawn_detached(["sh", "-c", f'sleep 60 & echo "child=$!"; {then}'], log_path=log, status_path=str(work / "p.status"))
+    try:
+        child = await _child_pid(host, log)
+        alive = await host.pid_status(child)
+        assert alive.alive and alive.ppid is not None and alive.started is not None
+        await host.run(["kill", "-9", str(child)])
+
+        want = "gone" if reaped else "zombie"  # reaped: a zombie for an instant first
+
+        async def dead() -> bool:
+            return (await host.pid_status(child)).state == want
+
+        await async_wait_until(dead, what=f"pid_status to see the child {want}")
+        after = await host.pid_status(child)
+        if reaped:
+            assert after.state == "gone" and after.code is None
+        else:
+            assert after.state == "zombie" and after.code == -signal.SIGKILL
+        assert await host.group_alive(pgid)  # the group lives on: group liveness alone misses this death
+        assert (await host.pid_status(2**22 + 12345)).state == "gone"
+    finally:
+        await host.signal_group(pgid, signal.SIGKILL)

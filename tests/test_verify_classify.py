@@ -153,3 +153,25 @@ def test_any_engine_unions_signatures() -> None:
     clf.feed(1, "kaboom")
     assert clf.first_fatal is not None and clf.first_fatal.signal.category is Category.OTHER
     assert anyone.capacity_from_line("max_total_num_tokens=1, max_running_requests=2").kv_cache_tokens == 1
+
+
+def test_shape_matcher_answers_as_match_signature_on_every_fixture_line() -> None:
+    """ShapeMatcher caches by shape (digits zeroed) for the patterns that name no digit: on every
+    fixture line, the same lines with other digits, and again (cached), it agrees with match_signature."""
+    import random
+    import re
+    from pathlib import Path
+
+    from servefleet.verify.classify import AnyEngine, ShapeMatcher, available_engines, match_signature
+    from servefleet.verify.logtext import match_text
+
+    logs = Path(__file__).resolve().parent / "fixtures" / "logs"
+    texts = [match_text(line) for p in sorted(logs.rglob("*.log")) for line in p.read_bytes().decode("utf-8", "replace").splitlines()]
+    rnd = random.Random(7)
+    varied = [re.sub(r"\d", lambda _: str(rnd.randint(0, 9)), t) for t in texts]
+    varied += ["Exit code: -9", "Exit code: -1", "[Errno 98] Address in use", "[Errno 97] Address in use", "signal 9", "signal 7"]
+    for profile in [*available_engines(), AnyEngine()]:
+        matcher = ShapeMatcher(profile.signatures)
+        for text in texts + varied + texts:
+            assert matcher.match(text) is match_signature(text, profile.signatures), (profile.name, text)
+    assert len(texts) > 1000

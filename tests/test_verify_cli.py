@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -156,3 +158,36 @@ def test_wait_usage_errors() -> None:
     assert res.returncode == 3 and "not an http(s) URL" in json.loads(res.stdout)["error"]
     res = servefleet_inproc("wait", "--url", "http://127.0.0.1:1", "--pid", "999999999")
     assert res.returncode == 3 and "no process with pid" in res.stderr
+
+
+def test_wait_pid_of_a_shell_child_killed_while_loading_is_killed(tmp_path: Path) -> None:
+    """Issue 12, item 5: a server started as a plain child of a live shell shares the shell's process
+    group, which lives on after the server is SIGKILLed. `wait --pid` used to watch only the group
+    and said `stalled` at the timeout; the pid's death is the server's death."""
+    port = free_port()
+    log = tmp_path / "sim.log"
+    sim = shlex.join([sys.executable, "-m", "servefleet.sim", "--style", "vllm", "--port", str(port), "--load-time", "120"])
+    # Only the server's output goes to the log (the shell's own "Killed" report would be evidence);
+    # the shell lives on after it, like a terminal's, and so does its process group.
+    shell = subprocess.Popen(["bash", "-c", f'{sim} > {shlex.quote(str(log))} 2>&1 & echo "$!"; wait; exec sleep 300'],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        server = int(shell.stdout.readline())
+        assert os.getpgid(server) == shell.pid != server  # not a group leader: the shell leads the group
+        wait_until(lambda: log.exists() and b"Initializing a V1 LLM engine" in log.read_bytes(), timeout=60, what="the sim to start loading")
+        waiter = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "wait", "--url", f"http://127.0.0.1:{port}", "--log", str(log),
+                                   "--pid", str(server), "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"})
+        first = waiter.stderr.readline()  # the first status line: the watchers are running
+        assert "loading" in first, first + waiter.stderr.read()
+        os.kill(server, signal.SIGKILL)
+        out, err = waiter.communicate(timeout=60)
+        assert shell.poll() is None  # the shell (and so the group) is still alive
+        out = " ".join(out.split())
+        assert waiter.returncode == 1 and out.startswith("failed: killed"), out + err  # not `stalled` after the timeout
+        assert f"pid {server} is not a child of servefleet: only its parent (pid {shell.pid}) could read its exit code" in out
+        assert "the process is gone (exit code unknown)" in out  # no code is made up
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()

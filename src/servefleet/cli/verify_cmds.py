@@ -1,6 +1,6 @@
 """`servefleet wait` and `servefleet diagnose`: the verification loop from the command line.
 
-Thin: parse, call ``wait_for_server`` / ``diagnose_text``, render. ``render_verdict`` is shared with
+Thin: parse, call ``wait_for_server`` / ``diagnose_file``, render. ``render_verdict`` is shared with
 the fleet commands, which show the same failure details under their tables.
 """
 
@@ -25,7 +25,7 @@ from servefleet.cli.exitcodes import ExitCode
 from servefleet.engines.base import EngineProfile
 from servefleet.engines.registry import engine_names, get_engine
 from servefleet.errors import EngineError, ServefleetError
-from servefleet.verify.diagnose import diagnose_text
+from servefleet.verify.bounded import diagnose_file
 from servefleet.verify.machine import message_shape
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
@@ -88,6 +88,8 @@ def render_verdict(verdict: Verdict, console: Console, *, source: str | None = N
             lines.append(row)
     if verdict.hint and verdict.state is not State.READY:
         lines.append(Text("hint: ", style="bold").append(verdict.hint))
+    if verdict.skipped:
+        lines.append(Text(verdict.skipped, style="dim"))
     cap = capacity_text(verdict.capacity)
     if cap:
         lines.append(Text("capacity: ", style="bold").append(cap))
@@ -148,18 +150,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Classify a server log: ready, still loading, or failed -- with the root cause line.
 
-        Exit 0 ready or loading, 1 failed, 3 when the file cannot be read."""
+        A log of any size: beyond 4 MB only its start-up, its end and the windows around its first
+        fatal block are read (the rest is scanned for error and ready lines at disk speed); the
+        verdict says what was read. Exit 0 ready or loading, 1 failed, 3 when the file cannot be read."""
         profile = _engine_or_none(engine, json_out)
         if not logfile.exists():
             _fail_usage(f"log file {logfile} does not exist (is the path right?)", json_out)
         if logfile.is_dir():
             _fail_usage(f"{logfile} is a folder, not a log file", json_out)
-        try:
-            text = logfile.read_bytes().decode("utf-8", errors="replace")
+        try:  # bounded: a big log is read at its start, its end and around its first fatal block
+            verdict = asyncio.run(diagnose_file(logfile, profile))
         except OSError as exc:
             _fail_usage(f"cannot read {logfile}: {exc.strerror or exc}", json_out)
             raise
-        verdict = diagnose_text(text, profile)
         if json_out:
             print(json.dumps(verdict.to_json()))
         else:
@@ -170,7 +173,7 @@ def register(app: typer.Typer) -> None:
     def wait(
         url: str = typer.Option(..., "--url", help="base URL of the server, e.g. http://127.0.0.1:30000"),
         log: Path | None = typer.Option(None, "--log", help="the server's log file, followed as it grows"),
-        pid: int | None = typer.Option(None, "--pid", help="a pid of the server: its process group is watched and must hold the port"),
+        pid: int | None = typer.Option(None, "--pid", help="the server's pid: its death is the server's death (even when its group, e.g. a shell's, lives on); its process group must hold the port"),
         engine: str = typer.Option("auto", "--engine", help=f"{engines_help} (auto: detect from the log)"),
         model: str | None = typer.Option(None, "--model", help="served model name /v1/models must list (identity without --pid)"),
         timeout: float = typer.Option(1800.0, "--timeout", min=0.0, help="overall cap in seconds"),
@@ -189,7 +192,7 @@ def register(app: typer.Typer) -> None:
                 pgid = os.getpgid(pid)
             except ProcessLookupError:
                 _fail_usage(f"no process with pid {pid} (has it exited already?)", json_out)
-        target = WaitTarget(base_url=url, engine=profile, log_path=str(log) if log else None, pgid=pgid, served_model=model)
+        target = WaitTarget(base_url=url, engine=profile, log_path=str(log) if log else None, pgid=pgid, pid=pid, served_model=model)
         err = Console(stderr=True)
         live_line = _LiveLine(time.monotonic())
         use_live = err.is_terminal and not json_out

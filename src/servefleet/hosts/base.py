@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-__all__ = ["CommandResult", "PortHolder", "Host", "UnitHost", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated"]
+from servefleet.hosts.pidstat import PidStatus
+
+__all__ = ["CommandResult", "PortHolder", "PidStatus", "Host", "UnitHost", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,11 @@ class Host(Protocol):
 
     async def group_alive(self, pgid: int) -> bool:
         """Whether any live (non-zombie) process remains in the process group."""
+        ...
+
+    async def pid_status(self, pid: int) -> PidStatus:
+        """Whether one process is alive, a zombie (with its exit status when readable) or gone.
+        A group can outlive the process a user pointed at (a shell's group, orphaned children)."""
         ...
 
     async def signal_group(self, pgid: int, signum: int) -> None:

@@ -12,6 +12,7 @@ import psutil
 from servefleet.errors import CommandError, HostError
 from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
 from servefleet.hosts.local_ports import port_holder_fallback
+from servefleet.hosts.pidstat import PidStatus, read_pid_status
 
 __all__ = ["LocalHost"]
 
@@ -168,6 +169,9 @@ class LocalHost:
             except (ProcessLookupError, psutil.Error):
                 continue
         return False
+
+    async def pid_status(self, pid: int) -> PidStatus:
+        return read_pid_status(pid)  # one small /proc read: no thread needed
 
     async def signal_group(self, pgid: int, signum: int) -> None:
         try:

@@ -30,6 +30,7 @@ from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchEr
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts import ssh_systemd as units
 from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
+from servefleet.hosts.pidstat import GONE, PidStatus, parse_proc_stat
 from servefleet.hosts.ssh_batch import Op, batch_argv, chunk_ops, parse_batch
 from servefleet.hosts.ssh_master import Master, MasterPool, free_local_port
 from servefleet.hosts.ssh_options import SSHSpec, classify_ssh_failure, ssh_argv, ssh_error
@@ -400,6 +401,14 @@ class SSHHost:
         if code in (0, 1):
             return code == 0
         raise self._failed(["group_alive", str(pgid)], code, err)
+
+    async def pid_status(self, pid: int) -> PidStatus:
+        code, out, err = await self._exec(scripts.pid_stat_argv(pid), retry=True)
+        if code == scripts.MISSING_RC:
+            return GONE
+        if code != 0:
+            raise self._failed(["pid_status", str(pid)], code, err)
+        return parse_proc_stat(out.decode(errors="replace"))
 
     async def signal_group(self, pgid: int, signum: int) -> None:
         code, _out, err = await self._exec(scripts.signal_argv(pgid, signum), retry=True)

@@ -24,6 +24,7 @@ __all__ = [
     "write_argv",
     "remove_argv",
     "group_alive_argv",
+    "pid_stat_argv",
     "signal_argv",
     "port_holder_argv",
     "parse_port_holder",
@@ -113,6 +114,11 @@ if command -v ps >/dev/null 2>&1; then
   exit $?
 fi
 proc_group_alive "$want"
+"""
+
+# One process's /proc/PID/stat line (parsed by hosts.pidstat); exit 44 when the pid is gone.
+PID_STAT = r"""
+cat -- "/proc/$1/stat" 2>/dev/null || exit 44
 """
 
 # `kill -N -PGID` is the one spelling dash, bash and busybox all accept; a gone group is fine.
@@ -263,6 +269,10 @@ def remove_argv(path: str) -> list[str]:
 
 def group_alive_argv(pgid: int) -> list[str]:
     return _sh(GROUP_ALIVE, str(int(pgid)))
+
+
+def pid_stat_argv(pid: int) -> list[str]:
+    return _sh(PID_STAT, str(int(pid)))
 
 
 def signal_argv(pgid: int, signum: int) -> list[str]:

@@ -36,6 +36,7 @@ __all__ = [
     "available_engines",
     "detect_engine",
     "match_signature",
+    "ShapeMatcher",
     "detect_texts",
     "EXCERPT_CONTEXT",
 ]
@@ -106,6 +107,63 @@ def match_signature(text: str, signatures: Sequence[Signature]) -> Signature | N
         if (lits is None or any(lit in lowered for lit in lits)) and sig.pattern.search(text):
             return sig
     return None
+
+
+class ShapeMatcher:
+    """``match_signature`` for many similar lines (a bounded scan's marker lines: the same request
+    error a million times, only its numbers changing), with a cache keyed by the line's *shape*:
+    every digit zeroed. A pattern whose text has no digit and no ``\\d`` treats all digits alike
+    (\\w, ., \\S and negated classes do not tell 3 from 7), so its answer is the same for two lines of
+    one shape and is cached; the few patterns that name digits ("signal 9", "[Errno 98]") run on
+    every line. ``new_shape`` says whether the last line's shape was seen before."""
+
+    _ZERO = str.maketrans("123456789", "000000000")
+    _NAMES_DIGITS = re.compile(r"\d|\\d")
+
+    def __init__(self, signatures: Sequence[Signature], max_shapes: int = 50_000) -> None:
+        self.plan = _plan(signatures)
+        blind = [i for i, (sig, _, _) in enumerate(self.plan) if not self._NAMES_DIGITS.search(sig.pattern.pattern)]
+        self.blind = tuple(blind)
+        self.sensitive = tuple(i for i in range(len(self.plan)) if i not in set(blind))
+        self.max_shapes = max_shapes
+        self.cache: dict[str, tuple[int | None, int | None]] = {}
+        self.new_shape = False
+
+    def _first(self, indices: tuple[int, ...], text: str, lowered: str) -> tuple[int | None, int | None]:
+        """(first benign, first other) index among ``indices`` whose pattern matches."""
+        hit = None
+        for i in indices:
+            sig, lits, benign = self.plan[i]
+            if hit is not None and not benign:
+                continue
+            if lits is not None and not any(lit in lowered for lit in lits):
+                continue
+            if sig.pattern.search(text):
+                if benign:
+                    return i, hit
+                hit = i
+        return None, hit
+
+    def match(self, text: str) -> Signature | None:
+        lowered = text.lower()
+        key = text.translate(self._ZERO)
+        cached = self.cache.get(key)
+        self.new_shape = cached is None
+        if cached is None:
+            if len(self.cache) >= self.max_shapes:
+                self.cache.clear()
+            cached = self.cache[key] = self._first(self.blind, text, lowered)
+        live = self._first(self.sensitive, text, lowered)
+        benigns = [i for i in (cached[0], live[0]) if i is not None]
+        if benigns:
+            return self.plan[min(benigns)][0]
+        hits = [i for i in (cached[1], live[1]) if i is not None]
+        if hits:
+            return self.plan[min(hits)][0]
+        for sig, lits, _ in _plan(_GENERIC):
+            if (lits is None or any(lit in lowered for lit in lits)) and sig.pattern.search(text):
+                return sig
+        return None
 
 
 _Plan = tuple[tuple[Signature, tuple[str, ...] | None, bool], ...]
@@ -254,6 +312,12 @@ class LogClassifier:
                 self.capacity = found.merge(self.capacity)
         self._recent.append((line_no, text))
         return signal
+
+    def gap(self) -> None:
+        """Lines were skipped here (a bounded read of a big log): the lines before the gap are not
+        the context of the lines after it, nor the reverse."""
+        self._recent.clear()
+        self._open = []
 
     def _record(self, signal: Signal) -> None:
         if signal.kind is SignalKind.FATAL:

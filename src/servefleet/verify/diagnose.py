@@ -14,7 +14,7 @@ from servefleet.engines.base import EngineProfile
 from servefleet.verify.classify import AnyEngine, Finding, LogClassifier, detect_engine
 from servefleet.verify.verdict import Evidence, Verdict
 
-__all__ = ["diagnose_text", "diagnose_lines", "finding_fields", "split_lines", "last_attempt_start"]
+__all__ = ["diagnose_text", "diagnose_lines", "verdict_of", "finding_fields", "split_lines", "last_attempt_start", "ATTEMPT_MARKER"]
 
 
 def split_lines(text: str) -> list[str]:
@@ -29,7 +29,8 @@ def split_lines(text: str) -> list[str]:
 
 # The fleet layer appends each launch attempt to the same log below this marker
 # (servefleet.fleet.lifecycle.LAUNCH_MARKER): only the last attempt tells the server's state.
-_ATTEMPT_MARKER = re.compile(r"^==== servefleet launch .*====\s*$")
+ATTEMPT_MARKER = re.compile(r"^==== servefleet launch .*====\s*$")
+_ATTEMPT_MARKER = ATTEMPT_MARKER
 
 
 def last_attempt_start(lines: list[str]) -> int:
@@ -73,6 +74,13 @@ def diagnose_lines(lines: list[str], engine: EngineProfile | None = None) -> Ver
     first = last_attempt_start(lines)
     for no, raw in enumerate(lines[first:], start=first + 1):
         clf.feed(no, raw)
+    empty = not any(line.strip() for line in lines[first:])
+    return verdict_of(clf, engine, empty=empty, first=first)
+
+
+def verdict_of(clf: LogClassifier, engine: EngineProfile | None, *, empty: bool = False, first: int = 0) -> Verdict:
+    """The verdict of a classifier that has been fed a log (whole, or the windows of a bounded read).
+    ``empty``: the attempt has no output; ``first``: lines before the attempt (for the words)."""
     name = engine.name if engine is not None else None
     common: dict[str, Any] = {"engine": name, "progress": clf.progress, "capacity": clf.capacity, "last_line": clf.last_text}
 
@@ -91,7 +99,7 @@ def diagnose_lines(lines: list[str], engine: EngineProfile | None = None) -> Ver
         ready = clf.ready_line
         return Verdict(state=State.READY, evidence=Evidence(line_no=ready.line_no, text=ready.text),
                        message="the log says ready (a log cannot prove it: `servefleet wait` asks the server)", **common)
-    if not any(line.strip() for line in lines[first:]):
+    if empty:
         said = "the log is empty" if first == 0 else f"the last launch attempt (after line {first}) has no output yet"
         return Verdict(state=State.LOADING, message=f"{said} (a server killed while importing can leave an empty log)", **common)
     message = None

@@ -52,9 +52,11 @@ class SmokeResult:
 
 @dataclass(frozen=True)
 class LogLines:
-    """Complete raw lines, in order; the machine numbers them."""
+    """Complete raw lines, in order; the machine numbers them. ``first_line_no``: the file's number
+    of the first one, when lines were skipped before it (a bounded catch-up on a big log)."""
 
     lines: tuple[str, ...]
+    first_line_no: int | None = None
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,12 @@ class ProcessExit:
     ``code``: its exit status (137 = SIGKILL as reported by the shell wrapper, negative = signal).
     ``code=None, killed=True``: the group vanished without the wrapper recording a status, i.e. the
     wrapper itself was SIGKILLed. ``code=None, killed=False``: gone, with no way to know the code
-    (a server attached with ``--pid``, no status file)."""
+    (a server attached with ``--pid``, no status file). ``note``: how the code was or could not be
+    known (e.g. the pid is not our child, so its own parent reaped its exit status)."""
 
     code: int | None
     killed: bool = False
+    note: str = ""
 
 
 @dataclass(frozen=True)

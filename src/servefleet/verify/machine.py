@@ -12,7 +12,9 @@ HTTP probe, and process liveness; a clock reading comes with every event. Rules:
   to our process group, or /v1/models lists our model) — and the smoke request, when asked for —
   make the server ready;
 * exit without a signature is a failure with the code: SIGKILL (137, -9, no status recorded) is
-  ``killed``, anything else ``other``; a 2xx from another process's port plus our exit is
+  ``killed``, anything else ``other``; a process gone with no readable code (not our child) and
+  no error line in its log is ``killed`` too (a Python server that fails says why; one that
+  vanishes mid-line was killed); a 2xx from another process's port plus our exit is
   ``port_in_use``;
 * stall is progress-aware: stalled when neither the log grew nor the probe's answer changed for
   ``stall_s``; the overall ``timeout_s`` ends in ``stalled`` too, saying "timed out after Ns".
@@ -118,6 +120,7 @@ class ReadinessMachine:
         self._final: dict[str, Any] = {}
         self._final_finding: Finding | None = None
         self._finished_at: float | None = None
+        self.skipped: str | None = None  # what a bounded catch-up on a big log left out
 
     # ---- queries ------------------------------------------------------------------------------
     @property
@@ -152,6 +155,7 @@ class ReadinessMachine:
             "capacity": self.clf.capacity,
             "last_line": self.last_line,
             "message": self._live_message(now) if not self.done else None,
+            "skipped": self.skipped,
         }
         fields.update(self._final)
         if self._final_finding is not None:  # lines read after the cause complete its excerpt
@@ -161,6 +165,9 @@ class ReadinessMachine:
     # ---- events -------------------------------------------------------------------------------
     def feed(self, event: Event, now: float) -> None:
         if isinstance(event, LogLines):
+            if event.first_line_no is not None and event.first_line_no != self.next_line_no:
+                self.next_line_no = event.first_line_no  # lines were skipped (a bounded catch-up)
+                self.clf.gap()
             self._on_lines(event.lines, now)
         elif isinstance(event, LogGrew):
             self._log_activity(now)
@@ -297,7 +304,7 @@ class ReadinessMachine:
         self._evaluate(now)  # lines drained just before the exit may carry the cause
         if self.done:
             return
-        how = describe_exit(event.code, event.killed)
+        how = describe_exit(event.code, event.killed) + (f"; {event.note}" if event.note else "")
         if self.clf.first_wrapper is not None:
             self._fail_unrecognised(now, how)
         elif self.last_probe is not None and self.last_probe.outcome is ProbeOutcome.WRONG_IDENTITY:
@@ -306,6 +313,9 @@ class ReadinessMachine:
             self._finish(State.FAILED, now, category=Category.KILLED, hint=DEFAULT_HINTS[Category.KILLED], message=how)
         elif self.smoke_state == "failed":
             self._fail_unrecognised(now, f"the smoke request failed ({self.smoke_detail}); {how}")
+        elif event.code is None and self.clf.best_unrecognised() is None:
+            self._finish(State.FAILED, now, category=Category.KILLED, hint=DEFAULT_HINTS[Category.KILLED],
+                         message=f"{how}; no error in its log before it: most likely killed by a signal (SIGKILL, the OOM killer)")
         else:
             self._fail_unrecognised(now, f"{how} before the server was ready")
 

@@ -16,6 +16,7 @@ with a minimum of one. Anything else ends a literal run. When no literal of at l
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 try:  # Python 3.11+: the regex parser lives here (private but stable); sre_parse before
@@ -25,7 +26,7 @@ except ImportError:  # pragma: no cover
     import sre_constants as _c  # type: ignore[no-redef]
     import sre_parse as _p  # type: ignore[no-redef]
 
-__all__ = ["required_literals", "may_match", "MIN_LITERAL"]
+__all__ = ["required_literals", "may_match", "MIN_LITERAL", "BLOCK_MARKERS", "LAUNCH_MARKER", "spellings", "marker_words"]
 
 MIN_LITERAL = 3
 _REPEATS = {_c.MAX_REPEAT, _c.MIN_REPEAT} | ({_c.POSSESSIVE_REPEAT} if hasattr(_c, "POSSESSIVE_REPEAT") else set())
@@ -85,3 +86,44 @@ def may_match(pattern: re.Pattern[str], lowered: str) -> bool:
     """False only when ``pattern`` certainly does not match the line (``lowered`` = line.lower())."""
     lits = required_literals(pattern)
     return lits is None or any(lit in lowered for lit in lits)
+
+
+
+# ---- a bytes-level pre-filter for whole files (verify/bounded.py) ------------------------------
+# Words that mark a fatal block in every engine's output: Python's traceback and exception lines,
+# log levels (ERROR), process deaths and the wrappers' words, each in the spellings logs use.
+# Classifying every line of a 1 GB log takes minutes; finding these in raw bytes with one
+# Aho-Corasick automaton (SIMD-prefiltered) runs at disk speed, and only the lines that hold one
+# (and the windows around the first fatal block) are then classified. Exact bytes, not
+# case-folded: spellings outside these (e.g. "eRRor") are not markers.
+BLOCK_MARKERS = (
+    "rror", "RROR", "xception", "XCEPTION", "Traceback", "traceback", "TRACEBACK",
+    "Killed", "killed", "KILLED", "fault", "Fault", "FAULT", "abort", "Abort", "ABORT", "ABRT",
+    "fail", "Fail", "FAIL", "fatal", "Fatal", "FATAL", "Dead", "dead", "DEAD", "crash", "Crash", "CRASH",
+    "out of memory", "Out of memory", "OUT OF MEMORY", "not enough", "Not enough", "NOT ENOUGH",
+    "SIGQUIT", "sigquit", "SIGSEGV", "exiting due to",
+)
+LAUNCH_MARKER = "==== servefleet launch"
+
+
+def spellings(pattern: re.Pattern[str]) -> frozenset[str] | None:
+    """Strings one of which any match of ``pattern`` contains, as they appear in a log: exact
+    for a case-sensitive pattern; lower, UPPER, Capitalised and Title spellings for one that
+    ignores case. None when no literal can be proven."""
+    try:
+        found = _required(_p.parse(pattern.pattern, pattern.flags))
+    except Exception:
+        return None
+    if found is None or not pattern.flags & re.IGNORECASE:
+        return found
+    return frozenset(v for lit in found for v in (lit.lower(), lit.upper(), lit.capitalize(), lit.title()))
+
+
+def marker_words(extra: Iterable[str] = ()) -> list[str]:
+    """The block markers, the launch marker, and those of ``extra`` (spellings of the profile's
+    ready and wrapper literals) that no marker already finds."""
+    words = set(BLOCK_MARKERS) | {LAUNCH_MARKER}
+    for lit in extra:
+        if not any(marker in lit for marker in BLOCK_MARKERS):
+            words.add(lit)
+    return sorted(words)

@@ -31,6 +31,7 @@ class Verdict(BaseModel):
     message: str | None = None  # plain words for the live status ("log file does not exist", ...)
     capacity: Capacity = Field(default_factory=Capacity)
     last_line: str | None = None  # the newest log line (live status only; not in to_json)
+    skipped: str | None = None  # what a bounded read of a big log left out ("read 2.1 MB of 1.0 GB: ...")
 
     def to_json(self) -> dict[str, Any]:
         """The stable `diagnose --json` / `wait --json` shape."""
@@ -47,4 +48,5 @@ class Verdict(BaseModel):
             "progress": self.progress,
             "message": self.message,
             "capacity": self.capacity.model_dump(exclude_defaults=True),
+            "skipped": self.skipped,
         }

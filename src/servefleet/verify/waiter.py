@@ -3,7 +3,8 @@
 Three watchers run concurrently and turn what they see into events on one queue: the log follower
 (``host.follow``, split into lines), the HTTP prober (every ``PROBE_INTERVAL_S``, at once when a
 ready line appears), and the process watcher (the detach wrapper's status file for the exit code,
-``host.group_alive`` for a group that vanished). The machine decides; this module only feeds it,
+``host.group_alive`` for a group that vanished, ``host.pid_status`` for the one process a user
+pointed at). The machine decides; this module only feeds it,
 starts the smoke request when asked, and reads capacity from the server once it is ready.
 
 Before a process exit is applied, the rest of the log is read to its end, so the last lines a
@@ -23,9 +24,11 @@ from dataclasses import dataclass, field
 from servefleet.catalog import State
 from servefleet.engines.base import EngineProfile, Probe
 from servefleet.hosts.base import Host, Truncated
+from servefleet.hosts.pidstat import PidStatus
 from servefleet.hosts.local import LocalHost
 from servefleet.hosts.watch import Exited, LogAbsent, WatchHost
 from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Tick
+from servefleet.verify.bounded import Bounds, HostSource, line_number_at, read_big_log
 from servefleet.verify.logtext import LineSplitter
 from servefleet.verify.machine import ReadinessMachine, message_shape
 from servefleet.verify.probe import Prober, new_session, port_of
@@ -51,10 +54,12 @@ class WaitTarget:
     log_path: str | None = None
     log_offset: int = 0  # start following here (restart appends to the same log)
     pgid: int | None = None  # process group of the launched server (liveness + identity)
+    pid: int | None = None  # the server's own pid, watched itself: its group can outlive it (a shell's group)
     status_path: str | None = None  # detach wrapper's exit-code file
     served_model: str | None = None  # expected name in /v1/models (identity when pgid unknown)
     port: int | None = None  # the server's port on its host, when base_url is a forward (SSH)
     probe: Probe | None = None  # overrides the engine's probe (the `openai` engine's ready path)
+    log_bounds: Bounds = field(default_factory=Bounds)  # how much of a big existing log is read to catch up
 
 
 @dataclass
@@ -81,9 +86,12 @@ async def wait_for_server(
     """Wait until the server is ready, failed or stalled, and say which (and why)."""
     clock = time.monotonic
     host = target.host
+    # A big log already there (attaching to a long-running server) is caught up on with the same
+    # bounded read as `diagnose`, then followed from where that read ended.
+    caught_up = await read_big_log(HostSource(host, target.log_path), target.engine, start=target.log_offset, bounds=target.log_bounds) if target.log_path else None
     first_line_no = await _line_number_at(host, target.log_path, target.log_offset)
     machine = ReadinessMachine(
-        target.engine,
+        target.engine if target.engine is not None or caught_up is None else caught_up.profile,
         now=clock(),
         timeout_s=timeout_s,
         stall_s=stall_s,
@@ -98,18 +106,23 @@ async def wait_for_server(
     wake = asyncio.Event()
     log = _LogState(target.log_offset)
     emitter = _Emitter(on_update)
+    if caught_up is not None:
+        for window in caught_up.windows:
+            machine.feed(LogLines(tuple(window.lines), first_line_no=window.line_no), clock())
+        machine.skipped = caught_up.skipped
+        log.offset = caught_up.end
 
     async with new_session() as session:
         prober = Prober(session, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
         prober.work_ahead(lambda: (machine.engine or EngineProfile(), smoke))
         tasks = [_start(_probe_loop(prober, machine, queue, wake), queue)]
-        watched = isinstance(host, WatchHost) and (target.pgid is not None or target.status_path is not None)
+        watched = isinstance(host, WatchHost) and target.pid is None and (target.pgid is not None or target.status_path is not None)
         if watched:  # one stream for the log and the exit (hosts/watch.py), no polling
             follower: asyncio.Task[None] | None = _start(_watch_server(host, target, log, queue), queue)
         else:
             follower = _start(_follow_log(host, target.log_path, log, queue), queue) if target.log_path else None
-            if target.pgid is not None or target.status_path is not None:
-                tasks.append(_start(_watch_process(host, target.pgid, target.status_path, queue), queue))
+            if target.pgid is not None or target.status_path is not None or target.pid is not None:
+                tasks.append(_start(_watch_process(host, target.pgid, target.status_path, queue, target.pid), queue))
         smoke_task: asyncio.Task[None] | None = None
         try:
             try:
@@ -253,14 +266,16 @@ async def _smoke(prober: Prober, profile: EngineProfile, queue: asyncio.Queue) -
     queue.put_nowait(await prober.smoke(profile))
 
 
-async def _watch_process(host: Host, pgid: int | None, status_path: str | None, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
-    """Report the exit: the status file's code, or a group gone without one.
+async def _watch_process(host: Host, pgid: int | None, status_path: str | None, queue: asyncio.Queue, pid: int | None = None) -> None:  # type: ignore[type-arg]
+    """Report the exit: the status file's code, or a group gone without one, or the given pid gone
+    (whatever its group still holds: a shell that started it, orphaned children).
 
     A status file present at the start while the group lives is the previous attempt's (the
     wrapper removes it first thing, but we may look before it does): ignored until it goes."""
     stale = False
     if status_path is not None and pgid is not None and await host.file_size(status_path) is not None:
         stale = await host.group_alive(pgid)
+    first = await host.pid_status(pid) if pid is not None else None
     next_alive = 0.0
     while True:
         if status_path is not None:
@@ -270,8 +285,19 @@ async def _watch_process(host: Host, pgid: int | None, status_path: str | None, 
                 return
             if not present:
                 stale = False
-        if pgid is not None and time.monotonic() >= next_alive:
+        due = time.monotonic() >= next_alive
+        if due:
             next_alive = time.monotonic() + ALIVE_INTERVAL_S
+        if due and pid is not None and first is not None:
+            seen = await host.pid_status(pid)
+            reused = seen.alive and first.started is not None and seen.started != first.started
+            if not seen.alive or reused:
+                if status_path is not None and await host.file_size(status_path) is not None:
+                    queue.put_nowait(ProcessExit(await _read_code(host, status_path)))
+                else:
+                    queue.put_nowait(_pid_exit(pid, PidStatus("gone") if reused else seen, first))
+                return
+        if due and pgid is not None:
             if not await host.group_alive(pgid):
                 if status_path is not None and await host.file_size(status_path) is not None:
                     queue.put_nowait(ProcessExit(await _read_code(host, status_path)))
@@ -279,6 +305,16 @@ async def _watch_process(host: Host, pgid: int | None, status_path: str | None, 
                     queue.put_nowait(ProcessExit(None, killed=status_path is not None))
                 return
         await asyncio.sleep(STATUS_INTERVAL_S)
+
+
+def _pid_exit(pid: int, now: PidStatus, first: PidStatus) -> ProcessExit:
+    """The exit of a watched pid: its code while it is a zombie, else why the code is unknown."""
+    if now.code is not None:
+        return ProcessExit(now.code)
+    if now.state == "zombie":
+        return ProcessExit(None, note=f"pid {pid} exited, but /proc does not show its exit status")
+    parent = f"pid {first.ppid}" if first.ppid else "its parent"
+    return ProcessExit(None, note=f"pid {pid} is not a child of servefleet: only its parent ({parent}) could read its exit code")
 
 
 async def _read_code(host: Host, status_path: str) -> int | None:
@@ -292,8 +328,9 @@ async def _line_number_at(host: Host, path: str | None, offset: int) -> int:
     """The line number of the byte at ``offset`` (a restart appends to the same log)."""
     if not path or offset <= 0:
         return 1
-    try:
-        return 1 + (await host.read_bytes(path, 0, offset)).count(b"\n")
+    try:  # 16 MB at a time: an offset deep in a big log is not read into memory whole, and a remote
+        # host answers a usual prefix in one command
+        return await line_number_at(HostSource(host, path), offset, chunk=16 * 1024 * 1024)
     except FileNotFoundError:
         return 1
 
