@@ -35,6 +35,7 @@ class SimEngine(EngineProfile):
     )
     detect: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"\bservefleet[. ]sim\b"),)
     memory_flag: ClassVar[str | None] = "--kv-tokens"
+    memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = sglang.SGLangEngine.memory_settled + vllm.VLLMEngine.memory_settled
     supports_ignore_eos: ClassVar[bool] = True
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:

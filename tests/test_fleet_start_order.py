@@ -1,0 +1,196 @@
+"""Servers sharing a GPU start in turn (issue 12.1), a failed server is stopped (12.3), and only
+the current launch's part of an appended log counts (12.4). Real detached sim processes, which
+print vLLM's start-up log: "init engine (profile, create kv cache, warmup model) took" comes at
+0.95 of --load-time, so a server started after it launched at least that long after its sibling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from servefleet.catalog import Category, State
+from servefleet.fleet import Action, Fleet, Liveness
+
+LOAD_S = 3.0  # the first server's --load-time: its memory line comes 2.85 s after it starts
+SETTLE_S = 0.95 * LOAD_S
+
+
+def write_fleet(tmp_path: Path, servers: dict[str, dict], *, fleet_extra: str = "") -> Path:
+    """servers: name -> {"args": [...], "gpus": [...] or None}."""
+    parts = [f'[fleet]\nname = "t"\ntimeout = 60\nstall = 30\n{fleet_extra}\n',
+             '[defaults]\nengine = "sim"\nmodel = "sim-m"\n']
+    for name, spec in servers.items():
+        gpus = f"gpus = {json.dumps(spec['gpus'])}\n" if spec.get("gpus") is not None else ""
+        parts.append(f'[[servers]]\nname = "{name}"\nport = {free_port()}\n{gpus}args = {json.dumps(spec.get("args", []))}\n')
+    path = tmp_path / "fleet.toml"
+    path.write_text("\n".join(parts))
+    return path
+
+
+def vllm(load: float, *more: str) -> list[str]:
+    return ["--style", "vllm", "--load-time", str(load), *more]
+
+
+@pytest.fixture
+async def cleanup():
+    fleets: list[Fleet] = []
+    yield fleets.append
+    for fleet in fleets:
+        await fleet.down(grace_s=2)
+        await fleet.close()
+
+
+def gap(later: datetime, earlier: datetime) -> float:
+    return (later - earlier).total_seconds()
+
+
+def line_at(log_path: str, offset: int) -> bytes:
+    return Path(log_path).read_bytes()[offset:].split(b"\n", 1)[0]
+
+
+async def test_servers_sharing_a_gpu_start_in_turn_and_other_gpus_in_parallel(tmp_path: Path, cleanup) -> None:
+    path = write_fleet(tmp_path, {
+        "a": {"gpus": [0], "args": vllm(LOAD_S)},
+        "b": {"gpus": [0], "args": vllm(0.5)},
+        "c": {"gpus": [1], "args": vllm(0.5)},
+    })
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    outcomes = await fleet.start()
+    assert {n: o.action for n, o in outcomes.items()} == {"a": Action.LAUNCHED, "b": Action.QUEUED, "c": Action.LAUNCHED}
+    assert outcomes["b"].waits_for == ["a"]
+    verdicts = await fleet.wait(outcomes, smoke=False)
+    assert {n: v.state for n, v in verdicts.items()} == dict.fromkeys("abc", State.READY), verdicts
+
+    a, b, c = (fleet.store.load(n) for n in "abc")
+    # b launched once a had printed its memory line -- this launch's line, after a's offset
+    (settled,) = b.started_after
+    assert settled["server"] == "a" and settled["signal"] == "memory settled", settled
+    assert settled["offset"] >= a.log_offset
+    assert b"init engine (profile, create kv cache, warmup model) took" in line_at(a.log_path, settled["offset"])
+    assert gap(b.launched_at, a.launched_at) >= SETTLE_S
+    # c, on another GPU, did not wait: it started with a and was ready before a was
+    assert abs(gap(c.launched_at, a.launched_at)) < SETTLE_S / 2
+    assert c.ready_at < a.ready_at and c.started_after == []
+
+
+async def test_together_starts_servers_sharing_a_gpu_at_once(tmp_path: Path, cleanup) -> None:
+    path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S)}, "b": {"args": vllm(0.5)}},
+                       fleet_extra='start_shared_gpu = "together"')
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    outcomes = await fleet.start()
+    assert {o.action for o in outcomes.values()} == {Action.LAUNCHED}
+    await fleet.wait(outcomes, smoke=False)
+    a, b = fleet.store.load("a"), fleet.store.load("b")
+    assert abs(gap(b.launched_at, a.launched_at)) < SETTLE_S / 2
+
+
+async def test_a_failed_first_server_is_stopped_then_the_next_one_starts(tmp_path: Path, cleanup) -> None:
+    # no `gpus` on either: both may use any GPU of the host, so they share
+    path = write_fleet(tmp_path, {
+        "a": {"args": vllm(LOAD_S, "--fail-at-startup", "gpu_oom", "--fail-delay", "1")},
+        "b": {"args": vllm(0.5)},
+    })
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    verdicts = await fleet.up(smoke=False)
+    assert verdicts["a"].state == State.FAILED and verdicts["a"].category == Category.GPU_OOM
+    assert verdicts["b"].state == State.READY, verdicts["b"]
+    a, b = fleet.store.load("a"), fleet.store.load("b")
+    assert a.after_failure in ("stopped", "exited")
+    assert not await fleet.binding("local").host.group_alive(a.pgid)
+    (settled,) = b.started_after
+    assert settled["server"] == "a" and settled["signal"] in ("failed", "exited"), settled
+    # b launched once a's processes were gone (its memory released): after a's wrapper wrote its
+    # exit code, when a died by itself; else after a's recorded verdict (stopped first)
+    status = Path(a.status_path)
+    gone_at = datetime.fromtimestamp(status.stat().st_mtime, UTC) if status.exists() else a.verdict_at
+    assert b.launched_at >= gone_at
+
+
+async def test_restart_waits_for_a_sibling_that_is_still_starting(tmp_path: Path, cleanup) -> None:
+    path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S)}, "b": {"gpus": [0, 1], "args": vllm(0.5)}})
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    # a launched by another `up --no-wait` a moment ago, still loading; b is restarted now
+    starter = Fleet.load(path)
+    cleanup(starter)
+    await starter.up(["a"], wait=False)
+    verdict = await fleet.restart("b", smoke=False)
+    assert verdict.state == State.READY
+    a, b = fleet.store.load("a"), fleet.store.load("b")
+    (settled,) = b.started_after
+    assert settled["server"] == "a" and settled["signal"] == "memory settled", settled
+    assert gap(b.launched_at, a.launched_at) >= SETTLE_S
+
+
+async def test_a_failed_server_is_stopped_unless_kept(tmp_path: Path, cleanup) -> None:
+    """The smoke request fails (HTTP 500) on a server that keeps serving: `up` says failed, and
+    that server must not stay up for `status` to call ready."""
+    path = write_fleet(tmp_path, {"bad": {"args": ["--load-time", "0.3", "--error-rate", "1"]}})
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    verdict = (await fleet.up(smoke=True))["bad"]
+    assert verdict.state == State.FAILED
+    record = fleet.store.load("bad")
+    assert record.after_failure == "stopped"
+    assert not await fleet.binding("local").host.group_alive(record.pgid)
+    (status,) = await fleet.status()
+    assert status.state == Liveness.DEAD
+
+    kept = (await fleet.up(smoke=True, keep_failed=True))["bad"]
+    assert kept.state == State.FAILED
+    record = fleet.store.load("bad")
+    assert record.after_failure == "kept running (--keep-failed)"
+    assert await fleet.binding("local").host.group_alive(record.pgid)
+
+
+def test_up_cli_says_the_failed_server_was_stopped(tmp_path: Path) -> None:
+    path = write_fleet(tmp_path, {"bad": {"args": ["--load-time", "0.3", "--error-rate", "1"]}})
+    env = {**os.environ, "COLUMNS": "200"}
+    try:
+        res = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "up", str(path), "--json"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert res.returncode == 1, res.stderr
+        (server,) = json.loads(res.stdout)["servers"]
+        assert server["verdict"]["state"] == "failed" and server["after_failure"] == "stopped"
+        res = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "up", str(path), "--keep-failed"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert res.returncode == 1
+        assert "failed (other); kept running (--keep-failed)" in res.stdout, res.stdout
+    finally:
+        subprocess.run([sys.executable, "-m", "servefleet.cli.main", "down", "--fleet", str(path)], capture_output=True, timeout=60)
+
+
+async def test_an_earlier_runs_lines_in_the_appended_log_do_not_count(tmp_path: Path, cleanup) -> None:
+    """The earlier run left a memory line, a KV-cache size and a fatal line in a's log: the new
+    launch's verdict, capacity and b's turn come from the new lines only."""
+    path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S, "--kv-tokens", "5000")}, "b": {"gpus": [0], "args": vllm(0.5)}})
+    logs = tmp_path / ".servefleet" / "t" / "logs"
+    logs.mkdir(parents=True)
+    earlier = [
+        "==== servefleet launch 2026-12-01T07:00:00+00:00 ====",
+        "(EngineCore_DP0 pid=11) INFO 12-01 07:00:40 [kv_cache_utils.py:1087] GPU KV cache size: 999,999 tokens",
+        "(EngineCore_DP0 pid=11) INFO 12-01 07:00:41 [core.py:210] init engine (profile, create kv cache, warmup model) took 40.00 seconds",
+        "(EngineCore_DP0 pid=11) ERROR 12-01 07:03:57 [core.py:1330] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    ]
+    (logs / "a.log").write_text("\n".join(earlier) + "\n")
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    verdicts = await fleet.up(smoke=False)
+    assert verdicts["a"].state == State.READY and verdicts["b"].state == State.READY, verdicts
+    assert verdicts["a"].capacity.kv_cache_tokens == 5000
+    a, b = fleet.store.load("a"), fleet.store.load("b")
+    (settled,) = b.started_after
+    assert settled["signal"] == "memory settled" and settled["offset"] >= a.log_offset > len("\n".join(earlier))
+    assert gap(b.launched_at, a.launched_at) >= SETTLE_S
+    (status,) = [s for s in await fleet.status() if s.name == "a"]
+    assert status.state == Liveness.READY
