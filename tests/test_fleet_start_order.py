@@ -17,6 +17,8 @@ import pytest
 from conftest import free_port
 from servefleet.catalog import Category, State
 from servefleet.fleet import Action, Fleet, Liveness
+from servefleet.fleet.spec import ServerSpec
+from servefleet.fleet.start_order import host_has_gpus, shares_gpu
 
 LOAD_S = 3.0  # the first server's --load-time: its memory line comes 2.85 s after it starts
 SETTLE_S = 0.95 * LOAD_S
@@ -28,7 +30,8 @@ def write_fleet(tmp_path: Path, servers: dict[str, dict], *, fleet_extra: str = 
              '[defaults]\nengine = "sim"\nmodel = "sim-m"\n']
     for name, spec in servers.items():
         gpus = f"gpus = {json.dumps(spec['gpus'])}\n" if spec.get("gpus") is not None else ""
-        parts.append(f'[[servers]]\nname = "{name}"\nport = {free_port()}\n{gpus}args = {json.dumps(spec.get("args", []))}\n')
+        command = f"command = {json.dumps(spec['command'])}\n" if spec.get("command") else ""
+        parts.append(f'[[servers]]\nname = "{name}"\nport = {free_port()}\n{gpus}{command}args = {json.dumps(spec.get("args", []))}\n')
     path = tmp_path / "fleet.toml"
     path.write_text("\n".join(parts))
     return path
@@ -55,6 +58,41 @@ def line_at(log_path: str, offset: int) -> bytes:
     return Path(log_path).read_bytes()[offset:].split(b"\n", 1)[0]
 
 
+# A server that prints vLLM's memory-settled line, then takes HOLD_S more to serve: the sim becomes
+# ready only ~0.05 x --load-time after that line, too close to tell which one let the next start.
+HOLD_S = 4.0
+SLOW_READY = """
+import http.server, sys, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+print("(EngineCore_DP0 pid=1) INFO 12-01 07:00:00 [gpu_worker.py:298] Available KV cache memory: 1.00 GiB", flush=True)
+print("(EngineCore_DP0 pid=1) INFO 12-01 07:00:01 [core.py:210] init engine (profile, create kv cache, warmup model) took 1.00 seconds", flush=True)
+time.sleep(float(sys.argv[1]))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *a):
+        pass
+print("INFO:     Application startup complete.", flush=True)
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+async def test_the_next_server_starts_at_the_memory_line_not_at_ready(tmp_path: Path, cleanup) -> None:
+    script = tmp_path / "slow_ready.py"
+    script.write_text(SLOW_READY)
+    path = write_fleet(tmp_path, {"a": {"gpus": [0], "command": [sys.executable, str(script), str(HOLD_S)]},
+                                  "b": {"gpus": [0], "args": vllm(0.5)}})
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    verdicts = await fleet.up(smoke=False)
+    assert {n: v.state for n, v in verdicts.items()} == {"a": State.READY, "b": State.READY}, verdicts
+    a, b = fleet.store.load("a"), fleet.store.load("b")
+    (settled,) = b.started_after
+    assert settled["server"] == "a" and settled["signal"] == "memory settled", settled
+    assert b"init engine" in line_at(a.log_path, settled["offset"])
+    assert b.launched_at < a.ready_at  # it did not wait for a to be ready
+
+
 async def test_servers_sharing_a_gpu_start_in_turn_and_other_gpus_in_parallel(tmp_path: Path, cleanup) -> None:
     path = write_fleet(tmp_path, {
         "a": {"gpus": [0], "args": vllm(LOAD_S)},
@@ -70,15 +108,43 @@ async def test_servers_sharing_a_gpu_start_in_turn_and_other_gpus_in_parallel(tm
     assert {n: v.state for n, v in verdicts.items()} == dict.fromkeys("abc", State.READY), verdicts
 
     a, b, c = (fleet.store.load(n) for n in "abc")
-    # b launched once a had printed its memory line -- this launch's line, after a's offset
+    # b launched once a had printed its memory line (or was ready: the sim's ready follows its
+    # memory line within ~0.05 x --load-time), not before
     (settled,) = b.started_after
-    assert settled["server"] == "a" and settled["signal"] == "memory settled", settled
-    assert settled["offset"] >= a.log_offset
-    assert b"init engine (profile, create kv cache, warmup model) took" in line_at(a.log_path, settled["offset"])
+    assert settled["server"] == "a" and settled["signal"] in ("memory settled", "ready"), settled
     assert gap(b.launched_at, a.launched_at) >= SETTLE_S
     # c, on another GPU, did not wait: it started with a and was ready before a was
     assert abs(gap(c.launched_at, a.launched_at)) < SETTLE_S / 2
     assert c.ready_at < a.ready_at and c.started_after == []
+
+
+def _server(name: str, gpus=None, env=None, host: str = "local") -> ServerSpec:
+    return ServerSpec(name=name, engine="sim", model="m", port=free_port(), host=host, gpus=gpus, env=env or {})
+
+
+@pytest.mark.parametrize(("a", "b", "gpu_box", "shared"), [
+    (dict(gpus=[0]), dict(gpus=[0, 1]), False, True),        # overlapping gpus
+    (dict(gpus=[0]), dict(gpus=[1]), True, False),           # disjoint gpus
+    (dict(gpus=[0]), dict(gpus=[0], host="rig"), True, False),  # another host
+    (dict(), dict(gpus=[1]), True, True),                    # no gpus on a GPU box: any GPU
+    (dict(), dict(), False, False),                          # no gpus, no GPU driver (CPU builds)
+    (dict(env={"CUDA_VISIBLE_DEVICES": "1"}), dict(gpus=[1]), True, True),
+    (dict(env={"CUDA_VISIBLE_DEVICES": ""}), dict(), True, False),  # restricted to no GPU
+])
+def test_which_servers_share_a_gpu(a: dict, b: dict, gpu_box: bool, shared: bool) -> None:
+    sa, sb = _server("a", **a), _server("b", **b)
+    assert shares_gpu(sa, sb, {}, {}, gpu_host=gpu_box) is shared
+    assert shares_gpu(sb, sa, {}, {}, gpu_host=gpu_box) is shared
+
+
+async def test_servers_without_gpus_on_a_host_without_gpus_start_together(tmp_path: Path, cleanup) -> None:
+    if await host_has_gpus(Fleet.load(write_fleet(tmp_path, {"x": {}})).binding("local")):
+        pytest.skip("this machine has a GPU driver")
+    path = write_fleet(tmp_path, {"a": {"args": vllm(LOAD_S)}, "b": {"args": vllm(0.5)}})
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    outcomes = await fleet.start()
+    assert {o.action for o in outcomes.values()} == {Action.LAUNCHED}
 
 
 async def test_together_starts_servers_sharing_a_gpu_at_once(tmp_path: Path, cleanup) -> None:
@@ -93,8 +159,17 @@ async def test_together_starts_servers_sharing_a_gpu_at_once(tmp_path: Path, cle
     assert abs(gap(b.launched_at, a.launched_at)) < SETTLE_S / 2
 
 
-async def test_a_failed_first_server_is_stopped_then_the_next_one_starts(tmp_path: Path, cleanup) -> None:
-    # no `gpus` on either: both may use any GPU of the host, so they share
+@pytest.fixture
+def gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every host looks like a GPU box (it has /dev/nvidiactl): servers without `gpus` share."""
+    async def yes(binding) -> bool:
+        return True
+
+    monkeypatch.setattr("servefleet.fleet.core.host_has_gpus", yes)
+
+
+async def test_a_failed_first_server_is_stopped_then_the_next_one_starts(tmp_path: Path, cleanup, gpu_host) -> None:
+    # no `gpus` on either, on a GPU box: both may use any GPU of the host, so they share
     path = write_fleet(tmp_path, {
         "a": {"args": vllm(LOAD_S, "--fail-at-startup", "gpu_oom", "--fail-delay", "1")},
         "b": {"args": vllm(0.5)},
@@ -190,7 +265,31 @@ async def test_an_earlier_runs_lines_in_the_appended_log_do_not_count(tmp_path: 
     assert verdicts["a"].capacity.kv_cache_tokens == 5000
     a, b = fleet.store.load("a"), fleet.store.load("b")
     (settled,) = b.started_after
-    assert settled["signal"] == "memory settled" and settled["offset"] >= a.log_offset > len("\n".join(earlier))
+    assert a.log_offset > len("\n".join(earlier))
+    assert settled["signal"] in ("memory settled", "ready"), settled  # the sim is ready just after its memory line
+    if settled["signal"] == "memory settled":
+        assert settled["offset"] >= a.log_offset
     assert gap(b.launched_at, a.launched_at) >= SETTLE_S
     (status,) = [s for s in await fleet.status() if s.name == "a"]
     assert status.state == Liveness.READY
+
+
+async def test_over_ssh_the_turn_comes_from_this_launchs_memory_line(sshd_server, tmp_path: Path, fleets, gpu_host) -> None:
+    """The same on an SSH host (real sshd on loopback): the remote log already holds an earlier
+    run's memory line; b starts after a's new one, followed over SSH from a's offset."""
+    from test_ssh_fleet import write_fleet as write_ssh_fleet
+
+    path, _ = write_ssh_fleet(tmp_path, sshd_server, {"a": vllm(LOAD_S), "b": vllm(0.5)})
+    logs = tmp_path / "remote home" / "rf" / "logs"
+    logs.mkdir(parents=True)
+    old = "(EngineCore_DP0 pid=11) INFO 12-01 07:00:41 [core.py:210] init engine (profile, create kv cache, warmup model) took 40.00 seconds\n"
+    (logs / "a.log").write_text("==== servefleet launch 2026-12-01T07:00:00+00:00 ====\n" + old)
+    fleet = fleets(Fleet.load(path))
+    verdicts = await fleet.up(smoke=False)
+    assert {n: v.state for n, v in verdicts.items()} == {"a": State.READY, "b": State.READY}, verdicts
+    a, b = fleet.store.load("a"), fleet.store.load("b")
+    (settled,) = b.started_after
+    assert a.log_offset > len(old) and settled["signal"] in ("memory settled", "ready"), settled
+    if settled["signal"] == "memory settled":
+        assert settled["offset"] >= a.log_offset and b"init engine" in line_at(a.log_path, settled["offset"])
+    assert gap(b.launched_at, a.launched_at) >= SETTLE_S

@@ -43,7 +43,7 @@ from servefleet.fleet.loader import load_fleet_file
 from servefleet.fleet.spec import LOCAL, FleetSpec
 from servefleet.fleet.state import ServerState, StateStore, utcnow
 from servefleet.fleet.prefetch import fleet_status, prefetched_launchables
-from servefleet.fleet.start_order import Sibling, StartQueue, settled_before, shares_gpu
+from servefleet.fleet.start_order import Sibling, StartQueue, host_has_gpus, settled_before, shares_gpu, visible_gpus
 from servefleet.fleet.status import Liveness, ServerStatus
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
@@ -203,13 +203,24 @@ class Fleet:
         batch = [i.name for i in items]
         order = {n: k for k, n in enumerate(self.spec.names)}
         waits: dict[str, list[Sibling]] = {}
+        gpu_hosts: dict[str, bool] = {}
+
+        async def gpu_host(binding: HostBinding) -> bool:  # asked only for servers without `gpus`
+            if binding.name not in gpu_hosts:
+                gpu_hosts[binding.name] = await host_has_gpus(binding)
+            return gpu_hosts[binding.name]
+
         for item in items:
             if item.name in adopted:
                 continue
             siblings = []
             for other in self.spec.servers:
                 binding = self.binding(other.host)
-                if other.name == item.name or not shares_gpu(item.server, other, item.binding.env, binding.env):
+                if other.name == item.name or other.host != item.server.host:
+                    continue
+                unrestricted = visible_gpus(item.server, item.binding.env) is None or visible_gpus(other, binding.env) is None
+                on_gpu_host = await gpu_host(binding) if unrestricted else False
+                if not shares_gpu(item.server, other, item.binding.env, binding.env, gpu_host=on_gpu_host):
                     continue
                 profile = get_engine(other.engine)
                 if other.name in adopted:  # running already: wait only while it is still starting

@@ -9,8 +9,10 @@ The rule (``[fleet] start_shared_gpu = "ordered"``, the default; ``"together"`` 
 
 - Two servers share a GPU when they run on the same host and the GPUs they may use overlap: their
   ``gpus``, else a ``CUDA_VISIBLE_DEVICES`` set in ``env`` (host or server). A server restricted
-  to none (``CUDA_VISIBLE_DEVICES = ""``) shares with no one; one not restricted at all may use any
-  GPU of its host (the engine picks), so it shares with every server there.
+  to none (``CUDA_VISIBLE_DEVICES = ""``) shares with no one. One not restricted at all may use any
+  GPU of its host (the engine picks, usually GPU 0), so on a host with a GPU driver
+  (``/dev/nvidiactl`` or ``/dev/kfd``) it shares with every server there; on a host without one
+  (CPU builds) it shares with no one.
 - A server waits for each server earlier in the fleet file that shares a GPU with it and is
   started by the same command, and for any other sharing server that is running but still
   starting (a ``restart`` or an ``up --only`` while a sibling loads).
@@ -41,12 +43,15 @@ from servefleet.fleet.state import ServerState, StateStore, utcnow
 from servefleet.hosts.base import Truncated
 from servefleet.verify.logtext import match_text
 
-__all__ = ["visible_gpus", "shares_gpu", "settled_before", "Sibling", "Settled", "StartQueue"]
+__all__ = ["visible_gpus", "shares_gpu", "host_has_gpus", "settled_before", "Sibling", "Settled", "StartQueue"]
 
 SETTLED_STATES = (State.READY.value, State.FAILED.value, State.STALLED.value)
-ALIVE_INTERVAL_S = 0.25  # process-group liveness of a sibling
+ALIVE_INTERVAL_S = 0.25  # process-group liveness of a sibling not waited on by this call
+REMOTE_ALIVE_INTERVAL_S = 2.0  # the same over SSH: a remote command each
 RECORD_INTERVAL_S = 0.5  # a sibling's state record (its verdict, written by whoever waits on it)
 _NO_DEVICE = ("-1", "NoDevFiles")
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD ROCm's control devices
+_ANY_EXISTS = 'for d in "$@"; do [ -e "$d" ] && exit 0; done; exit 1'
 
 
 def visible_gpus(server: ServerSpec, host_env: Mapping[str, str]) -> frozenset[str] | None:
@@ -62,14 +67,24 @@ def visible_gpus(server: ServerSpec, host_env: Mapping[str, str]) -> frozenset[s
     return frozenset(parts)
 
 
-def shares_gpu(a: ServerSpec, b: ServerSpec, env_a: Mapping[str, str], env_b: Mapping[str, str]) -> bool:
-    """Whether two servers may use one GPU at the same time (see the module docstring)."""
+def shares_gpu(a: ServerSpec, b: ServerSpec, env_a: Mapping[str, str], env_b: Mapping[str, str], *, gpu_host: bool) -> bool:
+    """Whether two servers may use one GPU at the same time (see the module docstring);
+    ``gpu_host``: their host has a GPU driver (``host_has_gpus``)."""
     if a.host != b.host:
         return False
     ga, gb = visible_gpus(a, env_a), visible_gpus(b, env_b)
     if ga == frozenset() or gb == frozenset():
         return False
-    return ga is None or gb is None or bool(ga & gb)
+    if ga is None or gb is None:
+        return gpu_host
+    return bool(ga & gb)
+
+
+async def host_has_gpus(binding: HostBinding) -> bool:
+    """Whether the host has an NVIDIA or AMD GPU driver loaded (its control device exists): one
+    command, which never reads the devices."""
+    result = await binding.host.run(["sh", "-c", _ANY_EXISTS, "sh", *GPU_DEVICES], timeout=30, check=False)
+    return result.returncode == 0
 
 
 def settled_before(record: ServerState) -> bool:
@@ -167,7 +182,9 @@ class StartQueue:
         else:
             record, final = sibling.record, None
         assert record is not None
-        watch = watch_settled(sibling.binding, sibling.profile, record, self.store)
+        # A sibling this call waits on reports its exit and verdict through ``done``: only its
+        # log is followed (over SSH: one long-lived stream, no polling).
+        watch = watch_settled(sibling.binding, sibling.profile, record, self.store, poll_exit=final is None or not siblings_waited)
         settled = await _until(_first(watch, final) if final is not None else watch, deadline)
         if settled is None:
             return Settled(name, "timed out", utcnow())
@@ -176,12 +193,14 @@ class StartQueue:
         return self.finals.get(name) or Settled(name, "not launched", utcnow())
 
 
-async def watch_settled(binding: HostBinding, profile: EngineProfile, record: ServerState, store: StateStore) -> Settled:
+async def watch_settled(binding: HostBinding, profile: EngineProfile, record: ServerState, store: StateStore, *, poll_exit: bool = True) -> Settled:
     """Return once the launch in ``record`` has settled: its memory line (from its log offset on),
-    a final verdict in its state record, or its process group gone."""
-    watchers = [_group_gone(binding, record), _record_final(store, record)]
+    and with ``poll_exit`` a final verdict in its state record or its process group gone."""
+    watchers = [_group_gone(binding, record), _record_final(store, record)] if poll_exit else []
     if profile.memory_settled:
         watchers.append(_memory_line(binding, profile, record))
+    if not watchers:
+        await asyncio.Event().wait()  # nothing to watch here: the caller's other signal decides
     return await _first(*watchers)
 
 
@@ -202,8 +221,9 @@ async def _memory_line(binding: HostBinding, profile: EngineProfile, record: Ser
 
 
 async def _group_gone(binding: HostBinding, record: ServerState) -> Settled:
+    interval = REMOTE_ALIVE_INTERVAL_S if binding.remote_state else ALIVE_INTERVAL_S
     while await binding.host.group_alive(record.pgid):
-        await asyncio.sleep(ALIVE_INTERVAL_S)
+        await asyncio.sleep(interval)
     return Settled(record.name, "exited", utcnow())
 
 
