@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -191,6 +192,21 @@ async def test_a_failed_first_server_is_stopped_then_the_next_one_starts(tmp_pat
     assert b.launched_at >= gone_at
 
 
+async def test_a_first_server_refused_before_launch_does_not_hold_the_next_one(tmp_path: Path, cleanup) -> None:
+    path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(0.5)}, "b": {"gpus": [0], "args": vllm(0.5)}})
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", fleet.spec.server("a").port))
+    holder.listen()
+    try:
+        verdicts = await fleet.up(smoke=False)
+    finally:
+        holder.close()
+    assert verdicts["a"].category == Category.PORT_IN_USE and verdicts["b"].state == State.READY
+    assert [s["signal"] for s in fleet.store.load("b").started_after] == ["not launched"]
+
+
 async def test_restart_waits_for_a_sibling_that_is_still_starting(tmp_path: Path, cleanup) -> None:
     path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S)}, "b": {"gpus": [0, 1], "args": vllm(0.5)}})
     fleet = Fleet.load(path)
@@ -219,7 +235,8 @@ async def test_a_failed_server_is_stopped_unless_kept(tmp_path: Path, cleanup) -
     assert record.after_failure == "stopped"
     assert not await fleet.binding("local").host.group_alive(record.pgid)
     (status,) = await fleet.status()
-    assert status.state == Liveness.DEAD
+    assert status.state == Liveness.DEAD and status.category == "other"
+    assert status.detail.startswith("stopped by `up` after it failed (other)")
 
     kept = (await fleet.up(smoke=True, keep_failed=True))["bad"]
     assert kept.state == State.FAILED
