@@ -310,3 +310,16 @@ async def test_over_ssh_the_turn_comes_from_this_launchs_memory_line(sshd_server
     if settled["signal"] == "memory settled":
         assert settled["offset"] >= a.log_offset and b"init engine" in line_at(a.log_path, settled["offset"])
     assert gap(b.launched_at, a.launched_at) >= SETTLE_S
+
+
+async def test_no_wait_returns_once_the_last_sharing_server_is_launched(tmp_path: Path, cleanup) -> None:
+    path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S)}, "b": {"gpus": [0], "args": vllm(0.5)}})
+    fleet = Fleet.load(path)
+    cleanup(fleet)
+    verdicts = await fleet.up(wait=False)
+    assert {v.state for v in verdicts.values()} == {State.LAUNCHING}
+    a, b = fleet.store.load("a"), fleet.store.load("b")
+    assert a.last_verdict is None and b is not None  # a not waited for, b launched all the same
+    (settled,) = b.started_after
+    assert settled["signal"] == "memory settled" and settled["offset"] >= a.log_offset, settled
+    assert gap(b.launched_at, a.launched_at) >= SETTLE_S

@@ -204,20 +204,28 @@ class Fleet:
         order = {n: k for k, n in enumerate(self.spec.names)}
         waits: dict[str, list[Sibling]] = {}
         gpu_hosts: dict[str, bool] = {}
+        starting: dict[str, ServerState | None] = {}  # servers outside this call: the record of one still starting
 
         async def gpu_host(binding: HostBinding) -> bool:  # asked only for servers without `gpus`
             if binding.name not in gpu_hosts:
                 gpu_hosts[binding.name] = await host_has_gpus(binding)
             return gpu_hosts[binding.name]
 
+        async def still_starting(name: str, binding: HostBinding) -> ServerState | None:
+            if name not in starting:
+                record = await load_record(self.store, binding, name)
+                live = record is not None and not settled_before(record) and await owns_group(binding, record)
+                starting[name] = record if live else None
+            return starting[name]
+
         for item in items:
             if item.name in adopted:
                 continue
             siblings = []
             for other in self.spec.servers:
-                binding = self.binding(other.host)
                 if other.name == item.name or other.host != item.server.host:
                     continue
+                binding = self.binding(other.host)
                 unrestricted = visible_gpus(item.server, item.binding.env) is None or visible_gpus(other, binding.env) is None
                 on_gpu_host = await gpu_host(binding) if unrestricted else False
                 if not shares_gpu(item.server, other, item.binding.env, binding.env, gpu_host=on_gpu_host):
@@ -231,8 +239,8 @@ class Fleet:
                     if order[other.name] < order[item.name]:
                         siblings.append(Sibling(other.name, binding, profile, in_batch=True))
                 else:  # not started by this call: a `restart`, or `up --only`, while it loads
-                    record = await load_record(self.store, binding, other.name)
-                    if record is not None and not settled_before(record) and await owns_group(binding, record):
+                    record = await still_starting(other.name, binding)
+                    if record is not None:
                         siblings.append(Sibling(other.name, binding, get_engine(record.engine), in_batch=False, record=record))
             if siblings:
                 waits[item.name] = siblings
