@@ -323,3 +323,16 @@ async def test_no_wait_returns_once_the_last_sharing_server_is_launched(tmp_path
     (settled,) = b.started_after
     assert settled["signal"] == "memory settled" and settled["offset"] >= a.log_offset, settled
     assert gap(b.launched_at, a.launched_at) >= SETTLE_S
+
+
+def test_help_explains_the_start_order_and_keep_failed() -> None:
+    def help_of(command: str) -> str:
+        res = subprocess.run([sys.executable, "-m", "servefleet.cli.main", command, "--help"], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"})
+        assert res.returncode == 0, res.stderr
+        return " ".join(res.stdout.split())
+
+    for command in ("up", "restart"):
+        text = help_of(command)
+        assert "--keep-failed" in text and ("sharing its GPU" in text or "share a GPU" in text)
+    assert 'start_shared_gpu = "together"' in help_of("up")

@@ -152,11 +152,7 @@ def up(
 ) -> None:
     """Launch every server of a fleet detached (adopting ones already running) and wait until all are ready.
 
-    Servers on one host that share a GPU (overlapping `gpus`; a server without `gpus` may use any
-    GPU of its host) start one after another in fleet-file order: the next once the previous one's
-    memory has settled (its KV cache and CUDA graphs allocated: a line each engine declares, else
-    readiness), or it failed and was stopped. Servers on different GPUs start in parallel. Set
-    `start_shared_gpu = "together"` in [fleet] to start them all at once.
+    Servers on one host that share a GPU (overlapping `gpus`; without `gpus`, any GPU of a host that has a GPU driver) start one after another in fleet-file order: the next once the previous one's memory has settled (its KV cache and CUDA graphs allocated: a log line each engine declares, else readiness), or it failed and was stopped. Servers on different GPUs start in parallel. `start_shared_gpu = "together"` in \[fleet] starts them all at once.
 
     A server found failed is stopped (its whole process group) unless --keep-failed.
     """
@@ -179,8 +175,7 @@ def restart(
 ) -> None:
     """Stop one server (if running) and start it again from the fleet file; wait until ready.
 
-    If a server sharing its GPU is still starting, it starts once that one's memory has settled
-    (as in `up`). Found failed, it is stopped unless --keep-failed.
+    If a server sharing its GPU is still starting, it starts once that one's memory has settled (as in `up`). Found failed, it is stopped unless --keep-failed.
     """
     smoke = False if no_smoke else None
     code = _run(lambda: _up_and_render(

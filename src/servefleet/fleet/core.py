@@ -264,6 +264,8 @@ class Fleet:
         outcome.message = f"{new.message}; {after}" if new.message else after
         if new.action in (Action.LAUNCHED, Action.ADOPTED):
             queue.mark_launched(outcome.name, new.record)
+            if on_update:
+                on_update(outcome.name, Verdict(state=State.LAUNCHING, message=f"{new.action.value} {outcome.message}"))
         else:
             queue.mark_done(outcome.name, "not launched")
 
