@@ -168,24 +168,20 @@ class StartQueue:
 
     async def _one(self, sibling: Sibling, timeout_s: float, siblings_waited: bool) -> Settled:
         name = sibling.name
-        deadline = None if sibling.in_batch and siblings_waited else time.monotonic() + timeout_s
-        if sibling.in_batch:
+        final = self.done[name] if sibling.in_batch else None  # a sibling of this call: its final verdict
+        if final is not None:
             await self.launched[name].wait()  # also set when it is done without a launch
-            if not siblings_waited:
-                deadline = time.monotonic() + timeout_s
-            if self.done[name].is_set():
+            if final.is_set():
                 return self.finals.get(name) or Settled(name, "not launched", utcnow())
-            record = self.records.get(name) or sibling.record
-            if record is None:
-                return Settled(name, "not launched", utcnow())
-            final = self.done[name].wait()
-        else:
-            record, final = sibling.record, None
-        assert record is not None
-        # A sibling this call waits on reports its exit and verdict through ``done``: only its
-        # log is followed (over SSH: one long-lived stream, no polling).
-        watch = watch_settled(sibling.binding, sibling.profile, record, self.store, poll_exit=final is None or not siblings_waited)
-        settled = await _until(_first(watch, final) if final is not None else watch, deadline)
+        record = self.records.get(name) or sibling.record
+        if record is None:
+            return Settled(name, "not launched", utcnow())
+        # A sibling this call waits on reports its exit and verdict through ``done`` (its wait has
+        # its own timeout): only its log is followed (over SSH: one long-lived stream, no polling).
+        waited = sibling.in_batch and siblings_waited
+        deadline = None if waited else time.monotonic() + timeout_s
+        watch = watch_settled(sibling.binding, sibling.profile, record, self.store, poll_exit=not waited)
+        settled = await _until(_first(watch, final.wait()) if final is not None else watch, deadline)
         if settled is None:
             return Settled(name, "timed out", utcnow())
         if isinstance(settled, Settled):
