@@ -360,3 +360,18 @@ def test_engines_without_a_memory_line_wait_for_ready(engine: str) -> None:
     from servefleet.engines.registry import get_engine
 
     assert get_engine(engine).memory_settled == ()
+
+
+async def test_host_has_gpus_looks_for_the_driver_devices_locally_and_over_ssh(sshd_server, tmp_path: Path, fleets, monkeypatch) -> None:
+    from servefleet.fleet import start_order
+    from test_ssh_fleet import write_fleet as write_ssh_fleet
+
+    path, _ = write_ssh_fleet(tmp_path, sshd_server, {"x": []})
+    fleet = fleets(Fleet.load(path))
+    device = tmp_path / "nvidiactl"
+    for binding in (fleet.binding("local"), fleet.binding("rig")):
+        monkeypatch.setattr(start_order, "GPU_DEVICES", (str(tmp_path / "none"), str(device)))
+        assert await host_has_gpus(binding) is False
+        device.write_text("")
+        assert await host_has_gpus(binding) is True
+        device.unlink()
