@@ -375,3 +375,12 @@ async def test_host_has_gpus_looks_for_the_driver_devices_locally_and_over_ssh(s
         device.write_text("")
         assert await host_has_gpus(binding) is True
         device.unlink()
+
+
+def test_a_wrong_start_shared_gpu_is_a_clear_configuration_error(tmp_path: Path) -> None:
+    from servefleet.errors import ConfigError
+
+    path = write_fleet(tmp_path, {"a": {}}, fleet_extra='start_shared_gpu = "serial"')
+    with pytest.raises(ConfigError) as err:
+        Fleet.load(path)
+    assert "start_shared_gpu" in str(err.value) and "'ordered'" in str(err.value) and "'together'" in str(err.value)
