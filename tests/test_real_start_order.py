@@ -47,6 +47,10 @@ def test_real_vllm_servers_on_one_gpu_start_in_turn(tmp_path: Path) -> None:
         when = {k: datetime.fromisoformat(v) for k, v in
                 (("first", first["launched_at"]), ("settled", settled["at"]), ("second", second["launched_at"]))}
         assert when["first"] < when["settled"] < when["second"]
+        ready = datetime.fromisoformat(first["ready_at"])
+        print(f"\nfirst launched -> memory line seen {(when['settled'] - when['first']).total_seconds():.1f} s, "
+              f"-> second launched {(when['second'] - when['first']).total_seconds():.1f} s, "
+              f"-> first ready {(ready - when['first']).total_seconds():.1f} s")
         kv = expected_vllm_kv_tokens(model)
         assert report["first"]["verdict"]["capacity"]["kv_cache_tokens"] == kv != 999_999
     finally:
