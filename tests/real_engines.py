@@ -401,7 +401,8 @@ def run_fleet(work: Path, engine: str, python: Path, model_dir: Path, scenarios:
     state_dir = work / ".servefleet" / f"real-{engine}"
     fleet.write_text(fleet_toml(f"real-{engine}", engine, python, model_dir, in_fleet, ports, base_env, base_args, state_dir, timeout_s))
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "up", str(fleet), "--json"],
+    # --keep-failed: a failed server finishes by itself, so its log (a recorded fixture) is whole
+    proc = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "up", str(fleet), "--json", "--keep-failed"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     done = threading.Event()
     kills: dict[str, dict[str, Any]] = {}

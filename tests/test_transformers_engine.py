@@ -236,6 +236,9 @@ port = {bad}
         assert report["good"]["time_to_ready_s"] > 0
         assert (failed["state"], failed["category"]) == ("failed", "model_not_found"), failed
         assert "Repo id must be in the form" in failed["evidence"]["text"]
+        # found failed, it was stopped: no process of its group is left to look ready later
+        assert report["missing"]["after_failure"] in ("stopped", "exited"), report["missing"]
+        assert not [p for p in psutil.process_iter() if _live_member(p, report["missing"]["pgid"])]
 
         status = {s["name"]: s for s in json.loads(_cli("status", "--fleet", str(fleet), "--json", timeout=120).stdout)["servers"]}
         assert status["good"]["state"] == "ready"

@@ -38,6 +38,8 @@ TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Overall cap
 StallOpt = Annotated[float | None, typer.Option("--stall", help="Seconds without log or probe progress before a server counts as stalled.")]
 NoSmokeOpt = Annotated[bool, typer.Option("--no-smoke", help="Skip the one-token request before calling a server ready.")]
 GraceOpt = Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")]
+KeepFailedOpt = Annotated[bool, typer.Option(
+    "--keep-failed", help="Leave a server found failed running (to inspect it); by default its whole process group is stopped.")]
 
 
 def _console() -> Console:
@@ -92,7 +94,7 @@ def _print_json(data: Any) -> None:
 
 async def _up_and_render(
     fleet: Fleet, names: list[str] | None, *, timeout: float | None, stall: float | None, smoke: bool | None, wait: bool, as_json: bool,
-    restart: str | None = None, grace: float = 15.0,
+    restart: str | None = None, grace: float = 15.0, keep_failed: bool = False,
 ) -> ExitCode:
     """Shared by `up` and `restart`: start, wait with live output, render the end table."""
     console = _console()
@@ -108,6 +110,8 @@ async def _up_and_render(
         outcomes: dict[str, StartOutcome] = await fleet.start(names)
         engines = {n: fleet.spec.server(n).engine for n in outcomes}
         plain = as_json or not console.is_terminal
+        if not wait:  # servers sharing a GPU still start in turn: return once all are launched
+            await fleet.launch_queued(outcomes, timeout_s=timeout)
         if not as_json and (plain or not wait):
             for name, o in outcomes.items():
                 where = f" (pgid {o.record.pgid}, log {o.record.log_path})" if o.record and o.verdict is None else ""
@@ -120,7 +124,7 @@ async def _up_and_render(
             return ExitCode.FAILED if blocked else ExitCode.OK
 
         progress = UpProgress(Console(stderr=True, highlight=False) if as_json else console, outcomes, engines, plain=plain)
-        kwargs = {"timeout_s": timeout, "stall_s": stall, "smoke": smoke}
+        kwargs = {"timeout_s": timeout, "stall_s": stall, "smoke": smoke, "keep_failed": keep_failed, "grace_s": grace}
         if plain:  # JSON mode: progress lines go to stderr, stdout carries only the document
             verdicts = await fleet.wait(outcomes, on_update=progress.on_update, **kwargs)
         else:
@@ -140,13 +144,22 @@ def up(
     timeout: TimeoutOpt = None,
     stall: StallOpt = None,
     no_smoke: NoSmokeOpt = False,
-    no_wait: Annotated[bool, typer.Option("--no-wait", help="Launch (or adopt) and return without waiting.")] = False,
+    no_wait: Annotated[bool, typer.Option(
+        "--no-wait", help="Launch (or adopt) and return without waiting for readiness (servers sharing a GPU are still launched in turn).")] = False,
+    keep_failed: KeepFailedOpt = False,
+    grace: GraceOpt = 15.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Launch every server of a fleet detached (adopting ones already running) and wait until all are ready."""
+    """Launch every server of a fleet detached (adopting ones already running) and wait until all are ready.
+
+    Servers on one host that share a GPU (overlapping `gpus`; without `gpus`, any GPU of a host that has a GPU driver) start one after another in fleet-file order: the next once the previous one's memory has settled (its KV cache and CUDA graphs allocated: a log line each engine declares, else readiness), or it failed and was stopped. Servers on different GPUs start in parallel. `start_shared_gpu = "together"` in \[fleet] starts them all at once.
+
+    A server found failed is stopped (its whole process group) unless --keep-failed.
+    """
     smoke = False if no_smoke else None
     code = _run(lambda: _up_and_render(
-        Fleet.discover(fleet_file), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json))
+        Fleet.discover(fleet_file), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json,
+        grace=grace, keep_failed=keep_failed))
     raise typer.Exit(code)
 
 
@@ -157,12 +170,17 @@ def restart(
     timeout: TimeoutOpt = None,
     stall: StallOpt = None,
     no_smoke: NoSmokeOpt = False,
+    keep_failed: KeepFailedOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Stop one server (if running) and start it again from the fleet file; wait until ready."""
+    """Stop one server (if running) and start it again from the fleet file; wait until ready.
+
+    If a server sharing its GPU is still starting, it starts once that one's memory has settled (as in `up`). Found failed, it is stopped unless --keep-failed.
+    """
     smoke = False if no_smoke else None
     code = _run(lambda: _up_and_render(
-        Fleet.discover(fleet_file), None, timeout=timeout, stall=stall, smoke=smoke, wait=True, as_json=as_json, restart=name, grace=grace))
+        Fleet.discover(fleet_file), None, timeout=timeout, stall=stall, smoke=smoke, wait=True, as_json=as_json, restart=name, grace=grace,
+        keep_failed=keep_failed))
     raise typer.Exit(code)
 
 

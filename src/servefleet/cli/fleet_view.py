@@ -102,6 +102,8 @@ def up_table(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], en
         outcome = outcomes[name]
         cap = verdict.capacity
         state = verdict.state.value + (f" ({verdict.category.value})" if verdict.category else "")
+        if outcome.after_failure:
+            state += f"; {outcome.after_failure}"
         if verdict.state == State.READY:
             ttr = "adopted" if outcome.action == Action.ADOPTED else fmt_secs(verdict.elapsed_s)
         else:
@@ -132,11 +134,25 @@ def failure_notes(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict
                 lines.append(Text(f"  {verdict.message}"))
             if verdict.hint:
                 lines.append(Text(f"  hint: {verdict.hint}", style="italic"))
+            if outcome.after_failure:
+                lines.append(Text(f"  {_after_failure_note(outcome.after_failure, name)}"))
             if outcome.record is not None:
                 lines.append(Text(f"  log: {outcome.record.log_path} (`servefleet logs {name}`)", style="dim"))
         elif outcome.spec_changed and outcome.message:
             lines.append(Text(f"{name}: {outcome.message}", style="yellow"))
     return Group(*lines)
+
+
+def _after_failure_note(after: str, name: str) -> str:
+    if after == "stopped":
+        return "stopped (its whole process group); `servefleet up --keep-failed` leaves a failed server running"
+    if after.startswith("kept running"):
+        return f"kept running (--keep-failed): `servefleet down {name}` stops it"
+    return after
+
+
+def _started_after(outcome: StartOutcome) -> list[dict[str, Any]]:
+    return [s.to_json() for s in outcome.started_after]
 
 
 def up_json(fleet: str, outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], engines: dict[str, str]) -> dict[str, Any]:
@@ -154,6 +170,8 @@ def up_json(fleet: str, outcomes: dict[str, StartOutcome], verdicts: dict[str, V
             "port": rec.port if rec else None,
             "log_path": rec.log_path if rec else None,
             "time_to_ready_s": verdict.elapsed_s if verdict.state == State.READY and outcome.action == Action.LAUNCHED else None,
+            "after_failure": outcome.after_failure,  # failed: "stopped" | "kept running (--keep-failed)" | "exited" | ...
+            "started_after": _started_after(outcome),  # the siblings on its GPU it waited for
             "verdict": verdict.to_json(),
         })
     return {"fleet": fleet, "servers": servers}

@@ -110,6 +110,10 @@ class EngineProfile:
     signatures: ClassVar[tuple[Signature, ...]] = ()
     # Lines that identify this engine in a log of unknown origin (for `diagnose --engine auto`).
     detect: ClassVar[tuple[re.Pattern[str], ...]] = ()
+    # Lines after which the server allocates no more device memory while starting (KV cache and
+    # CUDA graphs): a server sharing its GPU may then start profiling memory (`up` orders them).
+    # Empty: readiness is the signal.
+    memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = ()
     # Engine-native flag names the hints and the fleet layer use (None where there is no such flag).
     memory_flag: ClassVar[str | None] = None
     supports_ignore_eos: ClassVar[bool] = False

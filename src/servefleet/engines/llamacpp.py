@@ -152,6 +152,9 @@ class LlamaCppEngine(EngineProfile):
         re.compile(r"\[--n_gpu_layers N_GPU_LAYERS\]|\[--model_alias MODEL_ALIAS\]"),
     )
     memory_flag: ClassVar[str | None] = "--n-gpu-layers"
+    # The KV cache and compute buffers are allocated when the context is created, just before the
+    # HTTP server starts: readiness is the memory-settled signal.
+    memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = ()
     supports_ignore_eos: ClassVar[bool] = False
     arg_table: ClassVar[na.ArgTable] = NATIVE_ARGS
 

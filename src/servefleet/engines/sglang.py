@@ -163,6 +163,9 @@ class SGLangEngine(EngineProfile):
         re.compile(r"Load weight begin\. avail mem=|Capture cuda graph begin|KV Cache is allocated\. "),
         re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (?:DP\d+ )?TP\d+"),
     )
+    # After "KV Cache is allocated" / "Memory pool end" each rank captures CUDA graphs, which take
+    # memory too; with --disable-cuda-graph no such line comes and readiness is the signal.
+    memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"Capture cuda graph end\."),)
     memory_flag: ClassVar[str | None] = "--mem-fraction-static"
     supports_ignore_eos: ClassVar[bool] = True
     arg_table: ClassVar[na.ArgTable] = ARGS

@@ -51,6 +51,7 @@ class SimEngine(EngineProfile):
     )
     detect: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"\bservefleet[. ]sim\b"),)
     memory_flag: ClassVar[str | None] = "--kv-tokens"
+    memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = sglang.SGLangEngine.memory_settled + vllm.VLLMEngine.memory_settled
     supports_ignore_eos: ClassVar[bool] = True
     arg_table: ClassVar[na.ArgTable] = ARGS
     # The sim publishes both families; vLLM's names first (they include per-request TPOT).

@@ -129,6 +129,9 @@ class TransformersEngine(EngineProfile):
         re.compile(r"transformers/cli/serv(?:e|ing/)|transformers\.cli\.transformers|\btransformers serve\b"),
     )
     memory_flag: ClassVar[str | None] = None  # no memory fraction unless --continuous-batching (--cb-max-memory-percent)
+    # Weights load before the server answers and the cache grows per request: readiness is the
+    # memory-settled signal.
+    memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = ()
     supports_ignore_eos: ClassVar[bool] = False  # the request schema rejects unknown fields with 422
     arg_table: ClassVar[na.ArgTable] = ARGS
 

@@ -199,6 +199,11 @@ class VLLMEngine(EngineProfile):
     supports_ignore_eos: ClassVar[bool] = True
     arg_table: ClassVar[na.ArgTable] = ARGS
     latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
+    # EngineCore logs this after the KV cache is allocated and CUDA graphs are captured (GPU and
+    # CPU builds alike); "GPU KV cache size" comes earlier, before graph capture takes its memory.
+    memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = (
+        re.compile(r"init engine \(profile, create kv cache, warmup model\) took"),
+    )
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:

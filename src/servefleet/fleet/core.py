@@ -30,10 +30,12 @@ from servefleet.fleet.lifecycle import (
     Launchable,
     StartOutcome,
     StopResult,
+    adopt_running,
+    launch_server,
     load_record,
+    owns_group,
     resolve_launch,
     save_record,
-    start_server,
     stop_server,
 )
 from servefleet.fleet.logs import follow_lines, tail_lines
@@ -41,6 +43,7 @@ from servefleet.fleet.loader import load_fleet_file
 from servefleet.fleet.spec import LOCAL, FleetSpec
 from servefleet.fleet.state import ServerState, StateStore, utcnow
 from servefleet.fleet.prefetch import fleet_status, prefetched_launchables
+from servefleet.fleet.start_order import Sibling, StartQueue, host_has_gpus, settled_before, shares_gpu, visible_gpus
 from servefleet.fleet.status import Liveness, ServerStatus
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
@@ -164,13 +167,114 @@ class Fleet:
         return [resolve_launch(self.spec.server(n), self.binding(self.spec.server(n).host), self.label) for n in self._select(names)]
 
     async def start(self, names: Iterable[str] | None = None) -> dict[str, StartOutcome]:
-        """Adopt, refuse (port taken) or launch each server; do not wait for readiness."""
+        """Adopt, refuse (port taken) or launch each server; do not wait for readiness. A server
+        sharing a GPU with one still starting is QUEUED (see start_order.py): ``wait`` (or
+        ``launch_queued``) launches it when its turn comes."""
         items = self.resolve(names)
         async with self.store.lock():
             self.store.write_index(self.name, self.spec.path)
-            items = await prefetched_launchables(items, self.store)  # the adopt checks: one command per host
-            outcomes = await asyncio.gather(*(start_server(item, self.store, self.name) for item in items))
+            viewed = await prefetched_launchables(items, self.store)  # the adopt checks: one command per host
+            records = await asyncio.gather(*(load_record(self.store, v.binding, v.name) for v in viewed))
+            running = await asyncio.gather(*(adopt_running(v, r) for v, r in zip(viewed, records, strict=True)))
+            adopted = {v.name: o for v, o in zip(viewed, running, strict=True) if o is not None}
+            queue = await self._plan_order(items, adopted)
+
+            async def first(item: Launchable, view: Launchable, record: ServerState | None) -> StartOutcome:
+                if item.name in adopted:
+                    return adopted[item.name]
+                if queue is not None and queue.waits.get(item.name):
+                    return StartOutcome(item.name, Action.QUEUED, waits_for=queue.waits_for(item.name), item=item,
+                                        message=f"starts after {', '.join(queue.waits_for(item.name))} (same GPU) settle")
+                return await launch_server(view, self.store, self.name, previous=record)
+
+            outcomes = await asyncio.gather(*(first(i, v, r) for i, v, r in zip(items, viewed, records, strict=True)))
+        for outcome in outcomes:
+            outcome.queue = queue
+            if queue is not None and outcome.action in (Action.LAUNCHED, Action.ADOPTED):
+                queue.mark_launched(outcome.name, outcome.record)
+            elif queue is not None and outcome.action != Action.QUEUED:
+                queue.mark_done(outcome.name, "not launched")
         return {o.name: o for o in outcomes}
+
+    async def _plan_order(self, items: list[Launchable], adopted: dict[str, StartOutcome]) -> StartQueue | None:
+        """Who waits for whom among servers sharing a GPU (None: ``start_shared_gpu = "together"``)."""
+        if self.spec.start_shared_gpu != "ordered":
+            return None
+        batch = [i.name for i in items]
+        order = {n: k for k, n in enumerate(self.spec.names)}
+        waits: dict[str, list[Sibling]] = {}
+        gpu_hosts: dict[str, bool] = {}
+        starting: dict[str, ServerState | None] = {}  # servers outside this call: the record of one still starting
+
+        async def gpu_host(binding: HostBinding) -> bool:  # asked only for servers without `gpus`
+            if binding.name not in gpu_hosts:
+                gpu_hosts[binding.name] = await host_has_gpus(binding)
+            return gpu_hosts[binding.name]
+
+        async def still_starting(name: str, binding: HostBinding) -> ServerState | None:
+            if name not in starting:
+                record = await load_record(self.store, binding, name)
+                live = record is not None and not settled_before(record) and await owns_group(binding, record)
+                starting[name] = record if live else None
+            return starting[name]
+
+        for item in items:
+            if item.name in adopted:
+                continue
+            siblings = []
+            for other in self.spec.servers:
+                if other.name == item.name or other.host != item.server.host:
+                    continue
+                binding = self.binding(other.host)
+                unrestricted = visible_gpus(item.server, item.binding.env) is None or visible_gpus(other, binding.env) is None
+                on_gpu_host = await gpu_host(binding) if unrestricted else False
+                if not shares_gpu(item.server, other, item.binding.env, binding.env, gpu_host=on_gpu_host):
+                    continue
+                profile = get_engine(other.engine)
+                if other.name in adopted:  # running already: wait only while it is still starting
+                    record = adopted[other.name].record
+                    if record is not None and not settled_before(record):
+                        siblings.append(Sibling(other.name, binding, profile, in_batch=True, record=record))
+                elif other.name in batch:
+                    if order[other.name] < order[item.name]:
+                        siblings.append(Sibling(other.name, binding, profile, in_batch=True))
+                else:  # not started by this call: a `restart`, or `up --only`, while it loads
+                    record = await still_starting(other.name, binding)
+                    if record is not None:
+                        siblings.append(Sibling(other.name, binding, get_engine(record.engine), in_batch=False, record=record))
+            if siblings:
+                waits[item.name] = siblings
+        return StartQueue(self.store, waits, batch)
+
+    async def _take_turn(self, outcome: StartOutcome, *, timeout_s: float, waited: bool, on_update: UpdateCallback | None) -> None:
+        """Launch a QUEUED server once the siblings it waits for have settled; ``outcome`` becomes
+        the launch's (or an adoption's, when another process launched it meanwhile)."""
+        queue, item = outcome.queue, outcome.item
+        assert isinstance(queue, StartQueue) and item is not None
+        if on_update:
+            on_update(outcome.name, Verdict(state=State.LAUNCHING, message=outcome.message))
+        settled = await queue.wait_turn(outcome.name, timeout_s, siblings_waited=waited)
+        async with self.store.lock():
+            record = await load_record(self.store, item.binding, item.name)
+            new = await adopt_running(item, record) or await launch_server(
+                item, self.store, self.name, previous=record, started_after=[s.to_json() for s in settled])
+        outcome.action, outcome.record, outcome.verdict, outcome.spec_changed = new.action, new.record, new.verdict, new.spec_changed
+        outcome.started_after = settled
+        after = "after " + ", ".join(s.describe() for s in settled)
+        outcome.message = f"{new.message}; {after}" if new.message else after
+        if new.action in (Action.LAUNCHED, Action.ADOPTED):
+            queue.mark_launched(outcome.name, new.record)
+            if on_update:
+                on_update(outcome.name, Verdict(state=State.LAUNCHING, message=f"{new.action.value} {outcome.message}"))
+        else:
+            queue.mark_done(outcome.name, "not launched")
+
+    async def launch_queued(self, outcomes: dict[str, StartOutcome], *, timeout_s: float | None = None) -> None:
+        """``up --no-wait``: launch every QUEUED server when its turn comes, without waiting for
+        readiness (a sibling's turn then ends at its memory line, its exit or ``timeout_s``)."""
+        timeout_s = self.spec.timeout if timeout_s is None else timeout_s
+        queued = [o for o in outcomes.values() if o.action == Action.QUEUED]
+        await asyncio.gather(*(self._take_turn(o, timeout_s=timeout_s, waited=False, on_update=None) for o in queued))
 
     async def wait(
         self,
@@ -180,42 +284,69 @@ class Fleet:
         stall_s: float | None = None,
         smoke: bool | None = None,
         on_update: UpdateCallback | None = None,
+        keep_failed: bool = False,
+        grace_s: float = 15.0,
     ) -> dict[str, Verdict]:
-        """Wait for every started server in parallel; record each verdict in its state file."""
+        """Wait for every started server in parallel (launching QUEUED ones in their turn); record
+        each verdict in its state file. A server found failed is stopped (its whole process
+        group) unless ``keep_failed``; ``outcome.after_failure`` says which."""
         timeout_s = self.spec.timeout if timeout_s is None else timeout_s
         stall_s = self.spec.stall if stall_s is None else stall_s
         smoke = self.spec.smoke if smoke is None else smoke
 
         async def one(outcome: StartOutcome) -> Verdict:
-            if outcome.verdict is not None or outcome.record is None:
-                verdict = outcome.verdict or Verdict(state=State.FAILED, message=outcome.message)
-                if on_update:
-                    on_update(outcome.name, verdict)
+            queue = outcome.queue
+            final, detail = "not launched", None
+            try:
+                if outcome.action == Action.QUEUED:
+                    await self._take_turn(outcome, timeout_s=timeout_s, waited=True, on_update=on_update)
+                if outcome.verdict is not None or outcome.record is None:
+                    verdict = outcome.verdict or Verdict(state=State.FAILED, message=outcome.message)
+                    if on_update:
+                        on_update(outcome.name, verdict)
+                    return verdict
+                record = outcome.record
+                binding = self.binding(record.host)
+                base_url = await binding.host.url_for(record.port, record.bind)
+                last = record.last_verdict or {}
+                # Proven ready before: liveness, probe and identity re-check it; the log (possibly
+                # gigabytes of request lines by now) is not re-read, and the recorded capacity is kept.
+                follow = not (outcome.action == Action.ADOPTED and last.get("state") == State.READY.value)
+                target = self._target(record, binding, base_url, follow_log=follow)
+                callback = (lambda v: on_update(record.name, v)) if on_update else None
+                verdict = await wait_for_server(target, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=callback)
+                if last.get("capacity"):
+                    verdict = verdict.model_copy(update={"capacity": verdict.capacity.merge(Capacity(**last["capacity"]))})
+                if verdict.state == State.FAILED:
+                    outcome.after_failure = await self._after_failure(record, binding, keep_failed, grace_s)
+                await self._remember(record, binding, verdict, outcome.after_failure)
+                final, detail = verdict.state.value, outcome.after_failure
                 return verdict
-            record = outcome.record
-            binding = self.binding(record.host)
-            base_url = await binding.host.url_for(record.port, record.bind)
-            last = record.last_verdict or {}
-            # Proven ready before: liveness, probe and identity re-check it; the log (possibly
-            # gigabytes of request lines by now) is not re-read, and the recorded capacity is kept.
-            follow = not (outcome.action == Action.ADOPTED and last.get("state") == State.READY.value)
-            target = self._target(record, binding, base_url, follow_log=follow)
-            callback = (lambda v: on_update(record.name, v)) if on_update else None
-            verdict = await wait_for_server(target, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=callback)
-            if last.get("capacity"):
-                verdict = verdict.model_copy(update={"capacity": verdict.capacity.merge(Capacity(**last["capacity"]))})
-            await self._remember(record, binding, verdict)
-            return verdict
+            finally:
+                if isinstance(queue, StartQueue):
+                    queue.mark_done(outcome.name, final, detail)  # after a failed one was stopped
 
         verdicts = await asyncio.gather(*(one(o) for o in outcomes.values()))
         return dict(zip(outcomes, verdicts, strict=True))
 
-    async def _remember(self, record: ServerState, binding: HostBinding, verdict: Verdict) -> None:
+    async def _after_failure(self, record: ServerState, binding: HostBinding, keep_failed: bool, grace_s: float) -> str:
+        """Stop a server ``up`` found failed (a failed server may keep its port, its GPU memory and
+        a half-working API: `status` would call it ready), unless the user keeps it to look at."""
+        if keep_failed:
+            return "kept running (--keep-failed)"
+        result = await stop_server(record, binding, grace_s)
+        if not result.was_running:
+            return "exited"
+        if "still running" in result.message:
+            return f"could not be stopped: {result.message}"
+        return "stopped"
+
+    async def _remember(self, record: ServerState, binding: HostBinding, verdict: Verdict, after_failure: str | None = None) -> None:
         current = self.store.load(record.name)
         if current is None or current.pgid != record.pgid:
             return  # stopped (or relaunched by someone else) while we waited
         now = utcnow()
-        update: dict = {"last_verdict": verdict.to_json(), "verdict_at": now}
+        update: dict = {"last_verdict": verdict.to_json(), "verdict_at": now, "after_failure": after_failure}
         if verdict.state == State.READY and current.ready_at is None:
             update["ready_at"] = now
         await save_record(self.store, binding, current.model_copy(update=update))
@@ -229,13 +360,18 @@ class Fleet:
         smoke: bool | None = None,
         wait: bool = True,
         on_update: UpdateCallback | None = None,
+        keep_failed: bool = False,
+        grace_s: float = 15.0,
     ) -> dict[str, Verdict]:
-        """Start (or adopt) the servers and wait until each is ready, failed or stalled."""
+        """Start (or adopt) the servers and wait until each is ready, failed or stalled (a failed
+        one is stopped unless ``keep_failed``). ``wait=False``: return once all are launched."""
         outcomes = await self.start(names)
         if not wait:
+            await self.launch_queued(outcomes, timeout_s=timeout_s)
             launching = Verdict(state=State.LAUNCHING)
             return {n: (o.verdict or launching) for n, o in outcomes.items()}
-        return await self.wait(outcomes, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=on_update)
+        return await self.wait(outcomes, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=on_update,
+                               keep_failed=keep_failed, grace_s=grace_s)
 
     # ---- down / restart -------------------------------------------------------------------------
     def recorded_names(self) -> list[str]:
@@ -277,13 +413,16 @@ class Fleet:
         stall_s: float | None = None,
         smoke: bool | None = None,
         on_update: UpdateCallback | None = None,
+        keep_failed: bool = False,
     ) -> Verdict:
-        """Stop one server (if running) and start it again with the current fleet file; wait."""
+        """Stop one server (if running) and start it again with the current fleet file; wait. It
+        starts after any sibling on its GPU that is still starting (start_order.py)."""
         self.resolve([name])  # a broken fleet file must not stop a running server
         stopped = (await self.down([name], grace_s=grace_s))[name]
         if not stopped.ok:
             return Verdict(state=State.FAILED, message=f"could not stop {name}: {stopped.message}")
-        verdicts = await self.up([name], timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=on_update)
+        verdicts = await self.up([name], timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=on_update,
+                                 keep_failed=keep_failed, grace_s=grace_s)
         return verdicts[name]
 
     # ---- status ---------------------------------------------------------------------------------

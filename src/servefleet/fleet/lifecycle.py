@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from servefleet.catalog import DEFAULT_HINTS, Category, State
 from servefleet.engines.base import EngineProfile, LaunchSpec
@@ -36,6 +37,8 @@ __all__ = [
     "resolve_launch",
     "owns_group",
     "start_server",
+    "adopt_running",
+    "launch_server",
     "stop_server",
     "read_exit_code",
     "save_record",
@@ -58,6 +61,7 @@ class Action(StrEnum):
     ADOPTED = "adopted"  # already running (ours): not relaunched
     BLOCKED = "blocked"  # port held by another process: nothing launched
     FAILED = "failed"  # could not be started at all
+    QUEUED = "queued"  # shares a GPU with a server still starting: launched once that one settles
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,11 @@ class StartOutcome:
     verdict: Verdict | None = None  # set when there is nothing to wait for (blocked, failed)
     message: str | None = None  # e.g. "running with an older spec"
     spec_changed: bool = False
+    waits_for: list[str] = field(default_factory=list)  # QUEUED: the siblings it starts after
+    started_after: list[Any] = field(default_factory=list)  # start_order.Settled, once launched
+    after_failure: str | None = None  # failed verdict: "stopped" | "kept running (--keep-failed)" | ...
+    item: Launchable | None = None  # QUEUED: what to launch when its turn comes
+    queue: Any = None  # QUEUED: the call's start_order.StartQueue
 
 
 @dataclass
@@ -203,16 +212,31 @@ async def _describe_pid(binding: HostBinding, pid: int | None) -> str:
 
 async def start_server(item: Launchable, store: StateStore, fleet_name: str) -> StartOutcome:
     """Adopt the server if it already runs, refuse when its port is taken, else launch it."""
-    binding, name, port = item.binding, item.name, item.server.port
-    host = binding.host
-    record = await load_record(store, binding, name)
+    record = await load_record(store, item.binding, item.name)
+    return await adopt_running(item, record) or await launch_server(item, store, fleet_name, previous=record)
+
+
+async def adopt_running(item: Launchable, record: ServerState | None) -> StartOutcome | None:
+    """The ADOPTED outcome when ``record`` (the server's, from load_record) is running and ours."""
+    binding, name = item.binding, item.name
     if record is not None and await owns_group(binding, record):
         changed = record.spec_hash != item.digest
         msg = f"already running (pgid {record.pgid}, launched {record.launched_at:%Y-%m-%d %H:%M:%S}Z)"
         if changed:
             msg += f"; the fleet file changed since: `servefleet restart {name}` applies it"
         return StartOutcome(name, Action.ADOPTED, record=record, message=msg, spec_changed=changed)
+    return None
 
+
+async def launch_server(
+    item: Launchable, store: StateStore, fleet_name: str, *, previous: ServerState | None = None, started_after: list[dict[str, Any]] | None = None,
+) -> StartOutcome:
+    """Refuse when the port is taken, else launch the server (its adopt check was done before;
+    ``previous``: the record it found, not running). ``started_after``: the siblings on its GPU it
+    waited for, kept in its record."""
+    binding, name, port = item.binding, item.name, item.server.port
+    host = binding.host
+    record = previous
     holder = await host.port_holder(port)
     if holder is not None:
         who = await _describe_pid(binding, holder.pid)
@@ -277,6 +301,7 @@ async def start_server(item: Launchable, store: StateStore, fleet_name: str) -> 
         spec_hash=item.digest,
         served_model=item.served_model,
         probe_paths=list(item.profile.probe_for(item.launch).paths),
+        started_after=list(started_after or []),
     )
     await save_record(store, binding, record)
     outcome = StartOutcome(name, Action.LAUNCHED, record=record)

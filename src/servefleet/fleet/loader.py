@@ -184,6 +184,7 @@ def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
         timeout=settings.timeout,
         stall=settings.stall,
         smoke=settings.smoke,
+        start_shared_gpu=settings.start_shared_gpu,
         hosts=hosts,
         servers=tuple(servers),
     )

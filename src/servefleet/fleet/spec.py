@@ -8,6 +8,7 @@ A fleet file looks like this (every table but ``[[servers]]`` is optional)::
     timeout = 1800                 # seconds: overall cap of `up`'s wait
     stall = 300                    # seconds without log or probe progress => stalled
     smoke = true                   # one-token request before a server is called ready
+    start_shared_gpu = "ordered"   # servers sharing a GPU start one after another ("together": at once)
 
     [defaults]                     # merged into every server (a server's own value wins;
     engine = "sglang"              #   env tables are merged, args lists are concatenated:
@@ -129,6 +130,8 @@ class FleetSettings(_Strict):
     timeout: float = 1800.0
     stall: float = 300.0
     smoke: bool = True
+    # "ordered": servers of one host that share a GPU start one after another (see start_order.py)
+    start_shared_gpu: Literal["ordered", "together"] = "ordered"
 
     @field_validator("name")
     @classmethod
@@ -326,6 +329,7 @@ class FleetSpec(_Strict):
     timeout: float
     stall: float
     smoke: bool
+    start_shared_gpu: Literal["ordered", "together"] = "ordered"
     hosts: dict[str, HostSpec] = Field(default_factory=dict)
     servers: tuple[ServerSpec, ...] = ()
 

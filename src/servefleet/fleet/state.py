@@ -118,6 +118,9 @@ class ServerState(BaseModel):
     ready_at: datetime | None = None
     last_verdict: dict[str, Any] | None = None
     verdict_at: datetime | None = None
+    # The siblings on its GPU this launch waited for (start_order.Settled.to_json), in order.
+    started_after: list[dict[str, Any]] = Field(default_factory=list)
+    after_failure: str | None = None  # what `up` did with it after a failed verdict ("stopped", ...)
 
     def to_bytes(self) -> bytes:
         return (self.model_dump_json(indent=2) + "\n").encode()

@@ -154,6 +154,9 @@ async def server_status(
             status.detail += f", {status.category}"
         if verdict.evidence is not None:
             status.detail += f": {verdict.evidence.text.strip()[:120]}"
+        if record.after_failure == "stopped":  # `up` stopped it: its verdict says why, the log may not
+            status.category = status.category or last.get("category")
+            status.detail = f"stopped by `up` after it failed ({status.category or 'other'}); " + status.detail
         return status
 
     status.uptime_s = round((now - record.launched_at).total_seconds(), 1)
