@@ -150,7 +150,7 @@ def up(
     grace: GraceOpt = 15.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Launch every server of a fleet detached (adopting ones already running) and wait until all are ready.
+    r"""Launch every server of a fleet detached (adopting ones already running) and wait until all are ready.
 
     Servers on one host that share a GPU (overlapping `gpus`; without `gpus`, any GPU of a host that has a GPU driver) start one after another in fleet-file order: the next once the previous one's memory has settled (its KV cache and CUDA graphs allocated: a log line each engine declares, else readiness), or it failed and was stopped. Servers on different GPUs start in parallel. `start_shared_gpu = "together"` in \[fleet] starts them all at once.
 
