@@ -23,10 +23,11 @@ from servefleet.errors import EngineError
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import owns_group, read_exit_code
 from servefleet.fleet.state import ServerState, utcnow
+from servefleet.verify.bounded import HostSource, diagnose_source
 from servefleet.verify.diagnose import diagnose_text
 from servefleet.verify.verdict import Verdict
 
-__all__ = ["Liveness", "ServerStatus", "probe_ready", "server_status", "not_launched", "log_of_attempt", "DIAGNOSE_LIMIT"]
+__all__ = ["Liveness", "ServerStatus", "probe_ready", "server_status", "not_launched", "diagnose_attempt", "DIAGNOSE_LIMIT"]
 
 DIAGNOSE_LIMIT = 8 * 1024 * 1024  # bytes of the current attempt's log read for a diagnosis
 
@@ -82,17 +83,21 @@ async def probe_ready(session: aiohttp.ClientSession, base_url: str, paths: list
     return False
 
 
-async def log_of_attempt(binding: HostBinding, record: ServerState, limit: int = DIAGNOSE_LIMIT) -> str:
-    """The current attempt's part of the (appended) log, decoded."""
+async def diagnose_attempt(binding: HostBinding, record: ServerState, profile: EngineProfile | None) -> Verdict:
+    """The verdict of the current attempt's part of the (appended) log. One read of up to
+    DIAGNOSE_LIMIT bytes (the status batch prefetches exactly that read); a longer attempt goes
+    through the bounded reader that `diagnose` uses (its start-up, first fatal block and end), so a
+    crash at the end of a big log is seen and memory stays bounded."""
     try:
-        raw = await binding.host.read_bytes(record.log_path, record.log_offset, limit)
+        raw = await binding.host.read_bytes(record.log_path, record.log_offset, DIAGNOSE_LIMIT)
     except FileNotFoundError:
-        return ""
-    return raw.decode("utf-8", errors="replace")
-
-
-def _diagnose(text: str, profile: EngineProfile | None) -> Verdict:
-    return diagnose_text(text, profile)
+        return diagnose_text("", profile)
+    if len(raw) < DIAGNOSE_LIMIT:
+        return diagnose_text(raw.decode("utf-8", errors="replace"), profile)
+    try:
+        return await diagnose_source(HostSource(binding.host, record.log_path), profile, start=record.log_offset)
+    except FileNotFoundError:
+        return diagnose_text("", profile)
 
 
 def not_launched(name: str, engine: str | None, host: str, port: int | None, log_path: str | None) -> ServerStatus:
@@ -143,7 +148,7 @@ async def server_status(
             return status
         status.state = Liveness.DEAD
         status.exit_code = await read_exit_code(binding, record)
-        verdict = _diagnose(await log_of_attempt(binding, record), profile)
+        verdict = await diagnose_attempt(binding, record, profile)
         status.category = verdict.category.value if verdict.category else None
         if status.exit_code is None:
             status.detail = "killed (no exit code recorded: the whole group got SIGKILL)"
@@ -178,7 +183,7 @@ async def server_status(
         status.state = Liveness.UNRESPONSIVE
         status.detail = status.detail or "was ready; the probe no longer answers"
         return status
-    verdict = _diagnose(await log_of_attempt(binding, record), profile)
+    verdict = await diagnose_attempt(binding, record, profile)
     if verdict.state == State.FAILED:
         status.state = Liveness.FAILED
         status.category = verdict.category.value if verdict.category else None
