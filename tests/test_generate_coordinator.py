@@ -1,4 +1,5 @@
-"""The coordinator process itself: its open-file limit and its garbage-collector settings."""
+"""The coordinator process itself: its open-file limit, its garbage-collector settings, and the
+per-completion path of the client (JSON encoding and decoding, request URLs)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import subprocess
 import pytest
 
 from conftest import SimProcess
-from servefleet.generate import runner
+from servefleet.generate import client, runner
+from servefleet.generate.retry import FailureKind, RequestFailure
 from test_generate_sim import INSTANT_SIM, committed_ids, generate_argv, write_prompts
 
 
@@ -69,3 +71,31 @@ def test_fewer_collections_restores_the_settings_when_the_last_overlapping_run_e
     assert gc.get_threshold() == runner.GC_THRESHOLDS and gc.get_freeze_count() > 0
     b.__exit__(None, None, None)
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+# ---- the per-completion path: orjson, with the stdlib for what orjson refuses -------------------
+
+
+def test_request_bodies_that_orjson_refuses_are_still_encoded():
+    big = {"prompt": "x", "seed": 2**70, "logit_bias": {"50256": -100}}
+    assert json.loads(client.encode_body(big)) == big  # beyond 64 bits: the stdlib path
+    plain = {"prompt": "héllo ☃", "max_tokens": 4}
+    assert json.loads(client.encode_body(plain)) == plain
+
+
+def test_answers_with_nan_literals_parse_and_broken_ones_are_protocol_failures():
+    nan_answer = b'{"choices":[{"text":"ok","finish_reason":"stop","logprobs":{"x":NaN}}],"usage":{"completion_tokens":1}}'
+    parsed = client._parse(nan_answer, "completions")
+    assert isinstance(parsed, client.Completion) and parsed.text == "ok" and parsed.completion_tokens == 1
+    broken = client._parse(b'{"choices":[{"text":"cut', "completions")
+    assert isinstance(broken, RequestFailure) and broken.kind is FailureKind.PROTOCOL
+    chat = client._parse(b'{"choices":[{"message":{"content":"hi","reasoning_content":"r"}}],"model":"m"}', "chat")
+    assert isinstance(chat, client.Completion) and (chat.text, chat.reasoning, chat.model) == ("hi", "r", "m")
+
+
+def test_the_request_url_is_parsed_once_per_server_and_endpoint():
+    c = client.Client()
+    a = c._url("http://127.0.0.1:8000/", "completions")
+    assert str(a) == "http://127.0.0.1:8000/v1/completions"
+    assert c._url("http://127.0.0.1:8000/", "completions") is a
+    assert str(c._url("http://127.0.0.1:8000/", "chat")) == "http://127.0.0.1:8000/v1/chat/completions"
