@@ -99,3 +99,12 @@ def test_the_request_url_is_parsed_once_per_server_and_endpoint():
     assert str(a) == "http://127.0.0.1:8000/v1/completions"
     assert c._url("http://127.0.0.1:8000/", "completions") is a
     assert str(c._url("http://127.0.0.1:8000/", "chat")) == "http://127.0.0.1:8000/v1/chat/completions"
+
+
+@pytest.mark.parametrize(("planned", "soft", "warns"), [(1000, 1024, True), (700, 1024, False), (768, 1024, False),
+                                                        (769, 1024, True), (10**6, resource.RLIM_INFINITY, False)])
+def test_planned_in_flight_beyond_the_open_file_limit_is_announced(planned, soft, warns):
+    text = runner.open_files_warning(planned, soft)
+    assert (text is not None) == warns
+    if warns:
+        assert f"{planned:,} requests planned in flight" in text and "--concurrency" in text

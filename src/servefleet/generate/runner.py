@@ -214,6 +214,9 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
                     targets = await targets_from_urls(config.urls, client, config.max_running)
                 if not targets:
                     raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
+                planned = sum(config.concurrency or t.max_running or 0 for t in targets)
+                if (warning := open_files_warning(planned)) is not None:
+                    stats.event(warning)
                 buffer = ShardBuffer(shard_schema(params.token_ids, params.store_request),
                                      ShardLimits(config.shard_rows, config.shard_bytes, config.shard_seconds))
                 committer = Committer(ledger, buffer, stats)
@@ -355,6 +358,21 @@ def raise_open_files_limit(cap: int = 1 << 20) -> tuple[int, int] | None:
     except (ValueError, OSError):  # not allowed here: the job runs with the limit it has
         pass
     return None
+
+
+FILES_RESERVE = 256  # descriptors kept for shards, logs, the event loop, probes
+
+
+def open_files_warning(planned_in_flight: int, soft_limit: int | None = None) -> str | None:
+    """A warning when the requests planned in flight (one socket each) do not fit the open-file
+    limit: connects past it fail with "Too many open files", which looks like a dead server."""
+    if soft_limit is None:
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft_limit == resource.RLIM_INFINITY or planned_in_flight <= soft_limit - FILES_RESERVE:
+        return None
+    return (f"open-file limit {soft_limit:,} is below the {planned_in_flight:,} requests planned in flight (one socket each): "
+            f"past ~{max(0, soft_limit - FILES_RESERVE):,} connects fail; raise the hard limit (`ulimit -Hn`, LimitNOFILE=) "
+            "or give a lower --concurrency")
 
 
 # Cyclic GC while requests are in flight: each young-generation pass walks every live request's
