@@ -24,6 +24,9 @@ Usage (from the repository root; heavy: take the lock)::
     flock /tmp/servefleet-heavy.lock .venv/bin/python benchmarks/coordinator_ceiling.py \\
         --workers 1,2 --label after
 
+A before/after pair in one sitting (the same load for both): export the older commit with
+``git archive f828f35 src | tar -x -C /tmp/before`` and pass ``--src /tmp/before/src --label before-...``.
+
 Writes ``benchmarks/results/coordinator_ceiling.json`` (each ``--label`` kept beside the others,
 so a before/after pair sits in one file) and prints a table.
 """
@@ -126,27 +129,22 @@ class _Instant(asyncio.Protocol):
                              + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def serve(ports: list[int], endpoint: str, tokens: int, delay_s: float) -> None:
-    """Several "servers" (one per port) in one process: the count is the process's total."""
+def serve(count: int, endpoint: str, tokens: int, delay_s: float) -> None:
+    """``count`` "servers" (one per port, the kernel picks them) in one process; prints
+    ``ready PORT,PORT,...``. The answer count is the process's total."""
     answer = _answer_body(endpoint, tokens)
     models = json.dumps({"object": "list", "data": [{"id": "instant", "object": "model"}]}).encode()
     loop = asyncio.new_event_loop()
-    servers = [loop.run_until_complete(loop.create_server(lambda: _Instant(answer, models, delay_s), "127.0.0.1", port, backlog=4096))
-               for port in ports]
+    servers = [loop.run_until_complete(loop.create_server(lambda: _Instant(answer, models, delay_s), "127.0.0.1", 0, backlog=4096))
+               for _ in range(count)]
     loop.add_signal_handler(signal.SIGTERM, loop.stop)
-    print("ready", flush=True)
+    print("ready " + ",".join(str(s.sockets[0].getsockname()[1]) for s in servers), flush=True)
     loop.run_forever()
     for server in servers:
         server.close()
 
 
 # ---- the driver ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _count(port: int) -> int:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(b"GET /count HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -220,11 +218,11 @@ def run_once(args: argparse.Namespace, workers: int, input_path: Path, ports: li
         cmd += ["--workers", str(workers)]
     if args.py_spy:  # profile instead of measure: CPU figures then include py-spy's own
         cmd = [args.py_spy, "record", "--subprocesses", "--format", "raw", "--rate", "250", "--nonblocking",
-               "--output", f"{args.profile_out}-w{workers}.txt", "--", *cmd]
+               "--output", f"{args.profile_out}-w{workers}.txt", *(["--idle"] if args.py_spy_idle else []), "--", *cmd]
     before = sum(_count(p) for p, _ in servers)
     load_before = os.getloadavg()
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": args.src})
     sampler = _Sampler(psutil.Process(proc.pid), servers)
     sampler.start()
     stdout, stderr = proc.communicate(timeout=args.timeout)
@@ -233,7 +231,7 @@ def run_once(args: argparse.Namespace, workers: int, input_path: Path, ports: li
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"generate exited {proc.returncode}: {stderr.decode()[-2000:]}")
-    report = json.loads(stdout[stdout.index(b"{\n"):])  # py-spy, when used, prints before the report
+    report, _ = json.JSONDecoder().raw_decode(stdout[stdout.index(b"{\n"):].decode())  # py-spy, when used, prints around it
     samples = [{**s, "answers": s["answers"] - before} for s in sampler.samples]
     st = _steady(samples, args.prompts)
     shards = sorted((out / "shards").glob("*.parquet"))
@@ -270,7 +268,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
     sv = sub.add_parser("serve")
-    sv.add_argument("--ports", required=True)
+    sv.add_argument("--count", type=int, default=1)
     sv.add_argument("--delay", type=float, default=0.0)
     sv.add_argument("--endpoint", default="completions")
     sv.add_argument("--tokens", type=int, default=1800)
@@ -287,11 +285,18 @@ def main() -> None:
     ap.add_argument("--label", default="current", help="name of this result set in the JSON (e.g. before, after)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--table-only", action="store_true", help="rewrite the table from the saved JSON and stop")
+    ap.add_argument("--src", default=str(REPO / "src"),
+                    help="source tree of the servefleet under test (e.g. an exported older commit, for a before/after pair)")
     ap.add_argument("--py-spy", help="path of a py-spy executable: record collapsed stacks of the coordinator (implies --no-save)")
+    ap.add_argument("--py-spy-idle", action="store_true", help="also sample idle threads (where the coordinator waits)")
     ap.add_argument("--profile-out", default=str(RESULTS / "tmp" / "ceiling-profile"), help="prefix of the py-spy output files")
     args = ap.parse_args()
+    if args.table_only:
+        OUT_TABLE.write_text(_table(json.loads(OUT_JSON.read_text())))
+        return
     if args.cmd == "serve":
-        serve([int(x) for x in args.ports.split(",")], args.endpoint, args.tokens, args.delay)
+        serve(args.count, args.endpoint, args.tokens, args.delay)
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="ceiling-"))
@@ -299,14 +304,19 @@ def main() -> None:
     try:
         input_path = tmp / "in.jsonl"
         _write_input(input_path, args.prompts)
-        ports = [_free_port() for _ in range(args.servers)]
-        groups = [ports[i :: args.server_processes] for i in range(min(args.server_processes, len(ports)))]
-        for group in groups:
-            sp = subprocess.Popen([PYTHON, __file__, "serve", "--ports", ",".join(map(str, group)), "--endpoint", args.endpoint,
+        n_proc = min(args.server_processes, args.servers)
+        for i in range(n_proc):
+            count = len(range(i, args.servers, n_proc))
+            sp = subprocess.Popen([PYTHON, __file__, "serve", "--count", str(count), "--endpoint", args.endpoint,
                                    "--tokens", str(args.answer_tokens), "--delay", str(args.answer_delay)], stdout=subprocess.PIPE)
             procs.append(sp)
+        groups = []
         for sp in procs:
-            assert sp.stdout is not None and sp.stdout.readline().strip() == b"ready", "an instant server did not start"
+            assert sp.stdout is not None
+            word, _, listed = sp.stdout.readline().decode().strip().partition(" ")
+            assert word == "ready", "an instant server did not start"
+            groups.append([int(p) for p in listed.split(",")])
+        ports = [p for g in groups for p in g]
         servers = [(g[0], psutil.Process(sp.pid)) for g, sp in zip(groups, procs, strict=True)]
         runs = []
         for w in [int(x) for x in args.workers.split(",")]:
@@ -320,7 +330,7 @@ def main() -> None:
             sp.wait(10)
         shutil.rmtree(tmp, ignore_errors=True)
     result = {"label": args.label, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
-              "cpu_model": platform.processor() or platform.machine(), "python": platform.python_version(), "runs": runs}
+              "cpu_model": platform.processor() or platform.machine(), "python": platform.python_version(), "src": args.src, "runs": runs}
     if not args.no_save and not args.py_spy:
         RESULTS.mkdir(parents=True, exist_ok=True)
         saved = json.loads(OUT_JSON.read_text()) if OUT_JSON.exists() else {}
@@ -331,6 +341,12 @@ def main() -> None:
 
 
 def _table(saved: dict[str, Any]) -> str:
+    intro = ("One `servefleet generate` process against instant servers in other processes (1,800-token answers, 8,117-byte "
+             "bodies, Parquet shards written). `answer held`: each answer held back that long, so servers × C requests are "
+             "in flight as on real servers. CPU = the coordinator's process tree over the steady 10-90 % window. "
+             "`before` = commit f828f35 (`--src`), `after` = this branch, measured in one sitting under "
+             "`flock /tmp/servefleet-heavy.lock` on a 2-core machine shared with other agents (load average in the last column). "
+             "H200 servers = completions/s ÷ 18.9 (34,000 tok/s at 1,800 tokens).\n\n")
     head = ("| label | workers | servers×C | answer held | completions/s (steady) | CPU ms/completion | cores busy | per-core completions/s "
             "| peak RSS MB (tree) | server cores busy | H200 servers kept busy | load before → after |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -342,7 +358,7 @@ def _table(saved: dict[str, Any]) -> str:
                         f"| {r['cpu_ms_per_completion']:.3f} | {r['coordinator_cores_busy']:.2f} | {r['per_core_rps']:,.0f} "
                         f"| {r['peak_rss_mb_tree']:.0f} | {r['server_cores_busy']:.2f} | {r['h200_servers_kept_busy']:.0f} "
                         f"| {r['load_before'][0]:.1f} → {r['load_after'][0]:.1f} |")
-    return head + "\n".join(rows) + "\n"
+    return intro + head + "\n".join(rows) + "\n"
 
 
 if __name__ == "__main__":
