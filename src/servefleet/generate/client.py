@@ -4,6 +4,10 @@ One ``ClientSession`` with an unlimited connection pool (concurrency is decided 
 not by the pool), keep-alive connections reused per server. Every outcome is data: a
 :class:`Completion`, or a :class:`~servefleet.generate.retry.RequestFailure` classified once here,
 at the boundary, from aiohttp's exceptions and the HTTP status.
+
+The per-completion path is the coordinator's ceiling (``benchmarks/coordinator_ceiling.py``): bodies
+are encoded and answers (~8 KB for 1,800 tokens) decoded with orjson (stdlib ``json`` for what
+orjson refuses: integers beyond 64 bits, NaN literals), and each server's request URL is parsed once.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
+from yarl import URL
 
 from servefleet.generate.inputs import ENDPOINT_PATHS
 from servefleet.generate.retry import FailureKind, RequestFailure
@@ -42,6 +48,7 @@ class Client:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[tuple[str, str], URL] = {}
 
     async def __aenter__(self) -> "Client":
         self.session  # noqa: B018 - create it inside the running loop
@@ -62,10 +69,16 @@ class Client:
             await self._session.close()
             self._session = None
 
+    def _url(self, base_url: str, endpoint: str) -> URL:
+        url = self._urls.get((base_url, endpoint))
+        if url is None:
+            url = self._urls[(base_url, endpoint)] = URL(base_url.rstrip("/") + ENDPOINT_PATHS[endpoint])
+        return url
+
     async def complete(self, base_url: str, endpoint: str, body: dict[str, Any]) -> Completion | RequestFailure:
-        url = base_url.rstrip("/") + ENDPOINT_PATHS[endpoint]
+        url = self._url(base_url, endpoint)
         try:
-            async with self.session.post(url, data=json.dumps(body).encode(), timeout=self.timeout) as resp:
+            async with self.session.post(url, data=encode_body(body), timeout=self.timeout) as resp:
                 data = await resp.read()
                 if resp.status >= 400:
                     return RequestFailure(FailureKind.HTTP, _error_text(data), resp.status, _retry_after(resp.headers.get("Retry-After")))
@@ -118,9 +131,23 @@ class Client:
             return None
 
 
+def encode_body(body: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits, a non-string key
+        return json.dumps(body).encode()
+
+
+def decode_answer(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)  # NaN / Infinity literals, which Python's own encoder writes
+
+
 def _parse(data: bytes, endpoint: str) -> Completion | RequestFailure:
     try:
-        obj = json.loads(data)
+        obj = decode_answer(data)
         choice = obj["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
         return RequestFailure(FailureKind.PROTOCOL, "answer without choices: " + _error_text(data))

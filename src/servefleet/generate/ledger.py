@@ -146,7 +146,7 @@ class Ledger:
         name = f"part-{self.run_id}-{self.seq:06d}{EXTENSIONS[self.fmt]}"
         tmp = self.sink.new_staging_file(EXTENSIONS[self.fmt])
         write_shard(buffer, tmp, self.fmt, {"run_id": self.run_id, "input_sha256": self.input_sha256})
-        entry = LedgerEntry(name, self.run_id, self.input_sha256, list(buffer.ids()), list(buffer.lines()),
+        entry = LedgerEntry(name, self.run_id, self.input_sha256, buffer.ids(), buffer.lines(),
                             0, buffer.completion_tokens)
         return Staged(tmp, entry)
 

@@ -1,7 +1,8 @@
 """Shards: the rows of finished requests, gathered in memory and written as one file.
 
-A :class:`ShardBuffer` holds rows column by column (compact: no dict per row) until it is full by
-rows, by bytes or by age -- the age bound caps the work a crash can lose when generation is slow.
+A :class:`ShardBuffer` holds the rows (slotted objects, no dict per row) until it is full by
+rows, by bytes or by age; the columns are built only when the shard is written, in the committer's
+thread, not once per answer on the event loop -- the age bound caps the work a crash can lose when generation is slow.
 :func:`write_shard` then encodes it as Parquet (zstd) or JSONL into a local staging file, which the
 ledger commits. Every row carries its id and input line, so a shard proves by itself what it answers.
 """
@@ -12,6 +13,7 @@ import io
 import json
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -75,32 +77,31 @@ class ShardLimits:
 
 
 class ShardBuffer:
-    """Rows waiting to become a shard, stored column by column."""
+    """Rows waiting to become a shard."""
 
     def __init__(self, schema: pa.Schema, limits: ShardLimits) -> None:
         self.schema = schema
         self.limits = limits
         self.names = schema.names
-        self.columns: dict[str, list[Any]] = {n: [] for n in self.names}
+        self.rows: list[OutputRow] = []
         self.bytes = 0
         self.started: float | None = None
         self.completion_tokens = 0
 
     def __len__(self) -> int:
-        return len(self.columns["id"])
+        return len(self.rows)
 
     def add(self, row: OutputRow) -> None:
         if self.started is None:
             self.started = time.monotonic()
-        for name in self.names:
-            self.columns[name].append(getattr(row, name))
+        self.rows.append(row)
         self.bytes += row.approx_bytes()
         self.completion_tokens += row.completion_tokens or 0
 
     def full(self, now: float | None = None) -> bool:
-        if not len(self):
+        if not self.rows:
             return False
-        if len(self) >= self.limits.rows or self.bytes >= self.limits.bytes:
+        if len(self.rows) >= self.limits.rows or self.bytes >= self.limits.bytes:
             return True
         now = time.monotonic() if now is None else now
         return self.started is not None and now - self.started >= self.limits.seconds
@@ -108,16 +109,23 @@ class ShardBuffer:
     def take(self) -> "ShardBuffer":
         """Hand the rows over (this buffer starts empty again)."""
         full = ShardBuffer(self.schema, self.limits)
-        full.columns, full.bytes, full.started, full.completion_tokens = self.columns, self.bytes, self.started, self.completion_tokens
-        self.columns = {n: [] for n in self.names}
+        full.rows, full.bytes, full.started, full.completion_tokens = self.rows, self.bytes, self.started, self.completion_tokens
+        self.rows = []
         self.bytes, self.started, self.completion_tokens = 0, None, 0
         return full
 
+    def column(self, name: str) -> list[Any]:
+        return list(map(attrgetter(name), self.rows))
+
+    @property
+    def columns(self) -> dict[str, list[Any]]:
+        return {n: self.column(n) for n in self.names}
+
     def ids(self) -> list[str]:
-        return self.columns["id"]
+        return self.column("id")
 
     def lines(self) -> list[int]:
-        return self.columns["line"]
+        return self.column("line")
 
 
 def write_shard(buffer: ShardBuffer, path: str, fmt: Format, metadata: dict[str, str] | None = None) -> None:
@@ -128,7 +136,8 @@ def write_shard(buffer: ShardBuffer, path: str, fmt: Format, metadata: dict[str,
         pq.write_table(table, path, compression="zstd")
         return
     names = buffer.names
-    cols = [buffer.columns[n] for n in names]
+    columns = buffer.columns
+    cols = [columns[n] for n in names]
     with open(path, "w", encoding="utf-8") as f:
         for values in zip(*cols, strict=True):
             f.write(json.dumps(dict(zip(names, values, strict=True)), ensure_ascii=False))
