@@ -101,7 +101,12 @@ class Scenario:
 
 # Never reach the network (the Hub, usage statistics); a fixed KV-cache budget of 1 GiB.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-VLLM_ARGS = ("--enforce-eager",)  # no torch.compile: ready in ~40 s on 2 cores instead of minutes
+# --enforce-eager: no torch.compile, ready in ~40 s on 2 cores instead of minutes. --dtype float32 (the
+# tiny model's own dtype): in bfloat16 vLLM-CPU 0.32 picks its AMX attention kernel on a CPU that
+# lists amx_tile, and on this project's machines that kernel's worker died of SIGILL on the first
+# request now and then ("Worker proc VllmWorker-0 died unexpectedly"); float32 takes the portable kernel.
+VLLM_DTYPE = "float32"
+VLLM_ARGS = ("--enforce-eager", "--dtype", VLLM_DTYPE)
 KV_TOO_SMALL_LEN = 4_194_304
 VLLM_SERVED = "tiny"  # the ready server's --served-model-name
 
@@ -159,11 +164,12 @@ LLAMACPP = (
 
 
 def expected_vllm_kv_tokens(model_dir: Path, kv_gib: int = 1, block_size: int = 128) -> int:
-    """KV-cache tokens vLLM-CPU must report for the model: K and V of every layer in bf16 (the CPU
-    backend downcasts float32), whole blocks of ``block_size`` tokens."""
+    """KV-cache tokens vLLM-CPU must report for the model: K and V of every layer in the served
+    dtype (VLLM_DTYPE; 4 bytes for float32, 2 for bfloat16), whole blocks of ``block_size`` tokens."""
     cfg = json.loads((model_dir / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
+    element = {"float32": 4, "bfloat16": 2, "float16": 2}[VLLM_DTYPE]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * element
     return (kv_gib * 2**30 // per_token) // block_size * block_size
 
 

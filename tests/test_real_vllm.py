@@ -68,7 +68,7 @@ def test_up_reports_one_ready_server_and_the_failures(vllm: Ctx) -> None:
 @real
 def test_capacity_is_read_from_the_real_log_and_endpoints(vllm: Ctx) -> None:
     """"CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 2,048 tokens per request: 1024.00x"
-    -- both facts on one line in 0.32 -- and the numbers are what 1 GiB of bf16 KV cache holds."""
+    -- both facts on one line in 0.32 -- and the numbers are what 1 GiB of KV cache holds in the served dtype."""
     cap = vllm.verdict("ready")["capacity"]
     kv = expected_vllm_kv_tokens(vllm.model)
     context = json.loads((vllm.model / "config.json").read_text())["max_position_embeddings"]
