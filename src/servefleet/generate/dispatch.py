@@ -72,6 +72,7 @@ class _Server:
         self.progress = ProgressWatch(last_progress=now)
         self.answers = 0  # HTTP answers of any kind: our own evidence of progress
         self.hung = False  # taken out for a hang: an unmanaged one must answer a completion to come back
+        self.last_endpoint = "completions"  # the job's kind of request (the hang recovery check sends one)
         self.window_start = now
         self.window_tokens = 0
         self.ticks = 0
@@ -270,6 +271,7 @@ class Dispatcher:
     # ---- one request ----------------------------------------------------------------------------
     async def _attempt(self, server: _Server, ticket: Ticket) -> None:
         record = ticket.record
+        server.last_endpoint = record.endpoint
         model = self.model or server.target.served_model or record.body.get("model")
         body = record.body if model is None else {**record.body, "model": model}
         t0 = time.perf_counter()
@@ -385,9 +387,11 @@ class Dispatcher:
     async def _answers_a_completion(self, server: _Server) -> bool:
         """One token of a tiny completion within the probe timeout (a hung engine behind a live API
         process passes every probe, never this)."""
-        body = {"prompt": "ping", "max_tokens": 1, "model": self.model or server.target.served_model or ""}
+        endpoint = server.last_endpoint
+        body: dict = {"max_tokens": 1, "model": self.model or server.target.served_model or ""}
+        body.update({"messages": [{"role": "user", "content": "ping"}]} if endpoint == "chat" else {"prompt": "ping"})
         try:
-            result = await asyncio.wait_for(self.client.complete(server.target.base_url, "completions", body),
+            result = await asyncio.wait_for(self.client.complete(server.target.base_url, endpoint, body),
                                             2 * self.policy.probe_timeout_s)
         except TimeoutError:
             return False
@@ -404,7 +408,8 @@ class Dispatcher:
                 s.stats.limit_reason = s.controller.reason
                 if s.health.state is not ServerState.UP:
                     continue
-                window = hang_window_s(self.policy, s.stats.mean_latency_s())
+                # at least a few scrapes: counters read once a second cannot move faster than that
+                window = max(hang_window_s(self.policy, s.stats.mean_latency_s()), 3 * s.load.interval_s)
                 if s.progress.update(now, len(s.in_flight), s.progress_marks(), window):
                     what = "generated tokens, engine steps or answers" if s.load.available else "answers"
                     self._take_out(s, f"hung: no progress ({what}) for {s.progress.quiet_s(now):.0f}s "

@@ -71,10 +71,12 @@ class ProgressWatch:
 
     last_marks: tuple[float | None, ...] | None = None
     last_progress: float = 0.0
+    idle: bool = True  # nothing was in flight at the last look: the clock starts when work does
 
     def update(self, now: float, in_flight: int, marks: tuple[float | None, ...], window_s: float) -> bool:
         """Record one look; True when the server is hung."""
-        if in_flight == 0 or marks != self.last_marks or self.last_marks is None:
+        was_idle, self.idle = self.idle, in_flight == 0
+        if self.idle or was_idle or marks != self.last_marks:
             self.last_marks = marks
             self.last_progress = now
             return False
@@ -86,6 +88,7 @@ class ProgressWatch:
     def reset(self, now: float) -> None:
         self.last_marks = None
         self.last_progress = now
+        self.idle = True
 
 
 @dataclass
