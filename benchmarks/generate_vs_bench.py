@@ -195,21 +195,23 @@ async def run_generate(url: str, job: Path, out: Path, extra: list[str], timeout
 
 
 async def vs_bench_section(workdir: Path, kind: str, *, prompts: int, input_len: int, output_len: int, levels: str,
-                           point_s: float, modes: list[str], sim_options: dict[str, Any] | None = None) -> dict[str, Any]:
+                           point_s: float, modes: list[str], sim_options: dict[str, Any] | None = None,
+                           bench_run: Path | None = None) -> dict[str, Any]:
     server = Server(workdir, kind, sim_options).wait_ready()
     result: dict[str, Any] = {"server": kind, "max_num_seqs": MAX_NUM_SEQS, "sim_options": sim_options or SIM_OPTIONS if kind == "sim" else None,
                               "workload": {"input_len": input_len, "output_len": output_len, "prompts": prompts}, "modes": {}}
     try:
-        run_path = workdir / f"bench-{kind}.json"
-        print(f"  bench --no-stream -c {levels} ({point_s:.0f} s points)", flush=True)
-        cli("bench", "--url", server.url, "--api", "completions", "--no-stream", "--ignore-eos", "-c", levels,
-            "--input-len", str(input_len), "--output-len", str(output_len), "--duration", str(point_s), "--out", str(run_path),
-            timeout=60 + 20 * point_s * len(levels.split(",")))
+        run_path = bench_run or workdir / f"bench-{kind}.json"
+        if bench_run is None:
+            print(f"  bench --no-stream -c {levels} ({point_s:.0f} s points)", flush=True)
+            cli("bench", "--url", server.url, "--api", "completions", "--no-stream", "--ignore-eos", "-c", levels,
+                "--input-len", str(input_len), "--output-len", str(output_len), "--duration", str(point_s), "--out", str(run_path),
+                timeout=60 + 20 * point_s * len(levels.split(",")))
         run = json.loads(run_path.read_text())
         points = {p["concurrency"]: round(p["output_tokens_per_s"], 1) for p in run["points"]}
         best_c = max(points, key=points.__getitem__)
         best = points[best_c]
-        result["bench"] = {"points": points, "best_concurrency": best_c, "best_output_tokens_per_s": best,
+        result["bench"] = {"run": str(bench_run) if bench_run else None, "points": points, "best_concurrency": best_c, "best_output_tokens_per_s": best,
                            "command": f"servefleet bench --url URL --api completions --no-stream --ignore-eos -c {levels} "
                                       f"--input-len {input_len} --output-len {output_len} --duration {point_s:g}"}
         print(f"  bench points {points}: best C={best_c} {best:,.0f} tok/s", flush=True)

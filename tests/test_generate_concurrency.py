@@ -86,12 +86,26 @@ def test_a_bench_point_above_the_capacity_is_capped_at_max_running_plus_headroom
 def test_search_doubles_while_the_servers_queue_is_empty_and_learns_its_capacity() -> None:
     c = ConcurrencyController.auto(None)
     assert (c.source, c.phase, c.limit) == ("search", "ramp", 8)
-    limits = drive(c, peaked(100), 6, capacity=128)
+    limits = drive(c, peaked(100), 7, capacity=128)
     assert limits[:5] == [16, 32, 64, 128, 256]  # one window each: queue empty -> double
-    assert limits[5] == 128 + headroom(128)  # a queue at 256: full at 128 running
+    assert limits[5] == 256  # a queue at 256: one window is not enough to call it full
+    assert limits[6] == 128 + headroom(128)  # ... two are: full at 128 running
     assert "full at 128 running" in c.reason and c.ceiling == 128 + headroom(128)
     drive(c, peaked(100), 40, noise=0.02, capacity=128)
     assert peaked(100)(min(c.best_limit, 128)) >= 0.95 * 10_000
+
+
+def test_a_burst_still_being_admitted_is_not_a_full_server() -> None:
+    """vLLM-CPU admits a step's token budget at a time: right after a doubling some requests wait
+    for a window, then run. Seen on the real server: 32 sent, 22 running, 10 waiting, then all 32 running."""
+    c = ConcurrencyController.auto(None)
+    c.observe(Window(1000.0, queued=0.0, running=8))
+    c.observe(Window(2000.0, queued=0.0, running=16))
+    assert c.limit == 32
+    c.observe(Window(3000.0, queued=10.0, running=22))  # admitting
+    assert c.limit == 32 and c.phase == "ramp"
+    c.observe(Window(4000.0, queued=0.0, running=32))  # all admitted: room, double
+    assert c.limit == 64 and c.phase == "ramp"
 
 
 def test_search_without_metrics_grows_while_throughput_grows() -> None:

@@ -36,7 +36,7 @@ __all__ = ["ConcurrencyController", "Window", "START", "headroom", "MARGIN", "CO
 
 START = 8
 MARGIN = 0.03  # two windows within 3% measure the same throughput (window-to-window noise of a real server)
-LARGE = 0.10  # a difference this large is decided by one window
+LARGE = 0.15  # a difference this large is decided by one window
 CONFIRM = 2  # windows at a candidate before a small difference is judged
 STEP = 0.25  # first probe step (fraction of the limit)
 STEP_FROM_BENCH = 0.15  # a bench point is already a measured optimum: probe closer to it
@@ -59,7 +59,7 @@ class Window:
 
     tps: float  # output tokens/s (the server's own counter when it has one, else our answers)
     saturated: bool = True  # the limit was kept in flight for most of the window (else it teaches nothing)
-    queued: float | None = None  # the server's waiting requests, mean over the window (None: no metrics)
+    queued: float | None = None  # the server's waiting requests, the fewest seen in the window (None: no metrics)
     running: float | None = None  # the server's running requests, most seen in the window
 
 
@@ -82,6 +82,7 @@ class ConcurrencyController:
     _held: int = 0  # windows since the last probe ended
     _ramp_prev: float = 0.0
     _ramp_flat: int = 0
+    _queue_seen: int = 0
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -154,11 +155,17 @@ class ConcurrencyController:
     def _ramp(self, w: Window) -> bool:
         self._record(self.limit, w.tps)
         if w.queued is not None:
-            if w.queued < 1 and self.limit < self.ceiling:  # everything we sent is running: the batch has room
+            if w.queued < 1 and self.limit < self.ceiling:  # the queue emptied: the batch has room
                 self.best_limit = self.limit
+                self._queue_seen = 0
                 self.reason = f"server queue empty at {self.limit}: doubling"
                 return self._set(self.limit * 2)
-            # A queue: every slot of the server is busy. What runs now is its capacity.
+            # A queue that never emptied. Right after a doubling it may be requests still being
+            # admitted (an engine admits a step's token budget at a time): full only when repeated.
+            self._queue_seen += 1
+            if self._queue_seen < CONFIRM and w.queued >= 1:
+                return False
+            # Every slot of the server is busy. What runs now is its capacity.
             if w.running:
                 cap = int(w.running)
                 self.ceiling = min(self.ceiling, cap + headroom(cap))

@@ -84,11 +84,12 @@ class _Server:
 
     def window_s(self, minimum: float) -> float:
         """Long enough to be steady: a few request latencies (our answers come in lumps of a whole
-        completion); one is enough while ramping on the server's own queue gauge."""
+        completion) and at least 3x ``minimum`` when throughput is compared; just ``minimum`` while
+        ramping on the server's own queue gauge."""
         latency = self.stats.mean_latency_s()
         if self.controller.phase == "ramp" and self.load.available:
             return minimum
-        return max(minimum, (2.0 if self.load.available else 3.0) * latency)
+        return max(3 * minimum, (2.0 if self.load.available else 3.0) * latency)
 
     def limit_changed(self, now: float, grew: bool) -> None:
         latency = self.stats.mean_latency_s()
@@ -97,6 +98,8 @@ class _Server:
         self.settle_deadline = now + max(2.0, 3 * latency)
 
     def settled(self, now: float) -> bool:
+        if self.answers == 0:  # the first requests are still in prefill: nothing steady to measure yet
+            return False
         if now < self.settle_until:
             return False
         return len(self.in_flight) <= self.controller.limit or now >= self.settle_deadline

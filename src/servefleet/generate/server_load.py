@@ -101,7 +101,8 @@ class LoadWatch:
         return [s for s in self.samples if t0 <= s.t <= t1]
 
     def window(self, t0: float, t1: float) -> tuple[float | None, float | None, float | None]:
-        """(generated tokens/s, mean waiting, most running) between ``t0`` and ``t1``; None where unknown."""
+        """(generated tokens/s, fewest waiting, most running) between ``t0`` and ``t1``; None where unknown.
+        The fewest waiting: a queue that never emptied in the window (a burst being admitted empties it)."""
         inside = self.between(t0, t1)
         if len(inside) < 2:
             return None, None, None
@@ -111,4 +112,4 @@ class LoadWatch:
             tps = max(0.0, b.generation_tokens - a.generation_tokens) / (b.t - a.t)
         waiting = [s.waiting for s in inside if s.waiting is not None]
         running = [s.running for s in inside if s.running is not None]
-        return (tps, sum(waiting) / len(waiting) if waiting else None, max(running) if running else None)
+        return (tps, min(waiting) if waiting else None, max(running) if running else None)
