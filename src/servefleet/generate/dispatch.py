@@ -93,10 +93,10 @@ class _Server:
     def window_s(self, minimum: float) -> float:
         """Long enough to be steady: a few request latencies (our answers come in lumps of a whole
         completion) and at least 5x ``minimum`` when throughput is compared (a 10 s window on a busy
-        vLLM-CPU host still varied by +-10%); just ``minimum`` while ramping on the server's own queue gauge."""
+        vLLM-CPU host still varied by +-10%); just ``minimum`` while ramping on the server's own queue gauge (two latencies without one)."""
         latency = self.stats.mean_latency_s()
-        if self.controller.phase == "ramp" and self.load.available:
-            return minimum
+        if self.controller.phase == "ramp":  # a doubling is judged on a large change (queue gauge, or +6% tok/s)
+            return minimum if self.load.available else max(minimum, 2.0 * latency)
         return max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
 
     def limit_changed(self, now: float, grew: bool) -> None:
