@@ -135,3 +135,14 @@ async def run(cfg, targets):
     from servefleet.generate.runner import run_generate
 
     return await run_generate(cfg, targets=targets)
+
+
+def test_a_window_of_scrapes_gives_the_servers_rate_its_lowest_queue_and_most_running() -> None:
+    from servefleet.generate.server_load import LoadSample, LoadWatch
+
+    watch = LoadWatch()
+    for t, gen, waiting, running in [(0.0, 0, 5, 60), (1.0, 900, 0, 64), (2.0, 2000, 3, 64), (3.0, 3000, 2, 62), (9.0, 9999, 0, 0)]:
+        watch.samples.append(LoadSample(t, gen, 0.0, 0.0, running, waiting))
+    tps, fewest_waiting, most_running = watch.window(0.5, 3.5)  # the scrapes at 1, 2 and 3 s
+    assert (tps, fewest_waiting, most_running) == (1050.0, 0, 64)
+    assert watch.window(8.0, 9.5) == (None, None, None)  # one scrape: no rate

@@ -41,7 +41,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     python = engine_python("vllm")
     model = build_tiny_model(work / "tiny")
     (ready,) = [sc for sc in VLLM if sc.server == "ready"]
-    run = run_fleet(work, "vllm", python, model, (ready,), 0, VLLM_ENV, (*VLLM_ARGS, "--max-num-seqs", "64"))
+    run = run_fleet(work, "vllm", python, model, (ready,), 0, VLLM_ENV, (*VLLM_ARGS, "--max-num-seqs", "128"))
     assert run.report["ready"]["verdict"]["state"] == "ready", run.stderr[-4000:]
     try:
         yield work, run
