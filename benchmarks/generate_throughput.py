@@ -487,7 +487,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                     workdir, kind, prompts=args.vs_prompts, input_len=args.vs_input_len, output_len=args.vs_output_len,
                     levels=args.vs_levels, point_s=args.vs_point_s, modes=args.vs_modes,
                     sim_options=json.loads(args.vs_sim_options) if args.vs_sim_options else None,
-                    bench_run=args.vs_bench_run)
+                    bench_run=args.vs_bench_run, sim_src=args.vs_sim_src)
         if "resume" in args.sections:
             print(f"resume: {args.rss_lines:,}-line job, 90% done", flush=True)
             result["resume"] = await asyncio.to_thread(resume_section, workdir, args.rss_lines, args.resume_time_limit)
@@ -517,6 +517,8 @@ def main() -> None:
     p.add_argument("--vs-modes", nargs="+", default=["search", "capacity", "bench"], choices=["search", "capacity", "bench"])
     p.add_argument("--vs-bench-run", type=Path, default=None,
                    help="vs-bench: a RUN.json of this very server and workload to take as the baseline instead of benching (one server only)")
+    p.add_argument("--vs-sim-src", type=Path, default=None,
+                   help="vs-bench: run the sim from this src folder (PYTHONPATH), e.g. a branch's with the realistic timing mode")
     p.add_argument("--vs-sim-options", default=None, help="vs-bench: the sim's options as JSON (default: generate_vs_bench.SIM_OPTIONS)")
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not the reported figures)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")

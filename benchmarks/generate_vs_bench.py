@@ -59,7 +59,7 @@ def free_port() -> int:
 class Server:
     """One server in its own process group (vLLM's engine core is a child): stopped as a group."""
 
-    def __init__(self, workdir: Path, kind: str, sim_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, workdir: Path, kind: str, sim_options: dict[str, Any] | None = None, sim_src: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.kind = kind
@@ -77,6 +77,8 @@ class Server:
             argv = [PY, "-m", "servefleet.sim", "--style", "vllm", "--port", str(self.port), "--load-time", "0", "--model", "sim-bench"]
             for key, value in (sim_options or SIM_OPTIONS).items():
                 argv += [f"--{key.replace('_', '-')}", str(value)]
+            if sim_src is not None:  # the sim of another checkout (e.g. a branch's realistic timing mode)
+                env["PYTHONPATH"] = str(sim_src)
             self.timeout = 60.0
         self.log = open(workdir / f"{kind}-{self.port}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -197,9 +199,10 @@ async def run_generate(url: str, job: Path, out: Path, extra: list[str], timeout
 
 async def vs_bench_section(workdir: Path, kind: str, *, prompts: int, input_len: int, output_len: int, levels: str,
                            point_s: float, modes: list[str], sim_options: dict[str, Any] | None = None,
-                           bench_run: Path | None = None) -> dict[str, Any]:
-    server = Server(workdir, kind, sim_options).wait_ready()
-    result: dict[str, Any] = {"server": kind, "max_num_seqs": MAX_NUM_SEQS, "sim_options": sim_options or SIM_OPTIONS if kind == "sim" else None,
+                           bench_run: Path | None = None, sim_src: Path | None = None) -> dict[str, Any]:
+    server = Server(workdir, kind, sim_options, sim_src).wait_ready()
+    result: dict[str, Any] = {"server": kind, "max_num_seqs": MAX_NUM_SEQS, "sim_options": (sim_options or SIM_OPTIONS) if kind == "sim" else None,
+                              "sim_src": str(sim_src) if sim_src and kind == "sim" else None,
                               "workload": {"input_len": input_len, "output_len": output_len, "prompts": prompts}, "modes": {}}
     try:
         run_path = bench_run or workdir / f"bench-{kind}.json"

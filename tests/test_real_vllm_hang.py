@@ -62,7 +62,8 @@ def engine_core(state_dir: Path, server: str) -> psutil.Process:
     record = StateStore(state_dir).load(server)
     for proc in psutil.Process(record.pgid).children(recursive=True):
         try:
-            if "EngineCore" in proc.name() or any("EngineCore" in part for part in proc.cmdline()[:1]):
+            # the kernel's name is cut at 15 characters ("VLLM::EngineCor"); the title set by vLLM is whole
+            if "EngineCor" in proc.name() or "EngineCore" in " ".join(proc.cmdline()):
                 return proc
         except psutil.NoSuchProcess:
             continue
