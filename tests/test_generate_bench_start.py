@@ -70,3 +70,20 @@ def test_cli_refuses_a_missing_bench_file(tmp_path) -> None:
     result = CliRunner().invoke(app, ["generate", "-i", str(src), "-o", str(tmp_path / "o"), "--url", "http://127.0.0.1:9",
                                       "--bench", str(tmp_path / "nope.json"), "--json"])
     assert result.exit_code != 0
+
+
+def test_the_progress_view_says_each_servers_limit_and_why() -> None:
+    from rich.console import Console
+
+    from servefleet.generate.progress import ProgressView
+    from servefleet.generate.stats import JobStats, ServerStats
+
+    stats = JobStats(total=10)
+    stats.servers["a"] = ServerStats("a", "http://127.0.0.1:1", limit=80, in_flight=80, limit_source="capacity",
+                                     limit_reason="106 gives 3,818 tok/s (+13.1% vs 141)")
+    view = ProgressView(Console(record=True, width=200))
+    view._stats = stats
+    assert "a up 80/80 (capacity)" in view.plain_line()
+    view.console.print(view.render())
+    text = view.console.export_text()
+    assert "capacity: 106 gives 3,818 tok/s (+13.1% vs 141)" in text

@@ -90,8 +90,10 @@ class ProgressView:
     def plain_line(self) -> str:
         st = self._stats
         assert st is not None
+        servers = "; ".join(f"{s.name} {s.state} {s.in_flight}/{s.limit} ({s.limit_source})" for s in st.servers.values())
         return (f"generate: {st.done_before + st.done:,}/{st.total:,} done, {st.instant_tps():,.0f} tok/s now, "
-                f"{st.avg_tps():,.0f} avg, ETA {format_eta(st.eta_s())}, retries {st.retries:,}, failed {st.failed:,}")
+                f"{st.avg_tps():,.0f} avg, ETA {format_eta(st.eta_s())}, retries {st.retries:,}, failed {st.failed:,}"
+                + (f" | {servers}" if servers else ""))
 
     def render(self) -> Group:
         st = self._stats
