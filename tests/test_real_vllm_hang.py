@@ -124,7 +124,7 @@ def stop_when_serving(base_url: str, gen: subprocess.Popen[str], state_dir: Path
 
 
 def answered_ids(out: Path) -> list[str]:
-    return [json.loads(line)["id"] for shard in sorted(out.glob("part-*.jsonl")) for line in shard.read_text().splitlines() if line.strip()]
+    return [json.loads(line)["id"] for shard in sorted((out / "shards").glob("part-*.jsonl")) for line in shard.read_text().splitlines() if line.strip()]
 
 
 @real

@@ -21,7 +21,7 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
 
@@ -370,7 +370,11 @@ class Dispatcher:
             server.stats.state = ServerState.GONE.value
             self.stats.event(f"{server.target.name}: given up for this run")
         else:
-            if self.concurrency is None and new.max_running and new.max_running != server.target.max_running:
+            old = server.target
+            if new.bench_concurrency is None and old.bench_concurrency is not None:  # the same configuration: its bench point stands
+                new = replace(new, bench_concurrency=old.bench_concurrency, bench_tps=old.bench_tps, bench_note=old.bench_note)
+            if new.managed or server.hung or (new.max_running and new.max_running != server.target.max_running):
+                # a new engine, or windows measured while it hung: what the controller learned is stale
                 server.controller = self._controller(new)
             if new.managed:
                 server.health.restarts += 1
