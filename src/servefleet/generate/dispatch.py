@@ -443,6 +443,10 @@ class Dispatcher:
         span = now - s.window_start
         if span < s.window_s(self.window_min_s):
             return
+        if s.load.available is None and span < 10 * self.window_min_s:
+            return  # does it have /metrics? known after the first scrapes
+        if s.load.available and len(s.load.between(s.window_start, now)) < 3 and span < 10 * self.window_min_s:
+            return  # scrapes are late (a busy host): a window needs a few of them
         before = s.controller.limit
         if s.controller.observe(s.measure(now, span)):
             self.stats.event(f"{s.target.name}: concurrency {before} -> {s.controller.limit} ({s.controller.describe()})")
