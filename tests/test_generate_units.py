@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from servefleet.generate import prepass as prepass_mod
-from servefleet.generate.concurrency import ConcurrencyController, headroom
 from servefleet.generate.inputs import PromptRecord, Reject, RequestDefaults, parse_raw
 from servefleet.generate.job import InputInfo, JobManifest, JobParams, RunRecord
 from servefleet.generate.ledger import LEDGER_DIR, SHARDS_DIR, Ledger
@@ -162,40 +161,6 @@ def test_backoff_is_jittered_exponential_capped_and_honours_retry_after():
     busy = RequestFailure(FailureKind.HTTP, "", 429)
     assert policy.decide(busy, 3).retry and not policy.decide(busy, 4).retry
     assert not policy.decide(RequestFailure(FailureKind.HTTP, "", 400), 1).retry
-
-
-# ---- concurrency ---------------------------------------------------------------------------------
-
-
-def test_known_capacity_starts_at_max_running_plus_headroom_and_backs_off_on_overload():
-    c = ConcurrencyController.auto(64)
-    assert c.limit == 64 + headroom(64) == 71
-    assert c.on_overload() and c.limit == int(71 * 0.7)
-    assert not c.on_overload()  # one back-off per window
-    low = c.limit
-    for _ in range(200):
-        c.observe(1000.0, saturated=True)
-    assert low < c.limit <= 71  # climbs back additively, never above the target
-
-
-def test_search_grows_while_throughput_grows_then_settles_at_the_knee():
-    c = ConcurrencyController.auto(None)
-    curve = lambda n: 100.0 * min(n, 30)  # noqa: E731 - throughput plateaus at 30 in flight
-    for _ in range(40):
-        if c.settled:
-            break
-        c.observe(curve(c.limit), saturated=True)
-    assert c.settled
-    assert 30 <= c.best_limit <= 45 and c.limit == c.best_limit + headroom(c.best_limit)
-
-
-def test_unsaturated_windows_teach_nothing_and_fixed_never_moves():
-    c = ConcurrencyController.auto(None)
-    for _ in range(10):
-        assert not c.observe(5.0, saturated=False)
-    assert c.limit == 8
-    f = ConcurrencyController.fixed(3)
-    assert not f.on_overload() and not f.observe(1.0, True) and f.limit == 3
 
 
 # ---- shards, ledger, local sink -------------------------------------------------------------------

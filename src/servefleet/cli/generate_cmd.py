@@ -38,6 +38,8 @@ def generate(
     model: Annotated[Optional[str], typer.Option("--model", help="model name to request (default: each server's served model)")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="requests in flight per server: auto or a number")] = "auto",
     max_running: Annotated[Optional[int], typer.Option("--max-running", help="capacity hint for --url servers that do not report theirs")] = None,
+    bench: Annotated[Optional[list[Path]], typer.Option("--bench", help="a `servefleet bench` RUN.json of these servers (repeatable): auto concurrency starts at its best point, then verifies by measured tokens/s")] = None,
+    hang_after: Annotated[float, typer.Option("--hang-after", min=1.0, help="seconds without progress (server's token counters, our answers) with requests in flight before a server counts as hung, at least; grows to 3x the mean latency")] = 60.0,
     max_attempts: Annotated[int, typer.Option("--max-attempts", min=1, help="attempts per prompt before it goes to failures.jsonl")] = 5,
     backoff_base: Annotated[float, typer.Option("--backoff-base", min=0.0, help="seconds: retry n waits a random time below base*2^(n-1)")] = 0.5,
     backoff_max: Annotated[float, typer.Option("--backoff-max", min=0.0, help="seconds: cap of one retry's wait")] = 30.0,
@@ -53,6 +55,7 @@ def generate(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SERVEFLEET_API_KEY", show_default=False, help="bearer token for the servers (env SERVEFLEET_API_KEY)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
+    from servefleet.generate.health import HealthPolicy
     from servefleet.generate.job import JobParams
     from servefleet.generate.progress import ProgressView
     from servefleet.generate.report import render_report
@@ -76,7 +79,8 @@ def generate(
             input=str(input), output=output, urls=list(url or []),
             params=JobParams(model=model, max_tokens=max_tokens, temperature=temperature, mode=mode, token_ids=token_ids,
                              store_request=store_request, format=fmt),
-            concurrency=conc, max_running=max_running, max_attempts=max_attempts, retry_base_s=backoff_base,
+            concurrency=conc, max_running=max_running, bench=[str(b) for b in bench or []],
+            health=HealthPolicy(hang_min_s=hang_after), max_attempts=max_attempts, retry_base_s=backoff_base,
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),
             shard_seconds=shard_seconds, strict=strict, force=force, request_timeout_s=request_timeout, api_key=api_key,
         )

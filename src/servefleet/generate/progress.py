@@ -1,7 +1,8 @@
 """Live progress of a running job: a rich panel refreshed a few times a second.
 
 Done/total, output tokens/s (over the last 10 s and on average), ETA, retries, failures, and one
-line per server (state, in-flight/limit, its own tokens/s). Reads :class:`JobStats` only; on a
+line per server (state, in-flight/limit, its own tokens/s, and where its limit comes from: bench,
+capacity or search, with the controller's last decision). Reads :class:`JobStats` only; on a
 terminal that is not a TTY it prints a one-line status every ``plain_interval_s`` instead.
 """
 
@@ -89,8 +90,10 @@ class ProgressView:
     def plain_line(self) -> str:
         st = self._stats
         assert st is not None
+        servers = "; ".join(f"{s.name} {s.state} {s.in_flight}/{s.limit} ({s.limit_source})" for s in st.servers.values())
         return (f"generate: {st.done_before + st.done:,}/{st.total:,} done, {st.instant_tps():,.0f} tok/s now, "
-                f"{st.avg_tps():,.0f} avg, ETA {format_eta(st.eta_s())}, retries {st.retries:,}, failed {st.failed:,}")
+                f"{st.avg_tps():,.0f} avg, ETA {format_eta(st.eta_s())}, retries {st.retries:,}, failed {st.failed:,}"
+                + (f" | {servers}" if servers else ""))
 
     def render(self) -> Group:
         st = self._stats
@@ -105,10 +108,11 @@ class ProgressView:
             f"   shards {st.shards:,}",
         )
         table = Table(box=None, padding=(0, 2), show_header=True, header_style="dim")
-        for col in ("server", "state", "in flight", "tok/s", "requests", "errors"):
-            table.add_column(col, justify="left" if col in ("server", "state") else "right")
+        for col in ("server", "state", "in flight", "tok/s", "requests", "errors", "limit: why"):
+            table.add_column(col, justify="left" if col in ("server", "state", "limit: why") else "right")
         for s in st.servers.values():
             style = {"up": "green", "down": "yellow", "gone": "red"}.get(s.state, "")
+            why = f"{s.limit_source}: {s.limit_reason}" if s.limit_reason else s.limit_source
             table.add_row(s.name, Text(s.state, style=style), f"{s.in_flight}/{s.limit}", f"{s.meter.rate():,.0f}",
-                          f"{s.requests:,}", f"{s.errors:,}")
+                          f"{s.requests:,}", f"{s.errors:,}", Text(why, style="dim", overflow="ellipsis", no_wrap=True))
         return Group(Group(bar, head), table)

@@ -25,6 +25,8 @@ class ServerReport(BaseModel):
     output_tokens_per_s: float
     mean_latency_s: float
     final_concurrency: int
+    limit_source: str = ""  # fixed | bench | capacity | search
+    limit_reason: str = ""  # the concurrency controller's last decision
     outages: int
     restarts: int
 
@@ -69,7 +71,8 @@ def build_report(stats: JobStats, **fields: Any) -> JobReport:
             name=s.name, base_url=s.base_url, state=s.state, requests=s.requests, errors=s.errors,
             completion_tokens=s.completion_tokens, prompt_tokens=s.prompt_tokens,
             output_tokens_per_s=round(s.completion_tokens / wall, 2) if wall > 0 else 0.0,
-            mean_latency_s=round(s.mean_latency_s(), 4), final_concurrency=s.limit, outages=s.outages, restarts=s.restarts,
+            mean_latency_s=round(s.mean_latency_s(), 4), final_concurrency=s.limit,
+            limit_source=s.limit_source, limit_reason=s.limit_reason, outages=s.outages, restarts=s.restarts,
         )
         for s in stats.servers.values()
     ]
@@ -106,11 +109,12 @@ def render_report(report: JobReport, console: Console) -> None:
     if report.message:
         summary.add_row("note", report.message)
     table = Table(title="servers", title_justify="left", expand=False)
-    for col in ("server", "state", "requests", "errors", "tok/s", "latency", "limit", "outages", "restarts"):
-        table.add_column(col, justify="left" if col in ("server", "state") else "right", no_wrap=True)
+    for col in ("server", "state", "requests", "errors", "tok/s", "latency", "limit", "outages", "restarts", "limit: why"):
+        table.add_column(col, justify="left" if col in ("server", "state", "limit: why") else "right", no_wrap=col != "limit: why")
     for s in report.servers:
         table.add_row(s.name, s.state, f"{s.requests:,}", f"{s.errors:,}", f"{s.output_tokens_per_s:,.1f}",
-                      f"{s.mean_latency_s:.2f}s", str(s.final_concurrency), str(s.outages), str(s.restarts))
+                      f"{s.mean_latency_s:.2f}s", str(s.final_concurrency), str(s.outages), str(s.restarts),
+                      f"{s.limit_source}: {s.limit_reason}" if s.limit_reason else s.limit_source)
     parts: list[Any] = [head, summary]
     if report.servers:
         parts.append(table)

@@ -36,7 +36,7 @@ from servefleet.errors import ConfigError
 from servefleet.generate.client import Client
 from servefleet.generate.committer import Committer
 from servefleet.generate.dispatch import Dispatcher, Ticket
-from servefleet.generate.endpoints import Restarter, Target, targets_from_urls
+from servefleet.generate.endpoints import Restarter, Target, targets_from_urls, with_bench
 from servefleet.generate.health import HealthPolicy
 from servefleet.generate.inputs import (
     PromptRecord,
@@ -86,6 +86,7 @@ class GenerateConfig(BaseModel):
     params: JobParams = Field(default_factory=JobParams)
     concurrency: int | None = None  # None: auto
     max_running: int | None = None  # capacity hint for --url servers that do not report it
+    bench: list[str] = Field(default_factory=list)  # bench runs (RUN.json) of these servers: start at their best point
     max_attempts: int = 5
     shard_rows: int = 1000
     shard_bytes: int = 256 << 20
@@ -214,6 +215,7 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
                     targets = await targets_from_urls(config.urls, client, config.max_running)
                 if not targets:
                     raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
+                targets = with_bench(targets, config.bench)
                 planned = sum(config.concurrency or t.max_running or 0 for t in targets)
                 if (warning := open_files_warning(planned)) is not None:
                     stats.event(warning)

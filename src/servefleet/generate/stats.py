@@ -53,6 +53,8 @@ class ServerStats:
     base_url: str
     state: str = "up"
     limit: int = 0
+    limit_source: str = ""  # why this limit: fixed | bench | capacity | search
+    limit_reason: str = ""  # the controller's last decision
     in_flight: int = 0
     requests: int = 0
     errors: int = 0

