@@ -93,7 +93,8 @@ async def test_a_server_dying_while_loading_is_diagnosed(sshd_server, tmp_path: 
     fleet, outcomes, host = await start(fleets, path)
     sessions = sshd_sessions(sshd_server)
     started = time.monotonic()
-    verdict = (await asyncio.wait_for(fleet.wait(outcomes, smoke=False), 60))["oom"]
+    # keep_failed: count the wait's own commands (stopping a failed server, `up`'s default, is not the wait)
+    verdict = (await asyncio.wait_for(fleet.wait(outcomes, smoke=False, keep_failed=True), 60))["oom"]
     assert verdict.state is State.FAILED and verdict.category is Category.GPU_OOM, verdict
     assert verdict.evidence is not None  # the fatal lines came through the watcher
     assert time.monotonic() - started < 20  # at the death, not at the 30 s load or the timeout
