@@ -47,15 +47,6 @@ __all__ = [
 
 LAUNCH_MARKER = "==== servefleet launch {time} ===="
 
-# Appends the launch marker, creating the log 0600 (umask) and its folders; a previous attempt
-# that died mid-line gets its line ended first, so the marker always starts a line.
-_MARKER_SCRIPT = (
-    'umask 077; mkdir -p "$(dirname "$1")" "$(dirname "$2")" || exit 1; '
-    'if [ -s "$1" ] && [ -n "$(tail -c 1 "$1")" ]; then echo >> "$1"; fi; '
-    'printf "%s\\n" "$3" >> "$1"'
-)
-
-
 class Action(StrEnum):
     LAUNCHED = "launched"  # started now
     ADOPTED = "adopted"  # already running (ours): not relaunched
@@ -95,6 +86,7 @@ class StartOutcome:
     after_failure: str | None = None  # failed verdict: "stopped" | "kept running (--keep-failed)" | ...
     item: Launchable | None = None  # QUEUED: what to launch when its turn comes
     queue: Any = None  # QUEUED: the call's start_order.StartQueue
+    log_line_no: int | None = None  # LAUNCHED: the log's line number at record.log_offset (the wait need not count it)
 
 
 @dataclass
@@ -268,14 +260,8 @@ async def launch_server(
     log_path, status_path = binding.log_path(name), binding.status_path(name)
     launched_at = utcnow()
     marker = LAUNCH_MARKER.format(time=launched_at.isoformat(timespec="seconds"))
-    try:
-        await host.run(["sh", "-c", _MARKER_SCRIPT, "sh", log_path, status_path, marker], timeout=30)
-        offset = await host.file_size(log_path) or 0
-        await host.remove(status_path)
-        if units is not None and unit is not None:
-            pgid = await units.spawn_unit(item.argv, unit=unit, log_path=log_path, status_path=status_path, env=item.env, cwd=binding.cwd)
-        else:
-            pgid = await host.spawn_detached(item.argv, log_path=log_path, status_path=status_path, env=item.env, cwd=binding.cwd)
+    try:  # marker, log offset, stale status file, spawn, liveness: one remote command on ssh hosts
+        launched = await host.launch(item.argv, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd, unit=unit)
     except Exception as exc:  # a host that cannot start anything: a launch failure, not a crash
         msg = f"could not launch: {exc}"
         verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, message=msg, elapsed_s=0.0)
@@ -289,14 +275,14 @@ async def launch_server(
         host=binding.name,
         port=port,
         bind=item.server.bind,
-        pgid=pgid,
+        pgid=launched.pgid,
         unit=unit,
         argv=mask_argv(item.argv, secrets),
         env=mask_env(item.env),
         cwd=binding.cwd,
         log_path=log_path,
         status_path=status_path,
-        log_offset=offset,
+        log_offset=launched.log_offset,
         launched_at=launched_at,
         spec_hash=item.digest,
         served_model=item.served_model,
@@ -304,9 +290,10 @@ async def launch_server(
         started_after=list(started_after or []),
     )
     await save_record(store, binding, record)
-    outcome = StartOutcome(name, Action.LAUNCHED, record=record)
-    if not await host.group_alive(pgid):
-        code = await read_exit_code(binding, record)
+    outcome = StartOutcome(name, Action.LAUNCHED, record=record, log_line_no=launched.line_no)
+    # Only what the launch itself saw: a later death is the wait's (its watcher reports the exit).
+    if launched.state != "alive":
+        code = launched.code
         outcome.message = "exited at once" + (f" with code {code}" if code is not None else "") + f"; see {log_path}"
     return outcome
 
