@@ -141,10 +141,11 @@ def _unit_host(binding: HostBinding) -> UnitHost | None:
     return None
 
 
-async def owns_group(binding: HostBinding, record: ServerState) -> bool:
-    """Whether the recorded process group is alive and still the one we launched."""
+async def owns_group(binding: HostBinding, record: ServerState, *, alive: bool | None = None) -> bool:
+    """Whether the recorded process group is alive and still the one we launched (``alive``: the
+    group's liveness when the caller just asked; not asked again)."""
     host = binding.host
-    if not await host.group_alive(record.pgid):
+    if not (await host.group_alive(record.pgid) if alive is None else alive):
         return False
     try:
         cmdline = await host.read_bytes(f"/proc/{record.pgid}/cmdline")
@@ -304,7 +305,8 @@ async def stop_server(record: ServerState, binding: HostBinding, grace_s: float 
     host = binding.host
     result = StopResult(record.name, was_running=False)
     units = binding.host if record.unit and isinstance(binding.host, UnitHost) else None
-    if await owns_group(binding, record):
+    alive = await host.group_alive(record.pgid)  # asked once: a dead group costs no second question
+    if await owns_group(binding, record, alive=alive):
         result.was_running = True
         # The user manager signals the unit's whole cgroup (KillMode=control-group): also
         # processes that left the process group. Our own clock decides when to escalate, and the
@@ -321,7 +323,7 @@ async def stop_server(record: ServerState, binding: HostBinding, grace_s: float 
                 result.message = f"process group {record.pgid} is still running after SIGKILL"
                 result.port_free = False
                 return result
-    elif await host.group_alive(record.pgid):
+    elif alive:
         result.message = f"pgid {record.pgid} now belongs to another process; not signalled (stale record)"
 
     # The listening socket closes with its process; allow the kernel a moment to drop it.
