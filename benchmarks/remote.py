@@ -42,7 +42,8 @@ a new Fleet per round. ``poll`` is the wait every SSH host had before the remote
 status file every 50 ms, the process group every 100 ms, each an ssh command), obtained by hiding
 SSHHost.watch so the waiter falls back to it; ``watch`` is the shipped path (hosts/ssh_follow.py
 watch). Remote commands are counted by SSHHost.commands and, independently, from the sessions
-the rig's sshd logs.
+the rig's sshd logs. Both modes launch the same way (one remote command per server: Host.launch),
+so their ``launch`` counts are equal; only the wait differs.
 """
 
 from __future__ import annotations

@@ -159,6 +159,50 @@ async def test_exit_code_is_recorded(host: Host, work: Path) -> None:
     assert await host.read_bytes(str(work / "e.log")) == b"bye\n"
 
 
+async def test_launch_marks_the_log_counts_its_lines_and_starts_the_server(host: Host, work: Path) -> None:
+    log, status = work / "logs dir" / "l $(x).log", work / "run dir" / "l.status"
+    log.parent.mkdir()
+    log.write_bytes(b"earlier run\nits last line was cut")  # a previous attempt died mid-line
+    status.parent.mkdir()
+    status.write_text("9\n")  # the previous attempt's exit code: stale
+    marker = f"==== launch {WEIRD} ===="
+    launched = await host.launch(["sh", "-c", 'echo "up $GREETING"; exec sleep 60'], log_path=str(log), status_path=str(status), marker=marker, env={"GREETING": "hi there"})
+    try:
+        before = f"earlier run\nits last line was cut\n{marker}\n".encode()
+        assert launched.log_offset == len(before) and launched.line_no == 4  # the byte after the marker starts line 4
+        assert launched.state == "alive" and launched.code is None
+        assert await host.group_alive(launched.pgid)
+        assert not status.exists()  # the stale status file went before the server started
+
+        async def first_line() -> bool:
+            return log.read_bytes().startswith(before + b"up hi there\n")
+
+        await async_wait_until(first_line, what="the server's first line after the marker")
+    finally:
+        await host.signal_group(launched.pgid, signal.SIGKILL)
+
+
+async def test_launch_into_a_new_log_and_a_server_that_exits_at_once(host: Host, work: Path) -> None:
+    log, status = work / "fresh" / "n.log", work / "fresh" / "n.status"
+    launched = await host.launch(["sh", "-c", "exit 5"], log_path=str(log), status_path=str(status), marker="==== m ====")
+    assert launched.log_offset == len(b"==== m ====\n") and launched.line_no == 2
+    assert log.stat().st_mode & 0o777 == 0o600 and (log.parent.stat().st_mode & 0o777) == 0o700
+    await async_wait_until(lambda: _exists(host, str(status)), what="the status file")
+    assert status.read_text().strip() == "5"
+    assert launched.state in ("alive", "exited")  # it may still be exiting when the launch looks
+    if launched.state == "exited":
+        assert launched.code == 5
+
+
+async def test_launch_that_cannot_write_its_log_starts_nothing(host: Host, work: Path) -> None:
+    blocker = work / "not a folder"
+    blocker.write_text("a file where the log's folder should be")
+    with pytest.raises(Exception) as info:
+        await host.launch(["sh", "-c", f"touch {str(work / 'started')!r}"], log_path=str(blocker / "x.log"), status_path=str(work / "x.status"), marker="m")
+    assert isinstance(info.value, (HostError, OSError)), info.value
+    assert not (work / "started").exists()
+
+
 # -- files ----------------------------------------------------------------------------------
 
 

@@ -42,6 +42,9 @@ async def test_batch_answers_what_single_questions_answer(sshd_server, tmp_path:
             ("read", f"/proc/{sleeper}/cmdline", 0, None),
             ("port", 1),
             ("read_if_dead", sleeper, str(weird), 0, None),  # alive: not read
+            ("exists", str(weird)),
+            ("exists", missing),
+            ("exists", "/dev/null"),  # a device: answered without opening it
         ]
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
@@ -58,6 +61,7 @@ async def test_batch_answers_what_single_questions_answer(sshd_server, tmp_path:
         assert answers[("read", missing, 0, None)] is None
         assert answers[("size", str(weird))] == len(content) == await host.file_size(str(weird))
         assert answers[("size", missing)] is None
+        assert answers[("exists", str(weird))] is True and answers[("exists", missing)] is False and answers[("exists", "/dev/null")] is True
         assert answers[("alive", sleeper)] is True and answers[("alive", 2**22 - 3)] is False
         assert str(tmp_path / "s.log").encode() in answers[("read", f"/proc/{sleeper}/cmdline", 0, None)]
         assert answers[("port", 1)] is None

@@ -84,6 +84,37 @@ async def test_a_slow_start_costs_at_most_five_remote_commands_for_its_wait(sshd
     assert sshd_sessions(sshd_server) - sessions <= WAIT_COMMANDS, sshd_sessions(sshd_server) - sessions
 
 
+async def test_a_whole_start_costs_at_most_five_remote_commands_per_server(sshd_server, tmp_path: Path, fleets) -> None:
+    """Launch and wait of four slow-loading servers on one host: at most 5 remote commands each
+    (the launch, its record, the watcher, the identity check, the verdict's record) plus the
+    host's own two (connect probe, adopt-check batch). The second start appends to the same logs:
+    the line numbers the launch counted are the files' own."""
+    names = ["s0", "s1", "s2", "s3"]
+    path = fleet_file(tmp_path, sshd_server, {n: ["--load-time", "5", "--shards", "10"] for n in names})
+    for attempt in range(2):
+        fleet = fleets(Fleet.load(path))
+        host = fleet.binding("rig").host
+        assert isinstance(host, SSHHost) and host.commands == 0
+        sessions = sshd_sessions(sshd_server)
+        started = time.monotonic()
+        outcomes = await fleet.start()
+        assert all(o.action.value == "launched" for o in outcomes.values()), outcomes
+        verdicts = await fleet.wait(outcomes, smoke=True)
+        assert all(v.state is State.READY and v.progress for v in verdicts.values()), verdicts
+        assert time.monotonic() - started > 4  # polling (~25 commands a second per server) would cost hundreds
+        bound = WAIT_COMMANDS * len(names) + 2
+        assert host.commands <= bound, host.commands
+        assert sshd_sessions(sshd_server) - sessions <= bound, sshd_sessions(sshd_server) - sessions
+        for name in names:
+            record = await fleet.record(name)
+            assert record is not None
+            text = Path(record.log_path).read_bytes()
+            assert text[: record.log_offset].endswith(b" ====\n")  # this attempt starts after its marker
+            assert outcomes[name].log_line_no == text[: record.log_offset].count(b"\n") + 1
+            assert text[: record.log_offset].count(b"==== servefleet launch") == attempt + 1
+        await fleet.down(grace_s=2)
+
+
 # -- failure paths ------------------------------------------------------------------------------
 
 

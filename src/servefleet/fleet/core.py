@@ -146,7 +146,7 @@ class Fleet:
         host = self.spec.server(name).host if name in self.spec.names else LOCAL
         return await load_record(self.store, self.binding(host), name)
 
-    def _target(self, record: ServerState, binding: HostBinding, base_url: str, follow_log: bool = True) -> WaitTarget:
+    def _target(self, record: ServerState, binding: HostBinding, base_url: str, follow_log: bool = True, first_line_no: int | None = None) -> WaitTarget:
         return WaitTarget(
             base_url=base_url,
             engine=get_engine(record.engine),
@@ -158,6 +158,7 @@ class Fleet:
             served_model=record.served_model,
             port=record.port,
             probe=Probe(tuple(record.probe_paths)) if record.probe_paths else None,
+            first_line_no=first_line_no if follow_log else None,
         )
 
     # ---- up -------------------------------------------------------------------------------------
@@ -177,7 +178,7 @@ class Fleet:
             records = await asyncio.gather(*(load_record(self.store, v.binding, v.name) for v in viewed))
             running = await asyncio.gather(*(adopt_running(v, r) for v, r in zip(viewed, records, strict=True)))
             adopted = {v.name: o for v, o in zip(viewed, running, strict=True) if o is not None}
-            queue = await self._plan_order(items, adopted)
+            queue = await self._plan_order(items, adopted, {v.binding.name: v.binding for v in viewed})
 
             async def first(item: Launchable, view: Launchable, record: ServerState | None) -> StartOutcome:
                 if item.name in adopted:
@@ -196,8 +197,9 @@ class Fleet:
                 queue.mark_done(outcome.name, "not launched")
         return {o.name: o for o in outcomes}
 
-    async def _plan_order(self, items: list[Launchable], adopted: dict[str, StartOutcome]) -> StartQueue | None:
-        """Who waits for whom among servers sharing a GPU (None: ``start_shared_gpu = "together"``)."""
+    async def _plan_order(self, items: list[Launchable], adopted: dict[str, StartOutcome], views: dict[str, HostBinding] | None = None) -> StartQueue | None:
+        """Who waits for whom among servers sharing a GPU (None: ``start_shared_gpu = "together"``).
+        ``views``: the hosts as the adopt-check batch saw them (it answers the GPU question)."""
         if self.spec.start_shared_gpu != "ordered":
             return None
         batch = [i.name for i in items]
@@ -208,7 +210,7 @@ class Fleet:
 
         async def gpu_host(binding: HostBinding) -> bool:  # asked only for servers without `gpus`
             if binding.name not in gpu_hosts:
-                gpu_hosts[binding.name] = await host_has_gpus(binding)
+                gpu_hosts[binding.name] = await host_has_gpus((views or {}).get(binding.name, binding))
             return gpu_hosts[binding.name]
 
         async def still_starting(name: str, binding: HostBinding) -> ServerState | None:
@@ -259,6 +261,7 @@ class Fleet:
             new = await adopt_running(item, record) or await launch_server(
                 item, self.store, self.name, previous=record, started_after=[s.to_json() for s in settled])
         outcome.action, outcome.record, outcome.verdict, outcome.spec_changed = new.action, new.record, new.verdict, new.spec_changed
+        outcome.log_line_no = new.log_line_no
         outcome.started_after = settled
         after = "after " + ", ".join(s.describe() for s in settled)
         outcome.message = f"{new.message}; {after}" if new.message else after
@@ -312,7 +315,9 @@ class Fleet:
                 # Proven ready before: liveness, probe and identity re-check it; the log (possibly
                 # gigabytes of request lines by now) is not re-read, and the recorded capacity is kept.
                 follow = not (outcome.action == Action.ADOPTED and last.get("state") == State.READY.value)
-                target = self._target(record, binding, base_url, follow_log=follow)
+                # Just launched: the launch counted the log's lines up to this attempt (no re-read).
+                launched_now = outcome.log_line_no if outcome.action == Action.LAUNCHED else None
+                target = self._target(record, binding, base_url, follow_log=follow, first_line_no=launched_now)
                 callback = (lambda v: on_update(record.name, v)) if on_update else None
                 verdict = await wait_for_server(target, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=callback)
                 if last.get("capacity"):

@@ -47,15 +47,6 @@ __all__ = [
 
 LAUNCH_MARKER = "==== servefleet launch {time} ===="
 
-# Appends the launch marker, creating the log 0600 (umask) and its folders; a previous attempt
-# that died mid-line gets its line ended first, so the marker always starts a line.
-_MARKER_SCRIPT = (
-    'umask 077; mkdir -p "$(dirname "$1")" "$(dirname "$2")" || exit 1; '
-    'if [ -s "$1" ] && [ -n "$(tail -c 1 "$1")" ]; then echo >> "$1"; fi; '
-    'printf "%s\\n" "$3" >> "$1"'
-)
-
-
 class Action(StrEnum):
     LAUNCHED = "launched"  # started now
     ADOPTED = "adopted"  # already running (ours): not relaunched
@@ -95,6 +86,7 @@ class StartOutcome:
     after_failure: str | None = None  # failed verdict: "stopped" | "kept running (--keep-failed)" | ...
     item: Launchable | None = None  # QUEUED: what to launch when its turn comes
     queue: Any = None  # QUEUED: the call's start_order.StartQueue
+    log_line_no: int | None = None  # LAUNCHED: the log's line number at record.log_offset (the wait need not count it)
 
 
 @dataclass
@@ -149,10 +141,11 @@ def _unit_host(binding: HostBinding) -> UnitHost | None:
     return None
 
 
-async def owns_group(binding: HostBinding, record: ServerState) -> bool:
-    """Whether the recorded process group is alive and still the one we launched."""
+async def owns_group(binding: HostBinding, record: ServerState, *, alive: bool | None = None) -> bool:
+    """Whether the recorded process group is alive and still the one we launched (``alive``: the
+    group's liveness when the caller just asked; not asked again)."""
     host = binding.host
-    if not await host.group_alive(record.pgid):
+    if not (await host.group_alive(record.pgid) if alive is None else alive):
         return False
     try:
         cmdline = await host.read_bytes(f"/proc/{record.pgid}/cmdline")
@@ -268,14 +261,8 @@ async def launch_server(
     log_path, status_path = binding.log_path(name), binding.status_path(name)
     launched_at = utcnow()
     marker = LAUNCH_MARKER.format(time=launched_at.isoformat(timespec="seconds"))
-    try:
-        await host.run(["sh", "-c", _MARKER_SCRIPT, "sh", log_path, status_path, marker], timeout=30)
-        offset = await host.file_size(log_path) or 0
-        await host.remove(status_path)
-        if units is not None and unit is not None:
-            pgid = await units.spawn_unit(item.argv, unit=unit, log_path=log_path, status_path=status_path, env=item.env, cwd=binding.cwd)
-        else:
-            pgid = await host.spawn_detached(item.argv, log_path=log_path, status_path=status_path, env=item.env, cwd=binding.cwd)
+    try:  # marker, log offset, stale status file, spawn, liveness: one remote command on ssh hosts
+        launched = await host.launch(item.argv, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd, unit=unit)
     except Exception as exc:  # a host that cannot start anything: a launch failure, not a crash
         msg = f"could not launch: {exc}"
         verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, message=msg, elapsed_s=0.0)
@@ -289,14 +276,14 @@ async def launch_server(
         host=binding.name,
         port=port,
         bind=item.server.bind,
-        pgid=pgid,
+        pgid=launched.pgid,
         unit=unit,
         argv=mask_argv(item.argv, secrets),
         env=mask_env(item.env),
         cwd=binding.cwd,
         log_path=log_path,
         status_path=status_path,
-        log_offset=offset,
+        log_offset=launched.log_offset,
         launched_at=launched_at,
         spec_hash=item.digest,
         served_model=item.served_model,
@@ -304,9 +291,10 @@ async def launch_server(
         started_after=list(started_after or []),
     )
     await save_record(store, binding, record)
-    outcome = StartOutcome(name, Action.LAUNCHED, record=record)
-    if not await host.group_alive(pgid):
-        code = await read_exit_code(binding, record)
+    outcome = StartOutcome(name, Action.LAUNCHED, record=record, log_line_no=launched.line_no)
+    # Only what the launch itself saw: a later death is the wait's (its watcher reports the exit).
+    if launched.state != "alive":
+        code = launched.code
         outcome.message = "exited at once" + (f" with code {code}" if code is not None else "") + f"; see {log_path}"
     return outcome
 
@@ -317,7 +305,8 @@ async def stop_server(record: ServerState, binding: HostBinding, grace_s: float 
     host = binding.host
     result = StopResult(record.name, was_running=False)
     units = binding.host if record.unit and isinstance(binding.host, UnitHost) else None
-    if await owns_group(binding, record):
+    alive = await host.group_alive(record.pgid)  # asked once: a dead group costs no second question
+    if await owns_group(binding, record, alive=alive):
         result.was_running = True
         # The user manager signals the unit's whole cgroup (KillMode=control-group): also
         # processes that left the process group. Our own clock decides when to escalate, and the
@@ -334,7 +323,7 @@ async def stop_server(record: ServerState, binding: HostBinding, grace_s: float 
                 result.message = f"process group {record.pgid} is still running after SIGKILL"
                 result.port_free = False
                 return result
-    elif await host.group_alive(record.pgid):
+    elif alive:
         result.message = f"pgid {record.pgid} now belongs to another process; not signalled (stale record)"
 
     # The listening socket closes with its process; allow the kernel a moment to drop it.

@@ -22,6 +22,7 @@ from servefleet.errors import ConfigError, HostUnreachable
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import Launchable, load_record, resolve_launch
 from servefleet.fleet.spec import LOCAL
+from servefleet.fleet import start_order
 from servefleet.fleet.state import ServerState, StateStore
 from servefleet.fleet.status import DIAGNOSE_LIMIT, ServerStatus, not_launched, server_status
 
@@ -78,6 +79,13 @@ class PrefetchedHost:
     async def file_size(self, path: str) -> int | None:
         found, value = self._take(("size", path))
         return value if found else await self.host.file_size(path)
+
+    def prefetched_exists(self, paths: Sequence[str]) -> bool | None:
+        """Whether any of ``paths`` exists, when the batch was asked about every one (else None)."""
+        found = [self._take(("exists", p)) for p in paths]
+        if not all(known for known, _ in found):
+            return None
+        return any(value for _, value in found)
 
     async def port_holder(self, port: int) -> Any:
         found, value = self._take(("port", int(port)))
@@ -199,6 +207,8 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
         if item.binding.name not in views:
             continue
         asks = first.setdefault(item.binding.name, [])
+        if not asks:  # start ordering asks whether the host has GPUs: in the same batch
+            asks += [("exists", device) for device in start_order.GPU_DEVICES]
         asks.append(("port", item.server.port))
         record = local[item.name]
         if record is not None:

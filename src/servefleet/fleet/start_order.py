@@ -82,7 +82,11 @@ def shares_gpu(a: ServerSpec, b: ServerSpec, env_a: Mapping[str, str], env_b: Ma
 
 async def host_has_gpus(binding: HostBinding) -> bool:
     """Whether the host has an NVIDIA or AMD GPU driver loaded (its control device exists): one
-    command, which never reads the devices."""
+    command, which never reads the devices (none where the adopt-check batch already asked)."""
+    prefetched = getattr(binding.host, "prefetched_exists", None)  # fleet/prefetch.PrefetchedHost
+    found = prefetched(GPU_DEVICES) if prefetched is not None else None
+    if found is not None:
+        return found
     result = await binding.host.run(["sh", "-c", _ANY_EXISTS, "sh", *GPU_DEVICES], timeout=30, check=False)
     return result.returncode == 0
 

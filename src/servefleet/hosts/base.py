@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from servefleet.hosts.pidstat import PidStatus
 
-__all__ = ["CommandResult", "PortHolder", "PidStatus", "Host", "UnitHost", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated"]
+__all__ = ["CommandResult", "PortHolder", "PidStatus", "Host", "UnitHost", "Launched", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,19 @@ class PortHolder:
     pid: int | None
     pgid: int | None
     evidence: str | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What ``Host.launch`` reports: the new process group, where this launch's output starts in
+    the (appended) log and that byte's line number, and the group's state right after the start
+    ("alive", "exited" with the wrapper's ``code``, or "gone": killed before it recorded one)."""
+
+    pgid: int
+    log_offset: int
+    line_no: int
+    state: str = "alive"
+    code: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,24 @@ class Host(Protocol):
     ) -> int:
         """Start ``argv`` fully detached (new session, stdin /dev/null, output appended to
         ``log_path``); return its process-group id (= the wrapper's pid)."""
+        ...
+
+    async def launch(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        marker: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        unit: str | None = None,
+    ) -> Launched:
+        """A server's whole launch, as one remote command where commands are round trips: append
+        ``marker`` as a line of its own to ``log_path`` (ending a previous attempt's cut line
+        first; the log is created 0600 with its folders), record the log's size and line count
+        then, remove a stale ``status_path``, ``spawn_detached`` ``argv`` (with ``unit``: as that
+        systemd user unit, UnitHost only) and say whether its group lives."""
         ...
 
     async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 import psutil
 
-from servefleet.errors import CommandError, HostError
-from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
+from servefleet.errors import CommandError, HostError, LaunchError
+from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv
 from servefleet.hosts.local_ports import port_holder_fallback
 from servefleet.hosts.pidstat import PidStatus, read_pid_status
 
@@ -81,6 +81,31 @@ class LocalHost:
         except OSError as exc:
             raise HostError(f"cannot start the detach wrapper: {exc}") from exc
         return proc.pid
+
+    async def launch(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        marker: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        unit: str | None = None,
+    ) -> Launched:
+        if unit is not None:
+            raise LaunchError('the local host starts servers with setsid only (launcher = "systemd-run" is for ssh hosts)')
+        offset, newlines = await asyncio.to_thread(append_marker, log_path, status_path, marker)  # counting lines reads the log
+        await self.remove(status_path)
+        pgid = await self.spawn_detached(argv, log_path=log_path, status_path=status_path, env=env, cwd=cwd)
+        if await self.group_alive(pgid):
+            return Launched(pgid, offset, newlines + 1)
+        try:
+            with open(status_path) as fh:
+                code: int | None = int(fh.read().strip())
+        except (OSError, ValueError):
+            code = None
+        return Launched(pgid, offset, newlines + 1, "exited" if code is not None else "gone", code)
 
     async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         with open(path, "rb") as fh:
@@ -213,3 +238,26 @@ class LocalHost:
         return None
 
 
+
+
+def append_marker(log_path: str, status_path: str, marker: str, chunk: int = 16 * 1024 * 1024) -> tuple[int, int]:
+    """Append ``marker`` as a line of its own to the log (ending a cut last line first), creating
+    it 0600 and the folders of both files; (the log's size then, the newlines before it)."""
+    for path in (log_path, status_path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    fd = os.open(log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        cut = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        os.write(fd, (b"\n" if cut else b"") + marker.encode() + b"\n")
+        size = os.fstat(fd).st_size
+        newlines, pos = 0, 0
+        while pos < size:  # chunk by chunk: memory stays bounded on a big log
+            data = os.pread(fd, min(chunk, size - pos), pos)
+            if not data:
+                break
+            newlines += data.count(b"\n")
+            pos += len(data)
+        return size, newlines
+    finally:
+        os.close(fd)

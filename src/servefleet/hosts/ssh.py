@@ -29,7 +29,7 @@ from typing import Any
 from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts import ssh_systemd as units
-from servefleet.hosts.base import CommandResult, PortHolder, Truncated, detach_argv
+from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv
 from servefleet.hosts.pidstat import GONE, PidStatus, parse_proc_stat
 from servefleet.hosts.ssh_batch import Op, batch_argv, chunk_ops, parse_batch
 from servefleet.hosts.ssh_master import Master, MasterPool, free_local_port
@@ -267,19 +267,53 @@ class SSHHost:
         launch = scripts.launch_argv(detach_argv(argv, log_path, status_path), log_path, status_path)
         return await self._launch(launch, argv, env, cwd)
 
+    async def launch(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        marker: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        unit: str | None = None,
+    ) -> Launched:
+        """``Host.launch`` in ONE remote command: the marker, the log's size and line count
+        (ssh_scripts.MARK), then the setsid launcher or, with ``unit``, the systemd-run one —
+        each removes the stale status file, starts the wrapper and reports its group's state."""
+        await self.connect()
+        log_path, status_path = self.expand(log_path), self.expand(status_path)
+        wrapper = detach_argv(argv, log_path, status_path)
+        if unit is None:
+            launcher = scripts.launch_argv(wrapper, log_path, status_path)
+        else:
+            await self.check_units()
+            launcher = units.launch_argv(unit, wrapper, log_path, status_path)
+        out, err = await self._run_launcher(scripts.mark_argv(launcher, log_path, status_path, marker), argv, env, cwd)
+        try:
+            size, newlines, pid, state, code = scripts.parse_launch(out.decode(errors="replace"))
+        except ValueError:
+            raise HostError(f"the remote launcher on {self.name!r} did not report the launch: {out!r} {err!r}") from None
+        return Launched(pid, size, newlines + 1, state, code)
+
     async def _launch(self, launch: Sequence[str], argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> int:
-        """Run a launcher program (``launch``) in the server's folder with the venv on PATH, the
-        environment on its stdin; the pid it prints first is the new process group."""
+        """Run a launcher program (``launch``); the pid it prints first is the new process group."""
+        out, err = await self._run_launcher(launch, argv, env, cwd)
+        lines = out.decode(errors="replace").split()
+        if not lines or not lines[0].isdigit():
+            raise HostError(f"the remote launcher on {self.name!r} did not report a pid: {out!r} {err!r}")
+        return int(lines[0])
+
+    async def _run_launcher(self, launch: Sequence[str], argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> tuple[bytes, bytes]:
+        """Run a launcher program in the server's folder with the venv on PATH, the environment
+        on its stdin; (stdout, stderr). Never repeated: it starts things."""
         remote = scripts.with_prelude(launch, cwd=self.expand(cwd) if cwd else self.workdir, venv=self.spec.venv)
         stdin = scripts.env_lines({**self.spec.env, **(env or {})})
         code, out, err = await self._exec(remote, input=stdin, timeout=self.spec.connect_timeout * 2 + 30)
         if code != 0:
             error = self._failed(["spawn_detached", *argv], code, err)
             raise HostError(f"cannot start {shlex.join(argv)[:200]!s} on ssh host {self.name!r}: {err.decode(errors='replace').strip()[-300:]}") from error
-        lines = out.decode(errors="replace").split()
-        if not lines or not lines[0].isdigit():
-            raise HostError(f"the remote launcher on {self.name!r} did not report a pid: {out!r} {err!r}")
-        return int(lines[0])
+        return out, err
 
     # -- systemd-run launcher (ssh_systemd.py): the UnitHost capability --------------------
 

@@ -12,6 +12,7 @@ Questions (``Op``), each answered like the Host method of the same job:
 - ``("read", path, offset, limit)`` -> bytes | None missing (Host.read_bytes)
 - ``("size", path)``               -> int | None missing   (Host.file_size)
 - ``("port", port)``               -> PortHolder | None    (Host.port_holder)
+- ``("exists", path)``             -> bool                 (``[ -e ]``: never opens the file, e.g. a device)
 - ``("read_if_dead", pgid, path, offset, limit)``: a ``read`` asked only when the group is gone
   (a dead server's log is needed for its diagnosis; a live one's may be gigabytes): the answer is
   keyed as the plain ``read`` and absent when the group lives.
@@ -100,6 +101,7 @@ while [ "$#" -gt 0 ]; do
   size) if [ -e "$2" ]; then printf '%s %s size %s\n' "$tok" "$i" "$(wc -c < "$2" | tr -d ' ')"; else printf '%s %s missing\n' "$tok" "$i"; fi; shift 2;;
   read) readf "$i" "$2" "$3" "$4"; shift 4;;
   read_if_dead) if alive "$2"; then printf '%s %s skipped\n' "$tok" "$i"; else readf "$i" "$3" "$4" "$5"; fi; shift 5;;
+  exists) if [ -e "$2" ]; then r=1; else r=0; fi; printf '%s %s exists %s\n' "$tok" "$i" "$r"; shift 2;;
   port) holder "$2"; printf '%s %s port %s\n' "$tok" "$i" "${h:-none}"; shift 2;;
   *) echo "unknown question: $1" >&2; exit 2;;
   esac
@@ -112,8 +114,8 @@ def _args(op: Op) -> list[str]:
     kind = op[0]
     if kind == "alive":
         return ["alive", str(int(op[1]))]
-    if kind == "size":
-        return ["size", str(op[1])]
+    if kind in ("size", "exists"):
+        return [kind, str(op[1])]
     if kind == "port":
         return ["port", str(int(op[1]))]
     if kind == "read":
@@ -184,7 +186,7 @@ def parse_batch(ops: Sequence[Op], out: bytes, token: str) -> dict[Op, Any]:
             pos = stop + len(end)
         elif kind == "missing":
             answers[key] = None
-        elif kind == "alive":
+        elif kind in ("alive", "exists"):
             answers[key] = value == "1"
         elif kind == "size":
             answers[key] = int(value)

@@ -18,6 +18,8 @@ __all__ = [
     "MISSING_RC",
     "with_prelude",
     "launch_argv",
+    "mark_argv",
+    "parse_launch",
     "env_lines",
     "read_argv",
     "size_argv",
@@ -65,6 +67,22 @@ echo "$pid"
 if kill -0 "-$pid" 2>/dev/null; then echo alive
 elif [ -e "$status" ]; then echo "exited $(cat -- "$status")"
 else echo gone; fi
+"""
+
+# Runs before a launcher program (LAUNCH, or ssh_systemd.LAUNCH), in the same remote command: appends
+# the launch marker as a line of its own (a previous attempt that died mid-line gets its line ended
+# first), creating the log 0600 and its folders 0700 (umask in a subshell only: the server keeps
+# the login's umask), then prints "log SIZE LINES" — where this launch's output starts and the
+# newlines before it — and execs the launcher (stdin, the environment, passes through).
+MARK = r"""
+log=$1; status=$2; marker=$3; shift 3
+( umask 077
+  mkdir -p -- "$(dirname -- "$log")" "$(dirname -- "$status")" || exit 1
+  if [ -s "$log" ] && [ -n "$(tail -c 1 -- "$log")" ]; then echo >> "$log" || exit 1; fi
+  printf '%s\n' "$marker" >> "$log" ) || { echo "cannot write the launch marker to $log" >&2; exit 125; }
+size=$(wc -c < "$log") && lines=$(wc -l < "$log") || exit 125
+echo "log $size $lines"
+exec "$@"
 """
 
 READ = r"""
@@ -249,6 +267,27 @@ def env_lines(env: Mapping[str, str]) -> bytes:
 
 def launch_argv(detached: Sequence[str], log_path: str, status_path: str) -> list[str]:
     return _sh(LAUNCH, log_path, status_path, *detached)
+
+
+def mark_argv(launcher: Sequence[str], log_path: str, status_path: str, marker: str) -> list[str]:
+    """``launcher`` (a launch program's argv) preceded by MARK in the same command."""
+    return _sh(MARK, log_path, status_path, marker, *launcher)
+
+
+def parse_launch(stdout: str) -> tuple[int, int, int, str, int | None]:
+    """(log size after the marker, newlines before it, pid, state, exit code) from MARK and a
+    launcher's output: "log SIZE LINES", the pid, then alive / exited N / gone. Raises ValueError
+    when the answer is not that."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        m = re.fullmatch(r"log +(\d+) +(\d+)", line)
+        if m is None or i + 1 >= len(lines) or not lines[i + 1].isdigit():
+            continue
+        state, _, code = (lines[i + 2] if i + 2 < len(lines) else "gone").partition(" ")
+        if state not in ("alive", "exited", "gone"):
+            raise ValueError(f"unexpected launcher state {state!r}")
+        return int(m[1]), int(m[2]), int(lines[i + 1]), state, int(code) if code.lstrip("-").isdigit() else None
+    raise ValueError("no launch report")
 
 
 def read_argv(path: str, offset: int, limit: int | None) -> list[str]:

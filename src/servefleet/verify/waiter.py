@@ -60,6 +60,9 @@ class WaitTarget:
     port: int | None = None  # the server's port on its host, when base_url is a forward (SSH)
     probe: Probe | None = None  # overrides the engine's probe (the `openai` engine's ready path)
     log_bounds: Bounds = field(default_factory=Bounds)  # how much of a big existing log is read to catch up
+    # The log's line number at log_offset when the launch just counted it (Host.launch): a fresh
+    # launch, so neither that count nor a catch-up read is needed (no remote command).
+    first_line_no: int | None = None
 
 
 @dataclass
@@ -88,8 +91,9 @@ async def wait_for_server(
     host = target.host
     # A big log already there (attaching to a long-running server) is caught up on with the same
     # bounded read as `diagnose`, then followed from where that read ended.
-    caught_up = await read_big_log(HostSource(host, target.log_path), target.engine, start=target.log_offset, bounds=target.log_bounds) if target.log_path else None
-    first_line_no = await _line_number_at(host, target.log_path, target.log_offset)
+    fresh = target.first_line_no is not None
+    caught_up = await read_big_log(HostSource(host, target.log_path), target.engine, start=target.log_offset, bounds=target.log_bounds) if target.log_path and not fresh else None
+    first_line_no = target.first_line_no if target.first_line_no is not None else await _line_number_at(host, target.log_path, target.log_offset)
     machine = ReadinessMachine(
         target.engine if target.engine is not None or caught_up is None else caught_up.profile,
         now=clock(),
