@@ -42,15 +42,6 @@ def vllm(load: float, *more: str) -> list[str]:
     return ["--style", "vllm", "--load-time", str(load), *more]
 
 
-@pytest.fixture
-async def cleanup():
-    fleets: list[Fleet] = []
-    yield fleets.append
-    for fleet in fleets:
-        await fleet.down(grace_s=2)
-        await fleet.close()
-
-
 def gap(later: datetime, earlier: datetime) -> float:
     return (later - earlier).total_seconds()
 
@@ -78,13 +69,13 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
-async def test_the_next_server_starts_at_the_memory_line_not_at_ready(tmp_path: Path, cleanup) -> None:
+async def test_the_next_server_starts_at_the_memory_line_not_at_ready(tmp_path: Path, fleets) -> None:
     script = tmp_path / "slow_ready.py"
     script.write_text(SLOW_READY)
     path = write_fleet(tmp_path, {"a": {"gpus": [0], "command": [sys.executable, str(script), str(HOLD_S)]},
                                   "b": {"gpus": [0], "args": vllm(0.5)}})
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     verdicts = await fleet.up(smoke=False)
     assert {n: v.state for n, v in verdicts.items()} == {"a": State.READY, "b": State.READY}, verdicts
     a, b = fleet.store.load("a"), fleet.store.load("b")
@@ -94,14 +85,14 @@ async def test_the_next_server_starts_at_the_memory_line_not_at_ready(tmp_path: 
     assert b.launched_at < a.ready_at  # it did not wait for a to be ready
 
 
-async def test_servers_sharing_a_gpu_start_in_turn_and_other_gpus_in_parallel(tmp_path: Path, cleanup) -> None:
+async def test_servers_sharing_a_gpu_start_in_turn_and_other_gpus_in_parallel(tmp_path: Path, fleets) -> None:
     path = write_fleet(tmp_path, {
         "a": {"gpus": [0], "args": vllm(LOAD_S)},
         "b": {"gpus": [0], "args": vllm(0.5)},
         "c": {"gpus": [1], "args": vllm(0.5)},
     })
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     outcomes = await fleet.start()
     assert {n: o.action for n, o in outcomes.items()} == {"a": Action.LAUNCHED, "b": Action.QUEUED, "c": Action.LAUNCHED}
     assert outcomes["b"].waits_for == ["a"]
@@ -138,21 +129,21 @@ def test_which_servers_share_a_gpu(a: dict, b: dict, gpu_box: bool, shared: bool
     assert shares_gpu(sb, sa, {}, {}, gpu_host=gpu_box) is shared
 
 
-async def test_servers_without_gpus_on_a_host_without_gpus_start_together(tmp_path: Path, cleanup) -> None:
+async def test_servers_without_gpus_on_a_host_without_gpus_start_together(tmp_path: Path, fleets) -> None:
     if await host_has_gpus(Fleet.load(write_fleet(tmp_path, {"x": {}})).binding("local")):
         pytest.skip("this machine has a GPU driver")
     path = write_fleet(tmp_path, {"a": {"args": vllm(LOAD_S)}, "b": {"args": vllm(0.5)}})
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     outcomes = await fleet.start()
     assert {o.action for o in outcomes.values()} == {Action.LAUNCHED}
 
 
-async def test_together_starts_servers_sharing_a_gpu_at_once(tmp_path: Path, cleanup) -> None:
+async def test_together_starts_servers_sharing_a_gpu_at_once(tmp_path: Path, fleets) -> None:
     path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S)}, "b": {"args": vllm(0.5)}},
                        fleet_extra='start_shared_gpu = "together"')
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     outcomes = await fleet.start()
     assert {o.action for o in outcomes.values()} == {Action.LAUNCHED}
     await fleet.wait(outcomes, smoke=False)
@@ -169,14 +160,14 @@ def gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("servefleet.fleet.core.host_has_gpus", yes)
 
 
-async def test_a_failed_first_server_is_stopped_then_the_next_one_starts(tmp_path: Path, cleanup, gpu_host) -> None:
+async def test_a_failed_first_server_is_stopped_then_the_next_one_starts(tmp_path: Path, fleets, gpu_host) -> None:
     # no `gpus` on either, on a GPU box: both may use any GPU of the host, so they share
     path = write_fleet(tmp_path, {
         "a": {"args": vllm(LOAD_S, "--fail-at-startup", "gpu_oom", "--fail-delay", "1")},
         "b": {"args": vllm(0.5)},
     })
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     verdicts = await fleet.up(smoke=False)
     assert verdicts["a"].state == State.FAILED and verdicts["a"].category == Category.GPU_OOM
     assert verdicts["b"].state == State.READY, verdicts["b"]
@@ -192,10 +183,10 @@ async def test_a_failed_first_server_is_stopped_then_the_next_one_starts(tmp_pat
     assert b.launched_at >= gone_at
 
 
-async def test_a_first_server_refused_before_launch_does_not_hold_the_next_one(tmp_path: Path, cleanup) -> None:
+async def test_a_first_server_refused_before_launch_does_not_hold_the_next_one(tmp_path: Path, fleets) -> None:
     path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(0.5)}, "b": {"gpus": [0], "args": vllm(0.5)}})
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     holder = socket.socket()
     holder.bind(("127.0.0.1", fleet.spec.server("a").port))
     holder.listen()
@@ -207,13 +198,13 @@ async def test_a_first_server_refused_before_launch_does_not_hold_the_next_one(t
     assert [s["signal"] for s in fleet.store.load("b").started_after] == ["not launched"]
 
 
-async def test_restart_waits_for_a_sibling_that_is_still_starting(tmp_path: Path, cleanup) -> None:
+async def test_restart_waits_for_a_sibling_that_is_still_starting(tmp_path: Path, fleets) -> None:
     path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S)}, "b": {"gpus": [0, 1], "args": vllm(0.5)}})
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     # a launched by another `up --no-wait` a moment ago, still loading; b is restarted now
     starter = Fleet.load(path)
-    cleanup(starter)
+    fleets(starter)
     await starter.up(["a"], wait=False)
     verdict = await fleet.restart("b", smoke=False)
     assert verdict.state == State.READY
@@ -223,12 +214,12 @@ async def test_restart_waits_for_a_sibling_that_is_still_starting(tmp_path: Path
     assert gap(b.launched_at, a.launched_at) >= SETTLE_S
 
 
-async def test_a_failed_server_is_stopped_unless_kept(tmp_path: Path, cleanup) -> None:
+async def test_a_failed_server_is_stopped_unless_kept(tmp_path: Path, fleets) -> None:
     """The smoke request fails (HTTP 500) on a server that keeps serving: `up` says failed, and
     that server must not stay up for `status` to call ready."""
     path = write_fleet(tmp_path, {"bad": {"args": ["--load-time", "0.3", "--error-rate", "1"]}})
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     verdict = (await fleet.up(smoke=True))["bad"]
     assert verdict.state == State.FAILED
     record = fleet.store.load("bad")
@@ -262,7 +253,7 @@ def test_up_cli_says_the_failed_server_was_stopped(tmp_path: Path) -> None:
         subprocess.run([sys.executable, "-m", "servefleet.cli.main", "down", "--fleet", str(path)], capture_output=True, timeout=60)
 
 
-async def test_an_earlier_runs_lines_in_the_appended_log_do_not_count(tmp_path: Path, cleanup) -> None:
+async def test_an_earlier_runs_lines_in_the_appended_log_do_not_count(tmp_path: Path, fleets) -> None:
     """The earlier run left a memory line, a KV-cache size and a fatal line in a's log: the new
     launch's verdict, capacity and b's turn come from the new lines only."""
     path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S, "--kv-tokens", "5000")}, "b": {"gpus": [0], "args": vllm(0.5)}})
@@ -276,7 +267,7 @@ async def test_an_earlier_runs_lines_in_the_appended_log_do_not_count(tmp_path: 
     ]
     (logs / "a.log").write_text("\n".join(earlier) + "\n")
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     verdicts = await fleet.up(smoke=False)
     assert verdicts["a"].state == State.READY and verdicts["b"].state == State.READY, verdicts
     assert verdicts["a"].capacity.kv_cache_tokens == 5000
@@ -312,10 +303,10 @@ async def test_over_ssh_the_turn_comes_from_this_launchs_memory_line(sshd_server
     assert gap(b.launched_at, a.launched_at) >= SETTLE_S
 
 
-async def test_no_wait_returns_once_the_last_sharing_server_is_launched(tmp_path: Path, cleanup) -> None:
+async def test_no_wait_returns_once_the_last_sharing_server_is_launched(tmp_path: Path, fleets) -> None:
     path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S)}, "b": {"gpus": [0], "args": vllm(0.5)}})
     fleet = Fleet.load(path)
-    cleanup(fleet)
+    fleets(fleet)
     verdicts = await fleet.up(wait=False)
     assert {v.state for v in verdicts.values()} == {State.LAUNCHING}
     a, b = fleet.store.load("a"), fleet.store.load("b")
