@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-__all__ = ["until_stopped"]
+__all__ = ["cancel_and_wait", "until_stopped"]
 
 T = TypeVar("T")
 
@@ -25,7 +25,12 @@ async def until_stopped(work: Awaitable[T], stop: asyncio.Event | None) -> tuple
         stopped.cancel()
     if task.done():
         return False, task.result()
+    await cancel_and_wait(task)
+    return True, None
+
+
+async def cancel_and_wait(task: asyncio.Future[object]) -> None:
+    """Cancel ``task`` and wait until it has ended (its cancellation is not an error here)."""
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    return True, None

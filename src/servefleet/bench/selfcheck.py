@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from servefleet.stopping import cancel_and_wait
+
 if TYPE_CHECKING:  # worker processes import this module; keep numpy and pydantic out of them
     from servefleet.bench.result import ClientCheck
 
@@ -79,11 +81,7 @@ class LoopProbe:
         wall = perf_counter() - self._t0
         cpu = self._cpu() - self._cpu0
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
         return WorkerLoad(wall_s=wall, cpu_s=cpu, lags_s=list(self._lags))
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from servefleet.sim.config import SimConfig
 from servefleet.sim.timing import tokens_after
+from servefleet.stopping import cancel_and_wait
 
 __all__ = ["EventPipe", "Histogram", "SimRequest", "Scheduler", "Stats", "StepInfo"]
 
@@ -185,11 +186,7 @@ class EventPipe:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def run(self) -> None:
@@ -261,11 +258,7 @@ class Scheduler:
         if self.pipe is not None:
             await self.pipe.stop()
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     def _admit(self) -> list[SimRequest]:
