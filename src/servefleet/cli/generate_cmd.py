@@ -20,7 +20,7 @@ sharded Parquet (or JSONL). Run the same command again to resume: ids in committ
 skipped, nothing is asked twice. Input: JSONL in the OpenAI batch format ({custom_id, body}) or
 {id, prompt|messages, ...}, or Parquet with the same columns.
 
---output holds: job.json (the manifest: input fingerprint, parameters, runs, shard counts), part-*.parquet shards with a .json sidecar each (the commit record), rejects.jsonl (bad input lines, with line numbers), failures.jsonl (prompts that failed every attempt, with the last error) and report.json (this run's report, as --json prints it; `servefleet plan --check` reads it)."""
+--output holds: job.json (the manifest: input fingerprint, parameters, runs, shard counts), part-*.parquet shards with a .json sidecar each (the commit record), rejects.jsonl (bad input lines, with line numbers), failures.jsonl (prompts that failed every attempt, with the last error), report.json (this run's report, as --json prints it; `servefleet plan --check` reads it), progress.json (a snapshot every 2 s: `servefleet progress DEST` reads it from any terminal) and timeline/RUN_ID.json (the run's time series, bounded to 480 buckets per series: `servefleet report DEST` draws it)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -53,6 +53,8 @@ def generate(
     strict: Annotated[bool, typer.Option("--strict", help="stop before sending anything if any input record is rejected")] = False,
     force: Annotated[bool, typer.Option("--force", help="go on in a destination made with another input or parameters")] = False,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SERVEFLEET_API_KEY", show_default=False, help="bearer token for the servers (env SERVEFLEET_API_KEY)")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=0, max=65535, help="serve Prometheus metrics of the job on this port (/metrics: prompts done, tokens, errors, retries, per-server in flight, rate and concurrency limit)")] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="address for --metrics-port (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     from servefleet.generate.health import HealthPolicy
@@ -83,6 +85,7 @@ def generate(
             health=HealthPolicy(hang_min_s=hang_after), max_attempts=max_attempts, retry_base_s=backoff_base,
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),
             shard_seconds=shard_seconds, strict=strict, force=force, request_timeout_s=request_timeout, api_key=api_key,
+            metrics_host=metrics_host, metrics_port=metrics_port,
         )
     except ValueError as exc:
         _fail(err, json_out, str(exc), ExitCode.USAGE)

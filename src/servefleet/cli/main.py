@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "servefleet.cli.verify_cmds",  # wait, diagnose
     "servefleet.cli.bench_cmds",  # bench, compare
     "servefleet.cli.generate_cmd",  # generate
+    "servefleet.cli.progress_cmd",  # progress
     "servefleet.cli.plan_cmds",  # capacity, plan
     "servefleet.cli.sim_cmd",  # sim
     "servefleet.cli.model_cmd",  # model tiny

@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -52,12 +52,16 @@ from servefleet.generate.inputs import (
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
 from servefleet.generate.ledger import DoneSet, Ledger
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, run_prepass
+from servefleet.generate.recorder import JobRecorder
 from servefleet.generate.report import JobReport, build_report
 from servefleet.generate.retry import RequestFailure, RetryPolicy
 from servefleet.generate.shards import ShardBuffer, ShardLimits, shard_schema
 from servefleet.generate.sinks import Sink, open_sink
 from servefleet.generate.stats import JobStats
 from servefleet.stopping import until_stopped
+
+if TYPE_CHECKING:
+    from servefleet.generate.metrics import JobMetrics
 
 __all__ = ["GenerateConfig", "run_generate", "JobMismatch", "Progress", "REJECTS_FILE", "FAILURES_FILE", "REPORT_FILE"]
 
@@ -99,6 +103,9 @@ class GenerateConfig(BaseModel):
     health: HealthPolicy = Field(default_factory=HealthPolicy)
     retry_base_s: float = 0.5
     retry_cap_s: float = 30.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(None, ge=0, le=65535)  # Prometheus metrics of the job (metrics.py); None: none
+    record_interval_s: float = Field(2.0, gt=0)  # progress.json every this often, the timeline every 5x (recorder.py)
 
     def defaults(self) -> RequestDefaults:
         p = self.params
@@ -118,16 +125,26 @@ async def run_generate(
     if not os.path.isfile(config.input):
         raise ConfigError(f"--input {config.input}: no such file")
     t_start = time.monotonic()
-    sink = open_sink(config.output)
-    try:
-        with sink.lock():
-            return await _run_locked(config, sink, targets, restarter, progress, stop, t_start)
-    finally:
-        sink.close()
+    with _metrics(config) as metrics:  # a port in use is refused before anything is read
+        sink = open_sink(config.output)
+        try:
+            with sink.lock():
+                return await _run_locked(config, sink, targets, restarter, progress, stop, t_start, metrics)
+        finally:
+            sink.close()
+
+
+def _metrics(config: GenerateConfig) -> contextlib.AbstractContextManager[JobMetrics | None]:
+    if config.metrics_port is None:
+        return contextlib.nullcontext()
+    from servefleet.generate.metrics import JobMetrics  # prometheus_client: only when asked for
+
+    return JobMetrics(config.metrics_host, config.metrics_port)
 
 
 async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] | None, restarter: Restarter | None,
-                      progress: Progress | None, stop: asyncio.Event | None, t_start: float) -> JobReport:
+                      progress: Progress | None, stop: asyncio.Event | None, t_start: float,
+                      metrics: JobMetrics | None = None) -> JobReport:
     params = config.params
     base = {"destination": sink.url, "input": config.input}
     manifest = await _read_manifest(sink)
@@ -148,16 +165,23 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
     resume = await _what_is_done(config, ledger, manifest, source, progress)  # -- 5.
     _give_back_memory()  # the pre-pass's hashes are gone (the plan has what the feed needs)
     stats = _new_stats(info, resume)
+    if metrics is not None:
+        metrics.attach(stats)
+        stats.event(f"metrics: http://{metrics.host}:{metrics.port}/metrics")
+    recorder = JobRecorder(sink, stats, run_id=run.run_id, interval_s=config.record_interval_s, extra={"bench": [os.path.abspath(b) for b in config.bench]})
     sent = _Sent()
     failures = _FailureLog(sink)
     try:  # -- 6.
-        sent = await _send(config, targets, restarter, progress, stop, stats, ledger, resume, failures, t_start)
+        sent = await _send(config, targets, restarter, progress, stop, stats, ledger, resume, failures, t_start, recorder)
         status = _status(sent.outcome, stats)
     except BaseException:
         run.status = "error"
         raise
     finally:  # -- 7.
-        await _finish_run(sink, manifest, run, resume, stats, failures, files, sent.outcome)
+        try:
+            await _finish_run(sink, manifest, run, resume, stats, failures, files, sent.outcome)
+        finally:
+            await recorder.finish(run.status)
 
     remaining = max(0, info.valid - resume.done_count - stats.committed)
     report = build_report(
@@ -288,7 +312,7 @@ class _FailureLog:
 
 async def _send(config: GenerateConfig, targets: list[Target] | None, restarter: Restarter | None, progress: Progress | None,
                 stop: asyncio.Event | None, stats: JobStats, ledger: Ledger, resume: _Resume, failures: _FailureLog,
-                t_start: float) -> _Sent:
+                t_start: float, recorder: JobRecorder) -> _Sent:
     """Send what is not done over every server until it is answered, failed, or the run is stopped."""
     sent = _Sent()
     if stats.to_send <= 0:
@@ -316,6 +340,7 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         sent.startup_s = time.monotonic() - t_start
         stats.started = time.monotonic()
         committer.start()
+        recorder.start()
         if progress:
             progress.start(stats)
         try:
