@@ -87,6 +87,16 @@ def test_the_timeline_stays_bounded_keeps_every_token_and_records_outages_and_re
     assert kinds == [("outage", 100.0), ("back", 150.0), ("restart", 150.0)]
 
 
+def test_an_outage_shorter_than_a_sample_is_still_an_outage():
+    stats = JobStats()
+    server = stats.servers["a"] = ServerStats("a", "http://a", limit=4)
+    tl = Timeline(started=0.0)
+    tl.sample(1.0, stats)
+    server.outages, server.restarts = 1, 1  # taken out and restarted between two samples: "up" at both
+    tl.sample(2.0, stats)
+    assert [(e["kind"], e["t"]) for e in tl.to_json()["events"]["items"]] == [("outage", 1.5), ("back", 2.0), ("restart", 2.0)]
+
+
 def test_a_week_of_64_servers_fits_in_a_bounded_record():
     stats = JobStats()
     for i in range(64):

@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "servefleet.cli.bench_cmds",  # bench, compare
     "servefleet.cli.generate_cmd",  # generate
     "servefleet.cli.progress_cmd",  # progress
+    "servefleet.cli.report_cmd",  # report
     "servefleet.cli.plan_cmds",  # capacity, plan
     "servefleet.cli.sim_cmd",  # sim
     "servefleet.cli.model_cmd",  # model tiny

@@ -21,7 +21,7 @@ from servefleet.generate.job import JOB_FILE
 from servefleet.generate.recorder import PROGRESS_FILE, TIMELINE_DIR
 from servefleet.generate.sinks import Sink, open_sink
 
-__all__ = ["JobRecord", "read_job", "progress_of", "FAILURE_KINDS", "STALE_AFTER", "STALE_MIN_S"]
+__all__ = ["JobRecord", "read_job", "progress_of", "job_series", "FAILURE_KINDS", "STALE_AFTER", "STALE_MIN_S"]
 
 REPORT_FILE = "report.json"  # servefleet.generate.runner.REPORT_FILE (runner imports the whole job)
 FAILURES_FILE = "failures.jsonl"
@@ -159,3 +159,69 @@ def progress_of(record: JobRecord, now: float | None = None) -> dict[str, Any]:
         out["eta_s"] = None
         out["output_tokens_per_s_now"] = 0.0 if state == "stale" else out["output_tokens_per_s_now"]
     return out
+
+
+def job_series(record: JobRecord) -> dict[str, Any]:
+    """The job's runs on one time axis (seconds since its first recorded run started), per server and
+    for the job: rates per bucket (tokens / the bucket's seconds), concurrency, failures, the servers'
+    outages as intervals and restarts as marks. Runs are separated by a gap (None) in every series."""
+    tls = [t for t in record.timelines if t.get("started") is not None]
+    if not tls:
+        return {"destination": record.destination, "runs": [], "servers": {}, "job": {}, "outages": [], "events": [],
+                "messages": [], "x_max": 0.0}
+    origin = float(tls[0]["started"])
+    servers: dict[str, dict[str, list[Any]]] = {}
+    job: dict[str, list[Any]] = {k: [] for k in ("t", "output_tokens_per_s", "done", "failed", "retries")}
+    runs, outages, events, messages = [], [], [], []
+    x_max = 0.0
+    for tl in tls:
+        start = float(tl["started"]) - origin
+        end = max(start, float(tl.get("updated_unix", tl["started"])) - origin)
+        width = float(tl["bucket_s"])
+        n = int(tl["buckets"])
+        runs.append({"run_id": tl.get("run_id"), "start_s": round(start, 3), "end_s": round(end, 3), "status": tl.get("status"),
+                     "bucket_s": width})
+        x_max = max(x_max, end)
+        spans = [max(1e-3, min(width, end - start - i * width)) for i in range(n)]
+        mids = [round(start + i * width + s / 2, 3) for i, s in enumerate(spans)]
+        gap = bool(job["t"])
+        jd = tl.get("job") or {}
+        if gap:
+            for col in job.values():
+                col.append(None)
+        job["t"].extend(mids)
+        job["output_tokens_per_s"].extend(round(v / s, 3) for v, s in zip(jd.get("output_tokens", [0] * n), spans, strict=True))
+        for key in ("done", "failed", "retries"):
+            job[key].extend(jd.get(key, [0] * n))
+        for name, cols in (tl.get("servers") or {}).items():
+            ser = servers.setdefault(name, {k: [] for k in ("t", "output_tokens_per_s", "in_flight", "limit", "errors", "requests",
+                                                            "output_tokens")})
+            if ser["t"]:
+                for col in ser.values():
+                    col.append(None)
+            ser["t"].extend(mids)
+            ser["output_tokens_per_s"].extend(round(v / s, 3) for v, s in zip(cols["output_tokens"], spans, strict=True))
+            ser["in_flight"].extend(cols["in_flight_mean"])
+            ser["limit"].extend(cols["limit"])
+            ser["errors"].extend(cols["errors"])
+            ser["requests"].extend(cols["requests"])
+            ser["output_tokens"].extend(cols["output_tokens"])
+        down: dict[str, float] = {}
+        for e in (tl.get("events") or {}).get("items", []):
+            t = round(start + float(e["t"]), 3)
+            events.append({**e, "t": t})
+            if e["kind"] in ("outage", "gone") and e["server"] not in down:
+                down[e["server"]] = t
+            elif e["kind"] == "back" and e["server"] in down:
+                outages.append({"server": e["server"], "start_s": down.pop(e["server"]), "end_s": t})
+        for name, t in down.items():  # still out when the run ended
+            outages.append({"server": name, "start_s": t, "end_s": round(end, 3), "open": True})
+        messages.extend({**m, "t": round(start + float(m["t"]), 3), "run_id": tl.get("run_id")}
+                        for m in (tl.get("messages") or {}).get("items", []))
+    totals = {name: {"requests": sum(v for v in s["requests"] if v is not None),
+                     "output_tokens": sum(v for v in s["output_tokens"] if v is not None),
+                     "errors": sum(v for v in s["errors"] if v is not None),
+                     "restarts": sum(int(e.get("count", 1)) for e in events if e["server"] == name and e["kind"] == "restart"),
+                     "outages": sum(1 for o in outages if o["server"] == name)} for name, s in servers.items()}
+    return {"destination": record.destination, "origin_unix": origin, "runs": runs, "x_max": round(x_max, 3), "job": job,
+            "servers": servers, "totals": totals, "outages": outages, "events": events, "messages": messages}

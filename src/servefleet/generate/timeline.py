@@ -92,41 +92,68 @@ class Timeline:
 
     # ---- sampling -------------------------------------------------------------------------------
     def sample(self, now: float, stats: JobStats) -> None:
-        """Add what changed since the previous sample (``now``: UNIX time)."""
+        """Add what changed since the previous sample (``now``: UNIX time). A change happened over
+        (t - dt, t]: it is shared between the buckets that interval overlaps, in proportion (whole
+        numbers, the total kept exactly), so samples that drift against the buckets' edges leave no
+        spikes; what is read at an instant (in flight, the limit) goes to the bucket of t."""
         t = max(0.0, now - self.started)
-        dt = 0.0 if self._last_t is None else max(0.0, t - self._last_t)
+        dt = t if self._last_t is None else max(0.0, t - self._last_t)
         self._last_t = t
         i = self._bucket(t)
+        shares = self._shares(t - dt, t, i)
         job = (stats.done, stats.failed, stats.retries, stats.completion_tokens)
         for key, new, old in zip(_JOB_SUM, job, self._last_job, strict=True):
-            self.job[key][i] += new - old
+            _spread(self.job[key], new - old, shares)
         self._last_job = job
         for name, st in list(stats.servers.items()):
-            self._sample_server(name, ServerSample.of(st), t, dt, i)
+            self._sample_server(name, ServerSample.of(st), t, dt, i, shares)
         self._take_messages(t, stats)
 
-    def _sample_server(self, name: str, s: ServerSample, t: float, dt: float, i: int) -> None:
+    def _shares(self, a: float, b: float, last: int) -> list[tuple[int, float]]:
+        """(bucket, fraction) of the interval [a, b] that falls in each bucket up to ``last``."""
+        w = self.bucket_s
+        first = max(0, min(last, int(a // w)))
+        if first == last or b <= a:
+            return [(last, 1.0)]
+        return [(k, (min(b, (k + 1) * w) - max(a, k * w)) / (b - a)) for k in range(first, last + 1)]
+
+    def _sample_server(self, name: str, s: ServerSample, t: float, dt: float, i: int, shares: list[tuple[int, float]]) -> None:
         cols = self.servers.get(name)
         if cols is None:
             cols = self.servers[name] = {k: [0.0] * self._n for k in (*_SERVER_SUM, *_SERVER_MAX, *_SERVER_LAST)}
             cols["limit"] = [float(s.limit)] * self._n
         prev = self._last.get(name)
         base = prev or ServerSample(0, 0, 0, 0, s.limit, "up", 0, 0)
-        cols["tokens"][i] += s.tokens - base.tokens
-        cols["requests"][i] += s.requests - base.requests
-        cols["errors"][i] += s.errors - base.errors
+        _spread(cols["tokens"], s.tokens - base.tokens, shares)
+        _spread(cols["requests"], s.requests - base.requests, shares)
+        _spread(cols["errors"], s.errors - base.errors, shares)
         cols["in_flight_sum"][i] += s.in_flight
         cols["samples"][i] += 1
         cols["in_flight_max"][i] = max(cols["in_flight_max"][i], s.in_flight)
         cols["limit"][i] = s.limit
         if s.state != "up":
-            cols["down_s"][i] += dt
-        if s.state != base.state:
-            kind = {"down": "outage", "gone": "gone", "up": "back"}.get(s.state, s.state)
-            self.events.add({"t": round(t, 3), "server": name, "kind": kind})
+            for k, frac in shares:
+                cols["down_s"][k] += dt * frac
+        self._state_events(name, base, s, t, dt)
         if s.restarts > base.restarts:
             self.events.add({"t": round(t, 3), "server": name, "kind": "restart", "count": s.restarts - base.restarts})
         self._last[name] = s
+
+    def _state_events(self, name: str, before: ServerSample, now: ServerSample, t: float, dt: float) -> None:
+        """Outages from the state and from the outage counter: a server taken out and back between two
+        samples (a quick restart) shows only in the counter; it is placed in the middle of the interval."""
+        was_up, is_up = before.state == "up", now.state == "up"
+        seen_down = 1 if was_up and not is_up else 0
+        blips = max(0, now.outages - before.outages - seen_down)
+        if not was_up and (is_up or blips):
+            self.events.add({"t": round(t, 3), "server": name, "kind": "back"})
+        for _ in range(blips):
+            self.events.add({"t": round(t - dt / 2, 3), "server": name, "kind": "outage"})
+            self.events.add({"t": round(t, 3), "server": name, "kind": "back"})
+        if not is_up and (was_up or blips):
+            self.events.add({"t": round(t, 3), "server": name, "kind": "outage"})
+        if now.state == "gone" and before.state != "gone":
+            self.events.add({"t": round(t, 3), "server": name, "kind": "gone"})
 
     def _take_messages(self, t: float, stats: JobStats) -> None:
         fresh = min(stats.events_total - self._events_seen, len(stats.events))
@@ -200,3 +227,17 @@ def _without_elapsed(text: str) -> str:
     except ValueError:
         return text
     return rest if sep else text
+
+
+def _spread(col: list[float], amount: int, shares: list[tuple[int, float]]) -> None:
+    """Add a whole ``amount`` over the buckets of ``shares``: cumulative rounding keeps the total exact."""
+    if len(shares) == 1:
+        col[shares[0][0]] += amount
+        return
+    given, cum = 0, 0.0
+    for k, frac in shares:
+        cum += frac
+        part = round(amount * cum) - given
+        col[k] += part
+        given += part
+    col[shares[-1][0]] += amount - given
