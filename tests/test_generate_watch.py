@@ -3,6 +3,7 @@ time series, and `generate --metrics-port` scraped while a real generate runs ag
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -14,8 +15,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import PYTHON, SimProcess, free_port, s3_env, s3fs_for, wait_until
+from conftest import PYTHON, SimProcess, async_wait_until, free_port, s3_env, s3fs_for, wait_until
 from servefleet.generate.job_record import progress_of, read_job
+from servefleet.generate.recorder import JobRecorder
+from servefleet.generate.sinks import LocalSink
 from servefleet.generate.stats import JobStats, ServerStats
 from servefleet.generate.timeline import Timeline
 
@@ -121,6 +124,7 @@ def test_progress_and_metrics_while_a_real_generate_runs_and_after_it_ends(slow_
     port = free_port()
     proc = subprocess.Popen(generate_argv(src, str(out), slow_sim.url, "--metrics-port", str(port)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = None
     try:
         def sending() -> bool:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -129,6 +133,8 @@ def test_progress_and_metrics_while_a_real_generate_runs_and_after_it_ends(slow_
             snap = json.loads((out / "progress.json").read_text())
             return snap["status"] == "running" and 0 < snap["done"] < n
         wait_until(sending, timeout=60, interval=0.1, what="a progress.json of a run under way")
+        watcher = subprocess.Popen([PYTHON, "-m", "servefleet.cli.main", "progress", str(out), "--watch", "--json", "--interval", "0.3"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         rc, views, err = progress_cli(str(out))
         assert rc == 0, err
         live = views[0]
@@ -149,10 +155,16 @@ def test_progress_and_metrics_while_a_real_generate_runs_and_after_it_ends(slow_
                    what="the answered counter to grow")
 
         stdout, stderr = proc.communicate(timeout=120)
+        watched, watch_err = watcher.communicate(timeout=60)  # --watch ends by itself once the job has
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for p in (proc, watcher):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    lines = [json.loads(line) for line in watched.splitlines()]
+    assert watcher.returncode == 0, watch_err
+    assert len(lines) >= 2 and lines[0]["state"] == "running" and lines[-1]["state"] == "complete"
+    assert [v["done"] for v in lines] == sorted(v["done"] for v in lines) and lines[-1]["done"] == n
     report = json.loads(stdout)
     assert proc.returncode == 0 and report["status"] == "complete", stderr[-3000:]
     rc, views, err = progress_cli(str(out), "--watch")  # an ended job: one view, the job's exit code
@@ -221,3 +233,39 @@ def test_progress_of_a_job_on_s3(moto_url, tmp_path):
     assert rc == 0, err
     assert views[0]["state"] == "complete" and views[0]["done"] == 80 and views[0]["destination"] == "s3://bucket/jobs/w"
     assert views[0]["output_tokens"] == report["completion_tokens"]
+    res = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "report", "s3://bucket/jobs/w", "--out", str(tmp_path / "r.html"),
+                          "--json"], capture_output=True, text=True, timeout=60, env=env)
+    written = json.loads(res.stdout)
+    assert res.returncode == 0 and written["runs"] == 1 and written["servers"] == ["url"], res.stderr[-2000:]
+    assert 'data-chart="tps"' in (tmp_path / "r.html").read_text()
+
+
+class FailingSink(LocalSink):
+    """A destination where progress records cannot be written (shards still can)."""
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        if rel == "progress.json" or rel.startswith("timeline/"):
+            raise PermissionError(13, "Permission denied", rel)
+        super().write_bytes(rel, data)
+
+
+async def test_a_progress_record_that_cannot_be_written_is_noted_once_and_the_job_goes_on(tmp_path):
+    stats = JobStats(total=10)
+    stats.servers["a"] = ServerStats("a", "http://a", limit=2)
+    recorder = JobRecorder(FailingSink(str(tmp_path)), stats, run_id="r", interval_s=0.05, sample_s=0.05)
+    recorder.start()
+    await async_wait_until(lambda: _async(stats.events_total >= 1), timeout=10, what="the failure to be noted")
+    stats.done = 3
+    await asyncio.sleep(0.3)  # several more ticks fail too: still one event
+    await recorder.finish("complete")
+    assert stats.events_total == 1 and "progress record" in stats.events[0] and "Permission denied" in stats.events[0]
+    assert recorder.writes == 0 and not (tmp_path / "progress.json").exists()
+    # the same recorder on a sink that works: the final record lands, with the final status
+    ok = JobRecorder(LocalSink(str(tmp_path)), stats, run_id="r")
+    await ok.finish("complete")
+    assert json.loads((tmp_path / "progress.json").read_text())["status"] == "complete"
+    assert (tmp_path / "timeline" / "r.json").exists()
+
+
+async def _async(value: bool) -> bool:
+    return value
