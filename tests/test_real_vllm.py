@@ -209,6 +209,11 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
             if line.strip() and shard.name != "failures.jsonl"]
     ids = [r["id"] for r in rows if "id" in r]
     assert sorted(ids) == [f"p{i:03d}" for i in range(50)]  # every prompt answered exactly once
+    # what the job wrote about itself: progress and the time series hold the run's own numbers
+    code, view, err = cli_json("progress", str(out), timeout=60)
+    assert code == 0 and view["state"] == "complete" and view["done"] == 50, err
+    timeline = json.loads(next((out / "timeline").glob("*.json")).read_text())
+    assert sum(sum(s["output_tokens"]) for s in timeline["servers"].values()) == report["completion_tokens"]
     # a second run finds the job done and asks nothing again
     code, again, err = cli_json(*args, timeout=300)
     assert code == 0, err

@@ -10,7 +10,9 @@ Modules, one job each: ``inputs`` (records), ``prepass`` (fingerprint, rejects, 
 ``job`` (manifest), ``sinks`` (folder / object storage), ``shards`` (row buffers and files),
 ``ledger`` (commit and resume), ``committer``, ``client`` (HTTP), ``retry``, ``concurrency``,
 ``health``, ``endpoints`` (servers and the fleet link), ``dispatch``, ``stats``, ``progress``,
-``report``, ``runner`` (the whole job).
+``report``, ``timeline`` (the bounded time series), ``recorder`` (progress.json and the timeline,
+written while the job runs), ``job_record`` (reading a job from its destination), ``metrics``
+(Prometheus), ``runner`` (the whole job).
 """
 
 from servefleet.generate.endpoints import FleetRestarter, Restarter, Target
