@@ -269,3 +269,16 @@ async def test_a_progress_record_that_cannot_be_written_is_noted_once_and_the_jo
 
 async def _async(value: bool) -> bool:
     return value
+
+
+def test_the_metrics_servers_rate_reads_agree_with_the_jobs_and_change_nothing():
+    from servefleet.generate.stats import RateMeter
+
+    meter = RateMeter(window_s=10.0)
+    for step in range(300):
+        meter.add(7, now=step * 0.1)
+    buckets = len(meter._buckets)
+    peeked = meter.peek_rate(35.0)  # 5 s after the last amount: half the window is empty
+    assert len(meter._buckets) == buckets  # nothing trimmed from the metrics server's thread
+    assert peeked == pytest.approx(meter.rate(35.0)) == pytest.approx(7 * 50 / 10.0, rel=0.05)
+    assert len(meter._buckets) < buckets  # the job's own read trims

@@ -1,7 +1,8 @@
 """Prometheus metrics of a running job (``generate --metrics-port N``), with ``prometheus_client``.
 
 A collector reads :class:`~servefleet.generate.stats.JobStats` when scraped -- the dispatcher's hot
-path stays as it is (no metric objects to update per request). The HTTP server is the client
+path stays as it is (no metric objects to update per request); from the server's thread it only reads
+(plain numbers, and rates by ``RateMeter.peek_rate``, which changes nothing). The HTTP server is the client
 library's own (a daemon thread), bound to 127.0.0.1 unless ``--metrics-host`` says otherwise; it is
 started before the pre-pass, so a port in use is refused before anything is read or sent, and it
 serves only the job's own registry (no process or platform collectors).
@@ -55,13 +56,13 @@ class _Collector:
         ):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
         yield GaugeMetricFamily(PREFIX + "output_tokens_per_second", "Output tokens per second over the last 10 s",
-                                value=st.instant_tps())
+                                value=st.meter.peek_rate())
         servers = list(st.servers.values())
         families: list[tuple[Any, str, str, Any]] = [
             (GaugeMetricFamily, "server_up", "1 while the server is in service, 0 while taken out or given up", lambda s: float(s.state == "up")),
             (GaugeMetricFamily, "server_in_flight", "Requests in flight", lambda s: s.in_flight),
             (GaugeMetricFamily, "server_concurrency_limit", "The server's concurrency limit now", lambda s: s.limit),
-            (GaugeMetricFamily, "server_output_tokens_per_second", "Output tokens per second over the last 10 s", lambda s: s.meter.rate()),
+            (GaugeMetricFamily, "server_output_tokens_per_second", "Output tokens per second over the last 10 s", lambda s: s.meter.peek_rate()),
             (CounterMetricFamily, "server_requests", "Answered requests", lambda s: s.requests),
             (CounterMetricFamily, "server_errors", "Failed requests (each attempt)", lambda s: s.errors),
             (CounterMetricFamily, "server_output_tokens", "Output tokens received", lambda s: s.completion_tokens),
