@@ -168,7 +168,9 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
     if metrics is not None:
         metrics.attach(stats)
         stats.event(f"metrics: http://{metrics.host}:{metrics.port}/metrics")
-    recorder = JobRecorder(sink, stats, run_id=run.run_id, interval_s=config.record_interval_s, extra={"bench": [os.path.abspath(b) for b in config.bench]})
+    # progress.json and the run's time series beside the shards (recorder.py); the bench runs let `report` check the plan
+    recorder = JobRecorder(sink, stats, run_id=run.run_id, interval_s=config.record_interval_s,
+                           extra={"bench": [os.path.abspath(b) for b in config.bench]})
     sent = _Sent()
     failures = _FailureLog(sink)
     try:  # -- 6.
