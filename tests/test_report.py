@@ -211,3 +211,38 @@ def test_the_report_needs_nothing_outside_the_file(job, tmp_path):
     for needle in ("src=", "href=", "<link", "@import", "url("):
         assert needle not in text, needle
     assert "no plan known" in text  # no --bench given, and generate ran without one
+
+
+def job_from_bench(tmp_path: Path, model: str) -> Path:
+    """A small job of a sim serving ``model``, started with ``generate --bench`` (the plain run, of sim-7b)."""
+    from conftest import SimProcess
+
+    sim = SimProcess("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
+                     "--max-running", "16", "--model", model, log_path=tmp_path / f"{model}.log").start().wait_ready()
+    dest = tmp_path / model
+    try:
+        src = tmp_path / "in.jsonl"
+        src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(60)))
+        rc, report, err = cli("generate", "-i", str(src), "-o", str(dest), "--url", sim.url, "--max-tokens", "4",
+                              "--bench", str(BENCH_RUNS[1]), "--json")
+        assert rc == 0 and report["status"] == "complete", err
+    finally:
+        sim.stop()
+    return dest
+
+
+def test_the_bench_run_generate_started_from_gives_the_report_its_plan(tmp_path):
+    dest = job_from_bench(tmp_path, "sim-7b")
+    rc, written, err = cli("report", str(dest), "--json")  # no --bench: the one generate was given
+    assert rc == 0 and written["plan"] and written["out"] == str(dest / "report.html"), err
+    rc, check, err = cli("plan", "--check", str(dest), "--bench", str(BENCH_RUNS[1]), "--json")
+    assert rc == 0, err
+    assert check["verdict"] in (dest / "report.html").read_text()
+
+
+def test_a_bench_run_of_another_model_is_no_plan_for_the_job_and_the_report_says_why(tmp_path):
+    dest = job_from_bench(tmp_path, "other-model")
+    rc, written, err = cli("report", str(dest), "--json")
+    assert rc == 0 and not written["plan"], err
+    assert any("configuration mismatch" in n and "other-model" in n for n in written["notes"])
+    assert "configuration mismatch" in (dest / "report.html").read_text()
