@@ -197,6 +197,7 @@ def test_a_killed_run_shows_as_stale_and_a_taken_metrics_port_is_refused_before_
     assert progress_of(record, now=snap["updated_unix"] + 5)["state"] == "running"  # killed just now: cannot tell yet
     stale = progress_of(record, now=snap["updated_unix"] + 120)
     assert stale["state"] == "stale" and "resume" in stale["note"] and stale["eta_s"] is None
+    assert stale["output_tokens_per_s_now"] is None and stale["remaining"] == 400 - stale["done"] > 0
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

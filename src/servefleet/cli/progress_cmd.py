@@ -23,7 +23,8 @@ from another terminal or machine, while the job runs and after it ended.
 
 State: running, starting (pre-pass or probing servers), complete, incomplete (failures), interrupted,
 stalled, error, or stale (a running job that stopped writing: it was probably killed; generate again
-resumes it). Exit code: 0, or 3 when DEST holds no job. With --watch: refresh until the job ends, then
+resumes it). Remaining: prompts not answered yet (while running, the failed ones are not counted: this run
+does not send them again; a resumed run does). Exit code: 0, or 3 when DEST holds no job. With --watch: refresh until the job ends, then
 exit as generate did (0 complete, 1 incomplete or stale, 2 stalled, 130 interrupted)."""
 
 _ENDED = {"complete": ExitCode.OK, "incomplete": ExitCode.FAILED, "error": ExitCode.FAILED, "stale": ExitCode.FAILED,
@@ -92,6 +93,13 @@ def _eta(seconds: float | None) -> str:
     return format_eta(seconds)
 
 
+def _rates(view: dict[str, Any]) -> list[Any]:
+    avg = f"{view.get('output_tokens_per_s_avg') or 0:,.0f} tok/s avg   "
+    if view.get("output_tokens_per_s_now") is None:  # the job is not sending
+        return [avg]
+    return [(f"{view['output_tokens_per_s_now']:,.0f} tok/s", "cyan"), " now, " + avg]
+
+
 def render(view: dict[str, Any]) -> Group:
     total = int(view.get("total") or 0)
     done = int(view.get("done") or 0)
@@ -99,14 +107,14 @@ def render(view: dict[str, Any]) -> Group:
     head = Text.assemble(
         (state, _STYLE.get(state, "bold")), f"  {done:,}/{total:,} done  {100 * done / max(1, total):5.1f}%   ",
         f"remaining {int(view.get('remaining') or 0):,}   ",
-        (f"{view.get('output_tokens_per_s_now') or 0:,.0f} tok/s", "cyan"), f" now, {view.get('output_tokens_per_s_avg') or 0:,.0f} avg   ",
+        *_rates(view),
         f"ETA {_eta(view.get('eta_s'))}   retries {int(view.get('retries') or 0):,}   ",
         (f"failed {int(view.get('failed') or 0):,}", "red" if view.get("failed") else ""),
     )
     parts: list[Any] = [head]
     where = f"{view['destination']}  run {view.get('run_id')} ({view.get('runs')} run(s))"
     if view.get("updated_s_ago") is not None:
-        where += f"  updated {view['updated_s_ago']:.0f}s ago, elapsed {_eta(view.get('elapsed_s'))}"
+        where += f"  updated {view['updated_s_ago']:.0f}s ago, this run sent for {_eta(view.get('elapsed_s'))}"
     parts.append(Text(where, style="dim"))
     if view.get("note"):
         parts.append(Text(view["note"], style="yellow"))

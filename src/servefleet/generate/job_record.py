@@ -156,8 +156,8 @@ def progress_of(record: JobRecord, now: float | None = None) -> dict[str, Any]:
         "output_tokens_per_s_avg", "eta_s", "elapsed_s", "started_unix", "updated", "servers", "events")})
     out.update(state=state, status=status, note=note, updated_s_ago=round(age, 1))
     if state != "running":
-        out["eta_s"] = None
-        out["output_tokens_per_s_now"] = 0.0 if state == "stale" else out["output_tokens_per_s_now"]
+        # nothing is being sent: no rate now, no ETA; what is left is what a resumed run would send
+        out.update(eta_s=None, output_tokens_per_s_now=None, remaining=max(0, total - int(out["done"] or 0)))
     return out
 
 
