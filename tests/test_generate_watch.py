@@ -167,6 +167,8 @@ def test_progress_and_metrics_while_a_real_generate_runs_and_after_it_ends(slow_
     assert [v["done"] for v in lines] == sorted(v["done"] for v in lines) and lines[-1]["done"] == n
     report = json.loads(stdout)
     assert proc.returncode == 0 and report["status"] == "complete", stderr[-3000:]
+    assert report["files"]["progress"] == str(out / "progress.json")
+    assert report["files"]["timeline"] == str(out / "timeline" / f"{report['run_id']}.json")
     rc, views, err = progress_cli(str(out), "--watch")  # an ended job: one view, the job's exit code
     assert rc == 0 and len(views) == 1, err
     final = views[0]

@@ -52,7 +52,7 @@ from servefleet.generate.inputs import (
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
 from servefleet.generate.ledger import DoneSet, Ledger
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, run_prepass
-from servefleet.generate.recorder import JobRecorder
+from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
 from servefleet.generate.retry import RequestFailure, RetryPolicy
 from servefleet.generate.shards import ShardBuffer, ShardLimits, shard_schema
@@ -184,6 +184,8 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
             await _finish_run(sink, manifest, run, resume, stats, failures, files, sent.outcome)
         finally:
             await recorder.finish(run.status)
+            if recorder.writes:
+                files.update(progress=f"{sink.url}/{PROGRESS_FILE}", timeline=f"{sink.url}/{recorder.timeline_rel}")
 
     remaining = max(0, info.valid - resume.done_count - stats.committed)
     report = build_report(
