@@ -75,7 +75,7 @@ def test_cli_refuses_a_missing_bench_file(tmp_path) -> None:
 def test_the_progress_view_says_each_servers_limit_and_why() -> None:
     from rich.console import Console
 
-    from servefleet.generate.progress import ProgressView
+    from servefleet.cli.generate_view import ProgressView
     from servefleet.generate.stats import JobStats, ServerStats
 
     stats = JobStats(total=10)

@@ -104,10 +104,10 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run(s) as JSON.")] = False,
 ) -> None:
     """Measure throughput and latency of one or more servers across concurrency levels or request rates."""
-    from servefleet.bench.compare import compare_runs, compare_table
-    from servefleet.bench.plots import write_plots
+    from servefleet.bench.compare import compare_runs
     from servefleet.bench.pool import loop_factory
-    from servefleet.bench.report import point_line, run_table
+    from servefleet.cli.bench_view import compare_table, point_line, run_table
+    from servefleet.cli.plots import write_plots
     from servefleet.bench.result import BenchConfig, save_run
     from servefleet.bench.sweep import BenchTarget, ServerUnreachable, auto_workers, run_bench
 
@@ -218,9 +218,10 @@ def compare(
     """Configurations side by side: throughput at each concurrency, best points, ratios, and plots."""
     from pydantic import ValidationError
 
-    from servefleet.bench.compare import compare_runs, compare_table
-    from servefleet.bench.plots import write_plots
+    from servefleet.bench.compare import compare_runs
     from servefleet.bench.result import load_run
+    from servefleet.cli.bench_view import compare_table
+    from servefleet.cli.plots import write_plots
 
     loaded = []
     for path in runs:
