@@ -59,8 +59,7 @@ def generate(
 ) -> None:
     from servefleet.generate.health import HealthPolicy
     from servefleet.generate.job import JobParams
-    from servefleet.generate.progress import ProgressView
-    from servefleet.generate.report import render_report
+    from servefleet.cli.generate_view import ProgressView, render_report
     from servefleet.generate.runner import GenerateConfig
 
     err = Console(stderr=True)

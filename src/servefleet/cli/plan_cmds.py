@@ -49,7 +49,7 @@ def capacity(
     """Predict KV-cache tokens and max running requests from a model's config.json, before launching
     anything; with --url, compare with what the running engine reports."""
     from servefleet.plan.memory import MemoryAssumptions, estimate_memory, load_config, parse_bytes
-    from servefleet.plan.report import memory_table
+    from servefleet.cli.plan_view import memory_table
 
     if model is None and url is None:
         raise _fail("give --model PATH (predict) and/or --url URL (read a running server)")
@@ -107,7 +107,8 @@ def plan(
         raise _fail("give --prompts N (or --check DEST to compare a plan with a job `generate` ran)")
     gpus = gpus or "1"
     from servefleet.plan.planner import JobSpec, plan_job
-    from servefleet.plan.report import plan_table, plot_makespan, recommendation
+    from servefleet.cli.plan_view import plan_table, recommendation
+    from servefleet.cli.plots import plot_makespan
     from servefleet.plan.runs import curve_from_run, mode_warnings, parse_bench_arg, sample_output_mean
 
     try:
@@ -161,7 +162,7 @@ def plan(
 def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, gpus_per_replica: int,
            max_running: int | None, concurrency: int | None, as_json: bool) -> None:
     from servefleet.plan.check import check_plan, measure_job, pick_config
-    from servefleet.plan.report import check_table
+    from servefleet.cli.plan_view import check_table
     from servefleet.plan.runs import curve_from_run, mode_warnings, model_of_run, parse_bench_arg
 
     try:

@@ -88,7 +88,7 @@ def _show(view: dict[str, Any], json_out: bool) -> None:
 
 
 def _eta(seconds: float | None) -> str:
-    from servefleet.generate.progress import format_eta
+    from servefleet.cli.generate_view import format_eta
 
     return format_eta(seconds)
 
