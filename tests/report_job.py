@@ -14,7 +14,7 @@ from conftest import PYTHON, free_port, wait_until
 
 SIM = ("--load-time", "0", "--decode-ms", "12", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
        "--max-running", "8")
-PROMPTS = 400
+PROMPTS = 600  # the first run would take ~9 s: it is interrupted at ~4 s, with room to spare on a slow machine
 SERVEFLEET = [PYTHON, "-m", "servefleet.cli.main"]
 
 
@@ -49,17 +49,17 @@ args = {json.dumps([*SIM, *extra])}
     try:
         first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-        def restarted_and_half_done() -> bool:
+        def restarted_and_a_quarter_done() -> bool:
             assert first.poll() is None, "the first run ended before it could be interrupted: " + first.communicate()[1][-2000:]
             snap = dest / "progress.json"
             if not snap.exists():
                 return False
             data = json.loads(snap.read_text())
             crashy = [s for s in data["servers"] if s["name"] == "crashy"]
-            return data["done"] >= PROMPTS // 2 and bool(crashy) and crashy[0]["restarts"] >= 1
+            return data["done"] >= PROMPTS // 4 and bool(crashy) and crashy[0]["restarts"] >= 1
 
         try:
-            wait_until(restarted_and_half_done, timeout=120, interval=0.1, what="the crashed server back and half the job done")
+            wait_until(restarted_and_a_quarter_done, timeout=120, interval=0.1, what="the crashed server back and a quarter of the job done")
             first.send_signal(signal.SIGINT)
             out, err = first.communicate(timeout=120)
         finally:

@@ -89,7 +89,7 @@ def job_html(series: dict[str, Any], view: dict[str, Any], *, plan: dict[str, An
     marks = [Mark(e["t"], colors.get(e["server"], "#555"), f"restart {e['server']}",
                   attrs={"data-server": e["server"], "data-t": f"{e['t']:g}"}) for e in series["events"] if e["kind"] == "restart"]
     runs = series["runs"]
-    marks += [Mark(r["start_s"], "#888", f"run {i + 1}" + (" (resumed)" if i else ""), cls="run", attrs={"data-run": str(r["run_id"])})
+    marks += [Mark(r["start_s"], "#888", f"run {i + 1}" + (" (resumed)" if i else ""), cls="run", attrs={"data-run": str(r["run_id"])}, bottom=True)
               for i, r in enumerate(runs) if i]
     srv = series["servers"]
     tps = [Series(n, srv[n]["t"], srv[n]["output_tokens_per_s"], colors[n]) for n in names]

@@ -50,6 +50,7 @@ class Mark:
     label: str
     cls: str = "restart"
     attrs: dict[str, str] = field(default_factory=dict)
+    bottom: bool = False  # label at the bottom of the plot (run boundaries), not the top (restarts)
 
 
 def _esc(text: Any) -> str:
@@ -157,12 +158,20 @@ def line_chart(chart_id: str, *, series: list[Series], x_max: float, y_label: st
             out.append(_polyline(run, s))
         out.extend(dots)
         out.append("</g>")
-    for m in marks:
+    rows: dict[tuple[bool, int], float] = {}  # (bottom, row) -> right end of the last label drawn there
+    for m in sorted(marks, key=lambda m: m.x):
         x = px(m.x)
         extra = "".join(f' {k}="{_esc(v)}"' for k, v in m.attrs.items())
+        near_right = x > LEFT + pw - 100  # label on the line's left, inside the plot
+        tx, anchor = (x - 3, "end") if near_right else (x + 3, "start")
+        width = 6.2 * len(m.label)
+        start = tx - width if near_right else tx
+        row = next(r for r in range(8) if rows.get((m.bottom, r), -1e9) < start - 4)  # the first row with room
+        rows[(m.bottom, row)] = start + width
+        ty = TOP + ph - 5 - 12 * row if m.bottom else TOP + 11 + 12 * row
         out.append(f'<g class="{m.cls}"{extra}><line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + ph}" stroke="{m.color}" '
-                   f'stroke-width="1.5" stroke-dasharray="3,3"/><text x="{x + 3:.1f}" y="{TOP + 11}" class="mark" fill="{m.color}">'
-                   f'{_esc(m.label)}</text><title>{_esc(m.label)} at {_fmt_time(m.x)}</title></g>')
+                   f'stroke-width="1.5" stroke-dasharray="3,3"/><text x="{tx:.1f}" y="{ty}" text-anchor="{anchor}" class="mark" '
+                   f'fill="{m.color}">{_esc(m.label)}</text><title>{_esc(m.label)} at {_fmt_time(m.x)}</title></g>')
     out.append(f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
     out.append("</svg>")
     return "".join(out)
