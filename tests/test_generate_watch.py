@@ -285,3 +285,33 @@ def test_the_metrics_servers_rate_reads_agree_with_the_jobs_and_change_nothing()
     assert len(meter._buckets) == buckets  # nothing trimmed from the metrics server's thread
     assert peeked == pytest.approx(meter.rate(35.0)) == pytest.approx(7 * 50 / 10.0, rel=0.05)
     assert len(meter._buckets) < buckets  # the job's own read trims
+
+
+class RecordingSink(LocalSink):
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.written: list[str] = []
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        self.written.append(rel)
+        super().write_bytes(rel, data)
+
+
+async def test_the_timeline_is_written_every_few_snapshots_and_less_often_when_it_is_big(tmp_path, monkeypatch):
+    import servefleet.generate.recorder as recorder_mod
+
+    stats = JobStats(total=10)
+    stats.servers["a"] = ServerStats("a", "http://a", limit=2)
+    for budget, folder in ((10**9, "roomy"), (1.0, "tight")):  # bytes per second the timeline may average
+        monkeypatch.setattr(recorder_mod, "TIMELINE_BYTES_PER_S", budget)
+        sink = RecordingSink(str(tmp_path / folder))
+        rec = JobRecorder(sink, stats, run_id="r", interval_s=0.05, sample_s=0.05, timeline_every=3)
+        rec.start()
+        await async_wait_until(lambda: _async(sink.written.count("progress.json") >= 12), timeout=30, what="12 snapshots")
+        await rec.finish("complete")
+        snapshots, timelines = sink.written.count("progress.json"), sink.written.count("timeline/r.json")
+        if folder == "roomy":
+            assert snapshots / 3 - 1 <= timelines <= snapshots / 3 + 2
+        else:  # the first write, then none until the end: its bytes would take far longer than the run to "pay"
+            assert timelines == 2
+        assert sink.written[-1] == "progress.json" and sink.written[-2] == "timeline/r.json"  # the end writes both

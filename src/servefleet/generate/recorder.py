@@ -3,7 +3,8 @@
 * ``progress.json`` -- a small snapshot (done, remaining, rates, ETA, each server's state, the last
   events), rewritten every ``interval_s`` (2 s) while the job sends;
 * ``timeline/<run_id>.json`` -- the run's bounded time series (:mod:`.timeline`), rewritten every
-  ``timeline_every`` snapshots (10 s) and at the end.
+  ``timeline_every`` snapshots (10 s; less often for a big fleet, so that it averages at most
+  ``TIMELINE_BYTES_PER_S``) and at the end.
 
 Both go through the job's sink, so they are atomic (rename, or one object upload) and land where
 the shards do (a folder or ``s3://``). A write that fails is noted once in the job's events and
@@ -31,6 +32,7 @@ PROGRESS_FILE = "progress.json"
 TIMELINE_DIR = "timeline"
 RECORD_VERSION = 1
 EVENTS_IN_SNAPSHOT = 20
+TIMELINE_BYTES_PER_S = 50_000  # a fleet of 256 servers writes its full 2.5 MB timeline every ~50 s, not every 10 s
 
 
 def snapshot(stats: JobStats, *, run_id: str, status: str, now: float, started: float, interval_s: float) -> dict[str, Any]:
@@ -73,6 +75,7 @@ class JobRecorder:
         self._task: asyncio.Task[None] | None = None
         self._writing: asyncio.Task[None] | None = None
         self._failed_once = False
+        self._next_timeline = 0.0  # clock time of the next timeline write
 
     @property
     def timeline_rel(self) -> str:
@@ -102,7 +105,7 @@ class JobRecorder:
             tick += 1
             if tick % ticks_per_write or (self._writing is not None and not self._writing.done()):
                 continue
-            with_timeline = (tick // ticks_per_write) % self.timeline_every == 1 % self.timeline_every
+            with_timeline = self.clock() >= self._next_timeline
             self._writing = asyncio.ensure_future(self._write("running", with_timeline=with_timeline))
 
     async def _write(self, status: str, *, with_timeline: bool) -> None:
@@ -111,8 +114,14 @@ class JobRecorder:
                         interval_s=self.interval_s)
         blobs = [(PROGRESS_FILE, json.dumps(snap, separators=(",", ":")).encode())]
         if with_timeline:
-            series = self.timeline.to_json(run_id=self.run_id, status=status, updated_unix=round(now, 3), **self.extra)
-            blobs.insert(0, (self.timeline_rel, json.dumps(series, separators=(",", ":")).encode()))
+            # encoded in a thread: for 256 servers a full timeline takes ~0.1 s (benchmarks/job_record_cost.py),
+            # too long a pause for the event loop that drives every request
+            frozen = self.timeline.frozen()
+            extra = {"run_id": self.run_id, "status": status, "updated_unix": round(now, 3), **self.extra}
+            data = await asyncio.to_thread(lambda: json.dumps(frozen.to_json(**extra), separators=(",", ":")).encode())
+            blobs.insert(0, (self.timeline_rel, data))
+            # every timeline_every snapshots, and no more than TIMELINE_BYTES_PER_S on average (a big fleet's is MBs)
+            self._next_timeline = now + max(self.timeline_every * self.interval_s, len(data) / TIMELINE_BYTES_PER_S)
         try:
             for rel, data in blobs:
                 await asyncio.to_thread(self.sink.write_bytes, rel, data)

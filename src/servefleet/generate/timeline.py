@@ -71,6 +71,11 @@ class _Events:
     def to_json(self) -> dict[str, Any]:
         return {"items": [*self.head, *self.tail], "total": self.total, "left_out": self.total - len(self.head) - len(self.tail)}
 
+    def copy(self) -> "_Events":
+        out = _Events.__new__(_Events)
+        out.head, out.tail, out.cap_head, out.total = list(self.head), deque(self.tail, self.tail.maxlen), self.cap_head, self.total
+        return out
+
 
 class Timeline:
     def __init__(self, started: float, *, bucket_s: float = 1.0, max_buckets: int = MAX_BUCKETS,
@@ -192,6 +197,17 @@ class Timeline:
         self.bucket_s *= 2
 
     # ---- output ---------------------------------------------------------------------------------
+    def frozen(self) -> "Timeline":
+        """A copy that later samples do not change (shallow copies of the columns: a few ms for 256
+        servers), so it can be encoded in another thread while sampling goes on."""
+        out = Timeline.__new__(Timeline)
+        out.__dict__.update(self.__dict__)
+        out.job = {k: list(v) for k, v in self.job.items()}
+        out.servers = {name: {k: list(v) for k, v in cols.items()} for name, cols in self.servers.items()}
+        out.events, out.messages = self.events.copy(), self.messages.copy()
+        out._last = dict(self._last)
+        return out
+
     def to_json(self, **extra: Any) -> dict[str, Any]:
         servers = {}
         for name, cols in self.servers.items():
