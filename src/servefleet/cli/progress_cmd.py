@@ -22,8 +22,8 @@ job writes at DEST (a folder or s3://bucket/prefix: progress.json every 2 s, job
 from another terminal or machine, while the job runs and after it ended.
 
 State: running, starting (pre-pass or probing servers), complete, incomplete (failures), interrupted,
-stalled, error, or stale (a running job that stopped writing: it was probably killed; generate again
-resumes it). Remaining: prompts not answered yet (while running, the failed ones are not counted: this run
+stalled, error, or stale (a running job that stopped writing for 30 s or more by this machine's clock:
+it was probably killed; generate again resumes it). Remaining: prompts not answered yet (while running, the failed ones are not counted: this run
 does not send them again; a resumed run does). Exit code: 0, or 3 when DEST holds no job. With --watch: refresh until the job ends, then
 exit as generate did (0 complete, 1 incomplete or stale, 2 stalled, 130 interrupted)."""
 

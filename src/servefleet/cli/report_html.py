@@ -202,6 +202,10 @@ def bench_html(runs: list[dict[str, Any]]) -> str:
     body.append("<h2>Time per output token against concurrency</h2>" + legend
                 + line_chart("bench-tpot", series=lines("tpot_p50_ms"), y_label="TPOT p50 (ms)", **common))
     for r in runs:
+        if not r["points"]:
+            body.append(f"<h2>{_esc(r['label'])}</h2><p class=\"note\">{_esc(r['path'])}: no fixed-concurrency point "
+                        "(a --request-rate run), so nothing to draw against concurrency</p>")
+            continue
         rows = "".join(
             f"<tr><td>{p['concurrency']}</td><td>{p['output_tokens_per_s']:,.1f}</td><td>{p['requests_per_s']:,.2f}</td>"
             f"<td>{_ms(p.get('ttft_p50_ms'))}</td><td>{_ms(p.get('tpot_p50_ms'))}</td><td>{_ms(p.get('e2e_p50_ms'))}</td>"
