@@ -134,7 +134,11 @@ def _bench(paths: list[str]) -> tuple[str, dict[str, Any], Path]:
             run = Run.model_validate_json(Path(p).read_bytes())
         except (ValidationError, ValueError) as exc:
             raise ConfigError(f"{p}: not a servefleet bench RUN.json ({str(exc).splitlines()[0]})") from None
-        runs.append(_bench_data(run, p))
+        data = _bench_data(run, p)
+        taken = {r["label"] for r in runs}
+        if data["label"] in taken:  # two runs of one server: tell them apart by their file
+            data["label"] = f"{data['label']} ({Path(p).stem})"
+        runs.append(data)
     summary = {"kind": "bench", "runs": [r["label"] for r in runs], "notes": []}
     return bench_html(runs), summary, Path("bench-report.html")
 
