@@ -53,7 +53,7 @@ def generate(
     strict: Annotated[bool, typer.Option("--strict", help="stop before sending anything if any input record is rejected")] = False,
     force: Annotated[bool, typer.Option("--force", help="go on in a destination made with another input or parameters")] = False,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SERVEFLEET_API_KEY", show_default=False, help="bearer token for the servers (env SERVEFLEET_API_KEY)")] = None,
-    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=0, max=65535, help="serve Prometheus metrics of the job on this port (/metrics: prompts done, tokens, errors, retries, per-server in flight, rate and concurrency limit)")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=0, max=65535, help="serve Prometheus metrics of the job on this port (/metrics: prompts done, tokens, errors, retries, per-server in flight, rate and concurrency limit); 0: any free port, named in the events")] = None,
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="address for --metrics-port (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
