@@ -315,3 +315,16 @@ async def test_the_timeline_is_written_every_few_snapshots_and_less_often_when_i
         else:  # the first write, then none until the end: its bytes would take far longer than the run to "pay"
             assert timelines == 2
         assert sink.written[-1] == "progress.json" and sink.written[-2] == "timeline/r.json"  # the end writes both
+
+
+def test_a_run_that_has_not_started_sending_shows_what_the_run_before_left():
+    from servefleet.generate.job_record import JobRecord
+
+    manifest = {"input": {"valid": 100, "rejected": 2}, "rows": 40, "runs": [
+        {"run_id": "r1", "status": "interrupted", "finished": "2026-12-01T10:00:00.000000Z", "done_before": 0, "done": 40},
+        {"run_id": "r2", "status": "running", "finished": None, "done_before": 0, "done": 0},  # in its pre-pass
+    ]}
+    snap_of_r1 = {"run_id": "r1", "status": "interrupted", "updated_unix": 0.0, "done": 40, "servers": [{"name": "a"}]}
+    view = progress_of(JobRecord("dest", manifest, progress=snap_of_r1), now=1e9)
+    assert view["state"] == "starting" and view["run_id"] == "r2" and view["done"] == 40 and view["remaining"] == 60
+    assert "not started sending" in view["note"] and view["servers"] == []
