@@ -14,7 +14,7 @@ from conftest import PYTHON, free_port, wait_until
 
 SIM = ("--load-time", "0", "--decode-ms", "12", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
        "--max-running", "8")
-PROMPTS = 600  # the first run would take ~9 s: it is interrupted at ~4 s, with room to spare on a slow machine
+PROMPTS = 400  # the first run would take ~6 s: it is interrupted after a quarter (~4 s), 2 s of progress.json apart
 SERVEFLEET = [PYTHON, "-m", "servefleet.cli.main"]
 
 
