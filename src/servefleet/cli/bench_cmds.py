@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
+from servefleet.cli.failure import CliFailure, kind_for_exit_code
 from servefleet.errors import ServefleetError
 
 # Tables are wide (a dozen columns): when the output is not a terminal (a log, a pipe), do not
@@ -27,9 +28,9 @@ console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ e
 err = Console(stderr=True, soft_wrap=True)
 
 
-def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> typer.Exit:
-    err.print(f"[red]error:[/] {msg}")
-    return typer.Exit(int(code))
+def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> CliFailure:
+    """The failure to raise; the root group prints it (and, with --json, the JSON error document)."""
+    return CliFailure(kind_for_exit_code(code), msg)
 
 
 def _numbers(text: str, kind: type, name: str) -> list:

@@ -23,8 +23,8 @@ from rich.live import Live
 from servefleet.catalog import State
 from servefleet.cli.exitcodes import ExitCode
 from servefleet.cli.fleet_view import UpProgress, down_table, failure_notes, status_notes, status_table, up_json, up_table
-from servefleet.errors import ConfigError, HostUnreachable, ServefleetError
-from servefleet.fleet import Fleet, StartOutcome
+from servefleet.errors import ConfigError, ServefleetError
+from servefleet.fleet import Fleet, Liveness, ServerStatus, StartOutcome
 from servefleet.verify.verdict import Verdict
 
 T = TypeVar("T")
@@ -50,28 +50,27 @@ def _console() -> Console:
     return console
 
 
-def _err(message: str) -> None:
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
-
-
 def _run(make: Callable[[], Awaitable[T]], *, quiet_interrupt: bool = False) -> T:
-    """Run one coroutine; translate servefleet errors into messages and stable exit codes."""
+    """Run one coroutine. A servefleet error goes up to the root group (cli/main.py), which prints it
+    and exits with its stable code (ConfigError 3, HostUnreachable 4, the others 1)."""
     try:
         return asyncio.run(make())
-    except ConfigError as exc:
-        _err(str(exc))
-        raise typer.Exit(ExitCode.USAGE) from None
-    except HostUnreachable as exc:
-        _err(str(exc))
-        raise typer.Exit(ExitCode.UNREACHABLE) from None
-    except ServefleetError as exc:
-        _err(str(exc))
-        raise typer.Exit(ExitCode.FAILED) from None
     except KeyboardInterrupt:
         if quiet_interrupt:  # `logs -f`: Ctrl-C is how it ends
             raise typer.Exit(ExitCode.OK) from None
         Console(stderr=True).print("interrupted; launched servers keep running (`servefleet status`, `servefleet down`)")
         raise typer.Exit(ExitCode.INTERRUPTED) from None
+
+
+def _status_exit_code(statuses: list[ServerStatus]) -> ExitCode:
+    """`status`: 0 every server shown is ready; 1 any is down (dead, not launched, stale) or failed;
+    2 otherwise, when some are still loading or no longer answer (unresponsive)."""
+    states = {st.state for st in statuses}
+    if states & {Liveness.DEAD, Liveness.FAILED, Liveness.STALE, Liveness.NOT_LAUNCHED}:
+        return ExitCode.FAILED
+    if states - {Liveness.READY}:
+        return ExitCode.TIMEOUT
+    return ExitCode.OK
 
 
 def _exit_code(verdicts: dict[str, Verdict]) -> ExitCode:
@@ -223,6 +222,7 @@ def status(
         console = _console()
         console.print(status_table(name, statuses))
         console.print(status_notes(statuses))
+    raise typer.Exit(_status_exit_code(statuses))
 
 
 def logs(

@@ -14,21 +14,23 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import typer
-from rich.console import Console, Group
-from rich.live import Live
-from rich.text import Text
+from typing import TYPE_CHECKING
 
-from servefleet.capacity import Capacity
+import typer
+
 from servefleet.catalog import State
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.engines.base import EngineProfile
+from servefleet.cli.failure import CliFailure, ErrorKind
 from servefleet.engines.registry import engine_names, get_engine
-from servefleet.errors import EngineError, ServefleetError
-from servefleet.verify.bounded import diagnose_file
-from servefleet.verify.machine import message_shape
-from servefleet.verify.verdict import Verdict
-from servefleet.verify.waiter import WaitTarget, wait_for_server
+from servefleet.errors import EngineError
+
+if TYPE_CHECKING:  # imported where used: `diagnose --json` loads neither rich nor aiohttp
+    from rich.console import Console
+    from rich.text import Text
+
+    from servefleet.capacity import Capacity
+    from servefleet.engines.base import EngineProfile
+    from servefleet.verify.verdict import Verdict
 
 __all__ = ["register", "render_verdict", "exit_code_for", "capacity_text"]
 
@@ -58,6 +60,9 @@ def capacity_text(capacity: Capacity) -> str:
 
 def render_verdict(verdict: Verdict, console: Console, *, source: str | None = None) -> None:
     """The final verdict: state and category, evidence with its line number, excerpt, hint, capacity."""
+    from rich.console import Group
+    from rich.text import Text
+
     head = Text()
     head.append(verdict.state.value, style=_STYLE.get(verdict.state, ""))
     if verdict.category is not None:
@@ -106,6 +111,8 @@ class _LiveLine:
         self.verdict: Verdict | None = None
 
     def __rich__(self) -> Text:
+        from rich.text import Text
+
         v = self.verdict
         text = Text()
         state = v.state if v is not None else State.LAUNCHING
@@ -122,11 +129,9 @@ class _LiveLine:
         return text
 
 
-def _fail_usage(message: str, json_out: bool) -> None:
-    if json_out:
-        print(json.dumps({"error": message}))
-    Console(stderr=True).print(Text(f"error: {message}", style="red"))
-    raise typer.Exit(int(ExitCode.USAGE))
+def _fail_usage(message: str, json_out: bool, kind: ErrorKind = ErrorKind.USAGE) -> None:
+    """Raise the failure; the root group prints it (and, with --json, the JSON error document)."""
+    raise CliFailure(kind, message)
 
 
 def _engine_or_none(name: str, json_out: bool) -> EngineProfile | None:
@@ -153,6 +158,8 @@ def register(app: typer.Typer) -> None:
         A log of any size: beyond 4 MB only its start-up, its end and the windows around its first
         fatal block are read (the rest is scanned for error and ready lines at disk speed); the
         verdict says what was read. Exit 0 ready or loading, 1 failed, 3 when the file cannot be read."""
+        from servefleet.verify.bounded import diagnose_file
+
         profile = _engine_or_none(engine, json_out)
         if not logfile.exists():
             _fail_usage(f"log file {logfile} does not exist (is the path right?)", json_out)
@@ -166,6 +173,8 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print(json.dumps(verdict.to_json()))
         else:
+            from rich.console import Console
+
             render_verdict(verdict.model_copy(update={"elapsed_s": None}), Console(), source=str(logfile))
         raise typer.Exit(int(exit_code_for(verdict)))
 
@@ -182,6 +191,12 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
     ) -> None:
         """Wait for a server started by anything: ready (0), failed (1), or stalled / timed out (2)."""
+        from rich.console import Console
+        from rich.live import Live
+
+        from servefleet.verify.machine import message_shape
+        from servefleet.verify.waiter import WaitTarget, wait_for_server
+
         profile = _engine_or_none(engine, json_out)
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -220,9 +235,6 @@ def register(app: typer.Typer) -> None:
                 verdict = asyncio.run(run())
         except KeyboardInterrupt:
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-        except ServefleetError as exc:
-            _fail_usage(str(exc), json_out)
-            raise
         if json_out:
             print(json.dumps(verdict.to_json()))
         else:
