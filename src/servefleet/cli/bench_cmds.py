@@ -20,7 +20,7 @@ from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
 from servefleet.cli.failure import CliFailure, kind_for_exit_code
-from servefleet.errors import ServefleetError
+from servefleet.errors import ConfigError, HostUnreachable, ServefleetError
 
 # Tables are wide (a dozen columns): when the output is not a terminal (a log, a pipe), do not
 # squeeze them into rich's 80-column default; COLUMNS still wins where it is set.
@@ -163,6 +163,8 @@ def bench(
             t.api_key = api_key
             if model and not t.model:
                 t.model = model
+    except (ConfigError, HostUnreachable):
+        raise  # reported by the root group with its own kind and exit code
     except ServefleetError as exc:
         raise _fail(str(exc)) from None
 
