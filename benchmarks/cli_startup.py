@@ -5,6 +5,7 @@ Cases (each a fresh process, as a user or a script sees it):
   python -c pass             the named baseline: the interpreter alone
   import typer               what the CLI framework costs by itself (informational)
   servefleet --help          the command list
+  --help, TYPER_USE_RICH=0   the same in typer's plain (click) format: what rich's help rendering costs
   diagnose LOG --json        a small real log (tests/fixtures/logs/vllm_success.log)
   wait (to first probe)      `servefleet wait --url http://127.0.0.1:PORT --json`: from spawn to the first
                              HTTP request a local stub server receives (the process is then stopped)
@@ -13,10 +14,11 @@ Cases (each a fresh process, as a user or a script sees it):
 
 The runs are interleaved (one of each case per round), so a load spike hits every case alike; the table
 gives min and median of the rounds and each case's excess over the baseline. `--src` measures another
-source tree (e.g. `git archive 962b232 src | tar -x -C /tmp/before` for the figures before the change).
+source tree; `--before-src` measures a second one in the same rounds, side by side (e.g. main before the change).
 
-Run:  .venv/bin/python benchmarks/cli_startup.py [--runs 15] [--src DIR] [--label after]
-Writes benchmarks/results/cli_startup-LABEL.json and .md.
+Run:  git archive 962b232 src | tar -x -C /tmp/before    # main before the lazy CLI
+      .venv/bin/python benchmarks/cli_startup.py --before-src /tmp/before/src [--runs 15] [--label LABEL]
+Writes benchmarks/results/cli_startup-LABEL.json and .md (LABEL default: after).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import http.server
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -63,12 +66,19 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "servefleet.cli.main", *args]
 
 
-def time_command(argv: list[str], env: dict[str, str], expect_rc: set[int]) -> float:
+CPU: dict[str, list[float]] = {}  # case -> the child's user+system CPU seconds per run (less load-bound than wall time)
+
+
+def time_command(argv: list[str], env: dict[str, str], expect_rc: set[int], cpu_key: str = "") -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode not in expect_rc:
         raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.decode()[-500:]}")
+    if cpu_key:
+        CPU.setdefault(cpu_key, []).append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return elapsed
 
 
@@ -95,48 +105,67 @@ def time_wait_first_probe(env: dict[str, str]) -> float:
         server.server_close()
 
 
-def cases(src: Path) -> dict[str, Any]:
+def cases(src: Path, tree: str = "after") -> dict[str, Any]:
     env = _env(src)
     return {
-        "python -c pass": lambda: time_command([sys.executable, "-c", "pass"], env, {0}),
-        "import typer": lambda: time_command([sys.executable, "-c", "import typer"], env, {0}),
-        "servefleet --help": lambda: time_command(_cli("--help"), env, {0}),
-        "diagnose LOG --json": lambda: time_command(_cli("diagnose", str(LOG), "--json"), env, {0}),
+        "python -c pass": lambda: time_command([sys.executable, "-c", "pass"], env, {0}, f"{tree}/python -c pass"),
+        "import typer": lambda: time_command([sys.executable, "-c", "import typer"], env, {0}, f"{tree}/import typer"),
+        "servefleet --help": lambda: time_command(_cli("--help"), env, {0}, f"{tree}/servefleet --help"),
+        "--help, TYPER_USE_RICH=0": lambda: time_command(_cli("--help"), {**env, "TYPER_USE_RICH": "0"}, {0},
+                                                         f"{tree}/--help, TYPER_USE_RICH=0"),
+        "diagnose LOG --json": lambda: time_command(_cli("diagnose", str(LOG), "--json"), env, {0}, f"{tree}/diagnose LOG --json"),
         "wait (to first probe)": lambda: time_wait_first_probe(env),
         "status --json (no fleet)": lambda: time_command(
-            _cli("status", "--fleet", "/nonexistent/fleet.toml", "--json"), env, {1, 3}),
+            _cli("status", "--fleet", "/nonexistent/fleet.toml", "--json"), env, {1, 3}, f"{tree}/status --json (no fleet)"),
+    }
+
+
+def summary(times: list[float], base: list[float]) -> dict[str, Any]:
+    return {
+        "min_ms": round(min(times) * 1000, 1),
+        "median_ms": round(statistics.median(times) * 1000, 1),
+        "min_over_baseline_ms": round((min(times) - min(base)) * 1000, 1),
+        "runs_ms": [round(t * 1000, 1) for t in times],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=15, help="rounds (each case once per round)")
+    parser.add_argument("--runs", type=int, default=15, help="rounds (each case of each tree once per round)")
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="source tree to measure (default: this one)")
+    parser.add_argument("--before-src", type=Path, help="a second tree measured in the same rounds (e.g. main before the change)")
     parser.add_argument("--label", default="after", help="results go to cli_startup-LABEL.{json,md}")
     args = parser.parse_args()
 
-    todo = cases(args.src.resolve())
+    trees = {"after": args.src.resolve()}
+    if args.before_src:
+        trees = {"before": args.before_src.resolve(), **trees}
+    todo = {(tree, name): run for tree, src in trees.items() for name, run in cases(src, tree).items()
+            if not (tree == "before" and name in ("python -c pass", "import typer"))}  # the baselines once
     for run in todo.values():  # warm the file cache and .pyc files; not counted
         run()
-    samples: dict[str, list[float]] = {name: [] for name in todo}
+    CPU.clear()
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in todo}
     for _ in range(args.runs):
-        for name, run in todo.items():
-            samples[name].append(run())
+        for key, run in todo.items():
+            samples[key].append(run())
 
-    base = samples["python -c pass"]
+    base = samples[("after", "python -c pass")]
+    names = list(cases(args.src))  # the order of the table
     rows = []
-    for name, times in samples.items():
-        rows.append({
-            "case": name,
-            "min_ms": round(min(times) * 1000, 1),
-            "median_ms": round(statistics.median(times) * 1000, 1),
-            "min_over_baseline_ms": round((min(times) - min(base)) * 1000, 1),
-            "runs_ms": [round(t * 1000, 1) for t in times],
-        })
+    for name in names:
+        row: dict[str, Any] = {"case": name}
+        for tree in trees:
+            if (tree, name) in samples:
+                row[tree] = summary(samples[(tree, name)], base)
+                cpu = CPU.get(f"{tree}/{name}")
+                if cpu:
+                    row[tree]["cpu_min_ms"] = round(min(cpu) * 1000, 1)
+        rows.append(row)
     result = {
         "benchmark": "cli_startup",
         "label": args.label,
-        "src": str(args.src),
+        "trees": {tree: str(src) for tree, src in trees.items()},
         "runs": args.runs,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -146,10 +175,17 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"cli_startup-{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"# CLI start-up ({args.label}: {args.src}), {args.runs} interleaved rounds, {os.cpu_count()} CPUs, "
-             f"load {os.getloadavg()[0]:.2f} at the end", "",
-             "| case | min ms | median ms | min - baseline ms |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {r['case']} | {r['min_ms']} | {r['median_ms']} | {r['min_over_baseline_ms']} |" for r in rows]
+    head = " | ".join(f"{tree} min ms | {tree} median ms | {tree} CPU min ms" for tree in trees)
+    lines = [f"# CLI start-up: {args.runs} interleaved rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at the end",
+             "", "Trees: " + ", ".join(f"{tree} = {src}" for tree, src in trees.items()),
+             "Wall time from spawn to exit (wait: to its first HTTP request); CPU: the child's user+system time.", "",
+             f"| case | {head} |", "| --- |" + " ---: | ---: | ---: |" * len(trees)]
+    for row in rows:
+        cells = []
+        for tree in trees:
+            got = row.get(tree) or row.get("after")  # the baselines are measured once
+            cells += [str(got["min_ms"]), str(got["median_ms"]), str(got.get("cpu_min_ms", "-"))]
+        lines.append(f"| {row['case']} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
     (RESULTS / f"cli_startup-{args.label}.md").write_text(table)
     print(table)

@@ -16,7 +16,6 @@ with ``--json``, the one JSON error document of :mod:`servefleet.cli.failure` on
 from __future__ import annotations
 
 import importlib
-from difflib import get_close_matches
 from typing import Any, NamedTuple
 
 import typer
@@ -115,6 +114,8 @@ class LazyGroup(TyperGroup):
         try:
             return self._click_resolve_command(ctx, args)
         except click.exceptions.UsageError as exc:  # "No such command": suggest from the table
+            from difflib import get_close_matches
+
             matches = get_close_matches(args[0], list(COMMANDS)) if args else []
             if matches:
                 exc.message = f"{exc.message.rstrip('.')}. Did you mean {', '.join(repr(m) for m in matches)}?"
