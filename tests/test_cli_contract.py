@@ -192,3 +192,39 @@ def test_help_imports_no_command_module() -> None:
     modules = {row.module for row in COMMANDS.values()}
     assert not modules & loaded, modules & loaded
     assert not {m for m in loaded if m.startswith(HEAVY[:4])}
+
+
+def test_a_bug_still_gives_the_error_document_and_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import servefleet.verify.bounded
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(servefleet.verify.bounded, "diagnose_file", broken)
+    res = CliRunner().invoke(app, ["diagnose", str(LOG), "--json"])
+    assert isinstance(res.exception, RuntimeError)  # re-raised: the traceback is the bug report
+    error = json.loads(res.stdout)["error"]
+    assert (error["kind"], error["message"], error["command"]) == ("internal", "RuntimeError: boom", "diagnose")
+
+
+def test_only_the_sim_command_imports_the_simulator() -> None:
+    """Statically: no module outside servefleet/sim/ imports servefleet.sim, except cli/sim_cmd.py inside its
+    command function (so `servefleet sim` works and nothing else loads the test double)."""
+    import ast
+
+    src = Path(__file__).parent.parent / "src" / "servefleet"
+    offenders = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel.startswith("sim/"):
+            continue
+        tree = ast.parse(path.read_text(), filename=rel)
+        top_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if not any(n == "servefleet.sim" or n.startswith("servefleet.sim.") for n in names):
+                continue
+            if rel != "cli/sim_cmd.py" or id(node) in top_level:
+                offenders.append(f"{rel}:{node.lineno}")
+    assert offenders == []

@@ -36,7 +36,8 @@ class CommandRow(NamedTuple):
 
 _UP_EXITS = "0 all ready, 1 a server failed, 2 stalled or timed out, 3 bad fleet file or arguments, 4 host unreachable"
 
-# Order here is the order in --help. A new command: one row, and a module with register(app).
+# Order here is the order in --help. A new command: one row (its module, its line in --help, its exit codes),
+# and a module whose register(app) adds a command of that name.
 COMMANDS: dict[str, CommandRow] = {
     "up": CommandRow("servefleet.cli.fleet_cmds", "Launch every server of a fleet detached (adopting ones already running) and wait until all are ready.", _UP_EXITS),
     "down": CommandRow("servefleet.cli.fleet_cmds", "Stop servers: SIGTERM to the whole process group, SIGKILL after the grace period; confirm the port is free.",
