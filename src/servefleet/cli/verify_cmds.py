@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -129,6 +129,12 @@ class _LiveLine:
         return text
 
 
+def _rich_console(**kwargs: Any) -> Console:
+    from rich.console import Console
+
+    return Console(**kwargs)
+
+
 def _fail_usage(message: str, json_out: bool, kind: ErrorKind = ErrorKind.USAGE) -> None:
     """Raise the failure; the root group prints it (and, with --json, the JSON error document)."""
     raise CliFailure(kind, message)
@@ -191,9 +197,6 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
     ) -> None:
         """Wait for a server started by anything: ready (0), failed (1), or stalled / timed out (2)."""
-        from rich.console import Console
-        from rich.live import Live
-
         from servefleet.verify.machine import message_shape
         from servefleet.verify.waiter import WaitTarget, wait_for_server
 
@@ -208,9 +211,9 @@ def register(app: typer.Typer) -> None:
             except ProcessLookupError:
                 _fail_usage(f"no process with pid {pid} (has it exited already?)", json_out)
         target = WaitTarget(base_url=url, engine=profile, log_path=str(log) if log else None, pgid=pgid, pid=pid, served_model=model)
-        err = Console(stderr=True)
+        err = None if json_out else _rich_console(stderr=True)  # --json: rich is never imported (start-up)
         live_line = _LiveLine(time.monotonic())
-        use_live = err.is_terminal and not json_out
+        use_live = err is not None and err.is_terminal
         last_shape: list[object] = [None]
 
         def on_update(verdict: Verdict) -> None:
@@ -229,6 +232,8 @@ def register(app: typer.Typer) -> None:
 
         try:
             if use_live:
+                from rich.live import Live
+
                 with Live(live_line, console=err, refresh_per_second=8, transient=True):
                     verdict = asyncio.run(run())
             else:
@@ -238,5 +243,5 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print(json.dumps(verdict.to_json()))
         else:
-            render_verdict(verdict, Console(), source=url)
+            render_verdict(verdict, _rich_console(), source=url)
         raise typer.Exit(int(exit_code_for(verdict)))
