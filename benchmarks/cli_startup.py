@@ -18,7 +18,7 @@ source tree; `--before-src` measures a second one in the same rounds, side by si
 
 Run:  git archive 962b232 src | tar -x -C /tmp/before    # main before the lazy CLI
       .venv/bin/python benchmarks/cli_startup.py --before-src /tmp/before/src [--runs 15] [--label LABEL]
-Writes benchmarks/results/cli_startup-LABEL.json and .md (LABEL default: after).
+Writes benchmarks/results/cli_startup.json and .md (cli_startup-LABEL.* with --label).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15, help="rounds (each case of each tree once per round)")
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="source tree to measure (default: this one)")
     parser.add_argument("--before-src", type=Path, help="a second tree measured in the same rounds (e.g. main before the change)")
-    parser.add_argument("--label", default="after", help="results go to cli_startup-LABEL.{json,md}")
+    parser.add_argument("--label", default="", help="results go to cli_startup-LABEL.{json,md} (default: cli_startup.{json,md})")
     args = parser.parse_args()
 
     trees = {"after": args.src.resolve()}
@@ -174,7 +174,8 @@ def main() -> None:
         "cases": rows,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"cli_startup-{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
+    stem = f"cli_startup-{args.label}" if args.label else "cli_startup"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     head = " | ".join(f"{tree} min ms | {tree} median ms | {tree} CPU min ms" for tree in trees)
     lines = [f"# CLI start-up: {args.runs} interleaved rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at the end",
              "", "Trees: " + ", ".join(f"{tree} = {src}" for tree, src in trees.items()),
@@ -187,7 +188,7 @@ def main() -> None:
             cells += [str(got["min_ms"]), str(got["median_ms"]), str(got.get("cpu_min_ms", "-"))]
         lines.append(f"| {row['case']} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
-    (RESULTS / f"cli_startup-{args.label}.md").write_text(table)
+    (RESULTS / f"{stem}.md").write_text(table)
     print(table)
 
 
