@@ -273,6 +273,7 @@ def test_cli_up_failure_status_logs_down_and_config_errors(tmp_path: Path, monke
         code, out, _ = run_cli("status", "--json")
         (srv,) = json.loads(out)["servers"]
         assert srv["state"] == "dead" and srv["category"] == "model_not_found" and srv["exit_code"] not in (None, 0)
+        assert code == 1  # a server down: status says so in its exit code too (0 only when all are ready)
         code, out, _ = run_cli("logs", "bad", "-n", "3")
         assert code == 0 and len(out.splitlines()) == 3
         code, out, err = run_cli("logs", "nope")

@@ -208,15 +208,15 @@ def test_a_killed_run_shows_as_stale_and_a_taken_metrics_port_is_refused_before_
         other = tmp_path / "other"
         res = subprocess.run(generate_argv(src, str(other), slow_sim.url, "--metrics-port", str(port)), capture_output=True,
                              text=True, timeout=60)
-    assert res.returncode == 3 and f"--metrics-port {port}" in json.loads(res.stdout)["message"]
+    assert res.returncode == 3 and f"--metrics-port {port}" in json.loads(res.stdout)["error"]["message"]
     assert not other.exists()  # refused before the destination was touched
 
 
 def test_progress_of_something_that_is_not_a_job_says_so(tmp_path):
     rc, views, err = progress_cli(str(tmp_path))
-    assert rc == 3 and "no job.json" in views[0]["message"] and views[0]["status"] == "error"
+    assert rc == 3 and "no job.json" in views[0]["error"]["message"] and views[0]["ok"] is False
     rc, views, err = progress_cli(str(tmp_path / "missing"))
-    assert rc == 3 and "no such folder" in views[0]["message"]
+    assert rc == 3 and "no such folder" in views[0]["error"]["message"]
 
 
 def test_progress_of_a_job_on_s3(moto_url, tmp_path):

@@ -19,7 +19,8 @@ import typer
 from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.errors import ServefleetError
+from servefleet.cli.failure import CliFailure, kind_for_exit_code
+from servefleet.errors import ConfigError, HostUnreachable, ServefleetError
 
 if TYPE_CHECKING:  # the bench modules are imported when a command runs
     from servefleet.bench.compare import Comparison
@@ -32,9 +33,9 @@ console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ e
 err = Console(stderr=True, soft_wrap=True)
 
 
-def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> typer.Exit:
-    err.print(f"[red]error:[/] {msg}")
-    return typer.Exit(int(code))
+def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> CliFailure:
+    """The failure to raise; the root group prints it (and, with --json, the JSON error document)."""
+    return CliFailure(kind_for_exit_code(code), msg)
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -210,6 +211,8 @@ def _bench_targets(url: list[str] | None, fleet: str | None, servers: str | None
             t.api_key = api_key
             if model and not t.model:
                 t.model = model
+    except (ConfigError, HostUnreachable):
+        raise  # reported by the root group with its own kind and exit code
     except ServefleetError as exc:
         raise _fail(str(exc)) from None
     return targets

@@ -1,6 +1,6 @@
 """What the commands that drive a fleet share (`up`, `down`, `status`, `logs`, `restart`, `tunnel`):
 the ``--fleet`` and ``--json`` options, and running one coroutine of the library with its errors
-turned into a message and a stable exit code (``exitcodes.py``)."""
+left to the root group (``cli/main.py``), which gives each its stable exit code."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import typer
 from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.errors import ConfigError, HostUnreachable, ServefleetError
 
-__all__ = ["FleetOpt", "JsonOpt", "print_error", "run_coroutine"]
+__all__ = ["FleetOpt", "JsonOpt", "run_coroutine"]
 
 T = TypeVar("T")
 
@@ -26,23 +25,11 @@ FleetOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
-def print_error(message: str) -> None:
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
-
-
 def run_coroutine(make: Callable[[], Awaitable[T]], *, quiet_interrupt: bool = False) -> T:
-    """Run one coroutine; translate servefleet errors into messages and stable exit codes."""
+    """Run one coroutine. A servefleet error goes up to the root group (cli/main.py), which prints it
+    and exits with its stable code (ConfigError 3, HostUnreachable 4, the others 1)."""
     try:
         return asyncio.run(make())
-    except ConfigError as exc:
-        print_error(str(exc))
-        raise typer.Exit(ExitCode.USAGE) from None
-    except HostUnreachable as exc:
-        print_error(str(exc))
-        raise typer.Exit(ExitCode.UNREACHABLE) from None
-    except ServefleetError as exc:
-        print_error(str(exc))
-        raise typer.Exit(ExitCode.FAILED) from None
     except KeyboardInterrupt:
         if quiet_interrupt:  # `logs -f`: Ctrl-C is how it ends
             raise typer.Exit(ExitCode.OK) from None

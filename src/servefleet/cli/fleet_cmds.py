@@ -23,7 +23,7 @@ from servefleet.cli.common import FleetOpt, JsonOpt, run_coroutine
 from servefleet.cli.exitcodes import ExitCode
 from servefleet.cli.fleet_view import UpProgress, down_table, failure_notes, status_notes, status_table, up_json, up_table
 from servefleet.errors import ConfigError, ServefleetError
-from servefleet.fleet import Fleet, StartOutcome
+from servefleet.fleet import Fleet, Liveness, ServerStatus, StartOutcome
 from servefleet.verify.verdict import Verdict
 
 TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Overall cap in seconds (default: the fleet file's).")]
@@ -40,6 +40,17 @@ def _console() -> Console:
         # Piped or captured: rich would assume 80 columns and squeeze the log paths out.
         console = Console(highlight=False, width=200)
     return console
+
+
+def _status_exit_code(statuses: list[ServerStatus]) -> ExitCode:
+    """`status`: 0 every server shown is ready; 1 any is down (dead, not launched, stale) or failed;
+    2 otherwise, when some are still loading or no longer answer (unresponsive)."""
+    states = {st.state for st in statuses}
+    if states & {Liveness.DEAD, Liveness.FAILED, Liveness.STALE, Liveness.NOT_LAUNCHED}:
+        return ExitCode.FAILED
+    if states - {Liveness.READY}:
+        return ExitCode.TIMEOUT
+    return ExitCode.OK
 
 
 def _exit_code(verdicts: dict[str, Verdict]) -> ExitCode:
@@ -192,6 +203,7 @@ def status(
         console = _console()
         console.print(status_table(name, statuses))
         console.print(status_notes(statuses))
+    raise typer.Exit(_status_exit_code(statuses))
 
 
 def logs(

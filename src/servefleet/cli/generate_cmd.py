@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.errors import ConfigError, ServefleetError
+from servefleet.cli.failure import CliFailure, kind_for_exit_code
+from servefleet.errors import ConfigError
 
 HELP = """Send every prompt of --input to the servers and write the answers to --output as
 sharded Parquet (or JSONL). Run the same command again to resume: ids in committed shards are
@@ -57,6 +57,8 @@ def generate(
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="address for --metrics-port (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
+    from rich.console import Console
+
     from servefleet.generate.health import HealthPolicy
     from servefleet.generate.job import JobParams
     from servefleet.cli.generate_view import ProgressView, render_report
@@ -71,8 +73,9 @@ def generate(
     if concurrency != "auto":
         try:
             conc = int(concurrency)
-            assert conc >= 1
-        except (ValueError, AssertionError):
+        except ValueError:
+            conc = 0
+        if conc < 1:  # not an assert: those are gone under `python -O`
             _fail(err, json_out, f"--concurrency {concurrency!r}: expected auto or a positive number", ExitCode.USAGE)
     mode = "auto" if chat is None else ("chat" if chat else "completions")
     try:
@@ -89,12 +92,8 @@ def generate(
     except ValueError as exc:
         _fail(err, json_out, str(exc), ExitCode.USAGE)
     progress = ProgressView(err)
-    try:
-        report = asyncio.run(_run(config, fleet, progress))
-    except ConfigError as exc:
-        _fail(err, json_out, str(exc), ExitCode.USAGE)
-    except ServefleetError as exc:
-        _fail(err, json_out, str(exc), ExitCode.FAILED)
+    # a ConfigError (exit 3), an unreachable host (4) or another servefleet error (1) is reported by the root group
+    report = asyncio.run(_run(config, fleet, progress))
     if json_out:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
@@ -138,8 +137,6 @@ def _exit_code(status: str) -> int:
     }.get(status, ExitCode.FAILED)
 
 
-def _fail(err: Console, json_out: bool, message: str, code: int) -> None:
-    if json_out:
-        sys.stdout.write(json.dumps({"status": "error", "message": message}) + "\n")
-    err.print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(int(code))
+def _fail(err: object, json_out: bool, message: str, code: int) -> None:
+    """Raise the failure; the root group prints it (and, with --json, the JSON error document)."""
+    raise CliFailure(kind_for_exit_code(code), message)

@@ -9,17 +9,31 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
+from servefleet.cli.failure import CliFailure, ErrorKind, kind_for_exit_code
 from servefleet.errors import ServefleetError
 
-console = Console()
+
+class _LazyConsole:
+    """rich's Console, made on first use: `plan --json` and the error paths never load rich."""
+
+    _console = None
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console()
+        return getattr(self._console, name)
 
 
-def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> typer.Exit:
-    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {msg}")
-    return typer.Exit(int(code))
+console = _LazyConsole()
+
+
+def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> CliFailure:
+    """The failure to raise; the root group prints it (and, with --json, the JSON error document)."""
+    return CliFailure(kind_for_exit_code(code), msg)
 
 
 async def _live_capacity(url: str, engine: str) -> dict:
@@ -28,6 +42,12 @@ async def _live_capacity(url: str, engine: str) -> dict:
     from servefleet.engines.registry import get_engine
 
     async with aiohttp.ClientSession() as session:
+        try:  # any HTTP answer (404 included) proves the server is there; the engine's reads say nothing when it is not
+            async with session.get(url.rstrip("/") + "/", timeout=aiohttp.ClientTimeout(total=10)):
+                pass
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise CliFailure(ErrorKind.UNREACHABLE, f"--url {url}: no answer ({exc or type(exc).__name__})",
+                             hint="is the server running, and on that port?") from None
         cap = await get_engine(engine).capacity_from_server(session, url.rstrip("/"))
     return cap.model_dump(exclude_defaults=True)
 
@@ -188,7 +208,8 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
         console.print(f"[bold {style}]verdict:[/] {result.verdict()}")
         for note in result.notes:
             console.print(f"  note: {note}")
-    # exit 0 either way: the check ran; the verdict (and "within_tolerance" in --json) says how it went
+    if not result.within:  # the check ran, and the plan missed: exit 1 (the verdict and --json say by how much)
+        raise typer.Exit(int(ExitCode.FAILED))
 
 
 def register(app: typer.Typer) -> None:

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servefleet.cli.exitcodes import ExitCode
+from servefleet.cli.failure import CliFailure, ErrorKind
 
 HELP = """Show how far a `servefleet generate` job is: done / remaining, output tokens/s now and on
 average, ETA, each server's state, concurrency and rate, and the last events. Read only from what the
@@ -49,11 +50,8 @@ def progress(
     def read() -> dict[str, Any]:
         try:
             return progress_of(read_job(dest, timelines=False, failures=False))
-        except ConfigError as exc:
-            if json_out:
-                sys.stdout.write(json.dumps({"status": "error", "kind": "config", "message": str(exc)}) + "\n")
-            Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
-            raise typer.Exit(int(ExitCode.USAGE)) from None
+        except ConfigError as exc:  # not a job (yet): the one error shape, exit 3
+            raise CliFailure(ErrorKind.CONFIG, str(exc)) from None
 
     view = read()
     if not watch:

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
+from servefleet.cli.failure import CliFailure, ErrorKind
 
 HELP = """Write one self-contained HTML report (no network: inline SVG, CSS and a few lines of script).
 
@@ -50,11 +51,10 @@ def report(
             html, summary, default = _job(sources[0], bench or [])
         else:
             raise _Usage("give one generate destination, or one or more bench RUN.json files")
-    except (_Usage, ServefleetError) as exc:
-        if json_out:
-            sys.stdout.write(json.dumps({"status": "error", "kind": "config", "message": str(exc)}) + "\n")
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(int(ExitCode.USAGE)) from None
+    except _Usage as exc:
+        raise CliFailure(ErrorKind.USAGE, str(exc)) from None
+    except ServefleetError as exc:
+        raise CliFailure(ErrorKind.CONFIG, str(exc)) from None
     path = out or default
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
