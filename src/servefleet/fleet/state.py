@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servefleet.errors import StateError
+from servefleet.fleet.spec import RESERVED_SERVER_NAME
 
 __all__ = [
     "ServerState",
@@ -133,7 +134,7 @@ class StateStore:
     ``--fleet`` can find it again.
     """
 
-    INDEX = "fleet.json"
+    INDEX = f"{RESERVED_SERVER_NAME}.json"  # a server may not take this name (spec.py refuses it)
 
     def __init__(self, state_dir: Path) -> None:
         self.dir = Path(state_dir)
