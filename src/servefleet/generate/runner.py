@@ -89,20 +89,20 @@ class GenerateConfig(BaseModel):
     output: str
     urls: list[str] = Field(default_factory=list)
     params: JobParams = Field(default_factory=JobParams)
-    concurrency: int | None = None  # None: auto
-    max_running: int | None = None  # capacity hint for --url servers that do not report it
+    concurrency: int | None = Field(default=None, ge=1)  # None: auto
+    max_running: int | None = Field(default=None, ge=1)  # capacity hint for --url servers that do not report it
     bench: list[str] = Field(default_factory=list)  # bench runs (RUN.json) of these servers: start at their best point
-    max_attempts: int = 5
-    shard_rows: int = 1000
-    shard_bytes: int = 256 << 20
-    shard_seconds: float = 60.0
+    max_attempts: int = Field(default=5, ge=1)
+    shard_rows: int = Field(default=1000, ge=1)
+    shard_bytes: int = Field(default=256 << 20, ge=1)
+    shard_seconds: float = Field(default=60.0, gt=0)
     strict: bool = False
     force: bool = False
-    request_timeout_s: float = 3600.0
+    request_timeout_s: float = Field(default=3600.0, gt=0)
     api_key: SecretStr | None = None
     health: HealthPolicy = Field(default_factory=HealthPolicy)
-    retry_base_s: float = 0.5
-    retry_cap_s: float = 30.0
+    retry_base_s: float = Field(default=0.5, ge=0)
+    retry_cap_s: float = Field(default=30.0, ge=0)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(None, ge=0, le=65535)  # Prometheus metrics of the job (metrics.py); None: none
     record_interval_s: float = Field(2.0, gt=0)  # progress.json every this often, the timeline every 5x (recorder.py)

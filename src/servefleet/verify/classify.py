@@ -16,6 +16,7 @@ over a finished or partial log.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -27,6 +28,8 @@ from servefleet.engines.base import EngineProfile, SignalKind, Signature
 from servefleet.errors import EngineError
 from servefleet.verify.logtext import display_text, match_text
 from servefleet.verify.prefilter import required_literals
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Signal",
@@ -218,7 +221,8 @@ def available_engines() -> list[EngineProfile]:
     for name in engine_names():
         try:
             found.append(get_engine(name))
-        except (EngineError, ImportError, AttributeError):
+        except (EngineError, ImportError, AttributeError) as exc:
+            log.debug("engine profile %r not loadable, left out of auto-detection: %s", name, exc)
             continue
     return found
 
