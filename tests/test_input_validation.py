@@ -70,3 +70,63 @@ def test_server_named_like_the_state_index_is_refused(tmp_path: Path) -> None:
     msg = str(info.value)
     assert "f.toml" in msg and "\"fleet\" is reserved" in msg
     assert StateStore.INDEX == "fleet.json"
+
+
+@pytest.fixture
+def listener():
+    """A port that accepts connections and lets the test see whether anything connected."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    yield sock
+    sock.close()
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["plan", "--bench", "RUN.json", "--prompts", "-5", "--output-tokens-mean", "10"], "--prompts must be greater than or equal to 1"),
+    (["plan", "--bench", "RUN.json", "--prompts", "5", "--output-tokens-mean", "-100"], "--output-tokens-mean must be greater than 0"),
+    (["plan", "--bench", "RUN.json", "--prompts", "5", "--output-tokens-mean", "100", "--gpus", "-4"], "--gpus must be"),
+    (["plan", "--bench", "RUN.json", "--prompts", "5", "--output-tokens-mean", "100", "--gpus-per-replica", "0"], "--gpus-per-replica"),
+    (["capacity", "--tp", "0", "--url", "URL"], "--tp"),
+    (["capacity", "--mem-fraction", "3", "--url", "URL"], "--mem-fraction must be less than or equal to 1"),
+    (["bench", "--url", "URL", "-c", "1", "-n", "4", "--input-len", "-5"], "--input-len must be greater than or equal to 1"),
+    (["bench", "--url", "URL", "-c", "1", "--duration", "-3"], "--duration must be greater than 0"),
+    (["generate", "--input", "IN", "--output", "OUT", "--url", "URL", "--concurrency", "0"], "--concurrency"),
+    (["generate", "--input", "IN", "--output", "OUT", "--url", "URL", "--max-tokens", "0"], "--max-tokens must be greater than or equal to 1"),
+])
+def test_the_cli_refuses_bad_values_before_contacting_anything(args, fragment, listener, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from servefleet.cli.main import app
+
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "1", "prompt": "hi"}\n')
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    argv = [{"URL": url, "IN": str(inp), "OUT": str(tmp_path / "out")}.get(a, a) for a in args] + ["--json"]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 3, res.stdout + res.stderr
+    error = json.loads(res.stdout)["error"]
+    assert error["kind"] == "usage" and fragment in error["message"], error
+    with pytest.raises(BlockingIOError):  # no connection is waiting: the server was never contacted
+        listener.accept()
+    assert not (tmp_path / "out").exists()  # nothing written either
+
+
+def test_a_fleet_with_a_server_named_fleet_is_refused_by_up(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from servefleet.cli.main import app
+
+    fleet = tmp_path / "f.toml"
+    fleet.write_text('[[servers]]\nname = "fleet"\nport = 1\nengine = "sim"\nmodel = "m"\n')
+    res = CliRunner().invoke(app, ["up", str(fleet), "--json"])
+    assert res.exit_code == 3
+    error = json.loads(res.stdout)["error"]
+    assert error["kind"] == "config" and '"fleet" is reserved' in error["message"]

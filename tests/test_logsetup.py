@@ -3,8 +3,12 @@ no credential in any record."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +90,28 @@ def test_unwritable_state_folder_is_not_an_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert logsetup.add_state_file(blocker / "state") is None
+
+
+def test_a_second_fleet_replaces_the_first_state_file(tmp_path: Path) -> None:
+    first = logsetup.add_state_file(tmp_path / "a")
+    second = logsetup.add_state_file(tmp_path / "b")
+    files = [h for h in logging.getLogger("servefleet").handlers if getattr(h, "servefleet_state_file", False)]
+    assert first != second and len(files) == 1 and Path(files[0].baseFilename) == second
+
+
+def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, cwd=cwd, timeout=120)
+
+
+def test_cli_verbose_and_env_and_the_state_folder_log(tmp_path: Path) -> None:
+    fleet = tmp_path / "f.toml"
+    fleet.write_text('[fleet]\nstate_dir = "state"\n[[servers]]\nname = "a"\nport = 1\nengine = "sim"\nmodel = "m"\n')
+    res = _cli(["status", "--fleet", str(fleet), "--json"], {"SERVEFLEET_LOG": ""}, tmp_path)
+    assert res.returncode == 1, res.stderr  # not launched: down
+    log = tmp_path / "state" / logsetup.LOG_FILE
+    assert log.is_file() and stat.S_IMODE(log.stat().st_mode) == 0o600
+    bad = _cli(["status", "--fleet", str(fleet), "--json"], {"SERVEFLEET_LOG": "loud"}, tmp_path)
+    assert bad.returncode == 3 and "SERVEFLEET_LOG" in json.loads(bad.stdout)["error"]["message"]
+    assert _cli(["--verbose", "--help"], {}, tmp_path).returncode == 0
+    assert "--verbose" in _cli(["--help"], {}, tmp_path).stdout
