@@ -12,9 +12,9 @@ folder (0600, rotated at 5 MB), so a failed ``up`` leaves its trace there even w
 from __future__ import annotations
 
 import logging
-import logging.handlers
 import os
 import re
+import sys
 from pathlib import Path
 
 __all__ = ["ENV_VAR", "LOG_FILE", "configure", "add_state_file", "redact"]
@@ -36,6 +36,14 @@ def redact(text: str) -> str:
     """``text`` with every value that looks like a credential replaced by ``***``."""
     text = _URL_PASSWORD.sub(lambda m: m.group(1) + "***" + m.group(3), text)
     return _SECRET.sub(lambda m: m.group(1) + "***", text)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes (a test runner swaps it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
 
 
 class _RedactFilter(logging.Filter):
@@ -63,10 +71,9 @@ def configure(verbose: bool = False) -> logging.Logger:
     logger = logging.getLogger(_ROOT)
     env_level = _level_from_env()
     level = logging.DEBUG if verbose else (env_level if env_level is not None else logging.WARNING)
-    stderr = next((h for h in logger.handlers if getattr(h, "_servefleet_stderr", False)), None)
+    stderr = next((h for h in logger.handlers if isinstance(h, _StderrHandler)), None)
     if stderr is None:
-        stderr = logging.StreamHandler()
-        stderr._servefleet_stderr = True  # type: ignore[attr-defined]  # marks our own handler for idempotence
+        stderr = _StderrHandler()
         stderr.setFormatter(logging.Formatter(_FORMAT))
         stderr.addFilter(_RedactFilter())
         logger.addHandler(stderr)
@@ -81,16 +88,22 @@ def add_state_file(state_dir: str | Path) -> Path | None:
     written (logging must never be why a command fails)."""
     logger = logging.getLogger(_ROOT)
     path = Path(state_dir) / LOG_FILE
-    for h in logger.handlers:
-        if isinstance(h, logging.FileHandler) and Path(h.baseFilename) == path.resolve():
-            return path
+    for h in list(logger.handlers):
+        if getattr(h, "servefleet_state_file", False):
+            if Path(h.baseFilename) == path.resolve():
+                return path
+            logger.removeHandler(h)  # another fleet's folder, from an earlier command in this process
+            h.close()
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.close(fd)
-        handler = logging.handlers.RotatingFileHandler(path, maxBytes=5 << 20, backupCount=1)
+        from logging.handlers import RotatingFileHandler  # here, not at import: diagnose's start-up does not pay for it
+
+        handler = RotatingFileHandler(path, maxBytes=5 << 20, backupCount=1)
     except OSError:
         return None
+    handler.servefleet_state_file = True  # type: ignore[attr-defined]  # one state file at a time: a command works on one fleet
     handler.setLevel(logging.DEBUG)
     handler.setFormatter(logging.Formatter(_FORMAT))
     handler.addFilter(_RedactFilter())

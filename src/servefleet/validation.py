@@ -14,9 +14,27 @@ from pydantic import ValidationError
 
 from servefleet.errors import ConfigError
 
-__all__ = ["option_error", "build"]
+__all__ = ["OPTION_NAMES", "option_error", "build"]
 
 T = TypeVar("T")
+
+# Model fields whose command-line option is not simply --field-name (the CLI's spelling wins).
+OPTION_NAMES: Mapping[str, str] = {
+    "duration_s": "--duration",
+    "request_rates": "--request-rate",
+    "timeout_s": "--timeout",
+    "gpu_mem_bytes": "--gpu-mem",
+    "overhead_bytes_per_gpu": "--overhead",
+    "request_timeout_s": "--request-timeout",
+    "retry_base_s": "--backoff-base",
+    "retry_cap_s": "--backoff-max",
+    "shard_bytes": "--shard-mb",
+    "health.hang_min_s": "--hang-after",
+    "params.max_tokens": "--max-tokens",
+    "params.temperature": "--temperature",
+    "params.format": "--format",
+    "params.mode": "--chat/--completions",
+}
 
 
 def _flag(loc: tuple[Any, ...], flags: Mapping[str, str]) -> str:
@@ -39,7 +57,7 @@ def option_error(exc: ValidationError, flags: Mapping[str, str] | None = None) -
     """One message for every problem in ``exc``; ``flags`` maps a field (``"prompts"``, or a dotted
     path for nested models) to the option a user typed (``"--prompts"``); unmapped fields are shown
     as ``--field-name``."""
-    flags = flags or {}
+    flags = {**OPTION_NAMES, **(flags or {})}
     parts = []
     for error in exc.errors():
         got = error.get("input")

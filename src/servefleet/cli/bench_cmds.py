@@ -150,7 +150,10 @@ def _bench_config(
     temperature: float | None, extra_body: str | None, workers: str, seed: int, timeout: float,
 ) -> BenchConfig:
     """The sweep the options ask for, checked before any server is contacted."""
+    from pydantic import ValidationError
+
     from servefleet.bench.result import BenchConfig
+    from servefleet.validation import option_error
 
     if dataset is None and output_len is None:
         output_len = 128
@@ -167,8 +170,8 @@ def _bench_config(
             dataset=str(dataset) if dataset else None, api=api, stream=stream, ignore_eos=ignore_eos,
             temperature=temperature, extra_body=extra, workers=n_workers, seed=seed, timeout_s=timeout,
         )
-    except ValueError as exc:
-        raise _fail(str(exc).splitlines()[0]) from None
+    except ValidationError as exc:  # the model's own range checks, worded with the option names
+        raise _fail(str(option_error(exc))) from None
 
 
 def _extra_body(text: str | None) -> dict:

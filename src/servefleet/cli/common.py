@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
 
-__all__ = ["FleetOpt", "JsonOpt", "run_coroutine"]
+__all__ = ["FleetOpt", "JsonOpt", "open_fleet", "run_coroutine"]
+
+if TYPE_CHECKING:
+    from servefleet.fleet import Fleet
 
 T = TypeVar("T")
 
@@ -35,3 +38,14 @@ def run_coroutine(make: Callable[[], Awaitable[T]], *, quiet_interrupt: bool = F
             raise typer.Exit(ExitCode.OK) from None
         Console(stderr=True).print("interrupted; launched servers keep running (`servefleet status`, `servefleet down`)")
         raise typer.Exit(ExitCode.INTERRUPTED) from None
+
+
+def open_fleet(given: Path | None) -> "Fleet":
+    """The fleet of ``--fleet`` (or the one found here), with servefleet's DEBUG log also written to
+    its state folder (``servefleet.log``), so a command that went wrong leaves its trace there."""
+    from servefleet import logsetup
+    from servefleet.fleet import Fleet
+
+    fleet = Fleet.discover(given)
+    logsetup.add_state_file(fleet.spec.state_dir)
+    return fleet

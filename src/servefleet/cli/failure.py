@@ -106,8 +106,9 @@ def failure_from_exception(exc: BaseException) -> CliFailure | None:
         return CliFailure(ErrorKind.INTERRUPTED, "interrupted")
     pydantic = sys.modules.get("pydantic")  # never imported here: an exception of it means it is loaded
     if pydantic is not None and isinstance(exc, pydantic.ValidationError):
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
-        return CliFailure(ErrorKind.USAGE, problems)
+        from servefleet.validation import option_error
+
+        return CliFailure(ErrorKind.USAGE, str(option_error(exc)))
     return None
 
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 
 from servefleet.catalog import State
-from servefleet.cli.common import FleetOpt, JsonOpt, run_coroutine
+from servefleet.cli.common import FleetOpt, JsonOpt, open_fleet, run_coroutine
 from servefleet.cli.exitcodes import ExitCode
 from servefleet.cli.fleet_view import UpProgress, down_table, failure_notes, status_notes, status_table, up_json, up_table
 from servefleet.errors import ConfigError, ServefleetError
@@ -138,7 +138,7 @@ def up(
     """
     smoke = False if no_smoke else None
     code = run_coroutine(lambda: _up_and_render(
-        Fleet.discover(fleet_file), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json,
+        open_fleet(fleet_file), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json,
         grace=grace, keep_failed=keep_failed))
     raise typer.Exit(code)
 
@@ -159,7 +159,7 @@ def restart(
     """
     smoke = False if no_smoke else None
     code = run_coroutine(lambda: _up_and_render(
-        Fleet.discover(fleet_file), None, timeout=timeout, stall=stall, smoke=smoke, wait=True, as_json=as_json, restart=name, grace=grace,
+        open_fleet(fleet_file), None, timeout=timeout, stall=stall, smoke=smoke, wait=True, as_json=as_json, restart=name, grace=grace,
         keep_failed=keep_failed))
     raise typer.Exit(code)
 
@@ -173,7 +173,7 @@ def down(
     """Stop servers: SIGTERM to the whole process group, SIGKILL after the grace period; confirm the port is free."""
 
     async def go():
-        async with Fleet.discover(fleet_file) as fleet:
+        async with open_fleet(fleet_file) as fleet:
             return await fleet.down(_split_names(names), grace_s=grace)
 
     results = run_coroutine(go)
@@ -193,7 +193,7 @@ def status(
     """Show each server: state (ready / loading / dead (exit code) / not launched), pid, uptime, capacity, log."""
 
     async def go():
-        async with Fleet.discover(fleet_file) as fleet:
+        async with open_fleet(fleet_file) as fleet:
             return fleet.name, await fleet.status(_split_names(names))
 
     name, statuses = run_coroutine(go)
@@ -223,7 +223,7 @@ def logs(
         sys.stdout.flush()
 
     async def go() -> None:
-        async with Fleet.discover(fleet_file) as fleet:
+        async with open_fleet(fleet_file) as fleet:
             try:
                 path, tail, size = await fleet.tail(name, lines)
             except FileNotFoundError:

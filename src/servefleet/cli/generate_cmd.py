@@ -62,7 +62,10 @@ def generate(
     from servefleet.generate.health import HealthPolicy
     from servefleet.generate.job import JobParams
     from servefleet.cli.generate_view import ProgressView, render_report
+    from pydantic import ValidationError
+
     from servefleet.generate.runner import GenerateConfig
+    from servefleet.validation import option_error
 
     err = Console(stderr=True)
     if (fleet is None) == (not url):
@@ -89,8 +92,8 @@ def generate(
             shard_seconds=shard_seconds, strict=strict, force=force, request_timeout_s=request_timeout, api_key=api_key,
             metrics_host=metrics_host, metrics_port=metrics_port,
         )
-    except ValueError as exc:
-        _fail(err, json_out, str(exc), ExitCode.USAGE)
+    except ValidationError as exc:  # the model's own range checks, worded with the option names
+        _fail(err, json_out, str(option_error(exc)), ExitCode.USAGE)
     progress = ProgressView(err)
     # a ConfigError (exit 3), an unreachable host (4) or another servefleet error (1) is reported by the root group
     report = asyncio.run(_run(config, fleet, progress))

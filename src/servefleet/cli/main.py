@@ -195,9 +195,16 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
-    # A callback makes typer build a group (LazyGroup) although no command is registered up front.
-    pass
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what servefleet does (DEBUG) on stderr; SERVEFLEET_LOG=debug|info|warning does the same for any command."),
+) -> None:
+    # A callback also makes typer build a group (LazyGroup) although no command is registered up front.
+    from servefleet import logsetup
+
+    try:
+        logsetup.configure(verbose=verbose)
+    except ValueError as exc:  # a bad SERVEFLEET_LOG
+        raise CliFailure(ErrorKind.USAGE, str(exc)) from None
 
 
 def main() -> None:
