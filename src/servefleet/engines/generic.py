@@ -36,6 +36,8 @@ __all__ = [
     "merge_signatures",
     "generic_signatures",
     "GENERIC_BENIGN",
+    "BOUNDARY_HINTS",
+    "BOUNDARY_KEYS",
     "FALLBACK",
     "to_int",
     "to_float",
@@ -86,11 +88,33 @@ FALLBACK: tuple[Signature, ...] = (
 )
 
 
-def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Signature, ...]:
-    """The engine-independent FATAL/WRAPPER signatures, hinted with ``hints`` (engine-native)."""
+# ---- boundary cases (README "Failure categories"): one category each, whatever the engine -----------
+# A failure that could be put in two categories is put in one, the same in every profile; the hint
+# is the engine's own (its profile's HINTS under these keys), else these words.
+BOUNDARY_HINTS: dict[str, str] = {
+    # a truncated or damaged weights file is a model that is not (all) there: model_not_found
+    "corrupt_weights": "a weights file is truncated or damaged (a partial download?): download the model again "
+                       "and check its size and checksum",
+    # a shared library missing or not loadable is a broken install: import_error
+    "native_library": "a native library of the engine is missing or cannot be loaded (a broken install, or a "
+                      "library path that points elsewhere): reinstall the engine or fix the library path",
+    # CUDA asked of a CPU-only build: the build has no such device: cuda_driver
+    "cuda_on_cpu_build": "this build has no CUDA: use its CPU device, or install a CUDA build of the engine and torch",
+    # SIGILL: a crash in native code like a segfault (other); the process, not the machine, is at fault
+    "illegal_instruction": "the process died of an illegal instruction (SIGILL) in native code: a kernel uses CPU "
+                           "instructions (AVX-512, AMX) that fail here; choose a portable dtype or kernel, or another build",
+}
+BOUNDARY_KEYS = tuple(BOUNDARY_HINTS)
+
+
+def generic_signatures(hints: Mapping[Category | str, str] | None = None) -> tuple[Signature, ...]:
+    """The engine-independent FATAL/WRAPPER signatures, hinted with ``hints`` (engine-native: keyed by
+    category, and by the boundary keys of ``BOUNDARY_HINTS``)."""
     h = dict(hints or {})
 
-    def f(regex: str, category: Category, flags: int = 0, hint: str | None = None) -> Signature:
+    def f(regex: str, category: Category, flags: int = 0, hint: str | None = None, key: str | None = None) -> Signature:
+        if key is not None:
+            hint = h.get(key) or BOUNDARY_HINTS[key]
         return fatal(regex, category, hint or h.get(category), flags)
 
     return (
@@ -115,6 +139,8 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
           hint="no GPU is visible to the process; check CUDA_VISIBLE_DEVICES and nvidia-smi"),
         f(r"Found no NVIDIA driver on your system|NVIDIA driver on your system is too old"
           r"|NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", C.CUDA_DRIVER),
+        # boundary: CUDA asked of a CPU-only torch (torch/cuda/__init__.py)
+        f(r"Torch not compiled with CUDA enabled", C.CUDA_DRIVER, key="cuda_on_cpu_build"),
         f(r"libcuda\.so[.\d]*: cannot open shared object file|CUDA driver initialization failed"
           r"|cudaErrorInsufficientDriver|cudaErrorNoDevice|CUDA error: invalid device ordinal"
           r"|forward compatibility was attempted on non supported HW|system has unsupported display driver",
@@ -146,9 +172,17 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
         # as "... requires the SentencePiece library but it was not found in your environment" (install
         # sentencepiece) -- usually the local folder is incomplete, not the library missing.
         f(r"Can't load tokenizer for|requires the SentencePiece library but it was not found|install sentencepiece"
+          r"|Couldn't instantiate the backend tokenizer from one of"
           r"|Cannot instantiate this tokenizer from a slow version", C.MODEL_NOT_FOUND,
           hint="the tokenizer could not be loaded: check the folder has tokenizer.json/tokenizer_config.json "
                "(a 'sentencepiece' complaint usually means the tokenizer files are missing)"),
+        # boundary: a truncated or damaged weights file. safetensors (Rust): "safetensors_rust.SafetensorError:
+        # Error while deserializing header: HeaderTooLarge" / "MetadataIncompleteBuffer" / "incomplete
+        # metadata, file not fully covered"; torch's zip reader on a cut pytorch_model.bin.
+        f(r"Error while deserializing header|\bSafetensorError\b|\bHeaderTooLarge\b|\bMetadataIncompleteBuffer\b"
+          r"|InvalidHeaderDeserialization|incomplete metadata, file not fully covered"
+          r"|PytorchStreamReader failed reading zip archive|failed finding central directory", C.MODEL_NOT_FOUND,
+          key="corrupt_weights"),
         # -- unsupported model (transformers 4.x/5.x, vLLM registry)
         f(r"Transformers does not recognize this architecture|does not recognize this architecture"
           r"|model type `?[\w.-]+`? (?:is )?not supported|Unrecognized model in\b"
@@ -164,6 +198,9 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
           C.CONFIG_ERROR),
         f(r"must be divisible by tensor parallel size|is not divisible by", C.CONFIG_ERROR,
           hint="the tensor-parallel size must divide the model's head counts; choose another number of GPUs"),
+        # boundary: a shared library missing or not loadable (dlopen's words; libcuda is cuda_driver, above)
+        f(r"cannot open shared object file|undefined symbol: |wrong ELF class|invalid ELF header", C.IMPORT_ERROR,
+          key="native_library"),
         # -- imports and missing programs
         f(r"\b(?:ModuleNotFoundError|ImportError): |(?:^|: )No module named \S+|cannot import name '\w+' from"
           r"|undefined symbol: |GLIBC_[\d.]+' not found|version `GLIBCXX_[\d.]+' not found"
@@ -177,6 +214,9 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
         # -- killed: the shell's "Killed" / "sh: line 1: 4242 Killed  python3 ...", an exit by SIGKILL
         f(r"^Killed(?:\s|$)|\s\d+\s+Killed(?:\s|$)|\bExit code: -9\b|\bsignal 9\b|\bSIGKILL\b|Out of memory: Killed process"
           r"|oom-kill", C.KILLED),
+        # boundary: SIGILL. A shell prints "Illegal instruction (core dumped)", Python's faulthandler
+        # "Fatal Python error: Illegal instruction"; a multiprocessing parent "exitcode=-4"/"signal 4".
+        f(r"Illegal instruction|\bSIGILL\b", C.OTHER, key="illegal_instruction"),
         # -- CUDA faults at start-up (category other, but a useful hint)
         f(r"CUDA error: an illegal memory access|device-side assert triggered|CUDA error: unspecified launch failure"
           r"|no kernel image is available for execution on the device", C.OTHER,
@@ -185,12 +225,24 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
     )
 
 
-def build_signatures(specific: Iterable[Signature], hints: Mapping[Category, str] | None = None) -> tuple[Signature, ...]:
+def build_signatures(specific: Iterable[Signature], hints: Mapping[Category | str, str] | None = None) -> tuple[Signature, ...]:
     """Order an engine's signatures with the generic ones: BENIGN first, then engine, generic, fallback."""
-    specific = tuple(specific)
+    specific = tuple(_engine_hinted(s, hints or {}) for s in specific)
     own_benign = tuple(s for s in specific if s.kind is SignalKind.BENIGN)
     own_rest = tuple(s for s in specific if s.kind is not SignalKind.BENIGN)
     return own_benign + GENERIC_BENIGN + own_rest + generic_signatures(hints) + FALLBACK
+
+
+def _engine_hinted(sig: Signature, hints: Mapping[Category | str, str]) -> Signature:
+    """An engine's own signature that carries only the generic hint of its category gets the engine's
+    hint for that category (its flag names), as the generic signatures do."""
+    from dataclasses import replace
+
+    from servefleet.catalog import DEFAULT_HINTS
+
+    if sig.category is not None and sig.hint == DEFAULT_HINTS[sig.category] and sig.category in hints:
+        return replace(sig, hint=hints[sig.category])
+    return sig
 
 
 def merge_signatures(tuples: Iterable[Iterable[Signature]]) -> tuple[Signature, ...]:

