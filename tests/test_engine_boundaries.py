@@ -24,6 +24,10 @@ CASES = [
      "native_library", "import_error"),
     ("Illegal instruction (core dumped)", "illegal_instruction", "other"),
     ("Fatal Python error: Illegal instruction", "illegal_instruction", "other"),
+    ("[2026-11-30 10:00:36] Exit code: -4", "illegal_instruction", "other"),
+    ("2024-03-06T17:53:31.052444Z ERROR shard-manager: text_generation_launcher: Shard process was signaled to shutdown "
+     "with signal 4 rank=0", "illegal_instruction", "other"),
+    ("torch.AcceleratorError: CUDA error: invalid device ordinal", "tp_too_large", "config_error"),
 ]
 
 

@@ -73,6 +73,9 @@ GENERIC_BENIGN: tuple[Signature, ...] = (
     # IPv6 is off (an IPv4 bind follows), "[rank0]:[W1024 ...] ProcessGroupNCCL.cpp:1496] Warning:
     # WARNING: process group has NOT been destroyed ..." at exit: warnings, not failures.
     benign(r"^(?:\[rank\d+\]:)?\[W\d*\s"),
+    # Source lines quoted in a traceback ("    raise ValueError(f\"Unsupported model type {model_type}\")", leading
+    # blanks stripped) name an exception class or quote a message, but are code: the message below is the evidence
+    benign(r"^raise [A-Za-z_][\w.]*(?:\(|$)"),
 )
 
 # ---- the last resort ---------------------------------------------------------------------------
@@ -103,6 +106,9 @@ BOUNDARY_HINTS: dict[str, str] = {
     # SIGILL: a crash in native code like a segfault (other); the process, not the machine, is at fault
     "illegal_instruction": "the process died of an illegal instruction (SIGILL) in native code: a kernel uses CPU "
                            "instructions (AVX-512, AMX) that fail here; choose a portable dtype or kernel, or another build",
+    # more ranks/shards than the host has devices for ("CUDA error: invalid device ordinal"): config_error
+    "tp_too_large": "the tensor-parallel size is larger than the GPUs this process can see: lower it, or widen "
+                    "CUDA_VISIBLE_DEVICES",
 }
 BOUNDARY_KEYS = tuple(BOUNDARY_HINTS)
 
@@ -139,10 +145,12 @@ def generic_signatures(hints: Mapping[Category | str, str] | None = None) -> tup
           hint="no GPU is visible to the process; check CUDA_VISIBLE_DEVICES and nvidia-smi"),
         f(r"Found no NVIDIA driver on your system|NVIDIA driver on your system is too old"
           r"|NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", C.CUDA_DRIVER),
+        # boundary: a rank set to a GPU index the process cannot see -- more ranks than GPUs
+        f(r"CUDA error: invalid device ordinal|cudaErrorInvalidDevice\b", C.CONFIG_ERROR, key="tp_too_large"),
         # boundary: CUDA asked of a CPU-only torch (torch/cuda/__init__.py)
         f(r"Torch not compiled with CUDA enabled", C.CUDA_DRIVER, key="cuda_on_cpu_build"),
         f(r"libcuda\.so[.\d]*: cannot open shared object file|CUDA driver initialization failed"
-          r"|cudaErrorInsufficientDriver|cudaErrorNoDevice|CUDA error: invalid device ordinal"
+          r"|cudaErrorInsufficientDriver|cudaErrorNoDevice"
           r"|forward compatibility was attempted on non supported HW|system has unsupported display driver",
           C.CUDA_DRIVER),
         # -- NCCL / torch.distributed. torch: "torch.distributed.DistBackendError: NCCL error in: ...
@@ -153,6 +161,7 @@ def generic_signatures(hints: Mapping[Category | str, str] | None = None) -> tup
           r"|DistNetworkError|DistStoreError|Gloo connectFullMesh failed", C.NCCL_OR_DISTRIBUTED, re.IGNORECASE),
         # -- model not found / unreadable (huggingface_hub and transformers strings, v4.4x-v5.x)
         f(r"is not a local folder and is not a valid model identifier", C.MODEL_NOT_FOUND),
+        f(r"Client Error: .*for url: https://huggingface\.co/api/models/|Cannot find any model weights with", C.MODEL_NOT_FOUND),
         f(r"Repository Not Found for url|RepositoryNotFoundError|RevisionNotFoundError"
           r"|is not a valid git identifier \(branch name, tag name or commit id\)", C.MODEL_NOT_FOUND),
         f(r"Repo id must be in the form 'repo_name' or 'namespace/repo_name'|Repo id must use alphanumeric chars"
@@ -216,7 +225,10 @@ def generic_signatures(hints: Mapping[Category | str, str] | None = None) -> tup
           r"|oom-kill", C.KILLED),
         # boundary: SIGILL. A shell prints "Illegal instruction (core dumped)", Python's faulthandler
         # "Fatal Python error: Illegal instruction"; a multiprocessing parent "exitcode=-4"/"signal 4".
-        f(r"Illegal instruction|\bSIGILL\b", C.OTHER, key="illegal_instruction"),
+        # SGLang's "Exit code: -4" under "Rank 0 scheduler is dead"; TGI's "Shard process was signaled to
+        # shutdown with signal 4"
+        f(r"Illegal instruction|\bSIGILL\b|\bExit code: -4\b|\bexitcode=-4\b|signaled to shutdown with signal 4\b", C.OTHER,
+          key="illegal_instruction"),
         # -- CUDA faults at start-up (category other, but a useful hint)
         f(r"CUDA error: an illegal memory access|device-side assert triggered|CUDA error: unspecified launch failure"
           r"|no kernel image is available for execution on the device", C.OTHER,

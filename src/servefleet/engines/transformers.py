@@ -62,6 +62,8 @@ HINTS = {
     "native_library": "a native library of torch, tokenizers or safetensors is missing or not loadable: reinstall "
                       "'transformers[serving]' and torch in the server's environment",
     "cuda_on_cpu_build": "this torch build has no CUDA: pass --device cpu, or install a CUDA build of torch",
+    "tp_too_large": "--device names a GPU this process cannot see (e.g. cuda:3 on a 2-GPU host): pick one that exists, or "
+                    "widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a torch kernel died of an illegal instruction (SIGILL): pass --dtype float32, or another torch build",
 }
 

