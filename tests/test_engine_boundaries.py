@@ -28,6 +28,8 @@ CASES = [
     ("2024-03-06T17:53:31.052444Z ERROR shard-manager: text_generation_launcher: Shard process was signaled to shutdown "
      "with signal 4 rank=0", "illegal_instruction", "other"),
     ("torch.AcceleratorError: CUDA error: invalid device ordinal", "tp_too_large", "config_error"),
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+     "allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)", "host_ram", "gpu_oom"),
 ]
 
 

@@ -46,6 +46,8 @@ def test_diagnose_on_the_recorded_real_log(name: str, diagnosed: dict[str, tuple
     assert (verdict["state"], verdict["category"]) == (want["state"], want["category"]), verdict
     if want["evidence_substring"]:
         assert want["evidence_substring"] in verdict["evidence"]["text"]
+    if want.get("hint_substring"):  # the hint names the engine's own flag or file
+        assert want["hint_substring"] in verdict["hint"], verdict["hint"]
     for key, value in want.get("capacity", {}).items():
         assert verdict["capacity"][key] == value, key
     assert code == (1 if want["state"] == "failed" else 0)

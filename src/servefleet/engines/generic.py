@@ -106,6 +106,10 @@ BOUNDARY_HINTS: dict[str, str] = {
     # SIGILL: a crash in native code like a segfault (other); the process, not the machine, is at fault
     "illegal_instruction": "the process died of an illegal instruction (SIGILL) in native code: a kernel uses CPU "
                            "instructions (AVX-512, AMX) that fail here; choose a portable dtype or kernel, or another build",
+    # host RAM (or the process's address-space limit) exhausted at an allocation: gpu_oom, as a KV cache
+    # that does not fit -- memory for the model and its cache, whichever device holds it
+    "host_ram": "host RAM (or the memory limit of the process) ran out at an allocation: ask for a smaller KV "
+                "cache or context, or raise the limit",
     # more ranks/shards than the host has devices for ("CUDA error: invalid device ordinal"): config_error
     "tp_too_large": "the tensor-parallel size is larger than the GPUs this process can see: lower it, or widen "
                     "CUDA_VISIBLE_DEVICES",
@@ -139,6 +143,9 @@ def generic_signatures(hints: Mapping[Category | str, str] | None = None) -> tup
         # ROCm: "HIP out of memory"; cuBLAS: "CUBLAS_STATUS_ALLOC_FAILED".
         f(r"\bOutOfMemoryError\b|CUDA out of memory|HIP out of memory|CUDA error: out of memory"
           r"|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", C.GPU_OOM),
+        # boundary: host RAM exhausted (c10/core/impl/alloc_cpu.cpp; numpy's MemoryError, ggml's is llama.cpp's own)
+        f(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|^(?:numpy\.core\._exceptions\._ArrayMemoryError"
+          r"|MemoryError)\b", C.GPU_OOM, key="host_ram"),
         # -- CUDA driver / device visibility (torch and CUDA runtime strings)
         f(r"CUDA driver version is insufficient for CUDA runtime version", C.CUDA_DRIVER),
         f(r"no CUDA-capable device is detected|No CUDA GPUs are available", C.CUDA_DRIVER,
@@ -205,6 +212,9 @@ def generic_signatures(hints: Mapping[Category | str, str] | None = None) -> tup
         # pydantic message lines: "  Value error, Invalid value ... [type=value_error, input_value=..."
         f(r"^\s*Value error, |\[type=\w+_error\b|^\s*(?:Input should be|Field required|Extra inputs are not permitted)\b",
           C.CONFIG_ERROR),
+        # two flags that do not go together (vLLM arg_utils: "--spec-tokens and --speculative-config['...'] are
+        # mutually exclusive"; argparse groups say "not allowed with argument", matched above)
+        f(r"\bare mutually exclusive\b", C.CONFIG_ERROR),
         f(r"must be divisible by tensor parallel size|is not divisible by", C.CONFIG_ERROR,
           hint="the tensor-parallel size must divide the model's head counts; choose another number of GPUs"),
         # boundary: a shared library missing or not loadable (dlopen's words; libcuda is cuda_driver, above)
@@ -227,7 +237,8 @@ def generic_signatures(hints: Mapping[Category | str, str] | None = None) -> tup
         # "Fatal Python error: Illegal instruction"; a multiprocessing parent "exitcode=-4"/"signal 4".
         # SGLang's "Exit code: -4" under "Rank 0 scheduler is dead"; TGI's "Shard process was signaled to
         # shutdown with signal 4"
-        f(r"Illegal instruction|\bSIGILL\b|\bExit code: -4\b|\bexitcode=-4\b|signaled to shutdown with signal 4\b", C.OTHER,
+        f(r"Illegal instruction|\bSIGILL\b|\bExit code: -4\b|\bexitcode=-4\b|\(exit code: -4\)|signaled to shutdown with signal 4\b",
+          C.OTHER,
           key="illegal_instruction"),
         # -- CUDA faults at start-up (category other, but a useful hint)
         f(r"CUDA error: an illegal memory access|device-side assert triggered|CUDA error: unspecified launch failure"

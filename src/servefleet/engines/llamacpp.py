@@ -54,6 +54,8 @@ HINTS = {
     "native_library": "llama-cpp-python could not load libllama.so or a libggml*.so it links against: unset "
                       "LLAMA_CPP_LIB_PATH or point it at a folder with all of llama_cpp/lib, or reinstall llama-cpp-python",
     "cuda_on_cpu_build": "this llama.cpp build is CPU-only: drop -ngl/--n-gpu-layers (--n_gpu_layers) or install a CUDA build",
+    "host_ram": "host RAM (or the memory limit of the process) ran out: lower -c/--ctx-size (--n_ctx) or use "
+                "--mmap so the weights are not copied",
     "tp_too_large": "-mg/--main-gpu or -ts/--tensor-split names more GPUs than this process can see: fix them, or widen "
                     "CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "llama.cpp died of an illegal instruction: the build uses CPU instructions (AVX-512, AMX) this "

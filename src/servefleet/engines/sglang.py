@@ -59,6 +59,8 @@ HINTS = {
                       "loadable: reinstall sglang with the kernels built for this torch and CUDA",
     "cuda_on_cpu_build": "this torch build has no CUDA (SGLang needs a GPU build): install the CUDA build of torch "
                          "that sglang pins, or pass --device cpu on an SGLang CPU build",
+    "host_ram": "host RAM ran out (weights are staged in host memory while loading): use --load-format with less "
+                "staging, fewer --tokenizer-worker-num, or a host with more memory",
     "tp_too_large": "--tp-size (times --dp-size, from --base-gpu-id) is larger than the GPUs this process can see: "
                     "lower --tp-size, or widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a kernel died of an illegal instruction (SIGILL): try --attention-backend triton or "

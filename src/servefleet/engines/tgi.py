@@ -44,6 +44,8 @@ HINTS = {
     "native_library": "a kernel library of the shard (flash-attn, exllama, vllm kernels) is missing or not loadable: "
                       "use the TGI image built for this GPU",
     "cuda_on_cpu_build": "this TGI/torch build has no CUDA: run the CUDA image, or the CPU image without GPU flags",
+    "host_ram": "host RAM ran out while a shard loaded the weights: give the container more memory, or use more "
+                "shards (--num-shard) so each loads less",
     "tp_too_large": "--num-shard is larger than the GPUs the launcher can see: lower --num-shard, or widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a shard died of an illegal instruction (SIGILL): the image's kernels need a newer CPU/GPU; "
                            "use another image",

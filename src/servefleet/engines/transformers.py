@@ -62,6 +62,8 @@ HINTS = {
     "native_library": "a native library of torch, tokenizers or safetensors is missing or not loadable: reinstall "
                       "'transformers[serving]' and torch in the server's environment",
     "cuda_on_cpu_build": "this torch build has no CUDA: pass --device cpu, or install a CUDA build of torch",
+    "host_ram": "host RAM is exhausted (the model is loaded on the CPU): use --dtype bfloat16, a smaller model, a "
+                "smaller --cb-num-blocks with --continuous-batching, or a machine with more memory",
     "tp_too_large": "--device names a GPU this process cannot see (e.g. cuda:3 on a 2-GPU host): pick one that exists, or "
                     "widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a torch kernel died of an illegal instruction (SIGILL): pass --dtype float32, or another torch build",
@@ -102,9 +104,6 @@ OWN_SIGNATURES = (
     # transformers/models/auto/processing_auto.py: a folder without tokenizer files
     S.fatal(r"Unrecognized processing class in .*Can't instantiate a processor, a tokenizer", C.MODEL_NOT_FOUND,
             "the model folder has no tokenizer files (tokenizer.json / tokenizer_config.json); copy them next to config.json"),
-    # c10/core/impl/alloc_cpu.cpp: host RAM exhausted while loading on --device cpu
-    S.fatal(r"DefaultCPUAllocator: can't allocate memory|DefaultCPUAllocator: not enough memory", C.GPU_OOM,
-            "host RAM is exhausted (the model is loaded on the CPU): use --dtype bfloat16, a smaller model, or a machine with more memory"),
     # ---- progress, in start-up order
     # cli/serving/model_manager.py load_model_and_processor: logger.warning(f"Loading {model}@{revision}")
     S.progress(r"(?:^|\s)Loading \S+@\S+\s*$", "loading model"),

@@ -61,6 +61,8 @@ HINTS = {
                       "the vllm wheel built for this torch",
     "cuda_on_cpu_build": "this vllm build has no CUDA: drop the CUDA-only option (--attention-backend, a CUDA "
                          "quantization), or install the CUDA build of vllm",
+    "host_ram": "host RAM (or the process's memory limit) ran out: lower VLLM_CPU_KVCACHE_SPACE or "
+                "--kv-cache-memory-bytes (the CPU KV cache), or --max-model-len, or raise the limit",
     "tp_too_large": "--tensor-parallel-size is larger than the GPUs this process can see (CPU build: than its NUMA "
                     "nodes and cores): lower it, or widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a vLLM CPU kernel died of an illegal instruction (SIGILL): serve with --dtype float32 "
@@ -78,6 +80,13 @@ OWN_SIGNATURES = (
     S.benign(r"^raise [A-Za-z_][\w.]*(?:\(|$)"),
     # ---- ready (evidence; /health decides)
     S.ready(r"Application startup complete\."),
+    # ---- a worker that died of a signal: the cause, not a wrapper (v1/executor/multiproc_executor.py,
+    # "Worker proc VllmWorker-0 died unexpectedly (exit code: -4), shutting down executor."; real 0.32,
+    # bfloat16 on an AMX CPU, on the first request)
+    S.fatal(r"died unexpectedly \(exit code: -4\)", C.OTHER, HINTS["illegal_instruction"]),
+    S.fatal(r"died unexpectedly \(exit code: -9\)", C.KILLED),
+    S.fatal(r"died unexpectedly \(exit code: -(?:11|7|6)\)", C.OTHER,
+            "a vLLM worker crashed in native code (SIGSEGV/SIGBUS/SIGABRT): try --dtype float32, --enforce-eager, or another build"),
     # ---- wrappers: the cause is above (another process) or in the traceback below
     S.wrapper(r"Engine core initialization failed\. See root cause above"),
     # V1 before 0.8: "RuntimeError: Engine process failed to start. See stack trace for the root cause."
@@ -98,6 +107,9 @@ OWN_SIGNATURES = (
     S.fatal(r"on kv cache allocation is less than requested memory for kv", C.GPU_OOM,
             "the CPU KV cache asked for does not fit in free memory: lower VLLM_CPU_KVCACHE_SPACE (GiB) or "
             "--kv-cache-memory-bytes, or free memory"),
+    # CPU backend (platforms/cpu.py, cpu_worker.py): each TP/PP/DP rank binds its OpenMP threads to a NUMA node
+    S.fatal(r"Not enough allowed NUMA nodes to bind threads of \d+ local CPUWorkers", C.CONFIG_ERROR,
+            HINTS["tp_too_large"]),
     S.fatal(r"Free memory on device .* is less than desired GPU memory utilization", C.GPU_OOM,
             "another process holds GPU memory: free it, or lower --gpu-memory-utilization"),
     S.fatal(r"Failed to infer device type", C.CUDA_DRIVER,
