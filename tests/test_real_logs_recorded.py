@@ -34,7 +34,7 @@ def diagnosed() -> dict[str, tuple[int, dict[str, Any]]]:
 
 
 def test_every_real_engine_has_recordings() -> None:
-    assert {engine_of(name) for name in RECORDED} == {"vllm", "llamacpp", "sglang"}
+    assert {engine_of(name) for name in RECORDED} == {"vllm", "llamacpp", "sglang", "transformers"}
 
 
 @pytest.mark.parametrize("name", RECORDED)

@@ -101,9 +101,19 @@ OWN_SIGNATURES = (
     S.fatal(r"Unsupported dtype: '[^']*'\. Must be 'auto' or a valid torch dtype"
             r"|Unsupported quantization method: '[^']*'\. Must be|Unsupported attention implementation: '[^']*'"
             r"|--chat-template-kwargs must be a JSON object", C.CONFIG_ERROR),
+    # cli/serve.py parses --chat-template-kwargs with json.loads: a value that is not JSON ends in a bare
+    # JSONDecodeError whose traceback quotes this source line -- the line that names the argument
+    S.fatal(r"chat_template_kwargs = json\.loads\(chat_template_kwargs\)", C.CONFIG_ERROR,
+            "--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'"),
+    # cli/serving/model_manager.py looks the class named by config.json's `architectures` up in the
+    # transformers module: "AttributeError: module transformers has no attribute FancyNetForCausalLM"
+    S.fatal(r"module transformers has no attribute \w+", C.UNSUPPORTED_MODEL,
+            "config.json's architectures names a class this transformers does not have: fix architectures (e.g. "
+            "LlamaForCausalLM) or upgrade transformers"),
     # transformers/models/auto/processing_auto.py: a folder without tokenizer files
     S.fatal(r"Unrecognized processing class in .*Can't instantiate a processor, a tokenizer", C.MODEL_NOT_FOUND,
-            "the model folder has no tokenizer files (tokenizer.json / tokenizer_config.json); copy them next to config.json"),
+            "the model folder has no tokenizer files (tokenizer.json / tokenizer_config.json), or is empty: copy them next "
+            "to config.json and the weights"),
     # ---- progress, in start-up order
     # cli/serving/model_manager.py load_model_and_processor: logger.warning(f"Loading {model}@{revision}")
     S.progress(r"(?:^|\s)Loading \S+@\S+\s*$", "loading model"),
