@@ -13,8 +13,12 @@ With --baseline-src (e.g. /work/main/src) the same logs are diagnosed by that so
 by side, so a change of the signatures shows as a change of accuracy on the same logs. Each tree is
 run in its own interpreter (PYTHONPATH=tree) so the two never mix.
 
-Run:  .venv/bin/python benchmarks/diagnose_accuracy.py [--baseline-src /work/main/src]
-Writes benchmarks/results/diagnose_accuracy.json and .md (the table, with the misses listed).
+`--set heldout` scores tests/fixtures/logs/real/heldout/ instead: real runs of the same classes recorded
+(scripts/record-real-engine-logs.py --set heldout) and labelled *before* any diagnosis of them, so the
+signatures were not fixed on them -- the figure that says how well the rules generalise.
+
+Run:  .venv/bin/python benchmarks/diagnose_accuracy.py [--set heldout] [--baseline-src /work/main/src]
+Writes benchmarks/results/diagnose_accuracy[_heldout].json and .md (the table, with the misses listed).
 """
 
 from __future__ import annotations
@@ -119,23 +123,30 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-src", type=Path, help="another source tree to score side by side (e.g. /work/main/src)")
-    parser.add_argument("--out", default="diagnose_accuracy", help="results file stem under benchmarks/results/")
+    parser.add_argument("--set", dest="which", choices=("real", "heldout"), default="real",
+                        help="real: tests/fixtures/logs/real/ (the logs the signatures were fixed on); heldout: real/heldout/ "
+                             "(runs labelled before they were first diagnosed)")
+    parser.add_argument("--out", default=None, help="results file stem under benchmarks/results/ (default: diagnose_accuracy"
+                                                     "[_heldout])")
     opts = parser.parse_args()
-    expected = json.loads((REAL / "EXPECTED.json").read_text())
-    logs = [REAL / name for name in sorted(expected)]
+    folder = REAL / "heldout" if opts.which == "heldout" else REAL
+    out = opts.out or ("diagnose_accuracy_heldout" if opts.which == "heldout" else "diagnose_accuracy")
+    expected = json.loads((folder / "EXPECTED.json").read_text())
+    logs = [folder / name for name in sorted(expected)]
     trees = {"this tree": ROOT / "src"}
     if opts.baseline_src:
         trees = {"baseline": opts.baseline_src, **trees}
     results = {label: score(expected, diagnose_all(src, logs)) for label, src in trees.items()}
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    doc = {"what": "diagnose (engine auto-detected) on every real log of tests/fixtures/logs/real/ against its EXPECTED.json",
+    where = folder.relative_to(ROOT)
+    doc = {"what": f"diagnose (engine auto-detected) on every real log of {where}/ against its EXPECTED.json",
            "logs": len(logs), "commit": commit, "trees": {k: str(v) for k, v in trees.items()}, "results": results}
-    (RESULTS / f"{opts.out}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    text = (f"# diagnose accuracy on the real logs\n\n{len(logs)} logs of tests/fixtures/logs/real/ (commit {commit}); "
+    (RESULTS / f"{out}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    text = (f"# diagnose accuracy on the real logs\n\n{len(logs)} logs of {where}/ (commit {commit}); "
             "outcome: the state; category: of the failed logs; evidence: right category and evidence line.\n"
             + "".join(f"\n- {k}: `{v}`" for k, v in trees.items()) + "\n\n" + table(results))
-    (RESULTS / f"{opts.out}.md").write_text(text)
+    (RESULTS / f"{out}.md").write_text(text)
     print(text)
     return 0
 

@@ -57,7 +57,7 @@ from real_engines import (  # noqa: E402
     stop_group,
     wait_for_exit,
 )
-from real_breadth import TRANSFORMERS_ARGS, TRANSFORMERS_ENV, breadth  # noqa: E402
+from real_breadth import TRANSFORMERS_ARGS, TRANSFORMERS_ENV, breadth, heldout  # noqa: E402
 from servefleet.engines.base import LaunchSpec  # noqa: E402
 from servefleet.engines.registry import get_engine  # noqa: E402
 
@@ -101,12 +101,14 @@ def engine_interpreter(engine: str) -> Path:
     return python
 
 
-def record_breadth(engine: str, batch: int, only: set[str] | None = None) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The breadth scenarios of ``engine``, ``batch`` servers per `servefleet up`."""
+def record_breadth(engine: str, batch: int, only: set[str] | None = None, which: str = "breadth",
+                   dest: Path = FIXTURES) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The breadth (or held-out) scenarios of ``engine``, ``batch`` servers per `servefleet up`."""
     python = engine_interpreter(engine)
     env, args = BREADTH_SETUP[engine]
-    scenarios = [sc for sc in breadth(engine, python) if only is None or sc.server in only]
-    work = WORK / f"{engine}-breadth"
+    table = breadth(engine, python) if which == "breadth" else heldout(engine)
+    scenarios = [sc for sc in table if only is None or sc.server in only]
+    work = WORK / f"{engine}-{which}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     model = build_tiny_model(work / "tiny", gguf=engine == "llamacpp")
@@ -122,7 +124,7 @@ def record_breadth(engine: str, batch: int, only: set[str] | None = None) -> tup
                     exit_code = wait_for_exit(run.state_dir, sc.server, timeout_s=120) if sc.state == "failed" else None
                     state_file = run.state_dir / f"{sc.server}.json"
                     state = json.loads(state_file.read_text()) if state_file.exists() else {}
-                    shutil.copyfile(entry["log_path"], FIXTURES / sc.log_name)
+                    shutil.copyfile(entry["log_path"], dest / sc.log_name)
                     verdict = entry["verdict"]
                     expected[sc.log_name] = entry_for(engine, python, sc, verdict, state.get("argv"), exit_code)
                     print(f"  {sc.log_name}: up -> {verdict['state']}/{verdict['category']}  "
@@ -214,19 +216,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("engines", nargs="*", metavar="ENGINE", help="engines to record (default: vllm and llamacpp; "
                         "--set breadth also takes transformers)")
-    parser.add_argument("--set", dest="which", choices=("base", "breadth"), default="base",
-                        help="base: the scenarios of tests/real_engines.py; breadth: those of tests/real_breadth.py")
+    parser.add_argument("--set", dest="which", choices=("base", "breadth", "heldout"), default="base",
+                        help="base: the scenarios of tests/real_engines.py; breadth: those of tests/real_breadth.py; heldout: "
+                             "its held-out ones, into real/heldout/ (labelled before diagnosed: the accuracy benchmark's test set)")
     parser.add_argument("--batch", type=int, default=3, help="breadth: servers per `servefleet up` (default 3)")
     parser.add_argument("--only", nargs="*", default=None, help="breadth: only these scenarios (server names)")
     parser.add_argument("--rescore", action="store_true",
                         help="breadth: run no engine; rewrite what EXPECTED.json wants of the logs already recorded from the "
                              "scenarios as they now stand (the recorded live verdict, exit code and argv stay)")
     opts = parser.parse_args()
-    known = BREADTH_SETUP if opts.which == "breadth" else SETUP
+    known = BREADTH_SETUP if opts.which in ("breadth", "heldout") else SETUP
     engines = opts.engines or ["vllm", "llamacpp"]
     if set(engines) - set(known):
         parser.error(f"unknown engine(s): {', '.join(sorted(set(engines) - set(known)))}; choose from {', '.join(known)}")
-    path = FIXTURES / "EXPECTED.json"
+    folder = FIXTURES / "heldout" if opts.which == "heldout" else FIXTURES
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "EXPECTED.json"
     expected = json.loads(path.read_text()) if path.exists() else {}
     problems: list[str] = []
     recorded: set[str] = set()
@@ -235,6 +240,8 @@ def main() -> int:
             base_names = {sc.log_name for sc in SETUP[engine][0]}
             expected = {k: v for k, v in expected.items() if k not in base_names}
             found, trouble = record(engine)
+        elif opts.which == "heldout":
+            found, trouble = record_breadth(engine, opts.batch, set(opts.only) if opts.only else None, "heldout", folder)
         elif opts.rescore:
             found, trouble = rescore_breadth(engine, expected), []
         else:
@@ -245,7 +252,7 @@ def main() -> int:
     # what `diagnose` says from each log alone must be what EXPECTED.json claims
     for name in sorted(recorded):
         want = expected[name]
-        _, verdict, _ = cli_json("diagnose", str(FIXTURES / name), timeout=120)
+        _, verdict, _ = cli_json("diagnose", str(folder / name), timeout=120)
         got = (verdict["state"], verdict["category"])
         evidence = (verdict.get("evidence") or {}).get("text") or ""
         ok = got == (want["state"], want["category"]) and (not want["evidence_substring"] or want["evidence_substring"] in evidence)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from real_engines import MEMORY_CAP, Scenario
 
-__all__ = ["BREADTH", "VARIANTS", "TRANSFORMERS_ARGS", "TRANSFORMERS_ENV", "build_variant"]
+__all__ = ["BREADTH", "VARIANTS", "heldout", "TRANSFORMERS_ARGS", "TRANSFORMERS_ENV", "build_variant"]
 
 GGUF = "model.gguf"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
@@ -142,7 +142,28 @@ def _odd_head_size(tiny: Path, dest: Path) -> Path:
     return dest
 
 
+def _no_config(tiny: Path, dest: Path) -> Path:
+    folder = _copy(tiny, dest)
+    (folder / "config.json").unlink()
+    return folder
+
+
+def _corrupt_config(tiny: Path, dest: Path) -> Path:
+    folder = _copy(tiny, dest)
+    (folder / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 128,')  # cut short
+    return folder
+
+
+def _empty_gguf(tiny: Path, dest: Path) -> Path:
+    folder = _copy(tiny, dest)
+    (folder / GGUF).write_bytes(b"")
+    return folder / GGUF
+
+
 VARIANTS: dict[str, Callable[[Path, Path], Path]] = {
+    "no_config": _no_config,
+    "corrupt_config": _corrupt_config,
+    "empty_gguf": _empty_gguf,
     "no_weights": _no_weights,
     "no_tokenizer": _no_tokenizer,
     "empty": _empty,
@@ -316,6 +337,36 @@ def breadth(engine: str, python: Path | None = None) -> tuple[Scenario, ...]:
               why="a flag transformers serve does not have"),
         )
     raise ValueError(f"no breadth scenarios for {engine!r}")
+
+
+# Held out: more failures of the same classes, labelled before they were first diagnosed, to measure how
+# the signatures tuned on the scenarios above do on runs they were not tuned on
+# (benchmarks/diagnose_accuracy.py --set heldout). Their logs are tests/fixtures/logs/real/heldout/.
+def heldout(engine: str) -> tuple[Scenario, ...]:
+    S = Scenario
+    mnf, cfg = "model_not_found", "config_error"
+    if engine == "vllm":
+        return (
+            S("vllm", "no_config", "up", "failed", mnf, None, model_variant="no_config", why="weights and tokenizer, no config.json"),
+            S("vllm", "corrupt_config", "up", "failed", mnf, None, model_variant="corrupt_config", why="a config.json cut short"),
+            S("vllm", "bad_max_model_len", "up", "failed", cfg, None, args=("--max-model-len", "lots"), why="a word for a length"),
+            S("vllm", "quantization_mismatch", "up", "failed", cfg, None, args=("--quantization", "awq"),
+              why="--quantization awq for a model that is not AWQ-quantized"),
+        )
+    if engine == "llamacpp":
+        return (
+            S("llamacpp", "empty_gguf", "up", "failed", mnf, None, model_variant="empty_gguf", why="a zero-byte model.gguf"),
+            S("llamacpp", "bad_threads", "up", "failed", cfg, None, args=("--n_threads", "many"), why="a word for a number"),
+            S("llamacpp", "bad_bool", "up", "failed", cfg, None, args=("--embedding", "perhaps"), why="a bool setting with a word"),
+        )
+    if engine == "transformers":
+        return (
+            S("transformers", "no_config", "up", "failed", mnf, None, model_variant="no_config", why="weights and tokenizer, no config.json"),
+            S("transformers", "corrupt_config", "up", "failed", mnf, None, model_variant="corrupt_config", why="a config.json cut short"),
+            S("transformers", "bad_attention", "up", "failed", cfg, None, args=("--attn-implementation", "warp-speed"),
+              why="an attention implementation that does not exist"),
+        )
+    raise ValueError(f"no held-out scenarios for {engine!r}")
 
 
 BREADTH = {name: breadth(name) for name in ("vllm", "llamacpp", "transformers")}

@@ -5,6 +5,7 @@ words even where the engines are not installed, and a new recording is one more 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -86,3 +87,17 @@ def test_live_machine_does_not_fail_a_healthy_real_log(name: str) -> None:
     lines = splitter.feed(data) + splitter.flush()
     machine.feed(LogLines(tuple(lines)), 0.001)
     assert machine.verdict(0.002).state is not State.FAILED, machine.verdict(0.002)
+
+
+HELDOUT = FIXTURES / "heldout"
+HELDOUT_EXPECTED = json.loads((HELDOUT / "EXPECTED.json").read_text()) if (HELDOUT / "EXPECTED.json").exists() else {}
+
+
+@pytest.mark.parametrize("name", sorted(HELDOUT_EXPECTED))
+def test_diagnose_on_the_held_out_real_log(name: str) -> None:
+    """The held-out recordings (labelled before they were first diagnosed; benchmarks/diagnose_accuracy.py
+    --set heldout measured the rules on them before they were fixed on them): now diagnosed right too."""
+    want = HELDOUT_EXPECTED[name]
+    verdict = diagnose_text((HELDOUT / name).read_bytes().decode("utf-8", errors="replace"))
+    assert verdict.engine == engine_of(name)
+    assert (verdict.state.value, verdict.category.value if verdict.category else None) == (want["state"], want["category"]), verdict

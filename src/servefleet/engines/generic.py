@@ -199,6 +199,14 @@ def generic_signatures(hints: Mapping[Category | str, str] | None = None) -> tup
           r"|InvalidHeaderDeserialization|incomplete metadata, file not fully covered"
           r"|PytorchStreamReader failed reading zip archive|failed finding central directory", C.MODEL_NOT_FOUND,
           key="corrupt_weights"),
+        # transformers' config loader (every engine loads config.json with it): a config.json that is not JSON
+        # ("OSError: It looks like the config file at '.../config.json' is not a valid JSON file.", below the
+        # JSONDecodeError it re-raises) or none at all / one without model_type ("Unrecognized model in X.
+        # Should have a `model_type` key in its config.json") -- the model folder is incomplete, not unsupported
+        f(r"It looks like the config file at '.*' is not a valid JSON file", C.MODEL_NOT_FOUND,
+          hint="the model's config.json is not valid JSON (cut short or damaged): download the model again"),
+        f(r"Unrecognized model in .*Should have a `model_type` key", C.MODEL_NOT_FOUND,
+          hint="the model folder has no config.json, or one without model_type: check the path and that the download finished"),
         # -- unsupported model (transformers 4.x/5.x, vLLM registry)
         f(r"Transformers does not recognize this architecture|does not recognize this architecture"
           r"|model type `?[\w.-]+`? (?:is )?not supported|Unrecognized model in\b"
