@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from servefleet.capacity import Capacity
-from servefleet.catalog import Category
+from servefleet.catalog import DEFAULT_HINTS, Category
 from servefleet.engines.base import SignalKind, Signature
 
 if TYPE_CHECKING:
@@ -267,10 +268,6 @@ def build_signatures(specific: Iterable[Signature], hints: Mapping[Category | st
 def _engine_hinted(sig: Signature, hints: Mapping[Category | str, str]) -> Signature:
     """An engine's own signature that carries only the generic hint of its category gets the engine's
     hint for that category (its flag names), as the generic signatures do."""
-    from dataclasses import replace
-
-    from servefleet.catalog import DEFAULT_HINTS
-
     if sig.category is not None and sig.hint == DEFAULT_HINTS[sig.category] and sig.category in hints:
         return replace(sig, hint=hints[sig.category])
     return sig
