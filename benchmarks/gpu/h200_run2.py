@@ -6,9 +6,10 @@ run2a: one plain vLLM server given the whole GPU (up-whole), bench in the job's 
        the same workload on that server, ``plan --check`` of that job, then the streaming bench beside
        ``vllm bench serve`` (same concurrency and request count), down.
 run2b: the two servers sharing GPU 0 (plain, ngram) through ONE ``servefleet up`` (servefleet orders
-       them; no driver stagger), generate with ngram SIGKILLed mid-job (restarted through the fleet and
-       back in service before the end, every prompt exactly once), generate with plain's EngineCore
-       process SIGSTOPped (a hang: detected by progress, taken out, restarted), the real failures, down.
+       them; no driver stagger), one short non-streaming point per server (bench-shared), ONE generate
+       job with ngram SIGKILLed mid-job and then plain's EngineCore SIGSTOPped (faults: each must be
+       taken out, restarted through the fleet and back in service, every prompt exactly once), the real
+       failures, down. generate-kill and hang are the same two faults as separate jobs (no group).
 
 Each stage writes results/<stage>.json. Standard library only, like the rest of the driver.
 """
