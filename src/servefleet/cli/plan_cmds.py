@@ -23,12 +23,11 @@ def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> typer.Exit:
 
 
 async def _live_capacity(url: str, engine: str) -> dict:
-    import aiohttp
-
     from servefleet.engines.registry import get_engine
+    from servefleet.http import HttpClient
 
-    async with aiohttp.ClientSession() as session:
-        cap = await get_engine(engine).capacity_from_server(session, url.rstrip("/"))
+    async with HttpClient() as client:
+        cap = await get_engine(engine).capacity_from_server(client, url.rstrip("/"))
     return cap.model_dump(exclude_defaults=True)
 
 

@@ -20,7 +20,7 @@ from servefleet.engines.native_args import ArgTable, NativeArgs
 from servefleet.errors import EngineError
 
 if TYPE_CHECKING:
-    import aiohttp
+    from servefleet.http import HttpClient
 
 __all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "Probe"]
 
@@ -168,7 +168,7 @@ class EngineProfile:
         return None
 
     # ---- endpoints ----------------------------------------------------------------------------
-    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
         """Capacity facts read from the server's info endpoints (empty when it has none)."""
         return Capacity()
 
