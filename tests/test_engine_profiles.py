@@ -125,7 +125,7 @@ def test_openai_probe_comes_from_ready_path() -> None:
 
 @pytest.mark.parametrize(("engine", "ignore_eos", "flag"), [
     ("sglang", True, "--mem-fraction-static"), ("vllm", True, "--gpu-memory-utilization"),
-    ("sim", True, "--kv-tokens"), ("llamacpp", False, "--n-gpu-layers"), ("tgi", False, "--cuda-memory-fraction"),
+    ("sim", True, "--kv-tokens"), ("llamacpp", True, "--n-gpu-layers"), ("tgi", False, "--cuda-memory-fraction"),
     ("openai", False, None),
 ])
 def test_engine_traits(engine: str, ignore_eos: bool, flag: str | None) -> None:

@@ -155,7 +155,11 @@ class LlamaCppEngine(EngineProfile):
     # The KV cache and compute buffers are allocated when the context is created, just before the
     # HTTP server starts: readiness is the memory-settled signal.
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = ()
-    supports_ignore_eos: ClassVar[bool] = False
+    # Native llama-server honours `ignore_eos` (tools/server: params_from_json_cmpl); llama-cpp-python
+    # accepts it without effect (its pydantic request models drop unknown fields).
+    supports_ignore_eos: ClassVar[bool] = True
+    models_owner: ClassVar[str | None] = "llamacpp"
+    metrics_prefix: ClassVar[str | None] = "llamacpp:"
     arg_table: ClassVar[na.ArgTable] = NATIVE_ARGS
 
     def arg_table_for(self, command: Sequence[str] = ()) -> na.ArgTable:

@@ -167,6 +167,9 @@ class SGLangEngine(EngineProfile):
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"Capture cuda graph end\."),)
     memory_flag: ClassVar[str | None] = "--mem-fraction-static"
     supports_ignore_eos: ClassVar[bool] = True
+    models_owner: ClassVar[str | None] = "sglang"
+    info_keys: ClassVar[tuple[str, ...]] = ("internal_states", "max_total_num_tokens")  # /server_info
+    metrics_prefix: ClassVar[str | None] = "sglang:"
     arg_table: ClassVar[na.ArgTable] = ARGS
     latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
 

@@ -96,6 +96,8 @@ class TGIEngine(EngineProfile):
     )
     memory_flag: ClassVar[str | None] = "--cuda-memory-fraction"
     supports_ignore_eos: ClassVar[bool] = False
+    models_owner: ClassVar[str | None] = "tgi"
+    metrics_prefix: ClassVar[str | None] = "tgi_"
     arg_table: ClassVar[na.ArgTable] = ARGS
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:

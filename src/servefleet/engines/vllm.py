@@ -195,6 +195,8 @@ class VLLMEngine(EngineProfile):
     )
     memory_flag: ClassVar[str | None] = "--gpu-memory-utilization"
     supports_ignore_eos: ClassVar[bool] = True
+    models_owner: ClassVar[str | None] = "vllm"
+    metrics_prefix: ClassVar[str | None] = "vllm:"
     arg_table: ClassVar[na.ArgTable] = ARGS
     latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
     # EngineCore logs this after the KV cache is allocated and CUDA graphs are captured (GPU and
