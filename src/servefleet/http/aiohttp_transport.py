@@ -25,9 +25,10 @@ def translate(exc: BaseException, timeout: Timeout | None = None) -> TransportEr
         within = f" within {timeout.total:g}s" if timeout is not None and timeout.total is not None else ""
         return TransportError(RequestFailure(FailureKind.TIMEOUT, f"no answer{within}"))
     if isinstance(exc, aiohttp.ClientConnectorError):
-        text = str(exc.os_error or exc)
-        if "refused" in text.lower():
+        if isinstance(exc.os_error, ConnectionRefusedError):
             text = f"connection refused ({exc.host}:{exc.port})"
+        else:
+            text = str(exc.os_error or exc)
         return TransportError(RequestFailure(FailureKind.CONNECT, _short(text)))
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return TransportError(RequestFailure(FailureKind.DISCONNECT, "server disconnected"))

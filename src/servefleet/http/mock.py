@@ -97,13 +97,13 @@ class MockTransport:
 
     async def request(self, method: str, url: str, *, body: bytes | None = None,
                       headers: Mapping[str, str] | None = None, timeout: Timeout | None = None) -> Response:
-        return await self._answer(Request(method, url, body, dict(headers or {}), timeout))
+        return await self._answer(Request(method, str(url), body, dict(headers or {}), timeout))
 
     @asynccontextmanager
     async def stream(self, method: str, url: str, *, body: bytes | None = None,
                      headers: Mapping[str, str] | None = None,
                      timeout: Timeout | None = None) -> AsyncIterator[_MockStream]:
-        yield _MockStream(await self._answer(Request(method, url, body, dict(headers or {}), timeout)))
+        yield _MockStream(await self._answer(Request(method, str(url), body, dict(headers or {}), timeout)))
 
     async def aclose(self) -> None:
         self.closed = True
