@@ -158,7 +158,7 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
             later.setdefault(record.host, []).extend(prefetch_questions(record))
     await _prefetch_all({h: (await connected(h), q) for h, q in later.items()})
 
-    async with probe_client() as client:
+    async with probe_client(connections=100) as client:  # every server of the fleet at once
 
         async def one(name: str) -> ServerStatus:
             in_fleet = name in spec.names

@@ -69,7 +69,8 @@ class HttpClient:
         return resp.text() if resp.status == 200 else None
 
 
-def probe_client() -> HttpClient:
+def probe_client(connections: int = 8) -> HttpClient:
     """A client for readiness probes: no kept connections (a kept connection to a process that
-    died, or to a port that changed hands, would answer for a server that is no longer there)."""
-    return HttpClient(pool=Pool(limit=8, keep_alive=False))
+    died, or to a port that changed hands, would answer for a server that is no longer there).
+    ``connections``: at most that many at once (one server's wait: 8; a fleet's status: more)."""
+    return HttpClient(pool=Pool(limit=connections, keep_alive=False))
