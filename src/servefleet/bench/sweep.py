@@ -42,8 +42,8 @@ from servefleet.bench.metrics import summarize
 from servefleet.bench.negotiate import negotiate, requested_options
 from servefleet.bench.pool import InProcessRunner, ProcessRunner, Runner, Share, loop_factory
 from servefleet.bench.result import BenchConfig, Environment, Point, Run, ServerLatency, Stat, Target
-from servefleet.bench.selfcheck import judge
-from servefleet.bench.server_metrics import GEN_TOKENS, ServerWatcher, summarize_server
+from servefleet.bench.selfcheck import WorkerLoad, judge
+from servefleet.bench.server_metrics import GEN_TOKENS, ServerWatcher, Snapshot, summarize_server
 from servefleet.bench.steady import counter_rate
 from servefleet.bench.workload import (
     LocalTokenizer, Prompt, TokenCounter, WordCounter, encode_bodies, find_server_tokenizer, load_dataset,
@@ -280,11 +280,29 @@ async def _run_points(sweep: _Sweep, watcher: ServerWatcher,
     return points
 
 
+@dataclass
+class _Measured:
+    """What one point's load and the scrapes around it gave, before aggregation."""
+
+    records: list[RequestRecord]
+    loads: list[WorkerLoad]  # per worker: its event-loop lag and CPU
+    host_cpu: float
+    before: Snapshot  # before the warm-up
+    warm_metrics: dict[str, float]  # /metrics right after the warm-up
+    samples: list[dict[str, float]]  # /metrics sampled during the load
+    sample_times: list[float]
+    after: Snapshot  # after the load
+    sampled: list[RequestRecord]  # the streamed latency sample beside the load
+
+
 async def _measure_point(sweep: _Sweep, runner: Runner, watcher: ServerWatcher, index: int, level: int | float,
                          *, warm: list[PreparedRequest], measured: list[PreparedRequest]) -> Point:
     """One point: scrape, warm up, scrape the histograms, run the load, scrape again, aggregate."""
-    config = sweep.config
-    shares = _shares(config, level, runner.workers, measured, warm, index)
+    got = await _load_point(sweep, runner, watcher, _shares(sweep.config, level, runner.workers, measured, warm, index))
+    return await _aggregate(sweep, level, got)
+
+
+async def _load_point(sweep: _Sweep, runner: Runner, watcher: ServerWatcher, shares: list[Share]) -> _Measured:
     before = await watcher.scrape()
     warm_metrics: dict[str, float] = {}
     sample = StreamedSample(sweep.endpoint, sweep.sample_bodies) if sweep.use_sample else None
@@ -302,26 +320,31 @@ async def _measure_point(sweep: _Sweep, runner: Runner, watcher: ServerWatcher, 
     samples = await watcher.stop_sampling()
     sample_times = list(watcher.sample_times)
     after = await watcher.scrape()
+    return _Measured(records, loads, host_cpu, before, warm_metrics, samples, sample_times, after, sampled)
 
+
+async def _aggregate(sweep: _Sweep, level: int | float, got: _Measured) -> Point:
+    """The point's numbers: client-side metrics, the server's counters and histograms, the self-check."""
+    config, records = sweep.config, got.records
     counted = await _count_texts(records, sweep.counter) if sweep.endpoint.keep_text and sweep.counter.exact else {}
     metrics = summarize(records, counted=(lambda r: counted.get(id(r))) if counted else None,
                         concurrency=None if config.mode == "rate" else int(level))
     capacity = sweep.server.capacity
-    server = summarize_server(before, after, samples, capacity.max_running_requests if capacity else None)
+    server = summarize_server(got.before, got.after, got.samples, capacity.max_running_requests if capacity else None)
     fields = metrics.fields()
     window = fields["steady"]
     if window is not None and records:
         t0 = min((r.start for r in records if r.ok and not r.warmup), default=0.0)  # as steady_window's
-        gen = [(t, v) for t, v in zip(sample_times, (_gen_tokens(s) for s in samples)) if v is not None]
+        gen = [(t, v) for t, v in zip(got.sample_times, (_gen_tokens(s) for s in got.samples)) if v is not None]
         window.server_output_tokens_per_s = counter_rate(gen, t0 + window.start_s, t0 + window.end_s)
-    server_latency = _server_latency(sweep.latency_names, warm_metrics, after.metrics)
+    server_latency = _server_latency(sweep.latency_names, got.warm_metrics, got.after.metrics)
     fields.update(_latencies(fields, server_latency, streamed=config.stream,
-                             sample=summarize(sampled).fields() if sampled else None))
+                             sample=summarize(got.sampled).fields() if got.sampled else None))
     if not config.stream and server_latency is None and not sweep.use_sample:
         sweep.use_sample = True  # the profile names histograms this server does not publish
         sweep.note(f"no latency histograms on {sweep.base}/metrics: TTFT/TPOT of the next points from "
                    f"{SAMPLE_REQUESTS} streamed requests beside the load")
-    check = judge(loads, host_cpu)
+    check = judge(got.loads, got.host_cpu)
     return Point(
         concurrency=(config.max_concurrency if config.mode == "rate" else int(level)),
         request_rate=float(level) if config.mode == "rate" else None,
