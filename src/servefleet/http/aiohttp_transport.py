@@ -122,7 +122,11 @@ class AiohttpTransport:
 
     async def request(self, method: str, url: str, *, body: bytes | None = None,
                       headers: Mapping[str, str] | None = None, timeout: Timeout | None = None) -> Response:
-        timeout, client_timeout = self._timeouts(timeout)
+        # generate's hot path (one call per completion): the usual timeout without a method call
+        if timeout is None or timeout is self._timeout:
+            timeout, client_timeout = self._timeout, self._client_timeout
+        else:
+            client_timeout = _client_timeout(timeout)
         try:
             async with self.session.request(method, url, data=body, headers=headers, timeout=client_timeout) as resp:
                 data = await resp.read()
