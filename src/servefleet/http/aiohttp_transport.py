@@ -127,8 +127,9 @@ class AiohttpTransport:
             timeout, client_timeout = self._timeout, self._client_timeout
         else:
             client_timeout = _client_timeout(timeout)
+        session = self._session or self.session
         try:
-            async with self.session.request(method, url, data=body, headers=headers, timeout=client_timeout) as resp:
+            async with session.request(method, url, data=body, headers=headers, timeout=client_timeout) as resp:
                 data = await resp.read()
                 return Response(resp.status, data, resp.headers)
         except _CAUGHT as exc:
