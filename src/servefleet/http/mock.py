@@ -37,7 +37,7 @@ class Request:
         return "/" + rest.split("/", 1)[1] if "/" in rest else "/"
 
 
-@dataclass(frozen=True)
+@dataclass
 class MockResponse(Response):
     """A response whose body arrives as these chunks (``stream``); ``body`` is their join."""
 

@@ -50,7 +50,7 @@ def decode_json(data: bytes) -> Any:
         return json.loads(data)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~1 µs more per request
 class Response:
     status: int
     body: bytes = b""
