@@ -16,5 +16,5 @@ load-generating worker processes start fast):
 * ``sweep``          one run of one server: discovery, negotiation, points -> ``Run``
 * ``errors``         BenchError, ServerUnreachable
 * ``result``         the RUN.json schema (contract names)
-* ``report``, ``compare``, ``plots``   rich tables and matplotlib PNGs
+* ``compare``        runs side by side (data; the tables and plots are in ``servefleet.cli``)
 """
