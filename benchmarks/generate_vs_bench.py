@@ -169,9 +169,10 @@ async def make_prompts(url: str, n: int, input_len: int, output_len: int, seed: 
     """bench's own prompt builder, counted by the server's /tokenize where it has one."""
     sys.path.insert(0, str(REPO / "src"))
     from servefleet.bench.workload import WordCounter, find_server_tokenizer, random_prompts
+    from servefleet.http import HttpClient
 
-    async with aiohttp.ClientSession() as session:
-        counter = await find_server_tokenizer(session, url, None) or WordCounter()
+    async with HttpClient() as client:
+        counter = await find_server_tokenizer(client, url, None) or WordCounter()
         prompts = await random_prompts(n, input_len, output_len, counter, seed=seed)
     rng = random.Random(seed)
     rng.shuffle(prompts)

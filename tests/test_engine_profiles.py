@@ -4,20 +4,18 @@ and the whole-log fixtures under tests/fixtures/logs/ (with their EXPECTED.json)
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines.base import LaunchSpec, SignalKind
 from servefleet.engines.registry import get_engine
 from servefleet.errors import EngineError
+from servefleet.http import HttpClient, Response
+from servefleet.http.mock import MockTransport, Request
 from servefleet.verify.classify import LogClassifier
 from servefleet.verify.diagnose import diagnose_text, split_lines
 from servefleet.verify.logtext import match_text
@@ -129,7 +127,7 @@ def test_openai_probe_comes_from_ready_path() -> None:
 
 @pytest.mark.parametrize(("engine", "ignore_eos", "flag"), [
     ("sglang", True, "--mem-fraction-static"), ("vllm", True, "--gpu-memory-utilization"),
-    ("sim", True, "--kv-tokens"), ("llamacpp", False, "--n-gpu-layers"), ("tgi", False, "--cuda-memory-fraction"),
+    ("sim", True, "--kv-tokens"), ("llamacpp", True, "--n-gpu-layers"), ("tgi", False, "--cuda-memory-fraction"),
     ("openai", False, None),
 ])
 def test_engine_traits(engine: str, ignore_eos: bool, flag: str | None) -> None:
@@ -230,36 +228,25 @@ def test_lines_without_capacity_give_none(engine: str, line: str) -> None:
 
 
 # ------------------------------------------------------------------- capacity: info endpoints
-@asynccontextmanager
-async def serve(routes: dict[str, Any]) -> AsyncIterator[str]:
-    """A tiny aiohttp server on 127.0.0.1 (port 0): path -> JSON object, text, or status int; else 404."""
+def answer(routes: dict[str, Any]) -> MockTransport:
+    """Path -> JSON object, text, or status int; else 404 (no server: the HTTP layer's fake transport)."""
 
-    async def handler(request: web.Request) -> web.StreamResponse:
+    def handler(request: Request) -> Response:
         body = routes.get(request.path)
         if body is None:
-            return web.json_response({"detail": "Not Found"}, status=404)
+            return Response(404, b'{"detail": "Not Found"}')
         if isinstance(body, int):
-            return web.Response(status=body, text="unavailable")
+            return Response(body, b"unavailable")
         if isinstance(body, str):
-            return web.Response(text=body, content_type="text/plain")
-        return web.json_response(body)
+            return Response(200, body.encode())
+        return Response(200, json.dumps(body).encode())
 
-    app = web.Application()
-    app.router.add_route("GET", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    return MockTransport(handler)
 
 
 async def read(engine: str, routes: dict[str, Any]) -> Capacity:
-    async with serve(routes) as url, aiohttp.ClientSession() as session:
-        return await get_engine(engine).capacity_from_server(session, url)
+    async with HttpClient(answer(routes)) as client:
+        return await get_engine(engine).capacity_from_server(client, "http://127.0.0.1:9")
 
 
 # shape of sglang's /server_info (0.5.x, abridged): server args flattened, scheduler info, internal_states
@@ -388,8 +375,8 @@ async def test_broken_endpoints_give_empty_capacity(engine: str) -> None:
 
 @pytest.mark.parametrize("engine", MINE)
 async def test_unreachable_server_gives_empty_capacity(engine: str, port: int) -> None:
-    async with aiohttp.ClientSession() as session:
-        cap = await get_engine(engine).capacity_from_server(session, f"http://127.0.0.1:{port}")
+    async with HttpClient() as client:  # the real transport: a refused connection
+        cap = await get_engine(engine).capacity_from_server(client, f"http://127.0.0.1:{port}")
     assert cap.is_empty()
 
 

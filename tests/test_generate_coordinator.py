@@ -12,7 +12,7 @@ import pytest
 
 from conftest import SimProcess
 from servefleet.generate import client, runner
-from servefleet.generate.retry import FailureKind, RequestFailure
+from servefleet.http import FailureKind, RequestFailure
 from test_generate_sim import INSTANT_SIM, committed_ids, generate_argv, write_prompts
 
 

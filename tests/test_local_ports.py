@@ -15,7 +15,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import psutil
 import pytest
 
@@ -25,6 +24,7 @@ from servefleet.fleet import Fleet
 from servefleet.hosts import local_ports
 from servefleet.hosts.local import LocalHost
 from servefleet.hosts.local_ports import BIND_EVIDENCE, PROC_EVIDENCE, SS_EVIDENCE, port_holder_fallback
+from servefleet.http import probe_client
 from servefleet.verify.probe import Prober
 
 # /proc/net/tcp as the kernel writes it: 127.0.0.1:8000 and 0.0.0.0:30000 listening, one connection
@@ -133,8 +133,8 @@ async def test_identity_check_still_names_a_foreign_owner(no_socket_table: None,
     # our server's group is another one (a sleeper in its own session); the port is this process's
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        async with aiohttp.ClientSession() as session:
-            prober = Prober(session, f"http://127.0.0.1:{listener}", LocalHost(), pgid=other.pid, port=listener)
+        async with probe_client() as client:
+            prober = Prober(client, f"http://127.0.0.1:{listener}", LocalHost(), pgid=other.pid, port=listener)
             ok, detail = await prober.identity()
     finally:
         other.kill()

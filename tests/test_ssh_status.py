@@ -9,11 +9,11 @@ import shutil
 import socket
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from servefleet.fleet import Fleet, Liveness
 from servefleet.fleet.status import server_status
+from servefleet.http import probe_client
 from servefleet.hosts.ssh import SSHHost
 from servefleet.hosts.ssh_batch import chunk_ops, parse_batch
 from test_ssh_fleet import write_fleet
@@ -119,10 +119,10 @@ async def test_fleet_status_is_one_command_per_host_and_says_the_same(sshd_serve
     assert statuses["oom"].category == "gpu_oom" and statuses["oom"].exit_code not in (None, 0)
 
     # The same answers, one question at a time, from the unbatched per-server code.
-    async with aiohttp.ClientSession() as session:
+    async with probe_client() as client:
         for name in ("ok1", "ok2", "oom"):
             record = again.store.load(name)
-            single = await server_status(record, again.binding("rig"), session)
+            single = await server_status(record, again.binding("rig"), client)
             assert _comparable(single) == _comparable(statuses[name]), name
 
     # A machine with only the fleet file: records come back from the remote state files in

@@ -226,13 +226,14 @@ class _NobodyListens:
 
 
 async def test_identity_when_the_server_stops_answering_is_not_a_wrong_identity() -> None:
-    from servefleet.verify.probe import Prober, new_session
+    from servefleet.http import probe_client
+    from servefleet.verify.probe import Prober
 
-    async with new_session() as session:
-        prober = Prober(session, f"http://127.0.0.1:{free_port()}", _NobodyListens(), pgid=12345, served_model="m")
+    async with probe_client() as client:
+        prober = Prober(client, f"http://127.0.0.1:{free_port()}", _NobodyListens(), pgid=12345, served_model="m")
         ok, detail = await prober.identity()
         assert ok is None and "stopped answering" in detail
-        anyone = Prober(session, f"http://127.0.0.1:{free_port()}", _NobodyListens(), pgid=12345)
+        anyone = Prober(client, f"http://127.0.0.1:{free_port()}", _NobodyListens(), pgid=12345)
         assert (await anyone.identity())[0] is True  # nothing to check against: the probe's 2xx stands
 
 

@@ -1,22 +1,21 @@
-"""The HTTP side of the load generator: one pooled aiohttp session, one request at a time per call.
+"""The HTTP side of the load generator: one pooled HTTP client, one request at a time per call.
 
-The scheduler (``loadgen.py``) talks to a :class:`Backend` and never to aiohttp, so another
-transport (or a fake in tests) drops in. A request that fails is a :class:`RequestRecord` with
-``ok=False`` and an ``error_kind`` — data, not an exception — so one bad response cannot end a
-sweep. Bodies arrive pre-encoded; the hot path does no JSON encoding and, for streams, no JSON
+The scheduler (``loadgen.py``) talks to a :class:`Backend`, and the backend to a
+:class:`~servefleet.http.Transport` (aiohttp by default; ``servefleet.http.mock`` in tests). A
+request that fails is a :class:`RequestRecord` with ``ok=False`` and an ``error_kind`` — data, not
+an exception — so one bad response cannot end a sweep. The kinds are the HTTP layer's taxonomy under
+the stable names of RUN.json (:func:`error_kind`). Bodies arrive pre-encoded; the hot path does no JSON encoding and, for streams, no JSON
 decoding either (see ``sse.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Protocol
 
-import aiohttp
-
 from servefleet.bench.sse import SSESplitter, error_message, extract_text, scan_arrival, scan_body, scan_payload
+from servefleet.http import FailureKind, HttpClient, Pool, RequestFailure, StreamResponse, Timeout, Transport, TransportError, status_class
 
 __all__ = [
     "PreparedRequest",
@@ -25,7 +24,7 @@ __all__ = [
     "Backend",
     "OpenAIBackend",
     "ERROR_KINDS",
-    "classify_status",
+    "error_kind",
 ]
 
 # Stable names for per-request failures (RUN.json ``errors_by_kind``).
@@ -100,67 +99,72 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-def classify_status(status: int) -> str:
-    if status == 429:
-        return "rate_limited"
-    if 400 <= status < 500:
-        return "client_error"
-    return "server_error"
+_KIND_NAMES = {
+    FailureKind.CONNECT: "connection",
+    FailureKind.DISCONNECT: "disconnected",
+    FailureKind.TIMEOUT: "timeout",
+    FailureKind.PROTOCOL: "bad_response",
+}
+
+
+def error_kind(failure: RequestFailure) -> str:
+    """The RUN.json name (``ERROR_KINDS``) of a failure of the HTTP layer."""
+    if failure.kind is FailureKind.HTTP:
+        return status_class(failure.status or 500)
+    return _KIND_NAMES[failure.kind]
 
 
 class OpenAIBackend:
-    """OpenAI-compatible chat/completions over one aiohttp session with keep-alive connections."""
+    """OpenAI-compatible chat/completions over one HTTP client with keep-alive connections.
+    ``transport``: a fake for in-process tests (worker processes always use the real one)."""
 
-    def __init__(self, config: EndpointConfig) -> None:
+    def __init__(self, config: EndpointConfig, transport: Transport | None = None) -> None:
         self.config = config
         self._url = config.url
-        self._headers = {"Content-Type": "application/json", **dict(config.headers)}
-        self._session: aiohttp.ClientSession | None = None
+        self._transport = transport
+        self._http: HttpClient | None = None
 
     async def open(self, connections: int) -> None:
-        if self._session is not None:
+        if self._http is not None:
             return
-        # One connection per concurrent request, reused across requests (keep-alive); no DNS
-        # cache churn, no per-request session (sglang's bench_serving opens one per request).
-        # ``connections`` 0 means no cap (open-loop load without an in-flight limit).
-        connector = aiohttp.TCPConnector(limit=max(connections, 0), limit_per_host=0, ttl_dns_cache=None)
-        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s, sock_connect=30)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        # One connection per concurrent request, reused across requests (keep-alive), no
+        # per-request session (sglang's bench_serving opens one per request). ``connections`` 0
+        # means no cap (open-loop load without an in-flight limit). Headers ride on the session.
+        self._http = HttpClient(
+            self._transport, pool=Pool(limit=max(connections, 0), decompress=False, user_agent=False),
+            headers={"Content-Type": "application/json", **dict(self.config.headers)},
+            timeout=Timeout(self.config.timeout_s, 30),
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     async def send(self, request: PreparedRequest) -> RequestRecord:
-        assert self._session is not None, "open() first"
+        if self._http is None:
+            raise RuntimeError("OpenAIBackend.open() first")
         rec = RequestRecord(
             index=request.index, ok=False, start=perf_counter(), end=0.0,
             input_tokens=request.input_tokens, max_tokens=request.max_tokens,
         )
         try:
-            async with self._session.post(self._url, data=request.body, headers=self._headers) as resp:
+            async with self._http.stream("POST", self._url, body=request.body) as resp:
                 rec.status = resp.status
                 if resp.status != 200:
                     body = await resp.read()
-                    return _failed(rec, classify_status(resp.status), f"HTTP {resp.status}: {error_message(body)}")
+                    return _failed(rec, status_class(resp.status), f"HTTP {resp.status}: {error_message(body)}")
                 if self.config.stream:
                     await self._read_stream(resp, rec)
                 else:
                     await self._read_body(resp, rec)
-        except asyncio.TimeoutError:
-            return _failed(rec, "timeout", f"no complete answer within {self.config.timeout_s:g}s")
-        except aiohttp.ClientConnectorError as exc:
-            return _failed(rec, "connection", str(exc))
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
-            return _failed(rec, "disconnected", f"{type(exc).__name__}: {exc}")
-        except aiohttp.ClientError as exc:
-            return _failed(rec, "connection", f"{type(exc).__name__}: {exc}")
+        except TransportError as exc:
+            if exc.kind is FailureKind.TIMEOUT:
+                return _failed(rec, "timeout", f"no complete answer within {self.config.timeout_s:g}s")
+            return _failed(rec, error_kind(exc.failure), exc.failure.message)
         return rec
 
-    async def _read_body(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+    async def _read_body(self, resp: StreamResponse, rec: RequestRecord) -> None:
         body = await resp.read()
         rec.end = perf_counter()
         scan = scan_body(body)
@@ -177,7 +181,7 @@ class OpenAIBackend:
         if self.config.keep_text or scan.completion_tokens is None:
             rec.text = extract_text(body)
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+    async def _read_stream(self, resp: StreamResponse, rec: RequestRecord) -> None:
         """The hot loop. One timestamp per socket arrival: events that arrive together are one
         chunk, so several tokens in one arrival share one gap (per-token ITL, see metrics.py).
 
@@ -195,7 +199,7 @@ class OpenAIBackend:
         cumulative = 0
         events = 0
         tail = b""
-        async for data in resp.content.iter_any():
+        async for data in resp.chunks():
             now = perf_counter()
             if tail:
                 data = tail + data
@@ -246,7 +250,7 @@ class OpenAIBackend:
         if exact is not None and offsets and rec.completion_tokens is not None and sum(exact) == rec.completion_tokens:
             rec.chunk_tokens = exact
 
-    async def _read_stream_events(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
+    async def _read_stream_events(self, resp: StreamResponse, rec: RequestRecord) -> None:
         """Event-by-event reading that also keeps the text (servers that report no usage)."""
         start = rec.start
         splitter = SSESplitter()
@@ -257,7 +261,7 @@ class OpenAIBackend:
         keep = self.config.keep_text
         texts: list[bytes] = []
         events = 0
-        async for data in resp.content.iter_any():
+        async for data in resp.chunks():
             now = perf_counter()
             nbytes = 0
             tokens_before = cumulative

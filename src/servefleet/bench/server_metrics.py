@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 from collections import defaultdict
 from time import perf_counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 
 from servefleet.bench.result import ServerStats
+from servefleet.http import HttpClient, Timeout, TransportError
 
 __all__ = ["parse_prometheus", "Snapshot", "ServerWatcher", "summarize_server", "fetch_server_info"]
+
+_SCRAPE_TIMEOUT = Timeout(5.0)
 
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing", "tgi_batch_current_size")
 QUEUED = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "tgi_queue_size")
@@ -109,9 +110,9 @@ class Snapshot:
 class ServerWatcher:
     """Scrapes one server before, during and after a point. Never raises on a scrape failure."""
 
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, interval_s: float = 0.25) -> None:
+    def __init__(self, base_url: str, client: HttpClient, interval_s: float = 0.25) -> None:
         self.base_url = base_url.rstrip("/")
-        self.session = session
+        self.client = client
         self.interval_s = interval_s
         self.has_metrics: bool | None = None  # unknown until the first scrape
         self.has_server_info: bool | None = None
@@ -127,19 +128,13 @@ class ServerWatcher:
             if text is not None:
                 snap.metrics = parse_prometheus(text)
         if self.has_server_info is not False:
-            info = await fetch_server_info(self.session, self.base_url)
+            info = await fetch_server_info(self.client, self.base_url)
             self.has_server_info = info is not None
             snap.server_info = info
         return snap
 
     async def _get_text(self, path: str) -> str | None:
-        try:
-            async with self.session.get(self.base_url + path, timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                if resp.status != 200:
-                    return None
-                return await resp.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
-            return None
+        return await self.client.get_text(self.base_url + path, timeout=_SCRAPE_TIMEOUT)
 
     async def _sample_loop(self) -> None:
         while True:
@@ -171,18 +166,17 @@ class ServerWatcher:
         return self._samples
 
 
-async def fetch_server_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, Any] | None:
+async def fetch_server_info(client: HttpClient, base_url: str) -> dict[str, Any] | None:
     """SGLang's ``/server_info`` (``/get_server_info`` on older releases), or None."""
     for path in ("/server_info", "/get_server_info"):
         try:
-            async with session.get(base_url.rstrip("/") + path, timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                if resp.status != 200:
-                    continue
-                body = await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+            resp = await client.get(base_url.rstrip("/") + path, timeout=_SCRAPE_TIMEOUT)
+        except TransportError:
             return None
+        if resp.status != 200:
+            continue
         try:
-            info = json.loads(body)
+            info = resp.json()
         except ValueError:
             continue
         if isinstance(info, dict):

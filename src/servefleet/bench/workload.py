@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import aiohttp
+import orjson
 
 from servefleet.bench.client import PreparedRequest
 from servefleet.errors import ConfigError
+from servefleet.http import HttpClient, TransportError
 
 __all__ = [
     "Prompt",
@@ -36,6 +37,8 @@ __all__ = [
     "encode_bodies",
     "find_server_tokenizer",
 ]
+
+_JSON = {"Content-Type": "application/json"}
 
 _WORDS = (
     "the of and to in is was for on that with as by at from his it an are this which be or had "
@@ -97,8 +100,8 @@ class ServerTokenizer:
 
     exact = True
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str | None, style: str, parallel: int = 16) -> None:
-        self.session = session
+    def __init__(self, client: HttpClient, base_url: str, model: str | None, style: str, parallel: int = 16) -> None:
+        self.client = client
         self.url = base_url.rstrip("/") + "/tokenize"
         self.model = model
         self.style = style
@@ -117,9 +120,10 @@ class ServerTokenizer:
 
     async def _one(self, text: str) -> int:
         async with self._sem:
-            async with self.session.post(self.url, json=self._body(text)) as resp:
-                resp.raise_for_status()
-                data = await resp.json(content_type=None)
+            resp = await self.client.post(self.url, orjson.dumps(self._body(text)), headers=_JSON)
+        if not resp.ok:
+            raise ValueError(f"/tokenize answered HTTP {resp.status}")
+        data = resp.json()
         if isinstance(data, list):
             return len(data)
         if isinstance(data.get("count"), int):
@@ -130,13 +134,13 @@ class ServerTokenizer:
         return list(await asyncio.gather(*(self._one(t) for t in texts)))
 
 
-async def find_server_tokenizer(session: aiohttp.ClientSession, base_url: str, model: str | None) -> ServerTokenizer | None:
+async def find_server_tokenizer(client: HttpClient, base_url: str, model: str | None) -> ServerTokenizer | None:
     """The first ``/tokenize`` dialect the server answers sensibly, or None."""
     for style in ("openai", "llamacpp", "tgi"):
-        tok = ServerTokenizer(session, base_url, model, style)
+        tok = ServerTokenizer(client, base_url, model, style)
         try:
             counts = await asyncio.wait_for(tok.count(["the of and to in"]), timeout=10)
-        except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, TypeError, ValueError, AttributeError):
+        except (TransportError, asyncio.TimeoutError, KeyError, TypeError, ValueError, AttributeError):
             continue
         if counts and 1 <= counts[0] <= 20:
             return tok

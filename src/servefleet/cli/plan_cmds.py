@@ -37,18 +37,17 @@ def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> CliFailure:
 
 
 async def _live_capacity(url: str, engine: str) -> dict:
-    import aiohttp
-
     from servefleet.engines.registry import get_engine
+    from servefleet.http import FailureKind, HttpClient, Timeout, TransportError
 
-    async with aiohttp.ClientSession() as session:
+    async with HttpClient() as client:
         try:  # any HTTP answer (404 included) proves the server is there; the engine's reads say nothing when it is not
-            async with session.get(url.rstrip("/") + "/", timeout=aiohttp.ClientTimeout(total=10)):
-                pass
-        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-            raise CliFailure(ErrorKind.UNREACHABLE, f"--url {url}: no answer ({exc or type(exc).__name__})",
-                             hint="is the server running, and on that port?") from None
-        cap = await get_engine(engine).capacity_from_server(session, url.rstrip("/"))
+            await client.get(url.rstrip("/") + "/", timeout=Timeout(10.0))
+        except TransportError as exc:
+            if exc.kind is not FailureKind.PROTOCOL:  # refused, dropped, timed out: nobody answers HTTP there
+                raise CliFailure(ErrorKind.UNREACHABLE, f"--url {url}: no answer ({exc.failure.message})",
+                                 hint="is the server running, and on that port?") from None
+        cap = await get_engine(engine).capacity_from_server(client, url.rstrip("/"))
     return cap.model_dump(exclude_defaults=True)
 
 

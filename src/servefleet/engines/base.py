@@ -20,7 +20,7 @@ from servefleet.engines.native_args import ArgTable, NativeArgs
 from servefleet.errors import EngineError
 
 if TYPE_CHECKING:
-    import aiohttp
+    from servefleet.http import HttpClient
 
 __all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "Probe"]
 
@@ -116,7 +116,13 @@ class EngineProfile:
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = ()
     # Engine-native flag names the hints and the fleet layer use (None where there is no such flag).
     memory_flag: ClassVar[str | None] = None
-    supports_ignore_eos: ClassVar[bool] = False
+    supports_ignore_eos: ClassVar[bool] = False  # accepts `ignore_eos` in a completion request
+    # How a running server of unknown engine shows it is this one (`bench` on a bare URL), checked in
+    # the order of engines.registry.recognise: the ``owned_by`` of its /v1/models entries, keys of
+    # its info document, a prefix of its Prometheus metric names.
+    models_owner: ClassVar[str | None] = None
+    info_keys: ClassVar[tuple[str, ...]] = ()
+    metrics_prefix: ClassVar[str | None] = None
     # The engine-native flags that set facts servefleet depends on (served name, port, host, ...):
     # read from the user's args, so a vLLM user's own `--served-model-name` is what is requested.
     arg_table: ClassVar[ArgTable] = ArgTable()
@@ -168,7 +174,7 @@ class EngineProfile:
         return None
 
     # ---- endpoints ----------------------------------------------------------------------------
-    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
         """Capacity facts read from the server's info endpoints (empty when it has none)."""
         return Capacity()
 

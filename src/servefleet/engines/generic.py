@@ -19,18 +19,14 @@ headers differ per engine and version.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import DEFAULT_HINTS, Category
 from servefleet.engines.base import SignalKind, Signature
-
-if TYPE_CHECKING:
-    import aiohttp
 
 __all__ = [
     "build_signatures",
@@ -43,8 +39,6 @@ __all__ = [
     "to_int",
     "to_float",
     "log_capacity",
-    "get_json",
-    "get_text",
     "as_int",
     "first_model",
     "has_flag",
@@ -348,35 +342,6 @@ def log_capacity(**facts: Any) -> Capacity | None:
     if not present:
         return None
     return Capacity(**present, source={k: "log" for k in present})
-
-
-# ---- HTTP ----------------------------------------------------------------------------------------
-async def get_json(session: "aiohttp.ClientSession", url: str, timeout_s: float = 3.0) -> Any | None:
-    """GET ``url`` and decode JSON; None on any failure (404, refused, timeout, not JSON).
-
-    Capacity reads are best effort: an endpoint an engine version lacks is normal, not an error."""
-    import aiohttp
-
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            if resp.status != 200:
-                return None
-            return await resp.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
-        return None
-
-
-async def get_text(session: "aiohttp.ClientSession", url: str, timeout_s: float = 3.0) -> str | None:
-    """GET ``url`` as text; None on any failure (like :func:`get_json`)."""
-    import aiohttp
-
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            if resp.status != 200:
-                return None
-            return await resp.text(errors="replace")
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        return None
 
 
 def first_model(models: Any) -> dict[str, Any] | None:

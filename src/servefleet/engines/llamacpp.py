@@ -29,10 +29,10 @@ from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
-from servefleet.engines.generic import as_int, build_signatures, first_model, get_json, log_capacity
+from servefleet.engines.generic import as_int, build_signatures, first_model, log_capacity
 
 if TYPE_CHECKING:
-    import aiohttp
+    from servefleet.http import HttpClient
 
 __all__ = ["LlamaCppEngine"]
 
@@ -182,7 +182,11 @@ class LlamaCppEngine(EngineProfile):
     # The KV cache and compute buffers are allocated when the context is created, just before the
     # HTTP server starts: readiness is the memory-settled signal.
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = ()
-    supports_ignore_eos: ClassVar[bool] = False
+    # Native llama-server honours `ignore_eos` (tools/server: params_from_json_cmpl); llama-cpp-python
+    # accepts it without effect (its pydantic request models drop unknown fields).
+    supports_ignore_eos: ClassVar[bool] = True
+    models_owner: ClassVar[str | None] = "llamacpp"
+    metrics_prefix: ClassVar[str | None] = "llamacpp:"
     arg_table: ClassVar[na.ArgTable] = NATIVE_ARGS
 
     def arg_table_for(self, command: Sequence[str] = ()) -> na.ArgTable:
@@ -234,12 +238,12 @@ class LlamaCppEngine(EngineProfile):
         return None
 
     # ---- endpoints --------------------------------------------------------------------------------
-    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
         """Native ``GET /props``: ``default_generation_settings.n_ctx`` (per slot; older builds put
         ``n_ctx`` at the top level), ``total_slots``, ``build_info``, ``model_alias``/``model_path``.
         llama-cpp-python has no ``/props``: ``/v1/models`` gives the served name only."""
         base = base_url.rstrip("/")
-        props = await get_json(session, base + "/props")
+        props = await client.get_json(base + "/props")
         facts: dict[str, Any] = {}
         if isinstance(props, dict):
             settings = props.get("default_generation_settings")
@@ -259,7 +263,7 @@ class LlamaCppEngine(EngineProfile):
                 facts["extra"] = {"model_path": props["model_path"]}
         sources = {k: "endpoint:/props" for k in facts}
         if "served_model" not in facts:
-            model = first_model(await get_json(session, base + "/v1/models"))
+            model = first_model(await client.get_json(base + "/v1/models"))
             if model and isinstance(model.get("id"), str):
                 facts["served_model"], sources["served_model"] = model["id"], "endpoint:/v1/models"
         return Capacity(**facts, source=sources) if facts else Capacity()

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.engines import native_args as na
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
-from servefleet.engines.generic import as_int, build_signatures, first_model, get_json
+from servefleet.engines.generic import as_int, build_signatures, first_model
 from servefleet.errors import EngineError
 
 if TYPE_CHECKING:
-    import aiohttp
+    from servefleet.http import HttpClient
 
 __all__ = ["OpenAIEngine"]
 
@@ -69,9 +69,9 @@ class OpenAIEngine(EngineProfile):
             return Probe((path,))
         return self.probe
 
-    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
         """Only what ``/v1/models`` says: the served name and, where listed, ``max_model_len``."""
-        model = first_model(await get_json(session, base_url.rstrip("/") + "/v1/models"))
+        model = first_model(await client.get_json(base_url.rstrip("/") + "/v1/models"))
         facts: dict[str, Any] = {}
         if model:
             if isinstance(model.get("id"), str):

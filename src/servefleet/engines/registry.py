@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from functools import cache
 from types import MappingProxyType
+from typing import Any
 
 from servefleet.engines.base import EngineProfile
 from servefleet.errors import EngineError
 
-__all__ = ["ENGINES", "get_engine", "engine_names", "all_engines"]
+__all__ = ["ENGINES", "get_engine", "engine_names", "all_engines", "recognise"]
 
 _REGISTRY: dict[str, str] = {
     "sglang": "servefleet.engines.sglang:SGLangEngine",
@@ -37,6 +39,29 @@ def get_engine(name: str) -> EngineProfile:
     except ImportError as exc:  # pragma: no cover - only on a broken install
         raise EngineError(f"engine {key!r} could not be loaded ({exc}); reinstall servefleet") from exc
     return getattr(module, cls_name)()
+
+
+# Engines a running server can be recognised as, in the order their evidence is trusted
+# (the sim answers like vLLM on purpose and is never "recognised").
+_RECOGNISABLE = ("vllm", "sglang", "llamacpp", "tgi")
+
+
+def recognise(models_owner: str | None, info: Mapping[str, Any] | None, metrics_text: str) -> str | None:
+    """The engine a server of unknown engine is, from what it answered (each profile's
+    ``models_owner``, ``info_keys``, ``metrics_prefix``): its /v1/models ``owned_by`` first, then
+    its info document's keys, then its metric names; None when nothing says."""
+    profiles = [get_engine(n) for n in _RECOGNISABLE]
+    owner = (models_owner or "").lower()
+    for p in profiles:
+        if owner and owner == p.models_owner:
+            return p.name
+    for p in profiles:
+        if info and any(k in info for k in p.info_keys):
+            return p.name
+    for p in profiles:
+        if p.metrics_prefix and p.metrics_prefix in metrics_text:
+            return p.name
+    return None
 
 
 def engine_names() -> list[str]:

@@ -26,14 +26,13 @@ from servefleet.engines.generic import (
     as_int,
     build_signatures,
     first_model,
-    get_json,
-    log_capacity,
+        log_capacity,
     to_float,
     to_int,
 )
 
 if TYPE_CHECKING:
-    import aiohttp
+    from servefleet.http import HttpClient
 
 __all__ = ["SGLangEngine"]
 
@@ -186,6 +185,9 @@ class SGLangEngine(EngineProfile):
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"Capture cuda graph end\."),)
     memory_flag: ClassVar[str | None] = "--mem-fraction-static"
     supports_ignore_eos: ClassVar[bool] = True
+    models_owner: ClassVar[str | None] = "sglang"
+    info_keys: ClassVar[tuple[str, ...]] = ("internal_states", "max_total_num_tokens")  # /server_info
+    metrics_prefix: ClassVar[str | None] = "sglang:"
     arg_table: ClassVar[na.ArgTable] = ARGS
     latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
 
@@ -245,21 +247,21 @@ class SGLangEngine(EngineProfile):
         return None
 
     # ---- endpoints --------------------------------------------------------------------------------
-    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
         """``GET /server_info`` (SGLang >= 0.4.4), else the older ``/get_server_info``; ``/v1/models``
         for the served name and ``max_model_len`` when ``context_length`` was not set explicitly."""
         base = base_url.rstrip("/")
         path = "/server_info"
-        info = await get_json(session, base + path)
+        info = await client.get_json(base + path)
         if not isinstance(info, dict):
             path = "/get_server_info"
-            info = await get_json(session, base + path)
+            info = await client.get_json(base + path)
         facts: dict[str, Any] = {}
         sources: dict[str, str] = {}
         if isinstance(info, dict):
             facts = parse_server_info(info)
             sources = {k: f"endpoint:{path}" for k in facts}
-        models = await get_json(session, base + "/v1/models")
+        models = await client.get_json(base + "/v1/models")
         first = first_model(models)
         if first:
             if "served_model" not in facts and first.get("id"):

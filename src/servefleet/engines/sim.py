@@ -18,7 +18,7 @@ from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, P
 from servefleet.engines.generic import build_signatures, has_flag
 
 if TYPE_CHECKING:
-    import aiohttp
+    from servefleet.http import HttpClient
 
 __all__ = ["SimEngine"]
 
@@ -85,5 +85,5 @@ class SimEngine(EngineProfile):
     def capacity_from_line(self, line: str) -> Capacity | None:
         return _SGLANG.capacity_from_line(line) or _VLLM.capacity_from_line(line)
 
-    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
-        return await _SGLANG.capacity_from_server(session, base_url)
+    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
+        return await _SGLANG.capacity_from_server(client, base_url)

@@ -20,10 +20,10 @@ from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
 from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
-from servefleet.engines.generic import as_int, build_signatures, get_json, log_capacity
+from servefleet.engines.generic import as_int, build_signatures, log_capacity
 
 if TYPE_CHECKING:
-    import aiohttp
+    from servefleet.http import HttpClient
 
 __all__ = ["TGIEngine"]
 
@@ -116,6 +116,8 @@ class TGIEngine(EngineProfile):
     )
     memory_flag: ClassVar[str | None] = "--cuda-memory-fraction"
     supports_ignore_eos: ClassVar[bool] = False
+    models_owner: ClassVar[str | None] = "tgi"
+    metrics_prefix: ClassVar[str | None] = "tgi_"
     arg_table: ClassVar[na.ArgTable] = ARGS
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:
@@ -138,10 +140,10 @@ class TGIEngine(EngineProfile):
             return log_capacity(kv_cache_tokens=int(match.group(1)))
         return None
 
-    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
         """``GET /info``: ``max_batch_total_tokens`` (older versions), ``max_total_tokens`` (the
         per-request context), ``max_concurrent_requests``, ``version``, ``model_id``."""
-        info = await get_json(session, base_url.rstrip("/") + "/info")
+        info = await client.get_json(base_url.rstrip("/") + "/info")
         if not isinstance(info, dict):
             return Capacity()
         facts: dict[str, Any] = {}

@@ -29,15 +29,13 @@ from servefleet.engines.generic import (
     as_int,
     build_signatures,
     first_model,
-    get_json,
-    get_text,
-    log_capacity,
+            log_capacity,
     to_float,
     to_int,
 )
 
 if TYPE_CHECKING:
-    import aiohttp
+    from servefleet.http import HttpClient
 
 __all__ = ["VLLMEngine"]
 
@@ -223,6 +221,8 @@ class VLLMEngine(EngineProfile):
     )
     memory_flag: ClassVar[str | None] = "--gpu-memory-utilization"
     supports_ignore_eos: ClassVar[bool] = True
+    models_owner: ClassVar[str | None] = "vllm"
+    metrics_prefix: ClassVar[str | None] = "vllm:"
     arg_table: ClassVar[na.ArgTable] = ARGS
     latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
     # EngineCore logs this after the KV cache is allocated and CUDA graphs are captured (GPU and
@@ -286,22 +286,22 @@ class VLLMEngine(EngineProfile):
         return log_capacity(**facts)
 
     # ---- endpoints --------------------------------------------------------------------------------
-    async def capacity_from_server(self, session: "aiohttp.ClientSession", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
         """``/version``, ``/v1/models`` (``max_model_len``, served name) and ``/metrics``
         (``vllm:cache_config_info``: ``num_gpu_blocks`` x ``block_size`` = KV-cache tokens)."""
         base = base_url.rstrip("/")
         facts: dict[str, Any] = {}
         sources: dict[str, str] = {}
-        version = await get_json(session, base + "/version")
+        version = await client.get_json(base + "/version")
         if isinstance(version, dict) and isinstance(version.get("version"), str):
             facts["engine_version"], sources["engine_version"] = version["version"], "endpoint:/version"
-        model = first_model(await get_json(session, base + "/v1/models"))
+        model = first_model(await client.get_json(base + "/v1/models"))
         if model:
             if isinstance(model.get("id"), str):
                 facts["served_model"], sources["served_model"] = model["id"], "endpoint:/v1/models"
             if as_int(model.get("max_model_len")):
                 facts["context_length"], sources["context_length"] = as_int(model["max_model_len"]), "endpoint:/v1/models"
-        metrics = await get_text(session, base + "/metrics")
+        metrics = await client.get_text(base + "/metrics")
         kv = kv_tokens_from_metrics(metrics) if metrics else None
         if kv:
             facts["kv_cache_tokens"], sources["kv_cache_tokens"] = kv, "endpoint:/metrics"

@@ -17,7 +17,6 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import aiohttp
 
 from servefleet.errors import ConfigError, HostUnreachable
 from servefleet.fleet.hosts import HostBinding
@@ -26,6 +25,7 @@ from servefleet.fleet.spec import LOCAL
 from servefleet.fleet import start_order
 from servefleet.fleet.state import ServerState, StateStore
 from servefleet.fleet.status import DIAGNOSE_LIMIT, ServerStatus, not_launched, server_status
+from servefleet.http import probe_client
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
             later.setdefault(record.host, []).extend(prefetch_questions(record))
     await _prefetch_all({h: (await connected(h), q) for h, q in later.items()})
 
-    async with aiohttp.ClientSession() as session:
+    async with probe_client(connections=100) as client:  # every server of the fleet at once
 
         async def one(name: str) -> ServerStatus:
             in_fleet = name in spec.names
@@ -182,7 +182,7 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
                     changed = resolve_launch(server, fleet.binding(server.host), fleet.label).digest != record.spec_hash
                 except ConfigError:
                     changed = True
-            return await server_status(record, binding, session, in_fleet=in_fleet, spec_changed=changed)
+            return await server_status(record, binding, client, in_fleet=in_fleet, spec_changed=changed)
 
         return list(await asyncio.gather(*(one(n) for n in wanted)))
 

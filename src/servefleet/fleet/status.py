@@ -7,27 +7,28 @@ computes the same answer from the files and the server itself.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-import aiohttp
 from pydantic import BaseModel, Field
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import State
-from servefleet.engines.base import EngineProfile
+from servefleet.engines.base import EngineProfile, Probe
 from servefleet.engines.registry import get_engine
 from servefleet.errors import EngineError
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import owns_group, read_exit_code
 from servefleet.fleet.state import ServerState, utcnow
+from servefleet.http import HttpClient
 from servefleet.verify.bounded import HostSource, diagnose_source
 from servefleet.verify.diagnose import diagnose_text
+from servefleet.verify.events import ProbeOutcome
+from servefleet.verify.probe import Prober
 from servefleet.verify.verdict import Verdict
 
-__all__ = ["Liveness", "ServerStatus", "probe_ready", "server_status", "not_launched", "diagnose_attempt", "DIAGNOSE_LIMIT"]
+__all__ = ["Liveness", "ServerStatus", "server_status", "not_launched", "diagnose_attempt", "DIAGNOSE_LIMIT"]
 
 DIAGNOSE_LIMIT = 8 * 1024 * 1024  # bytes of the current attempt's log read for a diagnosis
 
@@ -69,20 +70,6 @@ class ServerStatus(BaseModel):
         return data
 
 
-async def probe_ready(session: aiohttp.ClientSession, base_url: str, paths: list[str], timeout_s: float = 2.0) -> bool:
-    """GET each probe path in order: a 2xx proves readiness, a 404 tries the next path."""
-    for path in paths or ["/health"]:
-        try:
-            async with session.get(base_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                if 200 <= resp.status < 300:
-                    return True
-                if resp.status != 404:
-                    return False
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
-    return False
-
-
 async def diagnose_attempt(binding: HostBinding, record: ServerState, profile: EngineProfile | None) -> Verdict:
     """The verdict of the current attempt's part of the (appended) log. One read of up to
     DIAGNOSE_LIMIT bytes (the status batch prefetches exactly that read); a longer attempt goes
@@ -107,7 +94,7 @@ def not_launched(name: str, engine: str | None, host: str, port: int | None, log
 async def server_status(
     record: ServerState,
     binding: HostBinding,
-    session: aiohttp.ClientSession,
+    client: HttpClient,
     *,
     in_fleet: bool = True,
     spec_changed: bool = False,
@@ -165,20 +152,20 @@ async def server_status(
         return status
 
     status.uptime_s = round((now - record.launched_at).total_seconds(), 1)
-    paths = record.probe_paths or (list(profile.probe.paths) if profile else ["/health"])
-    holder = await host.port_holder(record.port)
-    ours = holder is None or holder.pgid is None or holder.pgid == record.pgid
-    if ours and await probe_ready(session, base_url, paths):
-        status.state = Liveness.READY
-        if profile is not None:
-            try:
-                live = await asyncio.wait_for(profile.capacity_from_server(session, base_url), 3.0)
-                status.capacity = live.merge(status.capacity)
-            except Exception:  # capacity is a nicety here; readiness was proven above
-                pass
-        return status
-    if holder is not None and not ours:
-        status.detail = f"port {record.port} answers from pid {holder.pid}, not from this server"
+    probe = Probe(tuple(record.probe_paths)) if record.probe_paths else (profile.probe if profile else Probe(("/health",)))
+    # The same probe and identity rule as `wait` (verify/probe.py): the port's owner, else the served name.
+    prober = Prober(client, base_url, host, pgid=record.pgid, port=record.port, served_model=record.served_model)
+    try:
+        result = await prober.probe_once(probe)
+        if result.outcome is ProbeOutcome.OK:
+            status.state = Liveness.READY
+            if profile is not None:  # a nicety here (empty on failure): readiness was proven above
+                status.capacity = (await prober.capacity(profile, timeout_s=3.0)).merge(status.capacity)
+            return status
+    finally:
+        await prober.close()
+    if result.outcome is ProbeOutcome.WRONG_IDENTITY:
+        status.detail = result.detail
     if last.get("state") == State.READY.value:
         status.state = Liveness.UNRESPONSIVE
         status.detail = status.detail or "was ready; the probe no longer answers"

@@ -1,9 +1,9 @@
-"""One HTTP client for the whole job: non-streaming OpenAI-compatible requests over aiohttp.
+"""One HTTP client for the whole job: non-streaming OpenAI-compatible requests.
 
-One ``ClientSession`` with an unlimited connection pool (concurrency is decided by the dispatcher,
-not by the pool), keep-alive connections reused per server. Every outcome is data: a
-:class:`Completion`, or a :class:`~servefleet.generate.retry.RequestFailure` classified once here,
-at the boundary, from aiohttp's exceptions and the HTTP status.
+One :class:`~servefleet.http.HttpClient` with an unlimited connection pool (concurrency is decided by
+the dispatcher, not by the pool), keep-alive connections reused per server. Every outcome is data: a
+:class:`Completion`, or a :class:`~servefleet.http.RequestFailure` (the HTTP layer's taxonomy:
+transport failures come classified from the transport, error statuses and unusable answers here).
 
 The per-completion path is the coordinator's ceiling (``benchmarks/coordinator_ceiling.py``): bodies
 are encoded and answers (~8 KB for 1,800 tokens) decoded with orjson (stdlib ``json`` for what
@@ -12,17 +12,15 @@ orjson refuses: integers beyond 64 bits, NaN literals), and each server's reques
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from yarl import URL
 
 from servefleet.generate.inputs import ENDPOINT_PATHS
-from servefleet.generate.retry import FailureKind, RequestFailure
+from servefleet.http import FailureKind, HttpClient, Pool, RequestFailure, Timeout, Transport, TransportError, decode_json
 
 __all__ = ["Completion", "Client"]
 
@@ -41,33 +39,28 @@ class Completion:
 
 
 class Client:
-    def __init__(self, *, request_timeout_s: float = 3600.0, connect_timeout_s: float = 10.0, api_key: str | None = None) -> None:
-        self.timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
-        self.probe_timeout = aiohttp.ClientTimeout(total=5.0, sock_connect=min(5.0, connect_timeout_s))
-        self._headers = {"Content-Type": "application/json"}
+    """``transport``: a fake for tests (``servefleet.http.mock``); by default aiohttp, whose session
+    carries the JSON and authorisation headers."""
+
+    def __init__(self, *, request_timeout_s: float = 3600.0, connect_timeout_s: float = 10.0, api_key: str | None = None,
+                 transport: Transport | None = None) -> None:
+        self.timeout = Timeout(request_timeout_s, connect_timeout_s)
+        self.probe_timeout = Timeout(5.0, min(5.0, connect_timeout_s))
+        headers = {"Content-Type": "application/json"}
         if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        self._session: aiohttp.ClientSession | None = None
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.http = HttpClient(transport, pool=Pool(limit=0, keepalive_timeout_s=60), headers=headers, timeout=self.timeout)
+        self._send = self.http.transport.request  # the per-completion path, one call frame shorter
         self._urls: dict[tuple[str, str], URL] = {}
 
     async def __aenter__(self) -> "Client":
-        self.session  # noqa: B018 - create it inside the running loop
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60)
-            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.http.aclose()
 
     def _url(self, base_url: str, endpoint: str) -> URL:
         url = self._urls.get((base_url, endpoint))
@@ -76,55 +69,40 @@ class Client:
         return url
 
     async def complete(self, base_url: str, endpoint: str, body: dict[str, Any]) -> Completion | RequestFailure:
-        url = self._url(base_url, endpoint)
         try:
-            async with self.session.post(url, data=encode_body(body), timeout=self.timeout) as resp:
-                data = await resp.read()
-                if resp.status >= 400:
-                    return RequestFailure(FailureKind.HTTP, _error_text(data), resp.status, _retry_after(resp.headers.get("Retry-After")))
-        except aiohttp.ClientConnectorError as exc:
-            return RequestFailure(FailureKind.CONNECT, str(exc.os_error or exc))
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
-            return RequestFailure(FailureKind.DISCONNECT, str(exc) or type(exc).__name__)
-        except (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError):
-            return RequestFailure(FailureKind.TIMEOUT, f"no answer within {self.timeout.total:g}s")
-        except aiohttp.ClientError as exc:
-            return RequestFailure(FailureKind.DISCONNECT, f"{type(exc).__name__}: {exc}")
-        return _parse(data, endpoint)
+            # a parsed URL (aiohttp takes one as is): parsing the string per request costs more
+            resp = await self._send("POST", self._url(base_url, endpoint), body=encode_body(body), timeout=self.timeout)  # type: ignore[arg-type]
+        except TransportError as exc:
+            return exc.failure
+        if resp.status >= 400:
+            return RequestFailure(FailureKind.HTTP, _error_text(resp.body), resp.status, _retry_after(resp.headers.get("Retry-After")))
+        return _parse(resp.body, endpoint)
+
+    def _timeout(self, timeout_s: float | None) -> Timeout:
+        return self.probe_timeout if timeout_s is None else Timeout(timeout_s)
 
     async def ping(self, base_url: str, timeout_s: float | None = None) -> bool:
         """Liveness: does the server answer HTTP at all (any status) within the timeout?"""
-        timeout = self.probe_timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with self.session.get(base_url.rstrip("/") + "/v1/models", timeout=timeout) as resp:
-                await resp.read()
-                return True
-        except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError):
+            await self.http.get(base_url.rstrip("/") + "/v1/models", timeout=self._timeout(timeout_s))
+        except TransportError:
             return False
+        return True
 
     async def ready(self, base_url: str, timeout_s: float | None = None) -> bool:
         """Readiness: 200 from ``/health`` or ``/v1/models`` (some servers lack one of them)."""
-        timeout = self.probe_timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        timeout = self._timeout(timeout_s)
         for path in ("/health", "/v1/models"):
             try:
-                async with self.session.get(base_url.rstrip("/") + path, timeout=timeout) as resp:
-                    await resp.read()
-                    if resp.status == 200:
-                        return True
-            except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError):
+                if (await self.http.get(base_url.rstrip("/") + path, timeout=timeout)).status == 200:
+                    return True
+            except TransportError:
                 return False
         return False
 
     async def models(self, base_url: str, timeout_s: float | None = None) -> list[str] | None:
         """Model names listed by ``/v1/models`` (None: the server did not answer usefully)."""
-        timeout = self.probe_timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
-        try:
-            async with self.session.get(base_url.rstrip("/") + "/v1/models", timeout=timeout) as resp:
-                if resp.status != 200:
-                    return None
-                data = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError, ValueError):
-            return None
+        data = await self.http.get_json(base_url.rstrip("/") + "/v1/models", timeout=self._timeout(timeout_s))
         try:
             return [str(m["id"]) for m in data.get("data", [])]
         except (AttributeError, KeyError, TypeError):
@@ -138,16 +116,9 @@ def encode_body(body: dict[str, Any]) -> bytes:
         return json.dumps(body).encode()
 
 
-def decode_answer(data: bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)  # NaN / Infinity literals, which Python's own encoder writes
-
-
 def _parse(data: bytes, endpoint: str) -> Completion | RequestFailure:
     try:
-        obj = decode_answer(data)
+        obj = decode_json(data)  # orjson; the stdlib for NaN / Infinity literals
         choice = obj["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
         return RequestFailure(FailureKind.PROTOCOL, "answer without choices: " + _error_text(data))

@@ -30,7 +30,8 @@ from servefleet.generate.concurrency import ConcurrencyController, Window
 from servefleet.generate.endpoints import Restarter, Target
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
-from servefleet.generate.retry import RequestFailure, RetryPolicy
+from servefleet.generate.retry import RetryPolicy
+from servefleet.http import RequestFailure
 from servefleet.generate.server_load import LoadWatch
 from servefleet.generate.shards import OutputRow
 from servefleet.generate.stats import JobStats, ServerStats
@@ -180,7 +181,7 @@ class Dispatcher:
         self._spawn(self._feeder(feed))
         self._spawn(self._monitor())
         for s in self.servers:
-            self._spawn(s.load.run(self.client.session, lambda s=s: s.target.base_url))
+            self._spawn(s.load.run(self.client.http, lambda s=s: s.target.base_url))
         try:
             while True:
                 if self._error is not None:

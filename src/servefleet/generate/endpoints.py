@@ -149,7 +149,7 @@ async def _probe_max_running(client: "Client", base: str) -> int | None:
 
     for name in engine_names():
         try:
-            cap = await get_engine(name).capacity_from_server(client.session, base)
+            cap = await get_engine(name).capacity_from_server(client.http, base)
         except Exception:  # noqa: BLE001 - a profile that cannot read this server just does not know
             continue
         if cap.max_running_requests:

@@ -1,9 +1,9 @@
 """What to do after a request failed: retry (after how long), or give the prompt up.
 
-Failures are data (:class:`RequestFailure`), classified once by the client. Retried: connection
-errors, dropped connections, timeouts, malformed responses, 408/409/425/429 and every 5xx. Not
-retried: other 4xx (the request itself is wrong -- a prompt longer than the context, a bad
-parameter): the prompt goes straight to the failures file.
+Failures are data (:class:`~servefleet.http.RequestFailure`, the HTTP layer's one taxonomy, which
+also says what is retryable). Retried: connection errors, dropped connections, timeouts, malformed
+responses, 408/409/425/429 and every 5xx. Not retried: other 4xx (the request itself is wrong -- a
+prompt longer than the context, a bad parameter): the prompt goes straight to the failures file.
 
 Backoff is exponential with full jitter (a uniform draw below ``base * 2**(attempt-1)``, capped), so
 a fleet-wide hiccup does not turn into synchronised waves of retries; a server's ``Retry-After`` is
@@ -14,48 +14,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from enum import StrEnum
 
-__all__ = ["FailureKind", "RequestFailure", "RetryPolicy", "Decision"]
+from servefleet.http import RequestFailure
 
-
-class FailureKind(StrEnum):
-    CONNECT = "connect"  # could not connect (refused, unreachable)
-    DISCONNECT = "disconnect"  # the connection broke mid-request
-    TIMEOUT = "timeout"
-    HTTP = "http"  # the server answered with an error status
-    PROTOCOL = "protocol"  # a 2xx answer that is not a usable completion
-
-
-_RETRY_STATUS = frozenset({408, 409, 425, 429})
-
-
-@dataclass(frozen=True)
-class RequestFailure:
-    kind: FailureKind
-    message: str
-    status: int | None = None
-    retry_after_s: float | None = None
-
-    @property
-    def retryable(self) -> bool:
-        if self.kind is FailureKind.HTTP:
-            return self.status is not None and (self.status in _RETRY_STATUS or self.status >= 500)
-        return True
-
-    @property
-    def server_fault(self) -> bool:
-        """Evidence that the server, not the prompt, is the problem (feeds health checks)."""
-        return self.kind in (FailureKind.CONNECT, FailureKind.DISCONNECT, FailureKind.TIMEOUT)
-
-    @property
-    def overload(self) -> bool:
-        """The server asks us to send less (feeds the concurrency controller)."""
-        return self.kind is FailureKind.HTTP and self.status in (429, 503)
-
-    def describe(self) -> str:
-        head = f"HTTP {self.status}" if self.status is not None else self.kind.value
-        return f"{head}: {self.message}" if self.message else head
+__all__ = ["RetryPolicy", "Decision"]
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
 
 from servefleet.bench.server_metrics import GEN_TOKENS, QUEUED, RUNNING, parse_prometheus
+from servefleet.http import HttpClient, Timeout
 
 __all__ = ["LoadSample", "LoadWatch", "sample_from_text", "PROMPT_TOKENS", "STEPS"]
 
@@ -70,21 +70,17 @@ class LoadWatch:
         self.available: bool | None = None  # None: not known yet
         self._misses = 0
 
-    async def run(self, session: aiohttp.ClientSession, base_url: Callable[[], str]) -> None:
+    async def run(self, client: HttpClient, base_url: Callable[[], str]) -> None:
         """Until cancelled; ``base_url`` is asked before each scrape (a restarted server may move)."""
-        timeout = aiohttp.ClientTimeout(total=max(2.0, 3 * self.interval_s))
+        timeout = Timeout(max(2.0, 3 * self.interval_s))
         while self.available is not False:
             sample = None
             sent = time.monotonic()
-            try:
-                async with session.get(base_url().rstrip("/") + "/metrics", timeout=timeout) as resp:
-                    if resp.status == 200:
-                        text = await resp.text()
-                        # the counters are of some moment between asking and hearing: the midpoint
-                        # (on a busy host a scrape can take a good part of a second)
-                        sample = sample_from_text(text, (sent + time.monotonic()) / 2)
-            except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
-                pass
+            text = await client.get_text(base_url().rstrip("/") + "/metrics", timeout=timeout)
+            if text is not None:
+                # the counters are of some moment between asking and hearing: the midpoint
+                # (on a busy host a scrape can take a good part of a second)
+                sample = sample_from_text(text, (sent + time.monotonic()) / 2)
             if sample is not None:
                 self.samples.append(sample)
                 self.available, self._misses = True, 0

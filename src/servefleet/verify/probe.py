@@ -1,7 +1,9 @@
 """The HTTP side of verification: readiness probe, identity check, smoke request, capacity.
 
-One aiohttp session per wait. Connections are not kept alive: a kept connection to a process that
-died, or to a port that changed hands, would answer for a server that is no longer there.
+The one readiness probe: ``wait``/``up`` drive it in a loop (``waiter.py``), ``status`` asks it once
+(:meth:`Prober.probe_once`); both check identity by the same rule (:meth:`Prober.identity`).
+Requests go through one :class:`~servefleet.http.HttpClient` per wait, from
+:func:`~servefleet.http.probe_client` (no kept connections).
 """
 
 from __future__ import annotations
@@ -11,24 +13,19 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-import aiohttp
+import orjson
 
 from servefleet.capacity import Capacity
 from servefleet.engines.base import EngineProfile, Probe
 from servefleet.hosts.base import Host
+from servefleet.http import FailureKind, HttpClient, Timeout, TransportError
 from servefleet.verify.events import ProbeOutcome, ProbeResult, SmokeResult
 
-__all__ = ["Prober", "new_session", "port_of", "NEGATIVE_TTL_S"]
+__all__ = ["Prober", "port_of", "NEGATIVE_TTL_S"]
 
 NEGATIVE_TTL_S = 0.5
-
-# Errors that mean "nothing (usable) listens there": refused, reset, closed mid-answer.
-_DOWN = (aiohttp.ClientConnectionError, ConnectionError, OSError)
-
-
-def new_session() -> aiohttp.ClientSession:
-    """A session for loopback probing: no proxies from the environment, no kept connections."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=8), trust_env=False)
+_MODELS_TIMEOUT = Timeout(5.0)
+_JSON = {"Content-Type": "application/json"}
 
 
 def port_of(base_url: str) -> int | None:
@@ -46,7 +43,7 @@ class Prober:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: HttpClient,
         base_url: str,
         host: Host,
         *,
@@ -54,7 +51,7 @@ class Prober:
         port: int | None = None,
         served_model: str | None = None,
     ) -> None:
-        self.session = session
+        self.client = client
         self.base_url = base_url.rstrip("/")
         self.host = host
         self.pgid = pgid
@@ -109,16 +106,18 @@ class Prober:
             paths.remove(self._good_path)
             paths.insert(0, self._good_path)
         last: ProbeResult | None = None
+        timeout = Timeout(spec.timeout_s)
         for path in paths:
             try:
-                async with self.session.get(self.base_url + path, timeout=aiohttp.ClientTimeout(total=spec.timeout_s)) as resp:
-                    status = resp.status
-                    await resp.read()
-            except TimeoutError:
-                self._drop_ahead()
-                return ProbeResult(ProbeOutcome.HTTP, None, path, f"no answer to GET {path} within {spec.timeout_s:g}s")
-            except _DOWN as exc:
-                return self._gone(ProbeResult(ProbeOutcome.REFUSED, None, path, _short(exc)))
+                status = (await self.client.get(self.base_url + path, timeout=timeout)).status
+            except TransportError as exc:
+                if exc.kind is FailureKind.TIMEOUT:
+                    self._drop_ahead()
+                    return ProbeResult(ProbeOutcome.HTTP, None, path, f"no answer to GET {path} within {spec.timeout_s:g}s")
+                if exc.kind is FailureKind.PROTOCOL:  # something answers, not in HTTP
+                    self._drop_ahead()
+                    return ProbeResult(ProbeOutcome.HTTP, None, path, f"GET {path}: {exc.failure.message}")
+                return self._gone(ProbeResult(ProbeOutcome.REFUSED, None, path, exc.failure.message))
             if status == 404:
                 last = ProbeResult(ProbeOutcome.HTTP, 404, path, f"GET {path} -> 404")
                 continue
@@ -139,6 +138,16 @@ class Prober:
         known, detail = self._identity_peek()
         if known is False:
             return ProbeResult(ProbeOutcome.WRONG_IDENTITY, result.status, result.path, detail)
+        return result
+
+    async def probe_once(self, spec: Probe) -> ProbeResult:
+        """One probe that also settles whose answer a non-ready status is (``status``: no second
+        probe follows to collect the identity checked in the background)."""
+        result = await self.probe(spec)
+        if result.outcome is ProbeOutcome.HTTP and result.status is not None and not self._identity_ok:
+            ok, detail = await self._identity_now()
+            if ok is False:
+                return ProbeResult(ProbeOutcome.WRONG_IDENTITY, result.status, result.path, detail)
         return result
 
     def _gone(self, result: ProbeResult) -> ProbeResult:
@@ -223,14 +232,15 @@ class Prober:
     async def _models(self) -> tuple[list[str] | None, bool]:
         """(model ids or None, whether the server was unreachable)."""
         try:
-            async with self.session.get(self.base_url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                if resp.status != 200:
-                    return None, False
-                body = await resp.json(content_type=None)
+            resp = await self.client.get(self.base_url + "/v1/models", timeout=_MODELS_TIMEOUT)
+        except TransportError:
+            return None, True
+        if resp.status != 200:
+            return None, False
+        try:
+            body = resp.json()
         except ValueError:
             return None, False
-        except (TimeoutError, *_DOWN):
-            return None, True
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
             return None, False
@@ -253,13 +263,12 @@ class Prober:
         path, body = profile.smoke_request(name)
         t0 = time.monotonic()
         try:
-            async with self.session.post(self.base_url + path, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                text = await resp.text(errors="replace")
-                status = resp.status
-        except TimeoutError:
-            return SmokeResult(False, f"POST {path}: no answer within {timeout_s:g}s")
-        except _DOWN as exc:
-            return SmokeResult(False, f"POST {path}: {_short(exc)}")
+            resp = await self.client.post(self.base_url + path, orjson.dumps(body), headers=_JSON, timeout=Timeout(timeout_s))
+        except TransportError as exc:
+            if exc.kind is FailureKind.TIMEOUT:
+                return SmokeResult(False, f"POST {path}: no answer within {timeout_s:g}s")
+            return SmokeResult(False, f"POST {path}: {exc.failure.message}")
+        status, text = resp.status, resp.text()
         if 200 <= status < 300:
             return SmokeResult(True, f"POST {path} -> {status} in {time.monotonic() - t0:.2f}s")
         return SmokeResult(False, f"POST {path} -> HTTP {status}: {' '.join(text.split())[:200]}")
@@ -276,15 +285,7 @@ class Prober:
     async def _capacity(self, profile: EngineProfile, timeout_s: float = 5.0) -> Capacity:
         try:
             async with asyncio.timeout(timeout_s):
-                return await profile.capacity_from_server(self.session, self.base_url)
+                return await profile.capacity_from_server(self.client, self.base_url)
         except Exception:  # an info endpoint is a bonus, never a reason to fail a ready server
             return Capacity()
 
-
-def _short(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        text = f"connection refused ({exc.host}:{exc.port})" if "refused" in text.lower() else text
-    elif isinstance(exc, aiohttp.ServerDisconnectedError):
-        text = "server disconnected"
-    return " ".join(text.split())[:200]

@@ -31,7 +31,8 @@ from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTr
 from servefleet.verify.bounded import Bounds, HostSource, line_number_at, read_big_log
 from servefleet.verify.logtext import LineSplitter
 from servefleet.verify.machine import ReadinessMachine, message_shape
-from servefleet.verify.probe import Prober, new_session, port_of
+from servefleet.http import probe_client
+from servefleet.verify.probe import Prober, port_of
 from servefleet.verify.verdict import Verdict
 
 __all__ = ["WaitTarget", "wait_for_server", "PROBE_INTERVAL_S"]
@@ -116,8 +117,8 @@ async def wait_for_server(
         machine.skipped = caught_up.skipped
         log.offset = caught_up.end
 
-    async with new_session() as session:
-        prober = Prober(session, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
+    async with probe_client() as client:
+        prober = Prober(client, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
         prober.work_ahead(lambda: (machine.engine or EngineProfile(), smoke))
         tasks = [_start(_probe_loop(prober, machine, queue, wake), queue)]
         watched = isinstance(host, WatchHost) and target.pid is None and (target.pgid is not None or target.status_path is not None)
