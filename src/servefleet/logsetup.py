@@ -78,7 +78,8 @@ def configure(verbose: bool = False) -> logging.Logger:
         stderr.addFilter(_RedactFilter())
         logger.addHandler(stderr)
     stderr.setLevel(level)
-    logger.setLevel(min(level, *(h.level for h in logger.handlers)))
+    has_state_file = any(getattr(h, "servefleet_state_file", False) for h in logger.handlers)
+    logger.setLevel(logging.DEBUG if has_state_file else level)  # a foreign handler (a test's capture) does not lower it
     logger.propagate = False
     return logger
 
