@@ -150,7 +150,8 @@ async def _probe_max_running(client: "Client", base: str) -> int | None:
     for name in engine_names():
         try:
             cap = await get_engine(name).capacity_from_server(client.http, base)
-        except Exception:  # noqa: BLE001 - a profile that cannot read this server just does not know
+        except Exception as exc:  # noqa: BLE001 - a profile that cannot read this server just does not know
+            log.debug("%s: the %s profile could not read its capacity (%s: %s)", base, name, type(exc).__name__, exc)
             continue
         if cap.max_running_requests:
             return cap.max_running_requests

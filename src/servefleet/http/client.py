@@ -11,6 +11,7 @@ imported only when the first client without a transport is made.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -19,6 +20,8 @@ from servefleet.http.failure import TransportError
 from servefleet.http.transport import Pool, Response, StreamResponse, Timeout, Transport
 
 __all__ = ["HttpClient", "probe_client", "INFO_TIMEOUT"]
+
+log = logging.getLogger(__name__)
 
 INFO_TIMEOUT = Timeout(3.0)  # an info endpoint that takes longer is not worth waiting for
 
@@ -56,17 +59,25 @@ class HttpClient:
         """GET and decode JSON; None on anything but a 200 with JSON (404, refused, timeout, garbage)."""
         try:
             resp = await self.get(url, timeout=timeout)
-            return resp.json() if resp.status == 200 else None
-        except (TransportError, ValueError):
+            if resp.status != 200:
+                log.debug("GET %s: HTTP %d, nothing read", url, resp.status)
+                return None
+            return resp.json()
+        except (TransportError, ValueError) as exc:  # an endpoint this engine version lacks is normal: not a warning
+            log.debug("GET %s: no JSON (%s: %s)", url, type(exc).__name__, exc)
             return None
 
     async def get_text(self, url: str, timeout: Timeout = INFO_TIMEOUT) -> str | None:
         """GET as text (undecodable bytes replaced); None on anything but a 200."""
         try:
             resp = await self.get(url, timeout=timeout)
-        except TransportError:
+        except TransportError as exc:
+            log.debug("GET %s: no answer (%s)", url, exc)
             return None
-        return resp.text() if resp.status == 200 else None
+        if resp.status != 200:
+            log.debug("GET %s: HTTP %d, nothing read", url, resp.status)
+            return None
+        return resp.text()
 
 
 def probe_client(connections: int = 8) -> HttpClient:
