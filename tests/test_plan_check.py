@@ -190,8 +190,29 @@ def test_pick_config_refuses_a_run_of_another_model(tmp_path):
     assert pick_config([(a, "qwen"), (b, "/models/llama")], meas) is b  # same name under another path
     with pytest.raises(ConfigError, match="configuration mismatch"):
         pick_config([(a, "qwen")], meas)
-    with pytest.raises(ConfigError, match="exactly one --bench"):
-        pick_config([(a, None), (b, "llama")], meas)
+    # two runs of the model: each server of the job needs the run named after it ("a" has one, no "b" server)
+    assert pick_config([(a, None), (b, "llama")], meas) == {"a": a}
+    c = ConfigCurve("c", Curve((1,), (1.0,)))
+    with pytest.raises(ConfigError, match="none is named after server"):
+        pick_config([(b, None), (c, "llama")], meas)
+
+
+def test_a_job_on_two_configurations_is_planned_per_server(tmp_path):
+    """The demo's fleet: one server of each configuration. Each at its best point (a: 50 tok/s at
+    c=1; b: 300 tok/s at c=8); the prompts shared by rate, the makespan the slower share's."""
+    job = make_job_dir(tmp_path / "out", valid=14, runs=[(0.0, 10.0, "complete")], rows={"a": [100] * 2, "b": [100] * 12})
+    a, b = ConfigCurve("a", Curve((1, 8), (50.0, 50.0))), ConfigCurve("b", Curve((1, 8), (60.0, 300.0)))
+    meas = measure_job(job)
+    picked = pick_config([(a, "m"), (b, "m")], meas)
+    assert picked == {"a": a, "b": b}
+    res = check_plan(picked, meas)
+    expected = max(simulate_makespan(a.curve, 1, 1, JobSpec(2, 100.0)), simulate_makespan(b.curve, 8, 1, JobSpec(12, 100.0)))
+    assert res.makespan.predicted == pytest.approx(expected)
+    assert (res.replicas, res.concurrency, res.configuration) == (2, 9, "a + b")
+    assert any("b (b): concurrency 8, 300 tok/s steady; planned 86% of the tokens, answered 86%" in n for n in res.notes)
+    assert res.to_json()["verdict"]
+    with pytest.raises(ConfigError, match="apply to a job of one configuration"):
+        check_plan(picked, meas, concurrency=4)
 
 
 # ---- the bench point's own drain ------------------------------------------------------------------
