@@ -190,6 +190,9 @@ def test_pick_config_refuses_a_run_of_another_model(tmp_path):
     assert pick_config([(a, "qwen"), (b, "/models/llama")], meas) is b  # same name under another path
     with pytest.raises(ConfigError, match="configuration mismatch"):
         pick_config([(a, "qwen")], meas)
+    # `transformers serve` answers with "<model>@<revision>" where bench recorded the model it asked for
+    tf = measure_job(make_job_dir(tmp_path / "tf", valid=1, runs=[(0.0, 1.0, "complete")], rows={"a": [5]}, model="/d/tiny-llama@main"))
+    assert pick_config([(a, "/d/tiny-llama"), (b, "/d/other")], tf) is a
     # two runs of the model: each server of the job needs the run named after it ("a" has one, no "b" server)
     assert pick_config([(a, None), (b, "llama")], meas) == {"a": a}
     c = ConfigCurve("c", Curve((1,), (1.0,)))

@@ -280,8 +280,15 @@ def _measure(sink: "Sink", dest: str, report: Path | None) -> Measured:
 def _same_model(a: str | None, b: str | None) -> bool:
     if not a or not b:
         return True  # unknown on one side: nothing to contradict
-    a, b = a.rstrip("/"), b.rstrip("/")
+    a, b = _without_revision(a.rstrip("/")), _without_revision(b.rstrip("/"))
     return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def _without_revision(name: str) -> str:
+    """``/models/tiny@main`` -> ``/models/tiny``: `transformers serve` answers with the model it was
+    given plus ``@revision`` (Hub ids cannot hold an ``@``), where bench recorded the name it asked for."""
+    head, at, rev = name.rpartition("@")
+    return head if at and head and rev and "/" not in rev else name
 
 
 def pick_config(configs: list[tuple[ConfigCurve, str | None]], measured: Measured) -> ConfigCurve | dict[str, ConfigCurve]:
