@@ -242,6 +242,11 @@ port = {bad}
 
         status = {s["name"]: s for s in json.loads(_cli("status", "--fleet", str(fleet), "--json", timeout=120).stdout)["servers"]}
         assert status["good"]["state"] == "ready"
+        # capacity of the real server (it prints none): one request at a time without
+        # --continuous-batching, the context from the built model's config.json
+        cap = status["good"]["capacity"]
+        assert (cap["max_running_requests"], cap["context_length"]) == (1, 2048), cap
+        assert cap["extra"]["batching"] == "sequential" and "kv_cache_tokens" not in cap
         base = status["good"]["base_url"]
         answer = _post(base + "/v1/completions", {"model": str(model), "prompt": "The server is", "max_tokens": 6})
         text, usage = answer["choices"][0]["text"], answer["usage"]
