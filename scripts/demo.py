@@ -44,7 +44,8 @@ SERVEFLEET = str(Path(sys.executable).parent / "servefleet")
 SERVERS = ("cpu-a", "cpu-b")
 VICTIM = "cpu-b"  # the server killed mid-job: the faster one, so the job is still running when it is back
 OUTPUT_TOKENS = 96  # max_tokens of the job's prompts (random weights rarely stop early)
-BENCH = ["-c", "1,4,16", "--requests", "24", "--input-len", "32", "--output-len", str(OUTPUT_TOKENS), "--api", "completions"]
+# 48 requests a point: three waves at concurrency 16, so every point has a steady part to plan from
+BENCH = ["-c", "1,4,16", "--requests", "48", "--input-len", "32", "--output-len", str(OUTPUT_TOKENS), "--api", "completions"]
 
 
 class DemoError(Exception):
@@ -239,6 +240,8 @@ class Demo:
         servefleet("plan", *args)
         planned = servefleet_json("plan", *args, quiet=True)
         self.summary["plan"] = {"recommendation": planned["recommendation"]}
+        if planned.get("plot"):
+            self.summary["files"]["plots"].append(planned["plot"])
 
     def generate(self, runs: dict[str, Path]) -> None:
         input_path = self.out / "prompts.jsonl"
