@@ -30,6 +30,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,8 +45,8 @@ SERVEFLEET = str(Path(sys.executable).parent / "servefleet")
 SERVERS = ("cpu-a", "cpu-b")
 VICTIM = "cpu-b"  # the server killed mid-job: the faster one, so the job is still running when it is back
 OUTPUT_TOKENS = 96  # max_tokens of the job's prompts (random weights rarely stop early)
-# 48 requests a point: three waves at concurrency 16, so every point has a steady part to plan from
-BENCH = ["-c", "1,4,16", "--requests", "48", "--input-len", "32", "--output-len", str(OUTPUT_TOKENS), "--api", "completions"]
+# 64 requests a point: four waves at concurrency 16, so every point has a steady part to plan from
+BENCH = ["-c", "1,4,16", "--requests", "64", "--input-len", "32", "--output-len", str(OUTPUT_TOKENS), "--api", "completions"]
 
 
 class DemoError(Exception):
@@ -192,6 +193,12 @@ class Demo:
 
     def timed(self, name: str, started: float) -> None:
         self.summary["steps"][name] = {"s": round(time.monotonic() - started, 1)}
+
+    def fresh(self) -> None:
+        """A new job each time: a destination left by an earlier demo would be resumed (nothing left to send)."""
+        for folder in (self.dest, self.bench_dir, self.out / "plots"):
+            if folder.exists():
+                shutil.rmtree(folder)
 
     def model(self) -> None:
         say("1/11 build the tiny model (random weights, tokenizer trained here, nothing downloaded)")
@@ -370,7 +377,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="servefleet demo: the main job on two CPU `transformers serve` servers")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the model, runs, plots and the job (default: demo-out/)")
     parser.add_argument("--ports", help="two ports, e.g. 40001,40002 (default: the fleet file's 38401,38402)")
-    parser.add_argument("--prompts", type=int, default=400, help="prompts in the job (default: 400)")
+    # 1,500: long enough that the job's fixed costs (two runs' start, the restart) do not swamp plan --check
+    parser.add_argument("--prompts", type=int, default=1500, help="prompts in the job (default: 1500)")
     parser.add_argument("--keep", action="store_true", help="leave the fleet running at the end (stop it with `servefleet down`)")
     args = parser.parse_args()
     out = args.out.resolve()
@@ -383,6 +391,7 @@ def main() -> int:
         return 1
     demo = Demo(out, fleet, args.prompts)
     try:
+        demo.fresh()
         demo.model()
         demo.up()
         runs = demo.bench()
