@@ -154,7 +154,10 @@ def _shard_rows(name: str, data: bytes) -> list[tuple[str, int, str | None]]:
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        table = pq.read_table(io.BytesIO(data), columns=["server", "completion_tokens", "model"])
+        # One file, in this thread: pq.read_table starts Arrow's thread pools, whose workers still
+        # alive at interpreter exit abort the process now and then ("terminate called without an
+        # active exception", exit -6, apache/arrow#34314): seen in the demo after plan --check printed.
+        table = pq.ParquetFile(io.BytesIO(data)).read(columns=["server", "completion_tokens", "model"], use_threads=False)
         return list(zip(table.column("server").to_pylist(), (t or 0 for t in table.column("completion_tokens").to_pylist()),
                         table.column("model").to_pylist()))
     rows = []
