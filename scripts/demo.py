@@ -13,6 +13,7 @@
  8. resume it: the same command again         servefleet generate ... (skips what is committed)
  9. every prompt answered exactly once        (the Parquet shards, read with pyarrow)
 10. the plan against the run                  servefleet plan --check DEST --bench ...
+    (`servefleet report DEST` joins here, in Demo.report, when the `watch` branch is merged)
 11. stop everything                           servefleet down --fleet examples/demo.toml
 
 Each step is the real command (a subprocess of the venv's `servefleet`), printed before it runs, so
