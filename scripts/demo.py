@@ -356,8 +356,9 @@ def check_output(dest: Path, ids: list[str]) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     shards = sorted((dest / "shards").glob("*.parquet"))
-    # each file in this thread: Arrow's pools (pq.read_table, datasets) can abort a process at exit
-    table = pa.concat_tables([pq.ParquetFile(p).read(use_threads=False) for p in shards]) if shards else None
+    # from Arrow buffers, in this thread: Arrow's pools (pq.read_table, datasets, file readers) can abort
+    # a process at exit ("terminate called without an active exception")
+    table = pa.concat_tables([pq.ParquetFile(pa.BufferReader(p.read_bytes())).read(use_threads=False) for p in shards]) if shards else None
     got = table.column("id").to_pylist() if table is not None else []
     wanted, seen = set(ids), set(got)
     duplicates = len(got) - len(seen)

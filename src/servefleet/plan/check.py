@@ -17,7 +17,6 @@ throughput model.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -154,10 +153,13 @@ def _shard_rows(name: str, data: bytes) -> list[tuple[str, int, str | None]]:
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        # One file, in this thread: pq.read_table starts Arrow's thread pools, whose workers still
-        # alive at interpreter exit abort the process now and then ("terminate called without an
-        # active exception", exit -6, apache/arrow#34314): seen in the demo after plan --check printed.
-        table = pq.ParquetFile(io.BytesIO(data)).read(columns=["server", "completion_tokens", "model"], use_threads=False)
+        # From an Arrow buffer, in this thread: pq.read_table (and any Python file object) start Arrow's
+        # thread pools, whose workers still alive at interpreter exit abort the process now and then
+        # ("terminate called without an active exception", exit -6, apache/arrow#34314): seen in the
+        # demo after plan --check had printed its verdict.
+        import pyarrow as pa
+
+        table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["server", "completion_tokens", "model"], use_threads=False)
         return list(zip(table.column("server").to_pylist(), (t or 0 for t in table.column("completion_tokens").to_pylist()),
                         table.column("model").to_pylist()))
     rows = []
