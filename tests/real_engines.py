@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -91,7 +91,10 @@ class Scenario:
     env: Mapping[str, str] = field(default_factory=dict)
     missing_model: bool = False
     kill_at: str | None = None  # `kill`: a regex of the log line after which the server is killed
-    command_prefix: tuple[str, ...] = ()  # llamacpp: put before the server command (e.g. a memory cap)
+    command_prefix: tuple[str, ...] = ()  # put before the server command (e.g. a memory cap)
+    model_variant: str | None = None  # a broken copy of the tiny model (tests/real_breadth.py VARIANTS)
+    prepare: Callable[[Path], Mapping[str, str]] | None = None  # sets up what the scenario needs; its extra env
+    hint: str | None = None  # a substring of the hint (the engine's own flag or file)
     why: str = ""
 
     @property
@@ -317,9 +320,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def model_path(engine: str, model_dir: Path, missing: bool) -> Path:
+def model_path(engine: str, model_dir: Path, missing: bool, variant: str | None = None) -> Path:
+    if variant is not None:
+        from real_breadth import build_variant
+
+        return build_variant(variant, model_dir)
     folder = model_dir.parent / "no-such-model" if missing else model_dir
     return folder / "model.gguf" if engine == "llamacpp" else folder
+
+
+# The server program after an interpreter, per engine (a scenario's command_prefix goes before it)
+SERVER_MODULE = {"vllm": "vllm.entrypoints.openai.api_server", "llamacpp": "llama_cpp.server",
+                 "transformers": "transformers.cli.transformers"}
 
 
 def fleet_toml(name: str, engine: str, python: Path, model_dir: Path, scenarios: list[Scenario], ports: Mapping[str, int],
@@ -337,13 +349,14 @@ def fleet_toml(name: str, engine: str, python: Path, model_dir: Path, scenarios:
     lines.append("env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in base_env.items()) + " }\n")
     for sc in scenarios:
         lines += ["[[servers]]", f'name = "{sc.server}"', f"port = {ports[sc.server]}",
-                  f"model = {json.dumps(str(model_path(engine, model_dir, sc.missing_model)))}"]
+                  f"model = {json.dumps(str(model_path(engine, model_dir, sc.missing_model, sc.model_variant)))}"]
         if sc.args:
             lines.append(f"args = {json.dumps(list(sc.args))}")
         if sc.command_prefix:
-            lines.append(f"command = {json.dumps([*sc.command_prefix, str(python), '-m', 'llama_cpp.server'])}")
-        if sc.env:
-            lines.append("env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in sc.env.items()) + " }")
+            lines.append(f"command = {json.dumps([*sc.command_prefix, str(python), '-m', SERVER_MODULE[engine]])}")
+        env = {**sc.env, **(sc.prepare(model_dir) if sc.prepare else {})}
+        if env:
+            lines.append("env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }")
         lines.append("")
     return "\n".join(lines)
 

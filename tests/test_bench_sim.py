@@ -166,3 +166,29 @@ def test_cli_unreachable_and_usage_errors(tmp_path) -> None:
     assert r.exit_code == 3 and "--requests" in r.output
     r = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:1", "-c", "1,x", "-n", "1"])
     assert r.exit_code == 3
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-c", "1", "-n", "1", "--request-rate", "2"], "exactly one of --concurrency LIST or --request-rate LIST"),
+    (["-c", "1", "-n", "1", "--duration", "5"], "exactly one of --requests N or --duration S"),
+    (["-c", "1", "-n", "1", "--api", "embeddings"], "--api must be chat or completions"),
+    (["-c", "1,-4", "-n", "1"], "--concurrency needs positive numbers"),
+    (["-c", "1", "-n", "1", "--extra-body", "{oops"], "--extra-body is not JSON"),
+    (["-c", "1", "-n", "1", "--extra-body", "[1, 2]"], "--extra-body must be a JSON object"),
+    (["-c", "1", "-n", "1", "--workers", "many"], "--workers must be a positive number or auto"),
+    (["-c", "1", "-n", "1", "--workers", "0"], "--workers must be a positive number or auto"),
+])
+def test_cli_option_errors_exit_3_before_any_server_is_contacted(args: list[str], message: str) -> None:
+    """Each option is checked before the sweep starts: exit 3 and the option's message, not 4 (the
+    URL is a free port: contacting it would be 'unreachable')."""
+    from conftest import free_port
+
+    r = CliRunner().invoke(app, ["bench", "--url", f"http://127.0.0.1:{free_port()}", *args])
+    assert r.exit_code == 3, r.output
+    assert message in " ".join(r.output.split())
+
+
+def test_cli_without_a_server_to_run_exits_3() -> None:
+    r = CliRunner().invoke(app, ["bench", "-c", "1", "-n", "1"])
+    assert r.exit_code == 3 and "give --url URL (repeatable) or --fleet FILE" in " ".join(r.output.split())
+

@@ -4,7 +4,6 @@ and the whole-log fixtures under tests/fixtures/logs/ (with their EXPECTED.json)
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +18,9 @@ from servefleet.catalog import Category
 from servefleet.engines.base import LaunchSpec, SignalKind
 from servefleet.engines.registry import get_engine
 from servefleet.errors import EngineError
+from servefleet.verify.classify import LogClassifier
+from servefleet.verify.diagnose import diagnose_text, split_lines
+from servefleet.verify.logtext import match_text
 
 MINE = ("sglang", "vllm", "llamacpp", "tgi", "sim", "openai")
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
@@ -392,38 +394,9 @@ async def test_unreachable_server_gives_empty_capacity(engine: str, port: int) -
 
 
 # ----------------------------------------------------------------------------- whole-log fixtures
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_PREFIX = re.compile(r"^(?:\([^()]*\bpid=\d+[^()]*\)\s*|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z]+\d+)*\]\s*)+")
-
-
-def normalise(raw: str) -> str:
-    """What the classifier hands to signatures: last ``\\r`` frame, no ANSI codes, no per-process prefixes."""
-    frames = [f for f in raw.split("\r") if f.strip()] or [""]
-    return _PREFIX.sub("", _ANSI.sub("", frames[-1]).strip())
-
-
-def reference_verdict(engine_name: str, text: str) -> tuple[str, Category | None, str | None, Capacity]:
-    """A minimal classifier: the first FATAL is the root cause, else a READY line means ready."""
-    engine = get_engine(engine_name)
-    fatal = ready = None
-    capacity = Capacity()
-    for raw in text.split("\n"):
-        line = normalise(raw)
-        if (found := engine.capacity_from_line(line)) is not None:
-            capacity = capacity.merge(found)
-        sig = next((s for s in engine.signatures if s.pattern.search(line)), None)
-        if sig and sig.kind is SignalKind.FATAL and fatal is None:
-            fatal = (sig, line)
-        if sig and sig.kind is SignalKind.READY and ready is None:
-            ready = line
-    if fatal:
-        return "failed", fatal[0].category, fatal[1], capacity
-    if ready:
-        return "ready", None, ready, capacity
-    return "loading", None, None, capacity
-
-
-OURS = sorted(name for name, want in EXPECTED.items() if want.get("engine") in MINE)
+# Each log goes through the production classifier (``verify.diagnose`` / ``verify.classify``); the
+# verdict of every fixture (state, category, evidence, engine detected) is checked in
+# test_verify_fixtures.py, with and without the engine given.
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -432,19 +405,8 @@ def test_expectations_name_existing_logs_and_carry_the_contract_keys(name: str) 
     assert {"state", "category", "evidence_substring", "engine"} <= set(EXPECTED[name])
 
 
-@pytest.mark.parametrize("name", OURS)
-def test_fixture_verdict(name: str) -> None:
-    expected = EXPECTED[name]
-    state, category, evidence, capacity = reference_verdict(expected["engine"], (FIXTURES / name).read_text())
-    assert state == expected["state"]
-    assert (category.value if category else None) == expected["category"]
-    assert evidence is not None and expected["evidence_substring"] in evidence
-    for key, value in expected.get("capacity", {}).items():
-        assert getattr(capacity, key) == value, key
-
-
 def test_sglang_success_fixture_capacity_in_full() -> None:
-    *_, capacity = reference_verdict("sglang", (FIXTURES / "sglang_success.log").read_text())
+    capacity = diagnose_text((FIXTURES / "sglang_success.log").read_text(), get_engine("sglang")).capacity
     assert capacity.kv_cache_gib == 5.0
     assert capacity.mamba_cache == {"max_mamba_cache_size": 186, "conv_state_gib": 0.1, "ssm_state_gib": 4.38}
     assert capacity.speculative["speculative_algorithm"] == "EAGLE"
@@ -452,30 +414,23 @@ def test_sglang_success_fixture_capacity_in_full() -> None:
 
 
 def test_vllm_success_fixture_capacity_in_full() -> None:
-    *_, capacity = reference_verdict("vllm", (FIXTURES / "vllm_success.log").read_text())
+    capacity = diagnose_text((FIXTURES / "vllm_success.log").read_text(), get_engine("vllm")).capacity
     assert capacity.max_concurrency == {4096: 92.55}
     assert (capacity.engine_version, capacity.served_model, capacity.kv_cache_gib) == ("0.11.0", "qwen3-8b", 52.06)
 
 
-@pytest.mark.parametrize("name", OURS)
-def test_fixture_engine_is_detected(name: str) -> None:
-    lines = [normalise(raw) for raw in (FIXTURES / name).read_text().split("\n")]
-    scores = {e: sum(any(p.search(line) for p in get_engine(e).detect) for line in lines)
-              for e in ("sglang", "vllm", "llamacpp", "tgi")}
-    assert max(scores, key=scores.__getitem__) == EXPECTED[name]["engine"], scores
-
-
 def test_fixture_progress_is_visible_before_the_failure() -> None:
     """The SGLang OOM log shows loading progress before its root cause (a wrong path never does)."""
-    engine = get_engine("sglang")
+    clf = LogClassifier(get_engine("sglang"))
     labels = []
-    for raw in (FIXTURES / "sglang_oom_tp2.log").read_text().split("\n"):
-        sig = next((s for s in engine.signatures if s.pattern.search(normalise(raw))), None)
-        if sig and sig.kind is SignalKind.FATAL:
+    for no, raw in enumerate(split_lines((FIXTURES / "sglang_oom_tp2.log").read_text()), start=1):
+        signal = clf.feed(no, raw)
+        if signal is not None and signal.kind is SignalKind.FATAL:
             break
-        if sig and sig.kind is SignalKind.PROGRESS:
-            labels.append(sig.label)
+        if signal is not None and signal.kind is SignalKind.PROGRESS:
+            labels.append(signal.label)
     assert labels[:1] == ["initialising torch.distributed"] and "loading weights" in labels
+    assert clf.first_fatal is not None and clf.first_fatal.signal.category is Category.GPU_OOM
 
 
 @pytest.mark.parametrize(("config", "expected"), [
@@ -488,5 +443,5 @@ def test_vllm_speculative_settings_from_the_engine_config_line(config: str, expe
     """vLLM prints its SpeculativeConfig repr in the engine's config line (vllm/config/speculative.py)."""
     line = ("(EngineCore_DP0 pid=7) INFO 11-30 02:41:03 [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: "
             f"model='/m/qwen', speculative_config={config}, tokenizer='/m/qwen', skip_tokenizer_init=False")
-    capacity = get_engine("vllm").capacity_from_line(normalise(line))
+    capacity = get_engine("vllm").capacity_from_line(match_text(line))
     assert (capacity.speculative if capacity else {}) == expected

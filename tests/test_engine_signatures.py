@@ -4,7 +4,9 @@ Each line is written as the classifier sees it (ANSI codes and per-process prefi
 ``[2026-04-14 16:08:49 TP0]`` or ``(EngineCore_DP0 pid=12)`` stripped; level headers such as vLLM's
 ``ERROR 08-18 20:42:56 [core.py:1330]`` kept). The comment on each row names where the string comes
 from: the upstream source file that prints it, or a real log quoted in an upstream issue/doc.
-The first signature of an engine's tuple that matches a line wins, as in the classifier.
+Each line goes through the classifier's own matching (``verify.logtext.match_text`` then
+``verify.classify.match_signature``: a BENIGN shield wins, else the first match in the profile's
+order, else the generic process-death lines), never a copy of it.
 """
 
 from __future__ import annotations
@@ -14,21 +16,21 @@ import pytest
 from servefleet.catalog import Category
 from servefleet.engines.base import EngineProfile, SignalKind, Signature
 from servefleet.engines.registry import get_engine
+from servefleet.verify.classify import match_signature
+from servefleet.verify.logtext import match_text
 
 K = SignalKind
 C = Category
 MINE = ("sglang", "vllm", "llamacpp", "tgi", "sim", "openai")
 
 
-def first_match(engine: EngineProfile, line: str) -> Signature | None:
-    for sig in engine.signatures:
-        if sig.pattern.search(line):
-            return sig
-    return None
+def signature_of(engine: EngineProfile, line: str) -> Signature | None:
+    """The signature the classifier gives this line (production code, not a re-implementation)."""
+    return match_signature(match_text(line), engine.signatures)
 
 
 def kind_and_category(engine: str, line: str) -> tuple[SignalKind | None, Category | None]:
-    sig = first_match(get_engine(engine), line)
+    sig = signature_of(get_engine(engine), line)
     return (sig.kind, sig.category) if sig else (None, None)
 
 
@@ -434,7 +436,7 @@ LIFECYCLE_ROWS = [
 
 @pytest.mark.parametrize(("engine", "line", "kind", "label"), LIFECYCLE_ROWS)
 def test_ready_and_progress_lines(engine: str, line: str, kind: SignalKind, label: str) -> None:
-    sig = first_match(get_engine(engine), line)
+    sig = signature_of(get_engine(engine), line)
     assert sig is not None
     assert (sig.kind, sig.label) == (kind, label)
 
@@ -459,15 +461,15 @@ def test_every_fatal_signature_has_a_category_and_a_hint(engine: str) -> None:
 def test_hints_are_engine_native() -> None:
     """The same generic cause gets each engine's own flag names in its hint."""
     line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
-    hints = {e: first_match(get_engine(e), line).hint for e in ("sglang", "vllm", "llamacpp", "tgi")}
+    hints = {e: signature_of(get_engine(e), line).hint for e in ("sglang", "vllm", "llamacpp", "tgi")}
     assert "--mem-fraction-static" in hints["sglang"]
     assert "--gpu-memory-utilization" in hints["vllm"] and "--max-model-len" in hints["vllm"]
     assert "--n-gpu-layers" in hints["llamacpp"]
     assert "--max-batch-prefill-tokens" in hints["tgi"]
     # SGLang's own "Not enough memory" goes the other way: the fraction must be raised
-    own = first_match(get_engine("sglang"), "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
+    own = signature_of(get_engine("sglang"), "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
     assert own.hint.startswith("raise --mem-fraction-static")
-    newer = first_match(get_engine("sglang"), "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+    newer = signature_of(get_engine("sglang"), "ValueError: Loaded weights leave no GPU memory for the KV cache under "
                                               "--mem-fraction-static=0.001. Raise --mem-fraction-static above 0.007")
     assert newer.hint.startswith("raise --mem-fraction-static")
 

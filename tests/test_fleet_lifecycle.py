@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from conftest import async_wait_until, free_port, wait_until
 from servefleet.catalog import Category, State
 from servefleet.cli.main import app
-from servefleet.fleet import Action, Fleet, Liveness
+from servefleet.fleet import Action, Fleet, Liveness, StopResult
 
 SECRET = "hf_SuperSecretValue123"
 
@@ -201,6 +201,36 @@ async def test_crash_after_ready_shows_dead_then_restart_brings_it_back(tmp_path
     assert status.state == Liveness.READY
 
 
+def test_a_server_that_cannot_be_stopped_is_not_started_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """restart refuses to start a second copy next to an old process it could not stop (the two would
+    fight for the port and the GPU): ``Fleet.restart`` says so in its verdict, and ``servefleet
+    restart`` -- the same library code, ``Fleet.relaunch`` -- exits 1 with the same words."""
+    path, _ = write_fleet(tmp_path, {"a": []})
+    stuck = StopResult("a", was_running=True, signal="SIGKILL", port_free=False, port_holder_pid=4242,
+                       message="port 1 still held by pid 4242")
+    relaunched = []
+    relaunch = Fleet.relaunch
+
+    async def down(self, names=None, *, grace_s=15.0):
+        return {"a": stuck}
+
+    async def start(self, names=None):
+        raise AssertionError("started although the old process could not be stopped")
+
+    async def spy(self, name, *, grace_s=15.0):
+        relaunched.append(name)
+        return await relaunch(self, name, grace_s=grace_s)
+
+    monkeypatch.setattr(Fleet, "down", down)
+    monkeypatch.setattr(Fleet, "start", start)
+    monkeypatch.setattr(Fleet, "relaunch", spy)
+    verdict = asyncio.run(Fleet.load(path).restart("a"))
+    assert verdict.state == State.FAILED and verdict.message == "could not stop a: port 1 still held by pid 4242"
+    code, out, err = run_cli("restart", "a", "--fleet", str(path))
+    assert code == 1 and "could not stop a: port 1 still held by pid 4242" in " ".join(err.split()), out + err
+    assert relaunched == ["a", "a"]
+
+
 async def test_down_never_signals_a_reused_pgid(tmp_path: Path) -> None:
     """A record whose pgid now belongs to an unrelated process must not kill that process."""
     path, _ = write_fleet(tmp_path, {"a": []})
@@ -243,6 +273,7 @@ def test_cli_up_failure_status_logs_down_and_config_errors(tmp_path: Path, monke
         code, out, _ = run_cli("status", "--json")
         (srv,) = json.loads(out)["servers"]
         assert srv["state"] == "dead" and srv["category"] == "model_not_found" and srv["exit_code"] not in (None, 0)
+        assert code == 1  # a server down: status says so in its exit code too (0 only when all are ready)
         code, out, _ = run_cli("logs", "bad", "-n", "3")
         assert code == 0 and len(out.splitlines()) == 3
         code, out, err = run_cli("logs", "nope")

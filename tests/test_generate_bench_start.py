@@ -75,7 +75,7 @@ def test_cli_refuses_a_missing_bench_file(tmp_path) -> None:
 def test_the_progress_view_says_each_servers_limit_and_why() -> None:
     from rich.console import Console
 
-    from servefleet.generate.progress import ProgressView
+    from servefleet.cli.generate_view import ProgressView
     from servefleet.generate.stats import JobStats, ServerStats
 
     stats = JobStats(total=10)
@@ -87,3 +87,22 @@ def test_the_progress_view_says_each_servers_limit_and_why() -> None:
     view.console.print(view.render())
     text = view.console.export_text()
     assert "capacity: 106 gives 3,818 tok/s (+13.1% vs 141)" in text
+
+
+def test_the_final_report_shows_the_status_the_counts_and_each_servers_limit() -> None:
+    from rich.console import Console
+
+    from servefleet.cli.generate_view import render_report
+    from servefleet.generate.report import JobReport, ServerReport
+
+    report = JobReport(status="incomplete", destination="/out", input="in.jsonl", total=10, done_before=4, committed=5,
+                       failed=1, retries=3, remaining=1, shards=2, completion_tokens=1234, wall_s=2.0, output_tokens_per_s=617.0,
+                       servers=[ServerReport(name="a", base_url="http://127.0.0.1:1", state="up", requests=6, errors=1,
+                                             completion_tokens=1234, prompt_tokens=60, output_tokens_per_s=617.0,
+                                             mean_latency_s=0.5, final_concurrency=80, limit_source="capacity",
+                                             limit_reason="106 gives 3,818 tok/s", outages=0, restarts=1)])
+    console = Console(record=True, width=200)
+    render_report(report, console)
+    text = console.export_text()
+    assert "incomplete  9/10 ids committed (5 in this run, 4 before)" in text
+    assert "1 / 3" in text and "capacity: 106 gives 3,818 tok/s" in text

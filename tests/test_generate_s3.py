@@ -62,9 +62,9 @@ async def test_generate_to_s3_and_resume_without_writing_credentials(moto_url, s
     assert rc == 0 and report["status"] == "complete", err[-3000:]
     assert report["destination"] == "s3://bucket/jobs/one" and report["shards"] == 5
     names = {p.rsplit("/", 1)[-1] for p in fs.find("bucket/jobs/one")}
-    # job manifest, the run's report, and one sidecar per shard
-    assert {"job.json", "report.json"} <= names and sum(n.endswith(".parquet") for n in names) == 5
-    assert sum(n.endswith(".json") for n in names) == 7
+    # job manifest, the run's report, its progress snapshot and time series, and one sidecar per shard
+    assert {"job.json", "report.json", "progress.json"} <= names and sum(n.endswith(".parquet") for n in names) == 5
+    assert sum(n.endswith(".json") for n in names) == 9 and fs.ls("bucket/jobs/one/timeline")
     assert json.loads(fs.cat_file("bucket/jobs/one/report.json"))["committed"] == 120
     assert sorted(committed_ids(fs, "bucket/jobs/one")) == sorted(f"p{i}" for i in range(120))
     for path in fs.find("bucket/jobs/one"):

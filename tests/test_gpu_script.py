@@ -24,9 +24,10 @@ sys.path.insert(0, str(GPU))
 import h200  # noqa: E402
 from h200_failures import evidence_substring  # noqa: E402
 from h200_layout import (  # noqa: E402
-    NGRAM_CONFIG, Layout, Settings, failure_cases, failures_toml, fleet_toml, manual_argv, vllm_bench_argv,
+    NGRAM_CONFIG, PORT_NAMES, Layout, Settings, whole_toml, failure_cases, failures_toml, fleet_toml, manual_argv, vllm_bench_argv,
 )
 from h200_report import markdown, plateau  # noqa: E402
+from h200_run2 import GROUPS, check_summary, engine_core_pids, start_order  # noqa: E402
 from h200_stages import ab_ratio  # noqa: E402
 
 # `vllm bench serve` options of vLLM 0.26.0 (vllm/benchmarks/serve.py and datasets/datasets.py of the wheel).
@@ -39,9 +40,8 @@ VLLM_026_BENCH_FLAGS = {
 
 
 def layout(tmp_path: Path, rehearse: bool) -> Layout:
-    names = ("plain", "ngram", "oom", "missing", "badarg", "sigkill", "portheld", "portup")
     return Layout(repo=str(ROOT), work=str(tmp_path), out=str(tmp_path / "out"), python="/opt/py/bin/python3",
-                  rehearse=rehearse, ports={n: 18000 + i for i, n in enumerate(names)})
+                  rehearse=rehearse, ports={n: 18000 + i for i, n in enumerate(PORT_NAMES)})
 
 
 def resolved(path: Path) -> dict:
@@ -168,7 +168,7 @@ def test_budget_skips_stages_but_still_collects(tmp_path: Path, capsys: pytest.C
     assert timings["down"] == "ok" and timings["collect"] == "ok"
     assert "SKIPPED (budget" in capsys.readouterr().out
     layout_file = json.loads((tmp_path / "w" / "layout.json").read_text())
-    assert layout_file["rehearse"] is True and len(set(layout_file["ports"].values())) == 8
+    assert layout_file["rehearse"] is True and len(set(layout_file["ports"].values())) == len(PORT_NAMES)
 
 
 def _port_free(port: int) -> bool:
@@ -214,5 +214,103 @@ def test_cpu_rehearsal_runs_every_stage(tmp_path: Path) -> None:
     expected = json.loads((work / "results" / "fixtures" / "EXPECTED.json").read_text())
     assert expected["sim_rehearsal_port_in_use.log"]["category"] == "port_in_use"
     assert expected["sim_rehearsal_ready_plain.log"]["capacity"]["max_running_requests"] == 256
+    ports = json.loads((work / "layout.json").read_text())["ports"]
+    assert all(_port_free(p) for p in ports.values()), "a server outlived `down`"
+
+
+# ---- run 2 (issue 17 step 2: h200_run2.py) ---------------------------------------------------------
+def test_whole_fleet_gives_one_server_the_gpu(tmp_path: Path) -> None:
+    lay = layout(tmp_path, rehearse=False)
+    lay.whole_fleet.write_text(whole_toml(lay, Settings()))
+    items = resolved(lay.whole_fleet)
+    assert set(items) == {"whole"}
+    argv = items["whole"].argv
+    value = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+    assert (value["--gpu-memory-utilization"], value["--max-num-seqs"]) == ("0.9", "1024")
+    assert value["--port"] == str(lay.ports["whole"]) and "--speculative-config" not in value
+
+
+def test_shared_fleet_names_gpu0_in_the_rehearsal_too(tmp_path: Path) -> None:
+    """servefleet orders servers that share a GPU only when the fleet file says so: the rehearsal's
+    fleet must say it as well, or the rehearsal would not exercise the ordering."""
+    lay = layout(tmp_path, rehearse=True)
+    lay.main_fleet.write_text(fleet_toml(lay, Settings(rehearse=True)))
+    assert 'gpus = [0]' in lay.main_fleet.read_text()
+
+
+def test_engine_core_pids_prefers_vllm_title_then_the_api_servers_child() -> None:
+    pg = 100  # servefleet's sh wrapper leads the group; the API server is its child
+    base = {100: (1, pg, "sh", "sh -c ..."), 101: (100, pg, "python3", "python3 -m vllm.entrypoints.openai.api_server"),
+            102: (101, pg, "python3", "python3 -c from multiprocessing.resource_tracker import main;main(9)"),
+            999: (1, 7, "python3", "VLLM::EngineCore_DP0")}  # another server's engine
+    titled = {**base, 103: (101, pg, "VLLM::EngineCor", "VLLM::EngineCore_DP0")}
+    assert engine_core_pids(pg, titled) == ([103], "process title EngineCore")
+    untitled = {**base, 104: (101, pg, "python3", "python3 -c from multiprocessing.spawn import spawn_main")}
+    assert engine_core_pids(pg, untitled) == ([104], "child of the API server")
+    assert engine_core_pids(pg, base)[0] == []  # only the resource tracker: no engine core to stop
+
+
+def _vllm_log(path: Path, lines: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(f"(APIServer pid=1) INFO 12-01 {t} [x.py:1] {m}\n" for t, m in lines))
+    return path
+
+
+def test_start_order_compares_the_second_start_with_the_first_settling(tmp_path: Path) -> None:
+    first = _vllm_log(tmp_path / "plain.log", [("12:15:09", "vLLM API server version 0.26.0"),
+                                               ("12:16:20", "GPU KV cache size: 672,352 tokens"),
+                                               ("12:16:25", "Graph capturing finished in 4 secs, took 0.46 GiB")])
+    late = _vllm_log(tmp_path / "ngram.log", [("12:16:59", "vLLM API server version 0.26.0")])
+    early = _vllm_log(tmp_path / "ngram2.log", [("12:15:10", "vLLM API server version 0.26.0")])
+    assert start_order(first, late) == {"first_log_start": "12-01 12:15:09", "first_settled": "12-01 12:16:25",
+                                        "second_log_start": "12-01 12:16:59", "ordered": True}
+    assert start_order(first, early)["ordered"] is False
+    assert start_order(first, tmp_path / "missing.log")["ordered"] is None
+
+
+def test_check_summary_reads_plan_check_json() -> None:
+    doc = {"configuration": "whole", "concurrency": 1024, "within_tolerance": True, "verdict": "within 10%: ...",
+           "metrics": {"makespan_s": {"predicted": 196.4, "measured": 204.6, "error_pct": -4.0},
+                       "output_tps_per_server": {"predicted": 26070.7, "measured": 25027.5, "error_pct": 4.2}}}
+    got = check_summary(doc)
+    assert got["makespan_error_pct"] == -4.0 and got["within_tolerance"] is True and got["tps_measured"] == 25027.5
+    assert check_summary(None) == {} and check_summary({"error": "x"}) == {}
+
+
+def test_run2_groups_are_stages_of_the_driver(tmp_path: Path) -> None:
+    assert h200.expand(["run2a"])[:2] == ["setup", "up-whole"] and h200.expand(["run2b"])[-1] == "collect"
+    for group in GROUPS.values():
+        assert set(group) <= set(h200.STAGES) | {"collect"}
+    rc = h200.main(["--rehearse", "run2b", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out"),
+                    "--budget", "0.001"])
+    timings = {t["stage"]: t["status"] for t in json.loads((tmp_path / "out" / "timings.json").read_text())}
+    assert rc == 0 and timings["faults"] == "skipped (budget)" and timings["down"] == "ok"
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(420)
+def test_cpu_rehearsal_of_run2(tmp_path: Path) -> None:
+    """Run 2 on the CPU: the whole-GPU server's non-streaming bench, plan, generate and plan --check;
+    then one `up` of both shared servers (ordered by servefleet), and one job in which ngram is
+    SIGKILLed and, once it is back, plain stopped (the sim has no engine core: its whole process)."""
+    work, out = tmp_path / "w", tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("OUT", None)
+    common = ["--work", str(work), "--out", str(out), "--input-len", "16", "--output-len", "16"]
+    a = subprocess.run(["bash", str(GPU / "run_h200.sh"), "--rehearse", "run2a", *common, "--nostream-concurrency", "8,32",
+                        "--nostream-point-seconds", "1", "--whole-prompts", "800", "--ab-stream-concurrency", "8",
+                        "--ab-stream-waves", "2"], capture_output=True, text=True, env=env, timeout=200)
+    assert a.returncode == 0, a.stdout[-3000:] + a.stderr[-3000:]
+    res = work / "results"
+    gen = json.loads((res / "generate_whole.json").read_text())
+    assert gen["status"] == "complete" and gen["exactly_once"] and gen["fraction_of_bench_best"] > 0
+    assert json.loads((res / "plan_check.json").read_text())["summary"]["makespan_error_pct"] is not None
+    b = subprocess.run(["bash", str(GPU / "run_h200.sh"), "--rehearse", "up-shared", "faults", "down", "collect", *common,
+                        "--kill-prompts", "6000", "--kill-after", "3", "--hang-after", "3"],
+                       capture_output=True, text=True, env=env, timeout=200)
+    assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
+    assert json.loads((res / "up_shared.json").read_text())["start_order"]["ordered"] is True
+    faults = json.loads((res / "faults.json").read_text())
+    assert faults["status"] == "complete" and faults["exactly_once"] and faults["duplicates"] == 0
+    assert faults["ngram"]["back_in_service"] and faults["fault"]["stop"]["signal"] == "SIGSTOP"
     ports = json.loads((work / "layout.json").read_text())["ports"]
     assert all(_port_free(p) for p in ports.values()), "a server outlived `down`"

@@ -269,11 +269,11 @@ def test_cli_builds_and_reports_json(tmp_path: Path) -> None:
 def test_cli_usage_errors_exit_3(tmp_path: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["model", "tiny", str(tmp_path / "m"), *args, "--json"])
     assert result.exit_code == 3
-    assert message in json.loads(result.output)["error"]
+    assert message in json.loads(result.stdout)["error"]["message"]
     assert not (tmp_path / "m").exists()
 
 
 def test_cli_refuses_a_non_empty_folder(tmp_path: Path) -> None:
     (tmp_path / "x").write_text("keep")
     result = CliRunner().invoke(app, ["model", "tiny", str(tmp_path), "--json"])
-    assert result.exit_code == 3 and "pass --force" in json.loads(result.output)["error"]
+    assert result.exit_code == 3 and "pass --force" in json.loads(result.stdout)["error"]["message"]

@@ -254,6 +254,11 @@ def test_cli_check_json_and_table_and_errors(tmp_path):
     assert out["metrics"]["makespan_s"]["measured"] == 505.0
     table = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(run)])
     assert table.exit_code == 0 and "makespan" in table.output and "verdict" in table.output
+    fast = bench_run(tmp_path / "fast.json", [(1, 80.0), (4, 200.0)], cap=4)  # promises twice what the job measured
+    missed = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(fast), "--json"])
+    assert missed.exit_code == 1, missed.output  # the check ran and the plan missed: exit 1, the payload says by how much
+    assert json.loads(missed.stdout)["within_tolerance"] is False
+    assert runner.invoke(app, ["plan", "--check", str(job), "--bench", str(fast)]).exit_code == 1
     other = bench_run(tmp_path / "other.json", [(4, 100.0)], model="another-model")
     bad = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(other)])
     assert bad.exit_code == 3 and "configuration mismatch" in bad.output
@@ -286,8 +291,8 @@ def test_bench_generate_then_check_on_a_sim(tmp_path):
     finally:
         sim.stop()
     res = runner.invoke(app, ["plan", "--check", str(tmp_path / "out"), "--bench", str(run), "--report", str(tmp_path / "report.json"), "--json"])
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
+    assert res.exit_code == (0 if out["within_tolerance"] else 1), res.output  # loose bound below: 2 shared cores
     assert out["complete"] and out["prompts_measured"] == 200 and out["output_tokens_mean"] == 16.0
     assert out["wall_source"] == "report" and out["replicas"] == 1
     assert abs(out["metrics"]["makespan_s"]["error_pct"]) < 25, out

@@ -77,3 +77,22 @@ def test_capacity_json_contract(tmp_path):
         assert key in out
     assert out["kv_bytes_per_token"] == 131072 and out["state_bytes_per_request"] == 0
     assert out["assumptions"]["mem_fraction"] == 0.9
+
+
+def test_plan_and_capacity_tables_on_the_terminal(tmp_path):
+    """Without --json: the plan table per GPU count and the recommendation; the memory model table."""
+    spec = _run(tmp_path / "mtp.json", "mtp", [(1, 70.0), (4, 234.0), (16, 400.0)], cap=4)
+    plain = _run(tmp_path / "plain.json", "plain", [(1, 26.7), (16, 350.0), (64, 600.0)])
+    res = CliRunner().invoke(app, ["plan", "--bench", str(spec), "--bench", str(plain), "--prompts", "902087",
+                                   "--output-tokens-mean", "1800", "--gpus", "8"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "902,087 prompts x 1,800 output tokens on 8 GPU(s)" in text and "GPU-hours" in text
+    assert "recommendation: use plain at concurrency 64" in text and "sooner than mtp" in text
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 14336, "vocab_size": 128256}))
+    res = CliRunner().invoke(app, ["capacity", "--model", str(tmp_path), "--gpu-mem", "96GiB", "--context-len", "8192"],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "memory model" in res.output and "131,072" in res.output  # KV bytes per token

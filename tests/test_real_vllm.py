@@ -18,11 +18,17 @@ and all of them run in parallel inside the one `up`.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import free_port
 from real_engines import (
     VLLM,
     VLLM_ARGS,
@@ -203,12 +209,33 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
     out = vllm.work / "gen-out"
     args = ("generate", "--input", str(prompts), "--output", str(out), "--fleet", str(vllm.run.fleet),
             "--max-tokens", "8", "--format", "jsonl")
-    code, report, err = cli_json(*args, timeout=500)
+    port = free_port()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the job in a subprocess; its /metrics scraped meanwhile
+        job = pool.submit(cli_json, *args, "--metrics-port", str(port), timeout=500)
+        scrapes = []
+        while not job.done():
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                    scrapes.append({(m.name, tuple(sorted(m.labels.items()))): m.value
+                                    for fam in text_string_to_metric_families(resp.read().decode()) for m in fam.samples})
+            time.sleep(0.05)
+        code, report, err = job.result()
     assert code == 0, err
+    sending = [m for m in scrapes if ("servefleet_generate_prompts", (("state", "total"),)) in m]
+    assert sending and all(m[("servefleet_generate_prompts", (("state", "total"),))] == 50 for m in sending)
+    answered = [m[("servefleet_generate_prompts_answered_total", ())] for m in sending]
+    assert answered == sorted(answered) and 0 < answered[-1] <= 50  # counted as vLLM answered
+    (name,) = {labels[0][1] for (metric, labels) in sending[-1] if metric == "servefleet_generate_server_concurrency_limit"}
+    assert sending[-1][("servefleet_generate_server_concurrency_limit", (("server", name),))] >= 1
     rows = [json.loads(line) for shard in sorted(out.rglob("*.jsonl")) for line in shard.read_text().splitlines()
             if line.strip() and shard.name != "failures.jsonl"]
     ids = [r["id"] for r in rows if "id" in r]
     assert sorted(ids) == [f"p{i:03d}" for i in range(50)]  # every prompt answered exactly once
+    # what the job wrote about itself: progress and the time series hold the run's own numbers
+    code, view, err = cli_json("progress", str(out), timeout=60)
+    assert code == 0 and view["state"] == "complete" and view["done"] == 50, err
+    timeline = json.loads(next((out / "timeline").glob("*.json")).read_text())
+    assert sum(sum(s["output_tokens"]) for s in timeline["servers"].values()) == report["completion_tokens"]
     # a second run finds the job done and asks nothing again
     code, again, err = cli_json(*args, timeout=300)
     assert code == 0, err
@@ -239,4 +266,6 @@ def test_cpu_backend_lines(line: str, category: str | None) -> None:
 
 
 def test_every_vllm_scenario_with_a_log_is_recorded() -> None:
-    assert {sc.log_name for sc in VLLM if sc.how != "blocked"} == set(recorded("vllm"))
+    from real_breadth import breadth  # the failure classes of issue 16, recorded by the same script
+
+    assert {sc.log_name for sc in (*VLLM, *breadth("vllm")) if sc.how != "blocked"} == set(recorded("vllm"))

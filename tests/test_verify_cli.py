@@ -92,7 +92,7 @@ def test_diagnose_unknown_engine_is_a_usage_error(tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     log.write_text("x\n")
     res = servefleet_inproc("diagnose", str(log), "--engine", "nosuch", "--json")
-    assert res.returncode == 3 and "unknown engine" in json.loads(res.stdout)["error"]
+    assert res.returncode == 3 and "unknown engine" in json.loads(res.stdout)["error"]["message"]
 
 
 @pytest.fixture
@@ -155,7 +155,7 @@ def test_wait_missing_log_says_so(tmp_path: Path) -> None:
 
 def test_wait_usage_errors() -> None:
     res = servefleet_inproc("wait", "--url", "localhost:1234", "--json")
-    assert res.returncode == 3 and "not an http(s) URL" in json.loads(res.stdout)["error"]
+    assert res.returncode == 3 and "not an http(s) URL" in json.loads(res.stdout)["error"]["message"]
     res = servefleet_inproc("wait", "--url", "http://127.0.0.1:1", "--pid", "999999999")
     assert res.returncode == 3 and "no process with pid" in res.stderr
 

@@ -25,6 +25,8 @@ def _check(verdict, want: dict) -> None:
     assert verdict.state.value == want["state"], verdict
     assert (verdict.category.value if verdict.category else None) == want["category"]
     assert verdict.evidence is not None and want["evidence_substring"] in verdict.evidence.text
+    if want.get("hint_substring"):  # the hint names the engine's own flag or file
+        assert verdict.hint is not None and want["hint_substring"] in verdict.hint, verdict.hint
     for key, value in want.get("capacity", {}).items():
         assert getattr(verdict.capacity, key) == value, key
 

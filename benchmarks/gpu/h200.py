@@ -31,6 +31,7 @@ from h200_failures import stage_failures  # noqa: E402
 from h200_generate import stage_generate  # noqa: E402
 from h200_layout import Layout, Settings, child_env  # noqa: E402
 from h200_report import stage_collect  # noqa: E402
+from h200_run2 import ESTIMATES2, GROUPS, STAGES2  # noqa: E402
 from h200_stages import (  # noqa: E402
     Ctx, stage_bench, stage_down, stage_plan, stage_setup, stage_up, stage_vllm_bench,
 )
@@ -38,8 +39,9 @@ from h200_stages import (  # noqa: E402
 # Most valuable first: if --budget runs out, what is skipped is the A/B against vllm bench serve.
 ORDER = ("setup", "up", "bench", "plan", "failures", "vllm-bench", "down", "collect")
 STAGES = {"setup": stage_setup, "up": stage_up, "bench": stage_bench, "vllm-bench": stage_vllm_bench,
-          "failures": stage_failures, "plan": stage_plan, "down": stage_down, "generate": stage_generate}
-ALWAYS = ("down", "collect")  # run even past the budget
+          "failures": stage_failures, "plan": stage_plan, "down": stage_down, "generate": stage_generate,
+          **STAGES2}
+ALWAYS = ("down", "down-whole", "collect")  # run even past the budget
 
 
 def estimate_s(stage: str, st: Settings) -> float:
@@ -55,13 +57,23 @@ def estimate_s(stage: str, st: Settings) -> float:
         "failures": 120.0,                                # slowest case: gpu_oom after model load and profiling
         "plan": 15.0,
         "generate": st.generate_kill_after + 240.0,       # the rest of the job plus a ~100 s restart
+        **ESTIMATES2,
     }.get(stage, 10.0)
+
+
+def expand(names: list[str]) -> list[str]:
+    """Stage names with the groups (all, run2a, run2b) replaced by their stages."""
+    out: list[str] = []
+    for name in names:
+        out += list(ORDER) if name == "all" else list(GROUPS.get(name, (name,)))
+    return out
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     p = argparse.ArgumentParser(prog="h200.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("stages", nargs="+", choices=[*ORDER, "generate", "all"],
-                   help="stages to run, in the given order (generate is not part of all)")
+    p.add_argument("stages", nargs="+", choices=[*ORDER, "generate", *STAGES2, "all", *GROUPS],
+                   help="stages to run, in the given order (generate is not part of all); all = the first run, "
+                        "run2a / run2b = the second run's two device commands (h200_run2.py)")
     p.add_argument("--rehearse", action="store_true", help="CPU rehearsal: the sim in vLLM style instead of vLLM")
     p.add_argument("--work", type=Path, default=None, help="work folder (default /tmp/sf-h200; rehearsal: a temp folder)")
     p.add_argument("--out", type=Path, default=None, help="folder for what comes back (default $OUT, else WORK/out)")
@@ -78,13 +90,27 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--generate-prompts", type=int, default=d.generate_prompts)
     p.add_argument("--generate-max-tokens", type=int, default=d.generate_max_tokens)
     p.add_argument("--generate-kill-after", type=float, default=d.generate_kill_after)
+    p.add_argument("--whole-prompts", type=int, default=d.whole_prompts)
+    p.add_argument("--kill-prompts", type=int, default=d.kill_prompts)
+    p.add_argument("--hang-prompts", type=int, default=d.hang_prompts)
+    p.add_argument("--kill-after", type=float, default=d.kill_after)
+    p.add_argument("--hang-stop-after", type=float, default=d.hang_stop_after)
+    p.add_argument("--hang-after", type=float, default=d.hang_after)
+    p.add_argument("--nostream-concurrency", default=d.nostream_concurrency)
+    p.add_argument("--nostream-point-seconds", type=float, default=d.nostream_point_seconds)
+    p.add_argument("--ab-stream-concurrency", default=d.ab_stream_concurrency)
+    p.add_argument("--ab-stream-waves", type=int, default=d.ab_stream_waves)
     p.add_argument("--budget", type=float, default=None, help="seconds: skip stages that would end past this")
     a = p.parse_args(argv)
     st = Settings(rehearse=a.rehearse, concurrency=a.concurrency, point_seconds=a.point_seconds, input_len=a.input_len,
                   output_len=a.output_len, vllm_bench_concurrency=a.vllm_bench_concurrency,
                   vllm_bench_waves=a.vllm_bench_waves, stagger=a.stagger, up_timeout=a.up_timeout,
                   failure_timeout=a.failure_timeout, budget_s=a.budget, generate_prompts=a.generate_prompts,
-                  generate_max_tokens=a.generate_max_tokens, generate_kill_after=a.generate_kill_after)
+                  generate_max_tokens=a.generate_max_tokens, generate_kill_after=a.generate_kill_after,
+                  kill_after=a.kill_after, hang_stop_after=a.hang_stop_after, hang_after=a.hang_after,
+                  whole_prompts=a.whole_prompts, kill_prompts=a.kill_prompts, hang_prompts=a.hang_prompts,
+                  nostream_concurrency=a.nostream_concurrency, nostream_point_seconds=a.nostream_point_seconds,
+                  ab_stream_concurrency=a.ab_stream_concurrency, ab_stream_waves=a.ab_stream_waves)
     return a, st
 
 
@@ -97,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     layout.results.mkdir(parents=True, exist_ok=True)
     runner = Runner(layout.results, child_env(layout), Path(layout.work))
     ctx = Ctx(layout, st, runner)
-    stages = list(ORDER) if "all" in a.stages else a.stages
+    stages = expand(a.stages)
+    grouped = any(n == "all" or n in GROUPS for n in a.stages)
     runner.say(f"h200 driver: stages {' '.join(stages)}; work {layout.work}; out {layout.out}"
                f"{'; REHEARSAL (sim in vLLM style)' if st.rehearse else ''}")
     timings: list[dict] = []
@@ -142,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             timings.append({"stage": stage, "status": status, "seconds": seconds})
         runner.say(f"== {stage}: {status} in {seconds:.1f} s")
-        if "all" in a.stages and stage not in ("collect", "down") and "collect" in stages:
+        if grouped and stage not in ALWAYS and "collect" in stages:
             try:  # a checkpoint in $OUT after every stage: a run cut short still brings results back
                 stage_collect(ctx, timings)
             except Exception as exc:

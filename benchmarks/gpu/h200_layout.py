@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "Layout", "Settings", "FailureCase", "NGRAM_CONFIG", "JOB_PROMPTS", "JOB_OUTPUT_TOKENS", "PLAN_GPUS",
+    "Layout", "Settings", "FailureCase", "PORT_NAMES", "whole_toml", "NGRAM_CONFIG", "JOB_PROMPTS", "JOB_OUTPUT_TOKENS", "PLAN_GPUS",
     "free_port", "fleet_toml", "failures_toml", "failure_cases", "vllm_bench_argv", "servefleet_argv",
 ]
 
@@ -28,6 +28,9 @@ PLAN_GPUS = "1,8,64"
 SERVED_NAME = "sf-realistic"   # what /v1/models lists on both servers
 # Environment the vLLM servers get on top of gpu-setup.sh's exports (flashinfer is not installed).
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+
+PORT_NAMES = ("plain", "ngram", "oom", "missing", "badarg", "sigkill", "portheld", "portup", "whole")
 
 
 def free_port() -> int:
@@ -59,9 +62,30 @@ class Settings:
     generate_max_tokens: int = 256
     generate_kill_after: float = 60.0     # seconds into the job: SIGKILL the ngram server
     generate_timeout: float = 900.0
+    # ---- run 2 (issue 17 step 2, h200_run2.py) ----
+    whole_util: float = 0.90              # the server given the whole GPU
+    whole_max_seqs: int = 1024
+    nostream_concurrency: str = "256,512,1024"   # bench in the job's mode on the whole-GPU server
+    nostream_point_seconds: float = 15.0
+    whole_prompts: int = 20_000           # generate on the whole-GPU server (same workload as the bench)
+    shared_point_seconds: float = 8.0    # bench-shared: one non-streaming point per shared server
+    kill_prompts: int = 34_000            # generate over the shared fleet, ngram SIGKILLed after kill_after
+    kill_after: float = 20.0
+    hang_prompts: int = 25_000            # generate over the shared fleet, plain's EngineCore SIGSTOPped
+    hang_stop_after: float = 25.0
+    hang_after: float = 20.0              # generate --hang-after
+    hang_gap: float = 5.0                 # faults: seconds between ngram answering again and the SIGSTOP
+    ab_stream_concurrency: str = "256,512"  # streaming A/B against vllm bench serve on the whole-GPU server
+    ab_stream_waves: int = 8              # requests per A/B point = waves x concurrency
 
     def levels(self) -> list[int]:
         return [int(x) for x in self.concurrency.split(",") if x.strip()]
+
+    def nostream_levels(self) -> list[int]:
+        return [int(x) for x in self.nostream_concurrency.split(",") if x.strip()]
+
+    def ab_stream_levels(self) -> list[int]:
+        return [int(x) for x in self.ab_stream_concurrency.split(",") if x.strip()]
 
     def vllm_levels(self) -> list[int]:
         return [int(x) for x in self.vllm_bench_concurrency.split(",") if x.strip()]
@@ -86,11 +110,12 @@ class Layout:
             data = json.loads(path.read_text())
             if data.get("rehearse") == rehearse:
                 layout = cls(**{**data, "out": str(out), "python": sys.executable})
+                for name in PORT_NAMES:  # a layout.json from an older driver: ports added since
+                    layout.ports.setdefault(name, free_port())
                 layout.save()
                 return layout
-        names = ("plain", "ngram", "oom", "missing", "badarg", "sigkill", "portheld", "portup")
         layout = cls(repo=str(repo), work=str(work), out=str(out), python=sys.executable, rehearse=rehearse,
-                     ports={name: free_port() for name in names})
+                     ports={name: free_port() for name in PORT_NAMES})
         layout.save()
         return layout
 
@@ -113,6 +138,10 @@ class Layout:
     @property
     def main_fleet(self) -> Path:
         return self.path("fleet-main.toml")
+
+    @property
+    def whole_fleet(self) -> Path:
+        return self.path("fleet-whole.toml")
 
     @property
     def failures_fleet(self) -> Path:
@@ -180,14 +209,28 @@ def fleet_toml(layout: Layout, settings: Settings) -> str:
         ngram = ["--tokens-per-step", "3", "--speculative-algorithm", "ngram"]
     else:
         ngram = ["--speculative-config", NGRAM_CONFIG]
-    defaults = {**_engine_defaults(layout, settings), "args": shared}
-    if not layout.rehearse:
-        defaults["gpus"] = [0]
+    # gpus in the rehearsal too: servefleet orders servers that share a GPU by the fleet file, so the
+    # rehearsal exercises that ordering (the sim ignores CUDA_VISIBLE_DEVICES).
+    defaults = {**_engine_defaults(layout, settings), "args": shared, "gpus": [0]}
     header = {"name": "main", "state_dir": str(layout.path("state", "main")), "timeout": settings.up_timeout,
               "stall": 240, "smoke": True}
     servers = [{"name": "plain", "port": layout.ports["plain"]},
                {"name": "ngram", "port": layout.ports["ngram"], "args": ngram}]
     return _render(header, defaults, servers)
+
+
+def whole_toml(layout: Layout, settings: Settings) -> str:
+    """Run 2's fleet of one plain vLLM server given the whole of GPU 0 (0.90, up to 1,024 running)."""
+    args = ["--gpu-memory-utilization", str(settings.whole_util), "--max-model-len", str(settings.max_model_len),
+            "--max-num-seqs", str(settings.whole_max_seqs)]
+    if layout.rehearse:
+        args += _sim_timing()
+    defaults = {**_engine_defaults(layout, settings), "args": args}
+    if not layout.rehearse:
+        defaults["gpus"] = [0]
+    header = {"name": "whole", "state_dir": str(layout.path("state", "whole")), "timeout": settings.up_timeout,
+              "stall": 240, "smoke": True}
+    return _render(header, defaults, [{"name": "whole", "port": layout.ports["whole"]}])
 
 
 @dataclass(frozen=True)
@@ -277,13 +320,13 @@ def servefleet_argv(layout: Layout, *args: str) -> list[str]:
 
 
 def vllm_bench_argv(layout: Layout, settings: Settings, concurrency: int, prompts: int, result_dir: Path,
-                    filename: str) -> list[str]:
+                    filename: str, server: str = "plain") -> list[str]:
     """``vllm bench serve`` (vLLM 0.26 flags) against the plain server: the same random 256/256
     workload, ignore_eos, greedy, closed loop at ``concurrency``; the JSON goes to result_dir/filename.
     Module form, because /tmp/site has no ``vllm`` console script."""
     return [
         layout.python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
-        "--backend", "openai", "--base-url", layout.url("plain"), "--endpoint", "/v1/completions",
+        "--backend", "openai", "--base-url", layout.url(server), "--endpoint", "/v1/completions",
         "--model", SERVED_NAME, "--tokenizer", str(layout.model),
         "--dataset-name", "random", "--random-input-len", str(settings.input_len),
         "--random-output-len", str(settings.output_len), "--num-prompts", str(prompts),

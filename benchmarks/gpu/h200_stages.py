@@ -355,7 +355,8 @@ def stage_down(ctx: Ctx) -> dict:
     """Stop every fleet this run started and keep the servers' logs in results/logs/."""
     lay, run = ctx.layout, ctx.runner
     out: dict = {}
-    for name, path in (("main", lay.main_fleet), ("failures", lay.failures_fleet), ("portheld", lay.port_fleet)):
+    for name, path in (("main", lay.main_fleet), ("whole", lay.whole_fleet), ("failures", lay.failures_fleet),
+                       ("portheld", lay.port_fleet)):
         if path.exists():
             res = run.run(f"down-{name}", ctx.sf("down", "--fleet", str(path), "--grace", "10", "--json"), timeout=180)
             out[name] = res.json()

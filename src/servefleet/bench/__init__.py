@@ -13,5 +13,5 @@ load-generating worker processes start fast):
 * ``metrics``        records -> per-point numbers (per-token ITL, token sources)
 * ``sweep``          one run of one server: discovery, probe, points -> ``Run``
 * ``result``         the RUN.json schema (contract names)
-* ``report``, ``compare``, ``plots``   rich tables and matplotlib PNGs
+* ``compare``        runs side by side (data; the tables and plots are in ``servefleet.cli``)
 """

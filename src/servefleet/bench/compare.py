@@ -2,18 +2,16 @@
 
 The first run is the reference: every other run's throughput is also shown as a ratio of the
 reference's at the same concurrency (and best against best). ``compare_runs`` returns plain data
-(what ``--json`` prints); ``compare_table`` renders it.
+(what ``--json`` prints); the CLI renders it (``servefleet.cli.bench_view.compare_table``).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
-from rich.table import Table
 
-from servefleet.bench.report import fmt
 from servefleet.bench.result import Run
 
-__all__ = ["RunSummary", "Comparison", "compare_runs", "compare_table"]
+__all__ = ["RunSummary", "Comparison", "compare_runs"]
 
 
 class RunSummary(BaseModel):
@@ -88,36 +86,3 @@ def compare_runs(runs: list[Run], paths: list[str] | None = None) -> Comparison:
             s.ratio_best = s.best_output_tokens_per_s / ref_best
         summaries.append(s)
     return Comparison(levels=levels, level_kind="rate" if rate else "concurrency", runs=summaries)
-
-
-def compare_table(comp: Comparison) -> Table:
-    """Rows: configurations. Columns: output tok/s at each level (ratio to the first run), best point."""
-    table = Table(title="output tokens/s by " + ("request rate" if comp.level_kind == "rate" else "concurrency"),
-                  title_justify="left", header_style="bold")
-    table.add_column("configuration")
-    for lv in comp.levels:
-        table.add_column(("rate " if comp.level_kind == "rate" else "c=") + lv, justify="right")
-    table.add_column("best", justify="right", style="bold")
-    table.add_column("at", justify="right")
-    table.add_column("tok/s/req @best", justify="right")
-    table.add_column("vs first", justify="right")
-    for i, s in enumerate(comp.runs):
-        cells = []
-        for lv in comp.levels:
-            v = s.output_tokens_per_s.get(lv)
-            if v is None:
-                cells.append("-")
-                continue
-            text = fmt(v)
-            if i > 0 and s.ratio.get(lv) is not None:
-                text += f" ({s.ratio[lv]:.2f}x)"
-            if lv in s.client_bound_levels:
-                text += " [red]*[/]"
-            cells.append(text)
-        table.add_row(
-            s.label, *cells, fmt(s.best_output_tokens_per_s), s.best_level or "-",
-            fmt(s.best_per_request_tokens_per_s), "1.00x" if i == 0 else (f"{s.ratio_best:.2f}x" if s.ratio_best else "-"),
-        )
-    if any(s.client_bound_levels for s in comp.runs):
-        table.caption = "[red]*[/] the client, not the server, was the limit at that point"
-    return table

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -170,25 +170,25 @@ class BenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["concurrency", "rate"] = "concurrency"
-    concurrency: list[int] = Field(default_factory=list)
-    request_rates: list[float] = Field(default_factory=list)
-    max_concurrency: int | None = None  # in-flight cap in rate mode
-    requests: int | None = None  # per point
-    duration_s: float | None = None  # per point (alternative to requests)
-    warmup: int | None = None  # requests per point, not measured (None: one per connection)
-    input_len: int | None = None
-    output_len: int | None = None
-    input_len_range: float = 0.0  # uniform +-fraction around input_len
-    output_len_range: float = 0.0
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    request_rates: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(default_factory=list)
+    max_concurrency: int | None = Field(default=None, ge=1)  # in-flight cap in rate mode
+    requests: int | None = Field(default=None, ge=1)  # per point
+    duration_s: float | None = Field(default=None, gt=0)  # per point (alternative to requests)
+    warmup: int | None = Field(default=None, ge=0)  # requests per point, not measured (None: one per connection)
+    input_len: int | None = Field(default=None, ge=1)
+    output_len: int | None = Field(default=None, ge=1)
+    input_len_range: float = Field(default=0.0, ge=0, lt=1)  # uniform +-fraction around input_len
+    output_len_range: float = Field(default=0.0, ge=0, lt=1)
     dataset: str | None = None
     api: Literal["chat", "completions"] = "chat"
     stream: bool = False  # non-streaming by default: the way a batch job (generate) runs
     ignore_eos: bool | None = None
     temperature: float | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
-    workers: int = 1
+    workers: int = Field(default=1, ge=1)
     seed: int = 0
-    timeout_s: float = 600.0
+    timeout_s: float = Field(default=600.0, gt=0)
 
 
 class Target(BaseModel):

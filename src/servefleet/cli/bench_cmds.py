@@ -13,13 +13,19 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.errors import ServefleetError
+from servefleet.cli.failure import CliFailure, kind_for_exit_code
+from servefleet.errors import ConfigError, HostUnreachable, ServefleetError
+
+if TYPE_CHECKING:  # the bench modules are imported when a command runs
+    from servefleet.bench.compare import Comparison
+    from servefleet.bench.result import BenchConfig, Run
+    from servefleet.bench.sweep import BenchTarget
 
 # Tables are wide (a dozen columns): when the output is not a terminal (a log, a pipe), do not
 # squeeze them into rich's 80-column default; COLUMNS still wins where it is set.
@@ -27,9 +33,9 @@ console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ e
 err = Console(stderr=True, soft_wrap=True)
 
 
-def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> typer.Exit:
-    err.print(f"[red]error:[/] {msg}")
-    return typer.Exit(int(code))
+def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> CliFailure:
+    """The failure to raise; the root group prints it (and, with --json, the JSON error document)."""
+    return CliFailure(kind_for_exit_code(code), msg)
 
 
 def _numbers(text: str, kind: type, name: str) -> list:
@@ -104,41 +110,58 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run(s) as JSON.")] = False,
 ) -> None:
     """Measure throughput and latency of one or more servers across concurrency levels or request rates."""
-    from servefleet.bench.compare import compare_runs, compare_table
-    from servefleet.bench.plots import write_plots
-    from servefleet.bench.pool import loop_factory
-    from servefleet.bench.report import point_line, run_table
-    from servefleet.bench.result import BenchConfig, save_run
-    from servefleet.bench.sweep import BenchTarget, ServerUnreachable, auto_workers, run_bench
+    _check_sweep_kind(concurrency, request_rate, requests, duration, api)
+    if not url and not fleet:
+        raise _fail("give --url URL (repeatable) or --fleet FILE")
+    config = _bench_config(
+        concurrency=concurrency, request_rate=request_rate, max_concurrency=max_concurrency, requests=requests,
+        duration=duration, warmup=warmup, input_len=input_len, output_len=output_len, input_len_range=input_len_range,
+        output_len_range=output_len_range, dataset=dataset, api=api, stream=stream, ignore_eos=ignore_eos,
+        temperature=temperature, extra_body=extra_body, workers=workers, seed=seed, timeout=timeout,
+    )
+    targets = _bench_targets(url, fleet, servers, label, model, engine, api_key=os.environ.get(api_key_env) or None)
+    runs, paths = _run_targets(targets, config, tokenizer=tokenizer, out=out, quiet=as_json)
+    comparison = _compare_targets(runs, paths, out)
+    if as_json:
+        payload = [r.model_dump(mode="json") for r in runs]
+        print(json.dumps(payload[0] if len(payload) == 1 else {"runs": payload, "comparison": comparison.model_dump() if comparison else None}, indent=2))
+        return
+    if comparison is not None:
+        _print_comparison(comparison)
+    if any(p.successful == 0 for r in runs for p in r.points):
+        raise typer.Exit(int(ExitCode.FAILED))
 
+
+def _check_sweep_kind(concurrency: str | None, request_rate: str | None, requests: int | None, duration: float | None,
+                      api: str) -> None:
+    """Which sweep: one of --concurrency / --request-rate, one of --requests / --duration, a known API."""
     if (concurrency is None) == (request_rate is None):
         raise _fail("give exactly one of --concurrency LIST or --request-rate LIST")
     if (requests is None) == (duration is None):
         raise _fail("give exactly one of --requests N or --duration S")
     if api not in ("chat", "completions"):
         raise _fail(f"--api must be chat or completions, got {api!r}")
-    if not url and not fleet:
-        raise _fail("give --url URL (repeatable) or --fleet FILE")
+
+
+def _bench_config(
+    *, concurrency: str | None, request_rate: str | None, max_concurrency: int | None, requests: int | None,
+    duration: float | None, warmup: int | None, input_len: int, output_len: int | None, input_len_range: float,
+    output_len_range: float, dataset: Path | None, api: str, stream: bool, ignore_eos: bool | None,
+    temperature: float | None, extra_body: str | None, workers: str, seed: int, timeout: float,
+) -> BenchConfig:
+    """The sweep the options ask for, checked before any server is contacted."""
+    from pydantic import ValidationError
+
+    from servefleet.bench.result import BenchConfig
+    from servefleet.validation import option_error
+
     if dataset is None and output_len is None:
         output_len = 128
-    levels = _numbers(concurrency, int, "--concurrency") if concurrency else _numbers(request_rate, float, "--request-rate")
-    extra: dict = {}
-    if extra_body:
-        try:
-            extra = json.loads(extra_body)
-        except json.JSONDecodeError as exc:
-            raise _fail(f"--extra-body is not JSON: {exc.msg}") from None
-        if not isinstance(extra, dict):
-            raise _fail("--extra-body must be a JSON object")
-    max_load = (max_concurrency or 256) if request_rate else max(levels)
-    if workers == "auto":
-        n_workers = auto_workers(int(max_load))
-    elif workers.isdigit() and int(workers) >= 1:
-        n_workers = int(workers)
-    else:
-        raise _fail(f"--workers must be a positive number or auto, got {workers!r}")
+    levels = _numbers(concurrency, int, "--concurrency") if concurrency else _numbers(request_rate or "", float, "--request-rate")
+    extra = _extra_body(extra_body)
+    n_workers = _workers(workers, int((max_concurrency or 256) if request_rate else max(levels)))
     try:
-        config = BenchConfig(
+        return BenchConfig(
             mode="rate" if request_rate else "concurrency",
             concurrency=levels if concurrency else [], request_rates=levels if request_rate else [],
             max_concurrency=max_concurrency, requests=requests, duration_s=duration, warmup=warmup,
@@ -147,10 +170,39 @@ def bench(
             dataset=str(dataset) if dataset else None, api=api, stream=stream, ignore_eos=ignore_eos,
             temperature=temperature, extra_body=extra, workers=n_workers, seed=seed, timeout_s=timeout,
         )
-    except ValueError as exc:
-        raise _fail(str(exc).splitlines()[0]) from None
+    except ValidationError as exc:  # the model's own range checks, worded with the option names
+        raise _fail(str(option_error(exc))) from None
 
-    api_key = os.environ.get(api_key_env) or None
+
+def _extra_body(text: str | None) -> dict:
+    """--extra-body: a JSON object merged into every request body."""
+    if not text:
+        return {}
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _fail(f"--extra-body is not JSON: {exc.msg}") from None
+    if not isinstance(extra, dict):
+        raise _fail("--extra-body must be a JSON object")
+    return extra
+
+
+def _workers(text: str, max_load: int) -> int:
+    """--workers: a number, or auto (from the largest load of the sweep)."""
+    from servefleet.bench.sweep import auto_workers
+
+    if text == "auto":
+        return auto_workers(max_load)
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise _fail(f"--workers must be a positive number or auto, got {text!r}")
+
+
+def _bench_targets(url: list[str] | None, fleet: str | None, servers: str | None, label: list[str] | None,
+                   model: str | None, engine: str | None, *, api_key: str | None) -> list[BenchTarget]:
+    """The servers to run: the fleet's ready ones (``--fleet``, ``--servers``), else each ``--url``."""
+    from servefleet.bench.sweep import BenchTarget
+
     try:
         if fleet:
             targets = asyncio.run(_fleet_targets(fleet, [s for s in (servers or "").split(",") if s] or None))
@@ -162,27 +214,23 @@ def bench(
             t.api_key = api_key
             if model and not t.model:
                 t.model = model
+    except (ConfigError, HostUnreachable):
+        raise  # reported by the root group with its own kind and exit code
     except ServefleetError as exc:
         raise _fail(str(exc)) from None
+    return targets
 
-    quiet = as_json
-    runs, paths = [], []
+
+def _run_targets(targets: list[BenchTarget], config: BenchConfig, *, tokenizer: str | None, out: Path | None,
+                 quiet: bool) -> tuple[list[Run], list[str]]:
+    """Each target's sweep in turn: its RUN.json saved (``OUT-<label>.json`` for several), its table shown."""
+    from servefleet.bench.result import save_run
+    from servefleet.cli.bench_view import run_table
+
+    runs: list[Run] = []
+    paths: list[str] = []
     for target in targets:
-        if not quiet:
-            err.print(f"[bold]bench[/] {target.label or target.base_url}: {len(levels)} points, "
-                      f"{'%d requests' % requests if requests else '%gs' % duration} each, "
-                      f"{'streaming' if stream else 'non-streaming'}, {n_workers} client process(es)")
-        try:
-            with asyncio.Runner(loop_factory=loop_factory()) as runner:  # asyncio, or SERVEFLEET_EVENT_LOOP=uvloop
-                run = runner.run(run_bench(
-                    target, config, tokenizer=tokenizer,
-                    on_point=None if quiet else (lambda p: err.print("  " + point_line(p))),
-                    on_note=None if quiet else (lambda m: err.print(f"  [dim]note: {m}[/]")),
-                ))
-        except ServerUnreachable as exc:
-            raise _fail(str(exc), ExitCode.UNREACHABLE) from None
-        except ServefleetError as exc:
-            raise _fail(str(exc), ExitCode.FAILED) from None
+        run = _run_one(target, config, tokenizer=tokenizer, quiet=quiet)
         runs.append(run)
         if out is not None:
             path = out if len(targets) == 1 else out.with_name(f"{out.stem}-{_slug(run.target.label)}{out.suffix or '.json'}")
@@ -191,21 +239,52 @@ def bench(
             console.print(run_table(run))
             if paths:
                 console.print(f"wrote {paths[-1]}")
-    comparison = None
-    if len(runs) > 1:
-        comparison = compare_runs(runs, paths or None)
-        if out is not None:
-            comparison.plots = [str(p) for p in write_plots(runs, out.parent, prefix=f"{out.stem}-compare")]
-    if as_json:
-        payload = [r.model_dump(mode="json") for r in runs]
-        print(json.dumps(payload[0] if len(payload) == 1 else {"runs": payload, "comparison": comparison.model_dump() if comparison else None}, indent=2))
-        return
-    if comparison is not None:
-        console.print(compare_table(comparison))
-        for p in comparison.plots:
-            console.print(f"plot: {p}")
-    if any(p.successful == 0 for r in runs for p in r.points):
-        raise typer.Exit(int(ExitCode.FAILED))
+    return runs, paths
+
+
+def _run_one(target: BenchTarget, config: BenchConfig, *, tokenizer: str | None, quiet: bool) -> Run:
+    """One target's sweep, with a line per finished point on stderr unless ``quiet``."""
+    from servefleet.bench.pool import loop_factory
+    from servefleet.bench.sweep import ServerUnreachable, run_bench
+    from servefleet.cli.bench_view import point_line
+
+    if not quiet:
+        levels = config.concurrency or config.request_rates
+        err.print(f"[bold]bench[/] {target.label or target.base_url}: {len(levels)} points, "
+                  f"{'%d requests' % config.requests if config.requests else '%gs' % config.duration_s} each, "
+                  f"{'streaming' if config.stream else 'non-streaming'}, {config.workers} client process(es)")
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:  # asyncio, or SERVEFLEET_EVENT_LOOP=uvloop
+            return runner.run(run_bench(
+                target, config, tokenizer=tokenizer,
+                on_point=None if quiet else (lambda p: err.print("  " + point_line(p))),
+                on_note=None if quiet else (lambda m: err.print(f"  [dim]note: {m}[/]")),
+            ))
+    except ServerUnreachable as exc:
+        raise _fail(str(exc), ExitCode.UNREACHABLE) from None
+    except ServefleetError as exc:
+        raise _fail(str(exc), ExitCode.FAILED) from None
+
+
+def _compare_targets(runs: list[Run], paths: list[str], out: Path | None) -> Comparison | None:
+    """Several targets: the comparison of their runs, with plots next to ``--out``; one: None."""
+    from servefleet.bench.compare import compare_runs
+    from servefleet.cli.plots import write_plots
+
+    if len(runs) < 2:
+        return None
+    comparison = compare_runs(runs, paths or None)
+    if out is not None:
+        comparison.plots = [str(p) for p in write_plots(runs, out.parent, prefix=f"{out.stem}-compare")]
+    return comparison
+
+
+def _print_comparison(comparison: Comparison) -> None:
+    from servefleet.cli.bench_view import compare_table
+
+    console.print(compare_table(comparison))
+    for p in comparison.plots:
+        console.print(f"plot: {p}")
 
 
 def compare(
@@ -218,9 +297,9 @@ def compare(
     """Configurations side by side: throughput at each concurrency, best points, ratios, and plots."""
     from pydantic import ValidationError
 
-    from servefleet.bench.compare import compare_runs, compare_table
-    from servefleet.bench.plots import write_plots
+    from servefleet.bench.compare import compare_runs
     from servefleet.bench.result import load_run
+    from servefleet.cli.plots import write_plots
 
     loaded = []
     for path in runs:
@@ -237,9 +316,7 @@ def compare(
     if as_json:
         print(comparison.model_dump_json(indent=2))
         return
-    console.print(compare_table(comparison))
-    for p in comparison.plots:
-        console.print(f"plot: {p}")
+    _print_comparison(comparison)
 
 
 def register(app: typer.Typer) -> None:

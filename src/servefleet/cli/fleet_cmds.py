@@ -8,32 +8,24 @@ arguments, 4 host unreachable.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.live import Live
 
 from servefleet.catalog import State
+from servefleet.cli.common import FleetOpt, JsonOpt, open_fleet, run_coroutine
 from servefleet.cli.exitcodes import ExitCode
 from servefleet.cli.fleet_view import UpProgress, down_table, failure_notes, status_notes, status_table, up_json, up_table
-from servefleet.errors import ConfigError, HostUnreachable, ServefleetError
-from servefleet.fleet import Fleet, StartOutcome
+from servefleet.errors import ConfigError, ServefleetError
+from servefleet.fleet import Fleet, Liveness, ServerStatus, StartOutcome
 from servefleet.verify.verdict import Verdict
 
-T = TypeVar("T")
-
-FleetOpt = Annotated[
-    Path | None,
-    typer.Option("--fleet", help="Fleet file (default: ./servefleet.toml, or the only fleet under ./.servefleet)."),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Overall cap in seconds (default: the fleet file's).")]
 StallOpt = Annotated[float | None, typer.Option("--stall", help="Seconds without log or probe progress before a server counts as stalled.")]
 NoSmokeOpt = Annotated[bool, typer.Option("--no-smoke", help="Skip the one-token request before calling a server ready.")]
@@ -50,28 +42,15 @@ def _console() -> Console:
     return console
 
 
-def _err(message: str) -> None:
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}", soft_wrap=True)
-
-
-def _run(make: Callable[[], Awaitable[T]], *, quiet_interrupt: bool = False) -> T:
-    """Run one coroutine; translate servefleet errors into messages and stable exit codes."""
-    try:
-        return asyncio.run(make())
-    except ConfigError as exc:
-        _err(str(exc))
-        raise typer.Exit(ExitCode.USAGE) from None
-    except HostUnreachable as exc:
-        _err(str(exc))
-        raise typer.Exit(ExitCode.UNREACHABLE) from None
-    except ServefleetError as exc:
-        _err(str(exc))
-        raise typer.Exit(ExitCode.FAILED) from None
-    except KeyboardInterrupt:
-        if quiet_interrupt:  # `logs -f`: Ctrl-C is how it ends
-            raise typer.Exit(ExitCode.OK) from None
-        Console(stderr=True).print("interrupted; launched servers keep running (`servefleet status`, `servefleet down`)")
-        raise typer.Exit(ExitCode.INTERRUPTED) from None
+def _status_exit_code(statuses: list[ServerStatus]) -> ExitCode:
+    """`status`: 0 every server shown is ready; 1 any is down (dead, not launched, stale) or failed;
+    2 otherwise, when some are still loading or no longer answer (unresponsive)."""
+    states = {st.state for st in statuses}
+    if states & {Liveness.DEAD, Liveness.FAILED, Liveness.STALE, Liveness.NOT_LAUNCHED}:
+        return ExitCode.FAILED
+    if states - {Liveness.READY}:
+        return ExitCode.TIMEOUT
+    return ExitCode.OK
 
 
 def _exit_code(verdicts: dict[str, Verdict]) -> ExitCode:
@@ -99,15 +78,16 @@ async def _up_and_render(
     """Shared by `up` and `restart`: start, wait with live output, render the end table."""
     console = _console()
     async with fleet:
-        if restart is not None:
-            fleet.resolve([restart])
-            stopped = (await fleet.down([restart], grace_s=grace))[restart]
-            if not stopped.ok:
-                raise ServefleetError(f"could not stop {restart}: {stopped.message}")
+        outcomes: dict[str, StartOutcome]
+        if restart is not None:  # the library's restart, its wait shown live below
+            relaunch = await fleet.relaunch(restart, grace_s=grace)
+            if relaunch.failure is not None:
+                raise ServefleetError(relaunch.failure)
             if not as_json:
-                console.print(f"{restart}: {stopped.message}")
-            names = [restart]
-        outcomes: dict[str, StartOutcome] = await fleet.start(names)
+                console.print(f"{restart}: {relaunch.stopped.message}")
+            outcomes = relaunch.outcomes
+        else:
+            outcomes = await fleet.start(names)
         engines = {n: fleet.spec.server(n).engine for n in outcomes}
         plain = as_json or not console.is_terminal
         if not wait:  # servers sharing a GPU still start in turn: return once all are launched
@@ -157,8 +137,8 @@ def up(
     A server found failed is stopped (its whole process group) unless --keep-failed.
     """
     smoke = False if no_smoke else None
-    code = _run(lambda: _up_and_render(
-        Fleet.discover(fleet_file), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json,
+    code = run_coroutine(lambda: _up_and_render(
+        open_fleet(fleet_file), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json,
         grace=grace, keep_failed=keep_failed))
     raise typer.Exit(code)
 
@@ -178,8 +158,8 @@ def restart(
     If a server sharing its GPU is still starting, it starts once that one's memory has settled (as in `up`). Found failed, it is stopped unless --keep-failed.
     """
     smoke = False if no_smoke else None
-    code = _run(lambda: _up_and_render(
-        Fleet.discover(fleet_file), None, timeout=timeout, stall=stall, smoke=smoke, wait=True, as_json=as_json, restart=name, grace=grace,
+    code = run_coroutine(lambda: _up_and_render(
+        open_fleet(fleet_file), None, timeout=timeout, stall=stall, smoke=smoke, wait=True, as_json=as_json, restart=name, grace=grace,
         keep_failed=keep_failed))
     raise typer.Exit(code)
 
@@ -193,10 +173,10 @@ def down(
     """Stop servers: SIGTERM to the whole process group, SIGKILL after the grace period; confirm the port is free."""
 
     async def go():
-        async with Fleet.discover(fleet_file) as fleet:
+        async with open_fleet(fleet_file) as fleet:
             return await fleet.down(_split_names(names), grace_s=grace)
 
-    results = _run(go)
+    results = run_coroutine(go)
     if as_json:
         _print_json({"servers": [{"name": n, "was_running": r.was_running, "signal": r.signal, "port_free": r.port_free,
                                   "port_holder_pid": r.port_holder_pid, "ok": r.ok, "message": r.message} for n, r in results.items()]})
@@ -213,16 +193,17 @@ def status(
     """Show each server: state (ready / loading / dead (exit code) / not launched), pid, uptime, capacity, log."""
 
     async def go():
-        async with Fleet.discover(fleet_file) as fleet:
+        async with open_fleet(fleet_file) as fleet:
             return fleet.name, await fleet.status(_split_names(names))
 
-    name, statuses = _run(go)
+    name, statuses = run_coroutine(go)
     if as_json:
         _print_json({"fleet": name, "servers": [s.to_json() for s in statuses]})
     else:
         console = _console()
         console.print(status_table(name, statuses))
         console.print(status_notes(statuses))
+    raise typer.Exit(_status_exit_code(statuses))
 
 
 def logs(
@@ -242,7 +223,7 @@ def logs(
         sys.stdout.flush()
 
     async def go() -> None:
-        async with Fleet.discover(fleet_file) as fleet:
+        async with open_fleet(fleet_file) as fleet:
             try:
                 path, tail, size = await fleet.tail(name, lines)
             except FileNotFoundError:
@@ -254,7 +235,7 @@ def logs(
                 async for line in fleet.follow(name, size):
                     emit(line)
 
-    _run(go, quiet_interrupt=True)
+    run_coroutine(go, quiet_interrupt=True)
 
 
 def register(app: typer.Typer) -> None:

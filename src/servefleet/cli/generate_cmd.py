@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.errors import ConfigError, ServefleetError
+from servefleet.cli.failure import CliFailure, kind_for_exit_code
+from servefleet.errors import ConfigError
 
 HELP = """Send every prompt of --input to the servers and write the answers to --output as
 sharded Parquet (or JSONL). Run the same command again to resume: ids in committed shards are
 skipped, nothing is asked twice. Input: JSONL in the OpenAI batch format ({custom_id, body}) or
 {id, prompt|messages, ...}, or Parquet with the same columns.
 
---output holds: job.json (the manifest: input fingerprint, parameters, runs, shard counts), part-*.parquet shards with a .json sidecar each (the commit record), rejects.jsonl (bad input lines, with line numbers), failures.jsonl (prompts that failed every attempt, with the last error) and report.json (this run's report, as --json prints it; `servefleet plan --check` reads it)."""
+--output holds: job.json (the manifest: input fingerprint, parameters, runs, shard counts), part-*.parquet shards with a .json sidecar each (the commit record), rejects.jsonl (bad input lines, with line numbers), failures.jsonl (prompts that failed every attempt, with the last error), report.json (this run's report, as --json prints it; `servefleet plan --check` reads it), progress.json (a snapshot every 2 s: `servefleet progress DEST` reads it from any terminal) and timeline/RUN_ID.json (the run's time series, bounded to 480 buckets per series: `servefleet report DEST` draws it)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -53,13 +53,19 @@ def generate(
     strict: Annotated[bool, typer.Option("--strict", help="stop before sending anything if any input record is rejected")] = False,
     force: Annotated[bool, typer.Option("--force", help="go on in a destination made with another input or parameters")] = False,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SERVEFLEET_API_KEY", show_default=False, help="bearer token for the servers (env SERVEFLEET_API_KEY)")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=0, max=65535, help="serve Prometheus metrics of the job on this port (/metrics: prompts done, tokens, errors, retries, per-server in flight, rate and concurrency limit); 0: any free port, named in the events")] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="address for --metrics-port (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
+    from rich.console import Console
+
     from servefleet.generate.health import HealthPolicy
     from servefleet.generate.job import JobParams
-    from servefleet.generate.progress import ProgressView
-    from servefleet.generate.report import render_report
+    from servefleet.cli.generate_view import ProgressView, render_report
+    from pydantic import ValidationError
+
     from servefleet.generate.runner import GenerateConfig
+    from servefleet.validation import option_error
 
     err = Console(stderr=True)
     if (fleet is None) == (not url):
@@ -70,8 +76,9 @@ def generate(
     if concurrency != "auto":
         try:
             conc = int(concurrency)
-            assert conc >= 1
-        except (ValueError, AssertionError):
+        except ValueError:
+            conc = 0
+        if conc < 1:  # not an assert: those are gone under `python -O`
             _fail(err, json_out, f"--concurrency {concurrency!r}: expected auto or a positive number", ExitCode.USAGE)
     mode = "auto" if chat is None else ("chat" if chat else "completions")
     try:
@@ -83,16 +90,13 @@ def generate(
             health=HealthPolicy(hang_min_s=hang_after), max_attempts=max_attempts, retry_base_s=backoff_base,
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),
             shard_seconds=shard_seconds, strict=strict, force=force, request_timeout_s=request_timeout, api_key=api_key,
+            metrics_host=metrics_host, metrics_port=metrics_port,
         )
-    except ValueError as exc:
-        _fail(err, json_out, str(exc), ExitCode.USAGE)
+    except ValidationError as exc:  # the model's own range checks, worded with the option names
+        _fail(err, json_out, str(option_error(exc)), ExitCode.USAGE)
     progress = ProgressView(err)
-    try:
-        report = asyncio.run(_run(config, fleet, progress))
-    except ConfigError as exc:
-        _fail(err, json_out, str(exc), ExitCode.USAGE)
-    except ServefleetError as exc:
-        _fail(err, json_out, str(exc), ExitCode.FAILED)
+    # a ConfigError (exit 3), an unreachable host (4) or another servefleet error (1) is reported by the root group
+    report = asyncio.run(_run(config, fleet, progress))
     if json_out:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:
@@ -136,8 +140,6 @@ def _exit_code(status: str) -> int:
     }.get(status, ExitCode.FAILED)
 
 
-def _fail(err: Console, json_out: bool, message: str, code: int) -> None:
-    if json_out:
-        sys.stdout.write(json.dumps({"status": "error", "message": message}) + "\n")
-    err.print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(int(code))
+def _fail(err: object, json_out: bool, message: str, code: int) -> None:
+    """Raise the failure; the root group prints it (and, with --json, the JSON error document)."""
+    raise CliFailure(kind_for_exit_code(code), message)

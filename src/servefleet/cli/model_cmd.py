@@ -6,17 +6,13 @@ builder writes the folder, and the result is shown as a table or JSON.
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
-from servefleet.cli.exitcodes import ExitCode
+from servefleet.cli.failure import CliFailure, ErrorKind
 from servefleet.errors import ConfigError
 
 __all__ = ["register"]
@@ -47,11 +43,8 @@ model_app = typer.Typer(
 
 
 def _fail(message: str, as_json: bool) -> None:
-    if as_json:
-        typer.echo(json.dumps({"error": message}))
-    else:
-        Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(ExitCode.USAGE)
+    """Raise the failure; the root group prints it (and, with --json, the JSON error document)."""
+    raise CliFailure(ErrorKind.USAGE, message)
 
 
 @model_app.command("tiny")
@@ -75,6 +68,8 @@ def tiny(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Build a random-weight Llama/Qwen2 model with a locally trained BPE tokenizer and chat template."""
+    from pydantic import ValidationError
+
     from servefleet.modelgen import build_tiny_model, spec_from_preset
 
     try:
@@ -103,6 +98,9 @@ def tiny(
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"built {result.path}", show_header=False)
     table.add_column(style="bold")
     table.add_column()

@@ -9,17 +9,31 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
+from servefleet.cli.failure import CliFailure, ErrorKind, kind_for_exit_code
 from servefleet.errors import ServefleetError
 
-console = Console()
+
+class _LazyConsole:
+    """rich's Console, made on first use: `plan --json` and the error paths never load rich."""
+
+    _console = None
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console()
+        return getattr(self._console, name)
 
 
-def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> typer.Exit:
-    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {msg}")
-    return typer.Exit(int(code))
+console = _LazyConsole()
+
+
+def _fail(msg: str, code: ExitCode = ExitCode.USAGE) -> CliFailure:
+    """The failure to raise; the root group prints it (and, with --json, the JSON error document)."""
+    return CliFailure(kind_for_exit_code(code), msg)
 
 
 async def _live_capacity(url: str, engine: str) -> dict:
@@ -28,6 +42,12 @@ async def _live_capacity(url: str, engine: str) -> dict:
     from servefleet.engines.registry import get_engine
 
     async with aiohttp.ClientSession() as session:
+        try:  # any HTTP answer (404 included) proves the server is there; the engine's reads say nothing when it is not
+            async with session.get(url.rstrip("/") + "/", timeout=aiohttp.ClientTimeout(total=10)):
+                pass
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise CliFailure(ErrorKind.UNREACHABLE, f"--url {url}: no answer ({exc or type(exc).__name__})",
+                             hint="is the server running, and on that port?") from None
         cap = await get_engine(engine).capacity_from_server(session, url.rstrip("/"))
     return cap.model_dump(exclude_defaults=True)
 
@@ -35,9 +55,9 @@ async def _live_capacity(url: str, engine: str) -> dict:
 def capacity(
     model: Annotated[Optional[Path], typer.Option("--model", help="Local model folder or its config.json (nothing is downloaded).")] = None,
     gpu_mem: Annotated[str, typer.Option("--gpu-mem", help="Memory of one GPU, e.g. 80GiB, 141GiB.")] = "80GiB",
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs per server.")] = 1,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel GPUs per server.")] = 1,
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM).")] = 0.9,
-    context_len: Annotated[int, typer.Option("--context-len", help="Tokens per request (prompt + output) for max running requests.")] = 4096,
+    context_len: Annotated[int, typer.Option("--context-len", min=1, help="Tokens per request (prompt + output) for max running requests.")] = 4096,
     spec: Annotated[Optional[str], typer.Option("--spec", help="Speculative draft: mtp[:N], draft:PATH, eagle:PATH or ngram.")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Weight dtype.")] = "bfloat16",
     kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype (default: the weight dtype), e.g. fp8.")] = None,
@@ -49,21 +69,24 @@ def capacity(
     """Predict KV-cache tokens and max running requests from a model's config.json, before launching
     anything; with --url, compare with what the running engine reports."""
     from servefleet.plan.memory import MemoryAssumptions, estimate_memory, load_config, parse_bytes
-    from servefleet.plan.report import memory_table
+    from servefleet.validation import build
+    from servefleet.cli.plan_view import memory_table
 
     if model is None and url is None:
         raise _fail("give --model PATH (predict) and/or --url URL (read a running server)")
     try:
-        reported = asyncio.run(_live_capacity(url, engine)) if url else None
+        # every option is checked (the model's ranges) before a server is asked or a file read
+        assumptions = build(
+            MemoryAssumptions, None,
+            gpu_mem_bytes=parse_bytes(gpu_mem), tp=tp, mem_fraction=mem_fraction,
+            overhead_bytes_per_gpu=parse_bytes(overhead), weight_dtype=dtype, kv_dtype=kv_dtype or dtype,
+            state_dtype=dtype, context_len=context_len, spec=spec,
+        )
         est = None
         if model is not None:
             cfg, folder = load_config(model)
-            assumptions = MemoryAssumptions(
-                gpu_mem_bytes=parse_bytes(gpu_mem), tp=tp, mem_fraction=mem_fraction,
-                overhead_bytes_per_gpu=parse_bytes(overhead), weight_dtype=dtype, kv_dtype=kv_dtype or dtype,
-                state_dtype=dtype, context_len=context_len, spec=spec,
-            )
             est = estimate_memory(cfg, assumptions, folder)
+        reported = asyncio.run(_live_capacity(url, engine)) if url else None
     except (ServefleetError, ValueError) as exc:
         raise _fail(str(exc)) from None
     if as_json:
@@ -89,13 +112,13 @@ def plan(
     output_tokens_mean: Annotated[Optional[float], typer.Option("--output-tokens-mean", help="Mean output tokens per prompt.")] = None,
     sample: Annotated[Optional[Path], typer.Option("--sample", help="JSONL/Parquet of real outputs to take the mean output length from.")] = None,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU counts to plan for, comma-separated (the first is ranked); default 1, with --check the job's servers.")] = None,
-    gpus_per_replica: Annotated[int, typer.Option("--gpus-per-replica", help="GPUs per server unless RUN.json:G says otherwise.")] = 1,
-    max_running: Annotated[Optional[int], typer.Option("--max-running", help="Override the cap read from the runs' capacity facts.")] = None,
-    gpu_hour_cost: Annotated[Optional[float], typer.Option("--gpu-hour-cost", help="Price of one GPU-hour.")] = None,
+    gpus_per_replica: Annotated[int, typer.Option("--gpus-per-replica", min=1, help="GPUs per server unless RUN.json:G says otherwise.")] = 1,
+    max_running: Annotated[Optional[int], typer.Option("--max-running", min=1, help="Override the cap read from the runs' capacity facts.")] = None,
+    gpu_hour_cost: Annotated[Optional[float], typer.Option("--gpu-hour-cost", min=0.0, help="Price of one GPU-hour.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of makespan against GPUs.")] = None,
     check: Annotated[Optional[str], typer.Option("--check", metavar="DEST", help="A `generate` destination (a folder or s3://bucket/prefix): compare the plan with what it measured.")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="With --check: a saved `generate --json` report (times the sending alone).")] = None,
-    concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="With --check: the concurrency the job ran at (default: the planner's choice).")] = None,
+    concurrency: Annotated[Optional[int], typer.Option("--concurrency", min=1, help="With --check: the concurrency the job ran at (default: the planner's choice).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Which measured configuration, at what concurrency, finishes the job soonest on G GPUs, with an ETA.
@@ -107,8 +130,10 @@ def plan(
         raise _fail("give --prompts N (or --check DEST to compare a plan with a job `generate` ran)")
     gpus = gpus or "1"
     from servefleet.plan.planner import JobSpec, plan_job
-    from servefleet.plan.report import plan_table, plot_makespan, recommendation
+    from servefleet.cli.plan_view import plan_table, recommendation
+    from servefleet.cli.plots import plot_makespan
     from servefleet.plan.runs import curve_from_run, mode_warnings, parse_bench_arg, sample_output_mean
+    from servefleet.validation import build
 
     try:
         if (output_tokens_mean is None) == (sample is None):
@@ -117,16 +142,14 @@ def plan(
         if sample is not None:
             output_tokens_mean, n = sample_output_mean(sample)
             notes.append(f"mean output length {output_tokens_mean:,.1f} tokens from {n:,} records of {sample}")
-        counts = [int(g) for g in gpus.split(",") if g.strip()]
+        job = build(JobSpec, None, prompts=prompts, output_tokens_mean=output_tokens_mean)
+        counts = _gpu_counts(gpus)
         configs = []
         for arg in bench:
             path, g = parse_bench_arg(arg)
             configs.append(curve_from_run(path, g or gpus_per_replica, max_running))
     except ServefleetError as exc:
         raise _fail(str(exc)) from None
-    except ValueError:
-        raise _fail(f"--gpus must be comma-separated integers, got {gpus!r}") from None
-    job = JobSpec(prompts=prompts, output_tokens_mean=output_tokens_mean)
     warnings = mode_warnings(configs)
     modes = {c.name: c.measured_mode for c in configs}
     results = {g: plan_job(configs, job, g, gpu_hour_cost) for g in counts}
@@ -158,10 +181,21 @@ def plan(
         console.print(f"plot: {plot_path}")
 
 
+def _gpu_counts(text: str) -> list[int]:
+    """--gpus: comma-separated positive integers."""
+    try:
+        counts = [int(g) for g in text.split(",") if g.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise _fail(f"--gpus must be comma-separated integers of at least 1, got {text!r}")
+    return counts
+
+
 def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, gpus_per_replica: int,
            max_running: int | None, concurrency: int | None, as_json: bool) -> None:
     from servefleet.plan.check import check_plan, measure_job, pick_config
-    from servefleet.plan.report import check_table
+    from servefleet.cli.plan_view import check_table
     from servefleet.plan.runs import curve_from_run, mode_warnings, model_of_run, parse_bench_arg
 
     try:
@@ -170,7 +204,7 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
         for arg in bench:
             path, g = parse_bench_arg(arg)
             configs.append((curve_from_run(path, g or gpus_per_replica, max_running), model_of_run(path)))
-        g = int(gpus.split(",")[0]) if gpus else None
+        g = _gpu_counts(gpus)[0] if gpus else None
         result = check_plan(pick_config(configs, measured), measured, gpus=g, concurrency=concurrency)
         warnings = mode_warnings([c for c, _ in configs])
     except ServefleetError as exc:
@@ -187,7 +221,8 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
         console.print(f"[bold {style}]verdict:[/] {result.verdict()}")
         for note in result.notes:
             console.print(f"  note: {note}")
-    # exit 0 either way: the check ran; the verdict (and "within_tolerance" in --json) says how it went
+    if not result.within:  # the check ran, and the plan missed: exit 1 (the verdict and --json say by how much)
+        raise typer.Exit(int(ExitCode.FAILED))
 
 
 def register(app: typer.Typer) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 
-import typer
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
-from servefleet.sim.cli_args import parse_args
-from servefleet.sim.startup import run
-from servefleet.sim.theory import dry_run_report
+import typer
+
+from servefleet.cli.failure import CliFailure, ErrorKind
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 __all__ = ["register"]
 
@@ -26,6 +27,8 @@ _HELP = ("Run the simulated OpenAI-compatible engine: a real SGLang/vLLM start-u
 
 
 def _table(report: dict) -> Table:
+    from rich.table import Table
+
     cfg = report["config"]
     table = Table(title=f"sim ({cfg['style']}): prompt {report['prompt_tokens']} + output {report['output_tokens']} tokens per request")
     for col in ("concurrency", "batch", "step ms", "TTFT s", "latency s", "tok/s per request", "tok/s total", "streaming tok/s"):
@@ -49,12 +52,27 @@ def register(app: typer.Typer) -> None:
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False},
     )
     def sim(ctx: typer.Context) -> None:
-        config, flags = parse_args(ctx.args, help_prog="servefleet sim")
+        # The simulator is a test double: it is imported here, by its own command, and nowhere else.
+        from servefleet.sim.cli_args import parse_args
+
+        try:
+            config, flags = parse_args(ctx.args, help_prog="servefleet sim")
+        except SystemExit as exc:  # argparse: --help (0), or bad options (2, its message already on stderr)
+            if exc.code in (0, None):
+                raise
+            raise CliFailure(ErrorKind.USAGE, "the sim options were refused (argparse's message above)",
+                             hint="see `servefleet sim --help`") from None
         if flags.dry_run:
+            from servefleet.sim.theory import dry_run_report
+
             report = dry_run_report(config)
             if flags.json:
                 typer.echo(json.dumps(report, indent=2))
             else:
+                from rich.console import Console
+
                 Console().print(_table(report))
             return
+        from servefleet.sim.startup import run
+
         raise typer.Exit(run(config))

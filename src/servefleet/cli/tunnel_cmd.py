@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from servefleet.cli.fleet_cmds import FleetOpt, JsonOpt, _run
+from servefleet.cli.common import FleetOpt, JsonOpt, run_coroutine
 from servefleet.fleet import Fleet
 from servefleet.fleet.tunnel import keep_open, open_tunnel
 from servefleet.stopping import until_stopped
@@ -50,7 +50,7 @@ def tunnel(
             except TimeoutError:
                 Console(stderr=True).print(f"closing the SSH connection took over {CLOSE_TIMEOUT_S:.0f}s; left to ssh's own timeouts")
 
-    _run(go)
+    run_coroutine(go)
 
 
 CLOSE_TIMEOUT_S = 20.0  # close() cancels forwards and exits masters, 10 s bound per ssh -O call

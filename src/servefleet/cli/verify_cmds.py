@@ -14,21 +14,23 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import typer
-from rich.console import Console, Group
-from rich.live import Live
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
-from servefleet.capacity import Capacity
+import typer
+
 from servefleet.catalog import State
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.engines.base import EngineProfile
+from servefleet.cli.failure import CliFailure, ErrorKind
 from servefleet.engines.registry import engine_names, get_engine
-from servefleet.errors import EngineError, ServefleetError
-from servefleet.verify.bounded import diagnose_file
-from servefleet.verify.machine import message_shape
-from servefleet.verify.verdict import Verdict
-from servefleet.verify.waiter import WaitTarget, wait_for_server
+from servefleet.errors import EngineError
+
+if TYPE_CHECKING:  # imported where used: `diagnose --json` loads neither rich nor aiohttp
+    from rich.console import Console
+    from rich.text import Text
+
+    from servefleet.capacity import Capacity
+    from servefleet.engines.base import EngineProfile
+    from servefleet.verify.verdict import Verdict
 
 __all__ = ["register", "render_verdict", "exit_code_for", "capacity_text"]
 
@@ -58,6 +60,9 @@ def capacity_text(capacity: Capacity) -> str:
 
 def render_verdict(verdict: Verdict, console: Console, *, source: str | None = None) -> None:
     """The final verdict: state and category, evidence with its line number, excerpt, hint, capacity."""
+    from rich.console import Group
+    from rich.text import Text
+
     head = Text()
     head.append(verdict.state.value, style=_STYLE.get(verdict.state, ""))
     if verdict.category is not None:
@@ -106,6 +111,8 @@ class _LiveLine:
         self.verdict: Verdict | None = None
 
     def __rich__(self) -> Text:
+        from rich.text import Text
+
         v = self.verdict
         text = Text()
         state = v.state if v is not None else State.LAUNCHING
@@ -122,11 +129,15 @@ class _LiveLine:
         return text
 
 
-def _fail_usage(message: str, json_out: bool) -> None:
-    if json_out:
-        print(json.dumps({"error": message}))
-    Console(stderr=True).print(Text(f"error: {message}", style="red"))
-    raise typer.Exit(int(ExitCode.USAGE))
+def _rich_console(**kwargs: Any) -> Console:
+    from rich.console import Console
+
+    return Console(**kwargs)
+
+
+def _fail_usage(message: str, json_out: bool, kind: ErrorKind = ErrorKind.USAGE) -> None:
+    """Raise the failure; the root group prints it (and, with --json, the JSON error document)."""
+    raise CliFailure(kind, message)
 
 
 def _engine_or_none(name: str, json_out: bool) -> EngineProfile | None:
@@ -153,6 +164,8 @@ def register(app: typer.Typer) -> None:
         A log of any size: beyond 4 MB only its start-up, its end and the windows around its first
         fatal block are read (the rest is scanned for error and ready lines at disk speed); the
         verdict says what was read. Exit 0 ready or loading, 1 failed, 3 when the file cannot be read."""
+        from servefleet.verify.bounded import diagnose_file
+
         profile = _engine_or_none(engine, json_out)
         if not logfile.exists():
             _fail_usage(f"log file {logfile} does not exist (is the path right?)", json_out)
@@ -166,6 +179,8 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print(json.dumps(verdict.to_json()))
         else:
+            from rich.console import Console
+
             render_verdict(verdict.model_copy(update={"elapsed_s": None}), Console(), source=str(logfile))
         raise typer.Exit(int(exit_code_for(verdict)))
 
@@ -182,6 +197,9 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
     ) -> None:
         """Wait for a server started by anything: ready (0), failed (1), or stalled / timed out (2)."""
+        from servefleet.verify.machine import message_shape
+        from servefleet.verify.waiter import WaitTarget, wait_for_server
+
         profile = _engine_or_none(engine, json_out)
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -193,9 +211,9 @@ def register(app: typer.Typer) -> None:
             except ProcessLookupError:
                 _fail_usage(f"no process with pid {pid} (has it exited already?)", json_out)
         target = WaitTarget(base_url=url, engine=profile, log_path=str(log) if log else None, pgid=pgid, pid=pid, served_model=model)
-        err = Console(stderr=True)
+        err = None if json_out else _rich_console(stderr=True)  # --json: rich is never imported (start-up)
         live_line = _LiveLine(time.monotonic())
-        use_live = err.is_terminal and not json_out
+        use_live = err is not None and err.is_terminal
         last_shape: list[object] = [None]
 
         def on_update(verdict: Verdict) -> None:
@@ -214,17 +232,16 @@ def register(app: typer.Typer) -> None:
 
         try:
             if use_live:
+                from rich.live import Live
+
                 with Live(live_line, console=err, refresh_per_second=8, transient=True):
                     verdict = asyncio.run(run())
             else:
                 verdict = asyncio.run(run())
         except KeyboardInterrupt:
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-        except ServefleetError as exc:
-            _fail_usage(str(exc), json_out)
-            raise
         if json_out:
             print(json.dumps(verdict.to_json()))
         else:
-            render_verdict(verdict, Console(), source=url)
+            render_verdict(verdict, _rich_console(), source=url)
         raise typer.Exit(int(exit_code_for(verdict)))

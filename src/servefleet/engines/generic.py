@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from servefleet.capacity import Capacity
-from servefleet.catalog import Category
+from servefleet.catalog import DEFAULT_HINTS, Category
 from servefleet.engines.base import SignalKind, Signature
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ __all__ = [
     "merge_signatures",
     "generic_signatures",
     "GENERIC_BENIGN",
+    "BOUNDARY_HINTS",
+    "BOUNDARY_KEYS",
     "FALLBACK",
     "to_int",
     "to_float",
@@ -71,6 +74,9 @@ GENERIC_BENIGN: tuple[Signature, ...] = (
     # IPv6 is off (an IPv4 bind follows), "[rank0]:[W1024 ...] ProcessGroupNCCL.cpp:1496] Warning:
     # WARNING: process group has NOT been destroyed ..." at exit: warnings, not failures.
     benign(r"^(?:\[rank\d+\]:)?\[W\d*\s"),
+    # Source lines quoted in a traceback ("    raise ValueError(f\"Unsupported model type {model_type}\")", leading
+    # blanks stripped) name an exception class or quote a message, but are code: the message below is the evidence
+    benign(r"^raise [A-Za-z_][\w.]*(?:\(|$)"),
 )
 
 # ---- the last resort ---------------------------------------------------------------------------
@@ -86,11 +92,40 @@ FALLBACK: tuple[Signature, ...] = (
 )
 
 
-def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Signature, ...]:
-    """The engine-independent FATAL/WRAPPER signatures, hinted with ``hints`` (engine-native)."""
+# ---- boundary cases (README "Failure categories"): one category each, whatever the engine -----------
+# A failure that could be put in two categories is put in one, the same in every profile; the hint
+# is the engine's own (its profile's HINTS under these keys), else these words.
+BOUNDARY_HINTS: dict[str, str] = {
+    # a truncated or damaged weights file is a model that is not (all) there: model_not_found
+    "corrupt_weights": "a weights file is truncated or damaged (a partial download?): download the model again "
+                       "and check its size and checksum",
+    # a shared library missing or not loadable is a broken install: import_error
+    "native_library": "a native library of the engine is missing or cannot be loaded (a broken install, or a "
+                      "library path that points elsewhere): reinstall the engine or fix the library path",
+    # CUDA asked of a CPU-only build: the build has no such device: cuda_driver
+    "cuda_on_cpu_build": "this build has no CUDA: use its CPU device, or install a CUDA build of the engine and torch",
+    # SIGILL: a crash in native code like a segfault (other); the process, not the machine, is at fault
+    "illegal_instruction": "the process died of an illegal instruction (SIGILL) in native code: a kernel uses CPU "
+                           "instructions (AVX-512, AMX) that fail here; choose a portable dtype or kernel, or another build",
+    # host RAM (or the process's address-space limit) exhausted at an allocation: gpu_oom, as a KV cache
+    # that does not fit -- memory for the model and its cache, whichever device holds it
+    "host_ram": "host RAM (or the memory limit of the process) ran out at an allocation: ask for a smaller KV "
+                "cache or context, or raise the limit",
+    # more ranks/shards than the host has devices for ("CUDA error: invalid device ordinal"): config_error
+    "tp_too_large": "the tensor-parallel size is larger than the GPUs this process can see: lower it, or widen "
+                    "CUDA_VISIBLE_DEVICES",
+}
+BOUNDARY_KEYS = tuple(BOUNDARY_HINTS)
+
+
+def generic_signatures(hints: Mapping[Category | str, str] | None = None) -> tuple[Signature, ...]:
+    """The engine-independent FATAL/WRAPPER signatures, hinted with ``hints`` (engine-native: keyed by
+    category, and by the boundary keys of ``BOUNDARY_HINTS``)."""
     h = dict(hints or {})
 
-    def f(regex: str, category: Category, flags: int = 0, hint: str | None = None) -> Signature:
+    def f(regex: str, category: Category, flags: int = 0, hint: str | None = None, key: str | None = None) -> Signature:
+        if key is not None:
+            hint = h.get(key) or BOUNDARY_HINTS[key]
         return fatal(regex, category, hint or h.get(category), flags)
 
     return (
@@ -109,14 +144,21 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
         # ROCm: "HIP out of memory"; cuBLAS: "CUBLAS_STATUS_ALLOC_FAILED".
         f(r"\bOutOfMemoryError\b|CUDA out of memory|HIP out of memory|CUDA error: out of memory"
           r"|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation", C.GPU_OOM),
+        # boundary: host RAM exhausted (c10/core/impl/alloc_cpu.cpp; numpy's MemoryError, ggml's is llama.cpp's own)
+        f(r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|^(?:numpy\.core\._exceptions\._ArrayMemoryError"
+          r"|MemoryError)\b", C.GPU_OOM, key="host_ram"),
         # -- CUDA driver / device visibility (torch and CUDA runtime strings)
         f(r"CUDA driver version is insufficient for CUDA runtime version", C.CUDA_DRIVER),
         f(r"no CUDA-capable device is detected|No CUDA GPUs are available", C.CUDA_DRIVER,
           hint="no GPU is visible to the process; check CUDA_VISIBLE_DEVICES and nvidia-smi"),
         f(r"Found no NVIDIA driver on your system|NVIDIA driver on your system is too old"
           r"|NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", C.CUDA_DRIVER),
+        # boundary: a rank set to a GPU index the process cannot see -- more ranks than GPUs
+        f(r"CUDA error: invalid device ordinal|cudaErrorInvalidDevice\b", C.CONFIG_ERROR, key="tp_too_large"),
+        # boundary: CUDA asked of a CPU-only torch (torch/cuda/__init__.py)
+        f(r"Torch not compiled with CUDA enabled", C.CUDA_DRIVER, key="cuda_on_cpu_build"),
         f(r"libcuda\.so[.\d]*: cannot open shared object file|CUDA driver initialization failed"
-          r"|cudaErrorInsufficientDriver|cudaErrorNoDevice|CUDA error: invalid device ordinal"
+          r"|cudaErrorInsufficientDriver|cudaErrorNoDevice"
           r"|forward compatibility was attempted on non supported HW|system has unsupported display driver",
           C.CUDA_DRIVER),
         # -- NCCL / torch.distributed. torch: "torch.distributed.DistBackendError: NCCL error in: ...
@@ -127,6 +169,7 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
           r"|DistNetworkError|DistStoreError|Gloo connectFullMesh failed", C.NCCL_OR_DISTRIBUTED, re.IGNORECASE),
         # -- model not found / unreadable (huggingface_hub and transformers strings, v4.4x-v5.x)
         f(r"is not a local folder and is not a valid model identifier", C.MODEL_NOT_FOUND),
+        f(r"Client Error: .*for url: https://huggingface\.co/api/models/|Cannot find any model weights with", C.MODEL_NOT_FOUND),
         f(r"Repository Not Found for url|RepositoryNotFoundError|RevisionNotFoundError"
           r"|is not a valid git identifier \(branch name, tag name or commit id\)", C.MODEL_NOT_FOUND),
         f(r"Repo id must be in the form 'repo_name' or 'namespace/repo_name'|Repo id must use alphanumeric chars"
@@ -146,9 +189,25 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
         # as "... requires the SentencePiece library but it was not found in your environment" (install
         # sentencepiece) -- usually the local folder is incomplete, not the library missing.
         f(r"Can't load tokenizer for|requires the SentencePiece library but it was not found|install sentencepiece"
+          r"|Couldn't instantiate the backend tokenizer from one of"
           r"|Cannot instantiate this tokenizer from a slow version", C.MODEL_NOT_FOUND,
           hint="the tokenizer could not be loaded: check the folder has tokenizer.json/tokenizer_config.json "
                "(a 'sentencepiece' complaint usually means the tokenizer files are missing)"),
+        # boundary: a truncated or damaged weights file. safetensors (Rust): "safetensors_rust.SafetensorError:
+        # Error while deserializing header: HeaderTooLarge" / "MetadataIncompleteBuffer" / "incomplete
+        # metadata, file not fully covered"; torch's zip reader on a cut pytorch_model.bin.
+        f(r"Error while deserializing header|\bSafetensorError\b|\bHeaderTooLarge\b|\bMetadataIncompleteBuffer\b"
+          r"|InvalidHeaderDeserialization|incomplete metadata, file not fully covered"
+          r"|PytorchStreamReader failed reading zip archive|failed finding central directory", C.MODEL_NOT_FOUND,
+          key="corrupt_weights"),
+        # transformers' config loader (every engine loads config.json with it): a config.json that is not JSON
+        # ("OSError: It looks like the config file at '.../config.json' is not a valid JSON file.", below the
+        # JSONDecodeError it re-raises) or none at all / one without model_type ("Unrecognized model in X.
+        # Should have a `model_type` key in its config.json") -- the model folder is incomplete, not unsupported
+        f(r"It looks like the config file at '.*' is not a valid JSON file", C.MODEL_NOT_FOUND,
+          hint="the model's config.json is not valid JSON (cut short or damaged): download the model again"),
+        f(r"Unrecognized model in .*Should have a `model_type` key", C.MODEL_NOT_FOUND,
+          hint="the model folder has no config.json, or one without model_type: check the path and that the download finished"),
         # -- unsupported model (transformers 4.x/5.x, vLLM registry)
         f(r"Transformers does not recognize this architecture|does not recognize this architecture"
           r"|model type `?[\w.-]+`? (?:is )?not supported|Unrecognized model in\b"
@@ -162,8 +221,14 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
         # pydantic message lines: "  Value error, Invalid value ... [type=value_error, input_value=..."
         f(r"^\s*Value error, |\[type=\w+_error\b|^\s*(?:Input should be|Field required|Extra inputs are not permitted)\b",
           C.CONFIG_ERROR),
+        # two flags that do not go together (vLLM arg_utils: "--spec-tokens and --speculative-config['...'] are
+        # mutually exclusive"; argparse groups say "not allowed with argument", matched above)
+        f(r"\bare mutually exclusive\b", C.CONFIG_ERROR),
         f(r"must be divisible by tensor parallel size|is not divisible by", C.CONFIG_ERROR,
           hint="the tensor-parallel size must divide the model's head counts; choose another number of GPUs"),
+        # boundary: a shared library missing or not loadable (dlopen's words; libcuda is cuda_driver, above)
+        f(r"cannot open shared object file|undefined symbol: |wrong ELF class|invalid ELF header", C.IMPORT_ERROR,
+          key="native_library"),
         # -- imports and missing programs
         f(r"\b(?:ModuleNotFoundError|ImportError): |(?:^|: )No module named \S+|cannot import name '\w+' from"
           r"|undefined symbol: |GLIBC_[\d.]+' not found|version `GLIBCXX_[\d.]+' not found"
@@ -177,6 +242,13 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
         # -- killed: the shell's "Killed" / "sh: line 1: 4242 Killed  python3 ...", an exit by SIGKILL
         f(r"^Killed(?:\s|$)|\s\d+\s+Killed(?:\s|$)|\bExit code: -9\b|\bsignal 9\b|\bSIGKILL\b|Out of memory: Killed process"
           r"|oom-kill", C.KILLED),
+        # boundary: SIGILL. A shell prints "Illegal instruction (core dumped)", Python's faulthandler
+        # "Fatal Python error: Illegal instruction"; a multiprocessing parent "exitcode=-4"/"signal 4".
+        # SGLang's "Exit code: -4" under "Rank 0 scheduler is dead"; TGI's "Shard process was signaled to
+        # shutdown with signal 4"
+        f(r"Illegal instruction|\bSIGILL\b|\bExit code: -4\b|\bexitcode=-4\b|\(exit code: -4\)|signaled to shutdown with signal 4\b",
+          C.OTHER,
+          key="illegal_instruction"),
         # -- CUDA faults at start-up (category other, but a useful hint)
         f(r"CUDA error: an illegal memory access|device-side assert triggered|CUDA error: unspecified launch failure"
           r"|no kernel image is available for execution on the device", C.OTHER,
@@ -185,12 +257,20 @@ def generic_signatures(hints: Mapping[Category, str] | None = None) -> tuple[Sig
     )
 
 
-def build_signatures(specific: Iterable[Signature], hints: Mapping[Category, str] | None = None) -> tuple[Signature, ...]:
+def build_signatures(specific: Iterable[Signature], hints: Mapping[Category | str, str] | None = None) -> tuple[Signature, ...]:
     """Order an engine's signatures with the generic ones: BENIGN first, then engine, generic, fallback."""
-    specific = tuple(specific)
+    specific = tuple(_engine_hinted(s, hints or {}) for s in specific)
     own_benign = tuple(s for s in specific if s.kind is SignalKind.BENIGN)
     own_rest = tuple(s for s in specific if s.kind is not SignalKind.BENIGN)
     return own_benign + GENERIC_BENIGN + own_rest + generic_signatures(hints) + FALLBACK
+
+
+def _engine_hinted(sig: Signature, hints: Mapping[Category | str, str]) -> Signature:
+    """An engine's own signature that carries only the generic hint of its category gets the engine's
+    hint for that category (its flag names), as the generic signatures do."""
+    if sig.category is not None and sig.hint == DEFAULT_HINTS[sig.category] and sig.category in hints:
+        return replace(sig, hint=hints[sig.category])
+    return sig
 
 
 def merge_signatures(tuples: Iterable[Iterable[Signature]]) -> tuple[Signature, ...]:

@@ -48,8 +48,23 @@ HINTS = {
     C.CONFIG_ERROR: "an SGLang argument is invalid; read the evidence line and `python -m sglang.launch_server --help`",
     C.NCCL_OR_DISTRIBUTED: "check GPU visibility and --tp-size, NCCL_DEBUG=INFO; try --disable-custom-all-reduce "
                            "or NCCL_P2P_DISABLE=1 on PCIe boxes",
+    C.MODEL_NOT_FOUND: "check --model-path: a local folder must hold config.json, the *.safetensors weights and the "
+                       "tokenizer files (or give a Hub repo id, with HF_TOKEN for a gated one)",
     C.UNSUPPORTED_MODEL: "this SGLang version does not support the architecture; upgrade sglang (and transformers) "
                          "or try --model-impl transformers",
+    # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
+    "corrupt_weights": "a *.safetensors file of --model-path is truncated or damaged (a partial download?): download "
+                       "the model again",
+    "native_library": "a native library of sglang's kernels (sgl_kernel, flashinfer) or torch is missing or not "
+                      "loadable: reinstall sglang with the kernels built for this torch and CUDA",
+    "cuda_on_cpu_build": "this torch build has no CUDA (SGLang needs a GPU build): install the CUDA build of torch "
+                         "that sglang pins, or pass --device cpu on an SGLang CPU build",
+    "host_ram": "host RAM ran out (weights are staged in host memory while loading): use --load-format with less "
+                "staging, fewer --tokenizer-worker-num, or a host with more memory",
+    "tp_too_large": "--tp-size (times --dp-size, from --base-gpu-id) is larger than the GPUs this process can see: "
+                    "lower --tp-size, or widen CUDA_VISIBLE_DEVICES",
+    "illegal_instruction": "a kernel died of an illegal instruction (SIGILL): try --attention-backend triton or "
+                           "--sampling-backend pytorch, or another sglang build",
 }
 
 OWN_SIGNATURES = (
@@ -88,6 +103,9 @@ OWN_SIGNATURES = (
             "with --tp-size"),
     S.fatal(r"Capture cuda graph failed:.*(?:out of memory|OutOfMemoryError)", C.GPU_OOM,
             "lower --mem-fraction-static or --cuda-graph-max-bs (or --disable-cuda-graph, slow)"),
+    # server_args.py check_server_args: two flags that do not go together
+    S.fatal(r"Please pass --[\w-]+ when using --[\w-]+|tp_size must be divisible by number of nodes"
+            r"|is not compatible with overlap schedule", C.CONFIG_ERROR),
     S.fatal(r"User-specified context_length .* is greater than the derived context_length", C.CONFIG_ERROR,
             "lower --context-length to the model's limit (or set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)"),
     S.fatal(r"SGLang only supports sm\d+ and above", C.CUDA_DRIVER, "this GPU is too old for this SGLang build"),

@@ -59,6 +59,17 @@ HINTS = {
     C.UNSUPPORTED_MODEL: "this transformers version does not know the model type; upgrade transformers or choose another model",
     C.IMPORT_ERROR: "install the serving extra in the server's environment: pip install 'transformers[serving]'",
     C.CUDA_DRIVER: "no usable CUDA device for this torch build: pass --device cpu, or install a CUDA build of torch",
+    # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
+    "corrupt_weights": "a *.safetensors file of the model folder is truncated or damaged (a partial download?): "
+                       "download the model again",
+    "native_library": "a native library of torch, tokenizers or safetensors is missing or not loadable: reinstall "
+                      "'transformers[serving]' and torch in the server's environment",
+    "cuda_on_cpu_build": "this torch build has no CUDA: pass --device cpu, or install a CUDA build of torch",
+    "host_ram": "host RAM is exhausted (the model is loaded on the CPU): use --dtype bfloat16, a smaller model, a "
+                "smaller --cb-num-blocks with --continuous-batching, or a machine with more memory",
+    "tp_too_large": "--device names a GPU this process cannot see (e.g. cuda:3 on a 2-GPU host): pick one that exists, or "
+                    "widen CUDA_VISIBLE_DEVICES",
+    "illegal_instruction": "a torch kernel died of an illegal instruction (SIGILL): pass --dtype float32, or another torch build",
 }
 
 OWN_SIGNATURES = (
@@ -93,14 +104,19 @@ OWN_SIGNATURES = (
     S.fatal(r"Unsupported dtype: '[^']*'\. Must be 'auto' or a valid torch dtype"
             r"|Unsupported quantization method: '[^']*'\. Must be|Unsupported attention implementation: '[^']*'"
             r"|--chat-template-kwargs must be a JSON object", C.CONFIG_ERROR),
+    # cli/serve.py parses --chat-template-kwargs with json.loads: a value that is not JSON ends in a bare
+    # JSONDecodeError whose traceback quotes this source line -- the line that names the argument
+    S.fatal(r"chat_template_kwargs = json\.loads\(chat_template_kwargs\)", C.CONFIG_ERROR,
+            "--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'"),
+    # cli/serving/model_manager.py looks the class named by config.json's `architectures` up in the
+    # transformers module: "AttributeError: module transformers has no attribute FancyNetForCausalLM"
+    S.fatal(r"module transformers has no attribute \w+", C.UNSUPPORTED_MODEL,
+            "config.json's architectures names a class this transformers does not have: fix architectures (e.g. "
+            "LlamaForCausalLM) or upgrade transformers"),
     # transformers/models/auto/processing_auto.py: a folder without tokenizer files
     S.fatal(r"Unrecognized processing class in .*Can't instantiate a processor, a tokenizer", C.MODEL_NOT_FOUND,
-            "the model folder has no tokenizer files (tokenizer.json / tokenizer_config.json); copy them next to config.json"),
-    # torch/cuda/__init__.py on a CPU-only torch build with --device cuda
-    S.fatal(r"Torch not compiled with CUDA enabled", C.CUDA_DRIVER),
-    # c10/core/impl/alloc_cpu.cpp: host RAM exhausted while loading on --device cpu
-    S.fatal(r"DefaultCPUAllocator: can't allocate memory|DefaultCPUAllocator: not enough memory", C.GPU_OOM,
-            "host RAM is exhausted (the model is loaded on the CPU): use --dtype bfloat16, a smaller model, or a machine with more memory"),
+            "the model folder has no tokenizer files (tokenizer.json / tokenizer_config.json), or is empty: copy them next "
+            "to config.json and the weights"),
     # ---- progress, in start-up order
     # cli/serving/model_manager.py load_model_and_processor: logger.warning(f"Loading {model}@{revision}")
     S.progress(r"(?:^|\s)Loading \S+@\S+\s*$", "loading model"),

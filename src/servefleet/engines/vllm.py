@@ -54,6 +54,19 @@ HINTS = {
                            "NCCL_P2P_DISABLE=1 or --disable-custom-all-reduce",
     C.UNSUPPORTED_MODEL: "this vLLM version does not support the architecture; upgrade vllm or try --model-impl transformers",
     C.IMPORT_ERROR: "vllm or one of its kernels is missing or built for another torch/CUDA; install a matching vllm wheel",
+    # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
+    "corrupt_weights": "a *.safetensors file of the --model folder is truncated or damaged (a partial download?): "
+                       "download the model again",
+    "native_library": "a native library of vllm or torch is missing or not loadable (vllm/_C*.so, libtorch): reinstall "
+                      "the vllm wheel built for this torch",
+    "cuda_on_cpu_build": "this vllm build has no CUDA: drop the CUDA-only option (--attention-backend, a CUDA "
+                         "quantization), or install the CUDA build of vllm",
+    "host_ram": "host RAM (or the process's memory limit) ran out: lower VLLM_CPU_KVCACHE_SPACE or "
+                "--kv-cache-memory-bytes (the CPU KV cache), or --max-model-len, or raise the limit",
+    "tp_too_large": "--tensor-parallel-size is larger than the GPUs this process can see (CPU build: than its NUMA "
+                    "nodes and cores): lower it, or widen CUDA_VISIBLE_DEVICES",
+    "illegal_instruction": "a vLLM CPU kernel died of an illegal instruction (SIGILL): serve with --dtype float32 "
+                           "(bfloat16 picks the AMX kernels), or another vllm-cpu build",
 }
 
 OWN_SIGNATURES = (
@@ -67,6 +80,13 @@ OWN_SIGNATURES = (
     S.benign(r"^raise [A-Za-z_][\w.]*(?:\(|$)"),
     # ---- ready (evidence; /health decides)
     S.ready(r"Application startup complete\."),
+    # ---- a worker that died of a signal: the cause, not a wrapper (v1/executor/multiproc_executor.py,
+    # "Worker proc VllmWorker-0 died unexpectedly (exit code: -4), shutting down executor."; real 0.32,
+    # bfloat16 on an AMX CPU, on the first request)
+    S.fatal(r"died unexpectedly \(exit code: -4\)", C.OTHER, HINTS["illegal_instruction"]),
+    S.fatal(r"died unexpectedly \(exit code: -9\)", C.KILLED),
+    S.fatal(r"died unexpectedly \(exit code: -(?:11|7|6)\)", C.OTHER,
+            "a vLLM worker crashed in native code (SIGSEGV/SIGBUS/SIGABRT): try --dtype float32, --enforce-eager, or another build"),
     # ---- wrappers: the cause is above (another process) or in the traceback below
     S.wrapper(r"Engine core initialization failed\. See root cause above"),
     # V1 before 0.8: "RuntimeError: Engine process failed to start. See stack trace for the root cause."
@@ -87,11 +107,17 @@ OWN_SIGNATURES = (
     S.fatal(r"on kv cache allocation is less than requested memory for kv", C.GPU_OOM,
             "the CPU KV cache asked for does not fit in free memory: lower VLLM_CPU_KVCACHE_SPACE (GiB) or "
             "--kv-cache-memory-bytes, or free memory"),
+    # CPU backend (platforms/cpu.py, cpu_worker.py): each TP/PP/DP rank binds its OpenMP threads to a NUMA node
+    S.fatal(r"Not enough allowed NUMA nodes to bind threads of \d+ local CPUWorkers", C.CONFIG_ERROR,
+            HINTS["tp_too_large"]),
     S.fatal(r"Free memory on device .* is less than desired GPU memory utilization", C.GPU_OOM,
             "another process holds GPU memory: free it, or lower --gpu-memory-utilization"),
     S.fatal(r"Failed to infer device type", C.CUDA_DRIVER,
             "vLLM found no usable accelerator: check CUDA_VISIBLE_DEVICES and nvidia-smi, and that the vllm build "
             "(CUDA/ROCm/CPU) matches the machine"),
+    # model_loader/default_loader.py: a folder with config.json but no *.safetensors / *.bin / *.pt
+    S.fatal(r"Cannot find any model weights with", C.MODEL_NOT_FOUND,
+            "the --model folder holds no weight files (*.safetensors or *.bin): copy them in, or check --load-format"),
     S.fatal(r"Invalid repository ID or local directory specified", C.MODEL_NOT_FOUND,
             "the model is neither a Hub repo id nor a local folder with config.json (check the path; a narrow "
             "mount of an HF cache snapshot breaks its symlinks)"),

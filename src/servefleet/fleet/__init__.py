@@ -5,7 +5,7 @@
 The fleet file format is documented in ``servefleet.fleet.spec`` and in ``examples/``.
 """
 
-from servefleet.fleet.core import DEFAULT_FLEET_FILE, Endpoint, Fleet, find_fleet_file
+from servefleet.fleet.core import DEFAULT_FLEET_FILE, Endpoint, Fleet, Relaunch, find_fleet_file
 from servefleet.fleet.lifecycle import Action, StartOutcome, StopResult
 from servefleet.fleet.loader import load_fleet_file
 from servefleet.fleet.spec import FleetSpec, HostSpec, ServerSpec
@@ -20,6 +20,7 @@ __all__ = [
     "FleetSpec",
     "HostSpec",
     "Liveness",
+    "Relaunch",
     "ServerSpec",
     "ServerState",
     "ServerStatus",

@@ -5,7 +5,7 @@
         verdicts = await fleet.up()                    # {name: Verdict}, all waited in parallel
         for ep in await fleet.ready_endpoints():       # [Endpoint(name, base_url, served_model, capacity)]
             ...
-        await fleet.restart("plain")                   # -> Verdict
+        await fleet.restart("plain")                   # -> Verdict (relaunch() + wait())
         await fleet.down()                             # {name: StopResult}
 
 Every call works from the state files and the servers themselves, never from memory, so another
@@ -49,7 +49,7 @@ from servefleet.fleet.status import Liveness, ServerStatus
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
 
-__all__ = ["Fleet", "Endpoint", "UpdateCallback", "find_fleet_file", "DEFAULT_FLEET_FILE"]
+__all__ = ["Fleet", "Endpoint", "Relaunch", "UpdateCallback", "find_fleet_file", "DEFAULT_FLEET_FILE"]
 
 DEFAULT_FLEET_FILE = "servefleet.toml"
 UpdateCallback = Callable[[str, Verdict], None]
@@ -64,6 +64,19 @@ class Endpoint:
     served_model: str | None
     capacity: Capacity
     engine: str
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """A server stopped and started again, not yet waited for (``Fleet.relaunch``)."""
+
+    stopped: StopResult
+    outcomes: dict[str, StartOutcome]  # empty when it could not be stopped
+
+    @property
+    def failure(self) -> str | None:
+        """Why it was not started again (it could not be stopped), or None."""
+        return None if self.stopped.ok else f"could not stop {self.stopped.name}: {self.stopped.message}"
 
 
 def find_fleet_file(given: str | Path | None = None, cwd: Path | None = None) -> Path:
@@ -426,13 +439,21 @@ class Fleet:
     ) -> Verdict:
         """Stop one server (if running) and start it again with the current fleet file; wait. It
         starts after any sibling on its GPU that is still starting (start_order.py)."""
+        relaunch = await self.relaunch(name, grace_s=grace_s)
+        if relaunch.failure is not None:
+            return Verdict(state=State.FAILED, message=relaunch.failure)
+        verdicts = await self.wait(relaunch.outcomes, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=on_update,
+                                   keep_failed=keep_failed, grace_s=grace_s)
+        return verdicts[name]
+
+    async def relaunch(self, name: str, *, grace_s: float = 15.0) -> Relaunch:
+        """The first half of ``restart``: stop one server (if running) and start it again with the
+        current fleet file, without waiting (``wait`` does; ``servefleet restart`` shows it live)."""
         self.resolve([name])  # a broken fleet file must not stop a running server
         stopped = (await self.down([name], grace_s=grace_s))[name]
         if not stopped.ok:
-            return Verdict(state=State.FAILED, message=f"could not stop {name}: {stopped.message}")
-        verdicts = await self.up([name], timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=on_update,
-                                 keep_failed=keep_failed, grace_s=grace_s)
-        return verdicts[name]
+            return Relaunch(stopped, {})
+        return Relaunch(stopped, await self.start([name]))
 
     # ---- status ---------------------------------------------------------------------------------
     async def status(self, names: Iterable[str] | None = None) -> list[ServerStatus]:

@@ -11,6 +11,7 @@ answers, in one round trip per host instead of three or more per server. Hosts t
 
 from __future__ import annotations
 
+import logging
 import asyncio
 import dataclasses
 from collections.abc import Iterable, Sequence
@@ -25,6 +26,8 @@ from servefleet.fleet.spec import LOCAL
 from servefleet.fleet import start_order
 from servefleet.fleet.state import ServerState, StateStore
 from servefleet.fleet.status import DIAGNOSE_LIMIT, ServerStatus, not_launched, server_status
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PrefetchedHost", "prefetch_questions", "fleet_status", "prefetched_launchables"]
 
@@ -56,7 +59,9 @@ class PrefetchedHost:
             self.answers.update(await batch(list(dict.fromkeys(ops))))
         except HostUnreachable:
             raise
-        except Exception:  # noqa: BLE001 - a garbled batch costs speed, never correctness
+        except Exception as exc:  # noqa: BLE001 - a garbled batch costs speed, never correctness
+            log.warning("batched remote query of %d questions failed (%s: %s); asking one by one",
+                        len(ops), type(exc).__name__, exc)
             return
 
     def _take(self, key: tuple[Any, ...]) -> tuple[bool, Any]:

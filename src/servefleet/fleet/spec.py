@@ -56,6 +56,7 @@ __all__ = ["LOCAL", "FleetSettings", "HostSpec", "ServerDefaults", "ServerSpec",
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LOCAL = "local"
+RESERVED_SERVER_NAME = "fleet"
 
 
 def check_name(value: str) -> str:
@@ -265,7 +266,11 @@ class ServerSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        return check_name(v)
+        check_name(v)
+        if v == RESERVED_SERVER_NAME:
+            # the state folder keeps <server>.json records beside its own fleet.json index
+            raise ValueError(f'"{v}" is reserved (the state folder\'s {v}.json records the fleet file); choose another name')
+        return v
 
     @field_validator("engine")
     @classmethod

@@ -9,6 +9,7 @@ like them (``--api-key X``) are never written.
 
 from __future__ import annotations
 
+import logging
 import asyncio
 import contextlib
 import fcntl
@@ -25,6 +26,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servefleet.errors import StateError
+from servefleet.fleet.spec import RESERVED_SERVER_NAME
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ServerState",
@@ -133,7 +137,7 @@ class StateStore:
     ``--fleet`` can find it again.
     """
 
-    INDEX = "fleet.json"
+    INDEX = f"{RESERVED_SERVER_NAME}.json"  # a server may not take this name (spec.py refuses it)
 
     def __init__(self, state_dir: Path) -> None:
         self.dir = Path(state_dir)
@@ -209,7 +213,10 @@ class StateStore:
     def read_index(cls, state_dir: Path) -> dict[str, str] | None:
         try:
             data = json.loads((Path(state_dir) / cls.INDEX).read_text())
-        except (OSError, ValueError):
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("%s: unreadable state index, ignored (%s)", Path(state_dir) / cls.INDEX, exc)
             return None
         return data if isinstance(data, dict) and "fleet_file" in data else None
 

@@ -9,8 +9,11 @@ ledger (resume after any crash, every id exactly once), to a folder or object st
 Modules, one job each: ``inputs`` (records), ``prepass`` (fingerprint, rejects, duplicates),
 ``job`` (manifest), ``sinks`` (folder / object storage), ``shards`` (row buffers and files),
 ``ledger`` (commit and resume), ``committer``, ``client`` (HTTP), ``retry``, ``concurrency``,
-``health``, ``endpoints`` (servers and the fleet link), ``dispatch``, ``stats``, ``progress``,
-``report``, ``runner`` (the whole job).
+``health``, ``endpoints`` (servers and the fleet link), ``dispatch``, ``stats``, ``report`` (the
+summary, as data), ``timeline`` (the bounded time series), ``recorder`` (progress.json and the
+timeline, written while the job runs), ``job_record`` (reading a job from its destination),
+``metrics`` (Prometheus), ``runner`` (the whole job). The live view and the rendering of the report
+are the CLI's (``servefleet.cli.generate_view``, ``progress_cmd``, ``report_html``).
 """
 
 from servefleet.generate.endpoints import FleetRestarter, Restarter, Target

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from servefleet.errors import ConfigError
+from servefleet.errors import ConfigError, HostUnreachable
 
 if TYPE_CHECKING:
     from servefleet.generate.client import Client
@@ -138,7 +138,8 @@ async def targets_from_urls(urls: list[str], client: "Client", max_running: int 
         known = max_running or (await _probe_max_running(client, base) if alive else None)
         targets.append(Target(f"url{i}" if len(urls) > 1 else "url", base, served, known))
     if urls and not answered:
-        raise ConfigError(f"no server answers (GET /v1/models, /health) at {', '.join(urls)}")
+        # unreachable (exit 4), as for bench: the command line may be right and the server not up yet
+        raise HostUnreachable(f"no server answers (GET /v1/models, /health) at {', '.join(urls)}")
     return targets
 
 

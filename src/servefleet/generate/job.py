@@ -39,8 +39,8 @@ class JobParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
     mode: Literal["auto", "chat", "completions"] = "auto"
     token_ids: bool = False
     store_request: bool = False

@@ -1,17 +1,15 @@
-"""The final summary of a run: a pydantic model (``--json``) and a rich rendering."""
+"""The final summary of a run: a pydantic model (what ``--json`` prints; the CLI renders it:
+``servefleet.cli.generate_view``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, Field
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
 
 from servefleet.generate.stats import JobStats
 
-__all__ = ["ServerReport", "JobReport", "build_report", "render_report"]
+__all__ = ["ServerReport", "JobReport", "build_report"]
 
 
 class ServerReport(BaseModel):
@@ -84,38 +82,3 @@ def build_report(stats: JobStats, **fields: Any) -> JobReport:
         output_tokens_per_s=round(stats.completion_tokens / wall, 2) if wall > 0 else 0.0,
         servers=servers, events=list(stats.events), **fields,
     )
-
-
-_STYLE = {"complete": "bold green", "incomplete": "bold yellow", "interrupted": "bold yellow", "stalled": "bold red", "rejected": "bold red"}
-
-
-def render_report(report: JobReport, console: Console) -> None:
-    head = Text.assemble(
-        (f"{report.status}", _STYLE.get(report.status, "bold")),
-        f"  {report.done_before + report.committed:,}/{report.total:,} ids committed",
-        f" ({report.committed:,} in this run, {report.done_before:,} before)",
-    )
-    summary = Table.grid(padding=(0, 2))
-    summary.add_column(style="dim")
-    summary.add_column()
-    summary.add_row("destination", report.destination)
-    summary.add_row("output tokens", f"{report.completion_tokens:,}  ({report.output_tokens_per_s:,.1f} tok/s over {report.wall_s:,.1f}s)")
-    summary.add_row("failed / retries", f"{report.failed:,} / {report.retries:,}" + (f"  (re-queued from dead servers: {report.requeued:,})" if report.requeued else ""))
-    summary.add_row("rejected input", f"{report.rejected:,}" + (f" ({report.duplicates:,} duplicate ids)" if report.duplicates else ""))
-    summary.add_row("remaining", f"{report.remaining:,}")
-    summary.add_row("shards", f"{report.shards:,} committed in this run")
-    for label, path in report.files.items():
-        summary.add_row(label, path)
-    if report.message:
-        summary.add_row("note", report.message)
-    table = Table(title="servers", title_justify="left", expand=False)
-    for col in ("server", "state", "requests", "errors", "tok/s", "latency", "limit", "outages", "restarts", "limit: why"):
-        table.add_column(col, justify="left" if col in ("server", "state", "limit: why") else "right", no_wrap=col != "limit: why")
-    for s in report.servers:
-        table.add_row(s.name, s.state, f"{s.requests:,}", f"{s.errors:,}", f"{s.output_tokens_per_s:,.1f}",
-                      f"{s.mean_latency_s:.2f}s", str(s.final_concurrency), str(s.outages), str(s.restarts),
-                      f"{s.limit_source}: {s.limit_reason}" if s.limit_reason else s.limit_source)
-    parts: list[Any] = [head, summary]
-    if report.servers:
-        parts.append(table)
-    console.print(Group(*parts))

@@ -27,8 +27,9 @@ import resource
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -51,12 +52,16 @@ from servefleet.generate.inputs import (
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
 from servefleet.generate.ledger import DoneSet, Ledger
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, run_prepass
+from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
 from servefleet.generate.retry import RequestFailure, RetryPolicy
 from servefleet.generate.shards import ShardBuffer, ShardLimits, shard_schema
 from servefleet.generate.sinks import Sink, open_sink
 from servefleet.generate.stats import JobStats
 from servefleet.stopping import until_stopped
+
+if TYPE_CHECKING:
+    from servefleet.generate.metrics import JobMetrics
 
 __all__ = ["GenerateConfig", "run_generate", "JobMismatch", "Progress", "REJECTS_FILE", "FAILURES_FILE", "REPORT_FILE"]
 
@@ -84,20 +89,23 @@ class GenerateConfig(BaseModel):
     output: str
     urls: list[str] = Field(default_factory=list)
     params: JobParams = Field(default_factory=JobParams)
-    concurrency: int | None = None  # None: auto
-    max_running: int | None = None  # capacity hint for --url servers that do not report it
+    concurrency: int | None = Field(default=None, ge=1)  # None: auto
+    max_running: int | None = Field(default=None, ge=1)  # capacity hint for --url servers that do not report it
     bench: list[str] = Field(default_factory=list)  # bench runs (RUN.json) of these servers: start at their best point
-    max_attempts: int = 5
-    shard_rows: int = 1000
-    shard_bytes: int = 256 << 20
-    shard_seconds: float = 60.0
+    max_attempts: int = Field(default=5, ge=1)
+    shard_rows: int = Field(default=1000, ge=1)
+    shard_bytes: int = Field(default=256 << 20, ge=1)
+    shard_seconds: float = Field(default=60.0, gt=0)
     strict: bool = False
     force: bool = False
-    request_timeout_s: float = 3600.0
+    request_timeout_s: float = Field(default=3600.0, gt=0)
     api_key: SecretStr | None = None
     health: HealthPolicy = Field(default_factory=HealthPolicy)
-    retry_base_s: float = 0.5
-    retry_cap_s: float = 30.0
+    retry_base_s: float = Field(default=0.5, ge=0)
+    retry_cap_s: float = Field(default=30.0, ge=0)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(None, ge=0, le=65535)  # Prometheus metrics of the job (metrics.py); None: none
+    record_interval_s: float = Field(2.0, gt=0)  # progress.json every this often, the timeline every 5x (recorder.py)
 
     def defaults(self) -> RequestDefaults:
         p = self.params
@@ -117,28 +125,111 @@ async def run_generate(
     if not os.path.isfile(config.input):
         raise ConfigError(f"--input {config.input}: no such file")
     t_start = time.monotonic()
-    sink = open_sink(config.output)
-    try:
-        with sink.lock():
-            return await _run_locked(config, sink, targets, restarter, progress, stop, t_start)
-    finally:
-        sink.close()
+    with _metrics(config) as metrics:  # a port in use is refused before anything is read
+        sink = open_sink(config.output)
+        try:
+            with sink.lock():
+                return await _run_locked(config, sink, targets, restarter, progress, stop, t_start, metrics)
+        finally:
+            sink.close()
+
+
+def _metrics(config: GenerateConfig) -> contextlib.AbstractContextManager[JobMetrics | None]:
+    if config.metrics_port is None:
+        return contextlib.nullcontext()
+    from servefleet.generate.metrics import JobMetrics  # prometheus_client: only when asked for
+
+    return JobMetrics(config.metrics_host, config.metrics_port)
 
 
 async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] | None, restarter: Restarter | None,
-                      progress: Progress | None, stop: asyncio.Event | None, t_start: float) -> JobReport:
-    params, defaults = config.params, config.defaults()
-    raw_manifest = await asyncio.to_thread(sink.read_bytes, JOB_FILE)
-    manifest = JobManifest.from_bytes(raw_manifest) if raw_manifest else None
+                      progress: Progress | None, stop: asyncio.Event | None, t_start: float,
+                      metrics: JobMetrics | None = None) -> JobReport:
+    params = config.params
     base = {"destination": sink.url, "input": config.input}
-
+    manifest = await _read_manifest(sink)
     if manifest is not None and manifest.params != params and not config.force:  # fail fast, before the pre-pass
         raise JobMismatch(_mismatch_text(sink, params.differences(manifest.params)))
+    source = await _read_input(config, sink, manifest, progress)  # -- 2.
+    info = source.info
+    _refuse_another_job(config, sink, manifest, info)  # -- 3.
+    if source.spool is not None:
+        await asyncio.to_thread(sink.commit_file, source.spool, REJECTS_FILE)
+    files = {"rejects": f"{sink.url}/{REJECTS_FILE}"} if info.rejected else {}
+    if config.strict and info.rejected:
+        return JobReport(status="rejected", total=info.valid, rejected=info.rejected, duplicates=info.duplicates, files=files,
+                         message=f"--strict: {info.rejected} input records rejected (see {REJECTS_FILE}); nothing was sent", **base)
+    resumed = manifest is not None
+    manifest, run = await _record_run(sink, manifest, info, params)  # -- 4.
+    ledger = Ledger(sink, params.format, run.run_id, info.sha256)
+    resume = await _what_is_done(config, ledger, manifest, source, progress)  # -- 5.
+    _give_back_memory()  # the pre-pass's hashes are gone (the plan has what the feed needs)
+    stats = _new_stats(info, resume)
+    if metrics is not None:
+        metrics.attach(stats)
+        stats.event(f"metrics: http://{metrics.host}:{metrics.port}/metrics")
+    # progress.json and the run's time series beside the shards (recorder.py); the bench runs let `report` check the plan
+    recorder = JobRecorder(sink, stats, run_id=run.run_id, interval_s=config.record_interval_s,
+                           extra={"bench": [os.path.abspath(b) for b in config.bench]})
+    sent = _Sent()
+    failures = _FailureLog(sink)
+    try:  # -- 6.
+        sent = await _send(config, targets, restarter, progress, stop, stats, ledger, resume, failures, t_start, recorder)
+        status = _status(sent.outcome, stats)
+    except BaseException:
+        run.status = "error"
+        raise
+    finally:  # -- 7.
+        try:
+            await _finish_run(sink, manifest, run, resume, stats, failures, files, sent.outcome)
+        finally:
+            await recorder.finish(run.status)
+            if recorder.writes:
+                files.update(progress=f"{sink.url}/{PROGRESS_FILE}", timeline=f"{sink.url}/{recorder.timeline_rel}")
 
-    # -- 2. the input ---------------------------------------------------------------------------
+    remaining = max(0, info.valid - resume.done_count - stats.committed)
+    report = build_report(
+        stats, status=status, run_id=run.run_id, resumed=resumed, duplicates=info.duplicates, remaining=remaining,
+        startup_s=round(sent.startup_s, 3), peak_rss_mb=_peak_rss_mb(), files=files, message=sent.message, **base,
+    )
+    # The last run's report beside the shards: `servefleet plan --check DEST` reads its timings.
+    await asyncio.to_thread(sink.write_bytes, REPORT_FILE, json.dumps(report.to_json(), indent=1).encode())
+    return report
+
+
+@dataclass
+class _Input:
+    """What is known of the input: its fingerprint, and the pre-pass when one was run (or the
+    rejected line numbers a resume took from the rejects file instead)."""
+
+    info: InputInfo
     prepass: Prepass | None = None
-    info: InputInfo | None = None
     rejected_lines: list[int] | None = None
+    spool: str | None = None  # the pre-pass's rejects, to be published as REJECTS_FILE
+
+
+@dataclass
+class _Resume:
+    plan: bytearray
+    done: DoneSet
+    done_count: int
+
+
+@dataclass
+class _Sent:
+    outcome: str = "complete"
+    startup_s: float = 0.0
+    message: str | None = None
+
+
+async def _read_manifest(sink: Sink) -> JobManifest | None:
+    raw = await asyncio.to_thread(sink.read_bytes, JOB_FILE)
+    return JobManifest.from_bytes(raw) if raw else None
+
+
+async def _read_input(config: GenerateConfig, sink: Sink, manifest: JobManifest | None, progress: Progress | None) -> _Input:
+    """The input's fingerprint; the pre-pass runs unless the manifest's pre-pass is for these very bytes."""
+    params = config.params
     size, mtime_ns = input_stat(config.input)
     if manifest is not None and manifest.params == params and manifest.input.size == size:
         # The same file (size and mtime), or the same bytes (touched or copied: one hashing read,
@@ -148,39 +239,40 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
             rejected_lines = await asyncio.to_thread(_read_reject_lines, sink, manifest.input.rejected)
             if rejected_lines is not None:
                 info = manifest.input.model_copy(update={"path": config.input, "mtime_ns": mtime_ns})
-    spool = None
-    if info is None:
-        if progress:
-            progress.phase(f"reading {config.input} (pre-pass: fingerprint, validation, duplicate ids)")
-        spool = sink.new_staging_file(".jsonl")
-        prepass = await asyncio.to_thread(_prepass_to_file, config.input, defaults, spool)
-        info = InputInfo(path=config.input, kind=detect_kind(config.input), size=prepass.size, mtime_ns=prepass.mtime_ns,
-                         sha256=prepass.sha256, lines=prepass.lines, valid=prepass.valid, rejected=prepass.rejected,
-                         duplicates=prepass.duplicates)
+                return _Input(info, rejected_lines=rejected_lines)
+    if progress:
+        progress.phase(f"reading {config.input} (pre-pass: fingerprint, validation, duplicate ids)")
+    spool = sink.new_staging_file(".jsonl")
+    prepass = await asyncio.to_thread(_prepass_to_file, config.input, config.defaults(), spool)
+    info = InputInfo(path=config.input, kind=detect_kind(config.input), size=prepass.size, mtime_ns=prepass.mtime_ns,
+                     sha256=prepass.sha256, lines=prepass.lines, valid=prepass.valid, rejected=prepass.rejected,
+                     duplicates=prepass.duplicates)
+    return _Input(info, prepass=prepass, spool=spool)
 
-    # -- 3. same job? strict? --------------------------------------------------------------------
-    resumed = manifest is not None
+
+def _refuse_another_job(config: GenerateConfig, sink: Sink, manifest: JobManifest | None, info: InputInfo) -> None:
     if manifest is not None:
-        problems = manifest.mismatch(info, params)
+        problems = manifest.mismatch(info, config.params)
         if problems and not config.force:
             raise JobMismatch(_mismatch_text(sink, problems))
-    if spool is not None:
-        await asyncio.to_thread(sink.commit_file, spool, REJECTS_FILE)
-    files = {"rejects": f"{sink.url}/{REJECTS_FILE}"} if info.rejected else {}
-    if config.strict and info.rejected:
-        return JobReport(status="rejected", total=info.valid, rejected=info.rejected, duplicates=info.duplicates, files=files,
-                         message=f"--strict: {info.rejected} input records rejected (see {REJECTS_FILE}); nothing was sent", **base)
 
-    # -- 4. record the run -----------------------------------------------------------------------
+
+async def _record_run(sink: Sink, manifest: JobManifest | None, info: InputInfo, params: JobParams) -> tuple[JobManifest, RunRecord]:
+    """Discard leftovers of killed runs and add this run to the manifest."""
     await asyncio.to_thread(sink.discard_partial)
     run = RunRecord(run_id=new_run_id(), input_sha256=info.sha256, forced=bool(manifest and manifest.mismatch(info, params)))
     if manifest is None:
         manifest = JobManifest(input=info, params=params)
     manifest = manifest.model_copy(update={"input": info, "params": params, "runs": [*manifest.runs, run]})
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
+    return manifest, run
 
-    # -- 5. what is done --------------------------------------------------------------------------
-    ledger = Ledger(sink, params.format, run.run_id, info.sha256)
+
+async def _what_is_done(config: GenerateConfig, ledger: Ledger, manifest: JobManifest, source: _Input,
+                        progress: Progress | None) -> _Resume:
+    """Read the ledger and mark what committed shards answer in the plan of lines to send."""
+    defaults = config.defaults()
+    prepass = source.prepass
     done = await asyncio.to_thread(ledger.scan, manifest, prepass.collisions if prepass else frozenset())
     if not done.by_line and prepass is None:
         # Shards from another input version (--force): match by id, which needs the pre-pass.
@@ -188,94 +280,103 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
             progress.phase("matching committed ids against the input (pre-pass)")
         prepass = await asyncio.to_thread(run_prepass, config.input, defaults, lambda r: None)
         done = await asyncio.to_thread(partial(ledger.scan, manifest, prepass.collisions, by_id=True))
-    plan = prepass.plan() if prepass is not None else _plan_from_rejects(info.lines, rejected_lines or [])
+    plan = prepass.plan() if prepass is not None else _plan_from_rejects(source.info.lines, source.rejected_lines or [])
     done_count = done.apply(plan, prepass)
-    stats = JobStats(total=info.valid, done_before=done_count, rejected=info.rejected)
-    stats.to_send = max(0, info.valid - done_count)
-    prepass = None  # the plan has what the feed needs: free the hashes
+    source.prepass = None
     done.release()
-    _give_back_memory()
-    for event in ([f"ledger: rebuilt {done.rebuilt} entries of shards committed just before a crash"] if done.rebuilt else []):
-        stats.event(event)
+    return _Resume(plan, done, done_count)
 
-    # -- 6. send the rest -------------------------------------------------------------------------
+
+def _new_stats(info: InputInfo, resume: _Resume) -> JobStats:
+    stats = JobStats(total=info.valid, done_before=resume.done_count, rejected=info.rejected)
+    stats.to_send = max(0, info.valid - resume.done_count)
+    if resume.done.rebuilt:
+        stats.event(f"ledger: rebuilt {resume.done.rebuilt} entries of shards committed just before a crash")
     raised = raise_open_files_limit()
     if raised:
         stats.event(f"open-file limit raised from {raised[0]:,} to {raised[1]:,} (one connection per request in flight)")
-    outcome = "complete"
-    failures_path = sink.new_staging_file(".jsonl")
-    failures_file = open(failures_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in finally
-    startup_s = 0.0
-    message = None
-    try:
-        if stats.to_send > 0:
-            async with Client(request_timeout_s=config.request_timeout_s,
-                              api_key=config.api_key.get_secret_value() if config.api_key else None) as client:
-                if targets is None:
-                    targets = await targets_from_urls(config.urls, client, config.max_running)
-                if not targets:
-                    raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
-                targets = with_bench(targets, config.bench)
-                planned = sum(config.concurrency or t.max_running or 0 for t in targets)
-                if (warning := open_files_warning(planned)) is not None:
-                    stats.event(warning)
-                buffer = ShardBuffer(shard_schema(params.token_ids, params.store_request),
-                                     ShardLimits(config.shard_rows, config.shard_bytes, config.shard_seconds))
-                committer = Committer(ledger, buffer, stats)
+    return stats
 
-                def on_failure(ticket: Ticket, failure: RequestFailure) -> None:
-                    r = ticket.record
-                    failures_file.write(json.dumps({"id": r.id, "line": r.line, "attempts": ticket.attempts, "server": ticket.last_server,
-                                                    "error": failure.describe(), "retryable": failure.retryable, "time": utcnow()}) + "\n")
 
-                dispatcher = Dispatcher(
-                    targets, client=client, out=committer, on_failure=on_failure, stats=stats,
-                    retry=RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_cap_s),
-                    health=config.health, concurrency=config.concurrency, model=params.model,
-                    store_request=params.store_request, restarter=restarter,
-                )
-                startup_s = time.monotonic() - t_start
-                stats.started = time.monotonic()
-                committer.start()
+class _FailureLog:
+    """failures.jsonl of this run, written to staging as failures happen, published at the end."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.path = sink.new_staging_file(".jsonl")
+        self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def write(self, ticket: Ticket, failure: RequestFailure) -> None:
+        r = ticket.record
+        self.file.write(json.dumps({"id": r.id, "line": r.line, "attempts": ticket.attempts, "server": ticket.last_server,
+                                    "error": failure.describe(), "retryable": failure.retryable, "time": utcnow()}) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+async def _send(config: GenerateConfig, targets: list[Target] | None, restarter: Restarter | None, progress: Progress | None,
+                stop: asyncio.Event | None, stats: JobStats, ledger: Ledger, resume: _Resume, failures: _FailureLog,
+                t_start: float, recorder: JobRecorder) -> _Sent:
+    """Send what is not done over every server until it is answered, failed, or the run is stopped."""
+    sent = _Sent()
+    if stats.to_send <= 0:
+        return sent
+    params = config.params
+    async with Client(request_timeout_s=config.request_timeout_s,
+                      api_key=config.api_key.get_secret_value() if config.api_key else None) as client:
+        if targets is None:
+            targets = await targets_from_urls(config.urls, client, config.max_running)
+        if not targets:
+            raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
+        targets = with_bench(targets, config.bench)
+        planned = sum(config.concurrency or t.max_running or 0 for t in targets)
+        if (warning := open_files_warning(planned)) is not None:
+            stats.event(warning)
+        buffer = ShardBuffer(shard_schema(params.token_ids, params.store_request),
+                             ShardLimits(config.shard_rows, config.shard_bytes, config.shard_seconds))
+        committer = Committer(ledger, buffer, stats)
+        dispatcher = Dispatcher(
+            targets, client=client, out=committer, on_failure=failures.write, stats=stats,
+            retry=RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_cap_s),
+            health=config.health, concurrency=config.concurrency, model=params.model,
+            store_request=params.store_request, restarter=restarter,
+        )
+        sent.startup_s = time.monotonic() - t_start
+        stats.started = time.monotonic()
+        committer.start()
+        recorder.start()
+        if progress:
+            progress.start(stats)
+        try:
+            with fewer_collections():
+                feed = _feed(config.input, resume.plan, config.defaults(), resume.done)
+                stopped, sent.outcome = await until_stopped(dispatcher.run(feed), stop)
+            sent.outcome = "interrupted" if stopped else sent.outcome
+        finally:
+            with contextlib.suppress(Exception):
                 if progress:
-                    progress.start(stats)
-                try:
-                    with fewer_collections():
-                        stopped, outcome = await until_stopped(dispatcher.run(_feed(config.input, plan, defaults, done)), stop)
-                    outcome = "interrupted" if stopped else outcome
-                finally:
-                    with contextlib.suppress(Exception):
-                        if progress:
-                            await progress.stop()
-                    await committer.close()
-                if outcome == "stalled":
-                    message = "no server left to send to; run the same command again when servers are ready"
-        status = _status(outcome, stats)
-    except BaseException:
-        run.status = "error"
-        raise
-    finally:
-        failures_file.close()
-        if stats.failed:
-            await asyncio.to_thread(sink.commit_file, failures_path, FAILURES_FILE)
-            files["failures"] = f"{sink.url}/{FAILURES_FILE}"
-        else:
-            os.remove(failures_path)
-            await asyncio.to_thread(sink.remove, FAILURES_FILE)
-        run.finished = utcnow()
-        run.status = run.status if run.status == "error" else _status(outcome, stats)
-        run.done_before, run.done, run.failed = done_count, stats.committed, stats.failed
-        manifest = manifest.model_copy(update={"shards": done.shards + stats.shards, "rows": done.rows + stats.committed})
-        await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
+                    await progress.stop()
+            await committer.close()
+    if sent.outcome == "stalled":
+        sent.message = "no server left to send to; run the same command again when servers are ready"
+    return sent
 
-    remaining = max(0, info.valid - done_count - stats.committed)
-    report = build_report(
-        stats, status=status, run_id=run.run_id, resumed=resumed, duplicates=info.duplicates, remaining=remaining,
-        startup_s=round(startup_s, 3), peak_rss_mb=_peak_rss_mb(), files=files, message=message, **base,
-    )
-    # The last run's report beside the shards: `servefleet plan --check DEST` reads its timings.
-    await asyncio.to_thread(sink.write_bytes, REPORT_FILE, json.dumps(report.to_json(), indent=1).encode())
-    return report
+
+async def _finish_run(sink: Sink, manifest: JobManifest, run: RunRecord, resume: _Resume, stats: JobStats,
+                      failures: _FailureLog, files: dict[str, str], outcome: str) -> None:
+    """Publish failures.jsonl (or remove a stale one) and the run's end in the manifest."""
+    failures.close()
+    if stats.failed:
+        await asyncio.to_thread(sink.commit_file, failures.path, FAILURES_FILE)
+        files["failures"] = f"{sink.url}/{FAILURES_FILE}"
+    else:
+        os.remove(failures.path)
+        await asyncio.to_thread(sink.remove, FAILURES_FILE)
+    run.finished = utcnow()
+    run.status = run.status if run.status == "error" else _status(outcome, stats)
+    run.done_before, run.done, run.failed = resume.done_count, stats.committed, stats.failed
+    manifest = manifest.model_copy(update={"shards": resume.done.shards + stats.shards, "rows": resume.done.rows + stats.committed})
+    await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
 
 
 def _mismatch_text(sink: Sink, problems: list[str]) -> str:

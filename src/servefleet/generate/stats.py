@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 __all__ = ["RateMeter", "ServerStats", "JobStats"]
@@ -39,12 +40,21 @@ class RateMeter:
     def rate(self, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
         self._trim(now)
+        return self._rate(now, self._buckets)
+
+    def peek_rate(self, now: float | None = None) -> float:
+        """The same, without changing anything: safe from another thread (the metrics server's)."""
+        now = time.monotonic() if now is None else now
+        buckets = [b for b in list(self._buckets) if b[0] >= now - self.window_s]  # list(): one C call under the GIL
+        return self._rate(now, buckets)
+
+    def _rate(self, now: float, buckets: "Iterable[list[float]]") -> float:
         if self._first is None:
             return 0.0
         span = min(self.window_s, now - self._first)
         if span < 0.5:  # too little history to say
             return 0.0
-        return sum(b[1] for b in self._buckets) / span
+        return sum(b[1] for b in buckets) / span
 
 
 @dataclass

@@ -16,6 +16,7 @@ throughput model.
 
 from __future__ import annotations
 
+import logging
 import datetime as dt
 import json
 import math
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from servefleet.errors import ConfigError
 from servefleet.plan.planner import ConfigCurve, JobSpec, simulate_makespan
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from servefleet.generate.sinks import Sink
@@ -178,6 +181,7 @@ def _ledger_last_commit(sink: "Sink") -> dict[str, dt.datetime]:
         try:
             entry = json.loads(data)
         except json.JSONDecodeError:
+            log.warning("a ledger entry of the job is not JSON; skipped for the last-commit times")
             continue
         when = _parse_time(entry.get("committed"))
         run = entry.get("run_id")

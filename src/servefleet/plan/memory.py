@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from servefleet.errors import ConfigError
 from servefleet.plan.layers import LayerKind, _text_config, dtype_bytes, layer_plan
@@ -45,14 +45,14 @@ def parse_bytes(text: str | int | float) -> int:
 
 
 class MemoryAssumptions(BaseModel):
-    gpu_mem_bytes: int
-    tp: int = 1
-    mem_fraction: float = 0.9  # SGLang --mem-fraction-static / vLLM --gpu-memory-utilization
-    overhead_bytes_per_gpu: int = GIB  # CUDA context, activations, graphs not covered by the fraction
+    gpu_mem_bytes: int = Field(gt=0)
+    tp: int = Field(default=1, ge=1)
+    mem_fraction: float = Field(default=0.9, gt=0, le=1)  # SGLang --mem-fraction-static / vLLM --gpu-memory-utilization
+    overhead_bytes_per_gpu: int = Field(default=GIB, ge=0)  # CUDA context, activations, graphs not covered by the fraction
     weight_dtype: str = "bfloat16"
     kv_dtype: str = "bfloat16"
     state_dtype: str = "bfloat16"
-    context_len: int = 4096
+    context_len: int = Field(default=4096, ge=1)
     spec: str | None = None  # "mtp:N", "draft:PATH", "ngram", "eagle:PATH"
     weight_source: str = "architecture"
 

@@ -12,6 +12,10 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import Annotated
+
+import pydantic
+from pydantic import Field
 
 __all__ = ["Curve", "ConfigCurve", "JobSpec", "PlanRow", "PointSample", "plan_job", "simulate_makespan", "steady_curve"]
 
@@ -76,10 +80,12 @@ class ConfigCurve:
         return c, t, notes
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True)
 class JobSpec:
-    prompts: int
-    output_tokens_mean: float
+    """The job to plan; refused (pydantic.ValidationError) unless both are positive."""
+
+    prompts: Annotated[int, Field(ge=1)]
+    output_tokens_mean: Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 @dataclass

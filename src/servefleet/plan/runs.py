@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import json
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from pydantic import ValidationError
 from servefleet.bench.result import Run, load_run
 from servefleet.errors import ConfigError
 from servefleet.plan.planner import ConfigCurve, Curve, PointSample, steady_curve
+
+log = logging.getLogger(__name__)
 
 __all__ = ["curve_from_run", "mode_warnings", "model_of_run", "parse_bench_arg", "sample_output_mean"]
 
@@ -71,7 +74,8 @@ def model_of_run(path: Path) -> str | None:
     """The model a bench run measured (to match it with the job it is checked against)."""
     try:
         run = load_run(path)
-    except (FileNotFoundError, ValidationError, json.JSONDecodeError):
+    except (FileNotFoundError, ValidationError, json.JSONDecodeError) as exc:
+        log.info("%s: model of the bench run unknown (%s)", path, type(exc).__name__)
         return None
     return run.target.model
 
@@ -112,6 +116,7 @@ def sample_output_mean(path: Path) -> tuple[float, int]:
                 try:
                     found = _tokens_of(json.loads(line))
                 except json.JSONDecodeError:
+                    log.debug("%s: a line that is not JSON skipped", path)
                     continue
                 if found is not None:
                     values.append(found)

@@ -16,6 +16,7 @@ over a finished or partial log.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -24,9 +25,12 @@ from dataclasses import dataclass, field
 from servefleet.capacity import Capacity
 from servefleet.catalog import DEFAULT_HINTS, Category
 from servefleet.engines.base import EngineProfile, SignalKind, Signature
+from servefleet.engines.generic import FALLBACK
 from servefleet.errors import EngineError
 from servefleet.verify.logtext import display_text, match_text
 from servefleet.verify.prefilter import required_literals
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Signal",
@@ -64,6 +68,15 @@ class Signal:
     category: Category | None = None
     hint: str | None = None
     label: str | None = None
+    provisional: bool = False  # the last-resort "some exception" signature: a named cause below may replace it
+
+
+# A chained traceback prints the first exception first ("JSONDecodeError: ...", then "During handling of
+# the above exception ..." and "OSError: It looks like the config file ... is not a valid JSON file."): a
+# last-resort match is replaced by a recognised cause that follows it within this many lines, before
+# any wrapper or ready line.
+PROVISIONAL_LINES = 200
+_PROVISIONAL = frozenset(id(s) for s in FALLBACK)
 
 
 @dataclass
@@ -218,7 +231,8 @@ def available_engines() -> list[EngineProfile]:
     for name in engine_names():
         try:
             found.append(get_engine(name))
-        except (EngineError, ImportError, AttributeError):
+        except (EngineError, ImportError, AttributeError) as exc:
+            log.debug("engine profile %r not loadable, left out of auto-detection: %s", name, exc)
             continue
     return found
 
@@ -275,6 +289,7 @@ class LogClassifier:
         self.last_exception: Finding | None = None  # unrecognised exception line (see _EXCEPTION)
         self.exception_before_wrapper: Finding | None = None
         self.ready_line: Signal | None = None
+        self._marks_at = 0  # line of the last wrapper or ready line (a provisional cause is not replaced across one)
         self.progress: str | None = None
         self.capacity = Capacity()
         self._recent: deque[tuple[int, str]] = deque(maxlen=EXCERPT_CONTEXT)
@@ -296,7 +311,7 @@ class LogClassifier:
         sig = match_signature(match, self.profile.signatures) if match else None
         if sig is not None and sig.kind is not SignalKind.BENIGN:
             hint = sig.hint or (DEFAULT_HINTS[sig.category] if sig.category else None)
-            signal = Signal(line_no, text, sig.kind, sig.category, hint, sig.label)
+            signal = Signal(line_no, text, sig.kind, sig.category, hint, sig.label, provisional=id(sig) in _PROVISIONAL)
             self._record(signal)
         elif sig is None and match and _EXCEPTION.search(match):
             self.last_exception = self._finding(Signal(line_no, text, SignalKind.FATAL, Category.OTHER, DEFAULT_HINTS[Category.OTHER]))
@@ -321,11 +336,14 @@ class LogClassifier:
 
     def _record(self, signal: Signal) -> None:
         if signal.kind is SignalKind.FATAL:
-            if self.first_fatal is None:
+            if self.first_fatal is None or self._replaces(self.first_fatal, signal):
                 self.first_fatal = self._finding(signal)
-            if self.fatal_since_ready is None:
+            if self.fatal_since_ready is None or self._replaces(self.fatal_since_ready, signal):
                 self.fatal_since_ready = self.first_fatal if self.first_fatal.signal is signal else self._finding(signal)
-        elif signal.kind is SignalKind.WRAPPER:
+            return
+        if signal.kind in (SignalKind.WRAPPER, SignalKind.READY):
+            self._marks_at = signal.line_no
+        if signal.kind is SignalKind.WRAPPER:
             if self.first_wrapper is None:
                 self.first_wrapper = self._finding(signal)
                 self.exception_before_wrapper = self.last_exception
@@ -338,6 +356,17 @@ class LogClassifier:
             self.last_exception = None
         elif signal.kind is SignalKind.PROGRESS:
             self.progress = signal.label or self.progress
+
+    def _replaces(self, found: Finding, signal: Signal) -> bool:
+        """Whether ``signal`` (a named cause) takes the place of a provisional ``found`` of the same traceback."""
+        old = found.signal
+        return (old.provisional and not signal.provisional and self._marks_at < old.line_no
+                and signal.line_no - old.line_no <= PROVISIONAL_LINES)
+
+    @property
+    def cause_is_provisional(self) -> bool:
+        """The root cause so far is only the last-resort match: a named cause may still follow it."""
+        return self.first_fatal is not None and self.first_fatal.signal.provisional
 
     def _finding(self, signal: Signal) -> Finding:
         finding = Finding(signal, list(self._recent))

@@ -116,6 +116,7 @@ class ReadinessMachine:
         self.smoke_detail = ""
         self.exit: ProcessExit | None = None
         self._wrapper_at: float | None = None  # a wrapper line arrived, no cause yet
+        self._provisional_at: float | None = None  # only a last-resort cause so far
         self._smoke_failed_at: float | None = None
         self._final: dict[str, Any] = {}
         self._final_finding: Finding | None = None
@@ -241,9 +242,19 @@ class ReadinessMachine:
         if self.done:
             return
         if self.clf.first_fatal is not None:
+            if self.clf.cause_is_provisional and self.exit is None and not self._provisional_over(now):
+                return  # an unrecognised exception: a named cause of the same traceback may follow (classify)
             self._finish(State.FAILED, now, finding=self.clf.first_fatal, **finding_fields(self.clf.first_fatal))
         elif self.clf.first_wrapper is not None and self._wrapper_at is None:
             self._wrapper_at = now
+
+    def _provisional_over(self, now: float) -> bool:
+        """A last-resort cause is final once the log has been quiet for WRAPPER_GRACE_S after it (at most
+        WRAPPER_MAX_S), or the process has exited."""
+        if self._provisional_at is None:
+            self._provisional_at = now
+        quiet_since = max(self._provisional_at, self.last_log_at or self._provisional_at)
+        return now >= min(quiet_since + WRAPPER_GRACE_S, self._provisional_at + WRAPPER_MAX_S)
 
     def _fail_unrecognised(self, now: float, reason: str) -> None:
         """Failed without a recognised cause: the nearest error line is the best evidence."""
@@ -326,6 +337,10 @@ class ReadinessMachine:
         if self._smoke_failed_at is not None and now >= self._smoke_failed_at + SMOKE_GRACE_S:
             self._fail_unrecognised(now, f"the smoke request failed: {self.smoke_detail}")
             return
+        if self.clf.first_fatal is not None and self.clf.cause_is_provisional:
+            self._evaluate(now)
+            if self.done:
+                return
         if self._wrapper_at is not None:
             quiet_since = max(self._wrapper_at, self.last_log_at or self._wrapper_at)
             if now >= min(quiet_since + WRAPPER_GRACE_S, self._wrapper_at + WRAPPER_MAX_S):

@@ -1,15 +1,20 @@
-"""Live progress of a running job: a rich panel refreshed a few times a second.
+"""`generate` on the terminal: the live progress of a running job and its final report.
 
-Done/total, output tokens/s (over the last 10 s and on average), ETA, retries, failures, and one
-line per server (state, in-flight/limit, its own tokens/s, and where its limit comes from: bench,
-capacity or search, with the controller's last decision). Reads :class:`JobStats` only; on a
-terminal that is not a TTY it prints a one-line status every ``plain_interval_s`` instead.
+The live view is a rich panel refreshed a few times a second: done/total, output tokens/s (over
+the last 10 s and on average), ETA, retries, failures, and one line per server (state,
+in-flight/limit, its own tokens/s, and where its limit comes from: bench, capacity or search, with
+the controller's last decision). It reads :class:`JobStats` only; on a terminal that is not a TTY
+it prints a one-line status every ``plain_interval_s`` instead. It is the job's ``Progress``
+(``servefleet.generate.runner``): the job calls it and never imports it.
+
+``render_report`` prints the :class:`JobReport` the job returns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -17,9 +22,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from servefleet.generate.report import JobReport
 from servefleet.generate.stats import JobStats
 
-__all__ = ["ProgressView", "format_eta"]
+__all__ = ["ProgressView", "format_eta", "render_report"]
 
 
 def format_eta(seconds: float | None) -> str:
@@ -116,3 +122,38 @@ class ProgressView:
             table.add_row(s.name, Text(s.state, style=style), f"{s.in_flight}/{s.limit}", f"{s.meter.rate():,.0f}",
                           f"{s.requests:,}", f"{s.errors:,}", Text(why, style="dim", overflow="ellipsis", no_wrap=True))
         return Group(Group(bar, head), table)
+
+
+_STYLE = {"complete": "bold green", "incomplete": "bold yellow", "interrupted": "bold yellow", "stalled": "bold red", "rejected": "bold red"}
+
+
+def render_report(report: JobReport, console: Console) -> None:
+    head = Text.assemble(
+        (f"{report.status}", _STYLE.get(report.status, "bold")),
+        f"  {report.done_before + report.committed:,}/{report.total:,} ids committed",
+        f" ({report.committed:,} in this run, {report.done_before:,} before)",
+    )
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="dim")
+    summary.add_column()
+    summary.add_row("destination", report.destination)
+    summary.add_row("output tokens", f"{report.completion_tokens:,}  ({report.output_tokens_per_s:,.1f} tok/s over {report.wall_s:,.1f}s)")
+    summary.add_row("failed / retries", f"{report.failed:,} / {report.retries:,}" + (f"  (re-queued from dead servers: {report.requeued:,})" if report.requeued else ""))
+    summary.add_row("rejected input", f"{report.rejected:,}" + (f" ({report.duplicates:,} duplicate ids)" if report.duplicates else ""))
+    summary.add_row("remaining", f"{report.remaining:,}")
+    summary.add_row("shards", f"{report.shards:,} committed in this run")
+    for label, path in report.files.items():
+        summary.add_row(label, path)
+    if report.message:
+        summary.add_row("note", report.message)
+    table = Table(title="servers", title_justify="left", expand=False)
+    for col in ("server", "state", "requests", "errors", "tok/s", "latency", "limit", "outages", "restarts", "limit: why"):
+        table.add_column(col, justify="left" if col in ("server", "state", "limit: why") else "right", no_wrap=col != "limit: why")
+    for s in report.servers:
+        table.add_row(s.name, s.state, f"{s.requests:,}", f"{s.errors:,}", f"{s.output_tokens_per_s:,.1f}",
+                      f"{s.mean_latency_s:.2f}s", str(s.final_concurrency), str(s.outages), str(s.restarts),
+                      f"{s.limit_source}: {s.limit_reason}" if s.limit_reason else s.limit_source)
+    parts: list[Any] = [head, summary]
+    if report.servers:
+        parts.append(table)
+    console.print(Group(*parts))

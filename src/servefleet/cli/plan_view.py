@@ -1,17 +1,17 @@
-"""Render plans and memory estimates: rich tables, plain-language recommendation, a PNG plot."""
+"""`plan`, `plan --check` and `capacity` on the terminal: rich tables and the plain-language
+recommendation (the PNG plot is in ``plots``)."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from rich.table import Table
 
 from servefleet.plan.check import TOLERANCE_PCT, CheckResult
 from servefleet.plan.memory import MemoryEstimate
-from servefleet.plan.planner import ConfigCurve, JobSpec, PlanRow, plan_job
+from servefleet.plan.planner import JobSpec, PlanRow
 
-__all__ = ["fmt_duration", "plan_table", "recommendation", "memory_table", "plot_makespan", "check_table"]
+__all__ = ["fmt_duration", "plan_table", "recommendation", "memory_table", "check_table"]
 
 
 def fmt_duration(seconds: float) -> str:
@@ -73,31 +73,6 @@ def memory_table(est: MemoryEstimate, reported: dict | None = None) -> Table:
             cells.append(f"{seen:,}" if isinstance(seen, int) else "-")
         table.add_row(*cells)
     return table
-
-
-def plot_makespan(configs: list[ConfigCurve], job: JobSpec, gpu_counts: list[int], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = sorted(set(gpu_counts) | {1, 2, 4, 8, 16, 32, 64})
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for cfg in configs:
-        ys = [plan_job([cfg], job, g)[0].makespan_s / 3600 for g in xs]
-        ax.plot(xs, ys, marker="o", label=cfg.name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("GPUs")
-    ax.set_ylabel("makespan (hours)")
-    ax.set_title(f"{job.prompts:,} prompts x {job.output_tokens_mean:,.0f} tokens")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 _CHECK_LABELS = {"output_tps_per_gpu": "output tok/s per GPU", "output_tps_per_server": "output tok/s per server",

@@ -1,12 +1,14 @@
-"""Rich tables for a run: one row per point, the columns that decide a configuration."""
+"""`bench` and `compare` on the terminal: the per-point table of a run (the columns that decide a
+configuration), the one-line progress of each finished point, and the comparison table."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
+from servefleet.bench.compare import Comparison
 from servefleet.bench.result import Point, Run, Stat
 
-__all__ = ["run_table", "point_line", "fmt"]
+__all__ = ["run_table", "point_line", "compare_table", "fmt"]
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -103,3 +105,36 @@ def point_line(p: Point) -> str:
         flag += f" [yellow]{p.steady.reason}[/]"
     return (f"{level}: {fmt(p.output_tokens_per_s)} out tok/s, {fmt(p.requests_per_s, 2)} req/s, "
             f"TTFT p50 {_ms(p.ttft_ms)} ms, ITL p50 {_ms(p.itl_ms)} ms ({p.requests} requests{errs}){flag}")
+
+
+def compare_table(comp: Comparison) -> Table:
+    """Rows: configurations. Columns: output tok/s at each level (ratio to the first run), best point."""
+    table = Table(title="output tokens/s by " + ("request rate" if comp.level_kind == "rate" else "concurrency"),
+                  title_justify="left", header_style="bold")
+    table.add_column("configuration")
+    for lv in comp.levels:
+        table.add_column(("rate " if comp.level_kind == "rate" else "c=") + lv, justify="right")
+    table.add_column("best", justify="right", style="bold")
+    table.add_column("at", justify="right")
+    table.add_column("tok/s/req @best", justify="right")
+    table.add_column("vs first", justify="right")
+    for i, s in enumerate(comp.runs):
+        cells = []
+        for lv in comp.levels:
+            v = s.output_tokens_per_s.get(lv)
+            if v is None:
+                cells.append("-")
+                continue
+            text = fmt(v)
+            if i > 0 and s.ratio.get(lv) is not None:
+                text += f" ({s.ratio[lv]:.2f}x)"
+            if lv in s.client_bound_levels:
+                text += " [red]*[/]"
+            cells.append(text)
+        table.add_row(
+            s.label, *cells, fmt(s.best_output_tokens_per_s), s.best_level or "-",
+            fmt(s.best_per_request_tokens_per_s), "1.00x" if i == 0 else (f"{s.ratio_best:.2f}x" if s.ratio_best else "-"),
+        )
+    if any(s.client_bound_levels for s in comp.runs):
+        table.caption = "[red]*[/] the client, not the server, was the limit at that point"
+    return table

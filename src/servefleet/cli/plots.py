@@ -1,4 +1,6 @@
-"""PNG plots of several runs with matplotlib's Agg backend (no display needed).
+"""PNG plots with matplotlib's Agg backend (no display needed): bench runs and plan makespans.
+
+Bench runs (``compare``, and ``bench`` with several targets):
 
 * throughput vs concurrency (or request rate): total output tok/s of each configuration, the
   curve whose knee and plateau decide how many requests to run at once;
@@ -7,6 +9,8 @@
 
 Client-bound points are drawn hollow so a curve that flattens because of the client is not
 mistaken for the server's plateau.
+
+``plan --plot``: the makespan of each configuration against the number of GPUs.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
 from servefleet.bench.result import Run  # noqa: E402
+from servefleet.plan.planner import ConfigCurve, JobSpec, plan_job  # noqa: E402
 
-__all__ = ["plot_throughput", "plot_latency", "write_plots"]
+__all__ = ["plot_throughput", "plot_latency", "write_plots", "plot_makespan"]
 
 
 def _x(run: Run) -> tuple[list[float], str]:
@@ -106,3 +111,23 @@ def write_plots(runs: list[Run], out_dir: str | Path, prefix: str = "compare") -
         plot_throughput(runs, out_dir / f"{prefix}-throughput.png"),
         plot_latency(runs, out_dir / f"{prefix}-latency.png"),
     ]
+
+
+def plot_makespan(configs: list[ConfigCurve], job: JobSpec, gpu_counts: list[int], path: Path) -> Path:
+    xs = sorted(set(gpu_counts) | {1, 2, 4, 8, 16, 32, 64})
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for cfg in configs:
+        ys = [plan_job([cfg], job, g)[0].makespan_s / 3600 for g in xs]
+        ax.plot(xs, ys, marker="o", label=cfg.name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("makespan (hours)")
+    ax.set_title(f"{job.prompts:,} prompts x {job.output_tokens_mean:,.0f} tokens")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
