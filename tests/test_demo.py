@@ -81,6 +81,8 @@ def test_the_demo_runs_the_main_job_end_to_end(tmp_path: Path) -> None:
     ids = [i for p in (out / "job" / "shards").glob("*.parquet")
            for i in pq.ParquetFile(pa.BufferReader(p.read_bytes())).read(columns=["id"], use_threads=False).column("id").to_pylist()]
     assert sorted(ids) == [f"p{i:05d}" for i in range(PROMPTS)]
+    # the job's HTML report was written
+    assert Path(summary["files"]["report"]).stat().st_size > 0
     # plan --check compared the prediction with the run
     check = summary["plan_check"]
     assert isinstance(check["within_tolerance"], bool) and check["verdict"]
