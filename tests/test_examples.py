@@ -33,10 +33,12 @@ def rendered(name: str) -> dict[str, Any]:
 def test_demo_two_transformers_servers_on_the_cpu() -> None:
     servers = rendered("demo.toml")
     assert set(servers) == {"cpu-a", "cpu-b"}
-    for name, port in (("cpu-a", 38401), ("cpu-b", 38402)):
+    # two configurations of one model: transformers' default (sequential) and continuous batching
+    for name, port, own in (("cpu-a", 38401, []), ("cpu-b", 38402, ["--continuous-batching", "--cb-num-blocks", "64"])):
         argv = servers[name]["argv"]
         assert argv[1:4] == ["-m", "transformers.cli.transformers", "serve"]
-        assert argv[4].endswith("demo-out/tiny-llama") and argv[-6:] == ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+        assert argv[4].endswith("demo-out/tiny-llama")
+        assert argv[5:] == ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", *own]
         assert servers[name]["gpus"] is None and servers[name]["served"] == argv[4]
 
 

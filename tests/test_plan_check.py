@@ -190,8 +190,32 @@ def test_pick_config_refuses_a_run_of_another_model(tmp_path):
     assert pick_config([(a, "qwen"), (b, "/models/llama")], meas) is b  # same name under another path
     with pytest.raises(ConfigError, match="configuration mismatch"):
         pick_config([(a, "qwen")], meas)
-    with pytest.raises(ConfigError, match="exactly one --bench"):
-        pick_config([(a, None), (b, "llama")], meas)
+    # `transformers serve` answers with "<model>@<revision>" where bench recorded the model it asked for
+    tf = measure_job(make_job_dir(tmp_path / "tf", valid=1, runs=[(0.0, 1.0, "complete")], rows={"a": [5]}, model="/d/tiny-llama@main"))
+    assert pick_config([(a, "/d/tiny-llama"), (b, "/d/other")], tf) is a
+    # two runs of the model: each server of the job needs the run named after it ("a" has one, no "b" server)
+    assert pick_config([(a, None), (b, "llama")], meas) == {"a": a}
+    c = ConfigCurve("c", Curve((1,), (1.0,)))
+    with pytest.raises(ConfigError, match="none is named after server"):
+        pick_config([(b, None), (c, "llama")], meas)
+
+
+def test_a_job_on_two_configurations_is_planned_per_server(tmp_path):
+    """The demo's fleet: one server of each configuration. Each at its best point (a: 50 tok/s at
+    c=1; b: 300 tok/s at c=8); the prompts shared by rate, the makespan the slower share's."""
+    job = make_job_dir(tmp_path / "out", valid=14, runs=[(0.0, 10.0, "complete")], rows={"a": [100] * 2, "b": [100] * 12})
+    a, b = ConfigCurve("a", Curve((1, 8), (50.0, 50.0))), ConfigCurve("b", Curve((1, 8), (60.0, 300.0)))
+    meas = measure_job(job)
+    picked = pick_config([(a, "m"), (b, "m")], meas)
+    assert picked == {"a": a, "b": b}
+    res = check_plan(picked, meas)
+    expected = max(simulate_makespan(a.curve, 1, 1, JobSpec(2, 100.0)), simulate_makespan(b.curve, 8, 1, JobSpec(12, 100.0)))
+    assert res.makespan.predicted == pytest.approx(expected)
+    assert (res.replicas, res.concurrency, res.configuration) == (2, 9, "a + b")
+    assert any("b (b): concurrency 8, 300 tok/s steady; planned 86% of the tokens, answered 86%" in n for n in res.notes)
+    assert res.to_json()["verdict"]
+    with pytest.raises(ConfigError, match="apply to a job of one configuration"):
+        check_plan(picked, meas, concurrency=4)
 
 
 # ---- the bench point's own drain ------------------------------------------------------------------
@@ -310,3 +334,28 @@ def test_steady_curve_uses_a_duration_points_deadline():
     p = PointSample(32, 416, 2000 * 10 + 32 * 50 / 2, 11.5, deadline_s=10.0)  # 416 requests of 50 tokens
     assert p.output_tokens / p.duration_s < 1900
     assert steady_curve([p]).total(32) == pytest.approx(2000.0)
+
+
+def test_measuring_a_job_starts_no_arrow_thread_pool(tmp_path):
+    """plan --check aborted now and then at exit after printing its verdict (SIGABRT, "terminate called
+    without an active exception": Arrow's pool threads torn down with the interpreter; 3 of 90 runs
+    reading the demo's shards with pq.read_table, 0 of 140 reading each file in the calling thread).
+    Reading the shards must start no Arrow thread at all: pq.read_table started 3 here, a ParquetFile
+    over io.BytesIO 1-2 (IO pool), over pa.BufferReader with use_threads=False none."""
+    job = make_job_dir(tmp_path / "out", valid=24, runs=[(0.0, 5.0, "complete")], rows={"a": [5] * 12, "b": [7] * 12})
+    code = (
+        "import os, sys\n"
+        "from servefleet.plan.check import measure_job\n"
+        "from servefleet.generate.shards import read_shard_ids\n"
+        "import pyarrow, pyarrow.parquet\n"
+        "threads = lambda: len(os.listdir('/proc/self/task'))\n"
+        "before = threads()\n"
+        f"m = measure_job({str(job)!r})\n"
+        "assert m.prompts_measured == 24\n"
+        f"data = open(sorted(__import__('glob').glob({str(job / 'shards' / '*.parquet')!r}))[0], 'rb').read()\n"
+        "assert len(read_shard_ids(data, 'parquet')[0]) == 12\n"
+        "print(threads() - before)\n"
+    )
+    done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.strip()) == 0, done.stdout

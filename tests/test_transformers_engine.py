@@ -242,6 +242,11 @@ port = {bad}
 
         status = {s["name"]: s for s in json.loads(_cli("status", "--fleet", str(fleet), "--json", timeout=120).stdout)["servers"]}
         assert status["good"]["state"] == "ready"
+        # capacity of the real server (it prints none): one request at a time without
+        # --continuous-batching, the context from the built model's config.json
+        cap = status["good"]["capacity"]
+        assert (cap["max_running_requests"], cap["context_length"]) == (1, 2048), cap
+        assert cap["extra"]["batching"] == "sequential" and "kv_cache_tokens" not in cap
         base = status["good"]["base_url"]
         answer = _post(base + "/v1/completions", {"model": str(model), "prompt": "The server is", "max_tokens": 6})
         text, usage = answer["choices"][0]["text"], answer["usage"]
@@ -264,3 +269,74 @@ def _live_member(proc: psutil.Process, pgid: int) -> bool:
         return os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE
     except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
         return False
+
+
+# ---- capacity from the launch: flags + config.json (the server prints none) -------------------------
+from servefleet.engines.transformers import (  # noqa: E402
+    CB_MAX_REQUESTS_PER_BATCH, CB_PAGE_SIZE, read_serve_argv, serve_capacity,
+)
+
+TINY_CONFIG = {"model_type": "llama", "max_position_embeddings": 2048, "num_hidden_layers": 2}
+
+
+def _argv(*extra: str) -> list[str]:
+    return TransformersEngine().build_argv(LaunchSpec(model="/models/tiny", port=38401, extra_args=("--device", "cpu", *extra),
+                                                      python="/venv/bin/python"))
+
+
+def test_sequential_serve_runs_one_request_at_a_time() -> None:
+    cap = TransformersEngine().capacity_from_launch(_argv(), TINY_CONFIG)
+    assert (cap.max_running_requests, cap.context_length, cap.kv_cache_tokens) == (1, 2048, None)
+    assert cap.extra["batching"] == "sequential"
+    assert "no --continuous-batching" in cap.source["max_running_requests"]
+
+
+@pytest.mark.parametrize(("extra", "kv", "running"), [
+    (("--continuous-batching",), None, CB_MAX_REQUESTS_PER_BATCH),  # cache sized from free memory: unknown
+    (("--continuous-batching", "--cb-num-blocks", "8"), 8 * CB_PAGE_SIZE, 8),
+    (("--continuous-batching", "--cb-num-blocks=64", "--cb-max-batch-tokens", "32"), 64 * CB_PAGE_SIZE, 32),
+    (("--continuous-batching", "--cb-num-blocks", "4", "--cb-block-size", "64"), 4 * 64, 4),
+    (("--continuous-batching", "--cb-max-batch-tokens", "512"), None, 512),
+    (("--continuous-batching", "--no-continuous-batching", "--cb-num-blocks", "8"), None, 1),  # the last one wins
+])
+def test_continuous_batching_capacity_follows_the_flags(extra: tuple[str, ...], kv: int | None, running: int) -> None:
+    cap = TransformersEngine().capacity_from_launch(_argv(*extra), TINY_CONFIG)
+    assert (cap.kv_cache_tokens, cap.max_running_requests, cap.context_length) == (kv, running, 2048)
+
+
+def test_argv_reading_finds_the_force_model_and_ignores_a_bad_value() -> None:
+    settings = read_serve_argv(_argv("--continuous-batching", "--cb-num-blocks", "lots"))
+    assert settings.model == "/models/tiny" and settings.continuous_batching and settings.num_blocks is None
+    assert TransformersEngine().model_config_path(["transformers", "serve", "org/m:model-Q4.gguf"]) is None
+    # no config.json (a Hub id, an unreadable folder): no context length, the rest stands
+    cap = serve_capacity(read_serve_argv(_argv()), None)
+    assert cap.context_length is None and cap.max_running_requests == 1
+
+
+def test_context_length_of_a_multimodal_config_is_the_text_models() -> None:
+    cap = serve_capacity(read_serve_argv(_argv()), {"text_config": {"max_position_embeddings": 32768}, "vision_config": {}})
+    assert cap.context_length == 32768
+
+
+async def test_fleet_reads_the_models_config_relative_to_the_servers_folder(tmp_path: Path) -> None:
+    """The record's argv and a relative model folder, as `up` launches from the fleet's folder: the
+    built tiny model's real config.json gives the context length."""
+    from datetime import datetime, timezone
+
+    from servefleet.fleet.hosts import HostBinding
+    from servefleet.fleet.launch_facts import launch_capacity
+    from servefleet.fleet.state import ServerState
+    from servefleet.hosts.local import LocalHost
+    from servefleet.modelgen import build_tiny_model, spec_from_preset
+
+    build_tiny_model(tmp_path / "models" / "tiny", spec_from_preset("tiny", seed=1))
+    argv = TransformersEngine().build_argv(LaunchSpec(model="models/tiny", port=1, extra_args=("--continuous-batching", "--cb-num-blocks", "16")))
+    record = ServerState(fleet="f", name="a", engine="transformers", host="local", port=1, pgid=1, argv=argv, cwd=str(tmp_path),
+                         log_path="x", status_path="y", launched_at=datetime.now(timezone.utc), spec_hash="h")
+    binding = HostBinding(name="local", host=LocalHost(), work_dir=str(tmp_path), cwd=str(tmp_path))
+    cap = await launch_capacity(record, binding)
+    assert (cap.context_length, cap.kv_cache_tokens, cap.max_running_requests) == (2048, 16 * CB_PAGE_SIZE, 16)
+    # the folder gone: the flags' facts remain, nothing raises
+    gone = record.model_copy(update={"cwd": str(tmp_path / "elsewhere")})
+    cap = await launch_capacity(gone, binding)
+    assert (cap.context_length, cap.max_running_requests) == (None, 16)

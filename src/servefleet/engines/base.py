@@ -173,6 +173,18 @@ class EngineProfile:
         """Capacity facts found in one normalised log line, or None."""
         return None
 
+    # ---- launch facts -------------------------------------------------------------------------
+    def model_config_path(self, argv: Sequence[str]) -> str | None:
+        """The local model folder a launch ``argv`` loads, whose ``config.json`` holds facts the
+        engine never prints (context length); None when there is none to read."""
+        return None
+
+    def capacity_from_launch(self, argv: Sequence[str], model_config: dict[str, Any] | None) -> Capacity:
+        """Capacity facts fixed by the launch itself (its flags, the model's ``config.json``), for
+        engines that neither print nor serve them. The lowest priority: the log and the info
+        endpoint win."""
+        return Capacity()
+
     # ---- endpoints ----------------------------------------------------------------------------
     async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
         """Capacity facts read from the server's info endpoints (empty when it has none)."""

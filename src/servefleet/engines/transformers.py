@@ -22,14 +22,17 @@ model ``servefleet model tiny`` builds. Facts below were read from transformers 
   and exit code 3; only "Uvicorn running on ..." comes after a successful bind. A missing local
   folder surfaces as a Hub repo-id validation error; click argument errors print "Error: ..."
   after a usage line and exit 2.
-- Capacity: the server has no info endpoint and prints no capacity lines; without
-  ``--continuous-batching`` each request runs its own ``generate`` call (no KV-cache pool), so
-  there is no token capacity to report. The log names the model it loaded (``served_model``).
+- Capacity: the server has no info endpoint and prints no capacity lines (the continuous-batching
+  code logs "Paged cache initialized: ..." to its own ``ContinuousBatchingLogger`` at INFO, which
+  ``--log-level`` does not reach, and only on the first request). What it can hold follows from its
+  flags and the model's ``config.json`` (:func:`serve_capacity`). The log names the model it loaded.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from servefleet.capacity import Capacity
@@ -39,7 +42,7 @@ from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
 from servefleet.engines.generic import build_signatures, log_capacity
 from servefleet.errors import EngineError
 
-__all__ = ["TransformersEngine", "SERVE_MODULE"]
+__all__ = ["TransformersEngine", "SERVE_MODULE", "ServeSettings", "read_serve_argv", "serve_capacity"]
 
 C = Category
 S = Signature
@@ -133,6 +136,96 @@ ARGS = na.ArgTable(
     na.Flag(("--cb-max-memory-percent",), "memory_fraction", na.to_float),
 )
 
+# ---- capacity from the launch (transformers 5.23) ----------------------------------------------------
+# Without --continuous-batching every request is one `model.generate()` call queued on the single
+# InferenceThread of cli/serving/utils.py (GenerateManager): one request runs at a time.
+SEQUENTIAL_MAX_RUNNING = 1
+# With it, generation/continuous_batching: the KV cache is `num_blocks` blocks of `page_size` tokens
+# (ContinuousBatchingConfig.page_size = 256; --cb-block-size sets the deprecated block_size, which
+# becomes page_size); without --cb-num-blocks the cache is sized from free memory (60 % of it on a
+# CPU), which cannot be known before the first request builds it. A batch holds at most
+# max_requests_per_batch = min(1024, max_batch_tokens) requests (initialization.py's
+# FALLBACK_DEFAULTS and update_cb_config_after_cache_creation; max_batch_tokens defaults to 8192 in
+# PagedAttentionMemoryHandler), and a running request holds at least one block of its own. Seen on
+# the real server (tiny model, CPU): 8 distinct requests of ~210 tokens finished in pairs with
+# --cb-num-blocks 2 and in fours with 4. Requests longer than a block hold more (fewer run);
+# identical complete blocks are shared (prefix caching), so equal prompts can fit more.
+CB_PAGE_SIZE = 256
+CB_MAX_REQUESTS_PER_BATCH = 1024
+CB_MAX_BATCH_TOKENS = 8192
+_CB_INT_FLAGS = {"--cb-num-blocks": "num_blocks", "--cb-block-size": "page_size", "--cb-max-batch-tokens": "max_batch_tokens"}
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What a `transformers serve` command line says about its capacity."""
+
+    model: str | None = None
+    continuous_batching: bool = False
+    num_blocks: int | None = None
+    page_size: int | None = None
+    max_batch_tokens: int | None = None
+
+
+def read_serve_argv(argv: Sequence[str]) -> ServeSettings:
+    """The force model (the positional after ``serve``) and the continuous-batching flags, typer's
+    way: ``--flag value`` or ``--flag=value``, the last one wins, ``--no-continuous-batching`` too."""
+    args = [str(a) for a in argv]
+    model = None
+    if "serve" in args:
+        i = args.index("serve")
+        if i + 1 < len(args) and not args[i + 1].startswith("-"):
+            model = args[i + 1]
+    found: dict[str, Any] = {"continuous_batching": False}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if arg in ("--continuous-batching", "--no-continuous-batching"):
+            found["continuous_batching"] = arg == "--continuous-batching"
+        elif name in _CB_INT_FLAGS:
+            if not eq:
+                i += 1
+                value = args[i] if i < len(args) else ""
+            try:
+                found[_CB_INT_FLAGS[name]] = int(value)
+            except ValueError:
+                pass  # the server refuses it at start-up; the log says why
+        i += 1
+    return ServeSettings(model=model, **found)
+
+
+def serve_capacity(settings: ServeSettings, model_config: dict[str, Any] | None) -> Capacity:
+    """Capacity facts of a launch: context length from ``config.json`` (``max_position_embeddings``),
+    max running requests from the mode, KV-cache tokens when ``--cb-num-blocks`` fixes the cache."""
+    facts: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    extra: dict[str, Any] = {}
+    config = (model_config or {}).get("text_config") or model_config or {}
+    if isinstance(config.get("max_position_embeddings"), int):
+        facts["context_length"] = config["max_position_embeddings"]
+        source["context_length"] = "config.json:max_position_embeddings"
+    if not settings.continuous_batching:
+        facts["max_running_requests"] = SEQUENTIAL_MAX_RUNNING
+        source["max_running_requests"] = "args: no --continuous-batching (one generate() call at a time)"
+        extra["batching"] = "sequential"
+        return Capacity(**facts, extra=extra, source=source)
+    batch_tokens = settings.max_batch_tokens or CB_MAX_BATCH_TOKENS
+    page = settings.page_size or CB_PAGE_SIZE
+    running = min(CB_MAX_REQUESTS_PER_BATCH, batch_tokens)
+    why = f"min({CB_MAX_REQUESTS_PER_BATCH} requests per batch, {batch_tokens} batch tokens"
+    extra.update(batching="continuous", cb_max_batch_tokens=batch_tokens, cb_page_size=page)
+    if settings.num_blocks:
+        facts["kv_cache_tokens"] = settings.num_blocks * page
+        source["kv_cache_tokens"] = f"args: --cb-num-blocks {settings.num_blocks} x {page}-token blocks"
+        running = min(running, settings.num_blocks)
+        why += f", {settings.num_blocks} blocks"
+        extra["cb_num_blocks"] = settings.num_blocks
+    facts["max_running_requests"] = running
+    source["max_running_requests"] = f"args: --continuous-batching, {why})"
+    return Capacity(**facts, extra=extra, source=source)
+
+
 _LOADING = re.compile(r"(?:^|\s)Loading (\S+?)@([^\s:]+)(?::(\S+\.gguf))?\s*$")
 
 
@@ -193,6 +286,16 @@ class TransformersEngine(EngineProfile):
             model = match.group(1) if not match.group(3) else f"{match.group(1)}:{match.group(3)}"
             return log_capacity(served_model=model, extra={"revision": match.group(2)})
         return None
+
+    # ---- launch facts -----------------------------------------------------------------------------
+    def model_config_path(self, argv: Sequence[str]) -> str | None:
+        """The force model unless it names a GGUF file (``repo:file.gguf``: the config is inside the
+        file). A Hub id reads as a folder that is not there: no facts, nothing fails."""
+        model = read_serve_argv(argv).model
+        return None if not model or model.endswith(".gguf") else model
+
+    def capacity_from_launch(self, argv: Sequence[str], model_config: dict[str, Any] | None) -> Capacity:
+        return serve_capacity(read_serve_argv(argv), model_config)
 
     # ---- endpoints --------------------------------------------------------------------------------
     def smoke_request(self, served_name: str) -> tuple[str, dict[str, Any]]:

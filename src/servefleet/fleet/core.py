@@ -39,6 +39,7 @@ from servefleet.fleet.lifecycle import (
     stop_server,
 )
 from servefleet.fleet.logs import follow_lines, tail_lines
+from servefleet.fleet.launch_facts import launch_capacity
 from servefleet.fleet.loader import load_fleet_file
 from servefleet.fleet.spec import LOCAL, FleetSpec
 from servefleet.fleet.state import ServerState, StateStore, utcnow
@@ -335,6 +336,9 @@ class Fleet:
                 verdict = await wait_for_server(target, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=callback)
                 if last.get("capacity"):
                     verdict = verdict.model_copy(update={"capacity": verdict.capacity.merge(Capacity(**last["capacity"]))})
+                if verdict.state == State.READY:
+                    launched = await launch_capacity(record, binding)
+                    verdict = verdict.model_copy(update={"capacity": verdict.capacity.merge(launched)})
                 if verdict.state == State.FAILED:
                     outcome.after_failure = await self._after_failure(record, binding, keep_failed, grace_s)
                 await self._remember(record, binding, verdict, outcome.after_failure)

@@ -9,7 +9,6 @@ ledger commits. Every row carries its id and input line, so a shard proves by it
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from dataclasses import dataclass
@@ -147,7 +146,8 @@ def write_shard(buffer: ShardBuffer, path: str, fmt: Format, metadata: dict[str,
 def read_shard_ids(data: bytes, fmt: Format) -> tuple[list[str], list[int]]:
     """The ids and input lines a committed shard answers (to rebuild a missing ledger entry)."""
     if fmt == "parquet":
-        table = pq.read_table(io.BytesIO(data), columns=["id", "line"])
+        # from an Arrow buffer, in this thread: Arrow's pools can abort the process at exit (plan/check.py)
+        table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["id", "line"], use_threads=False)
         return table.column("id").to_pylist(), table.column("line").to_pylist()
     ids, lines = [], []
     for raw in data.splitlines():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import datetime as dt
-import io
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -157,7 +156,13 @@ def _shard_rows(name: str, data: bytes) -> list[tuple[str, int, str | None]]:
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        table = pq.read_table(io.BytesIO(data), columns=["server", "completion_tokens", "model"])
+        # From an Arrow buffer, in this thread: pq.read_table (and any Python file object) start Arrow's
+        # thread pools, whose workers still alive at interpreter exit abort the process now and then
+        # ("terminate called without an active exception", exit -6, apache/arrow#34314): seen in the
+        # demo after plan --check had printed its verdict.
+        import pyarrow as pa
+
+        table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["server", "completion_tokens", "model"], use_threads=False)
         return list(zip(table.column("server").to_pylist(), (t or 0 for t in table.column("completion_tokens").to_pylist()),
                         table.column("model").to_pylist()))
     rows = []
@@ -284,25 +289,47 @@ def _measure(sink: "Sink", dest: str, report: Path | None) -> Measured:
 def _same_model(a: str | None, b: str | None) -> bool:
     if not a or not b:
         return True  # unknown on one side: nothing to contradict
-    a, b = a.rstrip("/"), b.rstrip("/")
+    a, b = _without_revision(a.rstrip("/")), _without_revision(b.rstrip("/"))
     return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
 
 
-def pick_config(configs: list[tuple[ConfigCurve, str | None]], measured: Measured) -> ConfigCurve:
-    """The bench run (curve, model it measured) that matches the job's model; one must."""
+def _without_revision(name: str) -> str:
+    """``/models/tiny@main`` -> ``/models/tiny``: `transformers serve` answers with the model it was
+    given plus ``@revision`` (Hub ids cannot hold an ``@``), where bench recorded the name it asked for."""
+    head, at, rev = name.rpartition("@")
+    return head if at and head and rev and "/" not in rev else name
+
+
+def pick_config(configs: list[tuple[ConfigCurve, str | None]], measured: Measured) -> ConfigCurve | dict[str, ConfigCurve]:
+    """The bench run (curve, model it measured) that matches the job's model; one must. Several
+    match when the job ran on a fleet of several configurations: then each server that answered
+    it takes the run named after it (`bench --fleet` labels a run with its server's name), and
+    the result is server name -> curve."""
     matching = [c for c, model in configs if _same_model(model, measured.model)]
     if not matching:
         seen = ", ".join(f"{c.name} ({m})" for c, m in configs)
         raise ConfigError(f"configuration mismatch: the job was served by model {measured.model!r} but the bench runs "
                           f"measured {seen}; pass the bench run of the configuration that ran the job")
-    if len(matching) > 1:
-        raise ConfigError(f"{len(matching)} bench runs match the job ({', '.join(c.name for c in matching)}); "
-                          "give --check exactly one --bench, the configuration that ran the job")
-    return matching[0]
+    if len(matching) == 1:
+        return matching[0]
+    by_name = {c.name: c for c in matching}
+    servers = [s.name for s in measured.servers]
+    unmatched = [name for name in servers if name not in by_name]
+    if unmatched:
+        raise ConfigError(f"{len(matching)} bench runs match the job ({', '.join(c.name for c in matching)}) but none is "
+                          f"named after server(s) {', '.join(unmatched)}: give one --bench (the configuration that ran "
+                          "the job), or one per server, made by `servefleet bench --fleet` (runs named after the servers)")
+    return {name: by_name[name] for name in servers}
 
 
-def check_plan(config: ConfigCurve, measured: Measured, *, gpus: int | None = None, concurrency: int | None = None) -> CheckResult:
+def check_plan(config: ConfigCurve | dict[str, ConfigCurve], measured: Measured, *, gpus: int | None = None,
+               concurrency: int | None = None) -> CheckResult:
     """Predict what ``measured`` did with the planner's model and compare."""
+    if isinstance(config, dict):
+        if gpus is not None or concurrency is not None:
+            raise ConfigError("--gpus and --concurrency apply to a job of one configuration; this one ran on "
+                              f"{len(config)} servers of their own ({', '.join(config)})")
+        return check_mixed(config, measured)
     notes: list[str] = []
     servers = len(measured.servers)
     replicas = (gpus // config.gpus_per_replica) if gpus else servers
@@ -338,3 +365,43 @@ def check_plan(config: ConfigCurve, measured: Measured, *, gpus: int | None = No
                      "a saved `generate --json` report (--report) times the sending alone")
     return CheckResult(measured=measured, configuration=config.name, concurrency=conc, gpus_per_replica=config.gpus_per_replica,
                        replicas=replicas, steady_replica_tps=steady, metrics=metrics, notes=notes)
+
+
+def check_mixed(curves: dict[str, ConfigCurve], measured: Measured) -> CheckResult:
+    """The plan for a job that ran on servers of different configurations, one curve each: every
+    server at its best concurrency; the job shared out in proportion to their steady rates (as
+    generate's dispatch does, keeping each server full), its makespan the slowest share's."""
+    notes = [f"{len(curves)} servers of their own configuration: each at its best bench point, the prompts shared "
+             "in proportion to their rates"]
+    best = {name: c.best() for name, c in curves.items()}
+    for name, (_, _, more) in best.items():
+        notes.extend(f"{name}: {n}" for n in more)
+    rates = {name: curves[name].curve.total(b[0]) for name, b in best.items()}
+    total_rate = sum(rates.values())
+    mean = measured.mean_output_tokens
+    prompts = measured.prompts_measured
+    if measured.complete:
+        predicted_s = max(simulate_makespan(curves[n].curve, best[n][0], 1, JobSpec(max(1, round(prompts * r / total_rate)), mean))
+                          for n, r in rates.items())
+    else:
+        predicted_s = prompts * mean / total_rate
+        notes.append(f"partial job ({measured.prompts_measured:,}/{measured.prompts_total:,} prompts): compared without the tail")
+    for server in measured.servers:
+        share = rates[server.name] / total_rate
+        notes.append(f"{server.name} ({curves[server.name].name}): concurrency {best[server.name][0]}, "
+                     f"{rates[server.name]:,.0f} tok/s steady; planned {share:.0%} of the tokens, answered "
+                     f"{server.completion_tokens / max(1, measured.completion_tokens):.0%}")
+    gpus_used = sum(curves[n].gpus_per_replica for n in curves)
+    tokens = measured.completion_tokens
+    metrics = [
+        Metric("output_tps_per_gpu", tokens / predicted_s / gpus_used, tokens / measured.wall_s / gpus_used),
+        Metric("output_tps_per_server", tokens / predicted_s / len(curves), tokens / measured.wall_s / len(measured.servers)),
+        Metric("makespan_s", predicted_s, measured.wall_s),
+    ]
+    if measured.wall_source == "manifest":
+        notes.append("wall time from the job manifest's run times (includes probing the servers); "
+                     "a saved `generate --json` report (--report) times the sending alone")
+    return CheckResult(measured=measured, configuration=" + ".join(curves), concurrency=sum(b[0] for b in best.values()),
+                       gpus_per_replica=max(1, gpus_used // len(curves)), replicas=len(curves), steady_replica_tps=total_rate / len(curves),
+                       metrics=metrics, notes=notes)
+
