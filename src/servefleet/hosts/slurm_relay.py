@@ -1,0 +1,69 @@
+"""A local TCP relay to a server that runs as a Slurm job.
+
+Where a job's server listens (node and port) is known only once the job runs, and changes with
+every new job (a restart, a resubmission after a time limit). The verify and generate layers want
+one base URL per server for the whole wait or job, so the Slurm host hands out
+``http://127.0.0.1:LOCAL`` and relays each connection to wherever the server's current job says it
+is (its ``.where`` file, read through ``resolve``). While the job is pending, or between jobs, a
+connection is closed at once, which a probe sees as "not up yet".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+__all__ = ["Relay"]
+
+Resolve = Callable[[], Awaitable[tuple[str, int] | None]]
+
+
+class Relay:
+    """Listens on 127.0.0.1 (a free port); each connection goes to ``await resolve()``."""
+
+    def __init__(self, resolve: Resolve) -> None:
+        self.resolve = resolve
+        self.server: asyncio.AbstractServer | None = None
+        self.port = 0
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            target = await self.resolve()
+            if target is None:
+                return
+            up_reader, up_writer = await asyncio.open_connection(*target)
+        except Exception:  # noqa: BLE001 - pending, gone, unreachable: all read as "not up" by the client
+            writer.close()
+            return
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            for w in (writer, up_writer):
+                w.close()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.wait_closed(), 1.0)
+            self.server = None
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            if writer.can_write_eof():
+                writer.write_eof()
