@@ -118,7 +118,7 @@ async def test_a_job_killed_by_the_scheduler_is_reported_with_its_end_state(slur
     assert verdict.state == State.FAILED
     assert verdict.category == Category.KILLED
     assert f"Slurm job {job} ended CANCELLED" in (verdict.message or "")
-    assert "scancel" in (verdict.hint or "")
+    assert "sacct" in (verdict.hint or "")
 
 
 async def test_a_job_pending_for_gpus_is_pending_not_stalled(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:

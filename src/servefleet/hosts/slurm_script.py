@@ -7,10 +7,9 @@ arguments (``sbatch [options] SCRIPT ARG...``), so nothing is quoted into the sc
 
 The job, on the compute node:
 
-1. picks the server's port there: the first port that binds on every address, searched from a
-   start that depends on the job id (two servers' jobs on one node start their search at
-   different ports, and the bind test settles the rest), unless the fleet file's ``args`` fixed
-   the port; the argv positions that carry the port (found by slurm.port_positions) are rewritten;
+1. picks the server's port there: a port that binds on every address, tried in an order drawn
+   from the job id (two servers' jobs on one node try different ports, and the bind test settles
+   the rest), unless the fleet file's ``args`` fixed the port; the argv positions that carry the port (found by slurm.port_positions) are rewritten;
 2. writes where it runs (job id, node, port) to the server's ``.where`` file, atomically;
 3. runs the server under the same detach wrapper as every host (hosts/base.py DETACH_SCRIPT):
    output appended to the same log, the exit code in the same status file. Slurm's own output
@@ -30,13 +29,17 @@ from servefleet.hosts.base import DETACH_SCRIPT
 
 __all__ = ["JOB", "SUBMIT", "PICK_PORT", "job_args", "submit_argv", "sbatch_options", "parse_submitted", "job_name"]
 
-# python3 -c PICK_PORT LO SPAN JOBID: the first free port of [LO, LO+SPAN) from LO + JOBID % SPAN.
+# python3 -c PICK_PORT LO SPAN JOBID: a free port of [LO, LO+SPAN), tried in an order drawn from the
+# job id: two jobs starting on one node at once try different ports first, even where a block of
+# ports is taken. SO_REUSEADDR as servers bind (a port whose old connections linger in TIME_WAIT
+# is free for them; a listening one is not).
 PICK_PORT = r"""
-import socket, sys
+import random, socket, sys
 lo, span, job = (int(a) for a in sys.argv[1:4])
-for k in range(span):
-    port = lo + (job + k) % span
+rng = random.Random(job)
+for port in [lo + rng.randrange(span) for _ in range(min(span, 512))] + list(range(lo, lo + span)):
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("", port))
     except OSError:
