@@ -59,7 +59,7 @@ class SlurmCluster:
     root: Path
     node: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
     partition: str = "debug"
-    min_job_age: int = 60
+    min_job_age: int = 300
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property

@@ -10,6 +10,7 @@ and is skipped only with SERVEFLEET_SKIP_SLURM=1.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from servefleet.catalog import Category, State
 from servefleet.fleet.core import Fleet
 from servefleet.fleet.status import Liveness
+from conftest import PYTHON
 from slurm_rig import SKIP_ENV, SlurmCluster, slurm_unavailable_reason
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
@@ -177,5 +179,92 @@ async def test_login_node_path_over_ssh(slurm: SlurmCluster, sshd_server, tmp_pa
     assert host.transport.commands > 0  # the scheduler was asked over SSH
     status = (await fleet.status())[0]
     assert status.state == Liveness.READY
+    await fleet.down()
+    assert our_jobs(slurm) == []
+
+
+def _prompts(path: Path, n: int) -> Path:
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n")
+    return path
+
+
+def _committed(out: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return [i for shard in sorted((out / "shards").glob("part-*.parquet")) for i in pq.read_table(shard, columns=["id"]).column("id").to_pylist()]
+
+
+def _two_host_fleet(slurm: SlurmCluster, tmp_path: Path, sim: list[str]) -> Path:
+    """"steady" on a host with a 10-minute limit, "short" on a second table of the same cluster
+    with a 1-minute one (Slurm's smallest)."""
+    text = fleet_text(slurm, tmp_path / "shared", {"steady": sim, "short": sim}).replace("timeout = 60", "timeout = 60\nsmoke = false")
+    table = text.split("[hosts.cluster]\n", 1)[1].split("[defaults]")[0]
+    text = text.replace("[defaults]", "[hosts.minute]\n" + table.replace('time = "10"', 'time = "1"') + "[defaults]")
+    text = text.replace('name = "short"\n', 'name = "short"\nhost = "minute"\n')
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    return path
+
+
+async def _generate(path: Path, tmp_path: Path, n: int, *, during=None) -> dict:  # type: ignore[no-untyped-def]
+    """generate over the fleet in a subprocess; ``during`` runs once a first shard is committed."""
+    src = _prompts(tmp_path / "in.jsonl", n)
+    out = tmp_path / "out"
+    argv = [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--fleet", str(path),
+            "--max-tokens", "4", "--concurrency", "4", "--shard-rows", "50", "--json"]
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        if during is not None:
+            async with asyncio.timeout(60):
+                while not ((out / "shards").is_dir() and list((out / "shards").glob("part-*"))):
+                    await asyncio.sleep(0.05)
+            during()
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+    report = json.loads(stdout)
+    assert report["status"] == "complete", report
+    assert sorted(_committed(out)) == sorted(f"p{i}" for i in range(n))  # every prompt, exactly once
+    return report
+
+
+FAST = ["--max-running", "4", "--decode-ms", "2", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0"]
+
+
+async def test_generate_survives_a_cancelled_job(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
+    """A server's job scancelled mid-job: taken out, its prompts re-queued, a new job submitted
+    and used; every prompt answered exactly once."""
+    fleet = fleets(Fleet.load(_two_host_fleet(slurm, tmp_path, FAST)))
+    assert all(v.state == State.READY for v in (await fleet.up()).values())
+    job = (await fleet.record("steady")).pgid
+    report = await _generate(fleet.spec.path, tmp_path, 600, during=lambda: slurm.run("scancel", str(job)))
+    steady = {s["name"]: s for s in report["servers"]}["steady"]
+    assert steady["outages"] == 1 and steady["restarts"] == 1 and steady["state"] == "up", report["events"]
+    assert any("steady: back in service" in e for e in report["events"])
+    states = {j.split()[0]: j.split()[1] for j in slurm.jobs()}
+    assert states[str(job)] == "CANCELLED"
+    new = (await fleet.record("steady")).pgid
+    assert new != job and states[str(new)] == "RUNNING"  # a new job, not the old one adopted
+    await fleet.down()
+    assert our_jobs(slurm) == []
+
+
+@pytest.mark.slow
+async def test_generate_survives_a_time_limit(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
+    """A server whose job hits its time limit mid-job (1 minute, Slurm's smallest; the controller
+    enforces limits every 30 s, so it ends 60-90 s after it started: this test takes ~100 s)."""
+    slow = ["--max-running", "4", "--decode-ms", "60", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0"]
+    fleet = fleets(Fleet.load(_two_host_fleet(slurm, tmp_path, slow)))
+    assert all(v.state == State.READY for v in (await fleet.up()).values())
+    job = (await fleet.record("short")).pgid
+    report = await _generate(fleet.spec.path, tmp_path, 900)  # ~105 s at ~8.5 answers/s
+    short = {s["name"]: s for s in report["servers"]}["short"]
+    assert short["restarts"] >= 1 and short["state"] == "up", report["events"]
+    assert {j.split()[0]: j.split()[1] for j in slurm.jobs()}[str(job)] == "TIMEOUT"
     await fleet.down()
     assert our_jobs(slurm) == []
