@@ -128,3 +128,25 @@ def test_the_fleet_file_takes_slurm_hosts(tmp_path: Path) -> None:
 def test_bad_slurm_tables_are_refused(tmp_path: Path, table: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_fleet_file(_fleet(tmp_path, table))
+
+
+def test_the_slurm_example_loads() -> None:
+    spec = load_fleet_file(Path(__file__).resolve().parent.parent / "examples" / "slurm.toml")
+    host = spec.hosts["cluster"]
+    assert host.kind == "slurm" and host.ssh
+    assert "--gpus=1" in sbatch_options(host.slurm_options())
+
+
+async def test_servers_on_a_slurm_host_never_wait_for_a_shared_gpu(tmp_path: Path) -> None:
+    """Start ordering must not ask the submitting machine for GPU drivers: jobs get their own GPUs."""
+    from servefleet.fleet.hosts import HostPool
+    from servefleet.fleet.start_order import host_has_gpus
+
+    spec = load_fleet_file(_fleet(tmp_path, 'kind = "slurm"'))
+    binding = HostPool(spec).get("c")
+
+    async def refuse(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise AssertionError("asked the submitting machine")
+
+    binding.host.transport.run = refuse  # type: ignore[attr-defined]
+    assert await host_has_gpus(binding) is False

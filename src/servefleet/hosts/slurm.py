@@ -71,6 +71,9 @@ class SlurmHost:
     """Implements the Host contract (and WatchHost) for servers run as Slurm jobs."""
 
     launcher = "sbatch"
+    # The scheduler gives each job GPUs of its own: servers here never share one, so start
+    # ordering (fleet/start_order.py) does not make them wait for each other.
+    jobs_own_gpus = True
 
     def __init__(self, spec: SlurmSpec, transport: Host, where_for_port: Callable[[int], str | None],
                  port_plan: Callable[[str], tuple[int, list[int]]] | None = None) -> None:
@@ -214,11 +217,13 @@ class SlurmHost:
     async def port_holder(self, port: int) -> PortHolder | None:
         return None  # the port is chosen on the node when the job starts: nothing holds it beforehand
 
-    async def url_for(self, port: int, bind_host: str = "127.0.0.1") -> str:
+    async def url_for(self, port: int, bind_host: str = "127.0.0.1", local_port: int | None = None) -> str:
+        """A local relay to the server whose fleet port is ``port``, wherever its current job runs
+        (one per port, kept until close(); ``local_port``: `servefleet tunnel --local-port`)."""
         relay = self._relays.get(port)
         if relay is None:
             relay = Relay(lambda: self._target(port, bind_host))
-            await relay.start()
+            await relay.start(local_port or 0)
             self._relays[port] = relay
         return f"http://127.0.0.1:{relay.port}"
 

@@ -20,7 +20,7 @@ Resolve = Callable[[], Awaitable[tuple[str, int] | None]]
 
 
 class Relay:
-    """Listens on 127.0.0.1 (a free port); each connection goes to ``await resolve()``."""
+    """Listens on 127.0.0.1 (a free port, or the one asked for); each connection goes to ``await resolve()``."""
 
     def __init__(self, resolve: Resolve) -> None:
         self.resolve = resolve
@@ -28,8 +28,8 @@ class Relay:
         self.port = 0
         self._pipes: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+    async def start(self, port: int = 0) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", port)
         self.port = self.server.sockets[0].getsockname()[1]
         return self.port
 
