@@ -150,3 +150,40 @@ async def test_servers_on_a_slurm_host_never_wait_for_a_shared_gpu(tmp_path: Pat
 
     binding.host.transport.run = refuse  # type: ignore[attr-defined]
     assert await host_has_gpus(binding) is False
+
+
+async def test_the_relay_follows_the_current_target_and_refuses_while_there_is_none() -> None:
+    import asyncio
+
+    from servefleet.hosts.slurm_relay import Relay
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"from upstream:" + await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(echo, "127.0.0.1", 0)
+    target: list[tuple[str, int] | None] = [None]
+
+    async def resolve() -> tuple[str, int] | None:
+        return target[0]
+
+    relay = Relay(resolve)
+    port = await relay.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # pending: closed at once
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        target[0] = ("127.0.0.1", upstream.sockets[0].getsockname()[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"hi\n")
+        assert await asyncio.wait_for(reader.read(), 5) == b"from upstream:hi\n"
+        writer.close()
+        idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)  # a keep-alive one, left open
+        await asyncio.sleep(0.05)
+    finally:
+        await relay.close()
+        upstream.close()
+    assert await asyncio.wait_for(idle_reader.read(), 5) == b""  # close() ended it
+    idle_writer.close()
+    assert relay._pipes == set()

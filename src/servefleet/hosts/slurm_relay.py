@@ -34,12 +34,17 @@ class Relay:
         return self.port
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
         try:
             target = await self.resolve()
-            if target is None:
+            if target is None:  # pending, or between jobs: nothing to reach yet
+                writer.close()
                 return
             up_reader, up_writer = await asyncio.open_connection(*target)
-        except Exception:  # noqa: BLE001 - pending, gone, unreachable: all read as "not up" by the client
+        except Exception:  # noqa: BLE001 - gone, unreachable: read as "not up" by the client
             writer.close()
             return
         try:
@@ -49,8 +54,15 @@ class Relay:
                 w.close()
 
     async def close(self) -> None:
+        """Stop listening and end the open connections (a client's keep-alive ones included)."""
         if self.server is not None:
             self.server.close()
+        for task in list(self._pipes):
+            task.cancel()
+        for task in list(self._pipes):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.server.wait_closed(), 1.0)
             self.server = None
