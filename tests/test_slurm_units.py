@@ -187,3 +187,53 @@ async def test_the_relay_follows_the_current_target_and_refuses_while_there_is_n
     assert await asyncio.wait_for(idle_reader.read(), 5) == b""  # close() ended it
     idle_writer.close()
     assert relay._pipes == set()
+
+
+class _FakeTransport:
+    """Answers every command with one canned result; counts them."""
+
+    name = "local"
+
+    def __init__(self, code: int, stdout: str = "", stderr: str = "") -> None:
+        self.result = (code, stdout, stderr)
+        self.asked: list[list[str]] = []
+
+    async def run(self, argv, *, timeout=None, check=True, input=None):  # type: ignore[no-untyped-def]
+        from servefleet.hosts.base import CommandResult
+
+        self.asked.append(list(argv))
+        return CommandResult(tuple(argv), *self.result)
+
+    async def close(self) -> None:
+        return None
+
+
+def _host(transport: _FakeTransport):  # type: ignore[no-untyped-def]
+    from servefleet.hosts.slurm import SlurmHost, SlurmSpec
+
+    return SlurmHost(SlurmSpec(name="c", env={"SLURM_CONF": "/x.conf"}), transport, lambda _p: None)
+
+
+async def test_a_controller_that_does_not_answer_is_host_unreachable() -> None:
+    from servefleet.errors import HostError, HostUnreachable
+
+    host = _host(_FakeTransport(1, stderr="squeue: error: Unable to contact slurm controller (connect failure)"))
+    with pytest.raises(HostUnreachable, match="does not answer"):
+        await host.group_alive(5)
+    other = _host(_FakeTransport(1, stderr="squeue: error: Invalid user"))
+    with pytest.raises(HostError, match="squeue failed: squeue: error: Invalid user"):
+        await other.group_alive(5)
+
+
+async def test_servers_asking_at_once_share_one_squeue() -> None:
+    import asyncio
+
+    transport = _FakeTransport(0, "5|RUNNING|None|n1|2026-12-01T11:00:00|0:10|10:00|a\n6|PENDING|Priority||2026-12-01T11:00:00|0:00|10:00|b\n")
+    host = _host(transport)
+    alive = await asyncio.gather(*(host.group_alive(j) for j in (5, 6, 7, 5, 6)))
+    assert alive == [True, True, False, True, True]
+    assert len(transport.asked) == 1
+    assert transport.asked[0][:2] == ["env", "SLURM_CONF=/x.conf"] and transport.asked[0][2] == "squeue"
+    assert (await host.queued(6) or "").startswith("job 6 pending (Priority) for ")
+    assert await host.queued(5) is None
+    assert len(transport.asked) == 1  # still within poll_interval: no second question

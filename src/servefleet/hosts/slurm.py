@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from servefleet.errors import CommandError, HostError, LaunchError
+from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
 from servefleet.hosts import slurm_script as scripts
 from servefleet.hosts.base import CommandResult, Host, Launched, PortHolder, Truncated
 from servefleet.hosts.pidstat import GONE, PidStatus
@@ -125,7 +125,10 @@ class SlurmHost:
         asked_at = time.monotonic()
         result = await self._scheduler(squeue_argv())
         if result.returncode != 0:
-            raise HostError(f"slurm host {self.name!r}: squeue failed: {result.stderr.strip()[-300:]}")
+            said = result.stderr.strip()[-300:]
+            if "contact slurm controller" in said or "Socket timed out" in said or "Connection refused" in said:
+                raise HostUnreachable(f"slurm host {self.name!r}: the Slurm controller does not answer ({said}); try `squeue --me` there")
+            raise HostError(f"slurm host {self.name!r}: squeue failed: {said}")
         self._jobs = parse_squeue(result.stdout)
         self._jobs_at = asked_at
 
@@ -137,6 +140,12 @@ class SlurmHost:
         return jobs.get(key)
 
     # ---- the Host contract ----------------------------------------------------------------
+    async def connect(self) -> None:
+        """Connect the transport (an SSH login node: its "~" work folder becomes absolute)."""
+        connect = getattr(self.transport, "connect", None)
+        if connect is not None:
+            await connect()
+
     async def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, input: bytes | None = None) -> CommandResult:
         return await self.transport.run(argv, timeout=timeout, check=check, input=input)
 
