@@ -49,6 +49,10 @@ class Relay:
             return
         try:
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        except asyncio.CancelledError:
+            # close() ends it. Finish normally: asyncio's stream callback (3.11) calls
+            # task.exception() on the handler, which raises for a cancelled task.
+            pass
         finally:
             for w in (writer, up_writer):
                 w.close()
