@@ -121,6 +121,9 @@ async def test_a_job_killed_by_the_scheduler_is_reported_with_its_end_state(slur
     assert verdict.category == Category.KILLED
     assert f"Slurm job {job} ended CANCELLED" in (verdict.message or "")
     assert "sacct" in (verdict.hint or "")
+    status = (await fleet.status())[0]
+    assert status.state == Liveness.DEAD
+    assert f"Slurm job {job} ended CANCELLED" in (status.detail or "")
 
 
 async def test_a_job_pending_for_gpus_is_pending_not_stalled(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:

@@ -210,6 +210,14 @@ class SlurmHost:
         waited = _since(job.submitted)
         return f"job {job_id} pending ({job.reason or job.state})" + (f" for {waited:.0f}s" if waited is not None else "")
 
+    async def ended(self, job_id: int) -> str | None:
+        """How an ended job ended ("Slurm job 42 ended TIMEOUT: ..."), while the scheduler still
+        knows it; None for a live job or one it has forgotten."""
+        job = await self.job(job_id)
+        if job is None or is_alive(job.state):
+            return None
+        return end_report(job, str(job_id), self.name).note
+
     async def pid_status(self, pid: int) -> PidStatus:
         return GONE  # servers on a Slurm host are jobs: there is no pid of theirs to watch here
 
