@@ -257,6 +257,26 @@ async def test_generate_survives_a_cancelled_job(slurm: SlurmCluster, tmp_path: 
     assert our_jobs(slurm) == []
 
 
+async def test_generate_drains_a_server_on_its_jobs_advance_notice(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
+    """The advance notice of a time limit (sbatch --signal=B:USR1@N, delivered here at once with
+    scancel --batch --signal=USR1, as slurmctld delivers it): the server gets no new requests,
+    is restarted once its last one is answered, and nothing is re-queued for it."""
+    fleet = fleets(Fleet.load(_two_host_fleet(slurm, tmp_path, FAST)))
+    assert all(v.state == State.READY for v in (await fleet.up()).values())
+    job = (await fleet.record("steady")).pgid
+    report = await _generate(fleet.spec.path, tmp_path, 2500,
+                             during=lambda: slurm.run("scancel", "--batch", "--signal=USR1", str(job)))
+    events = report["events"]
+    assert any("steady: draining" in e for e in events), events
+    assert any("steady: taken out (drained before its announced end); 0 in-flight requests re-queued" in e for e in events), events
+    assert report["requeued"] == 0 and report["retries"] == 0
+    steady = {s["name"]: s for s in report["servers"]}["steady"]
+    assert steady["restarts"] == 1 and steady["state"] == "up"
+    assert (await fleet.record("steady")).pgid != job
+    await fleet.down()
+    assert our_jobs(slurm) == []
+
+
 @pytest.mark.slow
 async def test_generate_survives_a_time_limit(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
     """A server whose job hits its time limit mid-job (1 minute, Slurm's smallest; the controller

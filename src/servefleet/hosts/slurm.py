@@ -218,6 +218,15 @@ class SlurmHost:
             return None
         return end_report(job, str(job_id), self.name).note
 
+    async def noticed(self, job_id: int, status_path: str) -> bool:
+        """Whether job ``job_id`` got its advance notice (sbatch ``--signal=B:USR1@N``): its end
+        is near; the job wrote its id to ``<status>.notice``."""
+        try:
+            raw = await self.transport.read_bytes(status_path + ".notice")
+        except FileNotFoundError:
+            return False
+        return raw.decode(errors="replace").strip() == str(job_id)
+
     async def pid_status(self, pid: int) -> PidStatus:
         return GONE  # servers on a Slurm host are jobs: there is no pid of theirs to watch here
 

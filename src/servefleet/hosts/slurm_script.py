@@ -17,7 +17,8 @@ The job, on the compute node:
    TO TIME LIMIT" line;
 4. forwards SIGTERM (scancel, a time limit, preemption) to the wrapper and waits for it, so the
    exit code is recorded before the job ends; the advance notice of a time limit
-   (``--signal=B:USR1@N``) is written to ``.notice`` for servefleet to see.
+   (``--signal=B:USR1@N``) is written to ``.notice`` (the job id) for servefleet to see:
+   generate drains the server and submits its next job before the limit.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ echo "servefleet: Slurm job ${SLURM_JOB_ID:-?} on $(hostname), port $port" >> "$
 sh -c "$detach" sh "$log" "$status" "$@" &
 child=$!
 trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
-trap 'date +%s > "$status.notice"' USR1
+trap 'echo "${SLURM_JOB_ID:-}" > "$status.notice"' USR1
 wait "$child"; rc=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
 exit "$rc"
