@@ -117,7 +117,7 @@ async def measure_start(folder: Path, cluster: SlurmCluster | None, n: int, load
 
 async def measure_pending(folder: Path, cluster: SlurmCluster, n: int, seconds: float, poll: float, counter: Path) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
-    hog = cluster.run("sbatch", "--parsable", "--gres=gpu:2", "--job-name=gpu-hog", "--wrap", "sleep 600").stdout.strip()
+    hog = cluster.run("sbatch", "--parsable", "--gres=gpu:2", "--job-name=gpu-hog", "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
     fleet = Fleet.load(fleet_file(folder, cluster, n, 0.5, poll, extra_host='gres = "gpu:1"\n'))
     try:
         outcomes = await fleet.start()

@@ -127,7 +127,7 @@ async def test_a_job_killed_by_the_scheduler_is_reported_with_its_end_state(slur
 
 
 async def test_a_job_pending_for_gpus_is_pending_not_stalled(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
-    hog = slurm.run("sbatch", "--parsable", "--gres=gpu:2", "--job-name=gpu-hog", "--wrap", "sleep 300").stdout.strip()
+    hog = slurm.run("sbatch", "--parsable", "--gres=gpu:2", "--job-name=gpu-hog", "--output=/dev/null", "--wrap", "sleep 300").stdout.strip()
     try:
         path = write_fleet(tmp_path, slurm, {"gpu": []}, host_extra='gres = "gpu:1"\n')
         fleet = fleets(Fleet.load(path))
