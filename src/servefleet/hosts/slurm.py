@@ -317,11 +317,17 @@ class SlurmHost:
                     return
                 deadline = time.monotonic() + self.spec.poll_interval
                 while (left := deadline - time.monotonic()) > 0:
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                    # that arrives as the item does, and the waiter's stop then waits forever
+                    # (seen: up hung once in ~30 runs).
                     try:
-                        yield await asyncio.wait_for(queue.get(), min(left, 0.1))
+                        async with asyncio.timeout(min(left, 0.1)):
+                            item = await queue.get()
                     except TimeoutError:
                         if status_path is not None and not stale and self._local and await self.transport.file_size(status_path) is not None:
                             break  # the wrapper recorded an exit: look at the job now
+                        continue
+                    yield item
         finally:
             if follower is not None:
                 follower.cancel()

@@ -68,7 +68,8 @@ class Relay:
                 await task
         if self.server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self.server.wait_closed()
             self.server = None
 
 
