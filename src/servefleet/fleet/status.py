@@ -182,13 +182,13 @@ async def server_status(
         return status
     if holder is not None and not ours:
         status.detail = f"port {record.port} answers from pid {holder.pid}, not from this server"
-    queued = getattr(host, "queued", None)  # a scheduler's host (Slurm): a job still waiting to run
-    if queued is not None and (note := await queued(record.pgid)):
-        status.detail = note
-        return status
     if last.get("state") == State.READY.value:
         status.state = Liveness.UNRESPONSIVE
         status.detail = status.detail or "was ready; the probe no longer answers"
+        return status
+    queued = getattr(host, "queued", None)  # a scheduler's host (Slurm): a job still waiting to run
+    if queued is not None and (note := await queued(record.pgid)):
+        status.detail = note
         return status
     verdict = await diagnose_attempt(binding, record, profile)
     if verdict.state == State.FAILED:
