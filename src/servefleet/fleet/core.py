@@ -481,6 +481,17 @@ class Fleet:
         async for line in follow_lines(binding.host, path, offset):
             yield line
 
+    async def retiring(self) -> set[str]:
+        """Servers whose host announced their end (a Slurm job's advance notice before its time
+        limit, sbatch ``--signal=B:USR1@N``): generate drains them and restarts them first."""
+        names = set()
+        for name in self.spec.names:
+            record = self.store.load(name)
+            noticed = getattr(self.binding(record.host).host, "noticed", None) if record is not None else None
+            if noticed is not None and await noticed(record.pgid, record.status_path):
+                names.add(name)
+        return names
+
     async def ready_endpoints(self) -> list[Endpoint]:
         """Servers that are ready right now (alive, ours, answering their probe)."""
         endpoints = []

@@ -75,6 +75,10 @@ class HostPool:
         if spec is None:
             known = ", ".join([LOCAL, *self.fleet.hosts])
             raise ConfigError(f"{self.fleet.path.name}: unknown host {name!r} (known: {known})")
+        if spec.kind == "slurm":
+            from servefleet.fleet.slurm_binding import connect_slurm
+
+            return connect_slurm(spec, self.fleet, _connect_ssh(spec, self.fleet) if spec.ssh else None)
         return _connect_ssh(spec, self.fleet)
 
     async def close(self) -> None:

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from servefleet.engines.registry import ENGINES
 from servefleet.errors import ConfigError
+from servefleet.fleet.slurm_spec import SlurmHostFields
 
 __all__ = ["LOCAL", "FleetSettings", "HostSpec", "ServerDefaults", "ServerSpec", "FleetSpec", "check_name"]
 
@@ -147,13 +148,13 @@ class FleetSettings(_Strict):
         return v
 
 
-class HostSpec(_Strict):
-    """A ``[hosts.NAME]`` table: an SSH host. The transport arrives with the SSH issue; the shape
-    is fixed here so fleet files can be written (and validated) now. Field names follow
-    ``servefleet.hosts.ssh_options.SSHSpec`` (``ssh`` is its ``destination``)."""
+class HostSpec(SlurmHostFields, _Strict):
+    """A ``[hosts.NAME]`` table: an SSH host, or (``kind = "slurm"``) a Slurm cluster whose jobs
+    run the servers, submitted here or on the login node ``ssh`` names (fleet/slurm_spec.py).
+    Field names follow ``servefleet.hosts.ssh_options.SSHSpec`` (``ssh`` is its ``destination``)."""
 
     name: str
-    ssh: str  # destination: an alias from ~/.ssh/config, or [user@]host
+    ssh: str | None = None  # destination: an alias from ~/.ssh/config, or [user@]host (required unless kind = "slurm")
     port: int | None = None  # ssh port (-p)
     user: str | None = None
     identity_file: str | None = None
@@ -208,6 +209,12 @@ class HostSpec(_Strict):
     @classmethod
     def _env(cls, v: Any) -> dict[str, str]:
         return _env_table(v)
+
+    @model_validator(mode="after")
+    def _ssh_needed(self) -> "HostSpec":
+        if self.kind == "ssh" and self.ssh is None:
+            raise ValueError('ssh: required field is missing (the destination, e.g. "me@gpu-box"; or kind = "slurm")')
+        return self
 
 
 class ServerDefaults(_Strict):

@@ -83,6 +83,8 @@ def shares_gpu(a: ServerSpec, b: ServerSpec, env_a: Mapping[str, str], env_b: Ma
 async def host_has_gpus(binding: HostBinding) -> bool:
     """Whether the host has an NVIDIA or AMD GPU driver loaded (its control device exists): one
     command, which never reads the devices (none where the adopt-check batch already asked)."""
+    if getattr(binding.host, "jobs_own_gpus", False):
+        return False  # a scheduler's host (Slurm): each job is given GPUs of its own, never shared
     prefetched = getattr(binding.host, "prefetched_exists", None)  # fleet/prefetch.PrefetchedHost
     found = prefetched(GPU_DEVICES) if prefetched is not None else None
     if found is not None:

@@ -146,6 +146,9 @@ async def server_status(
             status.detail += f", {status.category}"
         if verdict.evidence is not None:
             status.detail += f": {verdict.evidence.text.strip()[:120]}"
+        ended = getattr(host, "ended", None)  # a scheduler's host (Slurm): how the job ended
+        if ended is not None and (how := await ended(record.pgid)):
+            status.detail += f"; {how}"
         if record.after_failure == "stopped":  # `up` stopped it: its verdict says why, the log may not
             status.category = status.category or last.get("category")
             status.detail = f"stopped by `up` after it failed ({status.category or 'other'}); " + status.detail
@@ -169,6 +172,10 @@ async def server_status(
     if last.get("state") == State.READY.value:
         status.state = Liveness.UNRESPONSIVE
         status.detail = status.detail or "was ready; the probe no longer answers"
+        return status
+    queued = getattr(host, "queued", None)  # a scheduler's host (Slurm): a job still waiting to run
+    if queued is not None and (note := await queued(record.pgid)):
+        status.detail = note
         return status
     verdict = await diagnose_attempt(binding, record, profile)
     if verdict.state == State.FAILED:

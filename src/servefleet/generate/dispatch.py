@@ -20,7 +20,7 @@ import itertools
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
@@ -82,6 +82,7 @@ class _Server:
         self.settle_deadline = now
         self.last_overload = 0.0
         self.probing = False
+        self.draining = False  # its end was announced (a Slurm job's notice): no new requests, restarted once empty
         self.sync_stats()
 
     def sync_stats(self) -> None:
@@ -143,6 +144,7 @@ class Dispatcher:
         restarter: Restarter | None = None,
         tick_s: float = 0.25,
         window_min_s: float = 2.0,
+        notice_interval_s: float = 5.0,
     ) -> None:
         self.client = client
         self.out = out
@@ -156,6 +158,7 @@ class Dispatcher:
         self.restarter = restarter
         self.tick_s = tick_s
         self.window_min_s = window_min_s
+        self.notice_interval_s = notice_interval_s
         self.servers = [_Server(t, self._controller(t), self.policy) for t in targets]
         for s in self.servers:
             stats.servers[s.target.name] = s.stats
@@ -180,6 +183,9 @@ class Dispatcher:
         when no server is left ("stalled")."""
         self._spawn(self._feeder(feed))
         self._spawn(self._monitor())
+        retiring = getattr(self.restarter, "retiring", None)
+        if retiring is not None:
+            self._spawn(self._watch_notices(retiring))
         for s in self.servers:
             self._spawn(s.load.run(self.client.http, lambda s=s: s.target.base_url))
         try:
@@ -250,7 +256,7 @@ class Dispatcher:
     def _pick(self) -> _Server | None:
         best, best_load = None, 2.0
         for s in self.servers:
-            if s.health.state is not ServerState.UP:
+            if s.health.state is not ServerState.UP or s.draining:
                 continue
             n, limit = len(s.in_flight), s.controller.limit
             if n >= limit:
@@ -346,6 +352,7 @@ class Dispatcher:
     # ---- servers going and coming ---------------------------------------------------------------
     def _take_out(self, server: _Server, reason: str, *, hung: bool = False) -> None:
         server.hung = hung
+        server.draining = False
         server.health.take_out()
         server.stats.state = ServerState.DOWN.value
         server.stats.outages += 1
@@ -393,6 +400,22 @@ class Dispatcher:
             self.stats.event(f"{server.target.name}: back in service at {new.base_url}")
         self._wake.set()
 
+    async def _watch_notices(self, retiring: Callable[[], Awaitable[set[str]]]) -> None:
+        """Servers whose end their host announced (a Slurm job's advance notice before its time
+        limit) get no new requests; once their last one is answered they are taken out and
+        restarted, with nothing to re-queue. A failed look is skipped: the end is handled anyway."""
+        while True:
+            await asyncio.sleep(self.notice_interval_s)
+            try:
+                names = await retiring()
+            except Exception:  # noqa: BLE001 - an optimisation, never a reason to stop the job
+                continue
+            for s in self.servers:
+                if s.target.name in names and s.health.state is ServerState.UP and not s.draining:
+                    s.draining = True
+                    self.stats.event(f"{s.target.name}: draining ({len(s.in_flight)} in flight): its end was announced; no new requests")
+                    self._wake.set()
+
     async def _probe(self, server: _Server) -> None:
         try:
             ok = await self.client.ping(server.target.base_url, timeout_s=self.policy.probe_timeout_s)
@@ -421,6 +444,9 @@ class Dispatcher:
             for s in self.servers:
                 s.sync_stats()
                 if s.health.state is not ServerState.UP:
+                    continue
+                if s.draining and not s.in_flight:
+                    self._take_out(s, "drained before its announced end")
                     continue
                 # at least a few scrapes: counters read once a second cannot move faster than that
                 window = max(hang_window_s(self.policy, s.stats.mean_latency_s()), 3 * s.load.interval_s)

@@ -51,6 +51,10 @@ class FleetRestarter:
     def __init__(self, fleet: Any) -> None:
         self.fleet = fleet
 
+    async def retiring(self) -> set[str]:
+        """Servers whose end their host announced (a Slurm job near its time limit): drain them."""
+        return await self.fleet.retiring()
+
     async def restart(self, name: str, on_event: Callable[[str], None]) -> Target | None:
         verdict = await self.fleet.restart(name)
         state = getattr(verdict.state, "value", verdict.state)

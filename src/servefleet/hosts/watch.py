@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from servefleet.hosts.base import Truncated
 
-__all__ = ["Exited", "LogAbsent", "WatchHost", "WatchItem"]
+__all__ = ["Exited", "LogAbsent", "Pending", "WatchHost", "WatchItem"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,18 @@ class Exited:
 
     code: int | None
     killed: bool = False
+    note: str = ""  # how it ended, where the host knows more (a Slurm job's end state)
+    hint: str | None = None  # what to do about that end, replacing the category's default hint
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The server has not started: its job waits in a scheduler's queue (``reason``: the
+    scheduler's word, e.g. Resources, Priority). Waiting there is not a stall."""
+
+    reason: str
+    waited_s: float | None = None
+    job_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,7 @@ class LogAbsent:
     present: bool = False
 
 
-WatchItem = bytes | Truncated | LogAbsent | Exited
+WatchItem = bytes | Truncated | LogAbsent | Pending | Exited
 
 
 @runtime_checkable

@@ -19,6 +19,7 @@ __all__ = [
     "LogTruncated",
     "LogMissing",
     "ProcessExit",
+    "Queued",
     "Tick",
     "Event",
 ]
@@ -91,6 +92,16 @@ class ProcessExit:
     code: int | None
     killed: bool = False
     note: str = ""
+    hint: str | None = None  # the host's own advice for how it ended (a Slurm job's end state)
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The server waits in a scheduler's queue (a pending Slurm job): not started, not stalled."""
+
+    reason: str
+    waited_s: float | None = None
+    job_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,4 +109,4 @@ class Tick:
     """Time passed (drives the stall and overall timeouts and grace periods)."""
 
 
-Event = ProbeResult | SmokeResult | LogLines | LogGrew | LogTruncated | LogMissing | ProcessExit | Tick
+Event = ProbeResult | SmokeResult | LogLines | LogGrew | LogTruncated | LogMissing | ProcessExit | Queued | Tick

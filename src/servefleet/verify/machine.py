@@ -39,6 +39,7 @@ from servefleet.verify.events import (
     ProbeOutcome,
     ProbeResult,
     ProcessExit,
+    Queued,
     SmokeResult,
     Tick,
 )
@@ -115,6 +116,8 @@ class ReadinessMachine:
         self.smoke_state: str | None = None  # None | wanted | sent | ok | failed
         self.smoke_detail = ""
         self.exit: ProcessExit | None = None
+        self.queued: Queued | None = None  # waiting in a scheduler's queue: no stall is counted
+        self._queued_at = now
         self._wrapper_at: float | None = None  # a wrapper line arrived, no cause yet
         self._provisional_at: float | None = None  # only a last-resort cause so far
         self._smoke_failed_at: float | None = None
@@ -187,6 +190,9 @@ class ReadinessMachine:
             self._on_smoke(event, now)
         elif isinstance(event, ProcessExit):
             self._on_exit(event, now)
+        elif isinstance(event, Queued):
+            self.queued, self._queued_at = event, now
+            self.activity_at = now
         elif isinstance(event, Tick):
             pass
         else:  # pragma: no cover - a programming error
@@ -195,6 +201,7 @@ class ReadinessMachine:
 
     # ---- log ----------------------------------------------------------------------------------
     def _log_activity(self, now: float) -> None:
+        self.queued = None  # the job started: its output is the server's
         self.log_bytes_seen = True
         self.log_missing = False
         self.last_log_at = now
@@ -321,7 +328,7 @@ class ReadinessMachine:
         elif self.last_probe is not None and self.last_probe.outcome is ProbeOutcome.WRONG_IDENTITY:
             self._finish_port_in_use(now)
         elif event.killed or _is_sigkill(event.code):
-            self._finish(State.FAILED, now, category=Category.KILLED, hint=DEFAULT_HINTS[Category.KILLED], message=how)
+            self._finish(State.FAILED, now, category=Category.KILLED, hint=event.hint or DEFAULT_HINTS[Category.KILLED], message=how)
         elif self.smoke_state == "failed":
             self._fail_unrecognised(now, f"the smoke request failed ({self.smoke_detail}); {how}")
         elif event.code is None and self.clf.best_unrecognised() is None:
@@ -350,7 +357,9 @@ class ReadinessMachine:
             live = self._live_message(now)
             self._finish(State.STALLED, now, message=f"timed out after {self.timeout_s:g}s" + (f"; {live}" if live else ""))
             return
-        if self.smoke_state != "sent" and now - self.activity_at >= self.stall_s:
+        if self.queued is not None:
+            self.activity_at = now  # pending in a scheduler's queue: the stall clock starts when it runs
+        elif self.smoke_state != "sent" and now - self.activity_at >= self.stall_s:
             live = self._live_message(now)
             what = "no log output and no change of the HTTP probe" if self.log_path else "no change of the HTTP probe"
             self._finish(State.STALLED, now, message=f"stalled: {what} for {self.stall_s:g}s" + (f"; {live}" if live else ""))
@@ -363,6 +372,10 @@ class ReadinessMachine:
 
     # ---- words --------------------------------------------------------------------------------
     def _live_message(self, now: float) -> str | None:
+        if self.queued is not None:
+            waited = (self.queued.waited_s or 0.0) + now - self._queued_at
+            job = f"job {self.queued.job_id} " if self.queued.job_id else ""
+            return f"{job}pending in the scheduler's queue ({self.queued.reason}) for {waited:.0f}s; the stall timeout starts when it runs"
         if self.log_path is not None and self.log_missing:
             return f"log file {self.log_path} does not exist (is the path right?)"
         probe = self.last_probe

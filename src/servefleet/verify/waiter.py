@@ -26,8 +26,8 @@ from servefleet.engines.base import EngineProfile, Probe
 from servefleet.hosts.base import Host, Truncated
 from servefleet.hosts.pidstat import PidStatus
 from servefleet.hosts.local import LocalHost
-from servefleet.hosts.watch import Exited, LogAbsent, WatchHost
-from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Tick
+from servefleet.hosts.watch import Exited, LogAbsent, Pending, WatchHost
+from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Queued, Tick
 from servefleet.verify.bounded import Bounds, HostSource, line_number_at, read_big_log
 from servefleet.verify.logtext import LineSplitter
 from servefleet.verify.machine import ReadinessMachine, message_shape
@@ -216,8 +216,11 @@ async def _watch_server(host: WatchHost, target: WaitTarget, log: _LogState, que
     """The log follower and the process watcher in one: the host's watch stream."""
     async for item in host.watch(target.log_path, log.offset, pgid=target.pgid, status_path=target.status_path):
         if isinstance(item, Exited):
-            queue.put_nowait(ProcessExit(item.code, killed=item.killed))
+            queue.put_nowait(ProcessExit(item.code, killed=item.killed, note=item.note, hint=item.hint))
             return
+        if isinstance(item, Pending):
+            queue.put_nowait(Queued(item.reason, item.waited_s, item.job_id))
+            continue
         if isinstance(item, LogAbsent):
             queue.put_nowait(LogMissing(present=item.present))
             continue

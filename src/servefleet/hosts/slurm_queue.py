@@ -1,0 +1,109 @@
+"""What the Slurm scheduler says about jobs: one ``squeue`` answer parsed, and Slurm's job states
+mapped to what servefleet needs (alive or not; for an ended job, how it ended and what to do).
+
+Pure: no I/O here (slurm.py asks the scheduler), so every mapping is tested with tables.
+Facts from Slurm's documentation (squeue(1) "JOB STATE CODES", "JOB REASON CODES").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+__all__ = ["JobInfo", "SQUEUE_FORMAT", "squeue_argv", "parse_squeue", "ENDED", "is_alive", "EndReport", "end_report", "parse_submit"]
+
+FIELD_SEP = "|"
+# id, state, reason, node list, submit time, time used, time limit, job name
+SQUEUE_FORMAT = FIELD_SEP.join(("%i", "%T", "%r", "%N", "%V", "%M", "%l", "%j"))
+
+# Terminal states: the job's processes are gone (or being killed: COMPLETING is not here).
+ENDED = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT",
+})
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    state: str  # RUNNING, PENDING, COMPLETING, TIMEOUT, ...
+    reason: str = ""  # PENDING: Resources, Priority, QOSMaxJobsPerUserLimit...; ended: TimeLimit, NonZeroExitCode...
+    nodes: str = ""
+    submitted: datetime | None = None
+    used: str = ""  # time used, Slurm's format (M:SS, H:MM:SS, D-HH:MM:SS)
+    limit: str = ""  # time limit, same format, or UNLIMITED
+    name: str = ""
+
+    @property
+    def pending(self) -> bool:
+        return self.state in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+
+
+def squeue_argv(job_ids: list[str] | None = None) -> list[str]:
+    """One question about all of this user's jobs (or ``job_ids``), every state, so a job that just
+    ended is still seen with its end state (for the controller's ``MinJobAge`` seconds)."""
+    argv = ["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
+    argv += ["--jobs=" + ",".join(job_ids)] if job_ids else ["--me"]
+    return argv
+
+
+def parse_submit(value: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+
+
+def parse_squeue(stdout: str) -> dict[str, JobInfo]:
+    """``squeue --format=SQUEUE_FORMAT`` lines -> {job id: JobInfo}; lines that are not that are
+    skipped (a job name may hold the separator: it is the last field)."""
+    jobs = {}
+    for line in stdout.splitlines():
+        parts = line.strip().split(FIELD_SEP, 7)
+        if len(parts) < 8 or not parts[0].strip():
+            continue
+        job_id, state, reason, nodes, submitted, used, limit, name = (p.strip() for p in parts)
+        state = state.split()[0].rstrip("+") if state else ""
+        jobs[job_id] = JobInfo(job_id, state, "" if reason in ("None", "(null)") else reason, nodes, parse_submit(submitted), used, limit, name)
+    return jobs
+
+
+def is_alive(state: str) -> bool:
+    """Whether a job in ``state`` still has (or will have) processes: pending, running, completing."""
+    return state not in ENDED
+
+
+@dataclass(frozen=True)
+class EndReport:
+    """How a job ended, as servefleet reports it. ``killed``: the scheduler ended it (the log may
+    hold no error: the category is ``killed``); otherwise the server's own exit and log decide."""
+
+    note: str
+    hint: str | None
+    killed: bool
+
+
+def end_report(job: JobInfo | None, job_id: str, host: str) -> EndReport:
+    """The words for an ended job (``job`` None: the scheduler no longer knows it)."""
+    if job is None:
+        return EndReport(f"Slurm job {job_id} is no longer known to the scheduler (ended more than MinJobAge ago)", None, False)
+    limit = f" of {job.limit}" if job.limit and job.limit != "UNLIMITED" else ""
+    said = f"Slurm job {job_id} ended {job.state}" + (f" ({job.reason})" if job.reason else "")
+    table = f"[hosts.{host}]"
+    if job.state == "TIMEOUT":
+        return EndReport(f"{said}: it reached its time limit{limit}", f"raise `time` in {table} (sbatch --time), or split the job; generate restarts it with a new job", True)
+    if job.state == "PREEMPTED":
+        return EndReport(f"{said}: preempted by a higher-priority job", f"use a QOS or partition without preemption (`qos`/`partition` in {table}), or let generate resubmit it", True)
+    if job.state == "NODE_FAIL":
+        return EndReport(f"{said} on {job.nodes or 'its node'}: the node failed", f"resubmit (servefleet restart); exclude the node with sbatch_args = [\"--exclude={job.nodes or 'NODE'}\"] if it recurs", True)
+    if job.state == "BOOT_FAIL":
+        return EndReport(f"{said}: the node failed to boot", "resubmit (servefleet restart); ask the cluster's admins if it recurs", True)
+    if job.state == "OUT_OF_MEMORY":
+        return EndReport(f"{said}: the job exceeded its memory allocation (host RAM, not GPU memory)", f"raise `mem` in {table} (sbatch --mem), or lower the engine's CPU-side memory use", True)
+    if job.state == "CANCELLED":
+        return EndReport(f"{said}: cancelled (scancel, by you or an admin)", "see who cancelled it (sacct -j JOB -o State,Reason); servefleet restart resubmits it", True)
+    if job.state == "DEADLINE":
+        return EndReport(f"{said}: its deadline passed", "drop or move the job's --deadline in sbatch_args", True)
+    if job.state in ("FAILED", "COMPLETED", "SPECIAL_EXIT"):
+        return EndReport(said, None, False)
+    return EndReport(said, None, False)
