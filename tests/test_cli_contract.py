@@ -166,7 +166,7 @@ def _fresh_interpreter(code: str) -> set[str]:
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-HEAVY = ("servefleet.sim", "aiohttp", "psutil", "servefleet.fleet", "rich")
+HEAVY = ("servefleet.sim", "aiohttp", "psutil", "servefleet.fleet", "rich", "asyncio", "servefleet.hosts")  # asyncio: a local log needs no event loop
 
 
 def test_importing_the_cli_and_diagnose_load_nothing_heavy() -> None:

@@ -181,3 +181,25 @@ def test_a_launch_marker_as_the_last_line_is_an_attempt_without_output(tmp_path:
     got = bounded(log.path)
     same(got, whole(log.path))
     assert got.state is State.LOADING and "has no output yet" in got.message
+
+
+def test_a_local_file_is_diagnosed_without_an_event_loop(tmp_path) -> None:
+    import asyncio
+
+    from servefleet.verify.bounded import diagnose_file, diagnose_local_file, run_without_loop
+
+    log = tmp_path / "x.log"
+    log.write_text("INFO starting\nValueError: To serve at least one request with the model's max seq len\n")
+    assert diagnose_local_file(log) == asyncio.run(diagnose_file(log))
+
+    class Pending:  # what a future does while it waits: it yields itself to the loop
+        def __await__(self):
+            yield self
+
+    async def waits_on_io() -> None:
+        await Pending()
+
+    import pytest
+
+    with pytest.raises(RuntimeError):  # no loop to run it in: refused, not hung
+        run_without_loop(waits_on_io())

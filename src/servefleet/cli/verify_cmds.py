@@ -6,7 +6,6 @@ the fleet commands, which show the same failure details under their tables.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -164,7 +163,7 @@ def register(app: typer.Typer) -> None:
         A log of any size: beyond 4 MB only its start-up, its end and the windows around its first
         fatal block are read (the rest is scanned for error and ready lines at disk speed); the
         verdict says what was read. Exit 0 ready or loading, 1 failed, 3 when the file cannot be read."""
-        from servefleet.verify.bounded import diagnose_file
+        from servefleet.verify.bounded import diagnose_local_file
 
         profile = _engine_or_none(engine, json_out)
         if not logfile.exists():
@@ -172,7 +171,7 @@ def register(app: typer.Typer) -> None:
         if logfile.is_dir():
             _fail_usage(f"{logfile} is a folder, not a log file", json_out)
         try:  # bounded: a big log is read at its start, its end and around its first fatal block
-            verdict = asyncio.run(diagnose_file(logfile, profile))
+            verdict = diagnose_local_file(logfile, profile)
         except OSError as exc:
             _fail_usage(f"cannot read {logfile}: {exc.strerror or exc}", json_out)
             raise
@@ -226,6 +225,8 @@ def register(app: typer.Typer) -> None:
                 words = [f"[{time.monotonic() - live_line.started:7.2f}s]", verdict.state.value]
                 words += [w for w in (verdict.progress, verdict.message) if w]
                 print(" · ".join(words), file=sys.stderr, flush=True)
+
+        import asyncio
 
         async def run() -> Verdict:
             return await wait_for_server(target, timeout_s=timeout, stall_s=stall, smoke=not no_smoke, on_update=on_update)

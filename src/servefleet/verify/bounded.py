@@ -26,15 +26,20 @@ the attempt, wherever it is.
 from __future__ import annotations
 
 import os
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from servefleet.engines.base import EngineProfile
-from servefleet.hosts.base import Host
 from servefleet.verify.classify import AnyEngine, LogClassifier, detect_engine
 from servefleet.verify.diagnose import ATTEMPT_MARKER, diagnose_lines, split_lines, verdict_of
 from servefleet.verify.logscan import Scan, scan_middle
 from servefleet.verify.verdict import Verdict
+
+if TYPE_CHECKING:  # only annotations: a local diagnose loads neither the host layer nor asyncio
+    from servefleet.hosts.base import Host
+
+T = TypeVar("T")
 
 __all__ = ["ByteSource", "FileSource", "HostSource", "Bounds", "LogWindow", "WindowRead", "diagnose_source", "diagnose_file",
            "read_big_log", "line_number_at", "human_bytes"]
@@ -142,6 +147,24 @@ def human_bytes(n: int) -> str:
 async def diagnose_file(path: str | os.PathLike[str], engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()) -> Verdict:
     """``diagnose_source`` of a local file."""
     return await diagnose_source(FileSource(path), engine, start=start, bounds=bounds)
+
+
+def diagnose_local_file(path: str | os.PathLike[str], engine: EngineProfile | None = None, *, start: int = 0,
+                        bounds: Bounds = Bounds()) -> Verdict:
+    """``diagnose_file`` without an event loop: a local file's reads never wait, so `servefleet
+    diagnose` does not pay for starting asyncio (its start-up is part of the interface)."""
+    return run_without_loop(diagnose_file(path, engine, start=start, bounds=bounds))
+
+
+def run_without_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never waits on I/O (a bare ``await asyncio.sleep(0)`` is fine) to its end."""
+    try:
+        while True:
+            if coro.send(None) is not None:  # a future: this coroutine needs a real event loop
+                coro.close()
+                raise RuntimeError("the coroutine waited on I/O: run it with asyncio.run")
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]  # StopIteration.value is Any; it is the coroutine's T
 
 
 async def diagnose_source(source: ByteSource, engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()) -> Verdict:
