@@ -97,7 +97,7 @@ class Sim:
         self.log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
-    def wait_ready(self, timeout: float = 60) -> "Sim":
+    def wait_ready(self, timeout: float = 60) -> Sim:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "src"))
 
+from real_breadth import TRANSFORMERS_ARGS, TRANSFORMERS_ENV, breadth, heldout  # noqa: E402
 from real_engines import (  # noqa: E402
     FIXTURES,
     LLAMACPP,
@@ -57,7 +58,6 @@ from real_engines import (  # noqa: E402
     stop_group,
     wait_for_exit,
 )
-from real_breadth import TRANSFORMERS_ARGS, TRANSFORMERS_ENV, breadth, heldout  # noqa: E402
 from servefleet.engines.base import LaunchSpec  # noqa: E402
 from servefleet.engines.registry import get_engine  # noqa: E402
 

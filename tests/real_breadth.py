@@ -19,7 +19,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from real_engines import MEMORY_CAP, Scenario
+from real_engines import Scenario
 
 __all__ = ["BREADTH", "VARIANTS", "heldout", "TRANSFORMERS_ARGS", "TRANSFORMERS_ENV", "build_variant"]
 

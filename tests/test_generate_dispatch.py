@@ -13,12 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
 
+from conftest import free_port
 from servefleet.generate.endpoints import Target
 from servefleet.generate.health import HealthPolicy
 from servefleet.generate.job import JobParams
 from servefleet.generate.runner import GenerateConfig, JobMismatch, run_generate
-
-from conftest import free_port
 
 Behaviour = Callable[[dict, int], "int | None"]  # (body, request number) -> error status or None
 
@@ -47,7 +46,7 @@ class FakeServer:
     def target(self, max_running: int | None = None, managed: bool = False) -> Target:
         return Target(self.name, self.url, "fake-model", max_running, managed)
 
-    async def start(self) -> "FakeServer":
+    async def start(self) -> FakeServer:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._complete)

@@ -8,7 +8,6 @@ import json
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 

@@ -24,7 +24,16 @@ sys.path.insert(0, str(GPU))
 import h200  # noqa: E402
 from h200_failures import evidence_substring  # noqa: E402
 from h200_layout import (  # noqa: E402
-    NGRAM_CONFIG, PORT_NAMES, Layout, Settings, whole_toml, failure_cases, failures_toml, fleet_toml, manual_argv, vllm_bench_argv,
+    NGRAM_CONFIG,
+    PORT_NAMES,
+    Layout,
+    Settings,
+    failure_cases,
+    failures_toml,
+    fleet_toml,
+    manual_argv,
+    vllm_bench_argv,
+    whole_toml,
 )
 from h200_report import markdown, plateau  # noqa: E402
 from h200_run2 import GROUPS, check_summary, engine_core_pids, start_order  # noqa: E402

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_until
-
 from servefleet.errors import CommandError, ConfigError, HostError, HostUnreachable
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts.base import PortHolder

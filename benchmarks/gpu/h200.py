@@ -33,7 +33,13 @@ from h200_layout import Layout, Settings, child_env  # noqa: E402
 from h200_report import stage_collect  # noqa: E402
 from h200_run2 import ESTIMATES2, GROUPS, STAGES2  # noqa: E402
 from h200_stages import (  # noqa: E402
-    Ctx, stage_bench, stage_down, stage_plan, stage_setup, stage_up, stage_vllm_bench,
+    Ctx,
+    stage_bench,
+    stage_down,
+    stage_plan,
+    stage_setup,
+    stage_up,
+    stage_vllm_bench,
 )
 
 # Most valuable first: if --budget runs out, what is skipped is the A/B against vllm bench serve.

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from time import perf_counter
-
 from typing import TYPE_CHECKING
 
 import psutil

@@ -40,7 +40,7 @@ def run_coroutine(make: Callable[[], Awaitable[T]], *, quiet_interrupt: bool = F
         raise typer.Exit(ExitCode.INTERRUPTED) from None
 
 
-def open_fleet(given: Path | None) -> "Fleet":
+def open_fleet(given: Path | None) -> Fleet:
     """The fleet of ``--fleet`` (or the one found here), with servefleet's DEBUG log also written to
     its state folder (``servefleet.log``), so a command that went wrong leaves its trace there."""
     from servefleet import logsetup

@@ -134,7 +134,7 @@ def job_html(series: dict[str, Any], view: dict[str, Any], *, plan: dict[str, An
         body.append('<h2>Events</h2><div class="events">' + "<br>".join(
             f"{m['t']:9.1f}s  {_esc(m['text'])}" for m in msgs) + "</div>")
     subtitle = (f"{series['destination']} - input {inp.get('path', '?')} ({inp.get('valid', 0):,} prompts) - "
-                f"written {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+                f"written {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
     data = {"kind": "generate", "series": series, "progress": view, "plan": plan, "failures": failures}
     return _page("servefleet generate: job report", subtitle, body, data)
 
@@ -214,7 +214,7 @@ def bench_html(runs: list[dict[str, Any]]) -> str:
         body.append(f"<h2>{_esc(r['label'])}</h2><p class=\"note\">{_esc(r['path'])} - {_esc(r['mode'])}, {_esc(r.get('model') or '')}</p>"
                     "<table><tr><th>concurrency</th><th>output tok/s</th><th>req/s</th><th>TTFT p50</th><th>TPOT p50</th>"
                     "<th>e2e p50</th><th>e2e p99</th><th>errors</th><th>client-bound</th></tr>" + rows + "</table>")
-    subtitle = f"{len(runs)} run(s) - written {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    subtitle = f"{len(runs)} run(s) - written {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC"
     return _page("servefleet bench: runs side by side", subtitle, body, {"kind": "bench", "runs": runs})
 
 

@@ -12,9 +12,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
-
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import typer
 

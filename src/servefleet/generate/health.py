@@ -144,7 +144,7 @@ class Health:
 async def recover(
     target: Target,
     *,
-    client: "Client",
+    client: Client,
     policy: HealthPolicy,
     restarter: Restarter | None,
     on_event: Callable[[str], None],

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from servefleet.generate.job import JobManifest, utcnow
 from servefleet.generate import prepass as _prepass
+from servefleet.generate.job import JobManifest, utcnow
 from servefleet.generate.prepass import CHECK, SKIP, Prepass
 from servefleet.generate.shards import EXTENSIONS, Format, ShardBuffer, read_shard_ids, write_shard
 from servefleet.generate.sinks import Sink
@@ -66,7 +66,7 @@ class LedgerEntry:
         }, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "LedgerEntry":
+    def from_bytes(cls, data: bytes) -> LedgerEntry:
         d: dict[str, Any] = json.loads(data)
         if len(d["ids"]) != len(d["lines"]):
             raise ValueError("ids and lines differ in length")
@@ -140,7 +140,7 @@ class Ledger:
         self.committed_shards = 0
 
     # ---- commit ---------------------------------------------------------------------------------
-    def stage(self, buffer: ShardBuffer) -> "Staged":
+    def stage(self, buffer: ShardBuffer) -> Staged:
         """Encode a shard into a staging file under its final name (blocking: run it in a thread)."""
         self.seq += 1
         name = f"part-{self.run_id}-{self.seq:06d}{EXTENSIONS[self.fmt]}"
@@ -150,7 +150,7 @@ class Ledger:
                             0, buffer.completion_tokens)
         return Staged(tmp, entry)
 
-    def publish(self, staged: "Staged") -> LedgerEntry:
+    def publish(self, staged: Staged) -> LedgerEntry:
         """Publish the shard, then its entry. Idempotent: a retry after a failure redoes only what
         is not done, under the same name, so a shard is never published twice."""
         entry = staged.entry

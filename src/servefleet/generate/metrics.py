@@ -91,7 +91,7 @@ class JobMetrics:
     def attach(self, stats: JobStats) -> None:
         self._collector.stats = stats
 
-    def __enter__(self) -> "JobMetrics":
+    def __enter__(self) -> JobMetrics:
         try:
             self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self.registry)
         except OSError as exc:

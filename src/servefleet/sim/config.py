@@ -121,7 +121,7 @@ class SimConfig(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> "SimConfig":
+    def _check(self) -> SimConfig:
         if self.timing == "knee":
             given = [n for n in _REALISTIC_ONLY if n in self.model_fields_set]
             if given:

@@ -175,7 +175,7 @@ class SimProcess:
         if self.runner is not None:
             try:
                 await asyncio.wait_for(self.runner.cleanup(), timeout=3)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 pass
         self._kill_children(grace_s=2.0)
         return 0

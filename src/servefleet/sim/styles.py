@@ -37,7 +37,7 @@ class Memory:
     kv_v: float
 
     @classmethod
-    def of(cls, cfg: SimConfig) -> "Memory":
+    def of(cls, cfg: SimConfig) -> Memory:
         total, before, weights = 79.19, 78.50, 15.08
         room = before - weights - 3.0
         per_token = min(131072.0, room * 2**30 / cfg.kv_tokens)  # bytes of K+V per token
