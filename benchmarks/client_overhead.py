@@ -376,7 +376,7 @@ def table(outcomes: list[Outcome], ratios: dict[str, Any]) -> str:
     lines = [head, "-" * len(head)]
     for o in outcomes:
         m = o.measured or {}
-        def f(key: str, fmt: str) -> str:
+        def f(key: str, fmt: str, m: dict = m) -> str:  # m bound now: called only within this iteration
             v = m.get(key)
             return format(v, fmt) if isinstance(v, (int, float)) else "-"
         note = (o.error or "")[:70]

@@ -298,7 +298,7 @@ async def throughput_section(workdir: Path, prompts: int) -> dict[str, Any]:
 def write_big_input(path: Path, n: int) -> None:
     with open(path, "w") as f:
         for i in range(n):
-            f.write('{"id": "r%07d", "prompt": "Tell me something about the number %d.", "max_tokens": 8}\n' % (i, i))
+            f.write(f'{{"id": "r{i:07d}", "prompt": "Tell me something about the number {i}.", "max_tokens": 8}}\n')
 
 
 def watch_run(argv: list[str], sims: list[Sim] | None = None, stop_after_s: float | None = None,
@@ -386,7 +386,7 @@ def seed_done(src: Path, out: Path, done: int) -> None:
     for start in range(0, done, 1000):
         buf = ShardBuffer(schema, ShardLimits(rows=1000))
         for i in range(start, start + 1000):
-            buf.add(OutputRow("r%07d" % i, i + 1, "an earlier answer of eight tokens", "length", 10, 8, "sim-bench", "sim0", 1, 0.01))
+            buf.add(OutputRow(f"r{i:07d}", i + 1, "an earlier answer of eight tokens", "length", 10, 8, "sim-bench", "sim0", 1, 0.01))
         ledger.commit(buf)
 
 

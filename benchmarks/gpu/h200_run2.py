@@ -59,7 +59,7 @@ def _ready(ctx: Ctx, fleet: Path) -> list[str]:
 def _up(ctx: Ctx, fleet: Path, text: str, name: str) -> dict:
     """One ``servefleet up`` of the whole fleet file (servefleet itself orders servers sharing a GPU),
     then ``status`` and each server's own log facts beside it."""
-    lay, st, run = ctx.layout, ctx.settings, ctx.runner
+    st, run = ctx.settings, ctx.runner
     fleet.write_text(text)
     limit = ctx.cap(st.up_timeout, reserve=120.0)
     t0 = time.monotonic()

@@ -251,7 +251,7 @@ def _run_one(target: BenchTarget, config: BenchConfig, *, tokenizer: str | None,
     if not quiet:
         levels = config.concurrency or config.request_rates
         err.print(f"[bold]bench[/] {target.label or target.base_url}: {len(levels)} points, "
-                  f"{'%d requests' % config.requests if config.requests else '%gs' % config.duration_s} each, "
+                  f"{f'{config.requests} requests' if config.requests else f'{config.duration_s:g}s'} each, "
                   f"{'streaming' if config.stream else 'non-streaming'}, {config.workers} client process(es)")
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:  # asyncio, or SERVEFLEET_EVENT_LOOP=uvloop

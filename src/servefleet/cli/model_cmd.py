@@ -6,7 +6,7 @@ builder writes the folder, and the result is shown as a table or JSON.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -18,18 +18,18 @@ from servefleet.errors import ConfigError
 __all__ = ["register"]
 
 
-class Preset(str, Enum):
+class Preset(StrEnum):
     tiny = "tiny"
     small = "small"
     realistic = "realistic"
 
 
-class ArchChoice(str, Enum):
+class ArchChoice(StrEnum):
     llama = "llama"
     qwen2 = "qwen2"
 
 
-class DTypeChoice(str, Enum):
+class DTypeChoice(StrEnum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"

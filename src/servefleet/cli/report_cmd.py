@@ -41,7 +41,6 @@ def report(
 ) -> None:
     from servefleet.errors import ServefleetError
 
-    err = Console(stderr=True)
     try:
         if all(s.endswith(".json") and os.path.isfile(s) for s in sources):
             if bench:

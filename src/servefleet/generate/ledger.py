@@ -188,7 +188,7 @@ class Ledger:
             self.sink.remove(f"{LEDGER_DIR}/{stale}")
             done.dropped += 1
         for i in range(0, len(wanted), _BATCH):
-            for rel, data in self.sink.read_many(wanted[i : i + _BATCH]).items():
+            for _rel, data in self.sink.read_many(wanted[i : i + _BATCH]).items():
                 entry = LedgerEntry.from_bytes(data)
                 self._count(entry, done, lines, hashes, collisions, by_id)
         have = {f"{_stem(s)}.json" for s in shards} & entries
