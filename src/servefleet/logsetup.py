@@ -89,7 +89,7 @@ def add_state_file(state_dir: str | Path) -> Path | None:
     logger = logging.getLogger(_ROOT)
     path = Path(state_dir) / LOG_FILE
     for h in list(logger.handlers):
-        if getattr(h, "servefleet_state_file", False):
+        if isinstance(h, logging.FileHandler) and getattr(h, "servefleet_state_file", False):
             if Path(h.baseFilename) == path.resolve():
                 return path
             logger.removeHandler(h)  # another fleet's folder, from an earlier command in this process

@@ -104,7 +104,7 @@ async def _up_and_render(
             return ExitCode.FAILED if blocked else ExitCode.OK
 
         progress = UpProgress(Console(stderr=True, highlight=False) if as_json else console, outcomes, engines, plain=plain)
-        kwargs = {"timeout_s": timeout, "stall_s": stall, "smoke": smoke, "keep_failed": keep_failed, "grace_s": grace}
+        kwargs: dict[str, Any] = {"timeout_s": timeout, "stall_s": stall, "smoke": smoke, "keep_failed": keep_failed, "grace_s": grace}
         if plain:  # JSON mode: progress lines go to stderr, stdout carries only the document
             verdicts = await fleet.wait(outcomes, on_update=progress.on_update, **kwargs)
         else:

@@ -127,7 +127,7 @@ def _bench(paths: list[str]) -> tuple[str, dict[str, Any], Path]:
     from servefleet.cli.report_html import bench_html
     from servefleet.errors import ConfigError
 
-    runs = []
+    runs: list[dict[str, Any]] = []
     for p in paths:
         try:
             run = Run.model_validate_json(Path(p).read_bytes())

@@ -191,7 +191,7 @@ def bench_html(runs: list[dict[str, Any]]) -> str:
 
     body = [_cards([(r["label"], f"best {r['best_tps']:,.0f} tok/s at c={r['best_concurrency']}") for r in runs])]
     legend = _legend(labels, colors)
-    common = dict(x_max=x_max, x_min=x_min, x_log2=log2, x_label="concurrency (requests in flight)", time_axis=False)
+    common: dict[str, Any] = dict(x_max=x_max, x_min=x_min, x_log2=log2, x_label="concurrency (requests in flight)", time_axis=False)
     body.append("<h2>Output tokens/s against concurrency</h2>" + legend
                 + line_chart("bench-tps", series=lines("output_tokens_per_s"), y_label="output tok/s", **common))
     body.append("<h2>Latency against concurrency</h2>" + _legend(labels, colors, ' <span class="note">solid: end-to-end p50, '

@@ -21,6 +21,7 @@ several ids share.
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 from array import array
@@ -58,7 +59,7 @@ class LedgerEntry:
     def rows(self) -> int:
         return len(self.ids)
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self) -> builtins.bytes:  # builtins: the field named bytes shadows the type in this class
         return json.dumps({
             "shard": self.shard, "run_id": self.run_id, "input_sha256": self.input_sha256, "rows": self.rows,
             "bytes": self.bytes, "completion_tokens": self.completion_tokens, "committed": self.committed,
@@ -66,7 +67,7 @@ class LedgerEntry:
         }, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> LedgerEntry:
+    def from_bytes(cls, data: builtins.bytes) -> LedgerEntry:
         d: dict[str, Any] = json.loads(data)
         if len(d["ids"]) != len(d["lines"]):
             raise ValueError("ids and lines differ in length")

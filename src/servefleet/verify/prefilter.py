@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from typing import Any
 
 try:  # Python 3.11+: the regex parser lives here (private but stable); sre_parse before
-    from re import _constants as _c
-    from re import _parser as _p
+    from re import _constants as _c  # type: ignore[attr-defined]  # private module, absent from typeshed
+    from re import _parser as _p  # type: ignore[attr-defined]  # private module, absent from typeshed
 except ImportError:  # pragma: no cover
     import sre_constants as _c  # type: ignore[no-redef]
     import sre_parse as _p  # type: ignore[no-redef]
