@@ -47,7 +47,7 @@ class _FirstProbe(http.server.BaseHTTPRequestHandler):
 
     first: threading.Event  # set per server
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         self.server.first_at = time.perf_counter()  # type: ignore[attr-defined]
         self.server.first.set()  # type: ignore[attr-defined]
         self.send_response(503)

@@ -85,7 +85,7 @@ def free_port() -> int:
 
 
 def http_get(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # loopback only
         return resp.read().decode()
 
 
@@ -114,7 +114,7 @@ def start_sim(port: int, log: Path) -> subprocess.Popen:
             raise RuntimeError(f"sim exited with {proc.returncode}; see {log}")
         try:
             req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=2) as resp:  # noqa: S310 - loopback only
+            with urllib.request.urlopen(req, timeout=2) as resp:  # loopback only
                 if resp.status == 200:
                     return proc
         except OSError:

@@ -70,8 +70,8 @@ RESULTS = REPO / "benchmarks" / "results"
 PY = sys.executable
 
 sys.path.insert(0, str(REPO / "src"))
-from servefleet.sim.config import SimConfig  # noqa: E402
-from servefleet.sim.theory import theoretical_output_tokens_per_s  # noqa: E402
+from servefleet.sim.config import SimConfig  # noqa: E402 - after the sys.path.insert above
+from servefleet.sim.theory import theoretical_output_tokens_per_s  # noqa: E402 - after the sys.path.insert above
 
 SIM_TIMED = {"max_running": 32, "decode_ms": 20.0, "decode_ms_per_running": 0.1, "prefill_ms_per_1k_tokens": 0.0}
 SERVERS = 4
@@ -94,7 +94,7 @@ class Sim:
         argv = [PY, "-m", "servefleet.sim", "--port", str(self.port), "--load-time", "0", "--model", "sim-bench"]
         for key, value in options.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
-        self.log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115
+        self.log = open(workdir / f"{name}.log", "wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def wait_ready(self, timeout: float = 60) -> Sim:

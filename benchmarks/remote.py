@@ -72,7 +72,7 @@ from servefleet.hosts.ssh import SSHHost
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from sshd import SSHServer, sshd_unavailable_reason  # noqa: E402
+from sshd import SSHServer, sshd_unavailable_reason  # noqa: E402 - after the sys.path.insert above
 
 RESULTS = Path(__file__).resolve().parent / "results" / "remote.json"
 STATUS_RESULTS = RESULTS.with_name("remote-status.json")

@@ -288,7 +288,7 @@ class PortHolder:
 
     def __init__(self) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 body = b'{"object": "list", "data": [{"id": "someone-elses-model"}]}'
                 self.send_response(200)
                 self.send_header("content-type", "application/json")

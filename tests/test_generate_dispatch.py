@@ -175,7 +175,7 @@ async def test_auto_concurrency_starts_from_the_reported_capacity(tmp_path):
 
 async def test_429_and_5xx_storms_are_retried_until_every_prompt_is_answered(tmp_path):
     rng = random.Random(5)
-    storm = lambda body, n: rng.choice([429, 500, 502, 503]) if rng.random() < 0.5 else None  # noqa: E731
+    storm = lambda body, n: rng.choice([429, 500, 502, 503]) if rng.random() < 0.5 else None  # noqa: E731 - a one-line fault table, read as data
     server = await FakeServer(behaviour=storm).start()
     try:
         src = write_input(tmp_path / "in.jsonl", 300)

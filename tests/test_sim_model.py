@@ -331,7 +331,7 @@ def test_request_fault_draws_honour_rates_and_seed() -> None:
 def test_renderer_prefixes_and_colour() -> None:
     from servefleet.sim.logline import SG_RANK, Line, Renderer, uv
 
-    clock = lambda: 1_764_000_000.0  # noqa: E731
+    clock = lambda: 1_764_000_000.0  # noqa: E731 - a frozen clock, one expression
     sg = Renderer("sglang", tp=2, clock=clock)
     assert sg.render(Line("Load weight begin.", SG_RANK)).count("] Load weight begin.\n") == 2
     assert " TP1] Load weight begin." in sg.render(Line("Load weight begin.", SG_RANK))

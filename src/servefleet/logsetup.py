@@ -38,7 +38,7 @@ def redact(text: str) -> str:
     return _SECRET.sub(lambda m: m.group(1) + "***", text)
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a record comes (a test runner swaps it)."""
 
     def emit(self, record: logging.LogRecord) -> None:

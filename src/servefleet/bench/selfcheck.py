@@ -87,8 +87,8 @@ class LoopProbe:
 
 def judge(loads: list[WorkerLoad], host_cpu_percent: float | None = None) -> ClientCheck:
     """Combine the workers' self-measurements into a verdict with reasons."""
-    from servefleet.bench.metrics import stat  # noqa: PLC0415 - see the TYPE_CHECKING note
-    from servefleet.bench.result import ClientCheck  # noqa: PLC0415
+    from servefleet.bench.metrics import stat  # see the TYPE_CHECKING note
+    from servefleet.bench.result import ClientCheck
     lags = [x for load in loads for x in load.lags_s]
     lag = stat(lags)
     cpu = [load.cpu_percent for load in loads]

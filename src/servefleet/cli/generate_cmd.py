@@ -103,7 +103,7 @@ def generate(
     raise typer.Exit(_exit_code(report.status))
 
 
-async def _run(config, fleet_file: Path | None, progress):  # type: ignore[no-untyped-def]
+async def _run(config, fleet_file: Path | None, progress):
     from servefleet.generate.endpoints import FleetRestarter, targets_from_fleet
     from servefleet.generate.runner import run_generate
 

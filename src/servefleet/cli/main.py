@@ -148,7 +148,7 @@ class LazyGroup(TyperGroup):
         except click.exceptions.UsageError as exc:
             _usage_error(exc, as_json, command)
             raise  # click prints its usage block and the message on stderr, and exits exc.exit_code
-        except BaseException as exc:  # noqa: BLE001 (every failure of every command is reported here, once)
+        except BaseException as exc:  # every failure of every command is reported here, once
             failure = failure_from_exception(exc)
             if failure is None:
                 if as_json and isinstance(exc, Exception):

@@ -84,7 +84,7 @@ class JobMetrics:
         self.port = port
         self.registry = CollectorRegistry(auto_describe=False)
         self._collector = _Collector()
-        self.registry.register(self._collector)  # type: ignore[arg-type]
+        self.registry.register(self._collector)
         self._server: Any = None
         self._thread: threading.Thread | None = None
 

@@ -23,8 +23,8 @@ try:  # Python 3.11+: the regex parser lives here (private but stable); sre_pars
     from re import _constants as _c  # type: ignore[attr-defined]  # private module, absent from typeshed
     from re import _parser as _p  # type: ignore[attr-defined]  # private module, absent from typeshed
 except ImportError:  # pragma: no cover
-    import sre_constants as _c  # type: ignore[no-redef]
-    import sre_parse as _p  # type: ignore[no-redef]
+    import sre_constants as _c
+    import sre_parse as _p
 
 __all__ = ["required_literals", "may_match", "MIN_LITERAL", "BLOCK_MARKERS", "LAUNCH_MARKER", "spellings", "marker_words"]
 
