@@ -228,7 +228,7 @@ class Ledger:
         m = _NAME.match(shard)
         assert m is not None
         data = self.sink.read_bytes(f"{SHARDS_DIR}/{shard}") or b""
-        ids, lines = read_shard_ids(data, m["ext"])  # type: ignore[arg-type]
+        ids, lines = read_shard_ids(data, m["ext"])  # type: ignore[arg-type]  # _NAME admits only the Format extensions
         sha = manifest.run_input(m["run"]) if manifest is not None else None
         entry = LedgerEntry(shard, m["run"], sha, ids, lines, len(data))
         self.sink.write_bytes(f"{LEDGER_DIR}/{_stem(shard)}.json", entry.to_bytes())

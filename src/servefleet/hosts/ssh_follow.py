@@ -106,7 +106,7 @@ class _Watch:
 
 def follow(host: SSHHost, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
     """``Host.follow`` over SSH: one streaming ``tail -F``, resumed after a dropped link."""
-    return _streams(host, path, offset, None)  # type: ignore[return-value]
+    return _streams(host, path, offset, None)  # type: ignore[return-value]  # without a watch job it yields only log items
 
 
 def watch(host: SSHHost, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
@@ -122,7 +122,7 @@ def watch(host: SSHHost, log_path: str | None, offset: int = 0, *, pgid: int | N
 
 def _silent_link(host: SSHHost, what: str, quiet_s: float) -> HostUnreachable:
     err = HostUnreachable(f"ssh host {host.name!r} is unreachable: link went silent: no answer to keep-alives and no heartbeat from the watcher of {what} for {quiet_s:.0f}s (alive_timeout {host.spec.alive_timeout}s)")
-    err.reason = "link went silent"  # type: ignore[attr-defined]
+    err.reason = "link went silent"
     return err
 
 
@@ -192,7 +192,7 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
                                         silent = master_lost = True
                                         break
                                     if grace_until is None:
-                                        grace_until = time.monotonic() + job.silence_s  # type: ignore[union-attr]
+                                        grace_until = time.monotonic() + job.silence_s  # type: ignore[union-attr]  # nothing done means a timeout, and without a job there is none
                                     elif time.monotonic() >= grace_until:
                                         silent = True  # the link lives, the watcher does not speak
                                         break

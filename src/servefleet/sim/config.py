@@ -188,5 +188,5 @@ def option_aliases(name: str) -> list[str]:
     """Extra flag names of a SimConfig field (real engines' names for the same thing)."""
     extra = SimConfig.model_fields[name].json_schema_extra
     if isinstance(extra, dict):
-        return list(extra.get("aliases", []))  # type: ignore[arg-type]
+        return list(extra.get("aliases", []))  # type: ignore[arg-type]  # a JSON value to mypy; always a list of names here
     return []

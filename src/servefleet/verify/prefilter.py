@@ -54,7 +54,7 @@ def _required(items: Any) -> frozenset[str] | None:
         elif op is _c.BRANCH:
             parts = [_required(branch) for branch in av[1]]
             if parts and all(p is not None for p in parts):
-                inner = frozenset().union(*parts)  # type: ignore[arg-type]
+                inner = frozenset().union(*(p for p in parts if p is not None))  # all are (checked above)
         elif op in _REPEATS and av[0] >= 1:
             inner = _required(av[2])
         if inner is not None:
