@@ -88,7 +88,7 @@ class _Instant(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream protocol is always given a Transport
 
     def data_received(self, data: bytes) -> None:
         self.buf += data

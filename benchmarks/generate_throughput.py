@@ -327,7 +327,7 @@ def watch_run(argv: list[str], sims: list[Sim] | None = None, stop_after_s: floa
             first = time.monotonic() - t0
         time.sleep(0.05)
     wall = time.monotonic() - t0
-    out = proc.stdout.read()  # type: ignore[union-attr]
+    out = proc.stdout.read()  # type: ignore[union-attr]  # started with stdout=PIPE
     return proc.returncode, json.loads(out), sampled, wall, first
 
 

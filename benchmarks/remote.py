@@ -352,7 +352,7 @@ def waiting_mode(mode: str):
         yield
     finally:
         if saved is not None and "watch" not in SSHHost.__dict__:
-            SSHHost.watch = saved  # type: ignore[attr-defined]
+            SSHHost.watch = saved  # type: ignore[attr-defined]  # restoring the method patched above
 
 
 def _sshd_sessions(server: SSHServer) -> int:
