@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
 def report(
     sources: Annotated[list[str], typer.Argument(help="a generate destination (folder or s3://...), or bench RUN.json files")],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="the HTML file to write")] = None,
-    bench: Annotated[list[Path] | None, typer.Option("--bench", help="with DEST: the bench run of the configuration that ran the job (its plan is checked against the run)")] = None,
+    bench: Annotated[list[Path] | None, typer.Option(
+        "--bench", help="with DEST: the bench run of the configuration that ran the job (its plan is checked against the run)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print where the report was written (and what it holds) as JSON")] = False,
 ) -> None:
     from servefleet.errors import ServefleetError

@@ -23,7 +23,8 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 6px;border-bot
 td:first-child,th:first-child{text-align:left} th{color:#555;font-weight:600} .legend{margin:2px 0 4px 70px}
 .key{display:inline-block;margin-right:14px;cursor:pointer;user-select:none} .key i{display:inline-block;width:18px;height:3px;vertical-align:middle;margin-right:5px}
 .key.off{opacity:.35} .tick{font-size:11px;fill:#555} .axis{font-size:12px;fill:#333} .mark{font-size:11px}
-.ok{color:#2a7d2a} .bad{color:#b22} .note{color:#666;font-size:13px} .events{font:12px/1.4 ui-monospace,monospace;color:#444;max-height:260px;overflow:auto;border:1px solid #eee;padding:6px}
+.ok{color:#2a7d2a} .bad{color:#b22} .note{color:#666;font-size:13px} .events{font:12px/1.4 ui-monospace,monospace;color:#444;max-height:260px;overflow:auto;border:1px solid \
+#eee;padding:6px}
 """
 
 # Click a legend key to hide or show its series in every chart of the page.
