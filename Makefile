@@ -1,4 +1,4 @@
-# The project's two commands (see README.md):
+# The project's commands (see README.md):
 #   make demo   create .venv/ if needed, then run the main job on the embedded default (CPU, no GPU)
 #   make test   create .venv/ if needed, then run every test
 #   make lint   ruff (lint) and mypy (types), configured in pyproject.toml
