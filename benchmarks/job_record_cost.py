@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from servefleet.generate.recorder import snapshot  # noqa: E402 - after the path is set
-from servefleet.generate.stats import JobStats, ServerStats  # noqa: E402
-from servefleet.generate.timeline import MAX_BUCKETS, Timeline  # noqa: E402
+from servefleet.generate.stats import JobStats, ServerStats  # noqa: E402 - after the sys.path.insert above
+from servefleet.generate.timeline import MAX_BUCKETS, Timeline  # noqa: E402 - after the sys.path.insert above
 
 COMPLETION_CPU_MS = 0.175  # coordinator_ceiling.md: one completion's CPU in the coordinator
 

@@ -263,7 +263,7 @@ async def ready_run(folder: Path, rng: random.Random) -> dict[str, Any]:
         verdict = await wait_for_server(target, timeout_s=60, stall_s=30)
         done = time.monotonic()
         outcome = await grep.settle(exited=False)
-        ready_at = run.clock.first_line_with("ready to roll")  # type: ignore[union-attr]
+        ready_at = run.clock.first_line_with("ready to roll")  # type: ignore[union-attr]  # the clock is set once the run has started
         return {"servefleet_state": verdict.state.value, "servefleet_ms": _ms(done, ready_at),
                 "grep_said": outcome.said, "grep_ms": _ms(outcome.at, ready_at)}
     finally:
@@ -310,7 +310,7 @@ async def silent_crash_run(folder: Path, *, with_grep: bool) -> dict[str, Any]:
     try:
         task = asyncio.create_task(wait_for_server(target, timeout_s=60, stall_s=30))
         deadline = time.monotonic() + 20
-        while len(run.clock.line_times) < 5 and time.monotonic() < deadline:  # type: ignore[union-attr]
+        while len(run.clock.line_times) < 5 and time.monotonic() < deadline:  # type: ignore[union-attr]  # the clock is set once the run has started
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.3)
         killed_at = time.monotonic()

@@ -72,7 +72,7 @@ from servefleet.hosts.ssh import SSHHost
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from sshd import SSHServer, sshd_unavailable_reason  # noqa: E402
+from sshd import SSHServer, sshd_unavailable_reason  # noqa: E402 - after the sys.path.insert above
 
 RESULTS = Path(__file__).resolve().parent / "results" / "remote.json"
 STATUS_RESULTS = RESULTS.with_name("remote-status.json")
@@ -247,7 +247,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             entry["previous_over_batched"] = previous / mux["status_batched_s"]
         if (n, "naive") in by:
             naive = by[(n, "naive")]
-            entry.update(launch_ratio=naive["launch_s"] / mux["launch_s"], status_ratio=naive["status_s"] / mux["status_s"], status_batched_ratio=naive["status_batched_s"] / mux["status_batched_s"])
+            entry.update(launch_ratio=naive["launch_s"] / mux["launch_s"], status_ratio=naive["status_s"] / mux["status_s"],
+                         status_batched_ratio=naive["status_batched_s"] / mux["status_batched_s"])
         ratios.append(entry)
     return {
         "benchmark": "remote",
@@ -321,7 +322,8 @@ def write_up_fleet(server: SSHServer, work: Path, n: int, load_s: float, engine:
 
         model = build_tiny_model(work / "tiny-model")
         env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in VLLM_ENV.items())
-        defaults = f'[defaults]\nengine = "vllm"\nmodel = {json.dumps(str(model))}\nhost = "rig"\npython = {json.dumps(str(engine_python("vllm")))}\nargs = {json.dumps(list(VLLM_ARGS))}\nenv = {{ {env} }}\n'
+        defaults = (f'[defaults]\nengine = "vllm"\nmodel = {json.dumps(str(model))}\nhost = "rig"\npython = {json.dumps(str(engine_python("vllm")))}\n'
+                    f'args = {json.dumps(list(VLLM_ARGS))}\nenv = {{ {env} }}\n')
         timeout = 900
     else:
         defaults = f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "rig"\nargs = ["--load-time", "{load_s}", "--shards", "8"]\n'
@@ -352,7 +354,7 @@ def waiting_mode(mode: str):
         yield
     finally:
         if saved is not None and "watch" not in SSHHost.__dict__:
-            SSHHost.watch = saved  # type: ignore[attr-defined]
+            SSHHost.watch = saved  # type: ignore[attr-defined]  # restoring the method patched above
 
 
 def _sshd_sessions(server: SSHServer) -> int:
@@ -389,7 +391,9 @@ async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Pa
         await fleet.close()
     return {
         "n": n, "mode": mode, "engine": engine, "smoke": smoke, "states": states,
-        "failures": {name: f"{v.category.value if v.category else ''}: {v.evidence.text if v.evidence else v.message}" for name, v in verdicts.items() if v.state.value != "ready"}, "load_s": load_s if engine == "sim" else None, "up_s": wall, "local_cpu_s": cpu,
+        "failures": {name: f"{v.category.value if v.category else ''}: {v.evidence.text if v.evidence else v.message}"
+                     for name, v in verdicts.items() if v.state.value != "ready"},
+        "load_s": load_s if engine == "sim" else None, "up_s": wall, "local_cpu_s": cpu,
         "commands": {"launch": launched, "wait": total - launched, "total": total},
         "sshd_sessions": {"launch": sessions1 - sessions0, "wait": sessions2 - sessions1},  # the same, as sshd counted them
         "wait_commands_per_server": (total - launched) / n, "commands_per_server": total / n,
@@ -450,7 +454,9 @@ async def up_async(args: argparse.Namespace) -> dict[str, Any]:
             })
     return {
         "benchmark": "remote-up",
-        "what": "servefleet up (Fleet.start + Fleet.wait) of N slow-loading sim servers on an SSH host: remote commands (SSHHost.commands: one per ssh client process that runs a remote program), wall time and local CPU (this process + its children: the ssh clients); wait = polling ssh commands (poll) vs one remote watcher per server (watch)",
+        "what": "servefleet up (Fleet.start + Fleet.wait) of N slow-loading sim servers on an SSH host: remote commands (SSHHost.commands: one per ssh client process that runs a "
+                "remote program), wall time and local CPU (this process + its children: the ssh clients); wait = polling ssh commands (poll) vs one remote watcher per server "
+                "(watch)",
         "engine": args.engine, "sizes": args.sizes, "modes": args.modes, "load_time_s": args.load_time if args.engine == "sim" else None, "repeats": args.repeats,
         "rows": rows, "ratios": ratios,
         "watcher_loop_cpu": watcher_loop_cpu(),
@@ -473,7 +479,8 @@ def render_up(result: dict[str, Any]) -> None:
     loop = result["watcher_loop_cpu"]
     console.print(f"one remote watcher loop: {loop['cpu_s']:.3f} s CPU in {loop['seconds']:.1f} s ({loop['percent_of_a_core']:.2f}% of a core) on the remote")
     for r in result["ratios"]:
-        console.print(f"N={r['n']}: poll / watch = {r['wait_commands_poll_over_watch']:.1f}x wait commands, {r['local_cpu_poll_over_watch']:.1f}x local CPU, {r['up_s_poll_over_watch']:.2f}x up time")
+        console.print(f"N={r['n']}: poll / watch = {r['wait_commands_poll_over_watch']:.1f}x wait commands, {r['local_cpu_poll_over_watch']:.1f}x local CPU, "
+                      f"{r['up_s_poll_over_watch']:.2f}x up time")
 
 
 def main() -> None:
@@ -481,12 +488,15 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--login-rc", action="store_true", help="let bash read the login user's ~/.bashrc for every command (as on many real hosts)")
-    parser.add_argument("--only", choices=["all", "status"], default="all", help="status: the multiplexed transport only (status per question vs batched); writes remote-status.json")
-    parser.add_argument("--up", action="store_true", help="measure `servefleet up` (launch + wait) of slow-loading servers instead: remote commands per server, polling wait vs remote watcher; writes remote-up.json")
+    parser.add_argument("--only", choices=["all", "status"], default="all",
+                        help="status: the multiplexed transport only (status per question vs batched); writes remote-status.json")
+    parser.add_argument("--up", action="store_true", help="measure `servefleet up` (launch + wait) of slow-loading servers instead: remote commands per server, polling wait vs "
+                                                          "remote watcher; writes remote-up.json")
     parser.add_argument("--modes", nargs="+", choices=["poll", "watch"], default=["poll", "watch"], help="with --up: which wait paths to run, side by side")
     parser.add_argument("--load-time", type=float, default=4.8, help="with --up: seconds each sim server takes to load")
     parser.add_argument("--no-smoke", action="store_true", help="with --up: ready at the HTTP probe, without the one-token smoke request")
-    parser.add_argument("--engine", choices=["sim", "vllm"], default="sim", help="with --up: the servers: simulated, or vLLM's CPU build with the tiny test model (scripts/install-real-engines.sh; run it under flock /tmp/servefleet-heavy.lock)")
+    parser.add_argument("--engine", choices=["sim", "vllm"], default="sim", help="with --up: the servers: simulated, or vLLM's CPU build with the tiny test model "
+                                                                                 "(scripts/install-real-engines.sh; run it under flock /tmp/servefleet-heavy.lock)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.up:

@@ -35,9 +35,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from servefleet.engines.base import LaunchSpec  # noqa: E402
-from servefleet.engines.transformers import TransformersEngine  # noqa: E402
-from servefleet.modelgen import build_tiny_model, spec_from_preset  # noqa: E402
+from servefleet.engines.base import LaunchSpec  # noqa: E402 - after the sys.path.insert above
+from servefleet.engines.transformers import TransformersEngine  # noqa: E402 - after the sys.path.insert above
+from servefleet.modelgen import build_tiny_model, spec_from_preset  # noqa: E402 - after the sys.path.insert above
 
 OUT = REPO / "tests" / "fixtures" / "logs"
 WORK = Path(tempfile.gettempdir()) / "servefleet-capture-transformers"

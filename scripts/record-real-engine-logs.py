@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "src"))
 
-from real_engines import (  # noqa: E402
+from real_breadth import TRANSFORMERS_ARGS, TRANSFORMERS_ENV, breadth, heldout  # noqa: E402 - after the sys.path.insert above
+from real_engines import (  # noqa: E402 - after the sys.path.insert above
     FIXTURES,
     LLAMACPP,
     LLAMACPP_ARGS,
@@ -57,9 +58,8 @@ from real_engines import (  # noqa: E402
     stop_group,
     wait_for_exit,
 )
-from real_breadth import TRANSFORMERS_ARGS, TRANSFORMERS_ENV, breadth, heldout  # noqa: E402
-from servefleet.engines.base import LaunchSpec  # noqa: E402
-from servefleet.engines.registry import get_engine  # noqa: E402
+from servefleet.engines.base import LaunchSpec  # noqa: E402 - after the sys.path.insert above
+from servefleet.engines.registry import get_engine  # noqa: E402 - after the sys.path.insert above
 
 WORK = Path("/tmp/servefleet-real-logs")  # fixed, so the paths inside the logs are stable
 SETUP = {"vllm": (VLLM, VLLM_ENV, VLLM_ARGS), "llamacpp": (LLAMACPP, LLAMACPP_ENV, LLAMACPP_ARGS)}

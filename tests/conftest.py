@@ -100,7 +100,7 @@ class SimProcess:
         self.argv = [PYTHON, "-m", "servefleet.sim", "--port", str(self.port), *args]
         self.proc = None
 
-    def start(self) -> "SimProcess":
+    def start(self) -> SimProcess:
         import subprocess
 
         with open(self.log_path, "wb") as log:
@@ -124,7 +124,7 @@ class SimProcess:
         except OSError:
             return None
 
-    def wait_ready(self, timeout: float = 60.0) -> "SimProcess":
+    def wait_ready(self, timeout: float = 60.0) -> SimProcess:
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"sim exited with {self.proc.returncode} before ready:\n{self.log()[-3000:]}")

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from real_engines import MEMORY_CAP, Scenario
+from real_engines import Scenario
 
 __all__ = ["BREADTH", "VARIANTS", "heldout", "TRANSFORMERS_ARGS", "TRANSFORMERS_ENV", "build_variant"]
 
@@ -225,7 +225,8 @@ def breadth(engine: str, python: Path | None = None) -> tuple[Scenario, ...]:
               why="a model folder with config.json and the tokenizer but no weight files"),
             S("vllm", "no_tokenizer", "up", "failed", mnf, "Couldn't instantiate the backend tokenizer", hint="tokenizer.json", model_variant="no_tokenizer",
               why="a model folder with config.json and weights but no tokenizer files"),
-            S("vllm", "empty_folder", "up", "failed", mnf, "Invalid repository ID or local directory specified", hint="config.json", model_variant="empty", why="an empty model folder"),
+            S("vllm", "empty_folder", "up", "failed", mnf, "Invalid repository ID or local directory specified", hint="config.json", model_variant="empty",
+              why="an empty model folder"),
             S("vllm", "file_for_folder", "up", "failed", mnf, "Invalid repository ID or local directory specified",
               hint="config.json", model_variant="file_for_folder",
               why="--model names config.json, a file, where a model folder is expected"),

@@ -205,8 +205,8 @@ def real_test(timeout_s: int):
 class Ctx:
     """A module's real fleet: the engine's interpreter, the work folder, the model, the held port, the `up`."""
 
-    def __init__(self, python: Path, work: Path, model: Path, holder: "PortHolder", run: "FleetRun",
-                 scenarios: tuple["Scenario", ...]) -> None:
+    def __init__(self, python: Path, work: Path, model: Path, holder: PortHolder, run: FleetRun,
+                 scenarios: tuple[Scenario, ...]) -> None:
         self.python, self.work, self.model, self.holder, self.run = python, work, model, holder, run
         self.scenarios = {sc.server: sc for sc in scenarios}
 
@@ -219,7 +219,7 @@ class Ctx:
 
 
 @contextlib.contextmanager
-def real_fleet(work: Path, engine: str, scenarios: tuple["Scenario", ...], env: Mapping[str, str], args: tuple[str, ...],
+def real_fleet(work: Path, engine: str, scenarios: tuple[Scenario, ...], env: Mapping[str, str], args: tuple[str, ...],
                *, grace_s: int, gguf: bool = False, up_timeout_s: float = 900) -> Iterator[Ctx]:
     """A tiny model, a held port, one `servefleet up` over the scenarios; `down` on the way out."""
     python = engine_python(engine)
@@ -232,7 +232,7 @@ def real_fleet(work: Path, engine: str, scenarios: tuple["Scenario", ...], env: 
             cli_json("down", "--fleet", str(run.fleet), "--grace", str(grace_s), timeout=300)
 
 
-def assert_down_stops_everything(run: "FleetRun", grace_s: int) -> None:
+def assert_down_stops_everything(run: FleetRun, grace_s: int) -> None:
     """`servefleet down` from another process: the ready server was running and its port is free,
     and no process of any launched group is left."""
     launched = {n: e for n, e in run.report.items() if e["pgid"]}
@@ -288,7 +288,7 @@ class PortHolder:
 
     def __init__(self) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 body = b'{"object": "list", "data": [{"id": "someone-elses-model"}]}'
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -303,7 +303,7 @@ class PortHolder:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "PortHolder":
+    def __enter__(self) -> PortHolder:
         self.thread.start()
         return self
 

@@ -111,7 +111,7 @@ class SSHServer:
             "connect_timeout": 5,
         }
         fields.update(overrides)
-        return SSHSpec(**fields)  # type: ignore[arg-type]
+        return SSHSpec(**fields)  # type: ignore[arg-type]  # fields typed loosely; SSHSpec validates them
 
     def start(self, timeout: float = 15.0) -> SSHServer:
         reason = sshd_unavailable_reason()

@@ -13,12 +13,11 @@ import json
 import pytest
 from aiohttp import web
 
+from conftest import free_port
 from servefleet.bench.client import EndpointConfig, OpenAIBackend, PreparedRequest
 from servefleet.bench.metrics import summarize
 from servefleet.bench.result import BenchConfig, Run
 from servefleet.bench.sweep import BenchError, BenchTarget, ServerUnreachable, run_bench
-
-from conftest import free_port
 
 
 def _prompt(body: dict) -> str:

@@ -9,7 +9,6 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from servefleet.bench.compare import compare_runs
-from servefleet.cli.bench_view import compare_table
 from servefleet.bench.result import BenchConfig, Environment, Point, Run, Stat, Target, load_run, save_run
 from servefleet.capacity import Capacity
 from servefleet.cli.main import app

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from test_fleet_lifecycle import cli, write_fleet
 
 from servefleet.bench.result import load_run
 from servefleet.fleet import Fleet
+from test_fleet_lifecycle import cli, write_fleet
 
 pytestmark = pytest.mark.timeout(240)
 

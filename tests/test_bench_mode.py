@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import SimProcess
 from servefleet.bench.histograms import first_histogram, histogram
 from servefleet.bench.result import BenchConfig, Environment, Point, Run, Stat, Target, load_run, save_run
 from servefleet.bench.server_metrics import parse_prometheus
@@ -21,8 +22,6 @@ from servefleet.cli.main import app
 from servefleet.engines.registry import get_engine
 from servefleet.sim.config import SimConfig
 from servefleet.sim.theory import steady_state
-
-from conftest import SimProcess
 
 runner = CliRunner()
 

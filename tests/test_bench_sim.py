@@ -10,14 +10,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from conftest import SimProcess
 from servefleet.bench.result import BenchConfig, load_run
 from servefleet.bench.sweep import BenchTarget, run_bench
 from servefleet.capacity import Capacity
 from servefleet.cli.main import app
 from servefleet.sim.config import SimConfig
 from servefleet.sim.theory import steady_state
-
-from conftest import SimProcess
 
 # Steps of 20+ ms: large against scheduling noise on a busy 2-core CI machine.
 TIMED = dict(style="vllm", max_running=8, decode_ms=20.0, decode_ms_per_running=1.0, prefill_ms_per_1k_tokens=20.0)

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 from typer.testing import CliRunner
 
+from conftest import free_port
 from servefleet.cli.failure import EXIT_CODES, ErrorKind
 from servefleet.cli.main import COMMANDS, app
 

@@ -348,6 +348,6 @@ def test_one_parse_is_shared_and_read_only() -> None:
     native = get_engine("vllm").native_args(args)
     assert get_engine("vllm").native_args(list(args)) is native  # parsed once per argument list
     with pytest.raises(TypeError):
-        native.values["speculative"]["method"] = "eagle"  # type: ignore[index]
+        native.values["speculative"]["method"] = "eagle"  # type: ignore[index]  # values is a JSON-like mapping; the test knows its shape
     with pytest.raises(TypeError):
-        native.values["port"] = 1  # type: ignore[index]
+        native.values["port"] = 1  # type: ignore[index]  # values is a JSON-like mapping; the test knows its shape

@@ -102,7 +102,8 @@ BAD_FILES = [
     pytest.param('[defualts]\nengine = "sim"\n' + SERVER, ["defualts: unknown table or key; did you mean 'defaults'?"], id="top-level-typo"),
     pytest.param('[hosts.local]\nssh = "x"\n' + SERVER, ["[hosts.local]: name:", "built-in local host"], id="host-named-local"),
     pytest.param('[hosts.gpu1]\nssh = "x"\nport = 0\n' + SERVER, ["[hosts.gpu1]: port: must be between 1 and 65535"], id="host-port"),
-    pytest.param(SERVER.replace('engine = "sim"\nmodel = "m"', 'engine = "openai"'), ['servers[0] "a": command: the openai engine runs your own command'], id="openai-needs-command"),
+    pytest.param(SERVER.replace('engine = "sim"\nmodel = "m"', 'engine = "openai"'), ['servers[0] "a": command: the openai engine runs your own command'],
+                 id="openai-needs-command"),
     pytest.param(SERVER.replace('model = "m"', 'model = "m"\nready_path = "health"'), ['servers[0] "a": ready_path: must start with "/"'], id="ready-path"),
 ]
 

@@ -5,7 +5,7 @@ numbers, and a launch offset still keeps an earlier run's lines out."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ from servefleet.hosts.local import LocalHost
 def _record(log: Path, offset: int = 0) -> ServerState:
     return ServerState(fleet="f", name="a", engine="vllm", host="local", port=1, pgid=1, argv=[], log_path=str(log),
                        status_path=str(log.with_suffix(".status")), log_offset=offset,
-                       launched_at=datetime.now(timezone.utc), spec_hash="x")
+                       launched_at=datetime.now(UTC), spec_hash="x")
 
 
 @pytest.fixture

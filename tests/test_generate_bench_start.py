@@ -8,11 +8,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from servefleet.bench.result import BenchConfig, Environment, Run, Target as BenchTarget, save_run
+from servefleet.bench.result import BenchConfig, Environment, Run, save_run
+from servefleet.bench.result import Target as BenchTarget
 from servefleet.cli.main import app
 from servefleet.errors import ConfigError
 from servefleet.generate.endpoints import Target, with_bench
-
 from test_bench_compare import _point
 from test_generate_dispatch import FakeServer, config, write_input
 

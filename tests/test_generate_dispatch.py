@@ -13,12 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
 
+from conftest import free_port
 from servefleet.generate.endpoints import Target
 from servefleet.generate.health import HealthPolicy
 from servefleet.generate.job import JobParams
 from servefleet.generate.runner import GenerateConfig, JobMismatch, run_generate
-
-from conftest import free_port
 
 Behaviour = Callable[[dict, int], "int | None"]  # (body, request number) -> error status or None
 
@@ -47,7 +46,7 @@ class FakeServer:
     def target(self, max_running: int | None = None, managed: bool = False) -> Target:
         return Target(self.name, self.url, "fake-model", max_running, managed)
 
-    async def start(self) -> "FakeServer":
+    async def start(self) -> FakeServer:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._complete)
@@ -176,7 +175,7 @@ async def test_auto_concurrency_starts_from_the_reported_capacity(tmp_path):
 
 async def test_429_and_5xx_storms_are_retried_until_every_prompt_is_answered(tmp_path):
     rng = random.Random(5)
-    storm = lambda body, n: rng.choice([429, 500, 502, 503]) if rng.random() < 0.5 else None  # noqa: E731
+    storm = lambda body, n: rng.choice([429, 500, 502, 503]) if rng.random() < 0.5 else None  # noqa: E731 - a one-line fault table, read as data
     server = await FakeServer(behaviour=storm).start()
     try:
         src = write_input(tmp_path / "in.jsonl", 300)

@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 
 
-
 @pytest.mark.engine
 @pytest.mark.timeout(900)
 def test_generate_against_transformers_serve(transformers_serve, tmp_path: Path) -> None:

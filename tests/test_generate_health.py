@@ -11,7 +11,6 @@ from aiohttp import web
 
 from servefleet.generate.health import HealthPolicy, ProgressWatch, hang_window_s
 from servefleet.generate.server_load import sample_from_text
-
 from test_generate_dispatch import FakeServer, assert_exactly_once, config, write_input
 
 
@@ -68,7 +67,7 @@ class BusyServer(FakeServer):
         super().__init__(**kw)
         self.steps = 0
 
-    async def start(self) -> "BusyServer":
+    async def start(self) -> BusyServer:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._complete)

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from aiohttp import ClientSession, web
 
-from conftest import PYTHON, S3_SECRET as SECRET, SimProcess, free_port, s3_env, s3fs_for
+from conftest import PYTHON, SimProcess, free_port, s3_env, s3fs_for
+from conftest import S3_SECRET as SECRET
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")

@@ -84,10 +84,10 @@ def test_sigkill_at_random_moments_then_resume_answers_every_id_exactly_once(sim
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if rng.random() < 0.3:
             # early: once the run is recorded, before (or while) anything is committed
-            wait_until(lambda: (out / "job.json").exists() or proc.poll() is not None, timeout=60, what="job.json")
+            wait_until(lambda proc=proc: (out / "job.json").exists() or proc.poll() is not None, timeout=60, what="job.json")
         else:
             goal = shard_count(out) + rng.randint(1, 6)
-            wait_until(lambda: shard_count(out) >= goal or proc.poll() is not None, timeout=60, what=f"{goal} shards")
+            wait_until(lambda proc=proc, goal=goal: shard_count(out) >= goal or proc.poll() is not None, timeout=60, what=f"{goal} shards")
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1

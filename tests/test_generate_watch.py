@@ -8,7 +8,6 @@ import json
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -307,7 +306,7 @@ async def test_the_timeline_is_written_every_few_snapshots_and_less_often_when_i
         sink = RecordingSink(str(tmp_path / folder))
         rec = JobRecorder(sink, stats, run_id="r", interval_s=0.05, sample_s=0.05, timeline_every=3)
         rec.start()
-        await async_wait_until(lambda: _async(sink.written.count("progress.json") >= 12), timeout=30, what="12 snapshots")
+        await async_wait_until(lambda sink=sink: _async(sink.written.count("progress.json") >= 12), timeout=30, what="12 snapshots")
         await rec.finish("complete")
         snapshots, timelines = sink.written.count("progress.json"), sink.written.count("timeline/r.json")
         if folder == "roomy":

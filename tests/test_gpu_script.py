@@ -21,14 +21,23 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "benchmarks" / "gpu"
 sys.path.insert(0, str(GPU))
 
-import h200  # noqa: E402
-from h200_failures import evidence_substring  # noqa: E402
-from h200_layout import (  # noqa: E402
-    NGRAM_CONFIG, PORT_NAMES, Layout, Settings, whole_toml, failure_cases, failures_toml, fleet_toml, manual_argv, vllm_bench_argv,
+import h200  # noqa: E402 - after the sys.path.insert above
+from h200_failures import evidence_substring  # noqa: E402 - after the sys.path.insert above
+from h200_layout import (  # noqa: E402 - after the sys.path.insert above
+    NGRAM_CONFIG,
+    PORT_NAMES,
+    Layout,
+    Settings,
+    failure_cases,
+    failures_toml,
+    fleet_toml,
+    manual_argv,
+    vllm_bench_argv,
+    whole_toml,
 )
-from h200_report import markdown, plateau  # noqa: E402
-from h200_run2 import GROUPS, check_summary, engine_core_pids, start_order  # noqa: E402
-from h200_stages import ab_ratio  # noqa: E402
+from h200_report import markdown, plateau  # noqa: E402 - after the sys.path.insert above
+from h200_run2 import GROUPS, check_summary, engine_core_pids, start_order  # noqa: E402 - after the sys.path.insert above
+from h200_stages import ab_ratio  # noqa: E402 - after the sys.path.insert above
 
 # `vllm bench serve` options of vLLM 0.26.0 (vllm/benchmarks/serve.py and datasets/datasets.py of the wheel).
 VLLM_026_BENCH_FLAGS = {

@@ -7,7 +7,6 @@ import signal
 import subprocess
 
 from conftest import wait_until
-
 from servefleet.hosts.pidstat import GONE, parse_proc_stat, read_pid_status
 
 # Fields after the command name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt

@@ -226,8 +226,9 @@ def test_llama_cpp_computes_what_transformers_computes(which: str, request: pyte
     import subprocess
 
     import torch
-    from real_engines import engine_python
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from real_engines import engine_python
 
     python = engine_python("llamacpp")
     path = request.getfixturevalue(which)

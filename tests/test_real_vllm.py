@@ -50,7 +50,6 @@ from servefleet.engines.registry import get_engine
 from servefleet.engines.vllm import VLLMEngine
 from servefleet.verify.diagnose import diagnose_text
 
-
 # whichever test runs first sets up the shared fleet: 1-2 min on 2 idle cores, several on a busy machine
 real = real_test(1500)
 

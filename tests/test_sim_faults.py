@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import SimProcess, wait_until
 
+from conftest import SimProcess, wait_until
 from servefleet.catalog import Category
 from servefleet.sim.cli_args import parse_config
 from servefleet.sim.failures import startup_failure

@@ -8,15 +8,15 @@ import json
 import math
 
 import pytest
-from conftest import async_wait_until
 from typer.testing import CliRunner
 
+from conftest import async_wait_until
 from servefleet.sim import SimConfig, steady_state, steps_per_request, theoretical_output_tokens_per_s
 from servefleet.sim.cli_args import parse_args, parse_config
-from servefleet.sim.theory import best_concurrency
-from servefleet.sim.timing import H200_VLLM
 from servefleet.sim.openai_api import ApiError, parse_job
 from servefleet.sim.scheduler import Scheduler, SimRequest, Stats
+from servefleet.sim.theory import best_concurrency
+from servefleet.sim.timing import H200_VLLM
 from servefleet.sim.tokens import TextBank, count_tokens, render_chat, token_ids
 
 
@@ -331,7 +331,7 @@ def test_request_fault_draws_honour_rates_and_seed() -> None:
 def test_renderer_prefixes_and_colour() -> None:
     from servefleet.sim.logline import SG_RANK, Line, Renderer, uv
 
-    clock = lambda: 1_764_000_000.0  # noqa: E731
+    clock = lambda: 1_764_000_000.0  # noqa: E731 - a frozen clock, one expression
     sg = Renderer("sglang", tp=2, clock=clock)
     assert sg.render(Line("Load weight begin.", SG_RANK)).count("] Load weight begin.\n") == 2
     assert " TP1] Load weight begin." in sg.render(Line("Load weight begin.", SG_RANK))

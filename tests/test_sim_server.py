@@ -9,8 +9,8 @@ import time
 
 import aiohttp
 import pytest
-from conftest import SimProcess, async_wait_until
 
+from conftest import SimProcess, async_wait_until
 from servefleet.sim import theoretical_output_tokens_per_s
 from servefleet.sim.cli_args import parse_config
 from servefleet.sim.tokens import count_tokens, render_chat

@@ -41,7 +41,8 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
-def write_fleet(tmp_path: Path, server, servers: dict[str, list[str]], *, port: int | None = None, models: dict[str, str] | None = None, timeout: float = 60, stall: float = 30) -> tuple[Path, dict[str, int]]:
+def write_fleet(tmp_path: Path, server, servers: dict[str, list[str]], *, port: int | None = None, models: dict[str, str] | None = None,
+                timeout: float = 60, stall: float = 30) -> tuple[Path, dict[str, int]]:
     """A fleet of sim servers on host "rig" (the sshd), remote work folder under tmp_path."""
     ports = {name: free_port() for name in servers}
     remote = tmp_path / "remote home"
@@ -254,7 +255,8 @@ async def test_transformers_serve_on_the_ssh_host(sshd_server, tmp_path: Path, f
     model = tmp_path / "remote home" / "tiny model 'q'"
     build_tiny_model(model, spec_from_preset("tiny", seed=3))
     path, _ = write_fleet(tmp_path, sshd_server, {"tf": ["--device", "cpu"]}, models={"tf": str(model)}, timeout=600, stall=300)
-    text = path.read_text().replace('engine = "sim"', 'engine = "transformers"').replace('args = ["--load-time", "0.3"]\n', 'env = { HF_HUB_OFFLINE = "1", OMP_NUM_THREADS = "1" }\n')
+    text = path.read_text().replace('engine = "sim"', 'engine = "transformers"').replace(
+        'args = ["--load-time", "0.3"]\n', 'env = { HF_HUB_OFFLINE = "1", OMP_NUM_THREADS = "1" }\n')
     path.write_text(text)
     fleet = fleets(Fleet.load(path))
     verdict = (await fleet.up(smoke=True))["tf"]

@@ -165,7 +165,7 @@ async def test_closed_port_is_unreachable_at_once(sshd_server) -> None:
     with pytest.raises(HostUnreachable, match="connection refused") as info:
         await host.run(["true"])
     assert time.monotonic() - started < 3
-    assert info.value.reason == "connection refused"  # type: ignore[attr-defined]
+    assert info.value.reason == "connection refused"
     await host.close()
 
 
@@ -323,7 +323,7 @@ async def test_tilde_paths_are_the_remote_home(sshd_server, tmp_path: Path) -> N
 
         spec = HostSpec(name="rig", ssh=sshd_server.destination, port=sshd_server.port, identity_file=sshd_server.identity_file,
                         known_hosts=sshd_server.known_hosts, config_file=sshd_server.client_config(), workdir=f"~/{folder}")
-        binding = _connect_ssh(spec, FakeFleet)  # type: ignore[arg-type]
+        binding = _connect_ssh(spec, FakeFleet)  # type: ignore[arg-type]  # a fake fleet stands in for the real one
         assert binding.log_path("s") == f"~/{folder}/fl/logs/s.log"  # not connected yet
         assert await binding.host.file_size(binding.log_path("s")) is None  # connects
         assert binding.log_path("s") == str(home / folder / "fl" / "logs" / "s.log")

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_until
-
 from servefleet.errors import CommandError, ConfigError, HostError, HostUnreachable
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts.base import PortHolder
@@ -52,7 +51,7 @@ def test_host_key_checking_is_on_and_accept_new_is_opt_in() -> None:
     o = opts_dict(ssh_options(tofu, "direct"))
     assert o["StrictHostKeyChecking"] == "accept-new" and o["UserKnownHostsFile"] == "/tmp/kh"
     with pytest.raises(ConfigError, match="strict_host_key"):
-        SSHSpec(destination="h", strict_host_key="no")  # type: ignore[arg-type]
+        SSHSpec(destination="h", strict_host_key="no")  # type: ignore[arg-type]  # deliberately invalid input: the test checks it is refused
 
 
 def test_user_options_cannot_override_ours() -> None:
@@ -88,7 +87,7 @@ def test_argv_ends_with_destination_then_one_quoted_command() -> None:
 def test_invalid_specs_are_config_errors(field: str, value: object) -> None:
     kwargs: dict[str, object] = {"destination": "h", field: value}
     with pytest.raises(ConfigError):
-        SSHSpec(**kwargs)  # type: ignore[arg-type]
+        SSHSpec(**kwargs)  # type: ignore[arg-type]  # deliberately invalid input: the test checks it is refused
 
 
 # (exit code, stderr written by ssh) -> the reason the connection failed; None = the remote

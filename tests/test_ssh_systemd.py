@@ -118,7 +118,7 @@ def test_launcher_option_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="launcher"):
         load_fleet(path)
     with pytest.raises(ConfigError, match="launcher must be"):
-        SSHSpec(destination="gpu", launcher="nohup")  # type: ignore[arg-type]
+        SSHSpec(destination="gpu", launcher="nohup")  # type: ignore[arg-type]  # deliberately invalid input: the test checks it is refused
 
 
 # -- stand-ins for the systemd tools -----------------------------------------------------------

@@ -21,7 +21,6 @@ from conftest import async_wait_until, free_port
 from servefleet.catalog import Category, State
 from servefleet.engines.registry import get_engine
 from servefleet.fleet import Fleet
-from servefleet.hosts.base import Truncated
 from servefleet.hosts.ssh import SSHHost
 from servefleet.hosts.watch import Exited, LogAbsent, WatchHost
 from servefleet.verify.waiter import WaitTarget, wait_for_server

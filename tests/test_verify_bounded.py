@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from biglog import WHERE, fatal_block, startup, steady_unit, write_log
 
+from biglog import WHERE, fatal_block, startup, steady_unit, write_log
 from servefleet.catalog import Category, State
 from servefleet.verify.bounded import Bounds, diagnose_file, human_bytes
 from servefleet.verify.diagnose import diagnose_text
@@ -150,7 +150,6 @@ async def test_wait_catches_up_on_a_big_log_then_follows_it(tmp_path: Path) -> N
     """`wait` attached to a long-running server reads its big log with the same bounded read (not
     line by line), then follows it: a crash appended afterwards is seen with the file's line numbers."""
     from conftest import free_port
-
     from servefleet.verify.waiter import WaitTarget, wait_for_server
 
     log = write_log(tmp_path / "live.log", 3 * 1024 * 1024, "none")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from test_verify_support import OtherToyEngine, ToyEngine
 
 from servefleet.catalog import Category, State
 from servefleet.engines.base import SignalKind
 from servefleet.verify.classify import AnyEngine, LogClassifier, detect_engine, match_signature
 from servefleet.verify.diagnose import diagnose_text, last_attempt_start, split_lines
+from test_verify_support import OtherToyEngine, ToyEngine
 
 TOY = ToyEngine()
 OOM = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."

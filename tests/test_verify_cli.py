@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import free_port, wait_until
 from test_verify_support import toy_server_argv
 

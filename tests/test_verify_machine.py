@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from test_verify_support import OtherToyEngine, ToyEngine
 
 from servefleet.catalog import Category, State
 from servefleet.verify.events import (
@@ -18,6 +17,7 @@ from servefleet.verify.events import (
     Tick,
 )
 from servefleet.verify.machine import SMOKE_GRACE_S, WRAPPER_GRACE_S, WRAPPER_MAX_S, ReadinessMachine, describe_exit, message_shape
+from test_verify_support import OtherToyEngine, ToyEngine
 
 OOM = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
 REFUSED = ProbeResult(ProbeOutcome.REFUSED, detail="connection refused")

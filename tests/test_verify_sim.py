@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import async_wait_until, free_port
 
+from conftest import async_wait_until, free_port
 from servefleet.catalog import Category, State
 from servefleet.engines.registry import get_engine
 from servefleet.hosts.local import LocalHost

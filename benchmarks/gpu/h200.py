@@ -26,14 +26,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from h200_exec import T0, Runner  # noqa: E402
-from h200_failures import stage_failures  # noqa: E402
-from h200_generate import stage_generate  # noqa: E402
-from h200_layout import Layout, Settings, child_env  # noqa: E402
-from h200_report import stage_collect  # noqa: E402
-from h200_run2 import ESTIMATES2, GROUPS, STAGES2  # noqa: E402
-from h200_stages import (  # noqa: E402
-    Ctx, stage_bench, stage_down, stage_plan, stage_setup, stage_up, stage_vllm_bench,
+from h200_exec import T0, Runner
+from h200_failures import stage_failures
+from h200_generate import stage_generate
+from h200_layout import Layout, Settings, child_env
+from h200_report import stage_collect
+from h200_run2 import ESTIMATES2, GROUPS, STAGES2
+from h200_stages import (
+    Ctx,
+    stage_bench,
+    stage_down,
+    stage_plan,
+    stage_setup,
+    stage_up,
+    stage_vllm_bench,
 )
 
 # Most valuable first: if --budget runs out, what is skipped is the A/B against vllm bench serve.

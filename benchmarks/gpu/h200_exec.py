@@ -91,7 +91,7 @@ class Runner:
             self.say(f"  {name}: {status} in {result.seconds:.1f} s")
         return result
 
-    def start(self, name: str, argv: list[str], quiet: bool = False) -> "Started":
+    def start(self, name: str, argv: list[str], quiet: bool = False) -> Started:
         """Start without waiting (output to results/cmd/NAME.out/.err); ``Started.finish`` collects it."""
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
         if not quiet:
@@ -133,7 +133,7 @@ class Started:
         return result
 
 
-def wait_for_line(path: Path, pattern: str, timeout: float, alive: "subprocess.Popen | None" = None,
+def wait_for_line(path: Path, pattern: str, timeout: float, alive: subprocess.Popen | None = None,
                   poll: float = 0.2) -> str | None:
     """The first line of ``path`` matching ``pattern`` within ``timeout`` s (None: none came, or
     ``alive`` exited first). Polls the file: these logs are written by other processes."""

@@ -79,7 +79,6 @@ def stage_failures(ctx: Ctx) -> dict:
     lay.port_fleet.write_text(port_toml(lay, st, by_name["portup"]))
     fixtures = lay.results / "fixtures"
     fixtures.mkdir(parents=True, exist_ok=True)
-    prefix = "sim-rehearsal" if lay.rehearse else "vllm-0.26"
     out: dict = {"fleet_file": lay.failures_fleet.read_text(), "cases": {}}
     limit = ctx.cap(st.failure_timeout)
     out["timeout_s"] = round(limit)

@@ -104,7 +104,7 @@ class Layout:
     ports: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def load_or_create(cls, repo: Path, work: Path, out: Path, rehearse: bool) -> "Layout":
+    def load_or_create(cls, repo: Path, work: Path, out: Path, rehearse: bool) -> Layout:
         path = work / "layout.json"
         if path.exists():
             data = json.loads(path.read_text())

@@ -22,14 +22,21 @@ import random
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from h200_exec import T0
 from h200_generate import count_answers
 from h200_layout import JOB_OUTPUT_TOKENS, JOB_PROMPTS, PLAN_GPUS, fleet_toml, whole_toml
 from h200_stages import (
-    Ctx, _bench_common, _keep_ready_logs, _server_log_facts, ab_ratio, read_json, vllm_bench_argv, write_json,
+    Ctx,
+    _bench_common,
+    _keep_ready_logs,
+    _server_log_facts,
+    ab_ratio,
+    read_json,
+    vllm_bench_argv,
+    write_json,
 )
 
 __all__ = ["STAGES2", "ESTIMATES2", "engine_core_pids", "api_server_pids", "same_workload_prompts", "check_summary", "start_order"]
@@ -52,7 +59,7 @@ def _ready(ctx: Ctx, fleet: Path) -> list[str]:
 def _up(ctx: Ctx, fleet: Path, text: str, name: str) -> dict:
     """One ``servefleet up`` of the whole fleet file (servefleet itself orders servers sharing a GPU),
     then ``status`` and each server's own log facts beside it."""
-    lay, st, run = ctx.layout, ctx.settings, ctx.runner
+    st, run = ctx.settings, ctx.runner
     fleet.write_text(text)
     limit = ctx.cap(st.up_timeout, reserve=120.0)
     t0 = time.monotonic()

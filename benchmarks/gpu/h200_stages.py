@@ -18,7 +18,14 @@ from pathlib import Path
 
 from h200_exec import T0, Runner, wait_for_line
 from h200_layout import (
-    JOB_OUTPUT_TOKENS, JOB_PROMPTS, PLAN_GPUS, Layout, Settings, fleet_toml, servefleet_argv, vllm_bench_argv,
+    JOB_OUTPUT_TOKENS,
+    JOB_PROMPTS,
+    PLAN_GPUS,
+    Layout,
+    Settings,
+    fleet_toml,
+    servefleet_argv,
+    vllm_bench_argv,
 )
 
 __all__ = ["Ctx", "stage_setup", "stage_up", "stage_bench", "stage_vllm_bench", "stage_plan", "stage_down",

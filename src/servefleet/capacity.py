@@ -30,7 +30,7 @@ class Capacity(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
     source: dict[str, str] = Field(default_factory=dict)
 
-    def merge(self, other: "Capacity") -> "Capacity":
+    def merge(self, other: Capacity) -> Capacity:
         """Facts of ``self`` win; ``other`` fills the gaps (endpoint first, logs second)."""
         mine = self.model_dump(exclude_defaults=True)
         theirs = other.model_dump(exclude_defaults=True)

@@ -52,6 +52,8 @@ class CommandError(HostError):
 class HostUnreachable(HostError):
     """The host itself could not be reached (distinct from a failing server on it)."""
 
+    reason: str | None = None  # the short cause, where known (the SSH layer sets it: "connection refused", ...)
+
 
 class LaunchError(ServefleetError):
     """A server could not be started."""

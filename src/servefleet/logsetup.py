@@ -38,7 +38,7 @@ def redact(text: str) -> str:
     return _SECRET.sub(lambda m: m.group(1) + "***", text)
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a record comes (a test runner swaps it)."""
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -90,7 +90,7 @@ def add_state_file(state_dir: str | Path) -> Path | None:
     logger = logging.getLogger(_ROOT)
     path = Path(state_dir) / LOG_FILE
     for h in list(logger.handlers):
-        if getattr(h, "servefleet_state_file", False):
+        if isinstance(h, logging.FileHandler) and getattr(h, "servefleet_state_file", False):
             if Path(h.baseFilename) == path.resolve():
                 return path
             logger.removeHandler(h)  # another fleet's folder, from an earlier command in this process

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["cancel_and_wait", "until_stopped"]
 
@@ -29,7 +29,7 @@ async def until_stopped(work: Awaitable[T], stop: asyncio.Event | None) -> tuple
     return True, None
 
 
-async def cancel_and_wait(task: asyncio.Future[object]) -> None:
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
     """Cancel ``task`` and wait until it has ended (its cancellation is not an error here)."""
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

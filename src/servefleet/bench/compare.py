@@ -60,7 +60,7 @@ def compare_runs(runs: list[Run], paths: list[str] | None = None) -> Comparison:
     ref_tp: dict[str, float | None] = {}
     ref_best: float | None = None
     for i, run in enumerate(runs):
-        tp = {lv: None for lv in levels}
+        tp: dict[str, float | None] = {lv: None for lv in levels}
         bound = []
         for p in run.points:
             lv = _level(p, rate)
@@ -81,7 +81,7 @@ def compare_runs(runs: list[Run], paths: list[str] | None = None) -> Comparison:
             s.best_itl_p50_ms = best.itl_ms.p50
         if i == 0:
             ref_tp, ref_best = tp, s.best_output_tokens_per_s
-        s.ratio = {lv: (tp[lv] / ref_tp[lv]) if tp[lv] is not None and ref_tp.get(lv) else None for lv in levels}
+        s.ratio = {lv: (t / r) if (t := tp[lv]) is not None and (r := ref_tp.get(lv)) else None for lv in levels}
         if s.best_output_tokens_per_s is not None and ref_best:
             s.ratio_best = s.best_output_tokens_per_s / ref_best
         summaries.append(s)

@@ -30,7 +30,7 @@ class Histogram:
     sum: float
     count: float
 
-    def minus(self, earlier: "Histogram | None") -> "Histogram":
+    def minus(self, earlier: Histogram | None) -> Histogram:
         """What was observed between ``earlier`` and this scrape (a counter reset reads as all of this one)."""
         if earlier is None or earlier.count > self.count:
             return self

@@ -62,7 +62,7 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     if os.environ.get("SERVEFLEET_EVENT_LOOP", "").lower() != "uvloop":
         return None
     try:
-        import uvloop  # noqa: PLC0415 - optional
+        import uvloop  # optional
     except ImportError:
         return None
     return uvloop.new_event_loop
@@ -124,7 +124,7 @@ async def _worker_loop(conn: Connection, endpoint: EndpointConfig, connections: 
                     return
                 records, load = await run_share(backend, share.requests, share.job, start_at=go[1])
                 conn.send(("done", records, load))
-            except Exception:  # noqa: BLE001 - reported to the coordinator, which raises
+            except Exception:  # reported to the coordinator, which raises
                 conn.send(("error", traceback.format_exc()))
     finally:
         await backend.close()

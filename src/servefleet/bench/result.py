@@ -232,7 +232,7 @@ class Run(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _mode(self) -> "Run":
+    def _mode(self) -> Run:
         if self.measured_mode is None:
             self.measured_mode = "streaming" if self.config.stream else "non-streaming"
         return self

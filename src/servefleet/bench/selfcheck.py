@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from time import perf_counter
-
 from typing import TYPE_CHECKING
 
 import psutil
@@ -88,8 +87,8 @@ class LoopProbe:
 
 def judge(loads: list[WorkerLoad], host_cpu_percent: float | None = None) -> ClientCheck:
     """Combine the workers' self-measurements into a verdict with reasons."""
-    from servefleet.bench.metrics import stat  # noqa: PLC0415 - see the TYPE_CHECKING note
-    from servefleet.bench.result import ClientCheck  # noqa: PLC0415
+    from servefleet.bench.metrics import stat  # see the TYPE_CHECKING note
+    from servefleet.bench.result import ClientCheck
     lags = [x for load in loads for x in load.lags_s]
     lag = stat(lags)
     cpu = [load.cpu_percent for load in loads]

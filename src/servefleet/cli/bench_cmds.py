@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -71,42 +71,42 @@ async def _fleet_targets(fleet_file: str, servers: list[str] | None):
 
 
 def bench(
-    url: Annotated[Optional[list[str]], typer.Option("--url", help="Server base URL (repeat for several; each is run in turn).")] = None,
-    fleet: Annotated[Optional[str], typer.Option("--fleet", help="Fleet file: benchmark its ready servers (with --servers).")] = None,
-    servers: Annotated[Optional[str], typer.Option("--servers", help="Fleet servers to run, comma-separated (default: all).")] = None,
-    label: Annotated[Optional[list[str]], typer.Option("--label", help="Name of each --url's configuration in results (same order).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="Model name to request (default: the first in /v1/models).")] = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="Engine of the server (default: detected).")] = None,
-    concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", help="Fixed-concurrency sweep, e.g. 1,4,16,64,256.")] = None,
-    request_rate: Annotated[Optional[str], typer.Option("--request-rate", help="Poisson request-rate sweep (req/s), e.g. 1,2,4.")] = None,
-    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="In-flight cap in request-rate mode.")] = None,
-    requests: Annotated[Optional[int], typer.Option("--requests", "-n", help="Measured requests per point.")] = None,
-    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds per point (instead of --requests). The rate is taken "
+    url: Annotated[list[str] | None, typer.Option("--url", help="Server base URL (repeat for several; each is run in turn).")] = None,
+    fleet: Annotated[str | None, typer.Option("--fleet", help="Fleet file: benchmark its ready servers (with --servers).")] = None,
+    servers: Annotated[str | None, typer.Option("--servers", help="Fleet servers to run, comma-separated (default: all).")] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help="Name of each --url's configuration in results (same order).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model name to request (default: the first in /v1/models).")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="Engine of the server (default: detected).")] = None,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", "-c", help="Fixed-concurrency sweep, e.g. 1,4,16,64,256.")] = None,
+    request_rate: Annotated[str | None, typer.Option("--request-rate", help="Poisson request-rate sweep (req/s), e.g. 1,2,4.")] = None,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="In-flight cap in request-rate mode.")] = None,
+    requests: Annotated[int | None, typer.Option("--requests", "-n", help="Measured requests per point.")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", help="Seconds per point (instead of --requests). The rate is taken "
                                                     "from the point's steady part (after the first wave of answers, before the "
                                                     "drain), flagged when under 2 request lifetimes. Give it 5 or more lifetimes: "
                                                     "on the sim 5 s points (10 lifetimes) read within 0.5% of 20 s ones "
                                                     "(benchmarks/results/bench_modes.md); at 256 output tokens and C=512 on an "
                                                     "H200 a lifetime is ~4.5 s, so 25 s.")] = None,
-    warmup: Annotated[Optional[int], typer.Option("--warmup", help="Unmeasured warm-up requests per point (default: one per connection).")] = None,
+    warmup: Annotated[int | None, typer.Option("--warmup", help="Unmeasured warm-up requests per point (default: one per connection).")] = None,
     input_len: Annotated[int, typer.Option("--input-len", help="Prompt tokens of random prompts.")] = 128,
-    output_len: Annotated[Optional[int], typer.Option("--output-len", help="Output tokens (max_tokens) per request.")] = None,
+    output_len: Annotated[int | None, typer.Option("--output-len", help="Output tokens (max_tokens) per request.")] = None,
     input_len_range: Annotated[float, typer.Option("--input-len-range", help="Vary prompt length uniformly by +-this fraction.")] = 0.0,
     output_len_range: Annotated[float, typer.Option("--output-len-range", help="Vary output length uniformly by +-this fraction.")] = 0.0,
-    dataset: Annotated[Optional[Path], typer.Option("--dataset", help="JSONL/Parquet of real prompts (prompt|text|messages[, max_tokens]).")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Local tokenizer folder for exact prompt lengths (default: the server's /tokenize).")] = None,
+    dataset: Annotated[Path | None, typer.Option("--dataset", help="JSONL/Parquet of real prompts (prompt|text|messages[, max_tokens]).")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="Local tokenizer folder for exact prompt lengths (default: the server's /tokenize).")] = None,
     api: Annotated[str, typer.Option("--api", help="chat or completions.")] = "chat",
     stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Stream the answers. Default: no, the way a batch job runs "
                                          "(a server's API process can cap streamed throughput far below what it generates); "
                                          "TTFT/TPOT then come from the engine's /metrics histograms. --stream: client-side "
                                          "latency, for latency work.")] = False,
-    ignore_eos: Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly --output-len tokens (default: where the engine supports it).")] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature to send.")] = None,
-    extra_body: Annotated[Optional[str], typer.Option("--extra-body", help="JSON object merged into every request body.")] = None,
+    ignore_eos: Annotated[bool | None, typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly --output-len tokens (default: where the engine supports it).")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="Sampling temperature to send.")] = None,
+    extra_body: Annotated[str | None, typer.Option("--extra-body", help="JSON object merged into every request body.")] = None,
     workers: Annotated[str, typer.Option("--workers", help="Client processes: a number, or auto (one per 64 concurrent requests, at most one per core).")] = "auto",
     api_key_env: Annotated[str, typer.Option("--api-key-env", help="Environment variable holding the API key (never written anywhere).")] = "OPENAI_API_KEY",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds one request may take.")] = 600.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of prompts, lengths and arrivals.")] = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="RUN.json to write (several targets: OUT-<label>.json each, plus compare plots).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="RUN.json to write (several targets: OUT-<label>.json each, plus compare plots).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run(s) as JSON.")] = False,
 ) -> None:
     """Measure throughput and latency of one or more servers across concurrency levels or request rates."""
@@ -251,7 +251,7 @@ def _run_one(target: BenchTarget, config: BenchConfig, *, tokenizer: str | None,
     if not quiet:
         levels = config.concurrency or config.request_rates
         err.print(f"[bold]bench[/] {target.label or target.base_url}: {len(levels)} points, "
-                  f"{'%d requests' % config.requests if config.requests else '%gs' % config.duration_s} each, "
+                  f"{f'{config.requests} requests' if config.requests else f'{config.duration_s:g}s'} each, "
                   f"{'streaming' if config.stream else 'non-streaming'}, {config.workers} client process(es)")
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:  # asyncio, or SERVEFLEET_EVENT_LOOP=uvloop
@@ -289,7 +289,7 @@ def _print_comparison(comparison: Comparison) -> None:
 
 def compare(
     runs: Annotated[list[Path], typer.Argument(help="RUN.json files; the first is the reference.")],
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Folder for the PNG plots (default: next to the first run).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out-dir", help="Folder for the PNG plots (default: next to the first run).")] = None,
     prefix: Annotated[str, typer.Option("--prefix", help="File name prefix of the plots.")] = "compare",
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Table only.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,

@@ -5,9 +5,9 @@ left to the root group (``cli/main.py``), which gives each its stable exit code.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,7 +28,7 @@ FleetOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
-def run_coroutine(make: Callable[[], Awaitable[T]], *, quiet_interrupt: bool = False) -> T:
+def run_coroutine(make: Callable[[], Coroutine[Any, Any, T]], *, quiet_interrupt: bool = False) -> T:
     """Run one coroutine. A servefleet error goes up to the root group (cli/main.py), which prints it
     and exits with its stable code (ConfigError 3, HostUnreachable 4, the others 1)."""
     try:
@@ -40,7 +40,7 @@ def run_coroutine(make: Callable[[], Awaitable[T]], *, quiet_interrupt: bool = F
         raise typer.Exit(ExitCode.INTERRUPTED) from None
 
 
-def open_fleet(given: Path | None) -> "Fleet":
+def open_fleet(given: Path | None) -> Fleet:
     """The fleet of ``--fleet`` (or the one found here), with servefleet's DEBUG log also written to
     its state folder (``servefleet.log``), so a command that went wrong leaves its trace there."""
     from servefleet import logsetup

@@ -64,9 +64,9 @@ EXIT_CODES: dict[ErrorKind, ExitCode] = {
 
 def kind_for_exit_code(code: int) -> ErrorKind:
     """The plain kind of an exit code, for a command that only knows the code it wants."""
-    plain = {ExitCode.USAGE: ErrorKind.USAGE, ExitCode.UNREACHABLE: ErrorKind.UNREACHABLE,
+    plain: dict[int, ErrorKind] = {ExitCode.USAGE: ErrorKind.USAGE, ExitCode.UNREACHABLE: ErrorKind.UNREACHABLE,
              ExitCode.TIMEOUT: ErrorKind.TIMEOUT, ExitCode.INTERRUPTED: ErrorKind.INTERRUPTED}
-    return plain.get(code, ErrorKind.FAILED)  # type: ignore[call-overload]  (an int that is not an ExitCode: failed)
+    return plain.get(code, ErrorKind.FAILED)  # an int that is not one of these codes: failed
 
 
 class CliFailure(Exception):

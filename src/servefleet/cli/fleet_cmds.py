@@ -104,7 +104,7 @@ async def _up_and_render(
             return ExitCode.FAILED if blocked else ExitCode.OK
 
         progress = UpProgress(Console(stderr=True, highlight=False) if as_json else console, outcomes, engines, plain=plain)
-        kwargs = {"timeout_s": timeout, "stall_s": stall, "smoke": smoke, "keep_failed": keep_failed, "grace_s": grace}
+        kwargs: dict[str, Any] = {"timeout_s": timeout, "stall_s": stall, "smoke": smoke, "keep_failed": keep_failed, "grace_s": grace}
         if plain:  # JSON mode: progress lines go to stderr, stdout carries only the document
             verdicts = await fleet.wait(outcomes, on_update=progress.on_update, **kwargs)
         else:
@@ -135,7 +135,7 @@ def up(
     Servers on one host that share a GPU (overlapping `gpus`; without `gpus`, any GPU of a host that has a GPU driver) start one after another in fleet-file order: the next once the previous one's memory has settled (its KV cache and CUDA graphs allocated: a log line each engine declares, else readiness), or it failed and was stopped. Servers on different GPUs start in parallel. `start_shared_gpu = "together"` in \[fleet] starts them all at once.
 
     A server found failed is stopped (its whole process group) unless --keep-failed.
-    """
+    """  # noqa: E501 - typer help: one paragraph per line (a raw string, so no backslash continuation)
     smoke = False if no_smoke else None
     code = run_coroutine(lambda: _up_and_render(
         open_fleet(fleet_file), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json,

@@ -7,7 +7,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -20,26 +20,32 @@ sharded Parquet (or JSONL). Run the same command again to resume: ids in committ
 skipped, nothing is asked twice. Input: JSONL in the OpenAI batch format ({custom_id, body}) or
 {id, prompt|messages, ...}, or Parquet with the same columns.
 
---output holds: job.json (the manifest: input fingerprint, parameters, runs, shard counts), part-*.parquet shards with a .json sidecar each (the commit record), rejects.jsonl (bad input lines, with line numbers), failures.jsonl (prompts that failed every attempt, with the last error), report.json (this run's report, as --json prints it; `servefleet plan --check` reads it), progress.json (a snapshot every 2 s: `servefleet progress DEST` reads it from any terminal) and timeline/RUN_ID.json (the run's time series, bounded to 480 buckets per series: `servefleet report DEST` draws it)."""
+--output holds: job.json (the manifest: input fingerprint, parameters, runs, shard counts), part-*.parquet shards with a .json sidecar each (the commit record), rejects.jsonl \
+(bad input lines, with line numbers), failures.jsonl (prompts that failed every attempt, with the last error), report.json (this run's report, as --json prints it; `servefleet \
+plan --check` reads it), progress.json (a snapshot every 2 s: `servefleet progress DEST` reads it from any terminal) and timeline/RUN_ID.json (the run's time series, bounded to \
+480 buckets per series: `servefleet report DEST` draws it)."""
 
 
 def register(app: typer.Typer) -> None:
-    app.command("generate", help=HELP, short_help="Send every prompt of --input to the ready servers and write the answers as sharded Parquet/JSONL; resumable, exactly once.")(generate)
+    short = "Send every prompt of --input to the ready servers and write the answers as sharded Parquet/JSONL; resumable, exactly once."
+    app.command("generate", help=HELP, short_help=short)(generate)
 
 
 def generate(
     input: Annotated[Path, typer.Option("--input", "-i", help="JSONL or Parquet file of prompts")],
     output: Annotated[str, typer.Option("--output", "-o", help="folder or s3://bucket/prefix for shards and the job manifest")],
-    fleet: Annotated[Optional[Path], typer.Option("--fleet", help="fleet file: use its ready servers, restart them when they die")] = None,
-    url: Annotated[Optional[list[str]], typer.Option("--url", help="OpenAI-compatible server (repeatable)")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="default max_tokens for records without one")] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", help="default temperature for records without one")] = None,
-    chat: Annotated[Optional[bool], typer.Option("--chat/--completions", help="endpoint for 'prompt' records (default: messages->chat, prompt->completions)")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="model name to request (default: each server's served model)")] = None,
+    fleet: Annotated[Path | None, typer.Option("--fleet", help="fleet file: use its ready servers, restart them when they die")] = None,
+    url: Annotated[list[str] | None, typer.Option("--url", help="OpenAI-compatible server (repeatable)")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="default max_tokens for records without one")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="default temperature for records without one")] = None,
+    chat: Annotated[bool | None, typer.Option("--chat/--completions", help="endpoint for 'prompt' records (default: messages->chat, prompt->completions)")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="model name to request (default: each server's served model)")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="requests in flight per server: auto or a number")] = "auto",
-    max_running: Annotated[Optional[int], typer.Option("--max-running", help="capacity hint for --url servers that do not report theirs")] = None,
-    bench: Annotated[Optional[list[Path]], typer.Option("--bench", help="a `servefleet bench` RUN.json of these servers (repeatable): auto concurrency starts at its best point, then verifies by measured tokens/s")] = None,
-    hang_after: Annotated[float, typer.Option("--hang-after", min=1.0, help="seconds without progress (server's token counters, our answers) with requests in flight before a server counts as hung, at least; grows to 3x the mean latency")] = 60.0,
+    max_running: Annotated[int | None, typer.Option("--max-running", help="capacity hint for --url servers that do not report theirs")] = None,
+    bench: Annotated[list[Path] | None, typer.Option("--bench", help="a `servefleet bench` RUN.json of these servers (repeatable): auto concurrency starts at its best point, then "
+                                                                     "verifies by measured tokens/s")] = None,
+    hang_after: Annotated[float, typer.Option("--hang-after", min=1.0, help="seconds without progress (server's token counters, our answers) with requests in flight before a "
+                                                                            "server counts as hung, at least; grows to 3x the mean latency")] = 60.0,
     max_attempts: Annotated[int, typer.Option("--max-attempts", min=1, help="attempts per prompt before it goes to failures.jsonl")] = 5,
     backoff_base: Annotated[float, typer.Option("--backoff-base", min=0.0, help="seconds: retry n waits a random time below base*2^(n-1)")] = 0.5,
     backoff_max: Annotated[float, typer.Option("--backoff-max", min=0.0, help="seconds: cap of one retry's wait")] = 30.0,
@@ -52,18 +58,19 @@ def generate(
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="seconds one request may take")] = 3600.0,
     strict: Annotated[bool, typer.Option("--strict", help="stop before sending anything if any input record is rejected")] = False,
     force: Annotated[bool, typer.Option("--force", help="go on in a destination made with another input or parameters")] = False,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SERVEFLEET_API_KEY", show_default=False, help="bearer token for the servers (env SERVEFLEET_API_KEY)")] = None,
-    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=0, max=65535, help="serve Prometheus metrics of the job on this port (/metrics: prompts done, tokens, errors, retries, per-server in flight, rate and concurrency limit); 0: any free port, named in the events")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="SERVEFLEET_API_KEY", show_default=False, help="bearer token for the servers (env SERVEFLEET_API_KEY)")] = None,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", min=0, max=65535, help="serve Prometheus metrics of the job on this port (/metrics: prompts done, tokens, "
+                                                                                              "errors, retries, per-server in flight, rate and concurrency limit); 0: any free "
+                                                                                              "port, named in the events")] = None,
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="address for --metrics-port (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
+    from pydantic import ValidationError
     from rich.console import Console
 
+    from servefleet.cli.generate_view import ProgressView, render_report
     from servefleet.generate.health import HealthPolicy
     from servefleet.generate.job import JobParams
-    from servefleet.cli.generate_view import ProgressView, render_report
-    from pydantic import ValidationError
-
     from servefleet.generate.runner import GenerateConfig
     from servefleet.validation import option_error
 
@@ -104,7 +111,7 @@ def generate(
     raise typer.Exit(_exit_code(report.status))
 
 
-async def _run(config, fleet_file: Path | None, progress):  # type: ignore[no-untyped-def]
+async def _run(config, fleet_file: Path | None, progress):
     from servefleet.generate.endpoints import FleetRestarter, targets_from_fleet
     from servefleet.generate.runner import run_generate
 

@@ -59,7 +59,8 @@ COMMANDS: dict[str, CommandRow] = {
                         "4 server unreachable"),
     "compare": CommandRow("servefleet.cli.bench_cmds", "Configurations side by side: throughput at each concurrency, best points, ratios, and plots.",
                           "0 compared, 3 a file is missing or not a bench RUN.json, or bad arguments"),
-    "generate": CommandRow("servefleet.cli.generate_cmd", "Send every prompt of --input to the ready servers and write the answers as sharded Parquet/JSONL; resumable, exactly once.",
+    "generate": CommandRow("servefleet.cli.generate_cmd",
+                           "Send every prompt of --input to the ready servers and write the answers as sharded Parquet/JSONL; resumable, exactly once.",
                            "0 complete, 1 incomplete (prompts in failures.jsonl) or input rejected, 2 stalled, 3 bad arguments, input or fleet, "
                            "4 host unreachable, 130 interrupted (run it again to resume)"),
     "progress": CommandRow("servefleet.cli.progress_cmd", "Done/remaining, rate, ETA and per-server state of a generate job, from its destination (any terminal).",
@@ -72,7 +73,8 @@ COMMANDS: dict[str, CommandRow] = {
     "plan": CommandRow("servefleet.cli.plan_cmds", "Which measured configuration, at what concurrency, finishes the job soonest on G GPUs; --check compares with a run.",
                        "0 planned (--check: the prediction was within its tolerance), 1 --check: the prediction missed its tolerance, "
                        "3 bad arguments, runs or destination"),
-    "sim": CommandRow("servefleet.cli.sim_cmd", "Run the simulated OpenAI-compatible engine (real SGLang/vLLM start-up logs, continuous batching, fault injection). Options: `servefleet sim --help`.",
+    "sim": CommandRow("servefleet.cli.sim_cmd",
+                      "Run the simulated OpenAI-compatible engine (real SGLang/vLLM start-up logs, continuous batching, fault injection). Options: `servefleet sim --help`.",
                       "0 stopped, 3 bad options, otherwise the simulated engine's own exit code (a simulated failure)"),
     "model": CommandRow("servefleet.cli.model_cmd", "Build models locally for tests, demos and benchmarks (random weights, a tokenizer trained here).",
                         "0 built, 3 bad arguments or a folder that holds something else"),
@@ -148,7 +150,7 @@ class LazyGroup(TyperGroup):
         except click.exceptions.UsageError as exc:
             _usage_error(exc, as_json, command)
             raise  # click prints its usage block and the message on stderr, and exits exc.exit_code
-        except BaseException as exc:  # noqa: BLE001 (every failure of every command is reported here, once)
+        except BaseException as exc:  # every failure of every command is reported here, once
             failure = failure_from_exception(exc)
             if failure is None:
                 if as_json and isinstance(exc, Exception):

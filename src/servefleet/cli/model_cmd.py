@@ -6,9 +6,9 @@ builder writes the folder, and the result is shown as a table or JSON.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,18 +18,18 @@ from servefleet.errors import ConfigError
 __all__ = ["register"]
 
 
-class Preset(str, Enum):
+class Preset(StrEnum):
     tiny = "tiny"
     small = "small"
     realistic = "realistic"
 
 
-class ArchChoice(str, Enum):
+class ArchChoice(StrEnum):
     llama = "llama"
     qwen2 = "qwen2"
 
 
-class DTypeChoice(str, Enum):
+class DTypeChoice(StrEnum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
@@ -53,15 +53,15 @@ def tiny(
     preset: Annotated[Preset, typer.Option(help="Size preset: tiny (~1M parameters, loads in a second on a CPU), small, "
                                                 "realistic (~0.4B, bf16, head dim 128: for GPUs).")] = Preset.tiny,
     arch: Annotated[ArchChoice, typer.Option(help="Architecture: Llama or Qwen2 (q/k/v biases).")] = ArchChoice.llama,
-    head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="Attention head size (vLLM's CPU backend: 32, 64, 80, 96, 112, 128, 256).")] = None,
-    layers: Annotated[Optional[int], typer.Option(help="Number of decoder layers.")] = None,
-    hidden: Annotated[Optional[int], typer.Option(help="Hidden size.")] = None,
-    heads: Annotated[Optional[int], typer.Option(help="Attention heads (default: hidden / head dim).")] = None,
-    kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (default: half the heads).")] = None,
-    intermediate: Annotated[Optional[int], typer.Option(help="MLP intermediate size (default: 3 x hidden).")] = None,
-    vocab: Annotated[Optional[int], typer.Option(help="Vocabulary size (the tokenizer is trained to exactly this size).")] = None,
-    context: Annotated[Optional[int], typer.Option(help="max_position_embeddings (context length).")] = None,
-    dtype: Annotated[Optional[DTypeChoice], typer.Option(help="Weight dtype (default: the preset's).")] = None,
+    head_dim: Annotated[int | None, typer.Option("--head-dim", help="Attention head size (vLLM's CPU backend: 32, 64, 80, 96, 112, 128, 256).")] = None,
+    layers: Annotated[int | None, typer.Option(help="Number of decoder layers.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Hidden size.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Attention heads (default: hidden / head dim).")] = None,
+    kv_heads: Annotated[int | None, typer.Option("--kv-heads", help="Key/value heads (default: half the heads).")] = None,
+    intermediate: Annotated[int | None, typer.Option(help="MLP intermediate size (default: 3 x hidden).")] = None,
+    vocab: Annotated[int | None, typer.Option(help="Vocabulary size (the tokenizer is trained to exactly this size).")] = None,
+    context: Annotated[int | None, typer.Option(help="max_position_embeddings (context length).")] = None,
+    dtype: Annotated[DTypeChoice | None, typer.Option(help="Weight dtype (default: the preset's).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the random weights (the same seed gives the same files).")] = 0,
     gguf: Annotated[bool, typer.Option("--gguf", help="Also write model.gguf for llama.cpp.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace PATH if it holds a model built by this command.")] = False,

@@ -20,10 +20,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+import matplotlib.pyplot as plt  # after choosing the backend
 
-from servefleet.bench.result import Run  # noqa: E402
-from servefleet.plan.planner import ConfigCurve, JobSpec, plan_job  # noqa: E402
+from servefleet.bench.result import Run
+from servefleet.plan.planner import ConfigCurve, JobSpec, plan_job
 
 __all__ = ["plot_throughput", "plot_latency", "write_plots", "plot_makespan"]
 

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -35,13 +35,13 @@ def register(app: typer.Typer) -> None:
 
 def report(
     sources: Annotated[list[str], typer.Argument(help="a generate destination (folder or s3://...), or bench RUN.json files")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="the HTML file to write")] = None,
-    bench: Annotated[Optional[list[Path]], typer.Option("--bench", help="with DEST: the bench run of the configuration that ran the job (its plan is checked against the run)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="the HTML file to write")] = None,
+    bench: Annotated[list[Path] | None, typer.Option(
+        "--bench", help="with DEST: the bench run of the configuration that ran the job (its plan is checked against the run)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print where the report was written (and what it holds) as JSON")] = False,
 ) -> None:
     from servefleet.errors import ServefleetError
 
-    err = Console(stderr=True)
     try:
         if all(s.endswith(".json") and os.path.isfile(s) for s in sources):
             if bench:
@@ -128,7 +128,7 @@ def _bench(paths: list[str]) -> tuple[str, dict[str, Any], Path]:
     from servefleet.cli.report_html import bench_html
     from servefleet.errors import ConfigError
 
-    runs = []
+    runs: list[dict[str, Any]] = []
     for p in paths:
         try:
             run = Run.model_validate_json(Path(p).read_bytes())

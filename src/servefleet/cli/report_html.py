@@ -23,7 +23,8 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 6px;border-bot
 td:first-child,th:first-child{text-align:left} th{color:#555;font-weight:600} .legend{margin:2px 0 4px 70px}
 .key{display:inline-block;margin-right:14px;cursor:pointer;user-select:none} .key i{display:inline-block;width:18px;height:3px;vertical-align:middle;margin-right:5px}
 .key.off{opacity:.35} .tick{font-size:11px;fill:#555} .axis{font-size:12px;fill:#333} .mark{font-size:11px}
-.ok{color:#2a7d2a} .bad{color:#b22} .note{color:#666;font-size:13px} .events{font:12px/1.4 ui-monospace,monospace;color:#444;max-height:260px;overflow:auto;border:1px solid #eee;padding:6px}
+.ok{color:#2a7d2a} .bad{color:#b22} .note{color:#666;font-size:13px} .events{font:12px/1.4 ui-monospace,monospace;color:#444;max-height:260px;overflow:auto;border:1px solid \
+#eee;padding:6px}
 """
 
 # Click a legend key to hide or show its series in every chart of the page.
@@ -134,7 +135,7 @@ def job_html(series: dict[str, Any], view: dict[str, Any], *, plan: dict[str, An
         body.append('<h2>Events</h2><div class="events">' + "<br>".join(
             f"{m['t']:9.1f}s  {_esc(m['text'])}" for m in msgs) + "</div>")
     subtitle = (f"{series['destination']} - input {inp.get('path', '?')} ({inp.get('valid', 0):,} prompts) - "
-                f"written {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC")
+                f"written {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
     data = {"kind": "generate", "series": series, "progress": view, "plan": plan, "failures": failures}
     return _page("servefleet generate: job report", subtitle, body, data)
 
@@ -191,7 +192,7 @@ def bench_html(runs: list[dict[str, Any]]) -> str:
 
     body = [_cards([(r["label"], f"best {r['best_tps']:,.0f} tok/s at c={r['best_concurrency']}") for r in runs])]
     legend = _legend(labels, colors)
-    common = dict(x_max=x_max, x_min=x_min, x_log2=log2, x_label="concurrency (requests in flight)", time_axis=False)
+    common: dict[str, Any] = dict(x_max=x_max, x_min=x_min, x_log2=log2, x_label="concurrency (requests in flight)", time_axis=False)
     body.append("<h2>Output tokens/s against concurrency</h2>" + legend
                 + line_chart("bench-tps", series=lines("output_tokens_per_s"), y_label="output tok/s", **common))
     body.append("<h2>Latency against concurrency</h2>" + _legend(labels, colors, ' <span class="note">solid: end-to-end p50, '
@@ -214,7 +215,7 @@ def bench_html(runs: list[dict[str, Any]]) -> str:
         body.append(f"<h2>{_esc(r['label'])}</h2><p class=\"note\">{_esc(r['path'])} - {_esc(r['mode'])}, {_esc(r.get('model') or '')}</p>"
                     "<table><tr><th>concurrency</th><th>output tok/s</th><th>req/s</th><th>TTFT p50</th><th>TPOT p50</th>"
                     "<th>e2e p50</th><th>e2e p99</th><th>errors</th><th>client-bound</th></tr>" + rows + "</table>")
-    subtitle = f"{len(runs)} run(s) - written {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    subtitle = f"{len(runs)} run(s) - written {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC"
     return _page("servefleet bench: runs side by side", subtitle, body, {"kind": "bench", "runs": runs})
 
 

@@ -9,7 +9,6 @@ included. ``--dry-run`` prints the configuration's theoretical throughput curve 
 from __future__ import annotations
 
 import json
-
 from typing import TYPE_CHECKING
 
 import typer

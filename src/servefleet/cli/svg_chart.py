@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +94,7 @@ def _time_ticks(x_max: float) -> list[float]:
 
 
 def line_chart(chart_id: str, *, series: list[Series], x_max: float, y_label: str, x_label: str = "time",
-               bands: list[Band] = (), marks: list[Mark] = (), x_log2: bool = False, x_min: float = 0.0,
+               bands: Sequence[Band] = (), marks: Sequence[Mark] = (), x_log2: bool = False, x_min: float = 0.0,
                y_max: float | None = None, time_axis: bool = True) -> str:
     pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
     ys = [y for s in series for y in s.ys if y is not None]
@@ -118,17 +119,17 @@ def line_chart(chart_id: str, *, series: list[Series], x_max: float, y_label: st
     # grid and axes
     for i in range(6):
         v = top * i / 5
-        y = py(v)
-        out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e6e6e6"/>')
-        out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{_fmt(v)}</text>')
+        gy = py(v)
+        out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{gy:.1f}" y2="{gy:.1f}" stroke="#e6e6e6"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{gy + 4:.1f}" text-anchor="end" class="tick">{_fmt(v)}</text>')
     xticks = ([2 ** k for k in range(int(math.floor(math.log2(max(x_min, 1e-9)))), int(math.ceil(math.log2(x_max))) + 1)]
               if x_log2 else _time_ticks(x_max - x_min) if time_axis else [x_min + (x_max - x_min) * i / 8 for i in range(9)])
     for xv in xticks:
         if x_min <= xv <= x_max:
-            x = px(xv)
-            out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + ph}" stroke="#f0f0f0"/>')
+            tx = px(xv)
+            out.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{TOP}" y2="{TOP + ph}" stroke="#f0f0f0"/>')
             label = _fmt_time(xv) if time_axis and not x_log2 else _fmt(xv)
-            out.append(f'<text x="{x:.1f}" y="{TOP + ph + 16}" text-anchor="middle" class="tick">{label}</text>')
+            out.append(f'<text x="{tx:.1f}" y="{TOP + ph + 16}" text-anchor="middle" class="tick">{label}</text>')
     out.append(f'<text x="{LEFT + pw / 2}" y="{H - 4}" text-anchor="middle" class="axis">{_esc(x_label)}</text>')
     out.append(f'<text x="14" y="{TOP + ph / 2}" text-anchor="middle" class="axis" transform="rotate(-90 14 {TOP + ph / 2})">'
                f'{_esc(y_label)}</text>')

@@ -11,9 +11,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
-
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import typer
 
@@ -187,7 +186,8 @@ def register(app: typer.Typer) -> None:
     def wait(
         url: str = typer.Option(..., "--url", help="base URL of the server, e.g. http://127.0.0.1:30000"),
         log: Path | None = typer.Option(None, "--log", help="the server's log file, followed as it grows"),
-        pid: int | None = typer.Option(None, "--pid", help="the server's pid: its death is the server's death (even when its group, e.g. a shell's, lives on); its process group must hold the port"),
+        pid: int | None = typer.Option(None, "--pid", help="the server's pid: its death is the server's death (even when its group, e.g. a shell's, lives on); its process group "
+                                                           "must hold the port"),
         engine: str = typer.Option("auto", "--engine", help=f"{engines_help} (auto: detect from the log)"),
         model: str | None = typer.Option(None, "--model", help="served model name /v1/models must list (identity without --pid)"),
         timeout: float = typer.Option(1800.0, "--timeout", min=0.0, help="overall cap in seconds"),

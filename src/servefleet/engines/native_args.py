@@ -61,7 +61,7 @@ def to_float(text: str) -> float:
 def to_json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
     if not isinstance(value, dict):
         raise ValueError("must be a JSON object, e.g. '{\"method\": \"ngram\"}'")

@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import tomllib
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _messages(exc: ValidationError, model: type[BaseModel], from_defaults: set[str] = frozenset()) -> list[str]:
+def _messages(exc: ValidationError, model: type[BaseModel], from_defaults: AbstractSet[str] = frozenset()) -> list[str]:
     """One ``field: message`` string per pydantic error, in words a user acts on."""
     fields = [f for f in model.model_fields if f not in ("path",)]
     out = []
@@ -163,11 +164,11 @@ def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
         if server.host != LOCAL and server.host not in hosts:
             known = ", ".join([LOCAL, *hosts])
             problems.append(f"{who}: host: unknown host {server.host!r}; define [hosts.{server.host}] (known: {known})")
-        key = (server.host, server.port)
-        if key in seen_ports:
-            problems.append(f'{who}: port: {server.port} on host "{server.host}" is already used by server "{seen_ports[key]}"')
+        addr = (server.host, server.port)
+        if addr in seen_ports:
+            problems.append(f'{who}: port: {server.port} on host "{server.host}" is already used by server "{seen_ports[addr]}"')
         else:
-            seen_ports[key] = server.name
+            seen_ports[addr] = server.name
 
     if problems:
         raise ConfigError("\n".join(f"{label}: {p}" for p in problems))

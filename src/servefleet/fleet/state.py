@@ -9,12 +9,12 @@ like them (``--api-key X``) are never written.
 
 from __future__ import annotations
 
-import logging
 import asyncio
 import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import time

@@ -40,7 +40,7 @@ async def open_tunnel(fleet: Fleet, name: str, local_port: int | None = None) ->
             raise ConfigError(f"server {name!r} runs on this machine; --local-port applies to remote servers only")
         url = await binding.host.url_for(record.port, record.bind)
     else:
-        url = await binding.host.url_for(record.port, record.bind, local_port=local_port)  # type: ignore[call-arg]
+        url = await binding.host.url_for(record.port, record.bind, local_port=local_port)  # type: ignore[call-arg]  # only SSHHost.url_for takes local_port; this branch is the remote one
     return Tunnel(name=name, host=record.host, remote=f"{record.bind}:{record.port}", url=url)
 
 

@@ -93,13 +93,13 @@ class ConcurrencyController:
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
-    def fixed(cls, n: int) -> "ConcurrencyController":
+    def fixed(cls, n: int) -> ConcurrencyController:
         n = max(1, n)
         return cls(limit=n, source="fixed", phase="fixed", best_limit=n, reason=f"--concurrency {n}")
 
     @classmethod
     def auto(cls, max_running: int | None, *, bench_concurrency: int | None = None, bench_tps: float | None = None,
-             bench_note: str | None = None, ceiling: int = 4096) -> "ConcurrencyController":
+             bench_note: str | None = None, ceiling: int = 4096) -> ConcurrencyController:
         cap = min(ceiling, room(max_running)) if max_running else ceiling
         if bench_concurrency:
             start = max(1, min(cap, bench_concurrency))

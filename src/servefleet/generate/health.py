@@ -144,7 +144,7 @@ class Health:
 async def recover(
     target: Target,
     *,
-    client: "Client",
+    client: Client,
     policy: HealthPolicy,
     restarter: Restarter | None,
     on_event: Callable[[str], None],
@@ -160,7 +160,7 @@ async def recover(
             on_event(f"{target.name}: restarting through the fleet (attempt {attempt}/{policy.restart_attempts})")
             try:
                 new = await restarter.restart(target.name, on_event)
-            except Exception as exc:  # noqa: BLE001 - a failed restart is an event, not a crash of the job
+            except Exception as exc:  # a failed restart is an event, not a crash of the job
                 on_event(f"{target.name}: restart failed: {type(exc).__name__}: {exc}")
                 new = None
             if new is not None:

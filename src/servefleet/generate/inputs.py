@@ -44,7 +44,7 @@ InputKind = Literal["jsonl", "parquet"]
 Mode = Literal["auto", "chat", "completions"]
 
 ENDPOINT_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-_URL_ENDPOINTS = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completions", "/completions": "completions"}
+_URL_ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completions", "/completions": "completions"}
 _MAX_ID_CHARS = 512
 _EXCERPT_CHARS = 200
 
@@ -125,9 +125,9 @@ def iter_pending(path: str, skip: bytearray, skip_code: int = 1, chunk_bytes: in
     of 1,000,000 lines done reaches the first pending line in a tenth of a second, not seconds)."""
     n = len(skip)
     if detect_kind(path) == "parquet":
-        for line, raw in _iter_parquet(path, None):
+        for line, record in _iter_parquet(path, None):
             if line > n or skip[line - 1] != skip_code:
-                yield line, raw
+                yield line, record
         return
     line = 0
     rest = b""
@@ -204,6 +204,7 @@ def _parse_batch(line: int, obj: dict[str, Any], defaults: RequestDefaults) -> P
     rid, problem = _check_id(obj.get("custom_id"), "custom_id")
     if problem:
         return Reject(line, problem, rid)
+    assert rid is not None  # _check_id gives an id whenever it finds no problem
     body = obj.get("body")
     if isinstance(body, str):  # Parquet files often carry the body as JSON text
         try:
@@ -218,7 +219,7 @@ def _parse_batch(line: int, obj: dict[str, Any], defaults: RequestDefaults) -> P
     endpoint: Endpoint | None = None
     url = obj.get("url")
     if url is not None:
-        endpoint = _URL_ENDPOINTS.get(str(url).split("?")[0].rstrip("/"))  # type: ignore[assignment]
+        endpoint = _URL_ENDPOINTS.get(str(url).split("?")[0].rstrip("/"))
         if endpoint is None:
             return Reject(line, f"unsupported url {url!r} (use /v1/chat/completions or /v1/completions)", rid)
     return _finish(line, rid, dict(body), endpoint, defaults)
@@ -228,6 +229,7 @@ def _parse_simple(line: int, obj: dict[str, Any], defaults: RequestDefaults) -> 
     rid, problem = _check_id(obj.get("id"), "id")
     if problem:
         return Reject(line, problem, rid)
+    assert rid is not None  # _check_id gives an id whenever it finds no problem
     body = {k: v for k, v in obj.items() if k != "id"}
     return _finish(line, rid, body, None, defaults)
 

@@ -25,12 +25,12 @@ MANIFEST_VERSION = 1
 
 
 def utcnow() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def new_run_id() -> str:
     """Sortable and unique: UTC time to the second plus 4 random hex digits."""
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
 
 
 class JobParams(BaseModel):
@@ -46,7 +46,7 @@ class JobParams(BaseModel):
     store_request: bool = False
     format: Literal["parquet", "jsonl"] = "parquet"
 
-    def differences(self, other: "JobParams") -> list[str]:
+    def differences(self, other: JobParams) -> list[str]:
         mine, theirs = self.model_dump(), other.model_dump()
         return [f"{k}: {theirs[k]!r} -> {mine[k]!r}" for k in mine if mine[k] != theirs[k]]
 
@@ -111,7 +111,7 @@ class JobManifest(BaseModel):
         return (self.model_dump_json(indent=2) + "\n").encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "JobManifest":
+    def from_bytes(cls, data: bytes) -> JobManifest:
         return cls.model_validate_json(data)
 
     def summary(self) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def _failures(sink: Sink) -> dict[str, Any]:
     if not data:
         return {"total": 0, "kinds": [], "examples": []}
     kinds: dict[str, int] = {}
-    examples = []
+    examples: list[dict[str, Any]] = []
     total = 0
     for raw in data.splitlines():
         try:
@@ -172,7 +172,10 @@ def job_series(record: JobRecord) -> dict[str, Any]:
     origin = float(tls[0]["started"])
     servers: dict[str, dict[str, list[Any]]] = {}
     job: dict[str, list[Any]] = {k: [] for k in ("t", "output_tokens_per_s", "done", "failed", "retries")}
-    runs, outages, events, messages = [], [], [], []
+    runs: list[dict[str, Any]] = []
+    outages: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
     x_max = 0.0
     for tl in tls:
         start = float(tl["started"]) - origin

@@ -21,6 +21,7 @@ several ids share.
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 from array import array
@@ -29,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from servefleet.generate.job import JobManifest, utcnow
 from servefleet.generate import prepass as _prepass
+from servefleet.generate.job import JobManifest, utcnow
 from servefleet.generate.prepass import CHECK, SKIP, Prepass
 from servefleet.generate.shards import EXTENSIONS, Format, ShardBuffer, read_shard_ids, write_shard
 from servefleet.generate.sinks import Sink
@@ -58,7 +59,7 @@ class LedgerEntry:
     def rows(self) -> int:
         return len(self.ids)
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self) -> builtins.bytes:  # builtins: the field named bytes shadows the type in this class
         return json.dumps({
             "shard": self.shard, "run_id": self.run_id, "input_sha256": self.input_sha256, "rows": self.rows,
             "bytes": self.bytes, "completion_tokens": self.completion_tokens, "committed": self.committed,
@@ -66,7 +67,7 @@ class LedgerEntry:
         }, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "LedgerEntry":
+    def from_bytes(cls, data: builtins.bytes) -> LedgerEntry:
         d: dict[str, Any] = json.loads(data)
         if len(d["ids"]) != len(d["lines"]):
             raise ValueError("ids and lines differ in length")
@@ -140,7 +141,7 @@ class Ledger:
         self.committed_shards = 0
 
     # ---- commit ---------------------------------------------------------------------------------
-    def stage(self, buffer: ShardBuffer) -> "Staged":
+    def stage(self, buffer: ShardBuffer) -> Staged:
         """Encode a shard into a staging file under its final name (blocking: run it in a thread)."""
         self.seq += 1
         name = f"part-{self.run_id}-{self.seq:06d}{EXTENSIONS[self.fmt]}"
@@ -150,7 +151,7 @@ class Ledger:
                             0, buffer.completion_tokens)
         return Staged(tmp, entry)
 
-    def publish(self, staged: "Staged") -> LedgerEntry:
+    def publish(self, staged: Staged) -> LedgerEntry:
         """Publish the shard, then its entry. Idempotent: a retry after a failure redoes only what
         is not done, under the same name, so a shard is never published twice."""
         entry = staged.entry
@@ -188,7 +189,7 @@ class Ledger:
             self.sink.remove(f"{LEDGER_DIR}/{stale}")
             done.dropped += 1
         for i in range(0, len(wanted), _BATCH):
-            for rel, data in self.sink.read_many(wanted[i : i + _BATCH]).items():
+            for _rel, data in self.sink.read_many(wanted[i : i + _BATCH]).items():
                 entry = LedgerEntry.from_bytes(data)
                 self._count(entry, done, lines, hashes, collisions, by_id)
         have = {f"{_stem(s)}.json" for s in shards} & entries
@@ -227,7 +228,7 @@ class Ledger:
         m = _NAME.match(shard)
         assert m is not None
         data = self.sink.read_bytes(f"{SHARDS_DIR}/{shard}") or b""
-        ids, lines = read_shard_ids(data, m["ext"])  # type: ignore[arg-type]
+        ids, lines = read_shard_ids(data, m["ext"])  # type: ignore[arg-type]  # _NAME admits only the Format extensions
         sha = manifest.run_input(m["run"]) if manifest is not None else None
         entry = LedgerEntry(shard, m["run"], sha, ids, lines, len(data))
         self.sink.write_bytes(f"{LEDGER_DIR}/{_stem(shard)}.json", entry.to_bytes())

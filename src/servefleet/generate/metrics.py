@@ -84,14 +84,14 @@ class JobMetrics:
         self.port = port
         self.registry = CollectorRegistry(auto_describe=False)
         self._collector = _Collector()
-        self.registry.register(self._collector)  # type: ignore[arg-type]
+        self.registry.register(self._collector)
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
     def attach(self, stats: JobStats) -> None:
         self._collector.stats = stats
 
-    def __enter__(self) -> "JobMetrics":
+    def __enter__(self) -> JobMetrics:
         try:
             self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self.registry)
         except OSError as exc:

@@ -126,7 +126,7 @@ class JobRecorder:
             for rel, data in blobs:
                 await asyncio.to_thread(self.sink.write_bytes, rel, data)
             self.writes += 1
-        except Exception as exc:  # noqa: BLE001 - object storage raises more than OSError; the job goes on
+        except Exception as exc:  # object storage raises more than OSError; the job goes on
             if not self._failed_once:
                 self._failed_once = True
                 with contextlib.suppress(Exception):

@@ -48,7 +48,7 @@ class RateMeter:
         buckets = [b for b in list(self._buckets) if b[0] >= now - self.window_s]  # list(): one C call under the GIL
         return self._rate(now, buckets)
 
-    def _rate(self, now: float, buckets: "Iterable[list[float]]") -> float:
+    def _rate(self, now: float, buckets: Iterable[list[float]]) -> float:
         if self._first is None:
             return 0.0
         span = min(self.window_s, now - self._first)

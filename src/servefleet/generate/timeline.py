@@ -48,7 +48,7 @@ class ServerSample:
     outages: int
 
     @classmethod
-    def of(cls, s: Any) -> "ServerSample":
+    def of(cls, s: Any) -> ServerSample:
         return cls(s.completion_tokens, s.requests, s.errors, s.in_flight, s.limit, s.state, s.restarts, s.outages)
 
 
@@ -71,7 +71,7 @@ class _Events:
     def to_json(self) -> dict[str, Any]:
         return {"items": [*self.head, *self.tail], "total": self.total, "left_out": self.total - len(self.head) - len(self.tail)}
 
-    def copy(self) -> "_Events":
+    def copy(self) -> _Events:
         out = _Events.__new__(_Events)
         out.head, out.tail, out.cap_head, out.total = list(self.head), deque(self.tail, self.tail.maxlen), self.cap_head, self.total
         return out
@@ -197,7 +197,7 @@ class Timeline:
         self.bucket_s *= 2
 
     # ---- output ---------------------------------------------------------------------------------
-    def frozen(self) -> "Timeline":
+    def frozen(self) -> Timeline:
         """A copy that later samples do not change (shallow copies of the columns: a few ms for 256
         servers), so it can be encoded in another thread while sampling goes on."""
         out = Timeline.__new__(Timeline)

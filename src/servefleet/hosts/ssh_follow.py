@@ -56,7 +56,8 @@ def classify_tail_notice(line: str) -> str:
         return "truncated"
     if "has appeared" in line:
         return "appeared"
-    if any(s in line for s in ("has become inaccessible", "cannot open", "No such file", "inotify", "giving up on", "directory containing watched file was removed", "has been replaced with an untailable")):
+    if any(s in line for s in ("has become inaccessible", "cannot open", "No such file", "inotify", "giving up on",
+                               "directory containing watched file was removed", "has been replaced with an untailable")):
         return "ignore"
     return "error"
 
@@ -106,7 +107,7 @@ class _Watch:
 
 def follow(host: SSHHost, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
     """``Host.follow`` over SSH: one streaming ``tail -F``, resumed after a dropped link."""
-    return _streams(host, path, offset, None)  # type: ignore[return-value]
+    return _streams(host, path, offset, None)  # type: ignore[return-value]  # without a watch job it yields only log items
 
 
 def watch(host: SSHHost, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
@@ -121,8 +122,9 @@ def watch(host: SSHHost, log_path: str | None, offset: int = 0, *, pgid: int | N
 
 
 def _silent_link(host: SSHHost, what: str, quiet_s: float) -> HostUnreachable:
-    err = HostUnreachable(f"ssh host {host.name!r} is unreachable: link went silent: no answer to keep-alives and no heartbeat from the watcher of {what} for {quiet_s:.0f}s (alive_timeout {host.spec.alive_timeout}s)")
-    err.reason = "link went silent"  # type: ignore[attr-defined]
+    err = HostUnreachable(f"ssh host {host.name!r} is unreachable: link went silent: no answer to keep-alives and no heartbeat from the watcher of {what} for {quiet_s:.0f}s "
+                          f"(alive_timeout {host.spec.alive_timeout}s)")
+    err.reason = "link went silent"
     return err
 
 
@@ -146,7 +148,8 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
         code: int | None = None
         stderr_text = ""
         token = secrets.token_hex(16)
-        remote = scripts.watch_argv(path, offset, host.tail_has_pid, token, job.pgid, job.status_path, HEARTBEAT_S) if job else scripts.follow_argv(path or "", offset, host.tail_has_pid)
+        remote = (scripts.watch_argv(path, offset, host.tail_has_pid, token, job.pgid, job.status_path, HEARTBEAT_S) if job
+                  else scripts.follow_argv(path or "", offset, host.tail_has_pid))
         exit_info: tuple[int | None, int | None] | None = None  # (code, log size) once the watcher said so
         exit_due = 0.0
         grace_until: float | None = None  # the watcher went quiet: the connection's keep-alives decide until then
@@ -192,7 +195,7 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
                                         silent = master_lost = True
                                         break
                                     if grace_until is None:
-                                        grace_until = time.monotonic() + job.silence_s  # type: ignore[union-attr]
+                                        grace_until = time.monotonic() + job.silence_s  # type: ignore[union-attr]  # nothing done means a timeout, and without a job there is none
                                     elif time.monotonic() >= grace_until:
                                         silent = True  # the link lives, the watcher does not speak
                                         break
@@ -291,7 +294,8 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
             now = time.monotonic()
             lost_since = lost_since or now
             if now - lost_since > host.spec.reconnect_s:
-                raise HostUnreachable(f"ssh host {host.name!r}: lost the link while following {what} and could not reconnect within {host.spec.reconnect_s}s: {stderr_text.strip()[-300:]}")
+                raise HostUnreachable(f"ssh host {host.name!r}: lost the link while following {what} and could not reconnect within {host.spec.reconnect_s}s: "
+                                      f"{stderr_text.strip()[-300:]}")
         else:
             tail_failures += 1
             if tail_failures >= MAX_TAIL_FAILURES:

@@ -288,5 +288,5 @@ def ssh_error(spec: SSHSpec, argv: Sequence[str], returncode: int, stderr: str, 
     elif reason == "authentication failed":
         hint = " (BatchMode is on: the key must be in an agent or given as identity_file, without a passphrase prompt)"
     err = HostUnreachable(f"ssh host {spec.label!r} is unreachable: {reason}{hint}: {detail}")
-    err.reason = reason  # type: ignore[attr-defined]
+    err.reason = reason
     return err

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["write_gguf", "gguf_tensor_name"]
 
 
-def _permute_rotary(weight: "torch.Tensor", n_head: int) -> "torch.Tensor":
+def _permute_rotary(weight: torch.Tensor, n_head: int) -> torch.Tensor:
     """HF rotary layout (first half / second half of each head) -> GGUF's interleaved pairs."""
     rows = weight.shape[0]
     return weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
@@ -45,7 +45,7 @@ def gguf_tensor_name(spec: TinyModelSpec, hf_name: str) -> str:
     return name
 
 
-def _as_array(tensor: "torch.Tensor", one_dim_f32: bool) -> tuple["np.ndarray", "gguf.GGMLQuantizationType | None"]:
+def _as_array(tensor: torch.Tensor, one_dim_f32: bool) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
     import gguf
     import torch
 
@@ -57,7 +57,7 @@ def _as_array(tensor: "torch.Tensor", one_dim_f32: bool) -> tuple["np.ndarray", 
     return tensor.contiguous().view(torch.uint8).numpy(), gguf.GGMLQuantizationType.BF16
 
 
-def write_gguf(path: Path, spec: TinyModelSpec, weights: dict[str, "torch.Tensor"], trained: TrainedTokenizer) -> None:
+def write_gguf(path: Path, spec: TinyModelSpec, weights: dict[str, torch.Tensor], trained: TrainedTokenizer) -> None:
     import gguf
 
     arch = spec.arch

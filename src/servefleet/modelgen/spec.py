@@ -54,7 +54,7 @@ class TinyModelSpec(BaseModel):
     initializer_range: float = 0.02
 
     @model_validator(mode="after")
-    def _check(self) -> "TinyModelSpec":
+    def _check(self) -> TinyModelSpec:
         def need(ok: bool, message: str) -> None:
             if not ok:
                 raise ValueError(message)

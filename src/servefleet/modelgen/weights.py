@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["random_weights", "torch_dtype"]
 
 
-def torch_dtype(name: str) -> "torch.dtype":
+def torch_dtype(name: str) -> torch.dtype:
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
@@ -30,7 +30,7 @@ def _tensor_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def random_weights(spec: TinyModelSpec) -> dict[str, "torch.Tensor"]:
+def random_weights(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
     """HF tensor name -> tensor in ``spec.dtype`` (contiguous, ready for safetensors)."""
     import torch
 

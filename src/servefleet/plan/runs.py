@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -45,11 +45,12 @@ def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | Non
         cap = run.capacity.max_running_requests
     # Steady-state throughput: a point's measured steady window where it had one (bench keeps ramp and
     # drain out of it); else the point inverted through the drain model (see steady_curve).
-    inverted = steady_curve([PointSample(p.concurrency, p.successful, p.output_tokens, p.duration_s, deadline) for p in points])
-    tps = [p.output_tokens_per_s if p.steady is not None and p.steady.steady else inverted.total(p.concurrency) for p in points]
+    levels = [p.concurrency for p in points if p.concurrency]  # all of them (filtered above); typed int
+    inverted = steady_curve([PointSample(c, p.successful, p.output_tokens, p.duration_s, deadline) for c, p in zip(levels, points, strict=True)])
+    tps = [p.output_tokens_per_s if p.steady is not None and p.steady.steady else inverted.total(c) for c, p in zip(levels, points, strict=True)]
     return ConfigCurve(
         name=run.target.label,
-        curve=Curve(tuple(p.concurrency for p in points), tuple(tps)),
+        curve=Curve(tuple(levels), tuple(tps)),
         gpus_per_replica=gpus_per_replica,
         max_running=cap,
         measured_mode=run.measured_mode or "non-streaming",

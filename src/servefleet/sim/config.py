@@ -121,7 +121,7 @@ class SimConfig(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> "SimConfig":
+    def _check(self) -> SimConfig:
         if self.timing == "knee":
             given = [n for n in _REALISTIC_ONLY if n in self.model_fields_set]
             if given:
@@ -188,5 +188,5 @@ def option_aliases(name: str) -> list[str]:
     """Extra flag names of a SimConfig field (real engines' names for the same thing)."""
     extra = SimConfig.model_fields[name].json_schema_extra
     if isinstance(extra, dict):
-        return list(extra.get("aliases", []))  # type: ignore[arg-type]
+        return list(extra.get("aliases", []))  # type: ignore[arg-type]  # a JSON value to mypy; always a list of names here
     return []

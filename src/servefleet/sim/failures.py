@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 from servefleet.catalog import Category
 from servefleet.sim.config import SimConfig
@@ -62,12 +63,14 @@ def traceback_text(frames: Sequence[Frame], final: str, head: str = "Traceback (
     return "\n".join(out)
 
 
-def _module(style: str):
+def _module(style: str) -> ModuleType:
     if style == "sglang":
-        from servefleet.sim import failures_sglang as mod
-    else:
-        from servefleet.sim import failures_vllm as mod
-    return mod
+        from servefleet.sim import failures_sglang
+
+        return failures_sglang
+    from servefleet.sim import failures_vllm
+
+    return failures_vllm
 
 
 def variants(style: str, category: Category) -> int:

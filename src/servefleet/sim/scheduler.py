@@ -114,7 +114,7 @@ class Stats:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(LATENCY_BUCKETS)
 
-    def observe_finished(self, req: "SimRequest", now: float) -> None:
+    def observe_finished(self, req: SimRequest, now: float) -> None:
         first = req.first_token_at
         self.e2e.observe(now - req.arrived)
         if first is None:

@@ -136,8 +136,8 @@ class SimServer:
             return _error(400, "the request body is not valid JSON", "BadRequestError")
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             text = render_chat(body["messages"])
-        elif isinstance(body, dict) and isinstance(body.get("prompt", body.get("text")), str):
-            text = body.get("prompt", body.get("text"))
+        elif isinstance(body, dict) and isinstance(prompt := body.get("prompt", body.get("text")), str):
+            text = prompt
         else:
             return _error(400, "give a prompt (string) or messages (list)", "BadRequestError")
         ids = token_ids(text)

@@ -60,6 +60,7 @@ class SimProcess:
         code = self.cfg.fail_exit_code if self.cfg.fail_exit_code is not None else failure.exit_code
         if code is None:
             os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(137)  # not reached (SIGKILL ends the process); says so to the type checker, as exit_with is NoReturn
         os._exit(code)
 
     def hard_exit(self, mode: str) -> NoReturn:
@@ -138,7 +139,7 @@ class SimProcess:
         sock, port = self._bind()
         if sock is None:  # the port really is taken: the engine's own text, where it prints it
             failure = startup_failure(cfg.model_copy(update={"fail_variant": 0}), Category.PORT_IN_USE, port)
-        elif failure is not None:
+        elif failure is not None and cfg.fail_at_startup is not None:  # failure is set only when fail_at_startup is
             failure = startup_failure(cfg, cfg.fail_at_startup, port)  # now with the real port in its text
         self._spawn_children()
         if sock is not None:
@@ -175,7 +176,7 @@ class SimProcess:
         if self.runner is not None:
             try:
                 await asyncio.wait_for(self.runner.cleanup(), timeout=3)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 pass
         self._kill_children(grace_s=2.0)
         return 0

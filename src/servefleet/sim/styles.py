@@ -37,7 +37,7 @@ class Memory:
     kv_v: float
 
     @classmethod
-    def of(cls, cfg: SimConfig) -> "Memory":
+    def of(cls, cfg: SimConfig) -> Memory:
         total, before, weights = 79.19, 78.50, 15.08
         room = before - weights - 3.0
         per_token = min(131072.0, room * 2**30 / cfg.kv_tokens)  # bytes of K+V per token
@@ -132,7 +132,7 @@ def _vllm_events(cfg: SimConfig, port: int) -> list[Event]:
     mem = Memory.of(cfg)
     kv_gib = mem.kv_k + mem.kv_v
     spec = (f"SpeculativeConfig(method='{cfg.spec_algorithm.lower()}', model='{cfg.model}', num_spec_tokens={cfg.spec_draft_tokens})"
-            if cfg.speculative else "None")
+            if cfg.spec_algorithm else "None")  # spec_algorithm is set exactly when cfg.speculative
     args = {"model_tag": cfg.model, "host": cfg.host, "port": port, "model": cfg.model, "max_model_len": cfg.context_length,
             "gpu_memory_utilization": cfg.gpu_memory_utilization, "max_num_seqs": cfg.max_running}
     if cfg.served_model_name:

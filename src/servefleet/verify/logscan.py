@@ -91,6 +91,7 @@ async def scan_middle(source: ByteSource, begin: int, end: int, first_line: int,
     line_base = first_line
     read_into = getattr(source, "read_into", None)  # a local file: one buffer for every chunk
     chunk = bytearray(bounds.chunk) if read_into is not None else None
+    data: bytes | bytearray  # the shared chunk buffer, or what the source returned
     while pos < end or carry:
         want = min(bounds.chunk, end - pos)
         if pos >= end:
@@ -155,7 +156,7 @@ def _scan_chunk(buf: bytes | bytearray, begin: int, stop: int, offset: int, line
             hits, k = finders[0 if mode else 1].starts(buf, i, stop), 0
 
 
-def _on_hit(raw_bytes: bytes, offset: int, line_no: int, length: int, matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: Scan) -> None:
+def _on_hit(raw_bytes: bytes | bytearray, offset: int, line_no: int, length: int, matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: Scan) -> None:
     scan.hits += 1
     raw = raw_bytes.decode("utf-8", errors="replace").rstrip("\r")
     if raw.startswith("==== servefleet launch") and ATTEMPT_MARKER.match(raw):

@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from typing import Any
 
 try:  # Python 3.11+: the regex parser lives here (private but stable); sre_parse before
-    from re import _constants as _c
-    from re import _parser as _p
+    from re import _constants as _c  # type: ignore[attr-defined]  # private module, absent from typeshed
+    from re import _parser as _p  # type: ignore[attr-defined]  # private module, absent from typeshed
 except ImportError:  # pragma: no cover
-    import sre_constants as _c  # type: ignore[no-redef]
-    import sre_parse as _p  # type: ignore[no-redef]
+    import sre_constants as _c
+    import sre_parse as _p
 
 __all__ = ["required_literals", "may_match", "MIN_LITERAL", "BLOCK_MARKERS", "LAUNCH_MARKER", "spellings", "marker_words"]
 
@@ -54,7 +54,7 @@ def _required(items: Any) -> frozenset[str] | None:
         elif op is _c.BRANCH:
             parts = [_required(branch) for branch in av[1]]
             if parts and all(p is not None for p in parts):
-                inner = frozenset().union(*parts)  # type: ignore[arg-type]
+                inner = frozenset().union(*(p for p in parts if p is not None))  # all are (checked above)
         elif op in _REPEATS and av[0] >= 1:
             inner = _required(av[2])
         if inner is not None:
