@@ -80,11 +80,11 @@ class Server:
             if sim_src is not None:  # the sim of another checkout (e.g. a branch's realistic timing mode)
                 env["PYTHONPATH"] = str(sim_src)
             self.timeout = 60.0
-        self.log = open(workdir / f"{kind}-{self.port}.log", "wb")  # noqa: SIM115
+        self.log = open(workdir / f"{kind}-{self.port}.log", "wb")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
 
-    def wait_ready(self) -> "Server":
+    def wait_ready(self) -> Server:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

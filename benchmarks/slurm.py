@@ -39,10 +39,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from slurm_rig import SlurmCluster, slurm_unavailable_reason  # noqa: E402
-
 from servefleet.catalog import State  # noqa: E402
 from servefleet.fleet.core import Fleet  # noqa: E402
+from slurm_rig import SlurmCluster, slurm_unavailable_reason  # noqa: E402
 
 COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "sacct")
 
@@ -67,7 +66,7 @@ def calls(counter: Path) -> dict[str, int]:
 
 def fleet_file(folder: Path, cluster: SlurmCluster | None, n: int, load_s: float, poll: float, extra_host: str = "") -> Path:
     host = "local"
-    text = f'[fleet]\nname = "bench"\ntimeout = 120\nstall = 60\n\n'
+    text = '[fleet]\nname = "bench"\ntimeout = 120\nstall = 60\n\n'
     if cluster is not None:
         host = "cluster"
         text += (f'[hosts.cluster]\nkind = "slurm"\nworkdir = "{folder}/shared"\npoll_interval = {poll}\ntime = "10"\n'
@@ -215,16 +214,20 @@ async def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     lines = [
-        f"# Slurm hosts: start overhead and scheduler calls ({result['slurm']}, one node, sim servers loading {args.load_s:g} s, poll_interval {args.poll_interval:g} s)",
+        f"# Slurm hosts: start overhead and scheduler calls ({result['slurm']}, one node, "
+        f"sim servers loading {args.load_s:g} s, poll_interval {args.poll_interval:g} s)",
         "",
-        "| servers | sbatch -> job running (median s) | sbatch -> ready (median s) | local launch -> ready (median s) | overhead (s) | ratio | scheduler calls / server / min while waiting |",
+        "| servers | sbatch -> job running (median s) | sbatch -> ready (median s) | local launch -> ready (median s) "
+        "| overhead (s) | ratio | scheduler calls / server / min while waiting |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in (x["summary"] for x in starts):
         lines.append(f"| {s['servers']} | {s['sbatch_to_running_s_median']} | {s['sbatch_to_ready_s_median']} | {s['local_launch_to_ready_s_median']} | "
                      f"{s['scheduler_overhead_s']} | {s['ratio_to_local']} | {s['calls_per_server_per_min_while_waiting']} |")
-    lines += ["", f"- {pending['servers']} servers PENDING for {pending['wall_s']:.0f} s: {pending['calls_per_server_per_min']} scheduler calls / server / min ({pending['scheduler_calls']})",
-              f"- generate of {gen['prompts']} prompts over {gen['servers']} ready servers ({gen['wall_s']:.0f} s): {gen['calls_per_server_per_min']} calls / server / min ({gen['scheduler_calls']})", ""]
+    lines += ["", f"- {pending['servers']} servers PENDING for {pending['wall_s']:.0f} s: "
+                  f"{pending['calls_per_server_per_min']} scheduler calls / server / min ({pending['scheduler_calls']})",
+              f"- generate of {gen['prompts']} prompts over {gen['servers']} ready servers ({gen['wall_s']:.0f} s): "
+              f"{gen['calls_per_server_per_min']} calls / server / min ({gen['scheduler_calls']})", ""]
     md = args.out.with_suffix(".md")
     md.write_text("\n".join(lines))
     print("\n".join(lines))

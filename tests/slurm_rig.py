@@ -132,11 +132,11 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         )
         (r / "gres.conf").write_text(f"AutoDetect=off\nNodeName={self.node} Name=gpu File={r}/dev/gpu[0-{GPUS - 1}]\n")
 
-    def start(self, timeout: float = 60.0) -> "SlurmCluster":
+    def start(self, timeout: float = 60.0) -> SlurmCluster:
         self._write_config()
         r = self.root
         env = {**os.environ, **self.env}
-        out = open(r / "log" / "daemons.out", "ab")  # noqa: SIM115 - kept for the daemons' lifetime
+        out = open(r / "log" / "daemons.out", "ab")
         self.procs["munged"] = subprocess.Popen(
             [_daemon("munged"), "--foreground", "--force", f"--socket={self.munge_socket}", f"--key-file={r}/munge/munge.key",
              f"--pid-file={r}/munge/munged.pid", f"--log-file={r}/log/munged.log", f"--seed-file={r}/munge/munged.seed"],

@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from conftest import free_port
 from servefleet.engines.registry import get_engine
 from servefleet.fleet import Fleet

@@ -18,9 +18,9 @@ from servefleet.generate.job import InputInfo, JobManifest, JobParams, RunRecord
 from servefleet.generate.ledger import LEDGER_DIR, SHARDS_DIR, Ledger
 from servefleet.generate.prepass import CHECK, SEND, SKIP, run_prepass
 from servefleet.generate.retry import RetryPolicy
-from servefleet.http import FailureKind, RequestFailure
 from servefleet.generate.shards import OutputRow, ShardBuffer, ShardLimits, read_shard_ids, shard_schema
 from servefleet.generate.sinks import DestinationBusy, LocalSink
+from servefleet.http import FailureKind, RequestFailure
 
 D = RequestDefaults()
 

@@ -144,7 +144,7 @@ async def test_identity_check_still_names_a_foreign_owner(no_socket_table: None,
 
 
 # ---- as an unprivileged user, for real ------------------------------------------------------------
-def _unprivileged_check(root_port: int, out: "multiprocessing.connection.Connection") -> None:
+def _unprivileged_check(root_port: int, out: multiprocessing.connection.Connection) -> None:
     """Runs in a forked child that dropped root: the real psutil check, then the /proc fallback."""
     try:
         if os.geteuid() == 0:

@@ -25,7 +25,7 @@ from servefleet.plan.check import check_plan, measure_job, pick_config
 from servefleet.plan.planner import ConfigCurve, Curve, JobSpec, PointSample, simulate_makespan, steady_curve
 
 runner = CliRunner()
-T0 = dt.datetime(2026, 11, 30, 1, 0, 0, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 11, 30, 1, 0, 0, tzinfo=dt.UTC)
 
 
 def _ts(seconds: float) -> str:

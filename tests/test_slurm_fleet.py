@@ -18,10 +18,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from conftest import PYTHON
 from servefleet.catalog import Category, State
 from servefleet.fleet.core import Fleet
 from servefleet.fleet.status import Liveness
-from conftest import PYTHON
 from slurm_rig import SKIP_ENV, SlurmCluster, slurm_unavailable_reason
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")

@@ -13,9 +13,9 @@ import pytest
 
 from servefleet.fleet import Fleet, Liveness
 from servefleet.fleet.status import server_status
-from servefleet.http import probe_client
 from servefleet.hosts.ssh import SSHHost
 from servefleet.hosts.ssh_batch import chunk_ops, parse_batch
+from servefleet.http import probe_client
 from test_ssh_fleet import write_fleet
 
 pytestmark = pytest.mark.timeout(120)
@@ -100,7 +100,7 @@ def _comparable(st, *, url: bool = True) -> dict:
     return data
 
 
-async def test_fleet_status_is_one_command_per_host_and_says_the_same(sshd_server, tmp_path: Path, fleets) -> None:  # noqa: F811
+async def test_fleet_status_is_one_command_per_host_and_says_the_same(sshd_server, tmp_path: Path, fleets) -> None:
     path, _ = write_fleet(tmp_path, sshd_server, {"ok1": [], "ok2": [], "oom": ["--fail-at-startup", "gpu_oom"], "never": []})
     fleet = fleets(Fleet.load(path))
     verdicts = await fleet.up(["ok1", "ok2", "oom"], smoke=False)

@@ -19,14 +19,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import free_port
 from servefleet.catalog import Category
 from servefleet.engines.base import LaunchSpec, SignalKind
 from servefleet.engines.registry import get_engine
 from servefleet.engines.transformers import SERVE_MODULE, TransformersEngine
 from servefleet.errors import EngineError
 from servefleet.verify.diagnose import diagnose_text
-
-from conftest import free_port
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 CASES: dict[str, dict] = json.loads((FIXTURES / "transformers_cases.json").read_text())
@@ -273,7 +272,10 @@ def _live_member(proc: psutil.Process, pgid: int) -> bool:
 
 # ---- capacity from the launch: flags + config.json (the server prints none) -------------------------
 from servefleet.engines.transformers import (  # noqa: E402
-    CB_MAX_REQUESTS_PER_BATCH, CB_PAGE_SIZE, read_serve_argv, serve_capacity,
+    CB_MAX_REQUESTS_PER_BATCH,
+    CB_PAGE_SIZE,
+    read_serve_argv,
+    serve_capacity,
 )
 
 TINY_CONFIG = {"model_type": "llama", "max_position_embeddings": 2048, "num_hidden_layers": 2}
@@ -321,7 +323,7 @@ def test_context_length_of_a_multimodal_config_is_the_text_models() -> None:
 async def test_fleet_reads_the_models_config_relative_to_the_servers_folder(tmp_path: Path) -> None:
     """The record's argv and a relative model folder, as `up` launches from the fleet's folder: the
     built tiny model's real config.json gives the context length."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     from servefleet.fleet.hosts import HostBinding
     from servefleet.fleet.launch_facts import launch_capacity
@@ -332,7 +334,7 @@ async def test_fleet_reads_the_models_config_relative_to_the_servers_folder(tmp_
     build_tiny_model(tmp_path / "models" / "tiny", spec_from_preset("tiny", seed=1))
     argv = TransformersEngine().build_argv(LaunchSpec(model="models/tiny", port=1, extra_args=("--continuous-batching", "--cb-num-blocks", "16")))
     record = ServerState(fleet="f", name="a", engine="transformers", host="local", port=1, pgid=1, argv=argv, cwd=str(tmp_path),
-                         log_path="x", status_path="y", launched_at=datetime.now(timezone.utc), spec_hash="h")
+                         log_path="x", status_path="y", launched_at=datetime.now(UTC), spec_hash="h")
     binding = HostBinding(name="local", host=LocalHost(), work_dir=str(tmp_path), cwd=str(tmp_path))
     cap = await launch_capacity(record, binding)
     assert (cap.context_length, cap.kv_cache_tokens, cap.max_running_requests) == (2048, 16 * CB_PAGE_SIZE, 16)

@@ -8,13 +8,13 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import async_wait_until, free_port
-from test_verify_support import ToyEngine, toy_server_argv
 
+from conftest import async_wait_until, free_port
 from servefleet.catalog import Category, State
 from servefleet.hosts.local import LocalHost
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
+from test_verify_support import ToyEngine, toy_server_argv
 
 pytestmark = pytest.mark.timeout(60)
 

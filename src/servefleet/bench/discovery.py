@@ -39,7 +39,7 @@ class ServerFacts:
         return {k: self.info[k] for k in _INFO_KEPT if k in self.info}
 
 
-async def discover(client: HttpClient, target: "BenchTarget") -> ServerFacts:
+async def discover(client: HttpClient, target: BenchTarget) -> ServerFacts:
     """Ask the server what it is; ServerUnreachable when /v1/models gets no answer at all."""
     base = target.base_url.rstrip("/")
     models = await _models(client, base)
@@ -52,7 +52,7 @@ async def discover(client: HttpClient, target: "BenchTarget") -> ServerFacts:
     info = await fetch_server_info(client, base) or {}
     engine = target.engine
     if engine is None:
-        from servefleet.engines.registry import recognise  # noqa: PLC0415 - engines load lazily
+        from servefleet.engines.registry import recognise
 
         engine = recognise(owner, info, await client.get_text(base + "/metrics", timeout=_TIMEOUT) or "")
     version = str(info["version"]) if info.get("version") else None
@@ -85,10 +85,10 @@ async def _capacity(client: HttpClient, base: str, known: Capacity | None, engin
     if not engine:
         return known
     try:
-        from servefleet.engines.registry import get_engine  # noqa: PLC0415 - engines load lazily
+        from servefleet.engines.registry import get_engine
 
         found = await get_engine(engine).capacity_from_server(client, base)
-    except Exception:  # noqa: BLE001 - capacity is a nice-to-have; never fail a bench on it
+    except Exception:
         return known
     if found.is_empty():
         return known

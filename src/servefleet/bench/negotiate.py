@@ -37,7 +37,7 @@ def wants_ignore_eos(config: BenchConfig, engine: str | None) -> bool:
     if not engine:
         return True
     try:
-        from servefleet.engines.registry import get_engine  # noqa: PLC0415 - engines load lazily
+        from servefleet.engines.registry import get_engine
 
         return get_engine(engine).supports_ignore_eos
     except ServefleetError:

@@ -25,10 +25,9 @@ import asyncio
 import contextlib
 import math
 from collections import defaultdict
-from time import perf_counter
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
-
 
 from servefleet.bench.result import ServerStats
 from servefleet.http import HttpClient, Timeout, TransportError
@@ -187,8 +186,8 @@ async def fetch_server_info(client: HttpClient, base_url: str) -> dict[str, Any]
 def _accept_length_from_info(info: dict[str, Any] | None) -> float | None:
     if not info:
         return None
-    values = [
-        s.get("avg_spec_accept_length")
+    values: list[float] = [
+        float(s["avg_spec_accept_length"])
         for s in info.get("internal_states") or ()
         if isinstance(s, dict) and isinstance(s.get("avg_spec_accept_length"), int | float)
     ]

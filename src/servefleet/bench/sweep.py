@@ -46,7 +46,13 @@ from servefleet.bench.selfcheck import WorkerLoad, judge
 from servefleet.bench.server_metrics import GEN_TOKENS, ServerWatcher, Snapshot, summarize_server
 from servefleet.bench.steady import counter_rate
 from servefleet.bench.workload import (
-    LocalTokenizer, Prompt, TokenCounter, WordCounter, encode_bodies, find_server_tokenizer, load_dataset,
+    LocalTokenizer,
+    Prompt,
+    TokenCounter,
+    WordCounter,
+    encode_bodies,
+    find_server_tokenizer,
+    load_dataset,
     random_prompts,
 )
 from servefleet.capacity import Capacity
@@ -81,7 +87,7 @@ def auto_workers(max_concurrency: int, cpus: int | None = None) -> int:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def _environment() -> Environment:
@@ -382,7 +388,7 @@ def _latency_metrics(engine: str | None) -> LatencyMetrics | None:
     if not engine:
         return None
     try:
-        from servefleet.engines.registry import get_engine  # noqa: PLC0415 - engines load lazily
+        from servefleet.engines.registry import get_engine
 
         return get_engine(engine).latency_metrics
     except ServefleetError:

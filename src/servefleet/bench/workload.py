@@ -84,7 +84,7 @@ class LocalTokenizer:
 
     def __init__(self, path: str) -> None:
         try:
-            from transformers import AutoTokenizer  # noqa: PLC0415 - optional, heavy
+            from transformers import AutoTokenizer
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ConfigError("--tokenizer needs the 'serve' extra (transformers)") from exc
         self.name = f"tokenizer:{path}"
@@ -140,7 +140,7 @@ async def find_server_tokenizer(client: HttpClient, base_url: str, model: str | 
         tok = ServerTokenizer(client, base_url, model, style)
         try:
             counts = await asyncio.wait_for(tok.count(["the of and to in"]), timeout=10)
-        except (TransportError, asyncio.TimeoutError, KeyError, TypeError, ValueError, AttributeError):
+        except (TimeoutError, TransportError, KeyError, TypeError, ValueError, AttributeError):
             continue
         if counts and 1 <= counts[0] <= 20:
             return tok
@@ -204,7 +204,7 @@ def load_dataset(path: str | Path, n: int, output_len: int | None, seed: int = 0
         raise ConfigError(f"{path}: dataset not found")
     rows: list[dict[str, Any]]
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # noqa: PLC0415 - only for Parquet datasets
+        import pyarrow.parquet as pq
 
         rows = pq.read_table(path).to_pylist()
     else:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -20,7 +20,7 @@ class _LazyConsole:
 
     _console = None
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str):
         if self._console is None:
             from rich.console import Console
 
@@ -52,24 +52,24 @@ async def _live_capacity(url: str, engine: str) -> dict:
 
 
 def capacity(
-    model: Annotated[Optional[Path], typer.Option("--model", help="Local model folder or its config.json (nothing is downloaded).")] = None,
+    model: Annotated[Path | None, typer.Option("--model", help="Local model folder or its config.json (nothing is downloaded).")] = None,
     gpu_mem: Annotated[str, typer.Option("--gpu-mem", help="Memory of one GPU, e.g. 80GiB, 141GiB.")] = "80GiB",
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel GPUs per server.")] = 1,
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM).")] = 0.9,
     context_len: Annotated[int, typer.Option("--context-len", min=1, help="Tokens per request (prompt + output) for max running requests.")] = 4096,
-    spec: Annotated[Optional[str], typer.Option("--spec", help="Speculative draft: mtp[:N], draft:PATH, eagle:PATH or ngram.")] = None,
+    spec: Annotated[str | None, typer.Option("--spec", help="Speculative draft: mtp[:N], draft:PATH, eagle:PATH or ngram.")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Weight dtype.")] = "bfloat16",
-    kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV-cache dtype (default: the weight dtype), e.g. fp8.")] = None,
+    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="KV-cache dtype (default: the weight dtype), e.g. fp8.")] = None,
     overhead: Annotated[str, typer.Option("--overhead", help="Per-GPU memory outside the fraction's budget (CUDA context, activations).")] = "1GiB",
-    url: Annotated[Optional[str], typer.Option("--url", help="A running server: also show what its engine reports.")] = None,
+    url: Annotated[str | None, typer.Option("--url", help="A running server: also show what its engine reports.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="Engine of --url.")] = "sglang",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Predict KV-cache tokens and max running requests from a model's config.json, before launching
     anything; with --url, compare with what the running engine reports."""
+    from servefleet.cli.plan_view import memory_table
     from servefleet.plan.memory import MemoryAssumptions, estimate_memory, load_config, parse_bytes
     from servefleet.validation import build
-    from servefleet.cli.plan_view import memory_table
 
     if model is None and url is None:
         raise _fail("give --model PATH (predict) and/or --url URL (read a running server)")
@@ -107,17 +107,18 @@ def capacity(
 
 def plan(
     bench: Annotated[list[str], typer.Option("--bench", help="A bench RUN.json per configuration; RUN.json:G for G GPUs per replica.")],
-    prompts: Annotated[Optional[int], typer.Option("--prompts", help="Prompts in the job.")] = None,
-    output_tokens_mean: Annotated[Optional[float], typer.Option("--output-tokens-mean", help="Mean output tokens per prompt.")] = None,
-    sample: Annotated[Optional[Path], typer.Option("--sample", help="JSONL/Parquet of real outputs to take the mean output length from.")] = None,
-    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU counts to plan for, comma-separated (the first is ranked); default 1, with --check the job's servers.")] = None,
+    prompts: Annotated[int | None, typer.Option("--prompts", help="Prompts in the job.")] = None,
+    output_tokens_mean: Annotated[float | None, typer.Option("--output-tokens-mean", help="Mean output tokens per prompt.")] = None,
+    sample: Annotated[Path | None, typer.Option("--sample", help="JSONL/Parquet of real outputs to take the mean output length from.")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="GPU counts to plan for, comma-separated (the first is ranked); default 1, with --check the job's servers.")] = None,
     gpus_per_replica: Annotated[int, typer.Option("--gpus-per-replica", min=1, help="GPUs per server unless RUN.json:G says otherwise.")] = 1,
-    max_running: Annotated[Optional[int], typer.Option("--max-running", min=1, help="Override the cap read from the runs' capacity facts.")] = None,
-    gpu_hour_cost: Annotated[Optional[float], typer.Option("--gpu-hour-cost", min=0.0, help="Price of one GPU-hour.")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of makespan against GPUs.")] = None,
-    check: Annotated[Optional[str], typer.Option("--check", metavar="DEST", help="A `generate` destination (a folder or s3://bucket/prefix): compare the plan with what it measured.")] = None,
-    report: Annotated[Optional[Path], typer.Option("--report", help="With --check: a saved `generate --json` report (times the sending alone).")] = None,
-    concurrency: Annotated[Optional[int], typer.Option("--concurrency", min=1, help="With --check: the concurrency the job ran at (default: the planner's choice).")] = None,
+    max_running: Annotated[int | None, typer.Option("--max-running", min=1, help="Override the cap read from the runs' capacity facts.")] = None,
+    gpu_hour_cost: Annotated[float | None, typer.Option("--gpu-hour-cost", min=0.0, help="Price of one GPU-hour.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of makespan against GPUs.")] = None,
+    check: Annotated[str | None, typer.Option(
+        "--check", metavar="DEST", help="A `generate` destination (a folder or s3://bucket/prefix): compare the plan with what it measured.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="With --check: a saved `generate --json` report (times the sending alone).")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="With --check: the concurrency the job ran at (default: the planner's choice).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Which measured configuration, at what concurrency, finishes the job soonest on G GPUs, with an ETA.
@@ -128,9 +129,9 @@ def plan(
     if prompts is None:
         raise _fail("give --prompts N (or --check DEST to compare a plan with a job `generate` ran)")
     gpus = gpus or "1"
-    from servefleet.plan.planner import JobSpec, plan_job
     from servefleet.cli.plan_view import plan_table, recommendation
     from servefleet.cli.plots import plot_makespan
+    from servefleet.plan.planner import JobSpec, plan_job
     from servefleet.plan.runs import curve_from_run, mode_warnings, parse_bench_arg, sample_output_mean
     from servefleet.validation import build
 
@@ -193,8 +194,8 @@ def _gpu_counts(text: str) -> list[int]:
 
 def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, gpus_per_replica: int,
            max_running: int | None, concurrency: int | None, as_json: bool) -> None:
-    from servefleet.plan.check import check_plan, measure_job, pick_config
     from servefleet.cli.plan_view import check_table
+    from servefleet.plan.check import check_plan, measure_job, pick_config
     from servefleet.plan.runs import curve_from_run, mode_warnings, model_of_run, parse_bench_arg
 
     try:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from enum import StrEnum
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
@@ -45,23 +45,23 @@ class Signature:
     label: str | None = None  # short progress label, e.g. "loading weights"
 
     @classmethod
-    def fatal(cls, regex: str, category: Category, hint: str | None = None, flags: int = 0) -> "Signature":
+    def fatal(cls, regex: str, category: Category, hint: str | None = None, flags: int = 0) -> Signature:
         return cls(re.compile(regex, flags), SignalKind.FATAL, category, hint or DEFAULT_HINTS[category])
 
     @classmethod
-    def progress(cls, regex: str, label: str, flags: int = 0) -> "Signature":
+    def progress(cls, regex: str, label: str, flags: int = 0) -> Signature:
         return cls(re.compile(regex, flags), SignalKind.PROGRESS, label=label)
 
     @classmethod
-    def ready(cls, regex: str, flags: int = 0) -> "Signature":
+    def ready(cls, regex: str, flags: int = 0) -> Signature:
         return cls(re.compile(regex, flags), SignalKind.READY, label="ready")
 
     @classmethod
-    def wrapper(cls, regex: str, flags: int = 0) -> "Signature":
+    def wrapper(cls, regex: str, flags: int = 0) -> Signature:
         return cls(re.compile(regex, flags), SignalKind.WRAPPER)
 
     @classmethod
-    def benign(cls, regex: str, flags: int = 0) -> "Signature":
+    def benign(cls, regex: str, flags: int = 0) -> Signature:
         return cls(re.compile(regex, flags), SignalKind.BENIGN)
 
 
@@ -186,7 +186,7 @@ class EngineProfile:
         return Capacity()
 
     # ---- endpoints ----------------------------------------------------------------------------
-    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: HttpClient, base_url: str) -> Capacity:
         """Capacity facts read from the server's info endpoints (empty when it has none)."""
         return Capacity()
 

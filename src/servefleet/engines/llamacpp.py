@@ -238,7 +238,7 @@ class LlamaCppEngine(EngineProfile):
         return None
 
     # ---- endpoints --------------------------------------------------------------------------------
-    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: HttpClient, base_url: str) -> Capacity:
         """Native ``GET /props``: ``default_generation_settings.n_ctx`` (per slot; older builds put
         ``n_ctx`` at the top level), ``total_slots``, ``build_info``, ``model_alias``/``model_path``.
         llama-cpp-python has no ``/props``: ``/v1/models`` gives the served name only."""

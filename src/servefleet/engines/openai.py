@@ -69,7 +69,7 @@ class OpenAIEngine(EngineProfile):
             return Probe((path,))
         return self.probe
 
-    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: HttpClient, base_url: str) -> Capacity:
         """Only what ``/v1/models`` says: the served name and, where listed, ``max_model_len``."""
         model = first_model(await client.get_json(base_url.rstrip("/") + "/v1/models"))
         facts: dict[str, Any] = {}

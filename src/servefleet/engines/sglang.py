@@ -215,7 +215,7 @@ class SGLangEngine(EngineProfile):
     def capacity_from_line(self, line: str) -> Capacity | None:
         if "max_total_num_tokens=" in line:
             kv = dict(_SCHED_KEY.findall(line))
-            extra = {k: to_int(kv[k]) for k in ("chunked_prefill_size", "max_prefill_tokens") if k in kv}
+            extra: dict[str, float | None] = {k: to_int(kv[k]) for k in ("chunked_prefill_size", "max_prefill_tokens") if k in kv}
             if "available_gpu_mem" in kv:
                 extra["available_gpu_mem_gib"] = to_float(kv["available_gpu_mem"])
             return log_capacity(
@@ -247,7 +247,7 @@ class SGLangEngine(EngineProfile):
         return None
 
     # ---- endpoints --------------------------------------------------------------------------------
-    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: HttpClient, base_url: str) -> Capacity:
         """``GET /server_info`` (SGLang >= 0.4.4), else the older ``/get_server_info``; ``/v1/models``
         for the served name and ``max_model_len`` when ``context_length`` was not set explicitly."""
         base = base_url.rstrip("/")
@@ -282,7 +282,7 @@ def parse_server_info(info: dict[str, Any]) -> dict[str, Any]:
     ``memory_usage.token_capacity``...) and ``version``; older versions lack some keys."""
     states = info.get("internal_states")
     state: dict[str, Any] = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-    memory = state.get("memory_usage") if isinstance(state.get("memory_usage"), dict) else {}
+    memory: dict[str, Any] = state["memory_usage"] if isinstance(state.get("memory_usage"), dict) else {}
     facts: dict[str, Any] = {}
 
     kv = (as_int(info.get("max_total_num_tokens")) or as_int(state.get("max_total_num_tokens"))

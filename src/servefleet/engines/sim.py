@@ -85,5 +85,5 @@ class SimEngine(EngineProfile):
     def capacity_from_line(self, line: str) -> Capacity | None:
         return _SGLANG.capacity_from_line(line) or _VLLM.capacity_from_line(line)
 
-    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: HttpClient, base_url: str) -> Capacity:
         return await _SGLANG.capacity_from_server(client, base_url)

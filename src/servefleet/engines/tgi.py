@@ -140,7 +140,7 @@ class TGIEngine(EngineProfile):
             return log_capacity(kv_cache_tokens=int(match.group(1)))
         return None
 
-    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: HttpClient, base_url: str) -> Capacity:
         """``GET /info``: ``max_batch_total_tokens`` (older versions), ``max_total_tokens`` (the
         per-request context), ``max_concurrent_requests``, ``version``, ``model_id``."""
         info = await client.get_json(base_url.rstrip("/") + "/info")

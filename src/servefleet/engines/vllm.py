@@ -286,7 +286,7 @@ class VLLMEngine(EngineProfile):
         return log_capacity(**facts)
 
     # ---- endpoints --------------------------------------------------------------------------------
-    async def capacity_from_server(self, client: "HttpClient", base_url: str) -> Capacity:
+    async def capacity_from_server(self, client: HttpClient, base_url: str) -> Capacity:
         """``/version``, ``/v1/models`` (``max_model_len``, served name) and ``/metrics``
         (``vllm:cache_config_info``: ``num_gpu_blocks`` x ``block_size`` = KV-cache tokens)."""
         base = base_url.rstrip("/")

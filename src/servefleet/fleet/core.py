@@ -25,6 +25,7 @@ from servefleet.engines.base import Probe
 from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError
 from servefleet.fleet.hosts import HostBinding, HostPool
+from servefleet.fleet.launch_facts import launch_capacity
 from servefleet.fleet.lifecycle import (
     Action,
     Launchable,
@@ -38,13 +39,12 @@ from servefleet.fleet.lifecycle import (
     save_record,
     stop_server,
 )
-from servefleet.fleet.logs import follow_lines, tail_lines
-from servefleet.fleet.launch_facts import launch_capacity
 from servefleet.fleet.loader import load_fleet_file
-from servefleet.fleet.spec import LOCAL, FleetSpec
-from servefleet.fleet.state import ServerState, StateStore, utcnow
+from servefleet.fleet.logs import follow_lines, tail_lines
 from servefleet.fleet.prefetch import fleet_status, prefetched_launchables
+from servefleet.fleet.spec import LOCAL, FleetSpec
 from servefleet.fleet.start_order import Sibling, StartQueue, host_has_gpus, settled_before, shares_gpu, visible_gpus
+from servefleet.fleet.state import ServerState, StateStore, utcnow
 from servefleet.fleet.status import Liveness, ServerStatus
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
@@ -119,14 +119,14 @@ class Fleet:
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path) -> "Fleet":
+    def load(cls, path: str | Path) -> Fleet:
         return cls(load_fleet_file(path))
 
     @classmethod
-    def discover(cls, given: str | Path | None = None, cwd: Path | None = None) -> "Fleet":
+    def discover(cls, given: str | Path | None = None, cwd: Path | None = None) -> Fleet:
         return cls.load(find_fleet_file(given, cwd))
 
-    async def __aenter__(self) -> "Fleet":
+    async def __aenter__(self) -> Fleet:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -487,7 +487,9 @@ class Fleet:
         names = set()
         for name in self.spec.names:
             record = self.store.load(name)
-            noticed = getattr(self.binding(record.host).host, "noticed", None) if record is not None else None
+            if record is None:
+                continue
+            noticed = getattr(self.binding(record.host).host, "noticed", None)
             if noticed is not None and await noticed(record.pgid, record.status_path):
                 names.add(name)
         return names

@@ -95,6 +95,9 @@ def _connect_ssh(spec: HostSpec, fleet: FleetSpec) -> HostBinding:
     from servefleet.hosts.ssh import SSHHost
     from servefleet.hosts.ssh_options import SSHSpec
 
+    if spec.ssh is None:  # the spec's own check makes `ssh` required for kind = "ssh"
+        raise ConfigError(f"[hosts.{spec.name}]: an SSH host needs ssh = \"user@host\"")
+    alive = SSHSpec.alive_settings(spec.alive_timeout)
     try:
         ssh_spec = SSHSpec(
             destination=spec.ssh,
@@ -110,7 +113,8 @@ def _connect_ssh(spec: HostSpec, fleet: FleetSpec) -> HostBinding:
             env=dict(spec.env),
             venv=spec.venv,
             connect_timeout=spec.connect_timeout,
-            **SSHSpec.alive_settings(spec.alive_timeout),
+            alive_interval=alive["alive_interval"],
+            alive_count_max=alive["alive_count_max"],
             launcher=spec.launcher,
         )
     except ConfigError as exc:

@@ -11,18 +11,17 @@ answers, in one round trip per host instead of three or more per server. Hosts t
 
 from __future__ import annotations
 
-import logging
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-
 from servefleet.errors import ConfigError, HostUnreachable
+from servefleet.fleet import start_order
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import Launchable, load_record, resolve_launch
 from servefleet.fleet.spec import LOCAL
-from servefleet.fleet import start_order
 from servefleet.fleet.state import ServerState, StateStore
 from servefleet.fleet.status import DIAGNOSE_LIMIT, ServerStatus, not_launched, server_status
 from servefleet.http import probe_client
@@ -59,7 +58,7 @@ class PrefetchedHost:
             self.answers.update(await batch(list(dict.fromkeys(ops))))
         except HostUnreachable:
             raise
-        except Exception as exc:  # noqa: BLE001 - a garbled batch costs speed, never correctness
+        except Exception as exc:
             log.warning("batched remote query of %d questions failed (%s: %s); asking one by one",
                         len(ops), type(exc).__name__, exc)
             return
@@ -130,7 +129,7 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
 
     async def connected(host: str) -> HostBinding:
         binding = view(host)
-        connect = getattr(binding.host.host, "connect", None)
+        connect = getattr(_prefetched(binding).host, "connect", None)
         if connect is not None:
             await connect()  # "~" in the work folder becomes absolute: the batch keys are the paths asked
             binding.work_dir = fleet.binding(host).work_dir
@@ -143,7 +142,7 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
     # without a local record (rediscovery from a new machine; "not launched").
     local = {name: store.load(name) for name in wanted}
     questions: dict[str, list[tuple[Any, ...]]] = {}
-    for name, record in local.items():
+    for record in local.values():
         if record is not None:
             questions.setdefault(record.host, []).extend(prefetch_questions(record))
     for name, record in local.items():
@@ -228,7 +227,7 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
             if raw is not None:
                 try:
                     pgid = int(ServerState.model_validate_json(raw).pgid)
-                except Exception:  # noqa: BLE001 - load_record reports a bad record itself
+                except Exception:
                     continue
                 later.setdefault(item.binding.name, []).extend([("alive", pgid), ("read", f"/proc/{pgid}/cmdline", 0, None)])
     await asyncio.gather(*(views[h].prefetch(ops) for h, ops in later.items()))
@@ -236,4 +235,11 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
 
 
 async def _prefetch_all(work: dict[str, tuple[HostBinding, list[tuple[Any, ...]]]]) -> None:
-    await asyncio.gather(*(binding.host.prefetch(ops) for binding, ops in work.values()))
+    await asyncio.gather(*(_prefetched(binding).prefetch(ops) for binding, ops in work.values()))
+
+
+def _prefetched(binding: HostBinding) -> PrefetchedHost:
+    """The binding's host, which the views above always wrap in a PrefetchedHost."""
+    if not isinstance(binding.host, PrefetchedHost):
+        raise TypeError(f"host binding {binding.name!r} is not a prefetched view")
+    return binding.host

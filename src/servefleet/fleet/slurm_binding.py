@@ -30,7 +30,7 @@ def connect_slurm(spec: HostSpec, fleet: FleetSpec, ssh: HostBinding | None) -> 
         cwd, python = str(fleet.path.parent), spec.python or sys.executable or "python3"
     binding = HostBinding(name=spec.name, host=transport, work_dir=work_dir, cwd=cwd, env={}, python=python, remote_state=True)
     if ssh is not None:
-        def absolute(connected) -> None:  # type: ignore[no-untyped-def]
+        def absolute(connected) -> None:
             binding.work_dir = connected.expand(posixpath.join(spec.workdir, fleet.name))
 
         ssh.host.on_connect.append(absolute)  # type: ignore[attr-defined]

@@ -211,7 +211,7 @@ class HostSpec(SlurmHostFields, _Strict):
         return _env_table(v)
 
     @model_validator(mode="after")
-    def _ssh_needed(self) -> "HostSpec":
+    def _ssh_needed(self) -> HostSpec:
         if self.kind == "ssh" and self.ssh is None:
             raise ValueError('ssh: required field is missing (the destination, e.g. "me@gpu-box"; or kind = "slurm")')
         return self
@@ -324,7 +324,7 @@ class ServerSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _engine_needs(self) -> "ServerSpec":
+    def _engine_needs(self) -> ServerSpec:
         if self.model is None and self.engine != "openai":
             raise ValueError("model: required field is missing (set it here or in [defaults])")
         if self.engine == "openai" and not self.command:

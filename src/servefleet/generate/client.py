@@ -53,7 +53,7 @@ class Client:
         self._send = self.http.transport.request  # the per-completion path, one call frame shorter
         self._urls: dict[tuple[str, str], URL] = {}
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -103,6 +103,8 @@ class Client:
     async def models(self, base_url: str, timeout_s: float | None = None) -> list[str] | None:
         """Model names listed by ``/v1/models`` (None: the server did not answer usefully)."""
         data = await self.http.get_json(base_url.rstrip("/") + "/v1/models", timeout=self._timeout(timeout_s))
+        if not isinstance(data, dict):
+            return None
         try:
             return [str(m["id"]) for m in data.get("data", [])]
         except (AttributeError, KeyError, TypeError):

@@ -31,10 +31,10 @@ from servefleet.generate.endpoints import Restarter, Target
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
 from servefleet.generate.retry import RetryPolicy
-from servefleet.http import RequestFailure
 from servefleet.generate.server_load import LoadWatch
 from servefleet.generate.shards import OutputRow
 from servefleet.generate.stats import JobStats, ServerStats
+from servefleet.http import RequestFailure
 
 __all__ = ["Dispatcher", "Ticket", "RowSink", "Outcome"]
 
@@ -187,7 +187,7 @@ class Dispatcher:
         if retiring is not None:
             self._spawn(self._watch_notices(retiring))
         for s in self.servers:
-            self._spawn(s.load.run(self.client.http, lambda s=s: s.target.base_url))
+            self._spawn(s.load.run(self.client.http, partial(_base_url, s)))
         try:
             while True:
                 if self._error is not None:
@@ -221,8 +221,8 @@ class Dispatcher:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background_done)
 
@@ -408,7 +408,7 @@ class Dispatcher:
             await asyncio.sleep(self.notice_interval_s)
             try:
                 names = await retiring()
-            except Exception:  # noqa: BLE001 - an optimisation, never a reason to stop the job
+            except Exception:
                 continue
             for s in self.servers:
                 if s.target.name in names and s.health.state is ServerState.UP and not s.draining:
@@ -480,3 +480,8 @@ class Dispatcher:
             s.limit_changed(now, grew=s.controller.limit > before)
             self._wake.set()
         s.window_start, s.window_tokens, s.ticks, s.saturated_ticks = now, 0, 0, 0
+
+
+def _base_url(server: _Server) -> str:
+    """The server's address now (a restarted fleet server may have moved)."""
+    return server.target.base_url

@@ -126,7 +126,7 @@ def _from_endpoint(ep: Any) -> Target:
     return Target(ep.name, ep.base_url, ep.served_model, getattr(cap, "max_running_requests", None), managed=True)
 
 
-async def targets_from_urls(urls: list[str], client: "Client", max_running: int | None = None) -> list[Target]:
+async def targets_from_urls(urls: list[str], client: Client, max_running: int | None = None) -> list[Target]:
     """Unmanaged servers: names ``url1``, ``url2``...; served model from ``/v1/models`` when it
     answers; capacity from the engines' info endpoints when one of them answers."""
     targets = []
@@ -147,14 +147,14 @@ async def targets_from_urls(urls: list[str], client: "Client", max_running: int 
     return targets
 
 
-async def _probe_max_running(client: "Client", base: str) -> int | None:
+async def _probe_max_running(client: Client, base: str) -> int | None:
     """Ask each engine profile's info endpoint; the first that knows wins."""
     from servefleet.engines.registry import engine_names, get_engine
 
     for name in engine_names():
         try:
             cap = await get_engine(name).capacity_from_server(client.http, base)
-        except Exception as exc:  # noqa: BLE001 - a profile that cannot read this server just does not know
+        except Exception as exc:
             log.debug("%s: the %s profile could not read its capacity (%s: %s)", base, name, type(exc).__name__, exc)
             continue
         if cap.max_running_requests:

@@ -55,10 +55,10 @@ from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, run_prepass
 from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
 from servefleet.generate.retry import RetryPolicy
-from servefleet.http import RequestFailure
 from servefleet.generate.shards import ShardBuffer, ShardLimits, shard_schema
 from servefleet.generate.sinks import Sink, open_sink
 from servefleet.generate.stats import JobStats
+from servefleet.http import RequestFailure
 from servefleet.stopping import until_stopped
 
 if TYPE_CHECKING:
@@ -304,7 +304,7 @@ class _FailureLog:
 
     def __init__(self, sink: Sink) -> None:
         self.path = sink.new_staging_file(".jsonl")
-        self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self.file = open(self.path, "w", encoding="utf-8")
 
     def write(self, ticket: Ticket, failure: RequestFailure) -> None:
         r = ticket.record
@@ -351,7 +351,9 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         try:
             with fewer_collections():
                 feed = _feed(config.input, resume.plan, config.defaults(), resume.done)
-                stopped, sent.outcome = await until_stopped(dispatcher.run(feed), stop)
+                stopped, outcome = await until_stopped(dispatcher.run(feed), stop)
+                if outcome is not None:
+                    sent.outcome = outcome
             sent.outcome = "interrupted" if stopped else sent.outcome
         finally:
             with contextlib.suppress(Exception):

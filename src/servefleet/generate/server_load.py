@@ -20,7 +20,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-
 from servefleet.bench.server_metrics import GEN_TOKENS, QUEUED, RUNNING, parse_prometheus
 from servefleet.http import HttpClient, Timeout
 

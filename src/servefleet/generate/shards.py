@@ -105,7 +105,7 @@ class ShardBuffer:
         now = time.monotonic() if now is None else now
         return self.started is not None and now - self.started >= self.limits.seconds
 
-    def take(self) -> "ShardBuffer":
+    def take(self) -> ShardBuffer:
         """Hand the rows over (this buffer starts empty again)."""
         full = ShardBuffer(self.schema, self.limits)
         full.rows, full.bytes, full.started, full.completion_tokens = self.rows, self.bytes, self.started, self.completion_tokens

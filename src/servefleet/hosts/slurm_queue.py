@@ -91,15 +91,19 @@ def end_report(job: JobInfo | None, job_id: str, host: str) -> EndReport:
     said = f"Slurm job {job_id} ended {job.state}" + (f" ({job.reason})" if job.reason else "")
     table = f"[hosts.{host}]"
     if job.state == "TIMEOUT":
-        return EndReport(f"{said}: it reached its time limit{limit}", f"raise `time` in {table} (sbatch --time), or split the job; generate restarts it with a new job", True)
+        return EndReport(f"{said}: it reached its time limit{limit}",
+                         f"raise `time` in {table} (sbatch --time), or split the job; generate restarts it with a new job", True)
     if job.state == "PREEMPTED":
-        return EndReport(f"{said}: preempted by a higher-priority job", f"use a QOS or partition without preemption (`qos`/`partition` in {table}), or let generate resubmit it", True)
+        return EndReport(f"{said}: preempted by a higher-priority job",
+                         f"use a QOS or partition without preemption (`qos`/`partition` in {table}), or let generate resubmit it", True)
     if job.state == "NODE_FAIL":
-        return EndReport(f"{said} on {job.nodes or 'its node'}: the node failed", f"resubmit (servefleet restart); exclude the node with sbatch_args = [\"--exclude={job.nodes or 'NODE'}\"] if it recurs", True)
+        return EndReport(f"{said} on {job.nodes or 'its node'}: the node failed",
+                         f"resubmit (servefleet restart); exclude the node with sbatch_args = [\"--exclude={job.nodes or 'NODE'}\"] if it recurs", True)
     if job.state == "BOOT_FAIL":
         return EndReport(f"{said}: the node failed to boot", "resubmit (servefleet restart); ask the cluster's admins if it recurs", True)
     if job.state == "OUT_OF_MEMORY":
-        return EndReport(f"{said}: the job exceeded its memory allocation (host RAM, not GPU memory)", f"raise `mem` in {table} (sbatch --mem), or lower the engine's CPU-side memory use", True)
+        return EndReport(f"{said}: the job exceeded its memory allocation (host RAM, not GPU memory)",
+                         f"raise `mem` in {table} (sbatch --mem), or lower the engine's CPU-side memory use", True)
     if job.state == "CANCELLED":
         return EndReport(f"{said}: cancelled (scancel, by you or an admin)", "see who cancelled it (sacct -j JOB -o State,Reason); servefleet restart resubmits it", True)
     if job.state == "DEADLINE":

@@ -44,7 +44,7 @@ class Relay:
                 writer.close()
                 return
             up_reader, up_writer = await asyncio.open_connection(*target)
-        except Exception:  # noqa: BLE001 - gone, unreachable: read as "not up" by the client
+        except Exception:
             writer.close()
             return
         try:

@@ -118,7 +118,8 @@ def sbatch_options(opts: Mapping[str, object]) -> list[str]:
         "constraint": "--constraint",
     }
     out = [f"{flag}={opts[key]}" for key, flag in flags.items() if opts.get(key) not in (None, "")]
-    out += [str(a) for a in (opts.get("sbatch_args") or ())]  # type: ignore[union-attr]
+    extra = opts.get("sbatch_args") or ()
+    out += [str(a) for a in extra] if isinstance(extra, list | tuple) else []
     return out
 
 

@@ -58,7 +58,7 @@ class _Stream:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
-        self.headers = resp.headers
+        self.headers: Mapping[str, str] = resp.headers
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self._resp.content.iter_any()  # aiohttp's own iterator: nothing added per chunk
@@ -73,7 +73,7 @@ class _StreamContext:
 
     __slots__ = ("_request", "_timeout", "_resp")
 
-    def __init__(self, request: "aiohttp.client._RequestContextManager", timeout: Timeout) -> None:
+    def __init__(self, request: aiohttp.client._RequestContextManager, timeout: Timeout) -> None:
         self._request = request
         self._timeout = timeout
 

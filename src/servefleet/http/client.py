@@ -30,12 +30,12 @@ class HttpClient:
     def __init__(self, transport: Transport | None = None, *, pool: Pool | None = None,
                  headers: Mapping[str, str] | None = None, timeout: Timeout | None = None) -> None:
         if transport is None:
-            from servefleet.http.aiohttp_transport import AiohttpTransport  # noqa: PLC0415 - aiohttp loads on first use
+            from servefleet.http.aiohttp_transport import AiohttpTransport
 
             transport = AiohttpTransport(pool, headers=headers, timeout=timeout)
-        self.transport = transport
+        self.transport: Transport = transport
 
-    async def __aenter__(self) -> "HttpClient":
+    async def __aenter__(self) -> HttpClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -45,7 +45,7 @@ class MockResponse(Response):
     fail_after: TransportError | None = None  # raised once the chunks are out (a broken stream)
 
     @classmethod
-    def streamed(cls, status: int, chunks: Sequence[bytes], fail_after: TransportError | None = None) -> "MockResponse":
+    def streamed(cls, status: int, chunks: Sequence[bytes], fail_after: TransportError | None = None) -> MockResponse:
         return cls(status, b"".join(chunks), {}, tuple(chunks), fail_after)
 
 
@@ -93,7 +93,7 @@ class MockTransport:
         got = self.handler(request)
         if inspect.isawaitable(got):
             got = await got
-        return got  # type: ignore[return-value]
+        return got
 
     async def request(self, method: str, url: str, *, body: bytes | None = None,
                       headers: Mapping[str, str] | None = None, timeout: Timeout | None = None) -> Response:

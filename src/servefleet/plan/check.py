@@ -16,9 +16,9 @@ throughput model.
 
 from __future__ import annotations
 
-import logging
 import datetime as dt
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -146,7 +146,7 @@ def _parse_time(text: str | None) -> dt.datetime | None:
     if not text:
         return None
     try:
-        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
     except ValueError:
         return None
 
@@ -154,13 +154,12 @@ def _parse_time(text: str | None) -> dt.datetime | None:
 def _shard_rows(name: str, data: bytes) -> list[tuple[str, int, str | None]]:
     """(server, completion tokens, model) of every row of one committed shard."""
     if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
         # From an Arrow buffer, in this thread: pq.read_table (and any Python file object) start Arrow's
         # thread pools, whose workers still alive at interpreter exit abort the process now and then
         # ("terminate called without an active exception", exit -6, apache/arrow#34314): seen in the
         # demo after plan --check had printed its verdict.
         import pyarrow as pa
+        import pyarrow.parquet as pq
 
         table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["server", "completion_tokens", "model"], use_threads=False)
         return list(zip(table.column("server").to_pylist(), (t or 0 for t in table.column("completion_tokens").to_pylist()),
@@ -173,7 +172,7 @@ def _shard_rows(name: str, data: bytes) -> list[tuple[str, int, str | None]]:
     return rows
 
 
-def _ledger_last_commit(sink: "Sink") -> dict[str, dt.datetime]:
+def _ledger_last_commit(sink: Sink) -> dict[str, dt.datetime]:
     """The last commit time of each run, from the ledger entries (for a run that never finished)."""
     last: dict[str, dt.datetime] = {}
     names = [f"ledger/{n}" for n in sink.list("ledger") if n.endswith(".json")]
@@ -190,7 +189,7 @@ def _ledger_last_commit(sink: "Sink") -> dict[str, dt.datetime]:
     return last
 
 
-def _open_destination(dest: str) -> "Sink":
+def _open_destination(dest: str) -> Sink:
     """generate's sink for ``dest``, for reading; a local folder must exist (nothing is created)."""
     from servefleet.generate.sinks import open_sink
 
@@ -213,7 +212,7 @@ def measure_job(dest: str | Path, report: Path | None = None) -> Measured:
         sink.close()
 
 
-def _measure(sink: "Sink", dest: str, report: Path | None) -> Measured:
+def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
     manifest_data = sink.read_bytes(JOB_FILE)
     if manifest_data is None:
         raise ConfigError(f"{dest}: no {JOB_FILE}, so not the destination of a `servefleet generate` run; nothing to check")
@@ -279,7 +278,7 @@ def _measure(sink: "Sink", dest: str, report: Path | None) -> Measured:
         job_dir=dest, status=str(last.get("status", "unknown")), complete=rows >= valid, prompts_total=valid,
         prompts_measured=rows, completion_tokens=sum(a[1] for a in per_server.values()), wall_s=wall, runs=len(runs),
         servers=tuple(ServerMeasure(name, a[0], a[1]) for name, a in sorted(per_server.items())),
-        model=max(models, key=models.get) if models else None, wall_source=source,
+        model=max(models, key=lambda m: models[m]) if models else None, wall_source=source,
     )
 
 

@@ -164,7 +164,7 @@ def run_without_loop(coro: Coroutine[Any, Any, T]) -> T:
                 coro.close()
                 raise RuntimeError("the coroutine waited on I/O: run it with asyncio.run")
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]  # StopIteration.value is Any; it is the coroutine's T
+        return done.value  # StopIteration.value is Any; it is the coroutine's T
 
 
 async def diagnose_source(source: ByteSource, engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()) -> Verdict:

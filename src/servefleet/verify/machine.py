@@ -295,7 +295,8 @@ class ReadinessMachine:
         detail = self.last_probe.detail if self.last_probe else ""
         port = f"port {self.port}" if self.port else "the port"
         self._finish(State.FAILED, now, category=Category.PORT_IN_USE, hint=DEFAULT_HINTS[Category.PORT_IN_USE],
-                     message=f"{port} answers, but not from our server ({detail}); {describe_exit(self.exit.code if self.exit else None, self.exit.killed if self.exit else False)}")
+                     message=f"{port} answers, but not from our server ({detail}); "
+                             f"{describe_exit(self.exit.code if self.exit else None, self.exit.killed if self.exit else False)}")
 
     def _on_smoke(self, result: SmokeResult, now: float) -> None:
         self.activity_at = now

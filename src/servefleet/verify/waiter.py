@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from servefleet.catalog import State
 from servefleet.engines.base import EngineProfile, Probe
 from servefleet.hosts.base import Host, Truncated
-from servefleet.hosts.pidstat import PidStatus
 from servefleet.hosts.local import LocalHost
+from servefleet.hosts.pidstat import PidStatus
 from servefleet.hosts.watch import Exited, LogAbsent, Pending, WatchHost
-from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Queued, Tick
+from servefleet.http import probe_client
 from servefleet.verify.bounded import Bounds, HostSource, line_number_at, read_big_log
+from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Queued, Tick
 from servefleet.verify.logtext import LineSplitter
 from servefleet.verify.machine import ReadinessMachine, message_shape
-from servefleet.http import probe_client
 from servefleet.verify.probe import Prober, port_of
 from servefleet.verify.verdict import Verdict
 
@@ -121,8 +121,8 @@ async def wait_for_server(
         prober = Prober(client, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
         prober.work_ahead(lambda: (machine.engine or EngineProfile(), smoke))
         tasks = [_start(_probe_loop(prober, machine, queue, wake), queue)]
-        watched = isinstance(host, WatchHost) and target.pid is None and (target.pgid is not None or target.status_path is not None)
-        if watched:  # one stream for the log and the exit (hosts/watch.py), no polling
+        watched = target.pid is None and (target.pgid is not None or target.status_path is not None)
+        if isinstance(host, WatchHost) and watched:  # one stream for the log and the exit (hosts/watch.py), no polling
             follower: asyncio.Task[None] | None = _start(_watch_server(host, target, log, queue), queue)
         else:
             follower = _start(_follow_log(host, target.log_path, log, queue), queue) if target.log_path else None
@@ -176,7 +176,7 @@ async def wait_for_server(
 # ---- watchers ---------------------------------------------------------------------------------
 # asyncio.timeout rather than asyncio.wait_for throughout: on Python 3.11, wait_for can swallow a
 # cancellation that arrives as its inner future completes, and a cancelled wait must end.
-async def _next_event(queue: asyncio.Queue) -> Event | _Crashed:  # type: ignore[type-arg]
+async def _next_event(queue: asyncio.Queue) -> Event | _Crashed:
     try:
         async with asyncio.timeout(TICK_S):
             return await queue.get()
@@ -184,7 +184,7 @@ async def _next_event(queue: asyncio.Queue) -> Event | _Crashed:  # type: ignore
         return Tick()
 
 
-def _start(coro, queue: asyncio.Queue) -> asyncio.Task[None]:  # type: ignore[type-arg]
+def _start(coro, queue: asyncio.Queue) -> asyncio.Task[None]:
     async def guarded() -> None:
         try:
             await coro
@@ -202,7 +202,7 @@ async def _stop(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def _follow_log(host: Host, path: str, log: _LogState, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+async def _follow_log(host: Host, path: str, log: _LogState, queue: asyncio.Queue) -> None:
     if await host.file_size(path) is None:
         queue.put_nowait(LogMissing())
         while await host.file_size(path) is None:
@@ -212,7 +212,7 @@ async def _follow_log(host: Host, path: str, log: _LogState, queue: asyncio.Queu
         _log_item(item, log, queue)
 
 
-async def _watch_server(host: WatchHost, target: WaitTarget, log: _LogState, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+async def _watch_server(host: WatchHost, target: WaitTarget, log: _LogState, queue: asyncio.Queue) -> None:
     """The log follower and the process watcher in one: the host's watch stream."""
     async for item in host.watch(target.log_path, log.offset, pgid=target.pgid, status_path=target.status_path):
         if isinstance(item, Exited):
@@ -227,7 +227,7 @@ async def _watch_server(host: WatchHost, target: WaitTarget, log: _LogState, que
         _log_item(item, log, queue)
 
 
-def _log_item(item: bytes | Truncated, log: _LogState, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+def _log_item(item: bytes | Truncated, log: _LogState, queue: asyncio.Queue) -> None:
     if isinstance(item, Truncated):
         log.splitter.reset()
         log.offset = item.offset
@@ -238,7 +238,7 @@ def _log_item(item: bytes | Truncated, log: _LogState, queue: asyncio.Queue) -> 
     queue.put_nowait(LogLines(tuple(lines)) if lines else LogGrew(log.splitter.pending))
 
 
-async def _drain_before_exit(host: Host, path: str | None, log: _LogState, queue: asyncio.Queue, machine: ReadinessMachine, clock: Callable[[], float]) -> None:  # type: ignore[type-arg]
+async def _drain_before_exit(host: Host, path: str | None, log: _LogState, queue: asyncio.Queue, machine: ReadinessMachine, clock: Callable[[], float]) -> None:
     """Classify everything the process wrote before it exited, then let the exit be applied."""
     held: list[Event | _Crashed] = []
     while not queue.empty():
@@ -261,7 +261,7 @@ async def _drain_before_exit(host: Host, path: str | None, log: _LogState, queue
         machine.feed(LogLines(tuple(lines)), clock())
 
 
-async def _probe_loop(prober: Prober, machine: ReadinessMachine, queue: asyncio.Queue, wake: asyncio.Event) -> None:  # type: ignore[type-arg]
+async def _probe_loop(prober: Prober, machine: ReadinessMachine, queue: asyncio.Queue, wake: asyncio.Event) -> None:
     while True:
         queue.put_nowait(await prober.probe(machine.probe_spec))
         wake.clear()
@@ -270,11 +270,11 @@ async def _probe_loop(prober: Prober, machine: ReadinessMachine, queue: asyncio.
                 await wake.wait()
 
 
-async def _smoke(prober: Prober, profile: EngineProfile, queue: asyncio.Queue) -> None:  # type: ignore[type-arg]
+async def _smoke(prober: Prober, profile: EngineProfile, queue: asyncio.Queue) -> None:
     queue.put_nowait(await prober.smoke(profile))
 
 
-async def _watch_process(host: Host, pgid: int | None, status_path: str | None, queue: asyncio.Queue, pid: int | None = None) -> None:  # type: ignore[type-arg]
+async def _watch_process(host: Host, pgid: int | None, status_path: str | None, queue: asyncio.Queue, pid: int | None = None) -> None:
     """Report the exit: the status file's code, or a group gone without one, or the given pid gone
     (whatever its group still holds: a shell that started it, orphaned children).
 
@@ -350,7 +350,7 @@ class _Emitter:
 
     def __init__(self, callback: Callable[[Verdict], None] | None) -> None:
         self.callback = callback
-        self.key: tuple | None = None  # type: ignore[type-arg]
+        self.key: tuple | None = None
         self.line: str | None = None
         self.line_at = 0.0
 
