@@ -121,9 +121,10 @@ async def wait_for_server(
         prober = Prober(client, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
         prober.work_ahead(lambda: (machine.engine or EngineProfile(), smoke))
         tasks = [_start(_probe_loop(prober, machine, queue, wake), queue)]
-        watched = target.pid is None and (target.pgid is not None or target.status_path is not None)
-        if isinstance(host, WatchHost) and watched:  # one stream for the log and the exit (hosts/watch.py), no polling
-            follower: asyncio.Task[None] | None = _start(_watch_server(host, target, log, queue), queue)
+        watch_host = host if isinstance(host, WatchHost) else None
+        watched = watch_host is not None and target.pid is None and (target.pgid is not None or target.status_path is not None)
+        if watch_host is not None and watched:  # one stream for the log and the exit (hosts/watch.py), no polling
+            follower: asyncio.Task[None] | None = _start(_watch_server(watch_host, target, log, queue), queue)
         else:
             follower = _start(_follow_log(host, target.log_path, log, queue), queue) if target.log_path else None
             if target.pgid is not None or target.status_path is not None or target.pid is not None:
