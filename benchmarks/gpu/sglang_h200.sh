@@ -290,7 +290,7 @@ stage_bench() {
   say "sglang.bench_serving: rc=$?"
   grep -E "Output token throughput|Successful requests|Benchmark duration|Median TPOT|Total token throughput" "$R/cmd/sglang-bench.out" \
     | sed 's/^/sglang.bench_serving C='$SGLANG_BENCH_C': /' | tee -a "$R/summary.txt"
-  $SF bench --url http://127.0.0.1:31000 -c $SGLANG_BENCH_C --requests $nreq "${common[@]}" \
+  $SF bench --url http://127.0.0.1:31000 -c $SGLANG_BENCH_C --requests $nreq --stream "${common[@]}" \
     --out "$R/bench/sf-ab-c$SGLANG_BENCH_C.json" --json > "$R/cmd/bench-ab.out" 2> "$R/cmd/bench-ab.err"
   say "servefleet bench A/B: rc=$?"
   points "$R/bench/sf-ab-c$SGLANG_BENCH_C.json" "A/B servefleet"
@@ -300,7 +300,7 @@ stage_bench() {
   say "bench no-stream: rc=$?"
   for n in "${ready[@]}"; do points "$R/bench/nostream-$n.json" "no-stream $n"; done
   [ "$(left)" -lt 110 ] && return
-  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 64,256 --duration 10 "${common[@]}" \
+  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 64,256 --duration 10 --stream "${common[@]}" \
     --out "$R/bench/stream.json" --json > "$R/cmd/bench-stream.out" 2> "$R/cmd/bench-stream.err"
   say "bench stream: rc=$?"
   for n in "${ready[@]}"; do points "$R/bench/stream-$n.json" "stream $n"; done
@@ -335,7 +335,8 @@ stage_ab() {
       grep -E "Output token throughput|Benchmark duration|Median TPOT|Median ITL|Median TTFT" "$R/ab/sglang-bench.out" \
         | sed "s/^/ab sglang.bench_serving C=$c N=$n: /" | tee -a "$R/summary.txt"
     else
-      $SF bench --url http://127.0.0.1:31000 -c $c --requests $n "${common[@]}" --out "$R/ab/sf-$i-c$c-n$n.json" --json \
+      # --stream: sglang.bench_serving always streams, and servefleet bench no longer does by default
+      $SF bench --url http://127.0.0.1:31000 -c $c --requests $n --stream "${common[@]}" --out "$R/ab/sf-$i-c$c-n$n.json" --json \
         > "$R/ab/sf-$i.out" 2> "$R/ab/sf-$i.err"
       points "$R/ab/sf-$i-c$c-n$n.json" "ab servefleet run $i N=$n"
     fi
