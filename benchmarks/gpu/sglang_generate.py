@@ -22,8 +22,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-WORDS = ("the server model token batch cache graph kernel memory request prompt answer fleet stage "
-         "queue shard retry engine decode prefill latency throughput speculative draft accept").split()
+WORDS = ["the", "server", "model", "token", "batch", "cache", "graph", "kernel", "memory", "request", "prompt", "answer", "fleet", "stage", "queue", "shard", "retry", "engine", "decode", "prefill", "latency", "throughput", "speculative", "draft", "accept"]
 
 
 def write_prompts(path: Path, n: int, max_tokens: int, seed: int = 0) -> None:
