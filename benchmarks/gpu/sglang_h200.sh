@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real SGLang 0.5.17 on the H200 under servefleet (issue 19). One device command, from the repo root:
-#   bash benchmarks/gpu/sglang_h200.sh [--budget S] STAGE...     stages: setup smoke up failures bench down
+#   bash benchmarks/gpu/sglang_h200.sh [--budget S] STAGE...     stages: setup smoke up failures bench ab generate down
 # (carry .gpu-sglang, made by benchmarks/gpu/sglang_prepare.sh). Everything lives in /tmp/sgw; results
 # go to /tmp/sgw/results and, after every stage, to $OUT (sglang-results.tar.gz, summary.txt), so a
 # command cut short still returns what it did. Later commands on the same warm machine skip what is done.
@@ -12,10 +12,11 @@ while [ $# -gt 0 ]; do
   case "$1" in --budget) BUDGET=$2; shift 2 ;; *) stages+=("$1"); shift ;; esac
 done
 t_setup=$SECONDS
-source .gpu-sglang/run/sglang_setup.sh
-W=/tmp/sgw; R=$W/results; OUT=${OUT:-$W/out}
+# SGL_SETUP, SGW, SGL_PY: a CPU rehearsal's own setup, folder and Python (README.md)
+source "${SGL_SETUP:-.gpu-sglang/run/sglang_setup.sh}"
+W=${SGW:-/tmp/sgw}; R=$W/results; OUT=${OUT:-$W/out}
 mkdir -p "$R"/logs "$R"/fixtures "$R"/cmd "$OUT"
-P=python3
+P=${SGL_PY:-python3}
 SF="$P -m servefleet.cli.main"
 MODEL=$W/model
 NAME=sf-realistic
@@ -57,14 +58,14 @@ print(json.dumps(out))
 PY
   cat "$R/versions.json"
   local t0=$SECONDS
-  $P -c "import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler, sglang.srt.models.llama, sglang.srt.layers.attention.triton_backend, sgl_kernel; print('IMPORT_OK', sglang.__version__)" > "$R/cmd/import.out" 2>&1
+  [ "${SGL_IMPORT_CHECK:-1}" = 1 ] && $P -c "import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler, sglang.srt.models.llama, sglang.srt.layers.attention.triton_backend, sgl_kernel; print('IMPORT_OK', sglang.__version__)" > "$R/cmd/import.out" 2>&1
   say "import check ($(( SECONDS - t0 )) s): $(grep -E 'IMPORT_OK|Error' "$R/cmd/import.out" | tail -2)"
   if [ ! -f "$MODEL/config.json" ]; then
     t0=$SECONDS
     $SF model tiny "$MODEL" --preset realistic --json > "$R/cmd/model.out" 2> "$R/cmd/model.err"
     say "model: rc=$? in $(( SECONDS - t0 )) s"
   fi
-  summary "setup: $(cat "$R/nvidia-smi.txt"); $(grep -o 'IMPORT_OK.*' "$R/cmd/import.out" || echo 'import FAILED'); model $([ -f "$MODEL/config.json" ] && echo ok || echo MISSING)"
+  summary "setup: $(cat "$R/nvidia-smi.txt"); $(grep -o 'IMPORT_OK.*' "$R/cmd/import.out" || echo 'import not checked or FAILED'); model $([ -f "$MODEL/config.json" ] && echo ok || echo MISSING)"
 }
 
 # SGLang launched by hand (no servefleet): proves the recipe. A start-up that dies on a missing module
@@ -289,7 +290,7 @@ stage_bench() {
   say "sglang.bench_serving: rc=$?"
   grep -E "Output token throughput|Successful requests|Benchmark duration|Median TPOT|Total token throughput" "$R/cmd/sglang-bench.out" \
     | sed 's/^/sglang.bench_serving C='$SGLANG_BENCH_C': /' | tee -a "$R/summary.txt"
-  $SF bench --url http://127.0.0.1:31000 -c $SGLANG_BENCH_C --requests $nreq "${common[@]}" \
+  $SF bench --url http://127.0.0.1:31000 -c $SGLANG_BENCH_C --requests $nreq --stream "${common[@]}" \
     --out "$R/bench/sf-ab-c$SGLANG_BENCH_C.json" --json > "$R/cmd/bench-ab.out" 2> "$R/cmd/bench-ab.err"
   say "servefleet bench A/B: rc=$?"
   points "$R/bench/sf-ab-c$SGLANG_BENCH_C.json" "A/B servefleet"
@@ -299,7 +300,7 @@ stage_bench() {
   say "bench no-stream: rc=$?"
   for n in "${ready[@]}"; do points "$R/bench/nostream-$n.json" "no-stream $n"; done
   [ "$(left)" -lt 110 ] && return
-  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 64,256 --duration 10 "${common[@]}" \
+  $SF bench --fleet $W/fleet-main.toml --servers "$names" -c 64,256 --duration 10 --stream "${common[@]}" \
     --out "$R/bench/stream.json" --json > "$R/cmd/bench-stream.out" 2> "$R/cmd/bench-stream.err"
   say "bench stream: rc=$?"
   for n in "${ready[@]}"; do points "$R/bench/stream-$n.json" "stream $n"; done
@@ -334,11 +335,36 @@ stage_ab() {
       grep -E "Output token throughput|Benchmark duration|Median TPOT|Median ITL|Median TTFT" "$R/ab/sglang-bench.out" \
         | sed "s/^/ab sglang.bench_serving C=$c N=$n: /" | tee -a "$R/summary.txt"
     else
-      $SF bench --url http://127.0.0.1:31000 -c $c --requests $n "${common[@]}" --out "$R/ab/sf-$i-c$c-n$n.json" --json \
+      # --stream: sglang.bench_serving always streams, and servefleet bench no longer does by default
+      $SF bench --url http://127.0.0.1:31000 -c $c --requests $n --stream "${common[@]}" --out "$R/ab/sf-$i-c$c-n$n.json" --json \
         > "$R/ab/sf-$i.out" 2> "$R/ab/sf-$i.err"
       points "$R/ab/sf-$i-c$c-n$n.json" "ab servefleet run $i N=$n"
     fi
   done
+}
+
+# servefleet generate of GEN_N prompts (~40 words, GEN_TOKENS max tokens) over the main fleet, the ngram
+# server's process group SIGKILLed GEN_KILL_AFTER s in; the fleet restarts it, the job must end with every
+# id exactly once (sglang_generate.py counts them). Interrupted (resumable) before the budget runs out.
+stage_generate() {
+  [ -f $W/fleet-main.toml ] || fleet_main
+  local ready=() n
+  for n in plain ngram; do
+    local port; port=$([ $n = plain ] && echo 31000 || echo 32000)
+    [ "$(health $port health)" = 200 ] && ready+=($n)
+  done
+  [ ${#ready[@]} = 2 ] || { summary "generate: skipped (ready: ${ready[*]:-none}; both needed)"; return 1; }
+  local dl=$(( $(left) - ${GEN_RESERVE:-60} ))
+  $P .gpu-sglang/run/sglang_generate.py --fleet $W/fleet-main.toml --state-dir $W/state/main --work $W/gen \
+    --out "$R/generate.json" --prompts ${GEN_N:-20000} --max-tokens ${GEN_TOKENS:-256} --kill ${GEN_KILL:-ngram} \
+    --kill-after ${GEN_KILL_AFTER:-15} --deadline $dl --sf "$SF" 2>&1 | tee "$R/cmd/generate.out"
+  cp $W/gen/generate.stdout "$R/cmd/generate-report.json" 2>/dev/null
+  tail -50 $W/gen/generate.stderr > "$R/cmd/generate.stderr.tail" 2>/dev/null
+  cp $W/gen/out/job.json $W/gen/out/report.json "$R/cmd/" 2>/dev/null
+  cp $W/state/main/logs/${GEN_KILL:-ngram}.log "$R/logs/main-${GEN_KILL:-ngram}-after-restart.log" 2>/dev/null
+  ls $W/state/main/logs/ > "$R/cmd/state-logs.txt" 2>/dev/null
+  grep '^generate:' "$R/cmd/generate.out" | tee -a "$R/summary.txt"
+  $SF status --fleet $W/fleet-main.toml --json > "$R/cmd/status-after-generate.out" 2>&1
 }
 
 stage_down() {

@@ -11,7 +11,7 @@
 # `source .gpu-sglang/run/sglang_setup.sh`.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=$PWD/.gpu-sglang
+out=${SGL_OUT:-$PWD/.gpu-sglang}   # SGL_OUT: another checkout's .gpu-sglang (the one the device gets)
 root=$(cd "$here/../.." && pwd)
 cache=${SGL_CACHE:-/tmp/sgl-prepare}
 mkdir -p "$out"/{pkg,run} "$cache"/{wheels,deps}
@@ -20,15 +20,16 @@ plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
       --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64)
 dl() { python3 -m pip download -q --no-deps "${plat[@]}" -d "$1" "$2" 2>&1 | grep -v "is ignored" || true; }
+if [ -f "$out/pkg/sgl.tar.xz.part-00" ] && [ -z "${SGL_REPACK:-}" ]; then
+  echo "sgl.tar.xz already packed (SGL_REPACK=1 to pack again): refreshing the scripts and servefleet's source only"
+else
+# downloads only when packing (a refresh needs none of them)
 ls "$cache"/wheels/sglang-0.5.17-*.whl >/dev/null 2>&1 || dl "$cache/wheels" sglang==0.5.17
 ls "$cache"/wheels/sglang_kernel-0.4.5-*.whl >/dev/null 2>&1 || dl "$cache/wheels" sglang-kernel==0.4.5
 grep -v '^\s*#' "$here/sglang_deps.txt" | grep -v '^\s*$' | while read -r spec; do
   name=$(echo "${spec%%==*}" | tr '-' '_' | tr 'A-Z' 'a-z'); ver=${spec##*==}
   ls "$cache/deps/" | tr 'A-Z' 'a-z' | grep -q "^${name}-${ver}-" || dl "$cache/deps" "$spec"
 done
-if [ -f "$out/pkg/sgl.tar.xz.part-00" ] && [ -z "${SGL_REPACK:-}" ]; then
-  echo "sgl.tar.xz already packed (SGL_REPACK=1 to pack again): refreshing the scripts and servefleet's source only"
-else
 stage=$(mktemp -d)
 # every dependency wheel, installed for Python 3.12 (nothing runs here)
 python3 -m pip install -q --no-deps --no-compile --target "$stage" "${plat[@]}" "$cache"/deps/*.whl
@@ -51,7 +52,7 @@ sha256sum "$cache/sgl.tar.xz" | cut -d' ' -f1 > "$out/run/sgl.sha256"
 split -b 36M -d "$cache/sgl.tar.xz" "$out/pkg/sgl.tar.xz.part-"
 rm -rf "$stage"
 fi
-cp "$here/sglang_setup.sh" "$here/sglang/sitecustomize.py" "$here/sglang_h200.sh" "$out/run/"
+cp "$here/sglang_setup.sh" "$here/sglang/sitecustomize.py" "$here/sglang_h200.sh" "$here/sglang_generate.py" "$out/run/"
 tar czf "$out/sf-src.tar.gz" -C "$root" --exclude=benchmarks/gpu/results --exclude=__pycache__ src benchmarks/gpu
 du -sh "$out"/pkg "$out"/run "$out"/sf-src.tar.gz
 echo "ready: carry .gpu-sglang"
