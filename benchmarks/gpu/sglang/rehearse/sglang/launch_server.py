@@ -9,7 +9,8 @@ drop_with_value = {"--attention-backend", "--sampling-backend", "--log-level", "
 argv, it = [], iter(sys.argv[1:])
 for a in it:
     if a in drop_with_value:
-        next(it, None); continue
+        next(it, None)
+        continue
     argv.append(a)
 tps = ["--tokens-per-step", "2.5"] if "--speculative-algorithm" in argv else []
 sys.exit(main(["--style", "sglang", "--load-time", os.environ.get("FAKE_LOAD", "6"), "--decode-ms", "1", *tps, *argv]))
