@@ -76,7 +76,8 @@ def test_vllm_tensor_parallel_pair() -> None:
 
 
 def test_every_example_has_its_test() -> None:
-    tested = {"demo.toml", "remote-ssh.toml", "sglang-mtp-vs-plain.toml", "vllm.toml", "sim-fleet.toml"}
+    tested = {"demo.toml", "remote-ssh.toml", "sglang-mtp-vs-plain.toml", "vllm.toml", "sim-fleet.toml",
+              "slurm.toml"}  # slurm.toml: tests/test_slurm_units.py loads it
     assert {p.name for p in EXAMPLES.iterdir() if p.is_file()} == tested
 
 
