@@ -21,6 +21,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after choosing the backend
+from matplotlib.figure import Figure
 
 from servefleet.bench.result import Run
 from servefleet.plan.planner import ConfigCurve, JobSpec, plan_job
@@ -60,12 +61,7 @@ def plot_throughput(runs: list[Run], path: str | Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_latency(runs: list[Run], path: str | Path) -> Path:
@@ -97,12 +93,7 @@ def plot_latency(runs: list[Run], path: str | Path) -> Path:
         ax.set_ylim(bottom=0)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_plots(runs: list[Run], out_dir: str | Path, prefix: str = "compare") -> list[Path]:
@@ -126,8 +117,14 @@ def plot_makespan(configs: list[ConfigCurve], job: JobSpec, gpu_counts: list[int
     ax.set_title(f"{job.prompts:,} prompts x {job.output_tokens_mean:,.0f} tokens")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, path, dpi=110)
+
+
+def _save(fig: Figure, path: str | Path, dpi: float | None = None) -> Path:
+    """Lay the figure out, write it as PNG (its folder made if needed) and free it."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi if dpi is not None else "figure")
     plt.close(fig)
     return path

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from servefleet.errors import ConfigError
 from servefleet.generate.job import JOB_FILE
 from servefleet.generate.recorder import PROGRESS_FILE, TIMELINE_DIR
-from servefleet.generate.sinks import Sink, open_sink
+from servefleet.generate.sinks import Sink, open_existing_sink
 
 __all__ = ["JobRecord", "read_job", "progress_of", "job_series", "FAILURE_KINDS", "STALE_AFTER", "STALE_MIN_S"]
 
@@ -49,14 +48,6 @@ class JobRecord:
         return self.runs[-1] if self.runs else {}
 
 
-def _open(dest: str) -> Sink:
-    if "://" not in dest or dest.startswith("file://"):
-        folder = Path(dest.removeprefix("file://")).expanduser()
-        if not folder.is_dir():
-            raise ConfigError(f"{dest}: no such folder")
-    return open_sink(dest)
-
-
 def _json(sink: Sink, rel: str) -> dict[str, Any] | None:
     data = sink.read_bytes(rel)
     if data is None:
@@ -70,7 +61,7 @@ def _json(sink: Sink, rel: str) -> dict[str, Any] | None:
 
 def read_job(dest: str, *, timelines: bool = True, failures: bool = True) -> JobRecord:
     """The job at ``dest`` (a folder or an fsspec URL such as ``s3://bucket/prefix``)."""
-    sink = _open(dest)
+    sink = open_existing_sink(dest)
     try:
         manifest = _json(sink, JOB_FILE)
         if manifest is None:

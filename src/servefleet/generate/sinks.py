@@ -266,3 +266,13 @@ def open_sink(dest: str) -> Sink:
     if "://" in dest and not dest.startswith("file://"):
         return FsspecSink(dest)
     return LocalSink(dest.removeprefix("file://"))
+
+
+def open_existing_sink(dest: str) -> Sink:
+    """The sink of a destination a job wrote, for reading it (progress, report, plan --check): a
+    local folder must exist already (opening it for reading creates nothing)."""
+    if "://" not in dest or dest.startswith("file://"):
+        folder = os.path.expanduser(dest.removeprefix("file://"))
+        if not os.path.isdir(folder):
+            raise ConfigError(f"{dest}: no such folder")
+    return open_sink(dest)

@@ -189,21 +189,12 @@ def _ledger_last_commit(sink: Sink) -> dict[str, dt.datetime]:
     return last
 
 
-def _open_destination(dest: str) -> Sink:
-    """generate's sink for ``dest``, for reading; a local folder must exist (nothing is created)."""
-    from servefleet.generate.sinks import open_sink
-
-    if "://" not in dest or dest.startswith("file://"):
-        folder = Path(dest.removeprefix("file://")).expanduser()
-        if not folder.is_dir():
-            raise ConfigError(f"{dest}: no such folder")
-    return open_sink(dest)
-
-
 def measure_job(dest: str | Path, report: Path | None = None) -> Measured:
     """What `generate` measured at ``dest``: a local folder, or an object-storage URL (``s3://...``)."""
     dest = str(dest)
-    sink = _open_destination(dest)
+    from servefleet.generate.sinks import open_existing_sink
+
+    sink = open_existing_sink(dest)
     try:
         return _measure(sink, dest, report)
     except OSError as exc:  # object storage unreachable, access denied...
