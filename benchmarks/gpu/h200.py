@@ -30,6 +30,7 @@ from h200_exec import T0, Runner
 from h200_failures import stage_failures
 from h200_generate import stage_generate
 from h200_layout import Layout, Settings, child_env
+from h200_multi import GROUPS_MULTI, STAGES_MULTI, estimates_multi
 from h200_report import stage_collect
 from h200_run2 import ESTIMATES2, GROUPS, STAGES2
 from h200_stages import (
@@ -46,8 +47,9 @@ from h200_stages import (
 ORDER = ("setup", "up", "bench", "plan", "failures", "vllm-bench", "down", "collect")
 STAGES = {"setup": stage_setup, "up": stage_up, "bench": stage_bench, "vllm-bench": stage_vllm_bench,
           "failures": stage_failures, "plan": stage_plan, "down": stage_down, "generate": stage_generate,
-          **STAGES2}
-ALWAYS = ("down", "down-whole", "collect")  # run even past the budget
+          **STAGES2, **STAGES_MULTI}
+GROUPS = {**GROUPS, **GROUPS_MULTI}
+ALWAYS = ("down", "down-whole", "multi-down", "tp-down", "multi-summary", "collect")  # run even past the budget
 
 
 def estimate_s(stage: str, st: Settings) -> float:
@@ -64,6 +66,7 @@ def estimate_s(stage: str, st: Settings) -> float:
         "plan": 15.0,
         "generate": st.generate_kill_after + 240.0,       # the rest of the job plus a ~100 s restart
         **ESTIMATES2,
+        **estimates_multi(st),
     }.get(stage, 10.0)
 
 
@@ -77,9 +80,10 @@ def expand(names: list[str]) -> list[str]:
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     p = argparse.ArgumentParser(prog="h200.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("stages", nargs="+", choices=[*ORDER, "generate", *STAGES2, "all", *GROUPS],
+    p.add_argument("stages", nargs="+", choices=[*ORDER, "generate", *STAGES2, *STAGES_MULTI, "all", *GROUPS],
                    help="stages to run, in the given order (generate is not part of all); all = the first run, "
-                        "run2a / run2b = the second run's two device commands (h200_run2.py)")
+                        "run2a / run2b = the second run's two device commands (h200_run2.py), "
+                        "multi = several GPUs of one host (h200_multi.py)")
     p.add_argument("--rehearse", action="store_true", help="CPU rehearsal: the sim in vLLM style instead of vLLM")
     p.add_argument("--work", type=Path, default=None, help="work folder (default /tmp/sf-h200; rehearsal: a temp folder)")
     p.add_argument("--out", type=Path, default=None, help="folder for what comes back (default $OUT, else WORK/out)")
@@ -106,6 +110,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--nostream-point-seconds", type=float, default=d.nostream_point_seconds)
     p.add_argument("--ab-stream-concurrency", default=d.ab_stream_concurrency)
     p.add_argument("--ab-stream-waves", type=int, default=d.ab_stream_waves)
+    p.add_argument("--gpus", type=int, default=None, help="multi: servers, one per GPU (default: all visible)")
+    p.add_argument("--multi-concurrency", default=d.multi_concurrency)
+    p.add_argument("--multi-point-seconds", type=float, default=d.multi_point_seconds)
+    p.add_argument("--multi-prompts-per-gpu", type=int, default=d.multi_prompts_per_gpu)
+    p.add_argument("--multi-kill-after", type=float, default=d.multi_kill_after)
+    p.add_argument("--multi-fault-prompts", type=int, default=d.multi_fault_prompts)
     p.add_argument("--budget", type=float, default=None, help="seconds: skip stages that would end past this")
     a = p.parse_args(argv)
     st = Settings(rehearse=a.rehearse, concurrency=a.concurrency, point_seconds=a.point_seconds, input_len=a.input_len,
@@ -116,7 +126,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
                   kill_after=a.kill_after, hang_stop_after=a.hang_stop_after, hang_after=a.hang_after,
                   whole_prompts=a.whole_prompts, kill_prompts=a.kill_prompts, hang_prompts=a.hang_prompts,
                   nostream_concurrency=a.nostream_concurrency, nostream_point_seconds=a.nostream_point_seconds,
-                  ab_stream_concurrency=a.ab_stream_concurrency, ab_stream_waves=a.ab_stream_waves)
+                  ab_stream_concurrency=a.ab_stream_concurrency, ab_stream_waves=a.ab_stream_waves,
+                  gpus=a.gpus, multi_concurrency=a.multi_concurrency, multi_point_seconds=a.multi_point_seconds,
+                  multi_prompts_per_gpu=a.multi_prompts_per_gpu, multi_kill_after=a.multi_kill_after,
+                  multi_fault_prompts=a.multi_fault_prompts)
     return a, st
 
 

@@ -77,6 +77,13 @@ class Settings:
     hang_gap: float = 5.0                 # faults: seconds between ngram answering again and the SIGSTOP
     ab_stream_concurrency: str = "256,512"  # streaming A/B against vllm bench serve on the whole-GPU server
     ab_stream_waves: int = 8              # requests per A/B point = waves x concurrency
+    # ---- several GPUs (issue 18, h200_multi.py) ----
+    gpus: int | None = None               # servers / GPUs of the multi group (None: all visible; rehearsal 3)
+    multi_concurrency: str = "512,1024"   # the non-streaming bench of one of them
+    multi_point_seconds: float = 15.0
+    multi_prompts_per_gpu: int = 12_000   # generate: the same job over 1, 2, 4 (8) servers (~2-3 min each)
+    multi_kill_after: float = 40.0        # the fault job: SIGKILL the last server this many s in
+    multi_fault_prompts: int = 0          # the fault job's prompts (0: twice the largest scale job's)
 
     def levels(self) -> list[int]:
         return [int(x) for x in self.concurrency.split(",") if x.strip()]
@@ -86,6 +93,9 @@ class Settings:
 
     def ab_stream_levels(self) -> list[int]:
         return [int(x) for x in self.ab_stream_concurrency.split(",") if x.strip()]
+
+    def multi_levels(self) -> list[int]:
+        return [int(x) for x in self.multi_concurrency.split(",") if x.strip()]
 
     def vllm_levels(self) -> list[int]:
         return [int(x) for x in self.vllm_bench_concurrency.split(",") if x.strip()]
