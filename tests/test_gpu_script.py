@@ -323,3 +323,94 @@ def test_cpu_rehearsal_of_run2(tmp_path: Path) -> None:
     assert faults["ngram"]["back_in_service"] and faults["fault"]["stop"]["signal"] == "SIGSTOP"
     ports = json.loads((work / "layout.json").read_text())["ports"]
     assert all(_port_free(p) for p in ports.values()), "a server outlived `down`"
+
+
+# ---- several GPUs (issue 18: h200_multi.py) --------------------------------------------------------
+def test_fleet_sizes_double_up_to_the_gpu_count() -> None:
+    from h200_multi import fleet_sizes
+    assert fleet_sizes(8) == [1, 2, 4, 8] and fleet_sizes(4) == [1, 2, 4]
+    assert fleet_sizes(3) == [1, 2, 3] and fleet_sizes(1) == [1] and fleet_sizes(0) == []
+
+
+def test_visible_gpus_prefers_cuda_visible_devices() -> None:
+    from h200_multi import visible_gpus
+    smi = [f"GPU {i}: NVIDIA H200 (UUID: GPU-{i})" for i in range(8)]
+    assert visible_gpus({}, smi) == 8
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, smi) == 4
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, smi[:2]) == 2
+    assert visible_gpus({}, ["No devices were found"]) == 0
+
+
+def test_throughput_dip_reads_the_jobs_timeline() -> None:
+    from h200_multi import throughput_dip
+    tokens = [1000] * 10 + [500, 600, 800, 950, 1000, 1000, 300]  # fault at 10 s; the last bucket is the tail
+    dip = throughput_dip({"bucket_s": 1.0, "job": {"output_tokens": tokens}}, fault_at_s=10.0, window_s=8.0)
+    assert dip["rate_before"] == 1000.0 and dip["min_after"] == 500.0 and dip["dip_fraction"] == 0.5
+    assert dip["recovered_at_s"] == 13.0 and dip["recovery_s"] == 3.0  # 950 >= 0.9 x 1000
+    never = throughput_dip({"bucket_s": 2.0, "job": {"output_tokens": [2000] * 5 + [400] * 4}}, fault_at_s=10.0)
+    assert never["rate_before"] == 1000.0 and never["recovered_at_s"] is None and never["min_after"] == 200.0
+    assert throughput_dip({"bucket_s": 1.0, "job": {"output_tokens": [5, 5]}}, fault_at_s=0.0)["dip_fraction"] is None
+
+
+def test_plan_rank_orders_by_makespan_and_cpu_share() -> None:
+    from h200_multi import cpu_share, plan_rank
+    doc = {"plans": {"2": [{"name": "tp2", "makespan_s": 90.0}, {"name": "gpu0", "makespan_s": 60.0}]}}
+    assert plan_rank(doc, "2") == ["gpu0", "tp2"] and plan_rank(doc, "8") == [] and plan_rank(None, "2") == []
+    assert cpu_share(1.5, 0.5, 4.0) == 0.5 and cpu_share(1.0, 0.0, 0.0) is None
+
+
+def test_multi_fleets_put_one_server_on_each_gpu(tmp_path: Path) -> None:
+    from h200_multi import multi_toml, server_names, tp_toml
+    from h200_stages import Ctx
+    lay = layout(tmp_path, rehearse=False)
+    ctx = Ctx(lay, Settings(), None)  # type: ignore[arg-type]  # fleet files need no runner
+    path = tmp_path / "multi.toml"
+    path.write_text(multi_toml(ctx, server_names(4)))
+    items = resolved(path)
+    assert [items[n].env["CUDA_VISIBLE_DEVICES"] for n in server_names(4)] == ["0", "1", "2", "3"]
+    assert len({items[n].argv[items[n].argv.index("--port") + 1] for n in items}) == 4
+    path.write_text(tp_toml(ctx))
+    tp = resolved(path)["tp2"]
+    assert tp.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert tp.argv[tp.argv.index("--tensor-parallel-size") + 1] == "2"
+
+
+def test_multi_group_checkpoints_past_the_budget(tmp_path: Path) -> None:
+    rc = h200.main(["--rehearse", "multi", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out"),
+                    "--budget", "0.001"])
+    timings = {t["stage"]: t["status"] for t in json.loads((tmp_path / "out" / "timings.json").read_text())}
+    assert rc == 0 and timings["multi-scale"] == "skipped (budget)" and timings["multi-down"] == "ok"
+    assert timings["multi-summary"] == "ok" and (tmp_path / "out" / "multi_summary.json").exists()
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(240)
+def test_cpu_rehearsal_of_multi(tmp_path: Path) -> None:
+    """Issue 18 on the CPU: 3 sims labelled gpus [0], [1], [2] up in parallel, bench and plan of one,
+    the same workload over 1, 2 and 3 of them with plan --check, one job with gpu2 SIGKILLed (restarted
+    with its CUDA_VISIBLE_DEVICES, every prompt once), then a TP=2 server against two replicas."""
+    work, out = tmp_path / "w", tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("OUT", None)
+    proc = subprocess.run(["bash", str(GPU / "run_h200.sh"), "--rehearse", "multi", "multi-tp", "--work", str(work),
+                           "--out", str(out), "--gpus", "3", "--input-len", "16", "--output-len", "16",
+                           "--multi-concurrency", "8,32", "--multi-point-seconds", "1", "--multi-prompts-per-gpu", "400",
+                           "--multi-kill-after", "3", "--multi-fault-prompts", "8000"],
+                          capture_output=True, text=True, env=env, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "multi_summary.json").read_text())
+    assert summary["gpus"] == 3 and set(summary["time_to_ready_s"]) == {"gpu0", "gpu1", "gpu2"}
+    assert summary["fleet_ready_s"] == max(summary["time_to_ready_s"].values())
+    assert sorted(summary["scale"]) == ["1", "2", "3"]
+    for job in summary["scale"].values():
+        assert job["exactly_once"] and job["makespan_error_pct"] is not None and job["coordinator_cores"] > 0
+    assert summary["speedup"]["3"] > summary["speedup"]["2"] > 1.0
+    fault = summary["fault"]
+    assert fault["status"] == "complete" and fault["exactly_once"] and fault["duplicates"] == 0
+    assert fault["restarts"] >= 1 and fault["back_in_service"]
+    assert fault["restarted_on"]["cuda_visible_devices"] == "2"
+    assert fault["rate_before"] and fault["dip_fraction"] is not None
+    tp = summary["tp"]
+    assert set(tp["makespan_s"]) == {"gpu0", "tp2"} and tp["plan_ranks_as_jobs"] is not None
+    ports = json.loads((work / "layout.json").read_text())["ports"]
+    assert all(_port_free(p) for p in ports.values()), "a server outlived `down`"
