@@ -253,11 +253,16 @@ def stage_multi_scale(ctx: Ctx) -> dict:
     st, run = ctx.settings, ctx.runner
     n = _n(ctx)
     ready = _ready(ctx, _fleet(ctx))
-    out: dict = {"jobs": {}}
+    done = ((read_json(_res(ctx, "scale.json")) or {}).get("jobs")) or {}
+    # a later command resumes: sizes already measured (complete, every prompt once) are kept, not rerun
+    out: dict = {"jobs": {k: j for k, j in done.items() if j.get("status") == "complete" and j.get("exactly_once")}}
     if not _single_run(ctx).exists():
         out["skipped"] = "no bench run of gpu0"
     for k in fleet_sizes(n) if not out.get("skipped") else []:
         names = server_names(k)
+        if str(k) in out["jobs"]:
+            run.say(f"  multi-scale {k}: kept from an earlier command")
+            continue
         if not set(names) <= set(ready):
             out["jobs"][str(k)] = {"skipped": f"not all of {names} ready (ready: {ready})"}
             continue
