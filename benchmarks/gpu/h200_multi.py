@@ -1,5 +1,6 @@
-"""Several GPUs of one host (issue 18): stages that the driver runs as the groups ``multi`` and
-``multi-tp`` (h200.py), each one device command on an nvidia-h200-x4 or -x8 machine.
+"""Several GPUs of one host (issue 18): stages that the driver runs as the groups ``multi``
+(on the device in two commands: ``multi-a``, ``multi-b``) and ``multi-tp`` (h200.py), on an
+nvidia-h200-x4 or -x8 machine.
 
 multi:    one vLLM server per GPU (gpus = [i] each) through ONE ``servefleet up`` (different GPUs start
           in parallel), each verified: time to ready per server and for the fleet; ``bench`` of one of
@@ -469,9 +470,13 @@ STAGES_MULTI = {"multi-up": stage_multi_up, "multi-bench": stage_multi_bench, "m
                 "tp-up": stage_tp_up, "tp-bench": stage_tp_bench, "tp-generate": stage_tp_generate,
                 "tp-down": stage_tp_down, "multi-summary": stage_multi_summary}
 
+# One device command is at most 10 minutes: multi-a and multi-b are ``multi`` in two (multi-b's
+# multi-scale resumes the sizes multi-a's budget left out); ``multi`` whole is for the rehearsal.
 GROUPS_MULTI = {
     "multi": ("setup", "multi-up", "multi-bench", "multi-plan", "multi-scale", "multi-fault", "multi-down",
               "multi-summary", "collect"),
+    "multi-a": ("setup", "multi-up", "multi-bench", "multi-plan", "multi-scale", "multi-summary", "collect"),
+    "multi-b": ("multi-scale", "multi-fault", "multi-down", "multi-summary", "collect"),
     "multi-tp": ("setup", "tp-up", "tp-bench", "tp-generate", "tp-down", "multi-summary", "collect"),
 }
 
