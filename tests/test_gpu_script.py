@@ -414,3 +414,21 @@ def test_cpu_rehearsal_of_multi(tmp_path: Path) -> None:
     assert set(tp["makespan_s"]) == {"gpu0", "tp2"} and tp["plan_ranks_as_jobs"] is not None
     ports = json.loads((work / "layout.json").read_text())["ports"]
     assert all(_port_free(p) for p in ports.values()), "a server outlived `down`"
+
+
+def test_multi_scale_keeps_sizes_an_earlier_command_measured(tmp_path: Path) -> None:
+    """multi-b resumes multi-a: complete sizes are kept as they are, a size that failed is tried again
+    (here: no server is up, so it is skipped, saying so)."""
+    from h200_exec import Runner
+    from h200_multi import stage_multi_scale
+    from h200_stages import Ctx
+    lay = layout(tmp_path, rehearse=True)
+    (lay.results / "multi").mkdir(parents=True)
+    (lay.results / "multi" / "bench-gpu0.json").write_text("{}")
+    done = {"status": "complete", "exactly_once": True, "output_tokens_per_s": 1000.0}
+    (lay.results / "multi" / "scale.json").write_text(json.dumps({"jobs": {
+        "1": done, "2": {**done, "output_tokens_per_s": 1900.0}, "4": {"status": "incomplete", "exactly_once": False}}}))
+    ctx = Ctx(lay, Settings(rehearse=True, gpus=4), Runner(lay.results, dict(os.environ), tmp_path))
+    out = stage_multi_scale(ctx)
+    assert out["jobs"]["1"] == done and out["speedup"] == {"1": 1.0, "2": 1.9}
+    assert "not all of" in out["jobs"]["4"]["skipped"]

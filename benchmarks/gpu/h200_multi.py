@@ -269,7 +269,7 @@ def stage_multi_scale(ctx: Ctx) -> dict:
             continue
         left = st.budget_s - (time.monotonic() - T0) if st.budget_s else None
         need = _job_estimate(ctx, st.multi_prompts_per_gpu) + 30
-        if left is not None and left < need + 120:
+        if left is not None and left < need + 60:  # 60 s: summary and collect (multi-a leaves the servers up)
             out["jobs"][str(k)] = {"skipped": f"budget: {left:.0f} s left, ~{need:.0f} s needed"}
             continue
         fleet = _fleet(ctx, k)
