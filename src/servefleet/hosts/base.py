@@ -62,15 +62,21 @@ class Truncated:
 # a status file with the code (137 = SIGKILL of the server). When the wrapper itself is killed with
 # SIGKILL (the whole group was), no status file appears — the fleet layer reads that as `killed`.
 # Output is appended (>>) so a restart keeps the earlier attempt's log above a marker line.
+# The trap is set before the server starts (a `down` in the first instant must not kill the
+# wrapper itself), and signals are ignored while the code is written: `mv` is a process of the
+# group, and a group-wide SIGTERM (`up` stopping a server it found failed, as the server exits on
+# its own) killed it between the write and the rename, leaving `STATUS.tmp` and no exit code.
 DETACH_SCRIPT = r"""
 log=$1; status=$2; shift 2
 exec </dev/null >>"$log" 2>&1
 rm -f "$status"
+child=
+trap '[ -z "$child" ] || kill -TERM "$child" 2>/dev/null' TERM INT HUP
 "$@" &
 child=$!
-trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
 wait "$child"; rc=$?
 while kill -0 "$child" 2>/dev/null; do wait "$child"; rc=$?; done
+trap '' TERM INT HUP
 echo "$rc" > "$status.tmp" && mv -f "$status.tmp" "$status"
 """
 
