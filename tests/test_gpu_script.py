@@ -285,8 +285,29 @@ def test_check_summary_reads_plan_check_json() -> None:
     assert check_summary(None) == {} and check_summary({"error": "x"}) == {}
 
 
+def test_rank_summary_compares_the_plans_order_with_the_jobs() -> None:
+    from h200_rank import plan_order, rank_summary
+    plan = {"plans": {"1": [{"name": "ngram", "makespan_s": 70.0}, {"name": "plain", "makespan_s": 60.0}]}}
+    assert plan_order(plan) == ["plain", "ngram"] and plan_order(plan, "8") == [] and plan_order(None) == []
+    agree = rank_summary(plan, {"plain": {"makespan_measured_s": 61.0}, "ngram": {"makespan_measured_s": 75.0}})
+    assert agree["measured_order"] == ["plain", "ngram"] and agree["first_agrees"] is True
+    disagree = rank_summary(plan, {"plain": {"makespan_measured_s": 80.0}, "ngram": {"makespan_measured_s": 75.0}})
+    assert disagree["measured_order"] == ["ngram", "plain"] and disagree["first_agrees"] is False
+    one = rank_summary(plan, {"plain": {"makespan_measured_s": 61.0}, "ngram": {}})  # a job that did not finish
+    assert one["measured_order"] == ["plain"] and one["first_agrees"] is None
+
+
+def test_ab_ratios_compare_like_for_like_spans() -> None:
+    from h200_run2 import ab_point_ratios
+    point = {"servefleet": {"output_tokens_per_s": 20_000.0, "output_tokens_per_s_span": 19_000.0},
+             "vllm": {"output_throughput": 19_400.0}}
+    assert ab_point_ratios(point) == {"ratio_span": round(19_000 / 19_400, 4), "ratio_steady": round(20_000 / 19_400, 4)}
+    assert ab_point_ratios({"servefleet": point["servefleet"], "vllm": "skipped (rehearsal)"}) == {"ratio_span": None, "ratio_steady": None}
+
+
 def test_run2_groups_are_stages_of_the_driver(tmp_path: Path) -> None:
     assert h200.expand(["run2a"])[:2] == ["setup", "up-whole"] and h200.expand(["run2b"])[-1] == "collect"
+    assert "down" not in h200.expand(["run2c"]) and h200.expand(["run2d"])[-2:] == ["down", "collect"]  # servers kept up between
     for group in GROUPS.values():
         assert set(group) <= set(h200.STAGES) | {"collect"}
     rc = h200.main(["--rehearse", "run2b", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out"),

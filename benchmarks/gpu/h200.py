@@ -31,6 +31,7 @@ from h200_failures import stage_failures
 from h200_generate import stage_generate
 from h200_layout import Layout, Settings, child_env
 from h200_multi import GROUPS_MULTI, STAGES_MULTI, estimates_multi
+from h200_rank import ESTIMATES_RANK, STAGES_RANK
 from h200_report import stage_collect
 from h200_run2 import ESTIMATES2, GROUPS, STAGES2
 from h200_stages import (
@@ -47,7 +48,7 @@ from h200_stages import (
 ORDER = ("setup", "up", "bench", "plan", "failures", "vllm-bench", "down", "collect")
 STAGES = {"setup": stage_setup, "up": stage_up, "bench": stage_bench, "vllm-bench": stage_vllm_bench,
           "failures": stage_failures, "plan": stage_plan, "down": stage_down, "generate": stage_generate,
-          **STAGES2, **STAGES_MULTI}
+          **STAGES2, **STAGES_RANK, **STAGES_MULTI}
 GROUPS = {**GROUPS, **GROUPS_MULTI}
 ALWAYS = ("down", "down-whole", "multi-down", "tp-down", "multi-summary", "collect")  # run even past the budget
 
@@ -62,10 +63,11 @@ def estimate_s(stage: str, st: Settings) -> float:
         "up": 200.0 if st.stagger == "kv" else 240.0,     # ~100 s per vLLM start, second one staggered
         "bench": 2 * points * (st.point_seconds + 6) + 20,
         "vllm-bench": 60.0,                               # at least one level (the stage checks each level)
-        "failures": 120.0,                                # slowest case: gpu_oom after model load and profiling
+        "failures": 75.0,                                 # all cases at once; 45.7 s on the first run
         "plan": 15.0,
         "generate": st.generate_kill_after + 240.0,       # the rest of the job plus a ~100 s restart
         **ESTIMATES2,
+        **ESTIMATES_RANK,
         **estimates_multi(st),
     }.get(stage, 10.0)
 
@@ -80,7 +82,7 @@ def expand(names: list[str]) -> list[str]:
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     p = argparse.ArgumentParser(prog="h200.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("stages", nargs="+", choices=[*ORDER, "generate", *STAGES2, *STAGES_MULTI, "all", *GROUPS],
+    p.add_argument("stages", nargs="+", choices=[*ORDER, "generate", *STAGES2, *STAGES_RANK, *STAGES_MULTI, "all", *GROUPS],
                    help="stages to run, in the given order (generate is not part of all); all = the first run, "
                         "run2a / run2b = the second run's two device commands (h200_run2.py), "
                         "multi = several GPUs of one host (h200_multi.py)")
@@ -110,6 +112,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--nostream-point-seconds", type=float, default=d.nostream_point_seconds)
     p.add_argument("--ab-stream-concurrency", default=d.ab_stream_concurrency)
     p.add_argument("--ab-stream-waves", type=int, default=d.ab_stream_waves)
+    p.add_argument("--ab-shared-concurrency", default=d.ab_shared_concurrency)
+    p.add_argument("--ab-min-requests", type=int, default=d.ab_min_requests)
+    p.add_argument("--faults-prompts", type=int, default=d.faults_prompts)
+    p.add_argument("--rank-prompts", type=int, default=d.rank_prompts)
     p.add_argument("--gpus", type=int, default=None, help="multi: servers, one per GPU (default: all visible)")
     p.add_argument("--multi-concurrency", default=d.multi_concurrency)
     p.add_argument("--multi-point-seconds", type=float, default=d.multi_point_seconds)
@@ -127,6 +133,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
                   whole_prompts=a.whole_prompts, kill_prompts=a.kill_prompts, hang_prompts=a.hang_prompts,
                   nostream_concurrency=a.nostream_concurrency, nostream_point_seconds=a.nostream_point_seconds,
                   ab_stream_concurrency=a.ab_stream_concurrency, ab_stream_waves=a.ab_stream_waves,
+                  ab_shared_concurrency=a.ab_shared_concurrency, ab_min_requests=a.ab_min_requests,
+                  faults_prompts=a.faults_prompts, rank_prompts=a.rank_prompts,
                   gpus=a.gpus, multi_concurrency=a.multi_concurrency, multi_point_seconds=a.multi_point_seconds,
                   multi_prompts_per_gpu=a.multi_prompts_per_gpu, multi_kill_after=a.multi_kill_after,
                   multi_fault_prompts=a.multi_fault_prompts)

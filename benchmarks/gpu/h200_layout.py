@@ -77,6 +77,10 @@ class Settings:
     hang_gap: float = 5.0                 # faults: seconds between ngram answering again and the SIGSTOP
     ab_stream_concurrency: str = "256,512"  # streaming A/B against vllm bench serve on the whole-GPU server
     ab_stream_waves: int = 8              # requests per A/B point = waves x concurrency
+    ab_shared_concurrency: str = "256,64"  # the same A/B on the shared plain server (the first run's levels)
+    ab_min_requests: int = 1024           # ... with at least this many requests per point
+    faults_prompts: int = 28_000          # faults: one job, ngram SIGKILLed then plain's EngineCore SIGSTOPped
+    rank_prompts: int = 6_000             # rank-jobs: one job per shared server, each alone, to check the plan's order
     # ---- several GPUs (issue 18, h200_multi.py) ----
     gpus: int | None = None               # servers / GPUs of the multi group (None: all visible; rehearsal 3)
     multi_concurrency: str = "512,1024"   # the non-streaming bench of one of them
@@ -93,6 +97,9 @@ class Settings:
 
     def ab_stream_levels(self) -> list[int]:
         return [int(x) for x in self.ab_stream_concurrency.split(",") if x.strip()]
+
+    def ab_shared_levels(self) -> list[int]:
+        return [int(x) for x in self.ab_shared_concurrency.split(",") if x.strip()]
 
     def multi_levels(self) -> list[int]:
         return [int(x) for x in self.multi_concurrency.split(",") if x.strip()]

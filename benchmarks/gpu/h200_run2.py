@@ -176,16 +176,17 @@ def api_server_pids(pgid: int, table: dict[int, tuple[int, int, str, str]] | Non
     return sorted(pid for pid, row in table.items() if row[1] == pgid and row[0] == pgid)
 
 
-def _job(ctx: Ctx, name: str, fleet: Path, prompts: int, words: int, extra: list[str],
+def _job(ctx: Ctx, name: str, fleet: Path | str, prompts: int, words: int, extra: list[str],
          fault: Callable[[], dict] | None = None, fault_after: float = 0.0, bench: Path | None = None,
          holder: dict | None = None) -> dict:
-    """``servefleet generate`` over a fleet, optionally with ``fault()`` called ``fault_after`` s in;
-    counts the ids of the JSONL shards (every prompt exactly once)."""
+    """``servefleet generate`` over a fleet (or one server's URL: a str), optionally with ``fault()``
+    called ``fault_after`` s in; counts the ids of the JSONL shards (every prompt exactly once)."""
     lay, st, run = ctx.layout, ctx.settings, ctx.runner
     gen = lay.path("jobs", name)
     src, dest = gen / "prompts.jsonl", gen / f"out-{int(time.time())}"
     same_workload_prompts(src, prompts, st.output_len, words)
-    argv = ctx.sf("generate", "--input", str(src), "--output", str(dest), "--fleet", str(fleet), "--completions",
+    target = ["--url", fleet] if isinstance(fleet, str) else ["--fleet", str(fleet)]
+    argv = ctx.sf("generate", "--input", str(src), "--output", str(dest), *target, "--completions",
                   "--temperature", "0", "--format", "jsonl", "--shard-rows", "1000", *extra, "--json")
     if bench is not None and bench.exists():
         argv[-1:-1] = ["--bench", str(bench)]
@@ -353,16 +354,44 @@ AB2_LEVEL_S = 90.0  # one streaming A/B level: 8 waves of 256-token answers at ~
 def stage_ab_stream(ctx: Ctx) -> dict:
     """Streaming: servefleet bench and ``vllm bench serve`` on the whole-GPU server at the same
     concurrency and request count, back to back (rehearsal: the servefleet half only)."""
+    st = ctx.settings
+    return _ab_stream(ctx, ctx.layout.whole_fleet, WHOLE, "ab_stream", st.ab_stream_levels(),
+                      lambda c: c * st.ab_stream_waves)
+
+
+def stage_ab_stream_shared(ctx: Ctx) -> dict:
+    """The same A/B on the shared plain server (ngram idle beside it), at the first run's levels
+    (256 and 64), each with at least ``ab_min_requests`` requests so that start and tail weigh little."""
+    st = ctx.settings
+    return _ab_stream(ctx, ctx.layout.main_fleet, "plain", "ab_stream_shared", st.ab_shared_levels(),
+                      lambda c: max(c * st.ab_stream_waves, st.ab_min_requests))
+
+
+def ab_point_ratios(point: dict) -> dict:
+    """servefleet's tok/s over ``vllm bench serve``'s ``output_throughput`` (all tokens over the whole
+    run): like for like with servefleet's span rate (first start to last end); its steady-window rate
+    (what ``bench`` reports) is given beside it."""
+    sf, vl = point.get("servefleet"), point.get("vllm")
+    if not isinstance(sf, dict) or not isinstance(vl, dict) or not vl.get("output_throughput"):
+        return {"ratio_span": None, "ratio_steady": None}
+    ref = vl["output_throughput"]
+    span = sf.get("output_tokens_per_s_span")
+    return {"ratio_span": round(span / ref, 4) if span else None,
+            "ratio_steady": round(sf["output_tokens_per_s"] / ref, 4)}
+
+
+def _ab_stream(ctx: Ctx, fleet: Path, server: str, stem: str, levels: list[int],
+               requests_at: Callable[[int], int]) -> dict:
     lay, st, run = ctx.layout, ctx.settings, ctx.runner
-    out: dict = {"server": WHOLE, "points": []}
-    if WHOLE not in _ready(ctx, lay.whole_fleet):
-        out["skipped"] = "the whole-GPU server is not ready"
-        write_json(lay.results / "ab_stream.json", out)
+    out: dict = {"server": server, "points": []}
+    if server not in _ready(ctx, fleet):
+        out["skipped"] = f"the {server} server is not ready"
+        write_json(lay.results / f"{stem}.json", out)
         return out
-    folder = lay.results / "ab-stream"
+    folder = lay.results / stem.replace("_", "-")
     folder.mkdir(parents=True, exist_ok=True)
-    for c in st.ab_stream_levels():
-        n = c * st.ab_stream_waves
+    for c in levels:
+        n = requests_at(c)
         point: dict = {"concurrency": c, "requests": n}
         left = st.budget_s - (time.monotonic() - T0) if st.budget_s else None
         if left is not None and left < AB2_LEVEL_S + 30:
@@ -370,14 +399,15 @@ def stage_ab_stream(ctx: Ctx) -> dict:
             out["points"].append(point)
             continue
         sf_path = folder / f"servefleet-c{c}.json"
-        res = run.run(f"ab2-servefleet-c{c}", ctx.sf("bench", "--url", lay.url(WHOLE), "--label", f"whole-c{c}",
-                                                     "-c", str(c), "--requests", str(n), "--stream",
-                                                     *_bench_common(ctx), "--out", str(sf_path), "--json"),
+        res = run.run(f"{stem}-servefleet-c{c}", ctx.sf("bench", "--url", lay.url(server), "--label", f"{server}-c{c}",
+                                                        "-c", str(c), "--requests", str(n), "--stream",
+                                                        *_bench_common(ctx), "--out", str(sf_path), "--json"),
                       timeout=ctx.cap(300.0))
         doc = read_json(sf_path)
         if doc and doc.get("points"):
             p = doc["points"][0]
             point["servefleet"] = {"output_tokens_per_s": round(p["output_tokens_per_s"], 1),
+                                   "output_tokens_per_s_span": p.get("output_tokens_per_s_span"),
                                    "duration_s": p.get("duration_s"), "tpot_p50_ms": (p.get("tpot_ms") or {}).get("p50"),
                                    "ttft_p50_ms": (p.get("ttft_ms") or {}).get("p50"),
                                    "client_bound": p.get("client_bound"), "errors": p.get("errors"),
@@ -386,7 +416,7 @@ def stage_ab_stream(ctx: Ctx) -> dict:
             point["vllm"] = "skipped (rehearsal: no vLLM here)"
         else:
             name = f"vllm-c{c}.json"
-            vres = run.run(f"ab2-vllm-c{c}", vllm_bench_argv(lay, st, c, n, folder, name, server=WHOLE),
+            vres = run.run(f"{stem}-vllm-c{c}", vllm_bench_argv(lay, st, c, n, folder, name, server=server),
                            timeout=ctx.cap(300.0))
             vdoc = read_json(folder / name)
             if vdoc:
@@ -396,9 +426,11 @@ def stage_ab_stream(ctx: Ctx) -> dict:
             else:
                 point["vllm"] = {"error": f"rc={vres.rc}", "stderr": vres.stderr_tail[-1500:]}
         point["ratio"] = ab_ratio(point)
+        point.update(ab_point_ratios(point))
+        run.say(f"  {stem} C={c} n={n}: ratio span {point['ratio_span']}, steady {point['ratio_steady']}")
         out["points"].append(point)
-        write_json(lay.results / "ab_stream.json", out)
-    write_json(lay.results / "ab_stream.json", out)
+        write_json(lay.results / f"{stem}.json", out)
+    write_json(lay.results / f"{stem}.json", out)
     return out
 
 
@@ -582,7 +614,7 @@ def stage_faults(ctx: Ctx) -> dict:
     def job_alive() -> bool:
         return holder["job"].proc.poll() is None
 
-    out = _job(ctx, "generate-faults", lay.main_fleet, st.kill_prompts, _words_for(st.input_len),
+    out = _job(ctx, "generate-faults", lay.main_fleet, st.faults_prompts, _words_for(st.input_len),
                ["--hang-after", str(st.hang_after)], fault=faults, fault_after=st.kill_after, holder=holder)
     events = out.get("events") or []
     out["ngram"] = _recovery(events, "ngram")
@@ -601,17 +633,21 @@ def stage_faults(ctx: Ctx) -> dict:
 
 STAGES2 = {"up-whole": stage_up_whole, "bench-nostream": stage_bench_nostream, "plan2": stage_plan2,
            "generate-whole": stage_generate_whole, "plan-check": stage_plan_check, "ab-stream": stage_ab_stream,
+           "ab-stream-shared": stage_ab_stream_shared,
            "down-whole": stage_down_whole, "up-shared": stage_up_shared, "bench-shared": stage_bench_shared, "generate-kill": stage_generate_kill,
            "hang": stage_hang, "faults": stage_faults}
 
 # Seconds on the H200 (run 1's figures: a start ~105 s cold / ~50 s warm, ~30k tok/s for one server
 # without streaming, ~56k tok/s over both shared servers).
 ESTIMATES2 = {"up-whole": 150.0, "bench-nostream": 110.0, "plan2": 15.0, "generate-whole": 200.0,
-              "plan-check": 10.0, "ab-stream": AB2_LEVEL_S, "down-whole": 20.0, "up-shared": 200.0, "bench-shared": 70.0,
-              "generate-kill": 170.0, "hang": 150.0, "faults": 240.0}
+              "plan-check": 10.0, "ab-stream": AB2_LEVEL_S, "ab-stream-shared": AB2_LEVEL_S, "down-whole": 20.0, "up-shared": 200.0, "bench-shared": 70.0,
+              "generate-kill": 170.0, "hang": 150.0, "faults": 280.0}
 
 GROUPS = {
     "run2a": ("setup", "up-whole", "bench-nostream", "plan2", "generate-whole", "plan-check", "ab-stream",
               "down-whole", "collect"),
     "run2b": ("setup", "up-shared", "bench-shared", "faults", "failures", "down", "collect"),
+    # what run2b's budget left out, in two commands on one machine: the shared servers stay up between them
+    "run2c": ("setup", "up-shared", "bench-shared", "ab-stream-shared", "failures", "collect"),
+    "run2d": ("setup", "up-shared", "rank-jobs", "faults", "down", "collect"),
 }
