@@ -63,7 +63,7 @@ def estimate_s(stage: str, st: Settings) -> float:
         "up": 200.0 if st.stagger == "kv" else 240.0,     # ~100 s per vLLM start, second one staggered
         "bench": 2 * points * (st.point_seconds + 6) + 20,
         "vllm-bench": 60.0,                               # at least one level (the stage checks each level)
-        "failures": 75.0,                                 # all cases at once; 45.7 s on the first run
+        "failures": 200.0,                                # the cases one after another on GPU 0 (servefleet orders them): 159 s
         "plan": 15.0,
         "generate": st.generate_kill_after + 240.0,       # the rest of the job plus a ~100 s restart
         **ESTIMATES2,

@@ -99,7 +99,11 @@ def stage_failures(ctx: Ctx) -> dict:
         blocked = run.run("failures-up-blocked", ctx.sf("up", str(lay.port_fleet), "--json"), timeout=120)
         # ---- SIGKILL while loading
         kill_log = lay.log_of("failures", "sigkill")
-        line = wait_for_line(kill_log, LOADING, timeout=limit, alive=up.proc)
+        # servefleet starts servers sharing a GPU one after another (each once the one before has settled or
+        # failed), so sigkill, last in the file, may start only after the other cases' whole start-ups: wait
+        # as long as `up` runs (each server's own timeout counts from its launch).
+        in_fleet = sum(1 for c in cases if c.via == "up")
+        line = wait_for_line(kill_log, LOADING, timeout=limit * in_fleet, alive=up.proc)
         record = read_json(lay.path("state", "failures", "sigkill.json")) or {}
         killed = {"saw_line": line, "pgid": record.get("pgid")}
         if line and record.get("pgid"):

@@ -294,7 +294,7 @@ def failure_cases(layout: Layout) -> list[FailureCase]:
 
 
 def failures_toml(layout: Layout, settings: Settings, cases: list[FailureCase]) -> str:
-    """The failure fleet: the ``up`` cases, one server each (launched together)."""
+    """The failure fleet: the ``up`` cases, one server each (servefleet starts them one after another: one GPU)."""
     defaults = _engine_defaults(layout, settings)
     defaults["args"] = ["--max-model-len", str(settings.max_model_len)]
     if not layout.rehearse:
