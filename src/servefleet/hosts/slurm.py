@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -306,6 +306,13 @@ class SlurmHost:
             async for item in self.transport.follow(log_path, offset):
                 queue.put_nowait(item)
 
+        def drain() -> Iterator[bytes | Truncated]:
+            nonlocal delivered
+            while not queue.empty():
+                item = queue.get_nowait()
+                delivered = _offset_after(delivered, item)
+                yield item
+
         follower = asyncio.ensure_future(follow()) if log_path else None
         stale = status_path is not None and await self.transport.file_size(status_path) is not None
         last_pending: tuple[str, str] | None = None
@@ -321,13 +328,13 @@ class SlurmHost:
                     stale = False  # the job removed any earlier status file when it started
                 code_seen = status_path is not None and not stale and await self.transport.file_size(status_path) is not None
                 if code_seen or job is None or not is_alive(job.state):
+                    for item in drain():  # what is already read may decide the verdict now
+                        yield item
                     exited = await self._exited(pgid, status_path, job)  # slurmstepd's own last lines are in the log by then
                     if follower is not None:
                         await _stop(follower)
                         follower = None
-                    while not queue.empty():
-                        item = queue.get_nowait()
-                        delivered = _offset_after(delivered, item)
+                    for item in drain():
                         yield item
                     if log_path is not None and (rest := await self._rest(log_path, delivered)):
                         yield rest
