@@ -99,8 +99,8 @@ async def test_servers_start_as_jobs_and_are_verified_ready(slurm: SlurmCluster,
 async def test_a_failure_is_diagnosed_from_the_jobs_log(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
     fleet = fleets(Fleet.load(write_fleet(tmp_path, slurm, {"oom": ["--fail-at-startup", "gpu_oom"]})))
     verdict = (await fleet.up())["oom"]
-    assert verdict.state == State.FAILED
-    assert verdict.category == Category.GPU_OOM
+    assert verdict.state == State.FAILED, verdict
+    assert verdict.category == Category.GPU_OOM, verdict
     assert verdict.evidence is not None
     assert our_jobs(slurm) == []
 

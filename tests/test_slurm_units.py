@@ -237,3 +237,106 @@ async def test_servers_asking_at_once_share_one_squeue() -> None:
     assert (await host.queued(6) or "").startswith("job 6 pending (Priority) for ")
     assert await host.queued(5) is None
     assert len(transport.asked) == 1  # still within poll_interval: no second question
+
+
+# ---- the watch stream: the whole log before the exit -------------------------------------------
+# The end of a real SGLang-style start-up that fails for GPU memory (the sim's text, as a Slurm
+# job's log held it): the cause, then the launcher SIGKILLs itself (exit 137, no error of its own).
+_OOM_LOG = b"""[2026-12-01 14:44:02 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=63.42 GB, mem usage=15.08 GB.
+[2026-12-01 14:44:02 TP0] Scheduler hit an exception: Traceback (most recent call last):
+  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py", line 2890, in run_scheduler_process
+    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)
+  File "/usr/local/lib/python3.12/dist-packages/sglang/srt/model_executor/model_runner.py", line 1235, in init_memory_pool
+    raise RuntimeError(
+RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: mem_fraction_static=0.88
+
+[2026-12-01 14:44:02] Received sigquit from a child process. It usually means the child failed.
+Killed
+"""
+_LOADING_LOG = b"[2026-12-01 14:44:02 TP0] Load weight begin. avail mem=78.50 GB\n"
+_MARKER = b"==> servefleet: launch attempt\n"
+
+
+class _LaggingTransport:
+    """A local transport whose log follower lags: it delivers ``first`` bytes and then nothing (the
+    rest is on disk, not yet read), and whose ``squeue`` says the job has already ended."""
+
+    name = "local"
+
+    def __init__(self, squeue: str, first: int) -> None:
+        from servefleet.hosts.local import LocalHost
+
+        self.files = LocalHost()
+        self.squeue = squeue
+        self.first = first
+
+    async def run(self, argv, *, timeout=None, check=True, input=None):  # type: ignore[no-untyped-def]
+        from servefleet.hosts.base import CommandResult
+
+        assert "squeue" in argv, argv
+        return CommandResult(tuple(argv), 0, self.squeue, "")
+
+    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        return await self.files.read_bytes(path, offset, limit)
+
+    async def file_size(self, path: str) -> int | None:
+        return await self.files.file_size(path)
+
+    async def follow(self, path: str, offset: int = 0):  # type: ignore[no-untyped-def]
+        import asyncio
+
+        if self.first:
+            yield (await self.files.read_bytes(path, offset, self.first))
+        await asyncio.Event().wait()  # lagging: the rest is never read by the follower
+
+    async def close(self) -> None:
+        return None
+
+
+def _ended_job(tmp_path: Path, state: str, body: bytes, code: str | None, first: int = 0):  # type: ignore[no-untyped-def]
+    """A Slurm host whose job 7 has ended in ``state``, its log (``body`` after an earlier
+    attempt's marker) and status file (``code``) on disk, its follower behind by all but ``first``."""
+    from servefleet.hosts.slurm import SlurmHost, SlurmSpec
+
+    log, status = tmp_path / "oom.log", tmp_path / "oom.status"
+    log.write_bytes(_MARKER + body)
+    if code is not None:
+        status.write_text(code + "\n")
+    reason = {"TIMEOUT": "TimeLimit", "CANCELLED": "None"}.get(state, "None")
+    squeue = f"7|{state}|{reason}|n1|2026-12-01T11:00:00|0:03|10:00|servefleet-sl-oom\n"
+    host = SlurmHost(SlurmSpec(name="c", poll_interval=0.05), _LaggingTransport(squeue, first), lambda _p: None)
+    return host, str(log), str(status)
+
+
+@pytest.mark.parametrize("first", [0, 100])  # the follower read nothing / stopped mid-line
+async def test_watch_yields_the_whole_log_before_the_exit_when_the_follower_lags(tmp_path: Path, first: int) -> None:
+    from servefleet.hosts.watch import Exited
+
+    host, log, status = _ended_job(tmp_path, "COMPLETED", _OOM_LOG, "137", first)
+    items = [item async for item in host.watch(log, len(_MARKER), pgid=7, status_path=status)]
+    assert b"".join(i for i in items if isinstance(i, bytes)) == _OOM_LOG  # every byte, once, in order
+    assert items[-1] == Exited(137, killed=False, note="Slurm job 7 ended COMPLETED")
+
+
+@pytest.mark.parametrize(("state", "body", "code", "category", "words"), [
+    # The CI flake: the job ended (COMPLETED, the launcher's SIGKILL of itself: 137) before the
+    # follower read the cause; the verdict must come from the log, not from the exit code.
+    ("COMPLETED", _OOM_LOG, "137", "gpu_oom", "Not enough memory"),
+    # A scheduler end state that alone means killed does not overrule the log's cause either.
+    ("CANCELLED", _OOM_LOG, None, "gpu_oom", "Not enough memory"),
+    # A log with no error: the scheduler's end state decides.
+    ("TIMEOUT", _LOADING_LOG, None, "killed", "Slurm job 7 ended TIMEOUT (TimeLimit): it reached its time limit"),
+])
+async def test_the_jobs_log_decides_the_category_even_when_the_end_is_seen_first(
+        tmp_path: Path, state: str, body: bytes, code: str | None, category: str, words: str) -> None:
+    from conftest import free_port
+    from servefleet.engines.registry import get_engine
+    from servefleet.verify.waiter import WaitTarget, wait_for_server
+
+    host, log, status = _ended_job(tmp_path, state, body, code)
+    target = WaitTarget(base_url=f"http://127.0.0.1:{free_port()}", engine=get_engine("sim"), host=host, log_path=log,
+                        log_offset=len(_MARKER), pgid=7, status_path=status, first_line_no=2)
+    verdict = await wait_for_server(target, timeout_s=30, stall_s=30, smoke=False)
+    assert verdict.state.value == "failed"
+    assert verdict.category is not None and verdict.category.value == category, verdict
+    assert words in ((verdict.evidence.text if verdict.evidence else "") + (verdict.message or ""))

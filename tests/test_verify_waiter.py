@@ -206,6 +206,26 @@ async def test_partial_fatal_line_at_exit_is_read(tmp_path: Path, port: int) -> 
     assert verdict.category is Category.PORT_IN_USE and verdict.evidence.line_no == 2
 
 
+class _LaggingFollower(LocalHost):
+    """A local host whose log follower never catches up: it reads nothing (a busy machine)."""
+
+    async def follow(self, path: str, offset: int = 0):  # type: ignore[no-untyped-def, override]
+        await asyncio.Event().wait()
+        yield b""  # pragma: no cover - never reached
+
+
+async def test_the_log_is_read_to_its_end_when_the_exit_is_seen_before_the_follower_read_it(tmp_path: Path, port: int) -> None:
+    """The exit (a SIGKILL code, as SGLang's launcher kills itself after its child's error) is
+    applied only after the rest of the log: the fatal line there decides, not the code."""
+    log, status = tmp_path / "k.log", tmp_path / "k.status"
+    log.write_bytes(b"Load weight begin\nRuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\nKilled\n")
+    status.write_text("137\n")
+    target = WaitTarget(base_url=f"http://127.0.0.1:{port}", engine=ToyEngine(), host=_LaggingFollower(), log_path=str(log),
+                        status_path=str(status), first_line_no=1)
+    verdict = await wait_for_server(target, timeout_s=20, stall_s=10)
+    assert verdict.category is Category.GPU_OOM and verdict.evidence.line_no == 2, verdict
+
+
 def _async(value: bool):
     async def inner() -> bool:
         return value
