@@ -57,6 +57,7 @@ from servefleet.bench.workload import (
 )
 from servefleet.capacity import Capacity
 from servefleet.engines.base import LatencyMetrics
+from servefleet.engines.registry import info_paths
 from servefleet.errors import ServefleetError
 from servefleet.http import HttpClient
 
@@ -166,7 +167,7 @@ async def run_bench(
     async with HttpClient(headers=headers) as client:
         server = await discover(client, target)
         sweep = await _prepare(client, target, config, levels, headers, server, tokenizer, note)
-        watcher = ServerWatcher(sweep.base, client)
+        watcher = ServerWatcher(sweep.base, client, info_paths=info_paths(server.engine))
         points = await _run_points(sweep, watcher, on_point)
     return _assemble(target, sweep, points)
 
@@ -191,7 +192,7 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
                    headers: dict[str, str], server: ServerFacts, tokenizer: str | None, note: _Notes) -> _Sweep:
     """The workload and what the server accepts: prompts, the negotiated options, encoded bodies."""
     base = target.base_url.rstrip("/")
-    counter = await _token_counter(client, base, server.model, tokenizer, note)
+    counter = await _token_counter(client, base, server.model, server.engine, tokenizer, note)
     per_point = config.requests or max(256, 4 * int(config.max_concurrency or max(levels)))
     warm_counts = [_warmup_count(config, level) for level in levels]
     prompts = await _prompts(config, min(MAX_PROMPTS, len(levels) * per_point + sum(warm_counts)), counter)
@@ -219,13 +220,13 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
     return sweep
 
 
-async def _token_counter(client: HttpClient, base: str, model: str | None, tokenizer: str | None,
-                         note: _Notes) -> TokenCounter:
+async def _token_counter(client: HttpClient, base: str, model: str | None, engine: str | None,
+                         tokenizer: str | None, note: _Notes) -> TokenCounter:
     counter: TokenCounter
     if tokenizer:
         counter = LocalTokenizer(tokenizer)
     else:
-        counter = await find_server_tokenizer(client, base, model) or WordCounter()
+        counter = await find_server_tokenizer(client, base, model, engine) or WordCounter()
     if not counter.exact:
         note("no /tokenize on the server and no --tokenizer: prompt lengths are approximate (words)")
     return counter
