@@ -342,7 +342,7 @@ async def _aggregate(sweep: _Sweep, level: int | float, got: _Measured) -> Point
     window = fields["steady"]
     if window is not None and records:
         t0 = min((r.start for r in records if r.ok and not r.warmup), default=0.0)  # as steady_window's
-        gen = [(t, v) for t, v in zip(got.sample_times, (_gen_tokens(s) for s in got.samples)) if v is not None]
+        gen = [(t, v) for t, v in zip(got.sample_times, (_gen_tokens(s) for s in got.samples), strict=True) if v is not None]
         window.server_output_tokens_per_s = counter_rate(gen, t0 + window.start_s, t0 + window.end_s)
     server_latency = _server_latency(sweep.latency_names, got.warm_metrics, got.after.metrics)
     fields.update(_latencies(fields, server_latency, streamed=config.stream,
@@ -469,7 +469,7 @@ async def _count_texts(records: list[RequestRecord], counter: TokenCounter) -> d
     if not todo:
         return {}
     counts = await counter.count([r.text or "" for r in todo])
-    return {id(r): c for r, c in zip(todo, counts)}
+    return {id(r): c for r, c in zip(todo, counts, strict=True)}
 
 
 def _mean(values: list[int | None]) -> float | None:

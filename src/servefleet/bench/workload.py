@@ -167,7 +167,7 @@ async def random_prompts(
             break
         measured = await counter.count([" ".join(words[i]) for i in todo])
         still = []
-        for i, c in zip(todo, measured):
+        for i, c in zip(todo, measured, strict=True):
             counts[i] = c
             diff = targets[i] - c
             if diff > 0:
@@ -181,10 +181,10 @@ async def random_prompts(
             break
     if todo and counter.exact:  # the last corrections were not measured yet
         measured = await counter.count([" ".join(words[i]) for i in todo])
-        for i, c in zip(todo, measured):
+        for i, c in zip(todo, measured, strict=True):
             counts[i] = c
     return [
-        Prompt(text=" ".join(w), input_tokens=c, output_tokens=o) for w, c, o in zip(words, counts, outputs)
+        Prompt(text=" ".join(w), input_tokens=c, output_tokens=o) for w, c, o in zip(words, counts, outputs, strict=True)
     ]
 
 
