@@ -195,9 +195,11 @@ def load_dataset(path: str | Path, n: int, output_len: int | None, seed: int = 0
         raise ConfigError(f"{path}: dataset not found")
     rows: list[dict[str, Any]]
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
+        # from an Arrow buffer, in this thread: Arrow's pools can abort the process at exit (plan/check.py)
+        rows = pq.ParquetFile(pa.BufferReader(path.read_bytes())).read(use_threads=False).to_pylist()
     else:
         rows = []
         with path.open() as fh:
