@@ -54,7 +54,6 @@ async def discover(client: HttpClient, target: BenchTarget) -> ServerFacts:
     info = await fetch_server_info(client, base, info_paths(target.engine)) or {}
     engine = target.engine
     if engine is None:
-
         engine = recognise(owner, info, await client.get_text(base + "/metrics", timeout=_TIMEOUT) or "")
     version = str(info["version"]) if info.get("version") else None
     if version is None:

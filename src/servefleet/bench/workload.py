@@ -2,9 +2,10 @@
 
 Random prompts are built from common short English words, each about one token in BPE
 vocabularies, then measured with a :class:`TokenCounter` and corrected until they hit the
-requested token count: the server's ``/tokenize`` when it has one (each engine profile's
-``tokenize`` says how it is asked: vLLM, SGLang, llama.cpp, TGI), a local Hugging Face tokenizer when given, otherwise a words-as-tokens approximation (and
-the run says so). Lengths can vary uniformly around the target (``--input-len-range 0.2``).
+requested token count: the server's ``/tokenize`` when it has one (vLLM, SGLang, llama.cpp,
+TGI: each engine profile's ``tokenize`` says how it is asked), a local Hugging Face tokenizer
+when given, otherwise a words-as-tokens approximation (and the run says so). Lengths can vary
+uniformly around the target (``--input-len-range 0.2``).
 
 A dataset is a JSONL or Parquet file with one prompt per row: ``prompt`` (or ``text``) or
 ``messages`` (chat), and optionally ``max_tokens``/``output_len`` for the output length.
