@@ -198,7 +198,7 @@ def main() -> None:
         # shared machine the noise floor of every comparison above).
         again = bench(url, work / "run-non-streaming-again.json", conc, args.duration, False, args.input_len, args.output_len)
         result["non-streaming-again"] = again
-        for a, b in zip(result["non-streaming"]["points"], again["points"]):
+        for a, b in zip(result["non-streaming"]["points"], again["points"], strict=True):
             a["repeat_ratio"] = round(b["output_tokens_per_s"] / a["output_tokens_per_s"], 3) if a["output_tokens_per_s"] else None
         if args.steady:
             study = []
@@ -247,7 +247,7 @@ def add_theory(r: dict[str, Any]) -> None:
 def table(r: dict[str, Any]) -> str:
     lines = [f"bench_modes on {r['engine']} ({r['server']['engine']})", "",
              "| concurrency | non-streaming tok/s (span) | streaming tok/s (span) | streaming / non-streaming |", "|---|---|---|---|"]
-    for a, b in zip(r["non-streaming"]["points"], r["streaming"]["points"]):
+    for a, b in zip(r["non-streaming"]["points"], r["streaming"]["points"], strict=True):
         theory = (f" theory {a['theory_output_tokens_per_s']:,.0f} / {b['theory_output_tokens_per_s']:,.0f}"
                   if "theory_output_tokens_per_s" in a else "")
         lines.append(f"| {a['concurrency']} | {a['output_tokens_per_s']:,.0f} ({a['output_tokens_per_s_span']:,.0f}) | "

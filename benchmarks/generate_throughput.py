@@ -438,7 +438,7 @@ def table(result: dict[str, Any]) -> str:
                          f"{m['end_to_end_output_tokens_per_s']:,.0f}", f"{m['end_to_end_fraction_of_theoretical']:.1%}", f"{m['wall_s']:.1f}"))
         rows.append(("theoretical", f"{tp['theoretical_output_tokens_per_s']:,.0f}", "100%", "", "", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows] if tp else []
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows] if tp else []
     mem = result.get("memory")
     if mem:
         how = "sent in full" if mem["status"] == "complete" else f"stopped cleanly after {mem['stopped_after_s']:.0f}s, {mem['committed']:,} sent"

@@ -260,4 +260,4 @@ def vs_bench_table(sections: dict[str, Any]) -> str:
                          f"{m['end_to_end_fraction']:.1%}", str(m["ramp_to_90pct_s"]), f"{share:.1%}" if share is not None else "never",
                          f"{m['final_limit']} ({m['limit_source']})"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)

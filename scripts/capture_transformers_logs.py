@@ -191,7 +191,7 @@ def main() -> int:
     index_path = OUT / "transformers_cases.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for case, result in zip(chosen, pool.map(run_case, chosen)):
+        for case, result in zip(chosen, pool.map(run_case, chosen), strict=True):
             index[f"transformers_{case.name}.log"] = result
     index = dict(sorted(index.items()))
     index_path.write_text(json.dumps(index, indent=2) + "\n")

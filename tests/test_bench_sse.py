@@ -64,7 +64,7 @@ def test_scan_arrival_agrees_with_event_by_event_scanning() -> None:
         {"choices": [{"delta": {"content": None, "reasoning_content": "hmm"}}], "usage": {"prompt_tokens": 9, "completion_tokens": 4}},
         {"choices": [{"text": " plain"}], "usage": {"prompt_tokens": 9, "completion_tokens": 5}},
     ]
-    payloads = [json.dumps(c, separators=sep).encode() for c, sep in zip(chunks, [(",", ":"), (", ", ": ")] * 2)]
+    payloads = [json.dumps(c, separators=sep).encode() for c, sep in zip(chunks, [(",", ":"), (", ", ": ")] * 2, strict=True)]
     buf = b"".join(b"data: " + p + b"\n\n" for p in payloads) + b"data: [DONE]\n\n"
     arrival = scan_arrival(buf)
     scans = [scan_payload(p) for p in payloads]

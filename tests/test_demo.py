@@ -110,7 +110,7 @@ def test_the_demo_points_a_copy_of_the_example_fleet_at_its_folder_and_ports(tmp
     items = {i.name: i for i in Fleet.load(path).resolve()}
     example = {i.name: i for i in Fleet.load(REPO / "examples" / "demo.toml").resolve()}
     assert set(items) == set(example) == set(demo.SERVERS) and demo.VICTIM in items
-    for name, port in zip(demo.SERVERS, (40001, 40002)):
+    for name, port in zip(demo.SERVERS, (40001, 40002), strict=True):
         assert items[name].server.port == port and items[name].argv[4] == str(tmp_path / "tiny-llama")
         assert items[name].argv[9:] == example[name].argv[9:]  # the same engine args
     assert demo.fleet_file(demo.DEFAULT_OUT, None) == REPO / "examples" / "demo.toml"

@@ -9,11 +9,11 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
 
 from conftest import free_port
+from parquet_read import read_parquet
 from servefleet.generate.endpoints import Target
 from servefleet.generate.health import HealthPolicy
 from servefleet.generate.job import JobParams
@@ -111,7 +111,7 @@ def read_rows(out: Path) -> list[dict]:
     rows: list[dict] = []
     for s in shards:
         if s.suffix == ".parquet":
-            rows.extend(pq.read_table(s).to_pylist())
+            rows.extend(read_parquet(s).to_pylist())
         else:
             rows.extend(json.loads(x) for x in s.read_text().splitlines())
     return rows

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
+
+from parquet_read import read_parquet
 
 
 @pytest.mark.engine
@@ -30,7 +31,7 @@ def test_generate_against_transformers_serve(transformers_serve, tmp_path: Path)
     report = json.loads(first.stdout or "{}")
     assert first.returncode == 0 and report["status"] == "complete", first.stdout + first.stderr[-3000:]
     assert report["committed"] == 3 and report["rejected"] == 1 and report["completion_tokens"] > 0
-    rows = {r["id"]: r for r in pq.read_table(tmp_path / "out" / "shards").to_pylist()}
+    rows = {r["id"]: r for r in read_parquet(tmp_path / "out" / "shards").to_pylist()}
     assert set(rows) == {"c1", "c2", "c3"}
     for r in rows.values():
         assert r["finish_reason"] in ("length", "stop") and 0 < (r["completion_tokens"] or 0) <= 6

@@ -8,12 +8,12 @@ import asyncio
 import json
 import signal
 
-import pyarrow.parquet as pq
 import pytest
 from aiohttp import ClientSession, web
 
 from conftest import PYTHON, SimProcess, free_port, s3_env, s3fs_for
 from conftest import S3_SECRET as SECRET
+from parquet_read import read_parquet
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -51,7 +51,7 @@ def committed_ids(fs, prefix: str) -> list[str]:
     ids: list[str] = []
     for path in sorted(fs.ls(f"{prefix}/shards", detail=False)):
         with fs.open(path, "rb") as f:
-            ids.extend(pq.read_table(f, columns=["id"]).column("id").to_pylist())
+            ids.extend(read_parquet(f.read(), columns=["id"]).column("id").to_pylist())
     return ids
 
 

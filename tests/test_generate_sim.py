@@ -17,10 +17,10 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-import pyarrow.parquet as pq
 import pytest
 
 from conftest import PYTHON, SimProcess, free_port, wait_until
+from parquet_read import read_parquet
 
 FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
 INSTANT_SIM = ("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
@@ -60,7 +60,7 @@ def committed_ids(out: Path) -> list[str]:
     ids: list[str] = []
     for shard in sorted((out / "shards").glob("*")):
         assert shard.name.startswith("part-") and shard.suffix == ".parquet", f"not a committed shard: {shard.name}"
-        ids.extend(pq.read_table(shard, columns=["id"]).column("id").to_pylist())  # whole and readable
+        ids.extend(read_parquet(shard, columns=["id"]).column("id").to_pylist())  # whole and readable
     return ids
 
 

@@ -41,7 +41,7 @@ def make_job_dir(root: Path, *, valid: int, runs: list[tuple[float, float | None
     info = InputInfo(path="in.jsonl", kind="jsonl", size=1, mtime_ns=1, sha256="0" * 64, lines=valid, valid=valid,
                      rejected=0, duplicates=0)
     records = [RunRecord(run_id=rid, started=_ts(s), finished=_ts(e) if e is not None else None, status=st, input_sha256="0" * 64)
-               for rid, (s, e, st) in zip(run_ids, runs)]
+               for rid, (s, e, st) in zip(run_ids, runs, strict=True)]
     manifest = JobManifest(input=info, params=JobParams(model=model, format=fmt), runs=records)
     (root / "job.json").write_bytes(manifest.to_bytes())
     (root / "shards").mkdir(exist_ok=True)

@@ -185,6 +185,8 @@ def test_bench_against_real_vllm(vllm: Ctx) -> None:
     run = json.loads(out.read_text())
     # Non-streaming by default, the way a job runs; latency from vLLM's own /metrics histograms.
     assert run["measured_mode"] == "non-streaming" and run["config"]["stream"] is False
+    # prompt lengths counted by vLLM's /tokenize, asked the way its engine profile says
+    assert run["workload"]["input_tokens_counted_by"] == "server:/tokenize (vllm)"
     points = {p["concurrency"]: p for p in run["points"]}
     assert sorted(points) == [1, 4]
     for point in points.values():

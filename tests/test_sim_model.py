@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from itertools import pairwise
 
 import pytest
 from typer.testing import CliRunner
@@ -63,10 +64,10 @@ def test_realistic_throughput_peaks_below_max_running_and_declines() -> None:
     assert tps[1] < tps[8] < tps[16] < tps[32] > tps[48] > tps[64] == tps[128]  # past max running: a queue, no gain
     assert tps[64] / tps[32] == pytest.approx(0.81, abs=0.02)  # decline_at_2x_peak (prefill moves it a little)
     steps = [cfg.steps.step_ms(b) for b in range(1, 129)]
-    gaps = [b - a for a, b in zip(steps, steps[1:])]
-    assert all(g > 0 for g in gaps) and all(b >= a for a, b in zip(gaps, gaps[1:]))  # rising, super-linear
+    gaps = [b - a for a, b in pairwise(steps)]
+    assert all(g > 0 for g in gaps) and all(b >= a for a, b in pairwise(gaps))  # rising, super-linear
     lat = [steady_state(cfg, c, prompt_tokens=128, output_tokens=256) for c in range(1, 65)]
-    assert all(b.request_latency_s > a.request_latency_s and b.ttft_s >= a.ttft_s for a, b in zip(lat, lat[1:]))
+    assert all(b.request_latency_s > a.request_latency_s and b.ttft_s >= a.ttft_s for a, b in pairwise(lat))
 
 
 def test_realistic_fit_reproduces_the_h200_figures() -> None:

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from conftest import PYTHON
+from parquet_read import read_parquet
 from servefleet.catalog import Category, State
 from servefleet.fleet.core import Fleet
 from servefleet.fleet.status import Liveness
@@ -197,9 +198,7 @@ def _prompts(path: Path, n: int) -> Path:
 
 
 def _committed(out: Path) -> list[str]:
-    import pyarrow.parquet as pq
-
-    return [i for shard in sorted((out / "shards").glob("part-*.parquet")) for i in pq.read_table(shard, columns=["id"]).column("id").to_pylist()]
+    return [i for shard in sorted((out / "shards").glob("part-*.parquet")) for i in read_parquet(shard, columns=["id"]).column("id").to_pylist()]
 
 
 def _two_host_fleet(slurm: SlurmCluster, tmp_path: Path, sim: list[str]) -> Path:

@@ -6,6 +6,7 @@ import os
 import shlex
 import signal
 import subprocess
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from servefleet.hosts.ssh_options import SSHSpec, classify_ssh_failure, control_
 def opts_dict(argv: list[str]) -> dict[str, str]:
     """The ``-o KEY=VALUE`` settings of an argv, first value winning (as ssh reads them)."""
     out: dict[str, str] = {}
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in pairwise(argv):
         if flag == "-o":
             key, _, val = value.partition("=")
             out.setdefault(key, val)

@@ -36,10 +36,11 @@ def write_prompts(path: Path, n: int, max_tokens: int, seed: int = 0) -> None:
 
 
 def count_answers(folder: Path) -> Counter:
-    """How many times each id appears in the committed JSONL shards."""
+    """How many times each id appears in the committed JSONL answer shards (not the failures, the rejected
+    input records or a manifest, which carry ids too)."""
     ids: Counter = Counter()
     for shard in sorted(folder.rglob("*.jsonl")):
-        if shard.name in ("failures.jsonl",) or "manifest" in shard.name:
+        if shard.name in ("failures.jsonl", "rejects.jsonl") or "manifest" in shard.name:
             continue
         for line in shard.read_text().splitlines():
             if line.strip():

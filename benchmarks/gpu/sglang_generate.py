@@ -13,40 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 
-WORDS = ["the", "server", "model", "token", "batch", "cache", "graph", "kernel", "memory", "request", "prompt", "answer", "fleet",
-         "stage", "queue", "shard", "retry", "engine", "decode", "prefill", "latency", "throughput", "speculative", "draft", "accept"]
-
-
-def write_prompts(path: Path, n: int, max_tokens: int, seed: int = 0) -> None:
-    """N completion prompts of 40 random words, ids p000000..., each with its max_tokens."""
-    rng = random.Random(seed)
-    with open(path, "w") as fh:
-        for i in range(n):
-            words = " ".join(rng.choice(WORDS) for _ in range(40))
-            fh.write(json.dumps({"id": f"p{i:06d}", "prompt": words, "max_tokens": max_tokens}) + "\n")
-
-
-def count_answers(folder: Path) -> Counter:
-    """How many times each id appears in the answer shards (not failures/rejects/progress files)."""
-    ids: Counter = Counter()
-    for shard in sorted(folder.rglob("*.jsonl")):
-        if shard.name in ("failures.jsonl", "rejects.jsonl") or "manifest" in shard.name:
-            continue
-        for line in shard.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                if "id" in row:
-                    ids[row["id"]] += 1
-    return ids
+# h200_generate sits next to this script: in benchmarks/gpu/, and in the run folder sglang_prepare.sh fills
+from h200_generate import count_answers, write_prompts
 
 
 def healthy(port: int) -> bool:

@@ -4,7 +4,8 @@
 # Writes .gpu-sglang/ (add "/.gpu-sglang/" to .git/info/exclude):
 #   .gpu-sglang/pkg/sgl.tar.xz.part-*  sglang + sglang-kernel (trimmed) + every wheel of sglang_deps.txt,
 #                                      installed into one folder here and xz-packed (parts of <= 36 MiB)
-#   .gpu-sglang/run/                   sglang_setup.sh, sitecustomize.py (the stand-ins), the checksum
+#   .gpu-sglang/run/                   sglang_setup.sh, sitecustomize.py (the stand-ins), the checksum,
+#                                      sglang_h200.sh, sglang_generate.py and the h200_*.py it imports
 #   .gpu-sglang/sf-src.tar.gz          this checkout's src/ and benchmarks/gpu/ (the device gets the
 #                                      session's checkout, which may be older)
 # One device command then sends `carry=[".gpu-sglang"]` (~55 MiB with the tree) and starts with
@@ -52,7 +53,8 @@ sha256sum "$cache/sgl.tar.xz" | cut -d' ' -f1 > "$out/run/sgl.sha256"
 split -b 36M -d "$cache/sgl.tar.xz" "$out/pkg/sgl.tar.xz.part-"
 rm -rf "$stage"
 fi
-cp "$here/sglang_setup.sh" "$here/sglang/sitecustomize.py" "$here/sglang_h200.sh" "$here/sglang_generate.py" "$out/run/"
+# sglang_generate.py imports h200_generate (the prompt writer, the id count), which imports the other h200_*.py
+cp "$here/sglang_setup.sh" "$here/sglang/sitecustomize.py" "$here/sglang_h200.sh" "$here/sglang_generate.py" "$here"/h200_*.py "$out/run/"
 tar czf "$out/sf-src.tar.gz" -C "$root" --exclude=benchmarks/gpu/results --exclude=__pycache__ src benchmarks/gpu
 du -sh "$out"/pkg "$out"/run "$out"/sf-src.tar.gz
 echo "ready: carry .gpu-sglang"

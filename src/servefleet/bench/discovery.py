@@ -1,7 +1,8 @@
 """What a benchmarked server is, from its own endpoints: model, engine, version, info, capacity.
 
 Which engine a bare URL runs is the engine profiles' knowledge (``engines.registry.recognise``);
-how to read its capacity too (``EngineProfile.capacity_from_server``). This module only asks.
+where its info document is (``engines.registry.info_paths``) and how to read its capacity
+(``EngineProfile.capacity_from_server``) too. This module only asks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from servefleet.bench.errors import ServerUnreachable
 from servefleet.bench.server_metrics import fetch_server_info
 from servefleet.capacity import Capacity
+from servefleet.engines.registry import info_paths, recognise
 from servefleet.http import FailureKind, HttpClient, Timeout, TransportError
 
 if TYPE_CHECKING:
@@ -49,11 +51,9 @@ async def discover(client: HttpClient, target: BenchTarget) -> ServerFacts:
         if model is None:
             model = first.get("id")
         owner = str(first.get("owned_by") or "")
-    info = await fetch_server_info(client, base) or {}
+    info = await fetch_server_info(client, base, info_paths(target.engine)) or {}
     engine = target.engine
     if engine is None:
-        from servefleet.engines.registry import recognise
-
         engine = recognise(owner, info, await client.get_text(base + "/metrics", timeout=_TIMEOUT) or "")
     version = str(info["version"]) if info.get("version") else None
     if version is None:

@@ -1,4 +1,5 @@
-"""Server-side truth around each point: Prometheus ``/metrics`` and SGLang ``/server_info``.
+"""Server-side truth around each point: Prometheus ``/metrics`` and the engine's info document
+(SGLang's ``/server_info``: where it is, each engine profile's ``info_paths`` says).
 
 A point's numbers from the client say how fast answers came; the server's own gauges say
 whether it was full. Gauges (running, queued, KV-cache use) are sampled during the point;
@@ -12,7 +13,7 @@ between a scrape just before and one just after it. Metric names are the engines
   ``vllm:num_preemptions_total``;
 * SGLang: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``,
   ``sglang:spec_accept_length``, ``sglang:spec_accept_rate``, ``sglang:generation_tokens_total``;
-  ``/server_info`` (older ``/get_server_info``) ``internal_states[].avg_spec_accept_length``;
+  the info document's ``internal_states[].avg_spec_accept_length``;
 * llama.cpp: ``llamacpp:requests_processing``, ``llamacpp:requests_deferred``,
   ``llamacpp:kv_cache_usage_ratio``; TGI: ``tgi_batch_current_size``, ``tgi_queue_size``.
 
@@ -25,6 +26,7 @@ import asyncio
 import contextlib
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -109,10 +111,11 @@ class Snapshot:
 class ServerWatcher:
     """Scrapes one server before, during and after a point. Never raises on a scrape failure."""
 
-    def __init__(self, base_url: str, client: HttpClient, interval_s: float = 0.25) -> None:
+    def __init__(self, base_url: str, client: HttpClient, interval_s: float = 0.25, info_paths: Sequence[str] = ()) -> None:
         self.base_url = base_url.rstrip("/")
         self.client = client
         self.interval_s = interval_s
+        self.info_paths = tuple(info_paths)  # engines.registry.info_paths of the server's engine
         self.has_metrics: bool | None = None  # unknown until the first scrape
         self.has_server_info: bool | None = None
         self._samples: list[dict[str, float]] = []
@@ -127,7 +130,7 @@ class ServerWatcher:
             if text is not None:
                 snap.metrics = parse_prometheus(text)
         if self.has_server_info is not False:
-            info = await fetch_server_info(self.client, self.base_url)
+            info = await fetch_server_info(self.client, self.base_url, self.info_paths)
             self.has_server_info = info is not None
             snap.server_info = info
         return snap
@@ -165,9 +168,10 @@ class ServerWatcher:
         return self._samples
 
 
-async def fetch_server_info(client: HttpClient, base_url: str) -> dict[str, Any] | None:
-    """SGLang's ``/server_info`` (``/get_server_info`` on older releases), or None."""
-    for path in ("/server_info", "/get_server_info"):
+async def fetch_server_info(client: HttpClient, base_url: str, paths: Sequence[str]) -> dict[str, Any] | None:
+    """The first JSON object one of ``paths`` answers with (``engines.registry.info_paths``: SGLang's
+    ``/server_info``, then the older ``/get_server_info``), or None (none given, or none answers)."""
+    for path in paths:
         try:
             resp = await client.get(base_url.rstrip("/") + path, timeout=_SCRAPE_TIMEOUT)
         except TransportError:

@@ -57,6 +57,7 @@ from servefleet.bench.workload import (
 )
 from servefleet.capacity import Capacity
 from servefleet.engines.base import LatencyMetrics
+from servefleet.engines.registry import info_paths
 from servefleet.errors import ServefleetError
 from servefleet.http import HttpClient
 
@@ -166,7 +167,7 @@ async def run_bench(
     async with HttpClient(headers=headers) as client:
         server = await discover(client, target)
         sweep = await _prepare(client, target, config, levels, headers, server, tokenizer, note)
-        watcher = ServerWatcher(sweep.base, client)
+        watcher = ServerWatcher(sweep.base, client, info_paths=info_paths(server.engine))
         points = await _run_points(sweep, watcher, on_point)
     return _assemble(target, sweep, points)
 
@@ -191,7 +192,7 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
                    headers: dict[str, str], server: ServerFacts, tokenizer: str | None, note: _Notes) -> _Sweep:
     """The workload and what the server accepts: prompts, the negotiated options, encoded bodies."""
     base = target.base_url.rstrip("/")
-    counter = await _token_counter(client, base, server.model, tokenizer, note)
+    counter = await _token_counter(client, base, server.model, server.engine, tokenizer, note)
     per_point = config.requests or max(256, 4 * int(config.max_concurrency or max(levels)))
     warm_counts = [_warmup_count(config, level) for level in levels]
     prompts = await _prompts(config, min(MAX_PROMPTS, len(levels) * per_point + sum(warm_counts)), counter)
@@ -219,13 +220,13 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
     return sweep
 
 
-async def _token_counter(client: HttpClient, base: str, model: str | None, tokenizer: str | None,
-                         note: _Notes) -> TokenCounter:
+async def _token_counter(client: HttpClient, base: str, model: str | None, engine: str | None,
+                         tokenizer: str | None, note: _Notes) -> TokenCounter:
     counter: TokenCounter
     if tokenizer:
         counter = LocalTokenizer(tokenizer)
     else:
-        counter = await find_server_tokenizer(client, base, model) or WordCounter()
+        counter = await find_server_tokenizer(client, base, model, engine) or WordCounter()
     if not counter.exact:
         note("no /tokenize on the server and no --tokenizer: prompt lengths are approximate (words)")
     return counter
@@ -341,7 +342,7 @@ async def _aggregate(sweep: _Sweep, level: int | float, got: _Measured) -> Point
     window = fields["steady"]
     if window is not None and records:
         t0 = min((r.start for r in records if r.ok and not r.warmup), default=0.0)  # as steady_window's
-        gen = [(t, v) for t, v in zip(got.sample_times, (_gen_tokens(s) for s in got.samples)) if v is not None]
+        gen = [(t, v) for t, v in zip(got.sample_times, (_gen_tokens(s) for s in got.samples), strict=True) if v is not None]
         window.server_output_tokens_per_s = counter_rate(gen, t0 + window.start_s, t0 + window.end_s)
     server_latency = _server_latency(sweep.latency_names, got.warm_metrics, got.after.metrics)
     fields.update(_latencies(fields, server_latency, streamed=config.stream,
@@ -468,7 +469,7 @@ async def _count_texts(records: list[RequestRecord], counter: TokenCounter) -> d
     if not todo:
         return {}
     counts = await counter.count([r.text or "" for r in todo])
-    return {id(r): c for r, c in zip(todo, counts)}
+    return {id(r): c for r, c in zip(todo, counts, strict=True)}
 
 
 def _mean(values: list[int | None]) -> float | None:

@@ -3,8 +3,9 @@
 Random prompts are built from common short English words, each about one token in BPE
 vocabularies, then measured with a :class:`TokenCounter` and corrected until they hit the
 requested token count: the server's ``/tokenize`` when it has one (vLLM, SGLang, llama.cpp,
-TGI), a local Hugging Face tokenizer when given, otherwise a words-as-tokens approximation (and
-the run says so). Lengths can vary uniformly around the target (``--input-len-range 0.2``).
+TGI: each engine profile's ``tokenize`` says how it is asked), a local Hugging Face tokenizer
+when given, otherwise a words-as-tokens approximation (and the run says so). Lengths can vary
+uniformly around the target (``--input-len-range 0.2``).
 
 A dataset is a JSONL or Parquet file with one prompt per row: ``prompt`` (or ``text``) or
 ``messages`` (chat), and optionally ``max_tokens``/``output_len`` for the output length.
@@ -18,13 +19,17 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from servefleet.bench.client import PreparedRequest
+from servefleet.engines.registry import tokenize_endpoints
 from servefleet.errors import ConfigError
 from servefleet.http import HttpClient, TransportError
+
+if TYPE_CHECKING:
+    from servefleet.engines.base import TokenizeEndpoint
 
 __all__ = [
     "Prompt",
@@ -95,49 +100,36 @@ class LocalTokenizer:
 
 
 class ServerTokenizer:
-    """The server's own ``/tokenize``: vLLM/SGLang ``{model, prompt}`` -> ``count``/``tokens``;
-    llama.cpp ``{content}`` -> ``tokens``; TGI ``{inputs}`` -> a list of tokens."""
+    """The server's own token count, asked the way its engine profile says (``endpoint``)."""
 
     exact = True
 
-    def __init__(self, client: HttpClient, base_url: str, model: str | None, style: str, parallel: int = 16) -> None:
+    def __init__(self, client: HttpClient, base_url: str, model: str | None, endpoint: TokenizeEndpoint,
+                 parallel: int = 16) -> None:
         self.client = client
-        self.url = base_url.rstrip("/") + "/tokenize"
+        self.url = base_url.rstrip("/") + endpoint.path
         self.model = model
-        self.style = style
-        self.name = f"server:/tokenize ({style})"
+        self.endpoint = endpoint
+        self.name = f"server:{endpoint.path} ({endpoint.label})"
         self._sem = asyncio.Semaphore(parallel)
-
-    def _body(self, text: str) -> dict[str, Any]:
-        if self.style == "llamacpp":
-            return {"content": text, "add_special": False}
-        if self.style == "tgi":
-            return {"inputs": text}
-        body: dict[str, Any] = {"prompt": text, "add_special_tokens": False}
-        if self.model:
-            body["model"] = self.model
-        return body
 
     async def _one(self, text: str) -> int:
         async with self._sem:
-            resp = await self.client.post(self.url, orjson.dumps(self._body(text)), headers=_JSON)
+            resp = await self.client.post(self.url, orjson.dumps(self.endpoint.body(text, self.model)), headers=_JSON)
         if not resp.ok:
-            raise ValueError(f"/tokenize answered HTTP {resp.status}")
-        data = resp.json()
-        if isinstance(data, list):
-            return len(data)
-        if isinstance(data.get("count"), int):
-            return data["count"]
-        return len(data["tokens"])
+            raise ValueError(f"{self.endpoint.path} answered HTTP {resp.status}")
+        return self.endpoint.count(resp.json())
 
     async def count(self, texts: Sequence[str]) -> list[int]:
         return list(await asyncio.gather(*(self._one(t) for t in texts)))
 
 
-async def find_server_tokenizer(client: HttpClient, base_url: str, model: str | None) -> ServerTokenizer | None:
-    """The first ``/tokenize`` dialect the server answers sensibly, or None."""
-    for style in ("openai", "llamacpp", "tgi"):
-        tok = ServerTokenizer(client, base_url, model, style)
+async def find_server_tokenizer(client: HttpClient, base_url: str, model: str | None,
+                                engine: str | None) -> ServerTokenizer | None:
+    """The first token-counting request of ``engine`` (``engines.registry.tokenize_endpoints``: every
+    known engine's when it is None) the server answers sensibly, or None."""
+    for endpoint in tokenize_endpoints(engine):
+        tok = ServerTokenizer(client, base_url, model, endpoint)
         try:
             counts = await asyncio.wait_for(tok.count(["the of and to in"]), timeout=10)
         except (TimeoutError, TransportError, KeyError, TypeError, ValueError, AttributeError):
@@ -176,7 +168,7 @@ async def random_prompts(
             break
         measured = await counter.count([" ".join(words[i]) for i in todo])
         still = []
-        for i, c in zip(todo, measured):
+        for i, c in zip(todo, measured, strict=True):
             counts[i] = c
             diff = targets[i] - c
             if diff > 0:
@@ -190,10 +182,10 @@ async def random_prompts(
             break
     if todo and counter.exact:  # the last corrections were not measured yet
         measured = await counter.count([" ".join(words[i]) for i in todo])
-        for i, c in zip(todo, measured):
+        for i, c in zip(todo, measured, strict=True):
             counts[i] = c
     return [
-        Prompt(text=" ".join(w), input_tokens=c, output_tokens=o) for w, c, o in zip(words, counts, outputs)
+        Prompt(text=" ".join(w), input_tokens=c, output_tokens=o) for w, c, o in zip(words, counts, outputs, strict=True)
     ]
 
 
@@ -204,9 +196,11 @@ def load_dataset(path: str | Path, n: int, output_len: int | None, seed: int = 0
         raise ConfigError(f"{path}: dataset not found")
     rows: list[dict[str, Any]]
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
+        # from an Arrow buffer, in this thread: Arrow's pools can abort the process at exit (plan/check.py)
+        rows = pq.ParquetFile(pa.BufferReader(path.read_bytes())).read(use_threads=False).to_pylist()
     else:
         rows = []
         with path.open() as fh:

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from servefleet.bench.result import Run
 from servefleet.plan.planner import ConfigCurve, JobSpec, plan_job
 
-__all__ = ["plot_throughput", "plot_latency", "write_plots", "plot_makespan"]
+__all__ = ["plot_throughput", "plot_latency", "latency_figure", "write_plots", "plot_makespan"]
 
 
 def _x(run: Run) -> tuple[list[float], str]:
@@ -36,8 +36,8 @@ def _x(run: Run) -> tuple[list[float], str]:
 
 
 def _scatter_bound(ax, xs, ys, bound, color) -> None:
-    hx = [x for x, b in zip(xs, bound) if b]
-    hy = [y for y, b in zip(ys, bound) if b]
+    hx = [x for x, b in zip(xs, bound, strict=True) if b]
+    hy = [y for y, b in zip(ys, bound, strict=True) if b]
     if hx:
         ax.scatter(hx, hy, s=70, facecolors="white", edgecolors=color, zorder=3, linewidths=1.5)
 
@@ -65,6 +65,10 @@ def plot_throughput(runs: list[Run], path: str | Path) -> Path:
 
 
 def plot_latency(runs: list[Run], path: str | Path) -> Path:
+    return _save(latency_figure(runs), path)
+
+
+def latency_figure(runs: list[Run]) -> Figure:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=110)
     for run in runs:
         xs = [p.output_tokens_per_s for p in run.points]
@@ -73,15 +77,16 @@ def plot_latency(runs: list[Run], path: str | Path) -> Path:
         e2e = [p.e2e_ms.p50 for p in run.points]
         if all(v is None for v in itl):  # non-streamed runs: end-to-end latency instead
             itl, ttft = e2e, [None] * len(xs)
-        pts = [(x, y) for x, y in zip(xs, itl) if y is not None]
+        # each point keeps its own label: a point without a latency (all its requests failed) is left out
+        pts = [(p, x, y) for p, x, y in zip(run.points, xs, itl, strict=True) if y is not None]
         if pts:
-            (line,) = ax1.plot(*zip(*pts), marker="o", label=run.target.label)
-            for p, (x, y) in zip(run.points, pts):
+            ax1.plot([x for _, x, _ in pts], [y for _, _, y in pts], marker="o", label=run.target.label)
+            for p, x, y in pts:
                 if p.concurrency is not None and run.config.mode != "rate":
                     ax1.annotate(str(p.concurrency), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        pts = [(x, y) for x, y in zip(xs, ttft) if y is not None]
-        if pts:
-            ax2.plot(*zip(*pts), marker="o", label=run.target.label)
+        xy = [(x, y) for x, y in zip(xs, ttft, strict=True) if y is not None]
+        if xy:
+            ax2.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=run.target.label)
     ax1.set_xlabel("output tokens/s")
     ax1.set_ylabel("inter-token latency p50 (ms)")
     ax1.set_title("Per-token latency vs throughput")
@@ -93,7 +98,7 @@ def plot_latency(runs: list[Run], path: str | Path) -> Path:
         ax.set_ylim(bottom=0)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    return _save(fig, path)
+    return fig
 
 
 def write_plots(runs: list[Run], out_dir: str | Path, prefix: str = "compare") -> list[Path]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import DEFAULT_HINTS, Category
@@ -22,7 +22,7 @@ from servefleet.errors import EngineError
 if TYPE_CHECKING:
     from servefleet.http import HttpClient
 
-__all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "Probe"]
+__all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "Probe", "TokenizeEndpoint"]
 
 
 class SignalKind(StrEnum):
@@ -75,6 +75,42 @@ class LatencyMetrics:
     tpot: tuple[str, ...] = ()  # per request: (end - first token) / (tokens - 1)
     itl: tuple[str, ...] = ()  # per decode iteration of each request
     e2e: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenizeEndpoint:
+    """How an engine's server counts the tokens of a text (``bench`` sizes its prompts with it):
+    POST ``path`` with the text in ``text_field``, the ``fixed`` fields (no special tokens added) and,
+    where the engine takes one, the model in ``model_field``. The count is in the answer as
+    ``answer``: ``"count"`` (an integer field), ``"tokens"`` (the length of a list field) or
+    ``"list"`` (the answer is the list of tokens). Two engines speaking the same shape compare
+    equal (``label`` names it and is not compared), so a server of unknown engine is asked once."""
+
+    label: str = field(compare=False)
+    text_field: str
+    path: str = "/tokenize"
+    fixed: tuple[tuple[str, Any], ...] = ()
+    model_field: str | None = None
+    answer: Literal["count", "tokens", "list"] = "count"
+
+    def body(self, text: str, model: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {self.text_field: text, **dict(self.fixed)}
+        if self.model_field and model:
+            body[self.model_field] = model
+        return body
+
+    def count(self, answer: Any) -> int:
+        """The token count in the decoded JSON ``answer``; ValueError when it is not of this shape."""
+        if self.answer == "list":
+            if isinstance(answer, list):
+                return len(answer)
+        elif isinstance(answer, dict):
+            value = answer.get(self.answer)
+            if self.answer == "count" and isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if self.answer == "tokens" and isinstance(value, list):
+                return len(value)
+        raise ValueError(f"{self.path} answered without a token {self.answer} ({type(answer).__name__})")
 
 
 @dataclass(frozen=True)
@@ -148,6 +184,10 @@ class EngineProfile:
                 raise EngineError(f"{native.spelled[name]!r} in args disagrees with {name} {ours!r}; set it in one place")
         return native
     latency_metrics: ClassVar[LatencyMetrics | None] = None  # None: no latency histograms on /metrics
+    # The server's info document (GET, JSON object), newest path first: bench records it and reads
+    # speculative acceptance from it, recognise() reads its keys. Empty: the engine serves none.
+    info_paths: ClassVar[tuple[str, ...]] = ()
+    tokenize: ClassVar[TokenizeEndpoint | None] = None  # None: the server cannot count tokens
 
     # ---- launch -------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:

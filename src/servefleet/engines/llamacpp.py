@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
+from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature, TokenizeEndpoint
 from servefleet.engines.generic import as_int, build_signatures, first_model, log_capacity
 
 if TYPE_CHECKING:
@@ -165,6 +165,11 @@ _BUILD = re.compile(r"(?:^|\s)(?:build|version): (?P<n>\d+) \((?P<c>[0-9a-f]+)\)
 _PARALLEL = re.compile(r"n_parallel is set to auto, using n_parallel = (\d+)")
 
 
+# Native llama-server's POST /tokenize: {"content", "add_special"} -> {"tokens": [...]}. (llama-cpp-python's
+# server has /extras/tokenize instead, counting with the BOS token: not used.)
+TOKENIZE = TokenizeEndpoint("llamacpp", "content", fixed=(("add_special", False),), answer="tokens")
+
+
 class LlamaCppEngine(EngineProfile):
     name: ClassVar[str] = "llamacpp"
     probe: ClassVar[Probe] = Probe(("/health", "/v1/models"))
@@ -188,6 +193,7 @@ class LlamaCppEngine(EngineProfile):
     models_owner: ClassVar[str | None] = "llamacpp"
     metrics_prefix: ClassVar[str | None] = "llamacpp:"
     arg_table: ClassVar[na.ArgTable] = NATIVE_ARGS
+    tokenize: ClassVar[TokenizeEndpoint | None] = TOKENIZE
 
     def arg_table_for(self, command: Sequence[str] = ()) -> na.ArgTable:
         return PYTHON_ARGS if is_python_server(list(command)) else NATIVE_ARGS

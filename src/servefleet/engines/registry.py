@@ -8,10 +8,10 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any
 
-from servefleet.engines.base import EngineProfile
+from servefleet.engines.base import EngineProfile, TokenizeEndpoint
 from servefleet.errors import EngineError
 
-__all__ = ["ENGINES", "get_engine", "engine_names", "all_engines", "recognise"]
+__all__ = ["ENGINES", "get_engine", "engine_names", "all_engines", "recognise", "info_paths", "tokenize_endpoints"]
 
 _REGISTRY: dict[str, str] = {
     "sglang": "servefleet.engines.sglang:SGLangEngine",
@@ -62,6 +62,30 @@ def recognise(models_owner: str | None, info: Mapping[str, Any] | None, metrics_
         if p.metrics_prefix and p.metrics_prefix in metrics_text:
             return p.name
     return None
+
+
+# Engines whose name says nothing about the server's own endpoints: a server run by one may be any engine.
+_UNKNOWN_SERVER = ("openai",)
+
+
+def _candidates(engine: str | None) -> list[EngineProfile]:
+    """The profiles whose endpoints a server of ``engine`` may have: that engine's own; for an
+    unknown engine (None, ``openai``, a name not registered), every recognisable engine's."""
+    if engine is None or engine.lower() in _UNKNOWN_SERVER or engine.lower() not in _REGISTRY:
+        return [get_engine(n) for n in _RECOGNISABLE]
+    return [get_engine(engine)]
+
+
+def info_paths(engine: str | None) -> tuple[str, ...]:
+    """Where a server of ``engine`` may serve its info document (``EngineProfile.info_paths``), in
+    the order to try; empty when its engine serves none."""
+    return tuple(dict.fromkeys(p for profile in _candidates(engine) for p in profile.info_paths))
+
+
+def tokenize_endpoints(engine: str | None) -> list[TokenizeEndpoint]:
+    """The token-counting requests a server of ``engine`` may answer (``EngineProfile.tokenize``),
+    each shape once, in the order to try; empty when its engine has none."""
+    return list(dict.fromkeys(p.tokenize for p in _candidates(engine) if p.tokenize is not None))
 
 
 def engine_names() -> list[str]:

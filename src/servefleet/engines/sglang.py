@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature
+from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature, TokenizeEndpoint
 from servefleet.engines.generic import (
     as_int,
     build_signatures,
@@ -166,6 +166,13 @@ LATENCY_METRICS = LatencyMetrics(
 )
 
 
+# GET /server_info (SGLang >= 0.4.4), /get_server_info before: the server arguments, max_total_num_tokens,
+# internal_states (avg_spec_accept_length, memory_usage...), version.
+INFO_PATHS = ("/server_info", "/get_server_info")
+# POST /tokenize: {"model", "prompt", "add_special_tokens"} -> {"tokens", "count", "max_model_len"} (vLLM's shape).
+TOKENIZE = TokenizeEndpoint("sglang", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count")
+
+
 class SGLangEngine(EngineProfile):
     name: ClassVar[str] = "sglang"
     # /health_generate runs one real generation; /health only says the HTTP server is up.
@@ -190,6 +197,8 @@ class SGLangEngine(EngineProfile):
     metrics_prefix: ClassVar[str | None] = "sglang:"
     arg_table: ClassVar[na.ArgTable] = ARGS
     latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
+    info_paths: ClassVar[tuple[str, ...]] = INFO_PATHS
+    tokenize: ClassVar[TokenizeEndpoint | None] = TOKENIZE
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:
@@ -251,11 +260,11 @@ class SGLangEngine(EngineProfile):
         """``GET /server_info`` (SGLang >= 0.4.4), else the older ``/get_server_info``; ``/v1/models``
         for the served name and ``max_model_len`` when ``context_length`` was not set explicitly."""
         base = base_url.rstrip("/")
-        path = "/server_info"
-        info = await client.get_json(base + path)
-        if not isinstance(info, dict):
-            path = "/get_server_info"
+        info: Any = None
+        for path in self.info_paths:
             info = await client.get_json(base + path)
+            if isinstance(info, dict):
+                break
         facts: dict[str, Any] = {}
         sources: dict[str, str] = {}
         if isinstance(info, dict):

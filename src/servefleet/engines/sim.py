@@ -9,12 +9,13 @@ SGLang-style ``/server_info`` it serves. Readiness is ``/health``.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.engines import native_args as na
 from servefleet.engines import sglang, vllm
-from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature
+from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature, TokenizeEndpoint
 from servefleet.engines.generic import build_signatures, has_flag
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ class SimEngine(EngineProfile):
         itl=vllm.LATENCY_METRICS.itl + sglang.LATENCY_METRICS.itl,
         e2e=vllm.LATENCY_METRICS.e2e + sglang.LATENCY_METRICS.e2e,
     )
+    # It serves SGLang's info document and answers /tokenize in vLLM's shape (servefleet.sim.server).
+    info_paths: ClassVar[tuple[str, ...]] = sglang.INFO_PATHS
+    tokenize: ClassVar[TokenizeEndpoint | None] = replace(vllm.TOKENIZE, label="sim")
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``python -m servefleet.sim --style sglang --host H --port P --model M [--served-model-name S]

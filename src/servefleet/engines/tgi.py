@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature
+from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature, TokenizeEndpoint
 from servefleet.engines.generic import as_int, build_signatures, log_capacity
 
 if TYPE_CHECKING:
@@ -106,6 +106,10 @@ ARGS = na.ArgTable(
 _MAX_BATCH = re.compile(r"Setting max batch total tokens to (\d+)")
 
 
+# The router's POST /tokenize: {"inputs"} -> [{"id", "text", "start", "stop"}, ...].
+TOKENIZE = TokenizeEndpoint("tgi", "inputs", answer="list")
+
+
 class TGIEngine(EngineProfile):
     name: ClassVar[str] = "tgi"
     probe: ClassVar[Probe] = Probe(("/health",))
@@ -119,6 +123,7 @@ class TGIEngine(EngineProfile):
     models_owner: ClassVar[str | None] = "tgi"
     metrics_prefix: ClassVar[str | None] = "tgi_"
     arg_table: ClassVar[na.ArgTable] = ARGS
+    tokenize: ClassVar[TokenizeEndpoint | None] = TOKENIZE
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``text-generation-launcher --model-id M --hostname H --port P [--num-shard N] EXTRA...``."""

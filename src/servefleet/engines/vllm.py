@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature
+from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature, TokenizeEndpoint
 from servefleet.engines.generic import (
     as_int,
     build_signatures,
@@ -204,6 +204,10 @@ LATENCY_METRICS = LatencyMetrics(
 )
 
 
+# POST /tokenize: {"model", "prompt", "add_special_tokens"} -> {"count", "max_model_len", "tokens"} (TokenizeResponse).
+TOKENIZE = TokenizeEndpoint("vllm", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count")
+
+
 class VLLMEngine(EngineProfile):
     name: ClassVar[str] = "vllm"
     probe: ClassVar[Probe] = Probe(("/health",))
@@ -225,6 +229,7 @@ class VLLMEngine(EngineProfile):
     metrics_prefix: ClassVar[str | None] = "vllm:"
     arg_table: ClassVar[na.ArgTable] = ARGS
     latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
+    tokenize: ClassVar[TokenizeEndpoint | None] = TOKENIZE
     # EngineCore logs this after the KV cache is allocated and CUDA graphs are captured (GPU and
     # CPU builds alike); "GPU KV cache size" comes earlier, before graph capture takes its memory.
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = (

@@ -163,7 +163,7 @@ def _shard_rows(name: str, data: bytes) -> list[tuple[str, int, str | None]]:
 
         table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["server", "completion_tokens", "model"], use_threads=False)
         return list(zip(table.column("server").to_pylist(), (t or 0 for t in table.column("completion_tokens").to_pylist()),
-                        table.column("model").to_pylist()))
+                        table.column("model").to_pylist(), strict=True))
     rows = []
     for raw in data.splitlines():
         if raw.strip():

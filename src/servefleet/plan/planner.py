@@ -31,7 +31,7 @@ class Curve:
     def __post_init__(self) -> None:
         if not self.concurrency or len(self.concurrency) != len(self.output_tps):
             raise ValueError("a curve needs at least one (concurrency, throughput) point")
-        pairs = sorted(zip(self.concurrency, self.output_tps))
+        pairs = sorted(zip(self.concurrency, self.output_tps, strict=True))
         object.__setattr__(self, "concurrency", tuple(p[0] for p in pairs))
         object.__setattr__(self, "output_tps", tuple(p[1] for p in pairs))
 
@@ -65,7 +65,7 @@ class ConfigCurve:
         """(best concurrency, its throughput, notes) within the cap."""
         notes: list[str] = []
         cap = self.max_running or math.inf
-        points = [(c, t) for c, t in zip(self.curve.concurrency, self.curve.output_tps) if c <= cap]
+        points = [(c, t) for c, t in zip(self.curve.concurrency, self.curve.output_tps, strict=True) if c <= cap]
         if not points:
             c0 = self.curve.concurrency[0]
             notes.append(f"every measured concurrency is above the cap {self.max_running}; using {self.max_running} scaled from {c0}")
@@ -187,7 +187,7 @@ def steady_curve(points: list[PointSample], rounds: int = 4) -> Curve:
     curve = Curve(conc, tuple(raw))
     for _ in range(rounds):
         tps = []
-        for p, measured in zip(points, raw):
+        for p, measured in zip(points, raw, strict=True):
             value = measured
             if p.requests > p.concurrency and p.duration_s > 0 and p.output_tokens > 0:
                 m = p.output_tokens / p.requests

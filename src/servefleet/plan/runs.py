@@ -101,9 +101,11 @@ def sample_output_mean(path: Path) -> tuple[float, int]:
         raise ConfigError(f"{path}: sample file not found")
     values: list[float] = []
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path)
+        # from an Arrow buffer, in this thread: Arrow's pools can abort the process at exit (plan/check.py)
+        table = pq.ParquetFile(pa.BufferReader(path.read_bytes())).read(use_threads=False)
         for name in _TOKEN_FIELDS:
             if name in table.column_names:
                 values = [float(v) for v in table.column(name).to_pylist() if v is not None]

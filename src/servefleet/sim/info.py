@@ -35,7 +35,7 @@ def _histogram(lines: list[str], name: str, doc: str, hist: Histogram, labels: s
     lines.append(f"# HELP {name} {doc}")
     lines.append(f"# TYPE {name} histogram")
     running = 0
-    for bound, n in zip((*hist.bounds, None), hist.counts):
+    for bound, n in zip((*hist.bounds, None), hist.counts, strict=True):
         running += n
         le = "+Inf" if bound is None else repr(float(bound))
         lines.append(f'{name}_bucket{{{labels},le="{le}"}} {float(running)!r}')

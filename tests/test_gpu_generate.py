@@ -1,0 +1,68 @@
+"""The GPU generate stages' shared helpers (benchmarks/gpu/h200_generate.py): the prompt writer and the
+id count both the vLLM stage and SGLang's sglang_generate.py use, and the run folder sglang_prepare.sh
+fills, from which sglang_generate.py must still import them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU))
+
+from h200_generate import count_answers, write_prompts  # noqa: E402 - after the sys.path.insert above
+
+
+def write_rows(path: Path, ids: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"id": i, "text": "x"}) + "\n" for i in ids))
+
+
+def test_count_answers_counts_answer_shards_only(tmp_path: Path) -> None:
+    """Failures, rejected input records and manifests carry ids too; only answer shards are counted."""
+    write_rows(tmp_path / "part-00000.jsonl", ["p0", "p1"])
+    write_rows(tmp_path / "run-2" / "part-00001.jsonl", ["p1", "p2"])
+    write_rows(tmp_path / "failures.jsonl", ["p3"])
+    write_rows(tmp_path / "rejects.jsonl", ["p4"])
+    write_rows(tmp_path / "shard-manifest.jsonl", ["p5"])
+    (tmp_path / "part-00002.jsonl").write_text('{"no_id": 1}\n\n')
+    assert count_answers(tmp_path) == {"p0": 1, "p1": 2, "p2": 1}
+
+
+def test_write_prompts_ids_max_tokens_and_seed(tmp_path: Path) -> None:
+    a, b, c = tmp_path / "sub" / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    write_prompts(a, 3, 64)
+    write_prompts(b, 3, 64)
+    write_prompts(c, 3, 64, seed=1)
+    rows = [json.loads(line) for line in a.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["p000000", "p000001", "p000002"]
+    assert {r["max_tokens"] for r in rows} == {64}
+    assert all(len(r["prompt"].split()) == 40 for r in rows)
+    assert a.read_text() == b.read_text() != c.read_text()
+
+
+def test_sglang_generate_imports_the_shared_helpers_in_its_run_folder(tmp_path: Path) -> None:
+    """sglang_prepare.sh's refresh (an existing package: no download) copies what sglang_generate.py
+    imports next to it; there, with no other path, it uses h200_generate's functions."""
+    out, cache = tmp_path / "gpu-sglang", tmp_path / "cache"
+    (out / "pkg").mkdir(parents=True)
+    (out / "pkg" / "sgl.tar.xz.part-00").write_bytes(b"")
+    env = {**os.environ, "SGL_OUT": str(out), "SGL_CACHE": str(cache)}
+    env.pop("SGL_REPACK", None)
+    subprocess.run(["bash", str(GPU / "sglang_prepare.sh")], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
+    run = out / "run"
+    code = ("import sglang_generate, h200_generate; "
+            "assert sglang_generate.count_answers is h200_generate.count_answers; "
+            "assert sglang_generate.write_prompts is h200_generate.write_prompts; print('ok')")
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=run, env=clean, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ok"
+    helped = subprocess.run([sys.executable, str(run / "sglang_generate.py"), "--help"], env=clean, capture_output=True,
+                            text=True, timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    assert "--kill-after" in helped.stdout
