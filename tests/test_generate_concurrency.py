@@ -179,3 +179,15 @@ def test_requests_the_engine_has_not_seen_yet_are_not_room() -> None:
     assert c.limit == 256
     c.observe(Window(1000.0, queued=0.0, running=128))
     assert c.limit < 256 and c.ceiling == room(128)
+
+
+def test_each_change_of_limit_comes_with_its_own_reason() -> None:
+    """Seen on the H200: after 'back to 282' the next probe (282 -> 375) was announced with the reason
+    of the move before ('212 gives ... back to 282'), and the job's report kept it as the limit's reason."""
+    c = ConcurrencyController.auto(None, bench_concurrency=100)
+    c.observe(Window(1000.0))  # the best limit measured: probe above it
+    assert c.limit > 100 and f"trying {c.limit} (above the best so far, 100: 1,000 tok/s)" in c.reason
+    c.observe(Window(500.0))  # a large loss: back to 100
+    assert c.limit == 100 and "back to 100" in c.reason
+    c.observe(Window(1000.0))  # at the best again: probe the other way
+    assert c.limit < 100 and "back to" not in c.reason and f"trying {c.limit} (below the best so far, 100" in c.reason

@@ -222,11 +222,12 @@ class ConcurrencyController:
         if gain > MARGIN or (up and gain > -MARGIN):
             old = self.best_limit
             self.best_limit = self.limit
-            self.reason = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {old})"
+            why = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {old})"
+            self.reason = why
             if gain <= MARGIN:  # equal going up: keep the higher limit, but this direction is spent
                 self._tried.add(self._direction)
                 self._direction = -self._direction
-            return self._next_candidate()
+            return self._next_candidate(why)
         # A loss (or an equal step down): back to the best limit, then the other direction.
         self.reason = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
         self._tried.add(self._direction)
@@ -235,7 +236,9 @@ class ConcurrencyController:
             self._enter_hold(self.reason + ", held")
         return self._set(self.best_limit)
 
-    def _next_candidate(self) -> bool:
+    def _next_candidate(self, why: str | None = None) -> bool:
+        """Set the next limit to try around the best one; its reason says why this move (an event names
+        each change of limit by the reason set with it, so a stale one would describe the move before)."""
         while len(self._tried) < 2:
             d = self._direction
             factor = (1 + self.step) if d > 0 else 1 / (1 + self.step)
@@ -243,6 +246,10 @@ class ConcurrencyController:
             if cand == self.best_limit:
                 cand = self.best_limit + d
             if self.floor <= cand <= self.ceiling and cand != self.best_limit:
+                best = self.best_tps()
+                trying = f"trying {cand} ({'above' if cand > self.best_limit else 'below'} the best so far, {self.best_limit}"
+                trying += f": {best:,.0f} tok/s)" if best > 0 else ")"
+                self.reason = f"{why}; {trying}" if why else trying
                 return self._set(cand)
             self._tried.add(d)
             self._direction = -d
