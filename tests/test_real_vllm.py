@@ -21,14 +21,19 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import os
+import re
+import signal
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import free_port
+from conftest import free_port, wait_until
 from real_engines import (
     VLLM,
     VLLM_ARGS,
@@ -243,6 +248,72 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
     rows_after = [line for shard in sorted(out.rglob("*.jsonl")) for line in shard.read_text().splitlines()
                   if line.strip() and shard.name != "failures.jsonl"]
     assert len(rows_after) == len(rows)
+
+
+@real
+def test_status_says_hung_when_the_engine_core_stops_under_a_live_api(vllm: Ctx) -> None:
+    """What the H200 showed (benchmarks/gpu/RESULTS.md): vLLM's EngineCore SIGSTOPped with requests
+    running, its API process still answering /health. `status` says hung (exit 2) from vLLM's own
+    statistics line, and ready again once the engine moves."""
+    entry = vllm.run.report["ready"]
+    url, log, pgid = f"http://127.0.0.1:{entry['port']}", Path(entry["log_path"]), int(entry["pgid"])
+    cores = [p for p in psutil.process_iter(["pid", "name", "cmdline"])
+             if _in_group(p.pid, pgid) and ("EngineCor" in (p.info["name"] or "") or "EngineCore" in " ".join(p.info["cmdline"] or []))]
+    assert cores, "no EngineCore process in the server's group"
+    body = json.dumps({"model": VLLM_SERVED, "prompt": "Count: one two three", "max_tokens": 1900, "ignore_eos": True}).encode()
+    stopping = threading.Event()
+
+    def ask() -> None:  # 32 users asking again and again: a full batch of long requests when the engine stops
+        while not stopping.is_set():
+            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with contextlib.suppress(OSError), urllib.request.urlopen(req, timeout=600) as resp:
+                resp.read()
+
+    senders = [threading.Thread(target=ask, daemon=True) for _ in range(32)]
+    for t in senders:
+        t.start()
+    vllm_profile = get_engine("vllm")
+    try:
+        # vLLM logs an idle interval only after an active one: the engine must have been seen generating,
+        # with a batch of long requests (32 share the engine: ~40 s each here), so some run when it stops
+        wait_until(lambda: _running_in(_last_stats(log)) >= 16 and "generation throughput: 0.0 " not in _last_stats(log),
+                   180, 0.2, "a statistics line of the engine generating for 16 or more requests")
+        for p in cores:
+            os.kill(p.pid, signal.SIGSTOP)
+        wait_until(lambda: all(p.status() == psutil.STATUS_STOPPED for p in cores), 10, 0.05, f"{cores} stopped")
+        wait_until(lambda: vllm_profile.serving_stall(log.read_text(errors="replace")) is not None, 60, 0.2,
+                   f"vLLM's stats line of the stall (stopped {[(p.pid, p.info['name']) for p in cores]}; last: {_last_stats(log)})")
+        code, status, err = cli_json("status", "--fleet", str(vllm.run.fleet), "ready", timeout=120)
+        (st,) = status["servers"]
+        assert code == 2 and st["state"] == "hung", (code, st, err)
+        assert "requests running" in st["detail"] and "servefleet restart ready" in st["detail"]
+    finally:
+        stopping.set()
+        for p in cores:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+    wait_until(lambda: vllm_profile.serving_stall(log.read_text(errors="replace")) is None, 60, 0.2, "a stats line after SIGCONT")
+    code, status, err = cli_json("status", "--fleet", str(vllm.run.fleet), "ready", timeout=120)
+    assert status["servers"][0]["state"] == "ready", (code, status, err)
+    for t in senders:
+        t.join(timeout=120)
+
+
+def _in_group(pid: int, pgid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pgid
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _running_in(stats: str) -> int:
+    found = re.search(r"Running: (\d+) reqs", stats)
+    return int(found.group(1)) if found else 0
+
+
+def _last_stats(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if "Avg generation throughput" in line]
+    return lines[-1] if lines else ""
 
 
 # ---- last: down ---------------------------------------------------------------------------------------

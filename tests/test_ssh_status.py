@@ -4,15 +4,17 @@ Host methods answer, and the fleet's status is the same, only cheaper."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 
 import pytest
 
 from servefleet.fleet import Fleet, Liveness
-from servefleet.fleet.status import server_status
+from servefleet.fleet.status import read_tail, server_status
 from servefleet.hosts.ssh import SSHHost
 from servefleet.hosts.ssh_batch import chunk_ops, parse_batch
 from servefleet.http import probe_client
@@ -45,6 +47,11 @@ async def test_batch_answers_what_single_questions_answer(sshd_server, tmp_path:
             ("exists", str(weird)),
             ("exists", missing),
             ("exists", "/dev/null"),  # a device: answered without opening it
+            ("tail", str(weird), 0, 16),  # the last 16 bytes
+            ("tail", str(weird), len(content) - 5, 16),  # an offset past size - limit wins
+            ("tail", str(weird), len(content), 16),  # nothing past the offset
+            ("tail", str(weird), 0, 10_000),  # a limit past the start: the whole file
+            ("tail", missing, 0, 16),
         ]
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
@@ -64,6 +71,12 @@ async def test_batch_answers_what_single_questions_answer(sshd_server, tmp_path:
         assert answers[("exists", str(weird))] is True and answers[("exists", missing)] is False and answers[("exists", "/dev/null")] is True
         assert answers[("alive", sleeper)] is True and answers[("alive", 2**22 - 3)] is False
         assert str(tmp_path / "s.log").encode() in answers[("read", f"/proc/{sleeper}/cmdline", 0, None)]
+        for offset, limit in ((0, 16), (len(content) - 5, 16), (0, 10_000)):  # what status.read_tail says, in one batch
+            single = await read_tail(host, str(weird), offset, limit)
+            start = max(offset, len(content) - limit)
+            assert answers[("tail", str(weird), offset, limit)] == (start, content[start:]) == single
+        assert answers[("tail", missing, 0, 16)] is None and await read_tail(host, missing, 0, 16) is None
+        assert answers[("tail", str(weird), len(content), 16)] is None and await read_tail(host, str(weird), len(content), 16) is None
         assert answers[("port", 1)] is None
         assert answers[("port", port)] == listener_holder
         assert listener_holder is not None and listener_holder.pid == os.getpid() and listener_holder.pgid == os.getpgid(0)
@@ -151,6 +164,27 @@ async def test_fleet_status_is_one_command_per_host_and_says_the_same(sshd_serve
     assert {n: o.action.value for n, o in outcomes.items()} == {"ok1": "adopted", "ok2": "adopted"}
     assert stranger.binding("rig").host.commands == 3
     assert {n: o.record.pgid for n, o in outcomes.items()} == {n: statuses[n].pid for n in ("ok1", "ok2")}
+
+
+async def test_a_hung_vllm_server_is_seen_through_the_one_batch(sshd_server, tmp_path: Path, fleets) -> None:
+    """Servers under vLLM's profile (the sim printing vLLM's log): `status` also reads the end of each
+    serving server's log for the engine's statistics (status.serving_stall), inside the same batch."""
+    path, _ = write_fleet(tmp_path, sshd_server, {"v1": ["--style", "vllm"], "v2": ["--style", "vllm"]})
+    text = path.read_text().replace('engine = "sim"', f'engine = "vllm"\ncommand = {json.dumps([sys.executable, "-m", "servefleet.sim"])}')
+    path.write_text(text)
+    fleet = fleets(Fleet.load(path))
+    verdicts = await fleet.up(smoke=False)
+    assert {n: v.state.value for n, v in verdicts.items()} == {"v1": "ready", "v2": "ready"}
+    log = Path(fleet.store.load("v1").log_path)
+    with log.open("a") as fh:  # the line vLLM logged on the H200 with its EngineCore SIGSTOPped
+        fh.write((Path(__file__).parent / "fixtures" / "logs" / "serving" / "vllm026_h200_enginecore_sigstop.log").read_text())
+    await fleet.close()
+
+    again = fleets(Fleet.load(path))
+    statuses = {s.name: s for s in await again.status()}
+    assert again.binding("rig").host.commands == 2  # the connect probe and ONE batch, tails included
+    assert statuses["v1"].state == Liveness.HUNG and "256 requests running" in (statuses["v1"].detail or "")
+    assert statuses["v2"].state == Liveness.READY
 
 
 def test_status_table_shows_the_unit_only_when_some_server_has_one() -> None:

@@ -190,7 +190,7 @@ def status(
     fleet_file: FleetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show each server: state (ready / loading / dead (exit code) / not launched), pid, uptime, capacity, log."""
+    """Show each server: state (ready / loading / unresponsive / hung / failed / dead (exit code) / not launched), pid, uptime, capacity, log."""
 
     async def go():
         async with open_fleet(fleet_file) as fleet:

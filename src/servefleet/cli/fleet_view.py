@@ -24,6 +24,7 @@ _STYLE = {
     "launching": "blue",
     "dead": "bold red",
     "unresponsive": "bold yellow",
+    "hung": "bold yellow",
     "stale": "yellow",
     "not launched": "dim",
 }

@@ -42,9 +42,10 @@ COMMANDS: dict[str, CommandRow] = {
     "up": CommandRow("servefleet.cli.fleet_cmds", "Launch every server of a fleet detached (adopting ones already running) and wait until all are ready.", _UP_EXITS),
     "down": CommandRow("servefleet.cli.fleet_cmds", "Stop servers: SIGTERM to the whole process group, SIGKILL after the grace period; confirm the port is free.",
                        "0 all stopped, 1 a server could not be stopped or its port is still held, 3 bad fleet file or arguments, 4 host unreachable"),
-    "status": CommandRow("servefleet.cli.fleet_cmds", "Show each server: state (ready / loading / dead (exit code) / not launched), pid, uptime, capacity, log.",
+    "status": CommandRow("servefleet.cli.fleet_cmds",
+                         "Show each server: state (ready / loading / unresponsive / hung / failed / dead (exit code) / not launched), pid, uptime, capacity, log.",
                          "0 every server shown is ready, 1 any is down (dead, not launched, stale) or failed, 2 the rest ready but some still loading "
-                         "or unresponsive, 3 bad fleet file or arguments, 4 host unreachable"),
+                         "unresponsive or hung, 3 bad fleet file or arguments, 4 host unreachable"),
     "logs": CommandRow("servefleet.cli.fleet_cmds", "Show the end of a server's log (all attempts, each after a `==== servefleet launch ... ====` line).",
                        "0 shown (or -f ended by Ctrl-C), 3 no such server, no log yet, or bad arguments, 4 host unreachable"),
     "restart": CommandRow("servefleet.cli.fleet_cmds", "Stop one server (if running) and start it again from the fleet file; wait until ready.", _UP_EXITS),

@@ -213,6 +213,13 @@ class EngineProfile:
         """Capacity facts found in one normalised log line, or None."""
         return None
 
+    def serving_stall(self, text: str) -> str | None:
+        """Whether the engine's own periodic statistics, in ``text`` (the end of a serving server's
+        log), say it has stopped: nothing generated over its last interval with requests running.
+        The words of that stall, or None (no such statistics, or progress). A live API process can
+        go on answering the probe while the engine behind it is stuck or stopped."""
+        return None
+
     # ---- launch facts -------------------------------------------------------------------------
     def model_config_path(self, argv: Sequence[str]) -> str | None:
         """The local model folder a launch ``argv`` loads, whose ``config.json`` holds facts the

@@ -144,6 +144,11 @@ OWN_SIGNATURES = (
     S.progress(r"Starting vLLM (?:API )?server|Available routes are|Waiting for application startup", "starting HTTP server"),
 )
 
+# The engine's periodic statistics line (vllm/v1/metrics/loggers.py, every VLLM_LOG_STATS_INTERVAL s,
+# 10 by default; an idle engine's repeats are not logged): "Engine 000: Avg prompt throughput: 0.0
+# tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 256 reqs, Waiting: 26 reqs, ...".
+_STATS = re.compile(r"(?:(\d\d-\d\d \d\d:\d\d:\d\d).*?)?Engine (\d+): Avg prompt throughput: ([\d.]+) tokens/s, "
+                    r"Avg generation throughput: ([\d.]+) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs")
 _KV_TOKENS = re.compile(r"\b(GPU|CPU) KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum (?:[\w ]+ )?concurrency for ([\d,]+) tokens per request: ([\d,.]+)x")
 _KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
@@ -289,6 +294,22 @@ class VLLMEngine(EngineProfile):
             if match := _ARG_NAME.search(line):
                 facts["served_model"] = match.group(1)
         return log_capacity(**facts)
+
+    def serving_stall(self, text: str) -> str | None:
+        """The last statistics line of each engine (data parallel: one per rank) reporting no prompt
+        and no generated tokens over its interval while requests run: the engine core is stopped or
+        stuck (seen on the H200 with its EngineCore SIGSTOPped: the API server kept answering
+        /health and logged ``Running: 256 reqs`` at 0.0 tokens/s)."""
+        last: dict[str, re.Match[str]] = {}
+        for match in _STATS.finditer(text):
+            last[match.group(2)] = match
+        for engine, m in sorted(last.items()):
+            prompt, generated, running, waiting = float(m.group(3)), float(m.group(4)), int(m.group(5)), int(m.group(6))
+            if prompt == 0 and generated == 0 and running > 0:
+                when = f" at {m.group(1)}" if m.group(1) else ""
+                return (f"engine {engine} generated nothing over its last statistics interval{when} with {running} "
+                        f"requests running and {waiting} waiting (its API still answers): the engine core is stopped or stuck")
+        return None
 
     # ---- endpoints --------------------------------------------------------------------------------
     async def capacity_from_server(self, client: HttpClient, base_url: str) -> Capacity:

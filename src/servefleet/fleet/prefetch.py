@@ -17,13 +17,14 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from servefleet.errors import ConfigError, HostUnreachable
+from servefleet.engines.registry import get_engine
+from servefleet.errors import ConfigError, EngineError, HostUnreachable
 from servefleet.fleet import start_order
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import Launchable, load_record, resolve_launch
 from servefleet.fleet.spec import LOCAL
 from servefleet.fleet.state import ServerState, StateStore
-from servefleet.fleet.status import DIAGNOSE_LIMIT, ServerStatus, not_launched, server_status
+from servefleet.fleet.status import DIAGNOSE_LIMIT, STALL_TAIL, ServerStatus, not_launched, read_tail, reports_serving_stats, server_status
 from servefleet.http import probe_client
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,11 @@ class PrefetchedHost:
         found, value = self._take(("size", path))
         return value if found else await self.host.file_size(path)
 
+    async def read_tail(self, path: str, offset: int, limit: int) -> tuple[int, bytes] | None:
+        """status.read_tail, answered from the batch when it was asked there."""
+        found, value = self._take(("tail", path, int(offset), int(limit)))
+        return value if found else await read_tail(self.host, path, offset, limit)
+
     def prefetched_exists(self, paths: Sequence[str]) -> bool | None:
         """Whether any of ``paths`` exists, when the batch was asked about every one (else None)."""
         found = [self._take(("exists", p)) for p in paths]
@@ -105,7 +111,15 @@ def prefetch_questions(record: ServerState) -> list[tuple[Any, ...]]:
         ("read", record.status_path, 0, None),
         ("port", record.port),
         ("read_if_dead", record.pgid, record.log_path, record.log_offset, DIAGNOSE_LIMIT),
-    ]
+    ] + ([("tail", record.log_path, record.log_offset, STALL_TAIL)] if _reports_stats(record.engine) else [])
+
+
+def _reports_stats(engine: str | None) -> bool:
+    """A serving server's log end is read for its engine's statistics (status.serving_stall)."""
+    try:
+        return reports_serving_stats(get_engine(engine))
+    except EngineError:
+        return False
 
 
 async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[ServerStatus]:

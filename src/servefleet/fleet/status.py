@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -31,6 +32,9 @@ from servefleet.verify.verdict import Verdict
 __all__ = ["Liveness", "ServerStatus", "server_status", "not_launched", "diagnose_attempt", "DIAGNOSE_LIMIT"]
 
 DIAGNOSE_LIMIT = 8 * 1024 * 1024  # bytes of the current attempt's log read for a diagnosis
+# The end of a serving server's log searched for the engine's last statistics: a stopped engine writes
+# nothing but the probes' access lines (~100 bytes each), so its last statistics stay in it for a while.
+STALL_TAIL = 64 * 1024
 
 
 class Liveness(StrEnum):
@@ -38,6 +42,7 @@ class Liveness(StrEnum):
     LOADING = "loading"  # alive, probe not answering yet, no fatal line
     FAILED = "failed"  # alive but the log holds a fatal line (e.g. hanging after an error)
     UNRESPONSIVE = "unresponsive"  # was ready, alive, but the probe no longer answers
+    HUNG = "hung"  # the probe answers, but the engine's own statistics say it stopped generating
     DEAD = "dead"  # the process group is gone (exit code, or killed)
     STALE = "stale"  # the recorded pgid now belongs to an unrelated process
     NOT_LAUNCHED = "not launched"
@@ -85,6 +90,42 @@ async def diagnose_attempt(binding: HostBinding, record: ServerState, profile: E
         return await diagnose_source(HostSource(binding.host, record.log_path), profile, start=record.log_offset)
     except FileNotFoundError:
         return diagnose_text("", profile)
+
+
+async def serving_stall(binding: HostBinding, record: ServerState, profile: EngineProfile) -> str | None:
+    """What the engine's own statistics at the end of the current attempt's log say of a stall
+    (``EngineProfile.serving_stall``), from at most STALL_TAIL bytes; None for an engine that logs
+    none (nothing read), or when they show progress or are not in that tail."""
+    if not reports_serving_stats(profile):
+        return None
+    host = binding.host
+    reader = getattr(host, "read_tail", None)  # fleet/prefetch.PrefetchedHost: answered by the host's batch
+    found = await (reader or partial(read_tail, host))(record.log_path, record.log_offset, STALL_TAIL)
+    if found is None:
+        return None
+    start, raw = found
+    text = raw.decode("utf-8", errors="replace")
+    if start > record.log_offset:
+        text = text.partition("\n")[2]  # the first line is cut
+    return profile.serving_stall(text)
+
+
+def reports_serving_stats(profile: EngineProfile | None) -> bool:
+    """Whether the engine's log carries statistics ``serving_stall`` reads (else nothing is read)."""
+    return profile is not None and type(profile).serving_stall is not EngineProfile.serving_stall
+
+
+async def read_tail(host: Any, path: str, offset: int, limit: int) -> tuple[int, bytes] | None:
+    """(start, bytes) of ``path`` from ``max(offset, size - limit)`` to its end; None when it is missing
+    or holds nothing past ``offset``. Two questions to the host (size, then the read)."""
+    size = await host.file_size(path)
+    if not size or size <= offset:
+        return None
+    start = max(offset, size - limit)
+    try:
+        return start, await host.read_bytes(path, start, size - start)
+    except FileNotFoundError:
+        return None
 
 
 def not_launched(name: str, engine: str | None, host: str, port: int | None, log_path: str | None) -> ServerStatus:
@@ -164,6 +205,9 @@ async def server_status(
             status.state = Liveness.READY
             if profile is not None:  # a nicety here (empty on failure): readiness was proven above
                 status.capacity = (await prober.capacity(profile, timeout_s=3.0)).merge(status.capacity)
+                if stall := await serving_stall(binding, record, profile):
+                    status.state = Liveness.HUNG
+                    status.detail = f"{stall}; `servefleet restart {record.name}`"
             return status
     finally:
         await prober.close()

@@ -13,6 +13,9 @@ Questions (``Op``), each answered like the Host method of the same job:
 - ``("size", path)``               -> int | None missing   (Host.file_size)
 - ``("port", port)``               -> PortHolder | None    (Host.port_holder)
 - ``("exists", path)``             -> bool                 (``[ -e ]``: never opens the file, e.g. a device)
+- ``("tail", path, offset, limit)``   -> (start, bytes) | None missing or nothing past offset: the file
+  from ``max(offset, size - limit)`` to its end, and that start (a serving server's log end:
+  ``status.serving_stall``)
 - ``("read_if_dead", pgid, path, offset, limit)``: a ``read`` asked only when the group is gone
   (a dead server's log is needed for its diagnosis; a live one's may be gigabytes): the answer is
   keyed as the plain ``read`` and absent when the group lives.
@@ -94,12 +97,22 @@ readf() {
     printf '\n%s %s end\n' "$tok" "$1"
   else printf '%s %s missing\n' "$tok" "$1"; fi
 }
+tailf() {  # the file from max(offset, size - limit) to its end, with that start (0-based)
+  if [ -e "$2" ]; then
+    size=$(wc -c < "$2" | tr -d ' '); start=$((size - $4)); [ "$start" -lt "$3" ] && start=$3
+    if [ "$start" -ge "$size" ]; then printf '%s %s missing\n' "$tok" "$1"; return; fi  # nothing past offset
+    printf '%s %s tail %s\n' "$tok" "$1" "$start"
+    tail -c "+$((start + 1))" -- "$2" | head -c "$((size - start))"
+    printf '\n%s %s end\n' "$tok" "$1"
+  else printf '%s %s missing\n' "$tok" "$1"; fi
+}
 i=0
 while [ "$#" -gt 0 ]; do
   case $1 in
   alive) if alive "$2"; then r=1; else r=0; fi; printf '%s %s alive %s\n' "$tok" "$i" "$r"; shift 2;;
   size) if [ -e "$2" ]; then printf '%s %s size %s\n' "$tok" "$i" "$(wc -c < "$2" | tr -d ' ')"; else printf '%s %s missing\n' "$tok" "$i"; fi; shift 2;;
   read) readf "$i" "$2" "$3" "$4"; shift 4;;
+  tail) tailf "$i" "$2" "$3" "$4"; shift 4;;
   read_if_dead) if alive "$2"; then printf '%s %s skipped\n' "$tok" "$i"; else readf "$i" "$3" "$4" "$5"; fi; shift 5;;
   exists) if [ -e "$2" ]; then r=1; else r=0; fi; printf '%s %s exists %s\n' "$tok" "$i" "$r"; shift 2;;
   port) holder "$2"; printf '%s %s port %s\n' "$tok" "$i" "${h:-none}"; shift 2;;
@@ -121,6 +134,9 @@ def _args(op: Op) -> list[str]:
     if kind == "read":
         _, path, offset, limit = op
         return ["read", str(path), str(int(offset) + 1), "" if limit is None else str(int(limit))]
+    if kind == "tail":
+        _, path, offset, limit = op
+        return ["tail", str(path), str(int(offset)), str(int(limit))]
     if kind == "read_if_dead":
         _, pgid, path, offset, limit = op
         return ["read_if_dead", str(int(pgid)), str(path), str(int(offset) + 1), "" if limit is None else str(int(limit))]
@@ -177,12 +193,12 @@ def parse_batch(ops: Sequence[Op], out: bytes, token: str) -> dict[Op, Any]:
         kind, value = m.group(2).decode(), (m.group(3) or b"").decode(errors="replace")
         pos = m.end()
         key = answer_key(op)
-        if kind == "data":
+        if kind in ("data", "tail"):
             end = b"\n" + tok + b" %d end\n" % index
             stop = out.find(end, pos)
             if stop < 0:
                 raise HostError(f"batch answer {index}: unterminated file content")
-            answers[key] = out[pos:stop]
+            answers[key] = out[pos:stop] if kind == "data" else (int(value), out[pos:stop])
             pos = stop + len(end)
         elif kind == "missing":
             answers[key] = None
