@@ -298,7 +298,7 @@ def test_rank_summary_compares_the_plans_order_with_the_jobs() -> None:
 
 
 def test_ab_ratios_compare_like_for_like_spans() -> None:
-    from h200_run2 import ab_point_ratios
+    from h200_stages import ab_point_ratios
     point = {"servefleet": {"output_tokens_per_s": 20_000.0, "output_tokens_per_s_span": 19_000.0},
              "vllm": {"output_throughput": 19_400.0}}
     assert ab_point_ratios(point) == {"ratio_span": round(19_000 / 19_400, 4), "ratio_steady": round(20_000 / 19_400, 4)}

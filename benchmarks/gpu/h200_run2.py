@@ -33,9 +33,8 @@ from h200_stages import (
     _bench_common,
     _keep_ready_logs,
     _server_log_facts,
-    ab_ratio,
+    ab_point,
     read_json,
-    vllm_bench_argv,
     write_json,
 )
 
@@ -367,19 +366,6 @@ def stage_ab_stream_shared(ctx: Ctx) -> dict:
                       lambda c: max(c * st.ab_stream_waves, st.ab_min_requests))
 
 
-def ab_point_ratios(point: dict) -> dict:
-    """servefleet's tok/s over ``vllm bench serve``'s ``output_throughput`` (all tokens over the whole
-    run): like for like with servefleet's span rate (first start to last end); its steady-window rate
-    (what ``bench`` reports) is given beside it."""
-    sf, vl = point.get("servefleet"), point.get("vllm")
-    if not isinstance(sf, dict) or not isinstance(vl, dict) or not vl.get("output_throughput"):
-        return {"ratio_span": None, "ratio_steady": None}
-    ref = vl["output_throughput"]
-    span = sf.get("output_tokens_per_s_span")
-    return {"ratio_span": round(span / ref, 4) if span else None,
-            "ratio_steady": round(sf["output_tokens_per_s"] / ref, 4)}
-
-
 def _ab_stream(ctx: Ctx, fleet: Path, server: str, stem: str, levels: list[int],
                requests_at: Callable[[int], int]) -> dict:
     lay, st, run = ctx.layout, ctx.settings, ctx.runner
@@ -398,35 +384,7 @@ def _ab_stream(ctx: Ctx, fleet: Path, server: str, stem: str, levels: list[int],
             point["skipped"] = f"budget: {left:.0f} s left"
             out["points"].append(point)
             continue
-        sf_path = folder / f"servefleet-c{c}.json"
-        res = run.run(f"{stem}-servefleet-c{c}", ctx.sf("bench", "--url", lay.url(server), "--label", f"{server}-c{c}",
-                                                        "-c", str(c), "--requests", str(n), "--stream",
-                                                        *_bench_common(ctx), "--out", str(sf_path), "--json"),
-                      timeout=ctx.cap(300.0))
-        doc = read_json(sf_path)
-        if doc and doc.get("points"):
-            p = doc["points"][0]
-            point["servefleet"] = {"output_tokens_per_s": round(p["output_tokens_per_s"], 1),
-                                   "output_tokens_per_s_span": p.get("output_tokens_per_s_span"),
-                                   "duration_s": p.get("duration_s"), "tpot_p50_ms": (p.get("tpot_ms") or {}).get("p50"),
-                                   "ttft_p50_ms": (p.get("ttft_ms") or {}).get("p50"),
-                                   "client_bound": p.get("client_bound"), "errors": p.get("errors"),
-                                   "seconds": round(res.seconds, 1)}
-        if lay.rehearse:
-            point["vllm"] = "skipped (rehearsal: no vLLM here)"
-        else:
-            name = f"vllm-c{c}.json"
-            vres = run.run(f"{stem}-vllm-c{c}", vllm_bench_argv(lay, st, c, n, folder, name, server=server),
-                           timeout=ctx.cap(300.0))
-            vdoc = read_json(folder / name)
-            if vdoc:
-                point["vllm"] = {k: vdoc.get(k) for k in ("output_throughput", "completed", "failed", "duration",
-                                                          "median_tpot_ms", "median_ttft_ms", "max_concurrency")}
-                point["vllm"]["seconds"] = round(vres.seconds, 1)
-            else:
-                point["vllm"] = {"error": f"rc={vres.rc}", "stderr": vres.stderr_tail[-1500:]}
-        point["ratio"] = ab_ratio(point)
-        point.update(ab_point_ratios(point))
+        point.update(ab_point(ctx, server, c, n, folder, stem))
         run.say(f"  {stem} C={c} n={n}: ratio span {point['ratio_span']}, steady {point['ratio_steady']}")
         out["points"].append(point)
         write_json(lay.results / f"{stem}.json", out)

@@ -294,37 +294,63 @@ def stage_vllm_bench(ctx: Ctx) -> dict:
             run.say(f"  A/B at concurrency {c}: skipped ({point['skipped']})")
             out["points"].append(point)
             continue
-        sf_path = vb_dir / f"servefleet-c{c}.json"
-        res = run.run(f"ab-servefleet-c{c}", ctx.sf("bench", "--url", lay.url("plain"), "--label", f"plain-c{c}",
-                                                    "-c", str(c), "--requests", str(prompts), *_bench_common(ctx),
-                                                    "--out", str(sf_path), "--json"), timeout=ctx.cap(300.0))
-        doc = read_json(sf_path)
-        if doc and doc.get("points"):
-            p = doc["points"][0]
-            point["servefleet"] = {"output_tokens_per_s": round(p["output_tokens_per_s"], 1), "duration_s": p["duration_s"],
-                                   "tpot_p50_ms": p["tpot_ms"].get("p50"), "ttft_p50_ms": p["ttft_ms"].get("p50"),
-                                   "client_bound": p.get("client_bound"), "errors": p.get("errors"),
-                                   "seconds": round(res.seconds, 1)}
-        if lay.rehearse:
-            point["vllm"] = "skipped (rehearsal: no vLLM here)"
-        else:
-            name = f"vllm-c{c}.json"
-            vres = run.run(f"ab-vllm-c{c}", vllm_bench_argv(lay, st, c, prompts, vb_dir, name), timeout=ctx.cap(300.0))
-            vdoc = read_json(vb_dir / name)
-            if vdoc:
-                point["vllm"] = {k: vdoc.get(k) for k in ("output_throughput", "total_token_throughput", "completed",
-                                                          "failed", "duration", "median_tpot_ms", "median_ttft_ms",
-                                                          "max_concurrency")}
-                point["vllm"]["seconds"] = round(vres.seconds, 1)
-            else:
-                point["vllm"] = {"error": f"rc={vres.rc}", "stderr": vres.stderr_tail[-1500:]}
-        point["ratio"] = ab_ratio(point)
+        point.update(ab_point(ctx, "plain", c, prompts, vb_dir, "ab"))
         out["points"].append(point)
     write_json(lay.results / "vllm_bench.json", out)
     return out
 
 
 AB_LEVEL_S = 60.0  # one A/B level on the H200: servefleet ~15 s, vllm bench serve ~20 s import + ~15 s
+
+
+def ab_point(ctx: Ctx, server: str, concurrency: int, requests: int, folder: Path, stem: str) -> dict:
+    """One A/B point: ``servefleet bench --stream`` then ``vllm bench serve`` (which always streams) on
+    ``server``, the same concurrency, request count and workload, back to back; both JSON files kept in
+    ``folder``. Rehearsal: the servefleet half only."""
+    lay, st, run = ctx.layout, ctx.settings, ctx.runner
+    point: dict = {}
+    sf_path = folder / f"servefleet-c{concurrency}.json"
+    res = run.run(f"{stem}-servefleet-c{concurrency}", ctx.sf(
+        "bench", "--url", lay.url(server), "--label", f"{server}-c{concurrency}", "-c", str(concurrency),
+        "--requests", str(requests), "--stream", *_bench_common(ctx), "--out", str(sf_path), "--json"), timeout=ctx.cap(300.0))
+    doc = read_json(sf_path)
+    if doc and doc.get("points"):
+        p = doc["points"][0]
+        point["servefleet"] = {"output_tokens_per_s": round(p["output_tokens_per_s"], 1),
+                               "output_tokens_per_s_span": p.get("output_tokens_per_s_span"),
+                               "duration_s": p.get("duration_s"), "tpot_p50_ms": (p.get("tpot_ms") or {}).get("p50"),
+                               "ttft_p50_ms": (p.get("ttft_ms") or {}).get("p50"),
+                               "client_bound": p.get("client_bound"), "errors": p.get("errors"),
+                               "seconds": round(res.seconds, 1)}
+    if lay.rehearse:
+        point["vllm"] = "skipped (rehearsal: no vLLM here)"
+    else:
+        name = f"vllm-c{concurrency}.json"
+        vres = run.run(f"{stem}-vllm-c{concurrency}", vllm_bench_argv(lay, st, concurrency, requests, folder, name, server=server),
+                       timeout=ctx.cap(300.0))
+        vdoc = read_json(folder / name)
+        if vdoc:
+            point["vllm"] = {k: vdoc.get(k) for k in ("output_throughput", "total_token_throughput", "completed", "failed",
+                                                      "duration", "median_tpot_ms", "median_ttft_ms", "max_concurrency")}
+            point["vllm"]["seconds"] = round(vres.seconds, 1)
+        else:
+            point["vllm"] = {"error": f"rc={vres.rc}", "stderr": vres.stderr_tail[-1500:]}
+    point["ratio"] = ab_ratio(point)
+    point.update(ab_point_ratios(point))
+    return point
+
+
+def ab_point_ratios(point: dict) -> dict:
+    """servefleet's tok/s over ``vllm bench serve``'s ``output_throughput`` (all tokens over the whole
+    run): like for like with servefleet's span rate (first start to last end); its steady-window rate
+    (what ``bench`` reports) is given beside it."""
+    sf, vl = point.get("servefleet"), point.get("vllm")
+    if not isinstance(sf, dict) or not isinstance(vl, dict) or not vl.get("output_throughput"):
+        return {"ratio_span": None, "ratio_steady": None}
+    ref = vl["output_throughput"]
+    span = sf.get("output_tokens_per_s_span")
+    return {"ratio_span": round(span / ref, 4) if span else None,
+            "ratio_steady": round(sf["output_tokens_per_s"] / ref, 4)}
 
 
 def ab_ratio(point: dict) -> float | None:
