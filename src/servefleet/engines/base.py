@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -22,7 +22,9 @@ from servefleet.errors import EngineError
 if TYPE_CHECKING:
     from servefleet.http import HttpClient
 
-__all__ = ["SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "Probe", "TokenizeEndpoint"]
+__all__ = [
+    "SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "ServingMetrics", "Probe", "TokenizeEndpoint",
+]
 
 
 class SignalKind(StrEnum):
@@ -75,6 +77,34 @@ class LatencyMetrics:
     tpot: tuple[str, ...] = ()  # per request: (end - first token) / (tokens - 1)
     itl: tuple[str, ...] = ()  # per decode iteration of each request
     e2e: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServingMetrics:
+    """Names of the load and progress series an engine publishes on ``/metrics``, each a tuple of
+    names to try in order (releases rename them). ``bench`` samples the gauges during a point and
+    differences the counters around it; ``generate`` watches them while a job runs."""
+
+    running: tuple[str, ...] = ()  # gauge: requests in the running batch
+    queued: tuple[str, ...] = ()  # gauge: requests waiting for a slot
+    kv_usage: tuple[str, ...] = ()  # gauge: KV-cache use, a fraction in [0, 1] (per series: never summed)
+    generation_tokens: tuple[str, ...] = ()  # counter: output tokens generated
+    prompt_tokens: tuple[str, ...] = ()  # counter: prompt tokens prefilled
+    steps: tuple[str, ...] = ()  # counter: engine steps (prefill chunks included)
+    preemptions: tuple[str, ...] = ()  # counter: requests preempted
+    # speculative decoding: vLLM's counters (drafts, draft tokens, accepted tokens) ...
+    spec_drafts: tuple[str, ...] = ()
+    spec_draft_tokens: tuple[str, ...] = ()
+    spec_accepted_tokens: tuple[str, ...] = ()
+    # ... or SGLang's gauges (mean accepted length per step, acceptance rate)
+    spec_accept_length: tuple[str, ...] = ()
+    spec_accept_rate: tuple[str, ...] = ()
+
+    @classmethod
+    def union(cls, *sets: ServingMetrics) -> ServingMetrics:
+        """Field by field, the names of ``sets`` in their order, each once: what to read from a
+        server that may be any of their engines."""
+        return cls(**{f.name: tuple(dict.fromkeys(n for s in sets for n in getattr(s, f.name))) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -184,6 +214,7 @@ class EngineProfile:
                 raise EngineError(f"{native.spelled[name]!r} in args disagrees with {name} {ours!r}; set it in one place")
         return native
     latency_metrics: ClassVar[LatencyMetrics | None] = None  # None: no latency histograms on /metrics
+    serving_metrics: ClassVar[ServingMetrics] = ServingMetrics()  # empty: no load series on /metrics
     # The server's info document (GET, JSON object), newest path first: bench records it and reads
     # speculative acceptance from it, recognise() reads its keys. Empty: the engine serves none.
     info_paths: ClassVar[tuple[str, ...]] = ()

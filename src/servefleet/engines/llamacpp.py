@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature, TokenizeEndpoint
+from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, ServingMetrics, Signature, TokenizeEndpoint
 from servefleet.engines.generic import as_int, build_signatures, first_model, log_capacity
 
 if TYPE_CHECKING:
@@ -167,6 +167,14 @@ _PARALLEL = re.compile(r"n_parallel is set to auto, using n_parallel = (\d+)")
 
 # Native llama-server's POST /tokenize: {"content", "add_special"} -> {"tokens": [...]}. (llama-cpp-python's
 # server has /extras/tokenize instead, counting with the BOS token: not used.)
+# Load and progress series of llama-server's /metrics (served with --metrics).
+SERVING_METRICS = ServingMetrics(
+    running=("llamacpp:requests_processing",),
+    queued=("llamacpp:requests_deferred",),
+    kv_usage=("llamacpp:kv_cache_usage_ratio",),
+    generation_tokens=("llamacpp:tokens_predicted_total",),
+    prompt_tokens=("llamacpp:prompt_tokens_total",),
+)
 TOKENIZE = TokenizeEndpoint("llamacpp", "content", fixed=(("add_special", False),), answer="tokens")
 
 
@@ -194,6 +202,7 @@ class LlamaCppEngine(EngineProfile):
     metrics_prefix: ClassVar[str | None] = "llamacpp:"
     arg_table: ClassVar[na.ArgTable] = NATIVE_ARGS
     tokenize: ClassVar[TokenizeEndpoint | None] = TOKENIZE
+    serving_metrics: ClassVar[ServingMetrics] = SERVING_METRICS
 
     def arg_table_for(self, command: Sequence[str] = ()) -> na.ArgTable:
         return PYTHON_ARGS if is_python_server(list(command)) else NATIVE_ARGS

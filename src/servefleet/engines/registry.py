@@ -8,10 +8,12 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any
 
-from servefleet.engines.base import EngineProfile, TokenizeEndpoint
+from servefleet.engines.base import EngineProfile, ServingMetrics, TokenizeEndpoint
 from servefleet.errors import EngineError
 
-__all__ = ["ENGINES", "get_engine", "engine_names", "all_engines", "recognise", "info_paths", "tokenize_endpoints"]
+__all__ = [
+    "ENGINES", "get_engine", "engine_names", "all_engines", "recognise", "info_paths", "tokenize_endpoints", "serving_metrics",
+]
 
 _REGISTRY: dict[str, str] = {
     "sglang": "servefleet.engines.sglang:SGLangEngine",
@@ -86,6 +88,15 @@ def tokenize_endpoints(engine: str | None) -> list[TokenizeEndpoint]:
     """The token-counting requests a server of ``engine`` may answer (``EngineProfile.tokenize``),
     each shape once, in the order to try; empty when its engine has none."""
     return list(dict.fromkeys(p.tokenize for p in _candidates(engine) if p.tokenize is not None))
+
+
+@cache
+def serving_metrics(engine: str | None = None) -> ServingMetrics:
+    """The ``/metrics`` load series a server of ``engine`` may publish (``EngineProfile.serving_metrics``),
+    each list in the order to try; for an unknown engine, every recognisable engine's, in the order
+    of ``recognise`` (across engines the order matters only for a server that publishes two
+    families, as the sim does). Built once per engine name: ``generate`` asks on every scrape."""
+    return ServingMetrics.union(*(p.serving_metrics for p in _candidates(engine)))
 
 
 def engine_names() -> list[str]:

@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature, TokenizeEndpoint
+from servefleet.engines.base import (
+    EngineProfile,
+    LatencyMetrics,
+    LaunchSpec,
+    Probe,
+    ServingMetrics,
+    Signature,
+    TokenizeEndpoint,
+)
 from servefleet.engines.generic import (
     as_int,
     build_signatures,
@@ -166,6 +174,19 @@ LATENCY_METRICS = LatencyMetrics(
 )
 
 
+# Load and progress series of SGLang's /metrics (python/sglang/srt/metrics/collector.py). Speculative
+# decoding shows as gauges, not counters; the info document's internal_states carry the mean too.
+SERVING_METRICS = ServingMetrics(
+    running=("sglang:num_running_reqs",),
+    queued=("sglang:num_queue_reqs",),
+    kv_usage=("sglang:token_usage",),
+    generation_tokens=("sglang:generation_tokens_total",),
+    prompt_tokens=("sglang:prompt_tokens_total",),
+    spec_accept_length=("sglang:spec_accept_length",),
+    spec_accept_rate=("sglang:spec_accept_rate",),
+)
+
+
 # GET /server_info (SGLang >= 0.4.4), /get_server_info before: the server arguments, max_total_num_tokens,
 # internal_states (avg_spec_accept_length, memory_usage...), version.
 INFO_PATHS = ("/server_info", "/get_server_info")
@@ -197,6 +218,7 @@ class SGLangEngine(EngineProfile):
     metrics_prefix: ClassVar[str | None] = "sglang:"
     arg_table: ClassVar[na.ArgTable] = ARGS
     latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
+    serving_metrics: ClassVar[ServingMetrics] = SERVING_METRICS
     info_paths: ClassVar[tuple[str, ...]] = INFO_PATHS
     tokenize: ClassVar[TokenizeEndpoint | None] = TOKENIZE
 

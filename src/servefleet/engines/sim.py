@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.engines import native_args as na
 from servefleet.engines import sglang, vllm
-from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature, TokenizeEndpoint
+from servefleet.engines.base import (
+    EngineProfile,
+    LatencyMetrics,
+    LaunchSpec,
+    Probe,
+    ServingMetrics,
+    Signature,
+    TokenizeEndpoint,
+)
 from servefleet.engines.generic import build_signatures, has_flag
 
 if TYPE_CHECKING:
@@ -61,6 +69,11 @@ class SimEngine(EngineProfile):
         tpot=vllm.LATENCY_METRICS.tpot + sglang.LATENCY_METRICS.tpot,
         itl=vllm.LATENCY_METRICS.itl + sglang.LATENCY_METRICS.itl,
         e2e=vllm.LATENCY_METRICS.e2e + sglang.LATENCY_METRICS.e2e,
+    )
+    # Both families' load series (servefleet.sim.info), vLLM's first; it has no preemptions, engine
+    # steps or acceptance rate to publish.
+    serving_metrics: ClassVar[ServingMetrics] = replace(
+        ServingMetrics.union(vllm.SERVING_METRICS, sglang.SERVING_METRICS), preemptions=(), steps=(), spec_accept_rate=()
     )
     # It serves SGLang's info document and answers /tokenize in vLLM's shape (servefleet.sim.server).
     info_paths: ClassVar[tuple[str, ...]] = sglang.INFO_PATHS

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, Signature, TokenizeEndpoint
+from servefleet.engines.base import EngineProfile, LaunchSpec, Probe, ServingMetrics, Signature, TokenizeEndpoint
 from servefleet.engines.generic import as_int, build_signatures, log_capacity
 
 if TYPE_CHECKING:
@@ -107,6 +107,8 @@ _MAX_BATCH = re.compile(r"Setting max batch total tokens to (\d+)")
 
 
 # The router's POST /tokenize: {"inputs"} -> [{"id", "text", "start", "stop"}, ...].
+# Load series of TGI's router /metrics (its batch is the running requests).
+SERVING_METRICS = ServingMetrics(running=("tgi_batch_current_size",), queued=("tgi_queue_size",))
 TOKENIZE = TokenizeEndpoint("tgi", "inputs", answer="list")
 
 
@@ -124,6 +126,7 @@ class TGIEngine(EngineProfile):
     metrics_prefix: ClassVar[str | None] = "tgi_"
     arg_table: ClassVar[na.ArgTable] = ARGS
     tokenize: ClassVar[TokenizeEndpoint | None] = TOKENIZE
+    serving_metrics: ClassVar[ServingMetrics] = SERVING_METRICS
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``text-generation-launcher --model-id M --hostname H --port P [--num-shard N] EXTRA...``."""

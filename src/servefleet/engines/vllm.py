@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
 from servefleet.engines import native_args as na
-from servefleet.engines.base import EngineProfile, LatencyMetrics, LaunchSpec, Probe, Signature, TokenizeEndpoint
+from servefleet.engines.base import (
+    EngineProfile,
+    LatencyMetrics,
+    LaunchSpec,
+    Probe,
+    ServingMetrics,
+    Signature,
+    TokenizeEndpoint,
+)
 from servefleet.engines.generic import (
     as_int,
     build_signatures,
@@ -209,6 +217,22 @@ LATENCY_METRICS = LatencyMetrics(
 )
 
 
+# Load and progress series of vLLM's /metrics (vllm/v1/metrics/loggers.py). Older releases name the
+# KV-cache gauge gpu_cache_usage_perc; the iteration_tokens_total histogram counts one per engine step.
+SERVING_METRICS = ServingMetrics(
+    running=("vllm:num_requests_running",),
+    queued=("vllm:num_requests_waiting",),
+    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    generation_tokens=("vllm:generation_tokens_total",),
+    prompt_tokens=("vllm:prompt_tokens_total",),
+    steps=("vllm:iteration_tokens_total_count",),
+    preemptions=("vllm:num_preemptions_total",),
+    spec_drafts=("vllm:spec_decode_num_drafts_total",),
+    spec_draft_tokens=("vllm:spec_decode_num_draft_tokens_total",),
+    spec_accepted_tokens=("vllm:spec_decode_num_accepted_tokens_total",),
+)
+
+
 # POST /tokenize: {"model", "prompt", "add_special_tokens"} -> {"count", "max_model_len", "tokens"} (TokenizeResponse).
 TOKENIZE = TokenizeEndpoint("vllm", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count")
 
@@ -234,6 +258,7 @@ class VLLMEngine(EngineProfile):
     metrics_prefix: ClassVar[str | None] = "vllm:"
     arg_table: ClassVar[na.ArgTable] = ARGS
     latency_metrics: ClassVar[LatencyMetrics | None] = LATENCY_METRICS
+    serving_metrics: ClassVar[ServingMetrics] = SERVING_METRICS
     tokenize: ClassVar[TokenizeEndpoint | None] = TOKENIZE
     # EngineCore logs this after the KV cache is allocated and CUDA graphs are captured (GPU and
     # CPU builds alike); "GPU KV cache size" comes earlier, before graph capture takes its memory.
