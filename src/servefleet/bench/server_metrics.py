@@ -4,18 +4,10 @@
 A point's numbers from the client say how fast answers came; the server's own gauges say
 whether it was full. Gauges (running, queued, KV-cache use) are sampled during the point;
 counters (generated tokens, speculative drafts and acceptances, preemptions) are differenced
-between a scrape just before and one just after it. Metric names are the engines' own:
-
-* vLLM: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
-  ``vllm:kv_cache_usage_perc`` (older: ``vllm:gpu_cache_usage_perc``),
-  ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
-  ``vllm:spec_decode_num_accepted_tokens_total``, ``vllm:generation_tokens_total``,
-  ``vllm:num_preemptions_total``;
-* SGLang: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``,
-  ``sglang:spec_accept_length``, ``sglang:spec_accept_rate``, ``sglang:generation_tokens_total``;
-  the info document's ``internal_states[].avg_spec_accept_length``;
-* llama.cpp: ``llamacpp:requests_processing``, ``llamacpp:requests_deferred``,
-  ``llamacpp:kv_cache_usage_ratio``; TGI: ``tgi_batch_current_size``, ``tgi_queue_size``.
+between a scrape just before and one just after it. Metric names are the engines' own, kept in
+each engine profile (``EngineProfile.serving_metrics``); a server of unknown engine is read by
+the names of every engine (``engines.registry.serving_metrics``). SGLang's speculative acceptance
+is also read from its info document's ``internal_states[].avg_spec_accept_length``.
 
 A server without ``/metrics`` simply yields no server section.
 """
@@ -32,22 +24,12 @@ from time import perf_counter
 from typing import Any
 
 from servefleet.bench.result import ServerStats
+from servefleet.engines.registry import serving_metrics
 from servefleet.http import HttpClient, Timeout, TransportError
 
 __all__ = ["parse_prometheus", "Snapshot", "ServerWatcher", "summarize_server", "fetch_server_info"]
 
 _SCRAPE_TIMEOUT = Timeout(5.0)
-
-RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing", "tgi_batch_current_size")
-QUEUED = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "tgi_queue_size")
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio")
-GEN_TOKENS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total", "llamacpp:tokens_predicted_total")
-PREEMPTIONS = ("vllm:num_preemptions_total",)
-V_DRAFTS = "vllm:spec_decode_num_drafts_total"
-V_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-V_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-S_ACCEPT_LEN = "sglang:spec_accept_length"
-S_ACCEPT_RATE = "sglang:spec_accept_rate"
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -209,10 +191,11 @@ def summarize_server(
         stats.source.append("/metrics")
     if after.server_info is not None:
         stats.source.append("/server_info")
+    names = serving_metrics()  # the server's engine is not known here: every engine's names
     series = samples or [m for m in (after.metrics,) if m]
-    running = [v for v in (_first(s, RUNNING) for s in series) if v is not None]
-    queued = [v for v in (_first(s, QUEUED) for s in series) if v is not None]
-    kv = [v for v in (_max_of(s, KV_USAGE) for s in series) if v is not None]
+    running = [v for v in (_first(s, names.running) for s in series) if v is not None]
+    queued = [v for v in (_first(s, names.queued) for s in series) if v is not None]
+    kv = [v for v in (_max_of(s, names.kv_usage) for s in series) if v is not None]
     if running:
         stats.running_mean = sum(running) / len(running)
         stats.running_max = max(running)
@@ -222,25 +205,25 @@ def summarize_server(
     if kv:
         stats.kv_cache_usage_max = max(kv)
 
-    def delta(names: tuple[str, ...]) -> float | None:
-        a, b = _first(after.metrics, names), _first(before.metrics, names)
+    def delta(candidates: tuple[str, ...]) -> float | None:
+        a, b = _first(after.metrics, candidates), _first(before.metrics, candidates)
         return None if a is None else a - (b or 0.0)
 
-    stats.generation_tokens = delta(GEN_TOKENS)
-    stats.preemptions = delta(PREEMPTIONS)
-    drafts, draft_tokens, accepted = delta((V_DRAFTS,)), delta((V_DRAFT_TOKENS,)), delta((V_ACCEPTED,))
+    stats.generation_tokens = delta(names.generation_tokens)
+    stats.preemptions = delta(names.preemptions)
+    drafts, draft_tokens, accepted = delta(names.spec_drafts), delta(names.spec_draft_tokens), delta(names.spec_accepted_tokens)
     if draft_tokens and accepted is not None:
         stats.spec_acceptance_rate = accepted / draft_tokens
     if drafts and accepted is not None:
         stats.spec_accept_length = 1.0 + accepted / drafts
     if stats.spec_accept_length is None:
-        lengths = [v for v in (_max_of(s, (S_ACCEPT_LEN,)) for s in series) if v]
+        lengths = [v for v in (_max_of(s, names.spec_accept_length) for s in series) if v]
         if lengths:
             stats.spec_accept_length = sum(lengths) / len(lengths)
         else:
             stats.spec_accept_length = _accept_length_from_info(after.server_info)
     if stats.spec_acceptance_rate is None:
-        rates = [v for v in (_max_of(s, (S_ACCEPT_RATE,)) for s in series) if v]
+        rates = [v for v in (_max_of(s, names.spec_accept_rate) for s in series) if v]
         if rates:
             stats.spec_acceptance_rate = sum(rates) / len(rates)
     # Saturated: requests waited for a slot. With the server's max running requests known: some
@@ -248,7 +231,7 @@ def summarize_server(
     # steps is counted as queued for an instant even on an idle server, so a queue alone is not
     # saturation.) Without it: on average at least one request queued.
     saturated = None
-    pairs = [(r, q) for r, q in ((_first(s, RUNNING), _first(s, QUEUED)) for s in series) if r is not None and q is not None]
+    pairs = [(r, q) for r, q in ((_first(s, names.running), _first(s, names.queued)) for s in series) if r is not None and q is not None]
     if pairs and max_running:
         saturated = any(r >= max_running and q > 0 for r, q in pairs)
     elif queued:

@@ -43,7 +43,7 @@ from servefleet.bench.negotiate import negotiate, requested_options
 from servefleet.bench.pool import InProcessRunner, ProcessRunner, Runner, Share, loop_factory
 from servefleet.bench.result import BenchConfig, Environment, Point, Run, ServerLatency, Stat, Target
 from servefleet.bench.selfcheck import WorkerLoad, judge
-from servefleet.bench.server_metrics import GEN_TOKENS, ServerWatcher, Snapshot, summarize_server
+from servefleet.bench.server_metrics import ServerWatcher, Snapshot, summarize_server
 from servefleet.bench.steady import counter_rate
 from servefleet.bench.workload import (
     LocalTokenizer,
@@ -57,7 +57,7 @@ from servefleet.bench.workload import (
 )
 from servefleet.capacity import Capacity
 from servefleet.engines.base import LatencyMetrics
-from servefleet.engines.registry import info_paths
+from servefleet.engines.registry import info_paths, serving_metrics
 from servefleet.errors import ServefleetError
 from servefleet.http import HttpClient
 
@@ -397,7 +397,7 @@ def _latency_metrics(engine: str | None) -> LatencyMetrics | None:
 
 
 def _gen_tokens(sample: dict[str, float]) -> float | None:
-    for name in GEN_TOKENS:
+    for name in serving_metrics().generation_tokens:
         if name in sample:
             return sample[name]
     return None

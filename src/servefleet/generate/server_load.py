@@ -5,10 +5,10 @@ where our answers arrive in lumps of a whole completion) and sees whether the se
 health check sees whether the engine still makes progress (a hung engine core behind a live API
 process still answers ``/health`` and ``/metrics``, but its counters stop).
 
-Metric names are the engines' own, shared with ``bench`` (:mod:`servefleet.bench.server_metrics`):
-generated tokens (``vllm:generation_tokens_total``, ``sglang:generation_tokens_total``, llama.cpp's
-``tokens_predicted_total``), prompt tokens, engine steps (vLLM's ``iteration_tokens_total``
-histogram counts one per step, prefill chunks included), running and waiting requests.
+Metric names are the engines' own, kept in each engine profile (``EngineProfile.serving_metrics``)
+and read by ``bench`` too: generated tokens, prompt tokens, engine steps (prefill chunks included),
+running and waiting requests. The server's engine is not known here, so every engine's names are
+tried (``engines.registry.serving_metrics``).
 A server without ``/metrics`` yields nothing; callers fall back on our own answers.
 """
 
@@ -20,13 +20,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servefleet.bench.server_metrics import GEN_TOKENS, QUEUED, RUNNING, parse_prometheus
+from servefleet.bench.server_metrics import parse_prometheus
+from servefleet.engines.registry import serving_metrics
 from servefleet.http import HttpClient, Timeout
 
-__all__ = ["LoadSample", "LoadWatch", "sample_from_text", "PROMPT_TOKENS", "STEPS"]
-
-PROMPT_TOKENS = ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total", "llamacpp:prompt_tokens_total")
-STEPS = ("vllm:iteration_tokens_total_count",)
+__all__ = ["LoadSample", "LoadWatch", "sample_from_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +51,9 @@ def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
 def sample_from_text(text: str, t: float) -> LoadSample | None:
     """One scrape; None when it holds none of the metrics read here."""
     m = parse_prometheus(text)
-    s = LoadSample(t, _first(m, GEN_TOKENS), _first(m, PROMPT_TOKENS), _first(m, STEPS), _first(m, RUNNING), _first(m, QUEUED))
+    n = serving_metrics()  # built once (cached), not per scrape
+    s = LoadSample(t, _first(m, n.generation_tokens), _first(m, n.prompt_tokens), _first(m, n.steps), _first(m, n.running),
+                   _first(m, n.queued))
     if s.generation_tokens is None and s.running is None:
         return None
     return s
