@@ -27,7 +27,7 @@ from servefleet.bench.result import ServerStats
 from servefleet.engines.registry import serving_metrics
 from servefleet.http import HttpClient, Timeout, TransportError
 
-__all__ = ["parse_prometheus", "Snapshot", "ServerWatcher", "summarize_server", "fetch_server_info"]
+__all__ = ["parse_prometheus", "first_present", "Snapshot", "ServerWatcher", "summarize_server", "fetch_server_info"]
 
 _SCRAPE_TIMEOUT = Timeout(5.0)
 
@@ -66,7 +66,8 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return dict(out)
 
 
-def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
+def first_present(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
+    """The value of the first of ``names`` the scrape holds (an engine's preferred spelling first)."""
     for name in names:
         if name in metrics:
             return metrics[name]
@@ -193,8 +194,8 @@ def summarize_server(
         stats.source.append("/server_info")
     names = serving_metrics()  # the server's engine is not known here: every engine's names
     series = samples or [m for m in (after.metrics,) if m]
-    running = [v for v in (_first(s, names.running) for s in series) if v is not None]
-    queued = [v for v in (_first(s, names.queued) for s in series) if v is not None]
+    running = [v for v in (first_present(s, names.running) for s in series) if v is not None]
+    queued = [v for v in (first_present(s, names.queued) for s in series) if v is not None]
     kv = [v for v in (_max_of(s, names.kv_usage) for s in series) if v is not None]
     if running:
         stats.running_mean = sum(running) / len(running)
@@ -206,7 +207,7 @@ def summarize_server(
         stats.kv_cache_usage_max = max(kv)
 
     def delta(candidates: tuple[str, ...]) -> float | None:
-        a, b = _first(after.metrics, candidates), _first(before.metrics, candidates)
+        a, b = first_present(after.metrics, candidates), first_present(before.metrics, candidates)
         return None if a is None else a - (b or 0.0)
 
     stats.generation_tokens = delta(names.generation_tokens)
@@ -231,7 +232,7 @@ def summarize_server(
     # steps is counted as queued for an instant even on an idle server, so a queue alone is not
     # saturation.) Without it: on average at least one request queued.
     saturated = None
-    pairs = [(r, q) for r, q in ((_first(s, names.running), _first(s, names.queued)) for s in series) if r is not None and q is not None]
+    pairs = [(r, q) for r, q in ((first_present(s, names.running), first_present(s, names.queued)) for s in series) if r is not None and q is not None]
     if pairs and max_running:
         saturated = any(r >= max_running and q > 0 for r, q in pairs)
     elif queued:

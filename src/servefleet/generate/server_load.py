@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servefleet.bench.server_metrics import parse_prometheus
+from servefleet.bench.server_metrics import first_present, parse_prometheus
 from servefleet.engines.registry import serving_metrics
 from servefleet.http import HttpClient, Timeout
 
@@ -41,19 +41,12 @@ class LoadSample:
         return (self.generation_tokens, self.prompt_tokens, self.steps)
 
 
-def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
-    for name in names:
-        if name in metrics:
-            return metrics[name]
-    return None
-
-
 def sample_from_text(text: str, t: float) -> LoadSample | None:
     """One scrape; None when it holds none of the metrics read here."""
     m = parse_prometheus(text)
     n = serving_metrics()  # built once (cached), not per scrape
-    s = LoadSample(t, _first(m, n.generation_tokens), _first(m, n.prompt_tokens), _first(m, n.steps), _first(m, n.running),
-                   _first(m, n.queued))
+    s = LoadSample(t, first_present(m, n.generation_tokens), first_present(m, n.prompt_tokens), first_present(m, n.steps), first_present(m, n.running),
+                   first_present(m, n.queued))
     if s.generation_tokens is None and s.running is None:
         return None
     return s
