@@ -104,5 +104,5 @@ def test_the_final_report_shows_the_status_the_counts_and_each_servers_limit() -
     console = Console(record=True, width=200)
     render_report(report, console)
     text = console.export_text()
-    assert "incomplete  9/10 ids committed (5 in this run, 4 before)" in text
+    assert "incomplete  9/10 input records committed (5 in this run, 4 before)" in text
     assert "1 / 3" in text and "capacity: 106 gives 3,818 tok/s" in text

@@ -183,11 +183,22 @@ def test_bad_lines_and_duplicates_go_to_the_rejects_file_and_strict_sends_nothin
     assert _requests_served(sim) == before  # --strict: nothing was sent
     assert not (tmp_path / "strict" / "shards").exists()
     rc, report, _ = run_cli(generate_argv(src, tmp_path / "out", "--url", sim.url))
-    assert rc == 0 and report["status"] == "complete" and report["committed"] == 2 and report["duplicates"] == 1
+    # every valid record answered, but 4 of the 6 records never were: not complete, exit 1 (as --help says)
+    assert rc == 1 and report["status"] == "incomplete" and report["committed"] == 2 and report["duplicates"] == 1
+    assert report["records"] == 6 and report["rejected"] == 4 and report["failed"] == 0
+    assert "4 of 6 input records rejected" in report["message"] and report["files"]["rejects"] in report["message"]
     rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert sorted((r["line"], r["reason"].split(":")[0].split(" (")[0]) for r in rejects) == [
         (2, "invalid JSON"), (3, "no 'prompt' or 'messages'"), (4, "duplicate id"), (7, "a record must be a JSON object, not list")]
     assert sorted(committed_ids(tmp_path / "out")) == ["a", "c"]
+    # the same command again: nothing left to send, still not complete; the summary names the rejects
+    argv = [a for a in generate_argv(src, tmp_path / "out", "--url", sim.url) if a != "--json"]
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "incomplete  2/6 input records committed (0 in this run, 2 before), 4 rejected" in again.stdout
+    assert str(tmp_path / "out" / "rejects.jsonl") in again.stdout
+    manifest = json.loads((tmp_path / "out" / "job.json").read_text())
+    assert [r["status"] for r in manifest["runs"]] == ["incomplete", "incomplete"]
 
 
 # ---- a 200k-line input in bounded memory ----------------------------------------------------------

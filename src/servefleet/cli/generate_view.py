@@ -128,10 +128,12 @@ _STYLE = {"complete": "bold green", "incomplete": "bold yellow", "interrupted": 
 
 
 def render_report(report: JobReport, console: Console) -> None:
+    records = max(report.records, report.total + report.rejected)  # every input record, the rejected ones too
     head = Text.assemble(
         (f"{report.status}", _STYLE.get(report.status, "bold")),
-        f"  {report.done_before + report.committed:,}/{report.total:,} ids committed",
+        f"  {report.done_before + report.committed:,}/{records:,} input records committed",
         f" ({report.committed:,} in this run, {report.done_before:,} before)",
+        (f", {report.rejected:,} rejected ({report.files.get('rejects', 'rejects.jsonl')})" if report.rejected else "", "red"),
     )
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="dim")

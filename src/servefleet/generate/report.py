@@ -36,6 +36,7 @@ class JobReport(BaseModel):
     run_id: str | None = None
     resumed: bool = False
     total: int = 0  # valid ids in the input
+    records: int = 0  # every input record: the valid ones and the rejected ones (rejects.jsonl)
     rejected: int = 0
     duplicates: int = 0
     done_before: int = 0

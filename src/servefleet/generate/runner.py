@@ -158,7 +158,8 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
         await asyncio.to_thread(sink.commit_file, source.spool, REJECTS_FILE)
     files = {"rejects": f"{sink.url}/{REJECTS_FILE}"} if info.rejected else {}
     if config.strict and info.rejected:
-        return JobReport(status="rejected", total=info.valid, rejected=info.rejected, duplicates=info.duplicates, files=files,
+        return JobReport(status="rejected", total=info.valid, records=info.valid + info.rejected, rejected=info.rejected,
+                         duplicates=info.duplicates, files=files,
                          message=f"--strict: {info.rejected} input records rejected (see {REJECTS_FILE}); nothing was sent", **base)
     resumed = manifest is not None
     manifest, run = await _record_run(sink, manifest, info, params)  # -- 4.
@@ -189,9 +190,11 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
                 files.update(progress=f"{sink.url}/{PROGRESS_FILE}", timeline=f"{sink.url}/{recorder.timeline_rel}")
 
     remaining = max(0, info.valid - resume.done_count - stats.committed)
+    message = "; ".join(m for m in (sent.message, _rejects_message(info, files)) if m) or None
     report = build_report(
         stats, status=status, run_id=run.run_id, resumed=resumed, duplicates=info.duplicates, remaining=remaining,
-        startup_s=round(sent.startup_s, 3), peak_rss_mb=_peak_rss_mb(), files=files, message=sent.message, **base,
+        records=info.valid + info.rejected, startup_s=round(sent.startup_s, 3), peak_rss_mb=_peak_rss_mb(), files=files,
+        message=message, **base,
     )
     # The last run's report beside the shards: `servefleet plan --check DEST` reads its timings.
     await asyncio.to_thread(sink.write_bytes, REPORT_FILE, json.dumps(report.to_json(), indent=1).encode())
@@ -382,6 +385,13 @@ async def _finish_run(sink: Sink, manifest: JobManifest, run: RunRecord, resume:
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
 
 
+def _rejects_message(info: InputInfo, files: dict[str, str]) -> str | None:
+    if not info.rejected:
+        return None
+    return (f"{info.rejected:,} of {info.valid + info.rejected:,} input records rejected, never sent (see {files['rejects']}); "
+            "fix them in the input and run again")
+
+
 def _mismatch_text(sink: Sink, problems: list[str]) -> str:
     return (f"{sink.url} holds another job: " + "; ".join(problems)
             + ". Use another --output, or --force to keep its committed ids and go on with these settings.")
@@ -390,7 +400,8 @@ def _mismatch_text(sink: Sink, problems: list[str]) -> str:
 def _status(outcome: str, stats: JobStats) -> str:
     if outcome in ("stalled", "interrupted"):
         return outcome
-    return "complete" if stats.failed == 0 else "incomplete"
+    # a rejected record is an input record without an answer: the job is not complete (exit 1)
+    return "complete" if stats.failed == 0 and stats.rejected == 0 else "incomplete"
 
 
 async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: DoneSet, chunk: int = 256) -> AsyncIterator[PromptRecord]:
