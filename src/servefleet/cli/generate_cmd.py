@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -104,11 +106,23 @@ def generate(
     progress = ProgressView(err)
     # a ConfigError (exit 3), an unreachable host (4) or another servefleet error (1) is reported by the root group
     report = asyncio.run(_run(config, fleet, progress))
-    if json_out:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
-    else:
-        render_report(report, Console())
+    try:
+        if json_out:
+            sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+            sys.stdout.flush()
+        else:
+            render_report(report, Console())
+    except OSError:  # the terminal closed under the run (SIGHUP): the report is at DEST, and the exit code stands
+        _drop_stdout()
     raise typer.Exit(_exit_code(report.status))
+
+
+def _drop_stdout() -> None:
+    """What is still buffered for a dead terminal goes nowhere (else the interpreter's last flush
+    fails too and turns the exit code into 120)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 async def _run(config, fleet_file: Path | None, progress):
@@ -119,11 +133,13 @@ async def _run(config, fleet_file: Path | None, progress):
     loop = asyncio.get_running_loop()
 
     def on_signal(sig: signal.Signals) -> None:
-        progress.phase(f"{sig.name}: stopping; committing what is answered (again to abort)")
         stop.set()
         loop.remove_signal_handler(sig)  # a second signal takes the default way out
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone (EIO)
+            progress.phase(f"{sig.name}: stopping; committing what is answered (again to abort)")
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP (the SSH session dropped, the terminal closed) ends the run as SIGTERM does: what is answered is committed
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal, sig)
     if fleet_file is None:
         return await run_generate(config, progress=progress, stop=stop)
