@@ -117,3 +117,58 @@ def test_a_closed_terminal_sighup_commits_what_is_answered_and_exits_interrupted
     run = json.loads((out / "job.json").read_text())["runs"][-1]
     assert run["status"] == "interrupted" and run["done"] == len(ids)
     assert json.loads((out / "report.json").read_text())["committed"] == len(ids)
+
+
+# ---- the only --url server dies ------------------------------------------------------------------
+
+
+def test_the_only_url_server_dead_for_good_ends_the_run_stalled_after_give_up_after(tmp_path):
+    sim = SimProcess(*SLOW_SIM, "--max-running", "8", log_path=tmp_path / "sim.log").start().wait_ready()
+    src = write_prompts(tmp_path / "in.jsonl", 3000)
+    out = tmp_path / "out"
+    argv = generate_argv(src, out, "--url", sim.url, "--give-up-after", "3s", "--shard-rows", "10", "--json")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: answered(out) >= 20 or proc.poll() is not None, timeout=60, what="20 answered rows")
+        sim.stop()  # SIGKILL: it never answers again
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        sim.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 2, stderr[-3000:]  # stalled: the exit code --help promises
+    report = json.loads(stdout)
+    assert report["status"] == "stalled" and report["servers"][0]["state"] == "gone"
+    assert "--give-up-after 3s" in report["message"]
+    assert any("given up if it does not within 3s" in e for e in report["events"])
+    ids = committed_ids(out)
+    assert len(ids) == report["committed"] == len(set(ids)) and report["remaining"] == 3000 - len(ids)
+
+
+def test_the_eta_is_unknown_while_no_server_is_up():
+    from servefleet.cli.generate_view import format_eta
+    from servefleet.generate.stats import JobStats, ServerStats
+
+    stats = JobStats(total=100, to_send=100, done=50, started=0.0)
+    stats.servers["a"] = ServerStats("a", "http://127.0.0.1:1", state="up")
+    stats.servers["b"] = ServerStats("b", "http://127.0.0.1:2", state="gone")
+    assert stats.eta_s(now=10.0) == pytest.approx(10.0)
+    stats.servers["a"].state = "down"  # taken out, being waited for: nothing serves
+    assert stats.eta_s(now=10.0) is None and format_eta(stats.eta_s(now=10.0)) == "--"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("10m", 600), ("1h30m", 5400), ("45", 45), ("1.5m", 90)])
+def test_give_up_after_reads_durations(text, seconds):
+    from servefleet.cli.generate_cmd import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "-5s", "0"])
+def test_a_bad_give_up_after_is_a_usage_error_naming_the_option(tmp_path, bad):
+    src = write_prompts(tmp_path / "in.jsonl", 1)
+    proc = subprocess.run(generate_argv(src, tmp_path / "out", "--url", "http://127.0.0.1:9", "--give-up-after", bad),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and "--give-up-after" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -48,6 +49,9 @@ def generate(
                                                                      "verifies by measured tokens/s")] = None,
     hang_after: Annotated[float, typer.Option("--hang-after", min=1.0, help="seconds without progress (server's token counters, our answers) with requests in flight before a "
                                                                             "server counts as hung, at least; grows to 3x the mean latency")] = 60.0,
+    give_up_after: Annotated[str, typer.Option("--give-up-after", metavar="DURATION", help=(
+        "how long a server that stopped answering (or a fleet server being restarted) may take to come back before it is given up for this run "
+        "(90s, 10m, 1h; a plain number: seconds); with every server given up the job ends stalled (exit 2)"))] = "10m",
     max_attempts: Annotated[int, typer.Option("--max-attempts", min=1, help="attempts per prompt before it goes to failures.jsonl")] = 5,
     backoff_base: Annotated[float, typer.Option("--backoff-base", min=0.0, help="seconds: retry n waits a random time below base*2^(n-1)")] = 0.5,
     backoff_max: Annotated[float, typer.Option("--backoff-max", min=0.0, help="seconds: cap of one retry's wait")] = 30.0,
@@ -89,6 +93,9 @@ def generate(
             conc = 0
         if conc < 1:  # not an assert: those are gone under `python -O`
             _fail(err, json_out, f"--concurrency {concurrency!r}: expected auto or a positive number", ExitCode.USAGE)
+    give_up_s = parse_duration(give_up_after)
+    if give_up_s is None or give_up_s <= 0:
+        _fail(err, json_out, f"--give-up-after {give_up_after!r}: expected a duration above 0 such as 90s, 10m or 1h", ExitCode.USAGE)
     mode = "auto" if chat is None else ("chat" if chat else "completions")
     try:
         config = GenerateConfig(
@@ -96,7 +103,7 @@ def generate(
             params=JobParams(model=model, max_tokens=max_tokens, temperature=temperature, mode=mode, token_ids=token_ids,
                              store_request=store_request, format=fmt),
             concurrency=conc, max_running=max_running, bench=[str(b) for b in bench or []],
-            health=HealthPolicy(hang_min_s=hang_after), max_attempts=max_attempts, retry_base_s=backoff_base,
+            health=HealthPolicy(hang_min_s=hang_after, recover_timeout_s=give_up_s), max_attempts=max_attempts, retry_base_s=backoff_base,
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),
             shard_seconds=shard_seconds, strict=strict, force=force, request_timeout_s=request_timeout, api_key=api_key,
             metrics_host=metrics_host, metrics_port=metrics_port,
@@ -151,6 +158,18 @@ async def _run(config, fleet_file: Path | None, progress):
             raise ConfigError(f"no server of {fleet_file} is ready; start them with `servefleet up {fleet_file}`")
         restarter = FleetRestarter(fleet)
         return await run_generate(config, targets=targets, restarter=restarter, progress=progress, stop=stop)
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of ``90s``, ``10m``, ``1h30m`` or ``45`` (seconds); None when it is none of these."""
+    m = _DURATION.fullmatch(text.strip().lower())
+    if m is None or not any(m.groups()):
+        return None
+    h, mins, secs = (float(g) if g else 0.0 for g in m.groups())
+    return 3600 * h + 60 * mins + secs
 
 
 def _exit_code(status: str) -> int:

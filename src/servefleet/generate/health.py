@@ -49,7 +49,7 @@ class HealthPolicy:
     probe_interval_s: float = 10.0
     probe_failures: int = 2
     probe_timeout_s: float = 5.0
-    recover_timeout_s: float = 900.0
+    recover_timeout_s: float = 600.0  # --give-up-after: not back within this long, a server is given up for the run
     restart_attempts: int = 3
     retry_interval_s: float = 2.0  # between recovery probes / restart attempts (doubling, capped)
     hang_min_s: float = 60.0  # no progress for this long (at least) with requests in flight: hung
@@ -170,7 +170,8 @@ async def recover(
             await asyncio.sleep(delay)
             delay = min(delay * 2, 60.0)
         return None
-    on_event(f"{target.name}: waiting for it to answer again (unmanaged: cannot restart it)")
+    on_event(f"{target.name}: waiting for it to answer again (unmanaged: cannot restart it); "
+             f"given up if it does not within {policy.recover_timeout_s:g}s (--give-up-after)")
     while time.monotonic() < deadline:
         if await client.ready(target.base_url, timeout_s=policy.probe_timeout_s) and (answers is None or await answers()):
             return target

@@ -364,7 +364,8 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
                     await progress.stop()
             await committer.close()
     if sent.outcome == "stalled":
-        sent.message = "no server left to send to; run the same command again when servers are ready"
+        sent.message = (f"no server left to send to: each was given up (not back within --give-up-after {config.health.recover_timeout_s:g}s, "
+                        "or its restarts failed: see the events); run the same command again when servers are ready")
     return sent
 
 

@@ -113,9 +113,12 @@ class JobStats:
         return max(0, self.to_send - self.done - self.failed)
 
     def eta_s(self, now: float | None = None) -> float | None:
-        """Remaining requests at the recent request rate (None until there is one)."""
+        """Remaining requests at the recent request rate (None until there is one, and while no
+        server is up: nothing is served, so no rate of before says when it will end)."""
         e = self.elapsed_s(now)
         if self.done == 0 or e <= 0:
+            return None
+        if self.servers and not any(s.state == "up" for s in self.servers.values()):
             return None
         return self.remaining() / (self.done / e)
 
