@@ -7,6 +7,7 @@ pseudo-terminal is closed under the job), the disk is really full (a small tmpfs
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import json
@@ -172,3 +173,109 @@ def test_a_bad_give_up_after_is_a_usage_error_naming_the_option(tmp_path, bad):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3 and "--give-up-after" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ---- the disk is full ----------------------------------------------------------------------------
+
+
+FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``(folder, limit_child, grow)``: a folder where a job runs out of room after a few hundred
+    rows. A 192 KiB tmpfs where this process may mount one (root: CI), so the job meets a real
+    ENOSPC; elsewhere a plain folder and a file-size limit in the job's process (RLIMIT_FSIZE:
+    a real EFBIG). ``grow()`` gives room again (a bigger tmpfs, or no limit)."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    state = {"limit": not mounted}
+
+    def limit_child() -> None:
+        if state["limit"]:
+            import resource
+            import signal
+
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a killed process
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 10, 4 << 10))
+
+    def grow() -> None:
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,size=16m", str(folder)], check=True)
+        state["limit"] = False
+
+    try:
+        yield folder, limit_child, grow, ("No space left on device" if mounted else os.strerror(27))
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_full_disk_ends_the_run_at_once_naming_the_path_and_what_was_lost_then_resume_completes(small_disk, tmp_path):
+    folder, limit_child, grow, strerror = small_disk
+    sim = SimProcess(*FAST_SIM, "--max-running", "16", log_path=tmp_path / "sim.log").start().wait_ready()
+    n = 3000
+    src = write_prompts(tmp_path / "in.jsonl", n)
+    out = folder / "out"
+    argv = generate_argv(src, out, "--url", sim.url, "--shard-rows", "50", "--store-request", "--json")
+    try:
+        # before the fix the committer died silently and the run waited for ever (killed after the timeout)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=90, preexec_fn=limit_child)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        error = json.loads(proc.stdout)["error"]
+        assert error["kind"] == "failed" and error["exit_code"] == 1
+        message = error["message"]
+        assert strerror in message and str(out) in message, message
+        committed = len(committed_ids(out))
+        assert f"were not committed (a resumed run asks them again), {committed:,} were in this run" in message
+        uncommitted = int(message.split(" answered rows were not committed")[0].rsplit("; ", 1)[1].replace(",", ""))
+        assert uncommitted > 0 and committed + uncommitted < n
+        assert not (out / ".staging").exists() or not list((out / ".staging").iterdir())  # no half-written shard left
+        assert "Traceback" not in proc.stderr
+        grow()  # room again: the same command resumes and finishes, every id once
+        again = subprocess.run(argv, capture_output=True, text=True, timeout=120, preexec_fn=limit_child)
+    finally:
+        sim.stop()
+    assert again.returncode == 0, again.stderr[-3000:]
+    report = json.loads(again.stdout)
+    assert report["status"] == "complete" and report["done_before"] == committed
+    assert sorted(committed_ids(out)) == sorted(f"p{i}" for i in range(n))
+
+
+class _Ledger:
+    """Stages anything; every publish fails with ``error``."""
+
+    def __init__(self, error: OSError) -> None:
+        self.error = error
+        self.publishes = 0
+
+    def stage(self, buffer):
+        from servefleet.generate.ledger import LedgerEntry, Staged
+
+        return Staged("/dest/.staging/tmp1.parquet", LedgerEntry("part-r-000001.parquet", "r", "sha", buffer.ids(), buffer.lines(), 0, 0))
+
+    def publish(self, staged):
+        self.publishes += 1
+        raise self.error
+
+
+@pytest.mark.parametrize(("code", "publishes"), [(28, 1), (30, 1), (5, 2)])  # ENOSPC, EROFS: at once; EIO: retried
+async def test_a_commit_error_that_waiting_does_not_mend_breaks_the_committer_at_once(code, publishes):
+    from servefleet.generate.committer import Committer
+    from servefleet.generate.shards import OutputRow, ShardBuffer, ShardLimits, shard_schema
+    from servefleet.generate.stats import JobStats
+
+    ledger = _Ledger(OSError(code, os.strerror(code)))
+    committer = Committer(ledger, ShardBuffer(shard_schema(False, False), ShardLimits(1, 1 << 20, 60)), JobStats(),  # type: ignore[arg-type]
+                          commit_attempts=2, retry_delay_s=0.01)
+    committer.start()
+    committer.add(OutputRow(id="a", line=1, text="x", finish_reason="stop", prompt_tokens=1, completion_tokens=1, model="m",
+                            server="s", attempts=1, latency_s=0.1))
+    await asyncio.wait_for(committer.broken.wait(), 10)
+    assert ledger.publishes == publishes and committer.error is ledger.error
+    assert committer.failed_shard == "/dest/.staging/tmp1.parquet"
+    await asyncio.wait_for(committer.close(), 5)  # returns: nothing more is committed
+    assert committer.backlogged  # the dispatcher waits for room, and hears why there is none
+    with pytest.raises(OSError):
+        await asyncio.wait_for(committer.wait_room(), 5)

@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -182,6 +182,6 @@ def _exit_code(status: str) -> int:
     }.get(status, ExitCode.FAILED)
 
 
-def _fail(err: object, json_out: bool, message: str, code: int) -> None:
+def _fail(err: object, json_out: bool, message: str, code: int) -> NoReturn:
     """Raise the failure; the root group prints it (and, with --json, the JSON error document)."""
     raise CliFailure(kind_for_exit_code(code), message)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from servefleet.errors import ConfigError
 from servefleet.generate.client import Client
-from servefleet.generate.committer import Committer
+from servefleet.generate.committer import CommitFailed, Committer
 from servefleet.generate.dispatch import Dispatcher, Ticket
 from servefleet.generate.endpoints import Restarter, Target, targets_from_urls, with_bench
 from servefleet.generate.health import HealthPolicy
@@ -175,19 +175,27 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
                            extra={"bench": [os.path.abspath(b) for b in config.bench]})
     sent = _Sent()
     failures = _FailureLog(sink)
+    failing: BaseException | None = None
     try:  # -- 6.
         sent = await _send(config, targets, restarter, progress, stop, stats, ledger, resume, failures, t_start, recorder)
         status = _status(sent.outcome, stats)
-    except BaseException:
+    except BaseException as exc:
         run.status = "error"
+        failing = exc
         raise
     finally:  # -- 7.
         try:
             await _finish_run(sink, manifest, run, resume, stats, failures, files, sent.outcome)
+        except Exception:
+            if failing is None:
+                raise  # else the cause is on its way already (a full disk fails this too)
         finally:
             await recorder.finish(run.status)
             if recorder.writes:
                 files.update(progress=f"{sink.url}/{PROGRESS_FILE}", timeline=f"{sink.url}/{recorder.timeline_rel}")
+            if isinstance(failing, CommitFailed):  # the half-written shard and what else failed to be written
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(sink.discard_partial)
 
     remaining = max(0, info.valid - resume.done_count - stats.committed)
     message = "; ".join(m for m in (sent.message, _rejects_message(info, files)) if m) or None
@@ -354,19 +362,47 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         try:
             with fewer_collections():
                 feed = _feed(config.input, resume.plan, config.defaults(), resume.done)
-                stopped, outcome = await until_stopped(dispatcher.run(feed), stop)
+                async with _first_of(stop, committer.broken) as halt:  # a commit that failed for good ends the run at once
+                    stopped, outcome = await until_stopped(dispatcher.run(feed), halt)
                 if outcome is not None:
                     sent.outcome = outcome
             sent.outcome = "interrupted" if stopped else sent.outcome
+        except Exception:
+            if committer.error is None:
+                raise  # else the dispatcher only saw the committer stop: the commit's error is the cause
         finally:
             with contextlib.suppress(Exception):
                 if progress:
                     await progress.stop()
             await committer.close()
+        if committer.error is not None:
+            error = committer.error
+            if not isinstance(error, OSError):
+                raise error
+            raise CommitFailed(ledger.sink.url, error.filename or committer.failed_shard, error,
+                               uncommitted=stats.done - stats.committed, committed=stats.committed) from error
     if sent.outcome == "stalled":
         sent.message = (f"no server left to send to: each was given up (not back within --give-up-after {config.health.recover_timeout_s:g}s, "
                         "or its restarts failed: see the events); run the same command again when servers are ready")
     return sent
+
+
+@contextlib.asynccontextmanager
+async def _first_of(*events: asyncio.Event | None) -> AsyncIterator[asyncio.Event]:
+    """An event that is set as soon as any of ``events`` is."""
+    first = asyncio.Event()
+
+    async def relay(event: asyncio.Event) -> None:
+        await event.wait()
+        first.set()
+
+    relays = [asyncio.ensure_future(relay(e)) for e in events if e is not None]
+    try:
+        yield first
+    finally:
+        for task in relays:
+            task.cancel()
+        await asyncio.gather(*relays, return_exceptions=True)
 
 
 async def _finish_run(sink: Sink, manifest: JobManifest, run: RunRecord, resume: _Resume, stats: JobStats,
