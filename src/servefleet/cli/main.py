@@ -62,8 +62,9 @@ COMMANDS: dict[str, CommandRow] = {
                           "0 compared, 3 a file is missing or not a bench RUN.json, or bad arguments"),
     "generate": CommandRow("servefleet.cli.generate_cmd",
                            "Send every prompt of --input to the ready servers and write the answers as sharded Parquet/JSONL; resumable, exactly once.",
-                           "0 complete, 1 incomplete (prompts in failures.jsonl) or input rejected, 2 stalled, 3 bad arguments, input or fleet, "
-                           "4 host unreachable, 130 interrupted (run it again to resume)"),
+                           "0 complete, 1 incomplete (prompts in failures.jsonl, or input records in rejects.jsonl) or a commit failed (the disk "
+                           "is full), 2 stalled (every server given up: --give-up-after), 3 bad arguments, input or fleet, 4 host unreachable, "
+                           "130 interrupted by Ctrl-C, SIGTERM or SIGHUP (what was answered is committed; run it again to resume)"),
     "progress": CommandRow("servefleet.cli.progress_cmd", "Done/remaining, rate, ETA and per-server state of a generate job, from its destination (any terminal).",
                            "0 shown (--watch: the job ended complete), 1 --watch: it ended incomplete, 2 --watch: stalled, "
                            "3 DEST holds no job or bad arguments, 130 interrupted"),
