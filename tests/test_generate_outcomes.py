@@ -71,6 +71,7 @@ class Terminal:
 
     def __init__(self) -> None:
         self.master, self.slave = pty.openpty()
+        self.output = bytearray()
         self._open = True
         self._reader = threading.Thread(target=self._drain, daemon=True)
 
@@ -89,7 +90,7 @@ class Terminal:
             ready, _, _ = select.select([self.master], [], [], 0.05)
             if ready:
                 with contextlib.suppress(OSError):
-                    os.read(self.master, 65536)
+                    self.output += os.read(self.master, 65536)
 
     def hang_up(self) -> None:
         self._open = False
@@ -118,6 +119,47 @@ def test_a_closed_terminal_sighup_commits_what_is_answered_and_exits_interrupted
     run = json.loads((out / "job.json").read_text())["runs"][-1]
     assert run["status"] == "interrupted" and run["done"] == len(ids)
     assert json.loads((out / "report.json").read_text())["committed"] == len(ids)
+
+
+def test_a_detached_job_outlives_its_terminal_and_progress_follows_it_to_the_end(slow_sim, tmp_path):
+    n = 200
+    src = write_prompts(tmp_path / "in.jsonl", n)
+    out = tmp_path / "out"
+    log = tmp_path / "job.log"
+    terminal = Terminal()
+    parent = terminal.start(generate_argv(src, out, "--url", slow_sim.url, "--shard-rows", "50", "--detach", "--log", str(log), "--json"))
+    started: dict = {}
+    try:
+        assert parent.wait(timeout=60) == 0
+        started = json.loads(bytes(terminal.output).decode().strip().splitlines()[-1])
+        assert started["detached"] and started["log"] == str(log)
+        terminal.hang_up()  # the terminal that started it is gone; the job is not
+        follow = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "progress", str(out), "-f", "--interval", "0.5"],
+                                capture_output=True, text=True, timeout=120)
+        assert follow.returncode == 0, follow.stdout[-2000:] + follow.stderr[-2000:]
+        wait_until(lambda: not os.path.exists(f"/proc/{started['pid']}") or _zombie(started["pid"]), timeout=30, what="the job to exit")
+    except BaseException:  # the job may still be running: it is ours to end
+        if started.get("pid"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(started["pid"], 9)
+        raise
+    assert sorted(committed_ids(out)) == sorted(f"p{i}" for i in range(n))
+    assert json.loads((out / "job.json").read_text())["runs"][-1]["status"] == "complete"
+    assert '"status": "complete"' in log.read_text()  # its report, in its log
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
+
+
+def test_a_detached_job_that_ends_before_sending_gives_its_exit_code_and_why(tmp_path):
+    proc = subprocess.run(generate_argv(tmp_path / "missing.jsonl", tmp_path / "out", "--url", "http://127.0.0.1:9", "--detach",
+                                        "--log", str(tmp_path / "job.log")), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "missing.jsonl: no such file" in proc.stderr
 
 
 # ---- the only --url server dies ------------------------------------------------------------------

@@ -69,6 +69,9 @@ def generate(
                                                                                               "errors, retries, per-server in flight, rate and concurrency limit); 0: any free "
                                                                                               "port, named in the events")] = None,
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="address for --metrics-port (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
+    detach: Annotated[bool, typer.Option("--detach", help="run the job in a session of its own: it outlives this terminal or SSH session; returns once it "
+                                                          "is sending (or with its exit code if it ended first); follow it with `servefleet progress DEST -f`")] = False,
+    log: Annotated[Path, typer.Option("--log", help="with --detach: where the job's output goes (appended)")] = Path("servefleet-generate.log"),
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     from pydantic import ValidationError
@@ -110,7 +113,9 @@ def generate(
         )
     except ValidationError as exc:  # the model's own range checks, worded with the option names
         _fail(err, json_out, str(option_error(exc)), ExitCode.USAGE)
-    progress = ProgressView(err)
+    if detach:
+        _detach(output, log, json_out, err)
+    progress = _SaysWhenSending(ProgressView(err))
     # a ConfigError (exit 3), an unreachable host (4) or another servefleet error (1) is reported by the root group
     report = asyncio.run(_run(config, fleet, progress))
     try:
@@ -130,6 +135,43 @@ def _drop_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
+
+
+def _detach(output: str, log: Path, json_out: bool, err) -> NoReturn:
+    from servefleet.cli.detach import detach
+
+    if not json_out:
+        err.print(f"starting the job detached (output in {log.absolute()}); waiting until it sends", highlight=False, markup=False)
+    job = detach([a for a in sys.argv[1:] if a != "--detach"], str(log.absolute()))
+    if not job.running:  # it ended before sending: its own exit code, and why
+        sys.stderr.write(job.log_tail())
+        raise typer.Exit(job.exit_code or 0)
+    if json_out:
+        sys.stdout.write(json.dumps({"detached": True, "pid": job.pid, "log": job.log, "destination": output}) + "\n")
+    else:
+        err.print(f"generate: running detached (pid {job.pid}), output in {job.log}\n"
+                  f"follow it: servefleet progress {output} -f\n"
+                  f"stop it (what is answered is committed): kill -TERM {job.pid}", highlight=False, markup=False)
+    raise typer.Exit(ExitCode.OK)
+
+
+class _SaysWhenSending:
+    """The progress view; once the job is sending, a detached job tells its parent (cli/detach.py)."""
+
+    def __init__(self, view) -> None:
+        self.view = view
+
+    def phase(self, text: str) -> None:
+        self.view.phase(text)
+
+    def start(self, stats) -> None:
+        from servefleet.cli.detach import say_ready
+
+        self.view.start(stats)
+        say_ready()
+
+    async def stop(self) -> None:
+        await self.view.stop()
 
 
 async def _run(config, fleet_file: Path | None, progress):
