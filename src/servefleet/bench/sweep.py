@@ -351,6 +351,12 @@ async def _aggregate(sweep: _Sweep, level: int | float, got: _Measured) -> Point
         sweep.use_sample = True  # the profile names histograms this server does not publish
         sweep.note(f"no latency histograms on {sweep.base}/metrics: TTFT/TPOT of the next points from "
                    f"{SAMPLE_REQUESTS} streamed requests beside the load")
+    coarse = _coarse(server_latency)
+    if not config.stream and coarse and not sweep.use_sample:
+        sweep.use_sample = True  # the engine's buckets cannot place these percentiles: time them on the client
+        sweep.note(f"the engine's {', '.join(coarse)} histogram buckets are too coarse for their percentiles (they fell in "
+                   "the first or the open last bucket): means stay exact (sum/count); percentiles of the next points "
+                   f"from {SAMPLE_REQUESTS} streamed requests beside the load")
     check = judge(got.loads, got.host_cpu)
     return Point(
         concurrency=(config.max_concurrency if config.mode == "rate" else int(level)),
@@ -419,11 +425,19 @@ def _server_latency(names: LatencyMetrics | None, warm: dict[str, float], after:
     return out if out.metrics else None
 
 
+def _coarse(server: ServerLatency | None) -> list[str]:
+    """The latencies whose percentiles the engine's histogram buckets could not place."""
+    if server is None:
+        return []
+    return [key.upper() for key in ("ttft", "tpot", "itl") if (got := getattr(server, f"{key}_ms")) is not None and got.coarse]
+
+
 def _latencies(fields: dict[str, Any], server: ServerLatency | None, *, streamed: bool,
                sample: dict[str, Any] | None = None) -> dict[str, Any]:
     """TTFT/TPOT/ITL of a point and where each came from: the client's own timing when it streamed,
-    else the engine's histograms (TPOT from ITL's mean when the engine has no per-request TPOT),
-    else a small streamed sample sent beside the load."""
+    else the engine's histograms (TPOT from ITL's mean when the engine has no per-request TPOT;
+    percentiles its buckets were too coarse for from the streamed sample when there is one), else a
+    small streamed sample sent beside the load."""
     source: dict[str, str] = {}
     out: dict[str, Any] = {"latency_source": source}
     for key in ("ttft", "tpot", "itl"):
@@ -439,7 +453,12 @@ def _latencies(fields: dict[str, Any], server: ServerLatency | None, *, streamed
         metric = server.metrics.get(key) if server is not None else None
         if got is None and key == "tpot" and server is not None and server.itl_ms is not None:
             got, metric = Stat(mean=server.itl_ms.mean, n=server.itl_ms.n), server.metrics["itl"] + " (mean)"
-        if got is not None:
+        timed: Stat | None = sample[f"{key}_ms"] if sample is not None else None
+        if got is not None and got.coarse and timed is not None and timed.n:
+            # the exact mean from the engine; the percentiles its buckets could not place, from client timing
+            out[f"{key}_ms"] = got.model_copy(update={"p50": timed.p50, "p90": timed.p90, "p99": timed.p99, "resolution_ms": {}})
+            source[key] = f"server:{metric} (mean); client:streamed sample of {sample['successful']} (percentiles)"  # type: ignore[index]
+        elif got is not None:
             out[f"{key}_ms"] = got
             source[key] = f"server:{metric}"
         else:

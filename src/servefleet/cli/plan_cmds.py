@@ -165,10 +165,14 @@ def plan(
             "plot": str(plot_path) if plot_path else None,
             "notes": notes,
             "warnings": warnings,
+            "caveats": {c.name: list(c.caveats) for c in configs if c.caveats},
         }, indent=2))
         return
     for warning in warnings:
         console.print(f"[bold yellow]warning:[/] {warning}")
+    for config in configs:
+        for caveat in config.caveats:
+            console.print(f"[bold yellow]caveat:[/] {config.name}: {caveat}")
     for g, rows in results.items():
         console.print(plan_table(rows, job, g))
         for r in rows:
@@ -219,6 +223,8 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
         console.print(check_table(result))
         style = "green" if result.within else "red"
         console.print(f"[bold {style}]verdict:[/] {result.verdict()}")
+        for caveat in result.caveats:
+            console.print(f"  [bold yellow]caveat:[/] {caveat}")
         for note in result.notes:
             console.print(f"  note: {note}")
     if not result.within:  # the check ran, and the plan missed: exit 1 (the verdict and --json say by how much)
