@@ -58,7 +58,7 @@ from servefleet.bench.workload import (
 from servefleet.capacity import Capacity
 from servefleet.engines.base import LatencyMetrics
 from servefleet.engines.registry import info_paths, serving_metrics
-from servefleet.errors import ServefleetError
+from servefleet.errors import ConfigError, ServefleetError
 from servefleet.http import HttpClient
 
 __all__ = ["BenchTarget", "BenchError", "ServerUnreachable", "run_bench", "auto_workers", "MIN_PER_WORKER", "MAX_PROMPTS"]
@@ -196,6 +196,7 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
     per_point = config.requests or max(256, 4 * int(config.max_concurrency or max(levels)))
     warm_counts = [_warmup_count(config, level) for level in levels]
     prompts = await _prompts(config, min(MAX_PROMPTS, len(levels) * per_point + sum(warm_counts)), counter)
+    _check_context(prompts, server.capacity.context_length if server.capacity else None, base)
 
     api_path = "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
     endpoint = EndpointConfig(base_url=base, path=api_path, stream=config.stream,
@@ -218,6 +219,19 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
     )
     _plan_latency_sample(sweep)
     return sweep
+
+
+def _check_context(prompts: list[Prompt], context: int | None, base: str) -> None:
+    """Refuse, before any request, prompts whose input plus max_tokens pass the server's context: each
+    would be refused (or cut short), and the sweep would take minutes to say so, blaming something else."""
+    if not context:
+        return
+    over = [p for p in prompts if p.input_tokens is not None and p.input_tokens + p.output_tokens > context]
+    if over:
+        worst = max(over, key=lambda p: (p.input_tokens or 0) + p.output_tokens)
+        raise ConfigError(f"{len(over):,} of {len(prompts):,} prompts do not fit the context of {base} ({context:,} tokens): "
+                          f"up to {worst.input_tokens:,} input + {worst.output_tokens:,} output tokens; lower --input-len "
+                          "or --output-len (with their --*-len-range) so that their sum stays within it")
 
 
 async def _token_counter(client: HttpClient, base: str, model: str | None, engine: str | None,

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -119,6 +120,7 @@ def bench(
         output_len_range=output_len_range, dataset=dataset, api=api, stream=stream, ignore_eos=ignore_eos,
         temperature=temperature, extra_body=extra_body, workers=workers, seed=seed, timeout=timeout,
     )
+    _check_paths(tokenizer, out)
     targets = _bench_targets(url, fleet, servers, label, model, engine, api_key=os.environ.get(api_key_env) or None)
     runs, paths = _run_targets(targets, config, tokenizer=tokenizer, out=out, quiet=as_json)
     comparison = _compare_targets(runs, paths, out)
@@ -262,8 +264,28 @@ def _run_one(target: BenchTarget, config: BenchConfig, *, tokenizer: str | None,
             ))
     except ServerUnreachable as exc:
         raise _fail(str(exc), ExitCode.UNREACHABLE) from None
+    except ConfigError as exc:  # the user's workload or paths, found before any point ran
+        raise _fail(str(exc)) from None
     except ServefleetError as exc:
         raise _fail(str(exc), ExitCode.FAILED) from None
+
+
+def _check_paths(tokenizer: str | None, out: Path | None) -> None:
+    """The user's paths, before any server is asked: a sweep of minutes must not end in a traceback."""
+    if tokenizer is not None and not Path(tokenizer).exists():
+        raise _fail(f"--tokenizer {tokenizer}: no such folder (give a local tokenizer folder; nothing is downloaded)")
+    if out is None:
+        return
+    folder = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        raise _fail(f"--out {out} is a folder; give the RUN.json file to write")
+    if not folder.is_dir():
+        raise _fail(f"--out {out}: no folder {folder} to write it in (create it first)")
+    try:  # the one way to know (a read-only mount, a folder of another user; root passes permission bits)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".servefleet-write-test-"):
+            pass
+    except OSError as exc:
+        raise _fail(f"--out {out}: cannot write in {folder} ({exc.strerror or exc}); choose a folder you can write to") from None
 
 
 def _compare_targets(runs: list[Run], paths: list[str], out: Path | None) -> Comparison | None:
