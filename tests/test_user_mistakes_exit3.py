@@ -1,4 +1,4 @@
-"""bench's user mistakes are exit 3 with the path or the limit named, before any point runs (issue 24
+"""bench and generate: user mistakes are exit 3 with the path or the limit named, before any point runs (issue 24
 item 13): a tokenizer path that is not there or not a tokenizer, an --out folder that cannot be
 written, prompts longer than the server's context."""
 
@@ -63,3 +63,18 @@ def test_prompts_longer_than_the_servers_context_are_refused_before_any_point(si
     assert res.exit_code == 3, res.output
     assert "do not fit the context" in res.output and "(64 tokens)" in res.output and "60 input + 16 output" in res.output
     assert "ignore_eos" not in res.output and "concurrency 2:" not in res.output  # no point ran
+
+
+def test_generate_into_a_folder_that_cannot_be_written_is_exit_3(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        out = Path("/proc") / "servefleet-job"
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        out = ro / "job"
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "a", "prompt": "hi"}\n')
+    res = runner.invoke(app, ["generate", "-i", str(inp), "-o", str(out), "--url", CLOSED, "--model", "m"])
+    assert res.exit_code == 3, res.output
+    assert f"--output {out}: cannot write there" in res.output
