@@ -58,7 +58,7 @@ def capacity(
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM).")] = 0.9,
     context_len: Annotated[int, typer.Option("--context-len", min=1, help="Tokens per request (prompt + output) for max running requests.")] = 4096,
     spec: Annotated[str | None, typer.Option("--spec", help="Speculative draft: mtp[:N], draft:PATH, eagle:PATH or ngram.")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Weight dtype.")] = "bfloat16",
+    dtype: Annotated[str | None, typer.Option("--dtype", help="Weight dtype (default: the model's torch_dtype from config.json, else bfloat16).")] = None,
     kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="KV-cache dtype (default: the weight dtype), e.g. fp8.")] = None,
     overhead: Annotated[str, typer.Option("--overhead", help="Per-GPU memory outside the fraction's budget (CUDA context, activations).")] = "1GiB",
     url: Annotated[str | None, typer.Option("--url", help="A running server: also show what its engine reports.")] = None,
@@ -68,7 +68,7 @@ def capacity(
     """Predict KV-cache tokens and max running requests from a model's config.json, before launching
     anything; with --url, compare with what the running engine reports."""
     from servefleet.cli.plan_view import memory_table
-    from servefleet.plan.memory import MemoryAssumptions, estimate_memory, load_config, parse_bytes
+    from servefleet.plan.memory import MemoryAssumptions, estimate_memory, load_config, model_dtype, parse_bytes
     from servefleet.validation import build
 
     if model is None and url is None:
@@ -78,12 +78,16 @@ def capacity(
         assumptions = build(
             MemoryAssumptions, None,
             gpu_mem_bytes=parse_bytes(gpu_mem), tp=tp, mem_fraction=mem_fraction,
-            overhead_bytes_per_gpu=parse_bytes(overhead), weight_dtype=dtype, kv_dtype=kv_dtype or dtype,
-            state_dtype=dtype, context_len=context_len, spec=spec,
+            overhead_bytes_per_gpu=parse_bytes(overhead), weight_dtype=dtype or "bfloat16", kv_dtype=kv_dtype or dtype or "bfloat16",
+            state_dtype=dtype or "bfloat16", context_len=context_len, spec=spec,
         )
         est = None
         if model is not None:
             cfg, folder = load_config(model)
+            declared = model_dtype(cfg) if dtype is None else None
+            if declared is not None:  # a float32 model's weights and cache take twice bfloat16's bytes
+                assumptions = assumptions.model_copy(update={"weight_dtype": declared, "kv_dtype": kv_dtype or declared,
+                                                             "state_dtype": declared})
             est = estimate_memory(cfg, assumptions, folder)
         reported = asyncio.run(_live_capacity(url, engine)) if url else None
     except (ServefleetError, ValueError) as exc:
