@@ -121,14 +121,16 @@ def test_without_json_stdout_stays_empty_and_stderr_says_what_to_do(tmp_path: Pa
 
 
 def test_status_exit_code_says_whether_all_are_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not launched is down: exit 1 with the usual payload (not an error document)."""
+    """Not launched is down: exit 1, the usual payload in the failure shape every failure has (README)."""
     monkeypatch.chdir(tmp_path)
     fleet = tmp_path / "f.toml"
     fleet.write_text(f'[[servers]]\nname = "a"\nport = {free_port()}\nengine = "sim"\nmodel = "m"\n')
     code, out, _ = invoke(["status", "--fleet", str(fleet), "--json"])
     assert code == 1
     doc = json.loads(out)
-    assert "ok" not in doc and [s["state"] for s in doc["servers"]] == ["not launched"]
+    assert doc["ok"] is False and doc["error"]["kind"] == "failed" and doc["error"]["exit_code"] == 1
+    assert "a (not launched)" in doc["error"]["message"] and doc["error"]["command"] == "status"
+    assert [s["state"] for s in doc["servers"]] == ["not launched"]
     assert invoke(["status", "--fleet", str(fleet)])[0] == 1
 
 

@@ -29,3 +29,29 @@ def test_capacity_of_a_float32_model_says_float32_and_counts_its_bytes(tmp_path:
     assert forced["assumptions"]["weight_dtype"] == "bfloat16" and forced["kv_bytes_per_token"] == 131072
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B))  # no dtype declared: bfloat16, as before
     assert _capacity(tmp_path)["assumptions"]["weight_dtype"] == "bfloat16"
+
+
+def test_plan_check_outside_tolerance_is_in_the_failure_shape(tmp_path: Path) -> None:
+    from test_plan_check import bench_run, make_job_dir
+
+    job = make_job_dir(tmp_path / "out", valid=1000, runs=[(0.0, 505.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500})
+    fast = bench_run(tmp_path / "fast.json", [(1, 80.0), (4, 200.0)], cap=4)  # promises twice what the job measured
+    res = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(fast), "--json"])
+    assert res.exit_code == 1
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["exit_code"] == 1 and doc["error"]["kind"] == "failed"
+    assert doc["error"]["message"].startswith("off by more than 10%") and doc["within_tolerance"] is False
+    ok = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(bench_run(tmp_path / "r.json", [(1, 40.0), (4, 100.0)], cap=4)),
+                             "--json"])
+    assert ok.exit_code == 0 and "ok" not in json.loads(ok.stdout)  # success payloads never carry "ok"
+
+
+def test_outcome_document_keeps_the_payload_and_the_exit_code() -> None:
+    from servefleet.cli.failure import outcome_document
+
+    payload = {"status": "incomplete", "failed": 3}
+    assert outcome_document(payload, exit_code=0, message="x", command="generate") is payload
+    doc = outcome_document(payload, exit_code=130, message="the job ended interrupted", command="generate")
+    assert list(doc)[:2] == ["ok", "error"] and doc["status"] == "incomplete"
+    assert doc["error"] == {"kind": "interrupted", "message": "the job ended interrupted", "hint": None, "exit_code": 130,
+                            "command": "generate"}

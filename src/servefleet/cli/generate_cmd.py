@@ -104,11 +104,15 @@ def generate(
     progress = ProgressView(err)
     # a ConfigError (exit 3), an unreachable host (4) or another servefleet error (1) is reported by the root group
     report = asyncio.run(_run(config, fleet, progress))
+    code = _exit_code(report.status)
     if json_out:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        from servefleet.cli.failure import outcome_document
+
+        document = outcome_document(report.to_json(), exit_code=code, message=f"the job ended {report.status}", command="generate")
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         render_report(report, Console())
-    raise typer.Exit(_exit_code(report.status))
+    raise typer.Exit(code)
 
 
 async def _run(config, fleet_file: Path | None, progress):

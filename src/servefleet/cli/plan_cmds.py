@@ -220,7 +220,10 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
     except ValueError:
         raise _fail(f"--gpus must be an integer, got {gpus!r}") from None
     if as_json:
-        print(json.dumps({**result.to_json(), "warnings": warnings}, indent=2))
+        from servefleet.cli.failure import outcome_document
+
+        print(json.dumps(outcome_document({**result.to_json(), "warnings": warnings}, exit_code=0 if result.within else int(ExitCode.FAILED),
+                                          message=result.verdict(), command="plan"), indent=2))
     else:
         for warning in warnings:
             console.print(f"[bold yellow]warning:[/] {warning}")
