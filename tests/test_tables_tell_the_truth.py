@@ -55,3 +55,17 @@ def test_outcome_document_keeps_the_payload_and_the_exit_code() -> None:
     assert list(doc)[:2] == ["ok", "error"] and doc["status"] == "incomplete"
     assert doc["error"] == {"kind": "interrupted", "message": "the job ended interrupted", "hint": None, "exit_code": 130,
                             "command": "generate"}
+
+
+def test_status_labels_the_process_group_not_a_pid() -> None:
+    from rich.console import Console
+
+    from servefleet.cli.fleet_view import status_table
+    from servefleet.fleet import Liveness, ServerStatus
+
+    st = ServerStatus(name="a", engine="sim", port=8000, pid=4242, state=Liveness.READY)
+    console = Console(width=200, record=True)
+    console.print(status_table("f", [st]))
+    header = console.export_text().splitlines()[1:4]
+    assert any("pgid" in line for line in header) and not any(" pid " in line for line in header), header
+    assert st.to_json()["pgid"] == 4242
