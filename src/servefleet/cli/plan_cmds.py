@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.cli.failure import CliFailure, ErrorKind, kind_for_exit_code
+from servefleet.cli.failure import CliFailure, ErrorKind, failure_from_exception, kind_for_exit_code
 from servefleet.errors import ServefleetError
 
 
@@ -90,7 +90,9 @@ def capacity(
                                                              "state_dtype": declared})
             est = estimate_memory(cfg, assumptions, folder)
         reported = asyncio.run(_live_capacity(url, engine)) if url else None
-    except (ServefleetError, ValueError) as exc:
+    except ServefleetError as exc:
+        raise failure_from_exception(exc) or _fail(str(exc)) from None
+    except ValueError as exc:
         raise _fail(str(exc)) from None
     if as_json:
         out = est.model_dump() if est else {}
@@ -152,8 +154,8 @@ def plan(
         for arg in bench:
             path, g = parse_bench_arg(arg)
             configs.append(curve_from_run(path, g or gpus_per_replica, max_running))
-    except ServefleetError as exc:
-        raise _fail(str(exc)) from None
+    except ServefleetError as exc:  # a ConfigError (a missing or bad file) is config, as in every command
+        raise failure_from_exception(exc) or _fail(str(exc)) from None
     warnings = mode_warnings(configs)
     modes = {c.name: c.measured_mode for c in configs}
     results = {g: plan_job(configs, job, g, gpu_hour_cost) for g in counts}
@@ -215,8 +217,8 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
         g = _gpu_counts(gpus)[0] if gpus else None
         result = check_plan(pick_config(configs, measured), measured, gpus=g, concurrency=concurrency)
         warnings = mode_warnings([c for c, _ in configs])
-    except ServefleetError as exc:
-        raise _fail(str(exc)) from None
+    except ServefleetError as exc:  # a ConfigError (a missing or bad file) is config, as in every command
+        raise failure_from_exception(exc) or _fail(str(exc)) from None
     except ValueError:
         raise _fail(f"--gpus must be an integer, got {gpus!r}") from None
     if as_json:

@@ -169,13 +169,13 @@ def register(app: typer.Typer) -> None:
 
         profile = _engine_or_none(engine, json_out)
         if not logfile.exists():
-            _fail_usage(f"log file {logfile} does not exist (is the path right?)", json_out)
+            _fail_usage(f"log file {logfile} does not exist (is the path right?)", json_out, ErrorKind.CONFIG)
         if logfile.is_dir():
-            _fail_usage(f"{logfile} is a folder, not a log file", json_out)
+            _fail_usage(f"{logfile} is a folder, not a log file", json_out, ErrorKind.CONFIG)
         try:  # bounded: a big log is read at its start, its end and around its first fatal block
             verdict = diagnose_local_file(logfile, profile)
         except OSError as exc:
-            _fail_usage(f"cannot read {logfile}: {exc.strerror or exc}", json_out)
+            _fail_usage(f"cannot read {logfile}: {exc.strerror or exc}", json_out, ErrorKind.CONFIG)
             raise
         if json_out:
             print(json.dumps(verdict.to_json()))
