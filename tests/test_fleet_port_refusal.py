@@ -3,6 +3,7 @@ not call that port free (issue 24 item 15)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -33,3 +34,20 @@ async def test_one_held_port_launches_nothing_and_down_does_not_call_it_free(tmp
     b = results["b"]
     assert not b.was_running and not b.port_free and b.port_holder_pid == os.getpid()
     assert f"port {ports['b']} is held by another process" in b.message
+
+
+def test_up_json_with_a_refused_server_is_in_the_failure_shape(tmp_path: Path) -> None:
+    from test_fleet_lifecycle import cli
+
+    path, ports = write_fleet(tmp_path, {"a": []})
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", ports["a"]))
+    holder.listen()
+    try:
+        res = cli("up", str(path), "--json", cwd=tmp_path)
+    finally:
+        holder.close()
+    assert res.returncode == 1, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"]["exit_code"] == 1 and doc["error"]["command"] == "up"
+    assert "a (failed: port_in_use)" in doc["error"]["message"]
