@@ -69,3 +69,27 @@ def test_status_labels_the_process_group_not_a_pid() -> None:
     header = console.export_text().splitlines()[1:4]
     assert any("pgid" in line for line in header) and not any(" pid " in line for line in header), header
     assert st.to_json()["pgid"] == 4242
+
+
+def test_generate_incomplete_json_is_in_the_failure_shape(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import SimProcess
+
+    sim = SimProcess("--load-time", "0", "--model", "m", "--style", "vllm", "--error-rate", "1.0",
+                     log_path=tmp_path / "sim.log").start()
+    try:
+        sim.wait_ready(timeout=120)
+        inp = tmp_path / "in.jsonl"
+        inp.write_text('{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "yo"}\n')
+        res = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "generate", "-i", str(inp), "-o", str(tmp_path / "out"),
+                              "--url", sim.url, "--max-attempts", "1", "--max-tokens", "4", "--json"],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        sim.stop()
+    assert res.returncode == 1, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"] == {"kind": "failed", "message": "the job ended incomplete", "hint": None,
+                                                   "exit_code": 1, "command": "generate"}
+    assert doc["status"] == "incomplete"  # the report itself is all there
