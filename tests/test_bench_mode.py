@@ -52,7 +52,7 @@ def test_histogram_sums_label_sets_differences_and_interpolates() -> None:
     s = d.stat()
     assert s.n == 10 and s.mean == pytest.approx(410.0)  # exact: sum / count, in ms
     assert s.p50 == pytest.approx(100 + 400 * (5 - 4) / 4)  # inside (0.1, 0.5]: linear
-    assert s.p99 == pytest.approx(500.0)  # in +Inf: the last finite bound is all that is known
+    assert s.p99 is None and s.resolution_ms["p99"] == (500.0, None)  # in +Inf: "over 500 ms" is all that is known
     assert d.minus(h).count == 10  # a counter reset (earlier larger) reads as the whole later scrape
     assert histogram(after, "vllm:e2e_request_latency_seconds") is None
     assert first_histogram(after, ("sglang:time_to_first_token_seconds", name)) == h

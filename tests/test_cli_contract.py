@@ -86,21 +86,26 @@ def test_a_bad_fleet_file_is_a_config_error(args: list[str], tmp_path: Path, mon
     assert "error: " in err and "must be between" in err  # the words on stderr too
 
 
-@pytest.mark.parametrize(("args", "kind", "said"), [
-    (["diagnose", "{tmp}/missing.log"], ErrorKind.USAGE, "does not exist"),
-    (["compare", "{tmp}/missing.json"], ErrorKind.USAGE, "no such file"),
-    (["plan", "--bench", "{tmp}/missing.json", "--prompts", "5", "--output-tokens-mean", "10"], ErrorKind.USAGE, "no such bench run"),
-    (["plan", "--check", "{tmp}", "--bench", "{tmp}/missing.json"], ErrorKind.USAGE, "no"),
-    (["up", "{tmp}/missing.toml"], ErrorKind.CONFIG, "not found"),
-    (["status"], ErrorKind.CONFIG, "no fleet file"),  # run where there is none
-    (["generate", "--input", "{tmp}/missing.jsonl", "--output", "{tmp}/out", "--url", "http://127.0.0.1:1"], ErrorKind.CONFIG, "no such file"),
-    (["capacity", "--model", "{tmp}/missing"], ErrorKind.USAGE, "no config.json"),
+@pytest.mark.parametrize(("args", "said"), [
+    (["diagnose", "{tmp}/missing.log"], "does not exist"),
+    (["compare", "{tmp}/missing.json"], "no such file"),
+    (["plan", "--bench", "{tmp}/missing.json", "--prompts", "5", "--output-tokens-mean", "10"], "no such bench run"),
+    (["plan", "--check", "{tmp}", "--bench", "{tmp}/missing.json"], "no"),
+    (["plan", "--bench", "{tmp}/missing.json", "--prompts", "5", "--sample", "{tmp}/missing.jsonl"], "sample file not found"),
+    (["up", "{tmp}/missing.toml"], "not found"),
+    (["status"], "no fleet file"),  # run where there is none
+    (["generate", "--input", "{tmp}/missing.jsonl", "--output", "{tmp}/out", "--url", "http://127.0.0.1:1"], "no such file"),
+    (["capacity", "--model", "{tmp}/missing"], "no config.json"),
+    (["bench", "--url", "http://127.0.0.1:1", "-c", "1", "-n", "1", "--dataset", "{tmp}/missing.jsonl"], "no such file"),
+    (["report", "{tmp}/missing"], "no such folder"),
+    (["progress", "{tmp}/missing"], "no such folder"),
 ], ids=lambda a: a[0] if isinstance(a, list) else "")
-def test_a_missing_file_is_reported_in_the_one_shape(args: list[str], kind: ErrorKind, said: str, tmp_path: Path,
+def test_a_missing_file_is_reported_in_the_one_shape(args: list[str], said: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """One kind for a missing file, whichever command was given it: config (exit 3)."""
     monkeypatch.chdir(tmp_path)
     code, out, _ = invoke([a.format(tmp=tmp_path) for a in args] + ["--json"])
-    assert said in assert_error_document(code, out, kind)["message"]
+    assert said in assert_error_document(code, out, ErrorKind.CONFIG)["message"]
 
 
 @pytest.mark.parametrize("command", ["bench", "capacity", "generate"])
@@ -121,14 +126,16 @@ def test_without_json_stdout_stays_empty_and_stderr_says_what_to_do(tmp_path: Pa
 
 
 def test_status_exit_code_says_whether_all_are_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not launched is down: exit 1 with the usual payload (not an error document)."""
+    """Not launched is down: exit 1, the usual payload in the failure shape every failure has (README)."""
     monkeypatch.chdir(tmp_path)
     fleet = tmp_path / "f.toml"
     fleet.write_text(f'[[servers]]\nname = "a"\nport = {free_port()}\nengine = "sim"\nmodel = "m"\n')
     code, out, _ = invoke(["status", "--fleet", str(fleet), "--json"])
     assert code == 1
     doc = json.loads(out)
-    assert "ok" not in doc and [s["state"] for s in doc["servers"]] == ["not launched"]
+    assert doc["ok"] is False and doc["error"]["kind"] == "failed" and doc["error"]["exit_code"] == 1
+    assert "a (not launched)" in doc["error"]["message"] and doc["error"]["command"] == "status"
+    assert [s["state"] for s in doc["servers"]] == ["not launched"]
     assert invoke(["status", "--fleet", str(fleet)])[0] == 1
 
 

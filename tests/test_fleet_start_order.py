@@ -183,7 +183,9 @@ async def test_a_failed_first_server_is_stopped_then_the_next_one_starts(tmp_pat
     assert b.launched_at >= gone_at
 
 
-async def test_a_first_server_refused_before_launch_does_not_hold_the_next_one(tmp_path: Path, fleets) -> None:
+async def test_a_server_refused_before_launch_launches_nothing_of_the_fleet(tmp_path: Path, fleets) -> None:
+    """`up` refuses before launching anything (README): the sibling is not launched either (it used to
+    start, and `up` exited 1 with half the fleet running)."""
     path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(0.5)}, "b": {"gpus": [0], "args": vllm(0.5)}})
     fleet = Fleet.load(path)
     fleets(fleet)
@@ -194,8 +196,9 @@ async def test_a_first_server_refused_before_launch_does_not_hold_the_next_one(t
         verdicts = await fleet.up(smoke=False)
     finally:
         holder.close()
-    assert verdicts["a"].category == Category.PORT_IN_USE and verdicts["b"].state == State.READY
-    assert [s["signal"] for s in fleet.store.load("b").started_after] == ["not launched"]
+    assert verdicts["a"].category == Category.PORT_IN_USE and verdicts["b"].state == State.FAILED
+    assert "not launched: the port of a is held" in (verdicts["b"].message or "")
+    assert fleet.store.load("a") is None and fleet.store.load("b") is None
 
 
 async def test_restart_waits_for_a_sibling_that_is_still_starting(tmp_path: Path, fleets) -> None:

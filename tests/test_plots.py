@@ -7,7 +7,7 @@ from servefleet.cli.plots import latency_figure, plot_latency
 
 
 def _point(c: int, tps: float, itl_ms: float | None) -> Point:
-    lat = Stat(p50=itl_ms, n=10) if itl_ms is not None else Stat()  # Stat(): no request succeeded
+    lat = Stat(mean=itl_ms, p50=itl_ms, n=10) if itl_ms is not None else Stat()  # Stat(): no request succeeded
     return Point(concurrency=c, requests=10, successful=10 if itl_ms is not None else 0, errors=0 if itl_ms is not None else 10,
                  duration_s=1.0, requests_per_s=10.0, input_tokens=1000, output_tokens=int(tps), output_tokens_per_s=tps,
                  total_tokens_per_s=tps + 1000, ttft_ms=lat, tpot_ms=lat, itl_ms=lat, e2e_ms=lat, achieved_concurrency=float(c),

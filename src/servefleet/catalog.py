@@ -16,6 +16,7 @@ class State(StrEnum):
     READY = "ready"
     FAILED = "failed"
     STALLED = "stalled"
+    UNKNOWN = "unknown"  # `diagnose` only: the file is not a recognised server log
 
 
 class Category(StrEnum):

@@ -4,8 +4,10 @@ An engine's latency histograms (names from its profile: ``EngineProfile.latency_
 every request it served. Scraped just before a point's measured requests (after the warm-up) and
 just after them, the difference holds exactly that point's requests (plus anything else the server
 served meanwhile). The mean is exact (sum / count); percentiles are interpolated linearly inside
-buckets, as Prometheus' ``histogram_quantile`` does, so they are only as fine as the buckets
-(vLLM's inter-token buckets start at 10 ms: a faster server's ITL percentiles read "under 10 ms").
+buckets, as Prometheus' ``histogram_quantile`` does, so they are only as fine as the buckets: each
+percentile carries its bucket (``Stat.resolution_ms``), and one in the first or the open last bucket
+is not given at all (vLLM's inter-token buckets start at 10 ms: a faster server's ITL p50 is "under
+10 ms", not the 5.00 ms interpolation would make of it; bench then times a streamed sample).
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class Histogram:
                          self.sum - earlier.sum, self.count - earlier.count)
 
     def quantile(self, q: float) -> float | None:
+        found = self.quantile_in_bucket(q)
+        return None if found is None else found[0]
+
+    def quantile_in_bucket(self, q: float) -> tuple[float, float, float] | None:
+        """(interpolated value, lower bound, upper bound) of the bucket the ``q`` quantile falls in."""
         if self.count <= 0 or not self.buckets:
             return None
         rank = q * self.count
@@ -46,23 +53,31 @@ class Histogram:
         for le, cum in self.buckets:
             if cum >= rank:
                 if math.isinf(le):
-                    return lower_bound  # beyond the last finite bucket: its bound is all we know
+                    return lower_bound, lower_bound, le  # beyond the last finite bucket: its bound is all we know
                 if cum == lower_count:
-                    return le
-                return lower_bound + (le - lower_bound) * (rank - lower_count) / (cum - lower_count)
+                    return le, lower_bound, le
+                return lower_bound + (le - lower_bound) * (rank - lower_count) / (cum - lower_count), lower_bound, le
             lower_bound, lower_count = le, cum
-        return lower_bound
+        return lower_bound, lower_bound, math.inf
 
     def stat(self, scale: float = 1000.0) -> Stat:
-        """mean (exact) and p50/p90/p99 (bucket-interpolated) in milliseconds; ``n`` observations."""
+        """mean (exact) and p50/p90/p99 in milliseconds; ``n`` observations; ``resolution_ms`` the bucket
+        each percentile fell in. A percentile in the first bucket (from 0) or past the last finite bound
+        is left out (None): interpolating there is an artefact (every fast server's ITL p50 read 5.00 ms,
+        the middle of vLLM's 0-10 ms bucket), and its bucket says all that is known ("under 10 ms")."""
         if self.count <= 0:
             return Stat()
-
-        def q(x: float) -> float | None:
-            v = self.quantile(x)
-            return None if v is None else v * scale
-
-        return Stat(mean=self.sum / self.count * scale, p50=q(0.5), p90=q(0.9), p99=q(0.99), n=int(round(self.count)))
+        values: dict[str, float | None] = {}
+        resolution: dict[str, tuple[float, float | None]] = {}
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            found = self.quantile_in_bucket(q)
+            if found is None:
+                values[name] = None
+                continue
+            value, lower, upper = found
+            resolution[name] = (lower * scale, None if math.isinf(upper) else upper * scale)
+            values[name] = None if lower <= 0 or math.isinf(upper) else value * scale
+        return Stat(mean=self.sum / self.count * scale, n=int(round(self.count)), resolution_ms=resolution, **values)
 
 
 def histogram(metrics: dict[str, float], name: str) -> Histogram | None:

@@ -58,6 +58,15 @@ class Stat(BaseModel):
     min: float | None = None
     max: float | None = None
     n: int = 0
+    # From an engine histogram: the bucket (lower, upper; None = +Inf) each percentile fell in, so the
+    # percentile is known only that finely; a percentile is None where its bucket was too coarse
+    # (the first or the open last one). Empty for client timing (exact samples).
+    resolution_ms: dict[str, tuple[float, float | None]] = Field(default_factory=dict)
+
+    @property
+    def coarse(self) -> bool:
+        """A percentile was left out because its histogram bucket was too coarse to place it."""
+        return any(getattr(self, name) is None for name in self.resolution_ms)
 
 
 class ServerStats(BaseModel):

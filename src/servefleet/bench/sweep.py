@@ -58,7 +58,7 @@ from servefleet.bench.workload import (
 from servefleet.capacity import Capacity
 from servefleet.engines.base import LatencyMetrics
 from servefleet.engines.registry import info_paths, serving_metrics
-from servefleet.errors import ServefleetError
+from servefleet.errors import ConfigError, ServefleetError
 from servefleet.http import HttpClient
 
 __all__ = ["BenchTarget", "BenchError", "ServerUnreachable", "run_bench", "auto_workers", "MIN_PER_WORKER", "MAX_PROMPTS"]
@@ -196,6 +196,7 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
     per_point = config.requests or max(256, 4 * int(config.max_concurrency or max(levels)))
     warm_counts = [_warmup_count(config, level) for level in levels]
     prompts = await _prompts(config, min(MAX_PROMPTS, len(levels) * per_point + sum(warm_counts)), counter)
+    _check_context(prompts, server.capacity.context_length if server.capacity else None, base)
 
     api_path = "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
     endpoint = EndpointConfig(base_url=base, path=api_path, stream=config.stream,
@@ -218,6 +219,19 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
     )
     _plan_latency_sample(sweep)
     return sweep
+
+
+def _check_context(prompts: list[Prompt], context: int | None, base: str) -> None:
+    """Refuse, before any request, prompts whose input plus max_tokens pass the server's context: each
+    would be refused (or cut short), and the sweep would take minutes to say so, blaming something else."""
+    if not context:
+        return
+    over = [p for p in prompts if p.input_tokens is not None and p.input_tokens + p.output_tokens > context]
+    if over:
+        worst = max(over, key=lambda p: (p.input_tokens or 0) + p.output_tokens)
+        raise ConfigError(f"{len(over):,} of {len(prompts):,} prompts do not fit the context of {base} ({context:,} tokens): "
+                          f"up to {worst.input_tokens:,} input + {worst.output_tokens:,} output tokens; lower --input-len "
+                          "or --output-len (with their --*-len-range) so that their sum stays within it")
 
 
 async def _token_counter(client: HttpClient, base: str, model: str | None, engine: str | None,
@@ -351,6 +365,12 @@ async def _aggregate(sweep: _Sweep, level: int | float, got: _Measured) -> Point
         sweep.use_sample = True  # the profile names histograms this server does not publish
         sweep.note(f"no latency histograms on {sweep.base}/metrics: TTFT/TPOT of the next points from "
                    f"{SAMPLE_REQUESTS} streamed requests beside the load")
+    coarse = _coarse(server_latency)
+    if not config.stream and coarse and not sweep.use_sample:
+        sweep.use_sample = True  # the engine's buckets cannot place these percentiles: time them on the client
+        sweep.note(f"the engine's {', '.join(coarse)} histogram buckets are too coarse for their percentiles (they fell in "
+                   "the first or the open last bucket): means stay exact (sum/count); percentiles of the next points "
+                   f"from {SAMPLE_REQUESTS} streamed requests beside the load")
     check = judge(got.loads, got.host_cpu)
     return Point(
         concurrency=(config.max_concurrency if config.mode == "rate" else int(level)),
@@ -419,11 +439,19 @@ def _server_latency(names: LatencyMetrics | None, warm: dict[str, float], after:
     return out if out.metrics else None
 
 
+def _coarse(server: ServerLatency | None) -> list[str]:
+    """The latencies whose percentiles the engine's histogram buckets could not place."""
+    if server is None:
+        return []
+    return [key.upper() for key in ("ttft", "tpot", "itl") if (got := getattr(server, f"{key}_ms")) is not None and got.coarse]
+
+
 def _latencies(fields: dict[str, Any], server: ServerLatency | None, *, streamed: bool,
                sample: dict[str, Any] | None = None) -> dict[str, Any]:
     """TTFT/TPOT/ITL of a point and where each came from: the client's own timing when it streamed,
-    else the engine's histograms (TPOT from ITL's mean when the engine has no per-request TPOT),
-    else a small streamed sample sent beside the load."""
+    else the engine's histograms (TPOT from ITL's mean when the engine has no per-request TPOT;
+    percentiles its buckets were too coarse for from the streamed sample when there is one), else a
+    small streamed sample sent beside the load."""
     source: dict[str, str] = {}
     out: dict[str, Any] = {"latency_source": source}
     for key in ("ttft", "tpot", "itl"):
@@ -439,7 +467,12 @@ def _latencies(fields: dict[str, Any], server: ServerLatency | None, *, streamed
         metric = server.metrics.get(key) if server is not None else None
         if got is None and key == "tpot" and server is not None and server.itl_ms is not None:
             got, metric = Stat(mean=server.itl_ms.mean, n=server.itl_ms.n), server.metrics["itl"] + " (mean)"
-        if got is not None:
+        timed: Stat | None = sample[f"{key}_ms"] if sample is not None else None
+        if got is not None and got.coarse and timed is not None and timed.n:
+            # the exact mean from the engine; the percentiles its buckets could not place, from client timing
+            out[f"{key}_ms"] = got.model_copy(update={"p50": timed.p50, "p90": timed.p90, "p99": timed.p99, "resolution_ms": {}})
+            source[key] = f"server:{metric} (mean); client:streamed sample of {sample['successful']} (percentiles)"  # type: ignore[index]
+        elif got is not None:
             out[f"{key}_ms"] = got
             source[key] = f"server:{metric}"
         else:

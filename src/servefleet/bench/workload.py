@@ -93,7 +93,13 @@ class LocalTokenizer:
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ConfigError("--tokenizer needs the 'serve' extra (transformers)") from exc
         self.name = f"tokenizer:{path}"
-        self._tok = AutoTokenizer.from_pretrained(path)
+        if not Path(path).exists():
+            raise ConfigError(f"--tokenizer {path}: no such folder (give a local tokenizer folder, with its tokenizer.json "
+                              "or tokenizer_config.json; nothing is downloaded)")
+        try:
+            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as exc:  # a folder without tokenizer files, a damaged one
+            raise ConfigError(f"--tokenizer {path}: not a tokenizer folder ({str(exc).splitlines()[0][:200]})") from None
 
     async def count(self, texts: Sequence[str]) -> list[int]:
         return [len(self._tok.encode(t, add_special_tokens=False)) for t in texts]

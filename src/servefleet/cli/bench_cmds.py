@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,7 +20,7 @@ import typer
 from rich.console import Console
 
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.cli.failure import CliFailure, kind_for_exit_code
+from servefleet.cli.failure import CliFailure, ErrorKind, kind_for_exit_code
 from servefleet.errors import ConfigError, HostUnreachable, ServefleetError
 
 if TYPE_CHECKING:  # the bench modules are imported when a command runs
@@ -119,6 +120,7 @@ def bench(
         output_len_range=output_len_range, dataset=dataset, api=api, stream=stream, ignore_eos=ignore_eos,
         temperature=temperature, extra_body=extra_body, workers=workers, seed=seed, timeout=timeout,
     )
+    _check_paths(tokenizer, dataset, out)
     targets = _bench_targets(url, fleet, servers, label, model, engine, api_key=os.environ.get(api_key_env) or None)
     runs, paths = _run_targets(targets, config, tokenizer=tokenizer, out=out, quiet=as_json)
     comparison = _compare_targets(runs, paths, out)
@@ -262,8 +264,33 @@ def _run_one(target: BenchTarget, config: BenchConfig, *, tokenizer: str | None,
             ))
     except ServerUnreachable as exc:
         raise _fail(str(exc), ExitCode.UNREACHABLE) from None
+    except ConfigError as exc:  # the user's workload or paths, found before any point ran
+        raise CliFailure(ErrorKind.CONFIG, str(exc)) from None
     except ServefleetError as exc:
         raise _fail(str(exc), ExitCode.FAILED) from None
+
+
+def _check_paths(tokenizer: str | None, dataset: Path | None, out: Path | None) -> None:
+    """The user's paths, before any server is asked: a sweep of minutes must not end in a traceback."""
+    def bad(message: str) -> CliFailure:
+        return CliFailure(ErrorKind.CONFIG, message)
+
+    if tokenizer is not None and not Path(tokenizer).exists():
+        raise bad(f"--tokenizer {tokenizer}: no such folder (give a local tokenizer folder; nothing is downloaded)")
+    if dataset is not None and not dataset.is_file():
+        raise bad(f"--dataset {dataset}: {'a folder, not a file' if dataset.is_dir() else 'no such file'}")
+    if out is None:
+        return
+    folder = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        raise bad(f"--out {out} is a folder; give the RUN.json file to write")
+    if not folder.is_dir():
+        raise bad(f"--out {out}: no folder {folder} to write it in (create it first)")
+    try:  # the one way to know (a read-only mount, a folder of another user; root passes permission bits)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".servefleet-write-test-"):
+            pass
+    except OSError as exc:
+        raise bad(f"--out {out}: cannot write in {folder} ({exc.strerror or exc}); choose a folder you can write to") from None
 
 
 def _compare_targets(runs: list[Run], paths: list[str], out: Path | None) -> Comparison | None:
@@ -306,9 +333,9 @@ def compare(
         try:
             loaded.append(load_run(path))
         except FileNotFoundError:
-            raise _fail(f"{path}: no such file") from None
+            raise CliFailure(ErrorKind.CONFIG, f"{path}: no such file") from None
         except (ValidationError, json.JSONDecodeError) as exc:
-            raise _fail(f"{path}: not a servefleet bench RUN.json ({str(exc).splitlines()[0]})") from None
+            raise CliFailure(ErrorKind.CONFIG, f"{path}: not a servefleet bench RUN.json ({str(exc).splitlines()[0]})") from None
     comparison = compare_runs(loaded, [str(p) for p in runs])
     if not no_plots:
         folder = out_dir if out_dir is not None else runs[0].parent

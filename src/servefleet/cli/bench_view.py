@@ -20,7 +20,13 @@ def fmt(value: float | None, digits: int = 1) -> str:
 
 
 def _ms(s: Stat, which: str = "p50") -> str:
-    return fmt(getattr(s, which))
+    """A latency; a percentile the engine's histogram buckets could not place reads as its bucket ("<10")."""
+    value = getattr(s, which)
+    bucket = s.resolution_ms.get(which)
+    if value is None and bucket is not None:
+        lower, upper = bucket
+        return f">{fmt(lower, 0)}" if upper is None else f"<{fmt(upper, 0)}"
+    return fmt(value)
 
 
 def _errors(p: Point) -> str:
@@ -77,7 +83,7 @@ def run_table(run: Run) -> Table:
     table.add_column("req/s", justify="right")
     table.add_column("tok/s/req", justify="right")
     table.add_column("TTFT p50/p99 ms", justify="right")
-    table.add_column("TPOT p50 ms", justify="right")
+    table.add_column("TPOT mean/p50 ms", justify="right")
     table.add_column("ITL p50/p99 ms", justify="right")
     table.add_column("E2E p50 ms", justify="right")
     table.add_column("in flight", justify="right")
@@ -89,7 +95,7 @@ def run_table(run: Run) -> Table:
         table.add_row(
             level, str(p.requests), _errors(p), _rate(p), fmt(p.total_tokens_per_s),
             fmt(p.requests_per_s, 2), fmt(p.output_tokens_per_s_per_request.mean),
-            f"{_ms(p.ttft_ms)}/{_ms(p.ttft_ms, 'p99')}", _ms(p.tpot_ms),
+            f"{_ms(p.ttft_ms)}/{_ms(p.ttft_ms, 'p99')}", f"{_ms(p.tpot_ms, 'mean')}/{_ms(p.tpot_ms)}",
             f"{_ms(p.itl_ms, 'p50')}/{_ms(p.itl_ms, 'p99')}", _ms(p.e2e_ms), fmt(p.achieved_concurrency),
             _server(p), client,
         )
@@ -104,7 +110,7 @@ def point_line(p: Point) -> str:
     if p.steady is not None and not p.steady.steady and p.steady.reason:
         flag += f" [yellow]{p.steady.reason}[/]"
     return (f"{level}: {fmt(p.output_tokens_per_s)} out tok/s, {fmt(p.requests_per_s, 2)} req/s, "
-            f"TTFT p50 {_ms(p.ttft_ms)} ms, ITL p50 {_ms(p.itl_ms)} ms ({p.requests} requests{errs}){flag}")
+            f"TTFT p50 {_ms(p.ttft_ms)} ms, ITL mean {_ms(p.itl_ms, 'mean')} p50 {_ms(p.itl_ms)} ms ({p.requests} requests{errs}){flag}")
 
 
 def compare_table(comp: Comparison) -> Table:

@@ -32,7 +32,8 @@ from servefleet.errors import (
     StateError,
 )
 
-__all__ = ["ErrorKind", "CliFailure", "failure_from_exception", "kind_for_exit_code", "error_document", "report_failure"]
+__all__ = ["ErrorKind", "CliFailure", "failure_from_exception", "kind_for_exit_code", "error_document", "outcome_document",
+           "report_failure"]
 
 
 class ErrorKind(StrEnum):
@@ -120,6 +121,18 @@ def error_document(failure: CliFailure, command: str | None = None) -> dict[str,
     if failure.details:
         error["details"] = failure.details
     return {"ok": False, "error": error}
+
+
+def outcome_document(payload: dict[str, Any], *, exit_code: int, message: str, command: str) -> dict[str, Any]:
+    """A command's ``--json`` result: as it is on success (exit 0); on an outcome that is a failure
+    (generate incomplete, up with a failed server, status with a down one, plan --check outside its
+    tolerance) the same payload in the failure shape, ``"ok": false`` and ``error`` first."""
+    if exit_code == 0:
+        return payload
+    failure = CliFailure(kind_for_exit_code(exit_code), message)
+    document = error_document(failure, command)
+    document["error"]["exit_code"] = int(exit_code)  # the code the process exits with (130, say, for interrupted)
+    return {**document, **payload}
 
 
 def report_failure(failure: CliFailure, *, as_json: bool, command: str | None = None, stderr_text: bool = True) -> None:

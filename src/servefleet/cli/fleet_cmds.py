@@ -21,6 +21,7 @@ from rich.live import Live
 from servefleet.catalog import State
 from servefleet.cli.common import FleetOpt, JsonOpt, open_fleet, run_coroutine
 from servefleet.cli.exitcodes import ExitCode
+from servefleet.cli.failure import outcome_document
 from servefleet.cli.fleet_view import UpProgress, down_table, failure_notes, status_notes, status_table, up_json, up_table
 from servefleet.errors import ConfigError, ServefleetError
 from servefleet.fleet import Fleet, Liveness, ServerStatus, StartOutcome
@@ -71,6 +72,16 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def _print_outcome(data: dict[str, Any], code: int, message: str, command: str) -> None:
+    """The command's JSON; a failed outcome in the failure shape (``"ok": false``, ``error``) around it."""
+    _print_json(outcome_document(data, exit_code=code, message=message, command=command))
+
+
+def _not_ready(verdicts: dict[str, Verdict]) -> str:
+    bad = [f"{n} ({v.state.value}{': ' + v.category.value if v.category else ''})" for n, v in verdicts.items() if v.state is not State.READY]
+    return "not ready: " + ", ".join(bad) if bad else "ready"
+
+
 async def _up_and_render(
     fleet: Fleet, names: list[str] | None, *, timeout: float | None, stall: float | None, smoke: bool | None, wait: bool, as_json: bool,
     restart: str | None = None, grace: float = 15.0, keep_failed: bool = False,
@@ -98,10 +109,11 @@ async def _up_and_render(
                 console.print(f"{name}: {o.action.value}{where}{': ' + o.message if o.message else ''}", markup=False)
         if not wait:
             verdicts = {n: (o.verdict or Verdict(state=State.LAUNCHING, message=o.message)) for n, o in outcomes.items()}
-            if as_json:
-                _print_json(up_json(fleet.name, outcomes, verdicts, engines))
             blocked = any(o.verdict is not None for o in outcomes.values())
-            return ExitCode.FAILED if blocked else ExitCode.OK
+            code = ExitCode.FAILED if blocked else ExitCode.OK
+            if as_json:
+                _print_outcome(up_json(fleet.name, outcomes, verdicts, engines), code, _not_ready(verdicts), "up")
+            return code
 
         progress = UpProgress(Console(stderr=True, highlight=False) if as_json else console, outcomes, engines, plain=plain)
         kwargs: dict[str, Any] = {"timeout_s": timeout, "stall_s": stall, "smoke": smoke, "keep_failed": keep_failed, "grace_s": grace}
@@ -110,12 +122,13 @@ async def _up_and_render(
         else:
             with Live(progress, console=console, refresh_per_second=8, transient=True):
                 verdicts = await fleet.wait(outcomes, on_update=progress.on_update, **kwargs)
+        code = _exit_code(verdicts)
         if as_json:
-            _print_json(up_json(fleet.name, outcomes, verdicts, engines))
+            _print_outcome(up_json(fleet.name, outcomes, verdicts, engines), code, _not_ready(verdicts), "restart" if restart else "up")
         else:
             console.print(up_table(outcomes, verdicts, engines))
             console.print(failure_notes(outcomes, verdicts))
-        return _exit_code(verdicts)
+        return code
 
 
 def up(
@@ -177,12 +190,15 @@ def down(
             return await fleet.down(_split_names(names), grace_s=grace)
 
     results = run_coroutine(go)
+    code = ExitCode.OK if all(r.ok for r in results.values()) else ExitCode.FAILED
     if as_json:
-        _print_json({"servers": [{"name": n, "was_running": r.was_running, "signal": r.signal, "port_free": r.port_free,
-                                  "port_holder_pid": r.port_holder_pid, "ok": r.ok, "message": r.message} for n, r in results.items()]})
+        failed = ", ".join(f"{n} ({r.message})" for n, r in results.items() if not r.ok)
+        _print_outcome({"servers": [{"name": n, "was_running": r.was_running, "signal": r.signal, "port_free": r.port_free,
+                                     "port_holder_pid": r.port_holder_pid, "ok": r.ok, "message": r.message} for n, r in results.items()]},
+                       code, f"not stopped: {failed}", "down")
     else:
         _console().print(down_table(results))
-    raise typer.Exit(ExitCode.OK if all(r.ok for r in results.values()) else ExitCode.FAILED)
+    raise typer.Exit(code)
 
 
 def status(
@@ -197,13 +213,15 @@ def status(
             return fleet.name, await fleet.status(_split_names(names))
 
     name, statuses = run_coroutine(go)
+    code = _status_exit_code(statuses)
     if as_json:
-        _print_json({"fleet": name, "servers": [s.to_json() for s in statuses]})
+        bad = ", ".join(f"{s.name} ({s.state.value})" for s in statuses if s.state is not Liveness.READY)
+        _print_outcome({"fleet": name, "servers": [s.to_json() for s in statuses]}, code, f"not ready: {bad}", "status")
     else:
         console = _console()
         console.print(status_table(name, statuses))
         console.print(status_notes(statuses))
-    raise typer.Exit(_status_exit_code(statuses))
+    raise typer.Exit(code)
 
 
 def logs(

@@ -183,7 +183,8 @@ def status_table(fleet: str, statuses: list[ServerStatus]) -> Table:
     "systemd-run"``) only when some server has one."""
     units = any(st.unit for st in statuses)
     table = Table(title=f"fleet {fleet}", title_justify="left")
-    cols = ["server", "engine", "host", "port", "pid", *(["unit"] if units else []), "state", "uptime", "KV tokens", "max running", "context", "log"]
+    # pgid: the detach wrapper's pid, leader of the group the engine runs in (not the engine's own pid)
+    cols = ["server", "engine", "host", "port", "pgid", *(["unit"] if units else []), "state", "uptime", "KV tokens", "max running", "context", "log"]
     for col in cols:
         table.add_column(col, no_wrap=col != "log", overflow="fold")
     for st in statuses:

@@ -118,15 +118,19 @@ def generate(
     progress = _SaysWhenSending(ProgressView(err))
     # a ConfigError (exit 3), an unreachable host (4) or another servefleet error (1) is reported by the root group
     report = asyncio.run(_run(config, fleet, progress))
+    code = _exit_code(report.status)
     try:
         if json_out:
-            sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+            from servefleet.cli.failure import outcome_document
+
+            document = outcome_document(report.to_json(), exit_code=code, message=f"the job ended {report.status}", command="generate")
+            sys.stdout.write(json.dumps(document, indent=2) + "\n")
             sys.stdout.flush()
         else:
             render_report(report, Console())
     except OSError:  # the terminal closed under the run (SIGHUP): the report is at DEST, and the exit code stands
         _drop_stdout()
-    raise typer.Exit(_exit_code(report.status))
+    raise typer.Exit(code)
 
 
 def _drop_stdout() -> None:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from servefleet.cli.exitcodes import ExitCode
-from servefleet.cli.failure import CliFailure, ErrorKind, kind_for_exit_code
+from servefleet.cli.failure import CliFailure, ErrorKind, failure_from_exception, kind_for_exit_code
 from servefleet.errors import ServefleetError
 
 
@@ -58,7 +58,7 @@ def capacity(
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM).")] = 0.9,
     context_len: Annotated[int, typer.Option("--context-len", min=1, help="Tokens per request (prompt + output) for max running requests.")] = 4096,
     spec: Annotated[str | None, typer.Option("--spec", help="Speculative draft: mtp[:N], draft:PATH, eagle:PATH or ngram.")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Weight dtype.")] = "bfloat16",
+    dtype: Annotated[str | None, typer.Option("--dtype", help="Weight dtype (default: the model's torch_dtype from config.json, else bfloat16).")] = None,
     kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="KV-cache dtype (default: the weight dtype), e.g. fp8.")] = None,
     overhead: Annotated[str, typer.Option("--overhead", help="Per-GPU memory outside the fraction's budget (CUDA context, activations).")] = "1GiB",
     url: Annotated[str | None, typer.Option("--url", help="A running server: also show what its engine reports.")] = None,
@@ -68,7 +68,7 @@ def capacity(
     """Predict KV-cache tokens and max running requests from a model's config.json, before launching
     anything; with --url, compare with what the running engine reports."""
     from servefleet.cli.plan_view import memory_table
-    from servefleet.plan.memory import MemoryAssumptions, estimate_memory, load_config, parse_bytes
+    from servefleet.plan.memory import MemoryAssumptions, estimate_memory, load_config, model_dtype, parse_bytes
     from servefleet.validation import build
 
     if model is None and url is None:
@@ -78,15 +78,21 @@ def capacity(
         assumptions = build(
             MemoryAssumptions, None,
             gpu_mem_bytes=parse_bytes(gpu_mem), tp=tp, mem_fraction=mem_fraction,
-            overhead_bytes_per_gpu=parse_bytes(overhead), weight_dtype=dtype, kv_dtype=kv_dtype or dtype,
-            state_dtype=dtype, context_len=context_len, spec=spec,
+            overhead_bytes_per_gpu=parse_bytes(overhead), weight_dtype=dtype or "bfloat16", kv_dtype=kv_dtype or dtype or "bfloat16",
+            state_dtype=dtype or "bfloat16", context_len=context_len, spec=spec,
         )
         est = None
         if model is not None:
             cfg, folder = load_config(model)
+            declared = model_dtype(cfg) if dtype is None else None
+            if declared is not None:  # a float32 model's weights and cache take twice bfloat16's bytes
+                assumptions = assumptions.model_copy(update={"weight_dtype": declared, "kv_dtype": kv_dtype or declared,
+                                                             "state_dtype": declared})
             est = estimate_memory(cfg, assumptions, folder)
         reported = asyncio.run(_live_capacity(url, engine)) if url else None
-    except (ServefleetError, ValueError) as exc:
+    except ServefleetError as exc:
+        raise failure_from_exception(exc) or _fail(str(exc)) from None
+    except ValueError as exc:
         raise _fail(str(exc)) from None
     if as_json:
         out = est.model_dump() if est else {}
@@ -148,8 +154,8 @@ def plan(
         for arg in bench:
             path, g = parse_bench_arg(arg)
             configs.append(curve_from_run(path, g or gpus_per_replica, max_running))
-    except ServefleetError as exc:
-        raise _fail(str(exc)) from None
+    except ServefleetError as exc:  # a ConfigError (a missing or bad file) is config, as in every command
+        raise failure_from_exception(exc) or _fail(str(exc)) from None
     warnings = mode_warnings(configs)
     modes = {c.name: c.measured_mode for c in configs}
     results = {g: plan_job(configs, job, g, gpu_hour_cost) for g in counts}
@@ -165,10 +171,14 @@ def plan(
             "plot": str(plot_path) if plot_path else None,
             "notes": notes,
             "warnings": warnings,
+            "caveats": {c.name: list(c.caveats) for c in configs if c.caveats},
         }, indent=2))
         return
     for warning in warnings:
         console.print(f"[bold yellow]warning:[/] {warning}")
+    for config in configs:
+        for caveat in config.caveats:
+            console.print(f"[bold yellow]caveat:[/] {config.name}: {caveat}")
     for g, rows in results.items():
         console.print(plan_table(rows, job, g))
         for r in rows:
@@ -207,18 +217,23 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
         g = _gpu_counts(gpus)[0] if gpus else None
         result = check_plan(pick_config(configs, measured), measured, gpus=g, concurrency=concurrency)
         warnings = mode_warnings([c for c, _ in configs])
-    except ServefleetError as exc:
-        raise _fail(str(exc)) from None
+    except ServefleetError as exc:  # a ConfigError (a missing or bad file) is config, as in every command
+        raise failure_from_exception(exc) or _fail(str(exc)) from None
     except ValueError:
         raise _fail(f"--gpus must be an integer, got {gpus!r}") from None
     if as_json:
-        print(json.dumps({**result.to_json(), "warnings": warnings}, indent=2))
+        from servefleet.cli.failure import outcome_document
+
+        print(json.dumps(outcome_document({**result.to_json(), "warnings": warnings}, exit_code=0 if result.within else int(ExitCode.FAILED),
+                                          message=result.verdict(), command="plan"), indent=2))
     else:
         for warning in warnings:
             console.print(f"[bold yellow]warning:[/] {warning}")
         console.print(check_table(result))
         style = "green" if result.within else "red"
         console.print(f"[bold {style}]verdict:[/] {result.verdict()}")
+        for caveat in result.caveats:
+            console.print(f"  [bold yellow]caveat:[/] {caveat}")
         for note in result.notes:
             console.print(f"  note: {note}")
     if not result.within:  # the check ran, and the plan missed: exit 1 (the verdict and --json say by how much)

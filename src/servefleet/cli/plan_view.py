@@ -50,6 +50,8 @@ def recommendation(rows: list[PlanRow]) -> str:
         ratio = other.makespan_s / best.makespan_s
         text += (f", {ratio:.2f}x sooner than {other.name} ({fmt_duration(other.makespan_s)}), because it sustains "
                  f"{best.tps_per_gpu:,.0f} tok/s per GPU against {other.tps_per_gpu:,.0f}")
+    if best.caveats:
+        text += f" (with {len(best.caveats)} caveat(s) about its bench run: " + "; ".join(best.caveats) + ")"
     return text
 
 

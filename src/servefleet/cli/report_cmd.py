@@ -153,7 +153,8 @@ def _bench_data(run: Any, path: str) -> dict[str, Any]:
 
     points = [{
         "concurrency": p.concurrency, "output_tokens_per_s": p.output_tokens_per_s, "requests_per_s": p.requests_per_s,
-        "ttft_p50_ms": stat(p, "ttft_ms", "p50"), "tpot_p50_ms": stat(p, "tpot_ms", "p50"), "e2e_p50_ms": stat(p, "e2e_ms", "p50"),
+        "ttft_p50_ms": stat(p, "ttft_ms", "p50"), "tpot_p50_ms": stat(p, "tpot_ms", "p50"),
+        "tpot_mean_ms": stat(p, "tpot_ms", "mean"), "e2e_p50_ms": stat(p, "e2e_ms", "p50"),
         "e2e_p99_ms": stat(p, "e2e_ms", "p99"), "errors": p.errors, "client_bound": p.client_bound,
     } for p in sorted(run.points, key=lambda p: p.concurrency or 0) if p.concurrency]
     best = run.best_point()

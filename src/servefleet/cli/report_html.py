@@ -201,7 +201,7 @@ def bench_html(runs: list[dict[str, Any]]) -> str:
     body.append("<h2>Time to first token against concurrency</h2>" + legend
                 + line_chart("bench-ttft", series=lines("ttft_p50_ms"), y_label="TTFT p50 (ms)", **common))
     body.append("<h2>Time per output token against concurrency</h2>" + legend
-                + line_chart("bench-tpot", series=lines("tpot_p50_ms"), y_label="TPOT p50 (ms)", **common))
+                + line_chart("bench-tpot", series=lines("tpot_mean_ms"), y_label="TPOT mean (ms)", **common))
     for r in runs:
         if not r["points"]:
             body.append(f"<h2>{_esc(r['label'])}</h2><p class=\"note\">{_esc(r['path'])}: no fixed-concurrency point "

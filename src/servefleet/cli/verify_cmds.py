@@ -32,11 +32,13 @@ if TYPE_CHECKING:  # imported where used: `diagnose --json` loads neither rich n
 
 __all__ = ["register", "render_verdict", "exit_code_for", "capacity_text"]
 
-_STYLE = {State.READY: "bold green", State.FAILED: "bold red", State.STALLED: "bold yellow", State.LOADING: "cyan", State.LAUNCHING: "cyan"}
+_STYLE = {State.READY: "bold green", State.FAILED: "bold red", State.STALLED: "bold yellow", State.LOADING: "cyan", State.LAUNCHING: "cyan", State.UNKNOWN: "bold yellow"}
 
 
 def exit_code_for(verdict: Verdict) -> ExitCode:
-    """0 ready (or, for a log, still loading), 1 failed, 2 stalled or timed out."""
+    """0 ready (or, for a log, still loading), 1 failed, 2 stalled or timed out, 3 not a server log."""
+    if verdict.state is State.UNKNOWN:
+        return ExitCode.USAGE
     if verdict.state is State.FAILED:
         return ExitCode.FAILED
     if verdict.state is State.STALLED:
@@ -161,18 +163,19 @@ def register(app: typer.Typer) -> None:
 
         A log of any size: beyond 4 MB only its start-up, its end and the windows around its first
         fatal block are read (the rest is scanned for error and ready lines at disk speed); the
-        verdict says what was read. Exit 0 ready or loading, 1 failed, 3 when the file cannot be read."""
+        verdict says what was read. Exit 0 ready or loading, 1 failed, 3 when the file cannot be read or is not
+        a recognised server log (state "unknown": binary, a document, or no line any engine prints)."""
         from servefleet.verify.bounded import diagnose_local_file
 
         profile = _engine_or_none(engine, json_out)
         if not logfile.exists():
-            _fail_usage(f"log file {logfile} does not exist (is the path right?)", json_out)
+            _fail_usage(f"log file {logfile} does not exist (is the path right?)", json_out, ErrorKind.CONFIG)
         if logfile.is_dir():
-            _fail_usage(f"{logfile} is a folder, not a log file", json_out)
+            _fail_usage(f"{logfile} is a folder, not a log file", json_out, ErrorKind.CONFIG)
         try:  # bounded: a big log is read at its start, its end and around its first fatal block
             verdict = diagnose_local_file(logfile, profile)
         except OSError as exc:
-            _fail_usage(f"cannot read {logfile}: {exc.strerror or exc}", json_out)
+            _fail_usage(f"cannot read {logfile}: {exc.strerror or exc}", json_out, ErrorKind.CONFIG)
             raise
         if json_out:
             print(json.dumps(verdict.to_json()))

@@ -32,9 +32,11 @@ from servefleet.fleet.lifecycle import (
     StartOutcome,
     StopResult,
     adopt_running,
+    held_elsewhere,
     launch_server,
     load_record,
     owns_group,
+    port_blocked,
     resolve_launch,
     save_record,
     stop_server,
@@ -192,6 +194,9 @@ class Fleet:
             records = await asyncio.gather(*(load_record(self.store, v.binding, v.name) for v in viewed))
             running = await asyncio.gather(*(adopt_running(v, r) for v, r in zip(viewed, records, strict=True)))
             adopted = {v.name: o for v, o in zip(viewed, running, strict=True) if o is not None}
+            refused = await _refuse_held_ports(viewed, records, adopted)
+            if refused is not None:
+                return refused
             queue = await self._plan_order(items, adopted, {v.binding.name: v.binding for v in viewed})
 
             async def first(item: Launchable, view: Launchable, record: ServerState | None) -> StartOutcome:
@@ -412,7 +417,7 @@ class Fleet:
         async def one(name: str) -> StopResult:
             record = await self.record(name)
             if record is None:
-                return StopResult(name, was_running=False, message="not launched")
+                return await self._not_launched(name)
             binding = self.binding(record.host)
             result = await stop_server(record, binding, grace_s)
             if result.ok:
@@ -425,6 +430,19 @@ class Fleet:
         async with self.store.lock():
             results = await asyncio.gather(*(one(n) for n in wanted))
         return dict(zip(wanted, results, strict=True))
+
+    async def _not_launched(self, name: str) -> StopResult:
+        """`down` of a server with no record: nothing to stop, but its port is not called free while
+        another process holds it (after `up` refused it, say)."""
+        result = StopResult(name, was_running=False, message="not launched")
+        if name not in self.spec.names:
+            return result
+        server = self.spec.server(name)
+        holder = await self.binding(server.host).host.port_holder(server.port)
+        if holder is not None:
+            result.port_free, result.port_holder_pid = False, holder.pid
+            result.message = f"not launched; its port {server.port} is held by another process (pid {holder.pid}), not signalled"
+        return result
 
     async def restart(
         self,
@@ -501,3 +519,25 @@ class Fleet:
             if st.state == Liveness.READY and st.base_url:
                 endpoints.append(Endpoint(st.name, st.base_url, st.served_model, st.capacity, st.engine or ""))
         return endpoints
+
+
+async def _refuse_held_ports(viewed: list[Launchable], records: list[ServerState | None],
+                             adopted: dict[str, StartOutcome]) -> dict[str, StartOutcome] | None:
+    """Every server to launch whose port another process holds, asked before any launch: if one is,
+    none is launched (the held ones say who holds the port; the rest, why they waited), adopted ones
+    stay adopted. None when every port is free."""
+    todo = [(v, r) for v, r in zip(viewed, records, strict=True) if v.name not in adopted]
+    holders = await asyncio.gather(*(v.binding.host.port_holder(v.server.port) for v, _ in todo))
+    held = {v.name: (v, r, h) for (v, r), h in zip(todo, holders, strict=True) if h is not None}
+    if not held:
+        return None
+    out: dict[str, StartOutcome] = {}
+    for v in viewed:
+        if v.name in adopted:
+            out[v.name] = adopted[v.name]
+        elif v.name in held:
+            item, record, holder = held[v.name]
+            out[v.name] = await port_blocked(item, holder, record)
+        else:
+            out[v.name] = held_elsewhere(v, list(held))
+    return out

@@ -221,6 +221,25 @@ async def adopt_running(item: Launchable, record: ServerState | None) -> StartOu
     return None
 
 
+async def port_blocked(item: Launchable, holder: Any, record: ServerState | None = None) -> StartOutcome:
+    """The BLOCKED outcome of a server whose port another process (``holder``, a PortHolder) listens on."""
+    who = await _describe_pid(item.binding, holder.pid)
+    seen = f" (seen by {holder.evidence})" if holder.evidence else ""
+    msg = f"port {item.server.port} is already in use by {who}{seen}; nothing was launched"
+    verdict = Verdict(state=State.FAILED, category=Category.PORT_IN_USE, engine=item.server.engine,
+                      hint=DEFAULT_HINTS[Category.PORT_IN_USE], message=msg, elapsed_s=0.0)
+    return StartOutcome(item.name, Action.BLOCKED, record=record, verdict=verdict, message=msg)
+
+
+def held_elsewhere(item: Launchable, blocked: list[str]) -> StartOutcome:
+    """The BLOCKED outcome of a server not launched because other servers' ports are taken: `up`
+    refuses before launching anything, so that nothing runs half a fleet."""
+    msg = f"not launched: the port of {', '.join(blocked)} is held by another process, and up launches nothing then"
+    verdict = Verdict(state=State.FAILED, engine=item.server.engine, message=msg, elapsed_s=0.0,
+                      hint="free the port (or change it in the fleet file), then run `servefleet up` again")
+    return StartOutcome(item.name, Action.BLOCKED, verdict=verdict, message=msg)
+
+
 async def launch_server(
     item: Launchable, store: StateStore, fleet_name: str, *, previous: ServerState | None = None, started_after: list[dict[str, Any]] | None = None,
 ) -> StartOutcome:
@@ -232,18 +251,7 @@ async def launch_server(
     record = previous
     holder = await host.port_holder(port)
     if holder is not None:
-        who = await _describe_pid(binding, holder.pid)
-        seen = f" (seen by {holder.evidence})" if holder.evidence else ""
-        msg = f"port {port} is already in use by {who}{seen}; nothing was launched"
-        verdict = Verdict(
-            state=State.FAILED,
-            category=Category.PORT_IN_USE,
-            engine=item.server.engine,
-            hint=DEFAULT_HINTS[Category.PORT_IN_USE],
-            message=msg,
-            elapsed_s=0.0,
-        )
-        return StartOutcome(name, Action.BLOCKED, record=record, verdict=verdict, message=msg)
+        return await port_blocked(item, holder, record)
 
     units = _unit_host(binding)
     unit = None

@@ -71,6 +71,7 @@ class ServerStatus(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         data = self.model_dump(mode="json", exclude={"capacity"})
+        data["pgid"] = self.pid  # what `pid` is: the process group (the wrapper's pid), named as such
         data["capacity"] = self.capacity.model_dump(exclude_defaults=True)
         return data
 

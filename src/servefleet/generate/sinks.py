@@ -152,8 +152,12 @@ class LocalSink:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        os.makedirs(self.root, exist_ok=True)
-        fd = os.open(os.path.join(self.root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+        try:  # the first write of a run: a folder that cannot be written is the user's to fix, before any work
+            os.makedirs(self.root, exist_ok=True)
+            fd = os.open(os.path.join(self.root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"--output {self.root}: cannot write there ({exc.strerror or exc}); "
+                              "choose a folder you can write to") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -88,6 +88,7 @@ class CheckResult:
     steady_replica_tps: float
     metrics: list[Metric]
     notes: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)  # what the prediction rests on that was not measured well
 
     @property
     def makespan(self) -> Metric:
@@ -136,6 +137,7 @@ class CheckResult:
             "tolerance_pct": TOLERANCE_PCT,
             "verdict": self.verdict(),
             "notes": list(self.notes),
+            "caveats": list(self.caveats),
         }
 
 
@@ -327,6 +329,12 @@ def check_plan(config: ConfigCurve | dict[str, ConfigCurve], measured: Measured,
         raise ConfigError(f"--gpus {gpus} is fewer than the {config.gpus_per_replica} GPUs one replica of {config.name} needs")
     if gpus is None:
         notes.append(f"{servers} server(s) answered the job: planned as {replicas} replica(s) of {config.gpus_per_replica} GPU(s)")
+    caveats = list(config.caveats)
+    others = [s.name for s in measured.servers if s.name != config.name]
+    if servers > 1 and others:
+        caveats.append(f"one bench run ({config.name}) for a job {servers} servers answered ({', '.join(s.name for s in measured.servers)}): "
+                       "every one is assumed to be that configuration; if they differ, give one --bench per server "
+                       "(`servefleet bench --fleet` names each run after its server)")
     best_c, _, best_notes = config.best()
     notes.extend(best_notes)
     conc = concurrency or best_c
@@ -354,7 +362,7 @@ def check_plan(config: ConfigCurve | dict[str, ConfigCurve], measured: Measured,
         notes.append("wall time from the job manifest's run times (includes probing the servers); "
                      "a saved `generate --json` report (--report) times the sending alone")
     return CheckResult(measured=measured, configuration=config.name, concurrency=conc, gpus_per_replica=config.gpus_per_replica,
-                       replicas=replicas, steady_replica_tps=steady, metrics=metrics, notes=notes)
+                       replicas=replicas, steady_replica_tps=steady, metrics=metrics, notes=notes, caveats=caveats)
 
 
 def check_mixed(curves: dict[str, ConfigCurve], measured: Measured) -> CheckResult:
@@ -393,5 +401,6 @@ def check_mixed(curves: dict[str, ConfigCurve], measured: Measured) -> CheckResu
                      "a saved `generate --json` report (--report) times the sending alone")
     return CheckResult(measured=measured, configuration=" + ".join(curves), concurrency=sum(b[0] for b in best.values()),
                        gpus_per_replica=max(1, gpus_used // len(curves)), replicas=len(curves), steady_replica_tps=total_rate / len(curves),
-                       metrics=metrics, notes=notes)
+                       metrics=metrics, notes=notes,
+                       caveats=[f"{name}: {c}" for name, curve in curves.items() for c in curve.caveats])
 

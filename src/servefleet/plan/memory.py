@@ -69,6 +69,20 @@ class MemoryEstimate(BaseModel):
     notes: list[str] = []
 
 
+def model_dtype(config: dict[str, Any]) -> str | None:
+    """The weight dtype a model's config.json declares (``torch_dtype``, newer ``dtype``), if one known."""
+    for cfg in (_text_config(config), config):
+        for key in ("torch_dtype", "dtype"):
+            name = cfg.get(key)
+            if isinstance(name, str):
+                try:
+                    dtype_bytes(name)
+                except ValueError:
+                    continue
+                return name.removeprefix("torch.")
+    return None
+
+
 def load_config(path: str | Path) -> tuple[dict[str, Any], Path | None]:
     """A config dict from a model folder or a config.json file (the folder is returned for weights)."""
     p = Path(path).expanduser()

@@ -60,6 +60,7 @@ class ConfigCurve:
     gpus_per_replica: int = 1
     max_running: int | None = None  # the server's cap (from capacity facts)
     measured_mode: str = "non-streaming"  # how the bench run's answers came (a batch job does not stream)
+    caveats: tuple[str, ...] = ()  # what the plan from this run rests on that bench did not measure well
 
     def best(self) -> tuple[int, float, list[str]]:
         """(best concurrency, its throughput, notes) within the cap."""
@@ -100,6 +101,7 @@ class PlanRow:
     gpu_hours: float
     cost: float | None
     notes: list[str] = field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)  # the configuration's (ConfigCurve.caveats)
 
 
 def _drain(curve: Curve, remaining: list[float]) -> float:
@@ -225,7 +227,7 @@ def plan_job(configs: list[ConfigCurve], job: JobSpec, gpus: int, gpu_hour_cost:
             name=cfg.name, best_concurrency=conc, replica_tps=tps, tps_per_gpu=tps / cfg.gpus_per_replica,
             gpus=used, replicas=replicas, makespan_s=makespan, gpu_hours=gpu_hours,
             cost=gpu_hours * gpu_hour_cost if gpu_hour_cost is not None and math.isfinite(gpu_hours) else None,
-            notes=notes,
+            notes=notes, caveats=list(cfg.caveats),
         ))
     rows.sort(key=lambda r: r.makespan_s)
     return rows

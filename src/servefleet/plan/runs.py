@@ -39,6 +39,24 @@ def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | Non
     points = [p for p in run.points if p.concurrency and p.successful > 0]
     if not points:
         raise ConfigError(f"{path}: no fixed-concurrency point with successful requests to plan from")
+    caveats: list[str] = []
+    if run.config.mode == "concurrency":
+        # fewer requests than users: the point never had its concurrency in flight, so it measured a lower one
+        short = [p for p in points if p.requests < (p.concurrency or 0)]
+        if short:
+            said = ", ".join(f"concurrency {p.concurrency} with {p.requests} request(s)" for p in short)
+            if len(short) == len(points):
+                raise ConfigError(f"{path}: no point reached its concurrency ({said}); measure again with at least as many "
+                                  "requests per point as its concurrency (`servefleet bench -n`, or --duration)")
+            caveats.append(f"{len(short)} point(s) left out: they never reached their concurrency ({said})")
+            points = [p for p in points if p not in short]
+    unsteady = [p for p in points if p.steady is not None and not p.steady.steady]
+    if unsteady:
+        said = ", ".join(f"{p.concurrency} (steady window {max(0.0, p.steady.end_s - p.steady.start_s):.1f} s)"
+                         for p in unsteady if p.steady is not None)
+        caveats.append(f"{len(unsteady)} point(s) bench marked unsteady, at concurrency {said}: their throughput is "
+                       "estimated from the whole span through the drain model, not measured steady; make those points "
+                       "longer (more requests, or --duration)")
     deadline = run.config.duration_s if run.config.mode == "concurrency" and not run.config.requests else None
     cap = max_running
     if cap is None and run.capacity is not None:
@@ -54,6 +72,7 @@ def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | Non
         gpus_per_replica=gpus_per_replica,
         max_running=cap,
         measured_mode=run.measured_mode or "non-streaming",
+        caveats=tuple(caveats),
     )
 
 

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from servefleet.engines.base import EngineProfile
 from servefleet.verify.classify import AnyEngine, LogClassifier, detect_engine
-from servefleet.verify.diagnose import ATTEMPT_MARKER, diagnose_lines, split_lines, verdict_of
+from servefleet.verify.diagnose import ATTEMPT_MARKER, diagnose_lines, split_lines, unknown_verdict, verdict_of
 from servefleet.verify.logscan import Scan, scan_middle
+from servefleet.verify.notalog import not_a_log
 from servefleet.verify.verdict import Verdict
 
 if TYPE_CHECKING:  # only annotations: a local diagnose loads neither the host layer nor asyncio
@@ -180,6 +181,10 @@ async def diagnose_source(source: ByteSource, engine: EngineProfile | None = Non
         lines = split_lines((await source.read(start, span)).decode("utf-8", errors="replace"))
         return _renumbered(diagnose_lines(lines, engine), first_line - 1)
     read = await _read_windows(source, engine, start, size, first_line, bounds)
+    if engine is None:
+        reason = not_a_log([line for window in read.windows for line in window.lines])
+        if reason is not None:
+            return unknown_verdict(reason).model_copy(update={"skipped": read.skipped})
     clf = LogClassifier(read.profile if read.profile is not None else AnyEngine())
     for window in read.windows:
         if window.gap_before:

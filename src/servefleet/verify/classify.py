@@ -16,6 +16,7 @@ over a finished or partial log.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections import deque
@@ -199,20 +200,34 @@ def _plan(signatures: Sequence[Signature]) -> _Plan:
 class AnyEngine(EngineProfile):
     """Every known engine at once, for a log whose engine is not known (yet).
 
-    Shields of every engine apply; a fatal line is the first match in engine order."""
+    Shields of every engine apply; a fatal line is the first match in engine order. Its hint is the
+    engine's own only when every engine knows the line and gives it the same hint (the shared
+    boundary cases); else the category's engine-neutral hint: one engine's advice (llama.cpp's flags for an
+    out-of-memory line) misleads on a log of another engine."""
 
     name = "unknown"
 
     def __init__(self, engines: Sequence[EngineProfile] | None = None) -> None:
         self.engines = list(engines) if engines is not None else available_engines()
+        hints: dict[tuple[str, int], set[str | None]] = {}
+        known_by: dict[tuple[str, int], set[str]] = {}
+        for engine in self.engines:
+            for sig in engine.signatures:
+                key = (sig.pattern.pattern, sig.pattern.flags)
+                hints.setdefault(key, set()).add(sig.hint)
+                known_by.setdefault(key, set()).add(engine.name)
         seen: set[tuple[str, int]] = set()
         sigs: list[Signature] = []
         for engine in self.engines:
             for sig in engine.signatures:
                 key = (sig.pattern.pattern, sig.pattern.flags)
-                if key not in seen:
-                    seen.add(key)
-                    sigs.append(sig)
+                if key in seen:
+                    continue
+                seen.add(key)
+                shared = len(known_by[key]) == len(self.engines) and hints[key] == {sig.hint}
+                if sig.category is not None and sig.hint is not None and not shared:
+                    sig = dataclasses.replace(sig, hint=DEFAULT_HINTS[sig.category])
+                sigs.append(sig)
         self.signatures = tuple(sigs)  # type: ignore[misc]  # instance value of a ClassVar
 
     def capacity_from_line(self, line: str) -> Capacity | None:

@@ -12,9 +12,10 @@ from typing import Any
 from servefleet.catalog import DEFAULT_HINTS, Category, State
 from servefleet.engines.base import EngineProfile
 from servefleet.verify.classify import AnyEngine, Finding, LogClassifier, detect_engine
+from servefleet.verify.notalog import not_a_log
 from servefleet.verify.verdict import Evidence, Verdict
 
-__all__ = ["diagnose_text", "diagnose_lines", "verdict_of", "finding_fields", "split_lines", "last_attempt_start", "ATTEMPT_MARKER"]
+__all__ = ["diagnose_text", "diagnose_lines", "verdict_of", "finding_fields", "split_lines", "last_attempt_start", "ATTEMPT_MARKER", "unknown_verdict"]
 
 
 def split_lines(text: str) -> list[str]:
@@ -65,9 +66,15 @@ def diagnose_lines(lines: list[str], engine: EngineProfile | None = None) -> Ver
     failed: a fatal signature after the last READY line (the first such is the root cause), or a
             wrapper line that says start-up failed without a recognised cause above it;
     ready:  a READY line with no failure after it (a log cannot prove the probe; it is the log's word);
-    loading otherwise — a log alone cannot show a stall, which needs a clock.
+    loading otherwise — a log alone cannot show a stall, which needs a clock;
+    unknown (only when no engine was given): the file is not a server log (binary, a document), or
+            no line of it is one any engine prints.
     """
-    if engine is None:
+    given = engine is not None
+    if not given:
+        reason = not_a_log(lines)
+        if reason is not None:
+            return unknown_verdict(reason)
         engine = detect_engine(lines)
     profile = engine if engine is not None else AnyEngine()
     clf = LogClassifier(profile)
@@ -75,7 +82,20 @@ def diagnose_lines(lines: list[str], engine: EngineProfile | None = None) -> Ver
     for no, raw in enumerate(lines[first:], start=first + 1):
         clf.feed(no, raw)
     empty = not any(line.strip() for line in lines[first:])
+    if not given and engine is None and not empty and not _saw_anything(clf):
+        return unknown_verdict("no line of it is one a known engine prints (no engine, error, progress or ready line)")
     return verdict_of(clf, engine, empty=empty, first=first)
+
+
+def unknown_verdict(reason: str) -> Verdict:
+    """The outcome for a file that is not a recognised server log (`diagnose` exits 3 on it)."""
+    return Verdict(state=State.UNKNOWN, message=f"not a recognised server log: {reason}",
+                   hint="give the server's log file (pass --engine NAME to classify it as that engine's log anyway)")
+
+
+def _saw_anything(clf: LogClassifier) -> bool:
+    return (clf.fatal_since_ready is not None or clf.first_wrapper is not None or clf.ready_line is not None
+            or clf.last_exception is not None or clf.progress is not None or bool(clf.capacity.model_dump(exclude_defaults=True)))
 
 
 def verdict_of(clf: LogClassifier, engine: EngineProfile | None, *, empty: bool = False, first: int = 0) -> Verdict:
