@@ -125,7 +125,8 @@ def failure_notes(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict
         outcome = outcomes[name]
         if verdict.state != State.READY:
             head = Text(f"{name}: ", style="bold")
-            head.append(verdict.state.value + (f" ({verdict.category.value})" if verdict.category else ""), style=_STYLE.get(verdict.state.value, ""))
+            category = f"{verdict.category.value} {verdict.phase}" if verdict.category and verdict.phase else (verdict.category.value if verdict.category else "")
+            head.append(verdict.state.value + (f" ({category})" if category else ""), style=_STYLE.get(verdict.state.value, ""))
             if verdict.exit_code is not None:
                 head.append(f", exit code {verdict.exit_code}")
             lines.append(head)

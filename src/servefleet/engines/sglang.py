@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
+from servefleet.engines import base as phase
 from servefleet.engines import native_args as na
 from servefleet.engines.base import (
     EngineProfile,
     LatencyMetrics,
     LaunchSpec,
+    MemoryPhases,
     Probe,
     ServingMetrics,
     Signature,
@@ -34,7 +36,7 @@ from servefleet.engines.generic import (
     as_int,
     build_signatures,
     first_model,
-        log_capacity,
+    log_capacity,
     to_float,
     to_int,
 )
@@ -194,6 +196,27 @@ INFO_PATHS = ("/server_info", "/get_server_info")
 TOKENIZE = TokenizeEndpoint("sglang", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count")
 
 
+# A memory failure's phase: load_model (weights), init_memory_pool / profile_max_num_token (the KV
+# pool, sized from what the weights left), cuda_graph_runner.py (graph capture, "Capture cuda graph
+# failed: ..."), then the HTTP server's own warm-up request (_execute_server_warmup), which the
+# scheduler serves: its traceback names no start-up frame, the progress label places it.
+MEMORY_PHASES = MemoryPhases.of(
+    frames=(
+        (r"cuda_graph_runner\.py|Capture cuda graph failed", phase.CUDA_GRAPHS),
+        (r"in (?:init_memory_pool|profile_max_num_token)\b", phase.KV_CACHE),
+        (r"in (?:load_model|load_weights|load_weights_and_postprocess)\b", phase.AT_LOAD),
+    ),
+    progress=(
+        ("initialising torch.distributed", phase.AT_LOAD), ("downloading model", phase.AT_LOAD),
+        ("loading weights", phase.AT_LOAD), ("loading weight shards", phase.AT_LOAD),
+        ("weights loaded", phase.KV_CACHE), ("allocating KV cache", phase.KV_CACHE),
+        ("capturing CUDA graphs", phase.CUDA_GRAPHS), ("compiling", phase.WARMING_UP),
+        ("CUDA graphs captured", phase.WARMING_UP), ("scheduler started", phase.WARMING_UP),
+        ("HTTP server up, warming up", phase.WARMUP_REQUEST),
+    ),
+)
+
+
 class SGLangEngine(EngineProfile):
     name: ClassVar[str] = "sglang"
     # /health_generate runs one real generation; /health only says the HTTP server is up.
@@ -211,6 +234,7 @@ class SGLangEngine(EngineProfile):
     # After "KV Cache is allocated" / "Memory pool end" each rank captures CUDA graphs, which take
     # memory too; with --disable-cuda-graph no such line comes and readiness is the signal.
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"Capture cuda graph end\."),)
+    memory_phases: ClassVar[MemoryPhases] = MEMORY_PHASES
     memory_flag: ClassVar[str | None] = "--mem-fraction-static"
     supports_ignore_eos: ClassVar[bool] = True
     models_owner: ClassVar[str | None] = "sglang"

@@ -51,6 +51,7 @@ def finding_fields(finding: Finding, category: Category | None = None, hint: str
         "hint": hint or sig.hint or DEFAULT_HINTS[cat],
         "excerpt": finding.excerpt,
         "excerpt_start": finding.excerpt_start,
+        "phase": finding.phase if cat is Category.GPU_OOM else None,
     }
 
 

@@ -28,6 +28,7 @@ class Verdict(BaseModel):
     elapsed_s: float | None = None
     exit_code: int | None = None
     progress: str | None = None  # the last progress label seen ("loading weights", ...)
+    phase: str | None = None  # gpu_oom: the start-up phase it happened in ("while profiling memory", ...)
     message: str | None = None  # plain words for the live status ("log file does not exist", ...)
     capacity: Capacity = Field(default_factory=Capacity)
     last_line: str | None = None  # the newest log line (live status only; not in to_json)
@@ -46,6 +47,7 @@ class Verdict(BaseModel):
             "elapsed_s": self.elapsed_s,
             "exit_code": self.exit_code,
             "progress": self.progress,
+            "phase": self.phase,
             "message": self.message,
             "capacity": self.capacity.model_dump(exclude_defaults=True),
             "skipped": self.skipped,
