@@ -12,6 +12,7 @@ from rich.text import Text
 
 from servefleet.catalog import State
 from servefleet.fleet import Action, Liveness, ServerStatus, StartOutcome, StopResult
+from servefleet.verify.startup_phases import phase_totals
 from servefleet.verify.verdict import Verdict
 
 __all__ = ["UpProgress", "up_table", "failure_notes", "up_json", "status_table", "status_notes", "down_table"]
@@ -97,8 +98,8 @@ class UpProgress:
 
 def up_table(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], engines: dict[str, str]) -> Table:
     table = Table(title="fleet", title_justify="left")
-    for col in ("server", "engine", "state", "time to ready", "KV tokens", "max running", "context", "log"):
-        table.add_column(col, no_wrap=col != "log", overflow="fold")
+    for col in ("server", "engine", "state", "time to ready", "start-up phases", "KV tokens", "max running", "context", "log"):
+        table.add_column(col, no_wrap=col not in ("log", "start-up phases"), overflow="fold")
     for name, verdict in verdicts.items():
         outcome = outcomes[name]
         cap = verdict.capacity
@@ -111,10 +112,17 @@ def up_table(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], en
             ttr = "-"
         log = outcome.record.log_path if outcome.record else "-"
         table.add_row(
-            name, engines.get(name, "?"), _state(state), ttr,
+            name, engines.get(name, "?"), _state(state), ttr, startup_phases_text(verdict),
             fmt_int(cap.kv_cache_tokens), fmt_int(cap.max_running_requests), fmt_int(cap.context_length), log,
         )
     return table
+
+
+def startup_phases_text(verdict: Verdict) -> str:
+    """"loading weights 2.5s, compiling (torch.compile) 15.6s, ...": seconds per progress label
+    (startup_phases.phase_totals; under 0.05 s left out)."""
+    shown = [f"{label} {fmt_secs(took)}" for label, took in phase_totals(verdict.startup_phases) if took >= 0.05]
+    return ", ".join(shown) if shown else "-"
 
 
 def failure_notes(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict]) -> Group:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "ServingMetrics", "Probe", "TokenizeEndpoint",
     "MemoryPhases", "AT_LOAD", "PROFILING", "KV_CACHE", "WARMING_UP", "CUDA_GRAPHS", "SAMPLER_WARMUP", "DUMMY_RUN",
-    "WARMUP_REQUEST", "FIRST_REQUEST",
+    "WARMUP_REQUEST", "FIRST_REQUEST", "seconds_in_year",
 ]
 
 
@@ -95,6 +95,17 @@ class MemoryPhases:
     @staticmethod
     def of(frames: Sequence[tuple[str, str]] = (), progress: Sequence[tuple[str, str]] = ()) -> MemoryPhases:
         return MemoryPhases(tuple((re.compile(r), phase) for r, phase in frames), tuple(progress))
+
+
+def seconds_in_year(month: int, day: int, hh: int, mm: int, ss: int) -> float | None:
+    """A log timestamp without its year as seconds since 1 January of a leap year (any 29 February
+    fits): what ``EngineProfile.log_time`` returns, for differences within one start-up."""
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        return None
+    return (_DAYS_BEFORE[month - 1] + day - 1) * 86400.0 + hh * 3600 + mm * 60 + ss
+
+
+_DAYS_BEFORE = (0, 31, 60, 91, 121, 152, 182, 213, 244, 274, 305, 335)
 
 
 @dataclass(frozen=True)
@@ -272,6 +283,11 @@ class EngineProfile:
         return self.probe
 
     # ---- log ----------------------------------------------------------------------------------
+    def log_time(self, line: str) -> float | None:
+        """The engine's own timestamp on a display-text log line, as seconds on a clock whose
+        differences are real (no date, time zone or year needed), or None (no timestamp)."""
+        return None
+
     def capacity_from_line(self, line: str) -> Capacity | None:
         """Capacity facts found in one normalised log line, or None."""
         return None

@@ -31,6 +31,7 @@ from servefleet.engines.base import (
     ServingMetrics,
     Signature,
     TokenizeEndpoint,
+    seconds_in_year,
 )
 from servefleet.engines.generic import (
     as_int,
@@ -126,8 +127,10 @@ OWN_SIGNATURES = (
                "loading weight shards"),
     S.progress(r"Load weight end", "weights loaded"),
     S.progress(r"(?:KV|Mamba) Cache is allocated|Memory pool end", "allocating KV cache"),
-    S.progress(r"Capture cuda graph begin|Capturing batches|Capture cuda graph bs", "capturing CUDA graphs"),
-    S.progress(r"Capture cuda graph end", "CUDA graphs captured"),
+    # 0.5.17: "Capture target prefill CUDA graph begin." / "Capturing num tokens (...)" / "... end."
+    S.progress(r"Capture (?:target (?:prefill |decode )?)?(?:cuda|CUDA) graph begin|Capturing batches|Capture cuda graph bs"
+               r"|Capturing num tokens", "capturing CUDA graphs"),
+    S.progress(r"Capture (?:target (?:prefill |decode )?)?(?:cuda|CUDA) graph end", "CUDA graphs captured"),
     S.progress(r"Compiling num tokens|torch\.compile|Compiling a graph|Capture piecewise CUDA graph", "compiling"),
     S.progress(r"max_total_num_tokens=", "scheduler started"),
     S.progress(r"Uvicorn running on|Application startup complete\.", "HTTP server up, warming up"),
@@ -217,6 +220,9 @@ MEMORY_PHASES = MemoryPhases.of(
 )
 
 
+_LOG_TIME = re.compile(r"^\[\d{4}-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)[\] ]")
+
+
 class SGLangEngine(EngineProfile):
     name: ClassVar[str] = "sglang"
     # /health_generate runs one real generation; /health only says the HTTP server is up.
@@ -267,6 +273,11 @@ class SGLangEngine(EngineProfile):
         return argv + list(spec.extra_args)
 
     # ---- log --------------------------------------------------------------------------------------
+    def log_time(self, line: str) -> float | None:
+        """srt/utils' ``[YYYY-MM-DD HH:MM:SS]`` / ``[... TP0]`` line prefix."""
+        m = _LOG_TIME.search(line)
+        return seconds_in_year(*(int(g) for g in m.groups())) if m else None
+
     def capacity_from_line(self, line: str) -> Capacity | None:
         if "max_total_num_tokens=" in line:
             kv = dict(_SCHED_KEY.findall(line))

@@ -83,6 +83,10 @@ class SimEngine(EngineProfile):
     info_paths: ClassVar[tuple[str, ...]] = sglang.INFO_PATHS
     tokenize: ClassVar[TokenizeEndpoint | None] = replace(vllm.TOKENIZE, label="sim")
 
+    def log_time(self, line: str) -> float | None:
+        found = _SGLANG.log_time(line)
+        return found if found is not None else _VLLM.log_time(line)
+
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``python -m servefleet.sim --style sglang --host H --port P --model M [--served-model-name S]
         EXTRA...`` (``--style`` in the extra args replaces the default; ``command`` replaces the

@@ -34,6 +34,7 @@ from servefleet.engines.base import (
     ServingMetrics,
     Signature,
     TokenizeEndpoint,
+    seconds_in_year,
 )
 from servefleet.engines.generic import (
     as_int,
@@ -270,6 +271,9 @@ MEMORY_PHASES = MemoryPhases.of(
 )
 
 
+_LOG_TIME = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))? ")
+
+
 class VLLMEngine(EngineProfile):
     name: ClassVar[str] = "vllm"
     probe: ClassVar[Probe] = Probe(("/health",))
@@ -299,6 +303,16 @@ class VLLMEngine(EngineProfile):
         re.compile(r"init engine \(profile, create kv cache, warmup model\) took"),
     )
     memory_phases: ClassVar[MemoryPhases] = MEMORY_PHASES
+
+    # ---- log ----------------------------------------------------------------------------------
+    def log_time(self, line: str) -> float | None:
+        """vllm/logger.py's ``LEVEL MM-DD HH:MM:SS`` (no year: a start-up spans no new year)."""
+        m = _LOG_TIME.search(line)
+        if m is None:
+            return None
+        month, day, hh, mm, ss = (int(g) for g in m.groups()[:5])
+        at = seconds_in_year(month, day, hh, mm, ss)
+        return None if at is None else at + (float("0." + m.group(6)) if m.group(6) else 0.0)
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:

@@ -29,6 +29,7 @@ from servefleet.engines.generic import FALLBACK
 from servefleet.errors import EngineError
 from servefleet.verify.logtext import display_text, match_text
 from servefleet.verify.prefilter import required_literals
+from servefleet.verify.startup_phases import Mark
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,13 @@ class AnyEngine(EngineProfile):
         self.memory_phases = MemoryPhases(  # type: ignore[misc]  # instance value of a ClassVar
             tuple(f for e in self.engines for f in e.memory_phases.frames), tuple(p for e in self.engines for p in e.memory_phases.progress))
 
+    def log_time(self, line: str) -> float | None:
+        for engine in self.engines:
+            found = engine.log_time(line)
+            if found is not None:
+                return found
+        return None
+
     def capacity_from_line(self, line: str) -> Capacity | None:
         for engine in self.engines:
             found = engine.capacity_from_line(line)
@@ -298,6 +306,11 @@ class LogClassifier:
         self._recent: deque[tuple[int, str]] = deque(maxlen=EXCERPT_CONTEXT)
         self._open: list[Finding] = []  # findings still collecting their *after* lines
         self._phase_hits: set[int] = set()  # memory_phases.frames seen since the last progress mark
+        # start-up timing (startup_phases.py): the first mark of each progress label, and ready's
+        self.marks: list[Mark] = []
+        self.ready_mark: Mark | None = None
+        self.last_log_s: float | None = None  # the engine's last timestamp before ready
+        self.now: float | None = None  # set by a live reader: its clock, for the lines it feeds now
 
     def feed(self, line_no: int, raw: str) -> Signal | None:
         """Classify one raw line (ANSI codes, prefixes and all); return its signal, if any."""
@@ -311,6 +324,10 @@ class LogClassifier:
             finding.after.append((line_no, text))
         self._open = [f for f in self._open if len(f.after) < EXCERPT_CONTEXT]
 
+        if text and self.ready_mark is None:
+            stamp = self.profile.log_time(text)
+            if stamp is not None:
+                self.last_log_s = stamp
         if match and ('File "' in match or "memory" in match):  # a traceback frame, or an error naming its phase
             for k, (pattern, _) in enumerate(self.profile.memory_phases.frames):
                 if pattern.search(match):
@@ -360,12 +377,16 @@ class LogClassifier:
             if self.wrapper_since_ready is None:
                 self.wrapper_since_ready = self.first_wrapper if self.first_wrapper.signal is signal else self._finding(signal)
         elif signal.kind is SignalKind.READY:
+            if self.ready_mark is None:
+                self.ready_mark = Mark("ready", signal.line_no, self.last_log_s, self.now)
             self.ready_line = signal
             self.fatal_since_ready = None
             self.wrapper_since_ready = None
             self.last_exception = None
         elif signal.kind is SignalKind.PROGRESS:
             self.progress = signal.label or self.progress
+            if signal.label and self.ready_mark is None and (not self.marks or self.marks[-1].label != signal.label):
+                self.marks.append(Mark(signal.label, signal.line_no, self.last_log_s, self.now))
 
     def _replaces(self, found: Finding, signal: Signal) -> bool:
         """Whether ``signal`` (a named cause) takes the place of a provisional ``found`` of the same traceback."""

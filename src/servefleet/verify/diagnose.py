@@ -12,6 +12,7 @@ from typing import Any
 from servefleet.catalog import DEFAULT_HINTS, Category, State
 from servefleet.engines.base import EngineProfile
 from servefleet.verify.classify import AnyEngine, Finding, LogClassifier, detect_engine
+from servefleet.verify.startup_phases import phase_times
 from servefleet.verify.verdict import Evidence, Verdict
 
 __all__ = ["diagnose_text", "diagnose_lines", "verdict_of", "finding_fields", "split_lines", "last_attempt_start", "ATTEMPT_MARKER"]
@@ -83,7 +84,9 @@ def verdict_of(clf: LogClassifier, engine: EngineProfile | None, *, empty: bool 
     """The verdict of a classifier that has been fed a log (whole, or the windows of a bounded read).
     ``empty``: the attempt has no output; ``first``: lines before the attempt (for the words)."""
     name = engine.name if engine is not None else None
-    common: dict[str, Any] = {"engine": name, "progress": clf.progress, "capacity": clf.capacity, "last_line": clf.last_text}
+    phases, clock = phase_times(clf.marks, clf.ready_mark)
+    common: dict[str, Any] = {"engine": name, "progress": clf.progress, "capacity": clf.capacity, "last_line": clf.last_text,
+                              "startup_phases": phases, "startup_clock": clock}
 
     if clf.fatal_since_ready is not None:
         return Verdict(state=State.FAILED, **common, **finding_fields(clf.fatal_since_ready))
