@@ -65,6 +65,7 @@ class SSHServer:
     netns: str | None = None
     user: str = field(default_factory=lambda: os.environ.get("USER") or _login_name())
     proc: subprocess.Popen | None = None
+    extra_config: tuple[str, ...] = ()  # more sshd_config lines (e.g. "SetEnv PATH=...": the sessions' PATH)
 
     @property
     def destination(self) -> str:
@@ -157,6 +158,7 @@ class SSHServer:
                     # login user's ~/.bashrc, which on a developer machine can cost 0.5 s a command.
                     "AcceptEnv SHLVL",
                     "LogLevel VERBOSE",
+                    *self.extra_config,
                     "",
                 ]
             )

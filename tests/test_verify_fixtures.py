@@ -29,6 +29,8 @@ def _check(verdict, want: dict) -> None:
         assert verdict.hint is not None and want["hint_substring"] in verdict.hint, verdict.hint
     for key, value in want.get("capacity", {}).items():
         assert getattr(verdict.capacity, key) == value, key
+    if "phase" in want:  # a memory failure names the start-up phase it happened in
+        assert verdict.phase == want["phase"], verdict.phase
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -68,3 +70,4 @@ def test_live_machine_agrees_with_diagnose(name: str, chunk: int) -> None:
     assert verdict.engine == want["engine"]
     expected = diagnose_text(data.decode("utf-8", errors="replace"))
     assert verdict.category == expected.category and verdict.evidence == expected.evidence
+    assert verdict.phase == expected.phase == want.get("phase", expected.phase)

@@ -101,6 +101,10 @@ async def _up_and_render(
             outcomes = await fleet.start(names)
         engines = {n: fleet.spec.server(n).engine for n in outcomes}
         plain = as_json or not console.is_terminal
+        warn = Console(stderr=True, highlight=False) if as_json else console
+        for name, o in outcomes.items():
+            for holder in o.gpu_holders:  # before it loads: a memory failure there would be why
+                warn.print(f"warning: {name}: {holder}", style="yellow", markup=False, soft_wrap=True)
         if not wait:  # servers sharing a GPU still start in turn: return once all are launched
             await fleet.launch_queued(outcomes, timeout_s=timeout)
         if not as_json and (plain or not wait):

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from servefleet.catalog import State
 from servefleet.fleet import Action, Liveness, ServerStatus, StartOutcome, StopResult
+from servefleet.verify.startup_phases import phase_totals
 from servefleet.verify.verdict import Verdict
 
 __all__ = ["UpProgress", "up_table", "failure_notes", "up_json", "status_table", "status_notes", "down_table"]
@@ -97,8 +98,8 @@ class UpProgress:
 
 def up_table(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], engines: dict[str, str]) -> Table:
     table = Table(title="fleet", title_justify="left")
-    for col in ("server", "engine", "state", "time to ready", "KV tokens", "max running", "context", "log"):
-        table.add_column(col, no_wrap=col != "log", overflow="fold")
+    for col in ("server", "engine", "state", "time to ready", "start-up phases", "KV tokens", "max running", "context", "log"):
+        table.add_column(col, no_wrap=col not in ("log", "start-up phases"), overflow="fold")
     for name, verdict in verdicts.items():
         outcome = outcomes[name]
         cap = verdict.capacity
@@ -111,10 +112,17 @@ def up_table(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], en
             ttr = "-"
         log = outcome.record.log_path if outcome.record else "-"
         table.add_row(
-            name, engines.get(name, "?"), _state(state), ttr,
+            name, engines.get(name, "?"), _state(state), ttr, startup_phases_text(verdict),
             fmt_int(cap.kv_cache_tokens), fmt_int(cap.max_running_requests), fmt_int(cap.context_length), log,
         )
     return table
+
+
+def startup_phases_text(verdict: Verdict) -> str:
+    """"loading weights 2.5s, compiling (torch.compile) 15.6s, ...": seconds per progress label
+    (startup_phases.phase_totals; under 0.05 s left out)."""
+    shown = [f"{label} {fmt_secs(took)}" for label, took in phase_totals(verdict.startup_phases) if took >= 0.05]
+    return ", ".join(shown) if shown else "-"
 
 
 def failure_notes(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict]) -> Group:
@@ -125,7 +133,8 @@ def failure_notes(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict
         outcome = outcomes[name]
         if verdict.state != State.READY:
             head = Text(f"{name}: ", style="bold")
-            head.append(verdict.state.value + (f" ({verdict.category.value})" if verdict.category else ""), style=_STYLE.get(verdict.state.value, ""))
+            category = f"{verdict.category.value} {verdict.phase}" if verdict.category and verdict.phase else (verdict.category.value if verdict.category else "")
+            head.append(verdict.state.value + (f" ({category})" if category else ""), style=_STYLE.get(verdict.state.value, ""))
             if verdict.exit_code is not None:
                 head.append(f", exit code {verdict.exit_code}")
             lines.append(head)
@@ -173,6 +182,7 @@ def up_json(fleet: str, outcomes: dict[str, StartOutcome], verdicts: dict[str, V
             "time_to_ready_s": verdict.elapsed_s if verdict.state == State.READY and outcome.action == Action.LAUNCHED else None,
             "after_failure": outcome.after_failure,  # failed: "stopped" | "kept running (--keep-failed)" | "exited" | ...
             "started_after": _started_after(outcome),  # the siblings on its GPU it waited for
+            "gpu_holders": outcome.gpu_holders,  # before launch: processes outside the fleet on its GPUs
             "verdict": verdict.to_json(),
         })
     return {"fleet": fleet, "servers": servers}

@@ -67,6 +67,8 @@ def render_verdict(verdict: Verdict, console: Console, *, source: str | None = N
     head.append(verdict.state.value, style=_STYLE.get(verdict.state, ""))
     if verdict.category is not None:
         head.append(f": {verdict.category.value}", style="bold")
+        if verdict.phase:  # a memory failure: where in start-up
+            head.append(f" {verdict.phase}")
     if verdict.engine:
         head.append(f"  ({verdict.engine})", style="dim")
     if verdict.elapsed_s is not None:

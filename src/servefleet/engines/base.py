@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "ServingMetrics", "Probe", "TokenizeEndpoint",
+    "MemoryPhases", "AT_LOAD", "PROFILING", "KV_CACHE", "WARMING_UP", "CUDA_GRAPHS", "SAMPLER_WARMUP", "DUMMY_RUN",
+    "WARMUP_REQUEST", "FIRST_REQUEST", "seconds_in_year",
 ]
 
 
@@ -65,6 +67,45 @@ class Signature:
     @classmethod
     def benign(cls, regex: str, flags: int = 0) -> Signature:
         return cls(re.compile(regex, flags), SignalKind.BENIGN)
+
+
+# The start-up phases a memory failure is placed in (``gpu_oom`` verdicts name one), in words that
+# follow "out of GPU memory".
+AT_LOAD = "at load"
+PROFILING = "while profiling memory"
+KV_CACHE = "while allocating the KV cache"
+WARMING_UP = "while warming up"
+CUDA_GRAPHS = "while warming up (CUDA-graph capture)"
+SAMPLER_WARMUP = "while warming up (sampler warm-up)"
+DUMMY_RUN = "while warming up (dummy run)"
+WARMUP_REQUEST = "at the warm-up request"
+FIRST_REQUEST = "at the first request"  # after the log said ready (the smoke request, during `up`)
+
+
+@dataclass(frozen=True)
+class MemoryPhases:
+    """Where in start-up an engine's memory failure happened. ``frames``: patterns of its
+    traceback frames (or of the error text itself) naming the phase, most specific first (a CUDA
+    graph captured inside the warm-up is the capture); ``progress``: the phase of each progress
+    label, for a failure whose traceback names none. After the log's ready line: FIRST_REQUEST."""
+
+    frames: tuple[tuple[re.Pattern[str], str], ...] = ()
+    progress: tuple[tuple[str, str], ...] = ()  # (progress label, phase)
+
+    @staticmethod
+    def of(frames: Sequence[tuple[str, str]] = (), progress: Sequence[tuple[str, str]] = ()) -> MemoryPhases:
+        return MemoryPhases(tuple((re.compile(r), phase) for r, phase in frames), tuple(progress))
+
+
+def seconds_in_year(month: int, day: int, hh: int, mm: int, ss: int) -> float | None:
+    """A log timestamp without its year as seconds since 1 January of a leap year (any 29 February
+    fits): what ``EngineProfile.log_time`` returns, for differences within one start-up."""
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        return None
+    return (_DAYS_BEFORE[month - 1] + day - 1) * 86400.0 + hh * 3600 + mm * 60 + ss
+
+
+_DAYS_BEFORE = (0, 31, 60, 91, 121, 152, 182, 213, 244, 274, 305, 335)
 
 
 @dataclass(frozen=True)
@@ -180,6 +221,8 @@ class EngineProfile:
     # CUDA graphs): a server sharing its GPU may then start profiling memory (`up` orders them).
     # Empty: readiness is the signal.
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = ()
+    # Which start-up phase a memory failure happened in (MemoryPhases): only the progress phases when empty.
+    memory_phases: ClassVar[MemoryPhases] = MemoryPhases()
     # Engine-native flag names the hints and the fleet layer use (None where there is no such flag).
     memory_flag: ClassVar[str | None] = None
     supports_ignore_eos: ClassVar[bool] = False  # accepts `ignore_eos` in a completion request
@@ -240,6 +283,11 @@ class EngineProfile:
         return self.probe
 
     # ---- log ----------------------------------------------------------------------------------
+    def log_time(self, line: str) -> float | None:
+        """The engine's own timestamp on a display-text log line, as seconds on a clock whose
+        differences are real (no date, time zone or year needed), or None (no timestamp)."""
+        return None
+
     def capacity_from_line(self, line: str) -> Capacity | None:
         """Capacity facts found in one normalised log line, or None."""
         return None

@@ -20,21 +20,24 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
+from servefleet.engines import base as phase
 from servefleet.engines import native_args as na
 from servefleet.engines.base import (
     EngineProfile,
     LatencyMetrics,
     LaunchSpec,
+    MemoryPhases,
     Probe,
     ServingMetrics,
     Signature,
     TokenizeEndpoint,
+    seconds_in_year,
 )
 from servefleet.engines.generic import (
     as_int,
     build_signatures,
     first_model,
-        log_capacity,
+    log_capacity,
     to_float,
     to_int,
 )
@@ -124,8 +127,10 @@ OWN_SIGNATURES = (
                "loading weight shards"),
     S.progress(r"Load weight end", "weights loaded"),
     S.progress(r"(?:KV|Mamba) Cache is allocated|Memory pool end", "allocating KV cache"),
-    S.progress(r"Capture cuda graph begin|Capturing batches|Capture cuda graph bs", "capturing CUDA graphs"),
-    S.progress(r"Capture cuda graph end", "CUDA graphs captured"),
+    # 0.5.17: "Capture target prefill CUDA graph begin." / "Capturing num tokens (...)" / "... end."
+    S.progress(r"Capture (?:target (?:prefill |decode )?)?(?:cuda|CUDA) graph begin|Capturing batches|Capture cuda graph bs"
+               r"|Capturing num tokens", "capturing CUDA graphs"),
+    S.progress(r"Capture (?:target (?:prefill |decode )?)?(?:cuda|CUDA) graph end", "CUDA graphs captured"),
     S.progress(r"Compiling num tokens|torch\.compile|Compiling a graph|Capture piecewise CUDA graph", "compiling"),
     S.progress(r"max_total_num_tokens=", "scheduler started"),
     S.progress(r"Uvicorn running on|Application startup complete\.", "HTTP server up, warming up"),
@@ -194,6 +199,30 @@ INFO_PATHS = ("/server_info", "/get_server_info")
 TOKENIZE = TokenizeEndpoint("sglang", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count")
 
 
+# A memory failure's phase: load_model (weights), init_memory_pool / profile_max_num_token (the KV
+# pool, sized from what the weights left), cuda_graph_runner.py (graph capture, "Capture cuda graph
+# failed: ..."), then the HTTP server's own warm-up request (_execute_server_warmup), which the
+# scheduler serves: its traceback names no start-up frame, the progress label places it.
+MEMORY_PHASES = MemoryPhases.of(
+    frames=(
+        (r"cuda_graph_runner\.py|Capture cuda graph failed", phase.CUDA_GRAPHS),
+        (r"in (?:init_memory_pool|profile_max_num_token)\b", phase.KV_CACHE),
+        (r"in (?:load_model|load_weights|load_weights_and_postprocess)\b", phase.AT_LOAD),
+    ),
+    progress=(
+        ("initialising torch.distributed", phase.AT_LOAD), ("downloading model", phase.AT_LOAD),
+        ("loading weights", phase.AT_LOAD), ("loading weight shards", phase.AT_LOAD),
+        ("weights loaded", phase.KV_CACHE), ("allocating KV cache", phase.KV_CACHE),
+        ("capturing CUDA graphs", phase.CUDA_GRAPHS), ("compiling", phase.WARMING_UP),
+        ("CUDA graphs captured", phase.WARMING_UP), ("scheduler started", phase.WARMING_UP),
+        ("HTTP server up, warming up", phase.WARMUP_REQUEST),
+    ),
+)
+
+
+_LOG_TIME = re.compile(r"^\[\d{4}-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)[\] ]")
+
+
 class SGLangEngine(EngineProfile):
     name: ClassVar[str] = "sglang"
     # /health_generate runs one real generation; /health only says the HTTP server is up.
@@ -211,6 +240,7 @@ class SGLangEngine(EngineProfile):
     # After "KV Cache is allocated" / "Memory pool end" each rank captures CUDA graphs, which take
     # memory too; with --disable-cuda-graph no such line comes and readiness is the signal.
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"Capture cuda graph end\."),)
+    memory_phases: ClassVar[MemoryPhases] = MEMORY_PHASES
     memory_flag: ClassVar[str | None] = "--mem-fraction-static"
     supports_ignore_eos: ClassVar[bool] = True
     models_owner: ClassVar[str | None] = "sglang"
@@ -243,6 +273,11 @@ class SGLangEngine(EngineProfile):
         return argv + list(spec.extra_args)
 
     # ---- log --------------------------------------------------------------------------------------
+    def log_time(self, line: str) -> float | None:
+        """srt/utils' ``[YYYY-MM-DD HH:MM:SS]`` / ``[... TP0]`` line prefix."""
+        m = _LOG_TIME.search(line)
+        return seconds_in_year(*(int(g) for g in m.groups())) if m else None
+
     def capacity_from_line(self, line: str) -> Capacity | None:
         if "max_total_num_tokens=" in line:
             kv = dict(_SCHED_KEY.findall(line))

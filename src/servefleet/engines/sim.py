@@ -19,6 +19,7 @@ from servefleet.engines.base import (
     EngineProfile,
     LatencyMetrics,
     LaunchSpec,
+    MemoryPhases,
     Probe,
     ServingMetrics,
     Signature,
@@ -61,6 +62,9 @@ class SimEngine(EngineProfile):
     detect: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"\bservefleet[. ]sim\b"),)
     memory_flag: ClassVar[str | None] = "--kv-tokens"
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = sglang.SGLangEngine.memory_settled + vllm.VLLMEngine.memory_settled
+    # both engines' phases; where a progress label means another phase in each, SGLang's (its lines win above too)
+    memory_phases: ClassVar[MemoryPhases] = MemoryPhases(
+        sglang.MEMORY_PHASES.frames + vllm.MEMORY_PHASES.frames, vllm.MEMORY_PHASES.progress + sglang.MEMORY_PHASES.progress)
     supports_ignore_eos: ClassVar[bool] = True
     arg_table: ClassVar[na.ArgTable] = ARGS
     # The sim publishes both families; vLLM's names first (they include per-request TPOT).
@@ -78,6 +82,10 @@ class SimEngine(EngineProfile):
     # It serves SGLang's info document and answers /tokenize in vLLM's shape (servefleet.sim.server).
     info_paths: ClassVar[tuple[str, ...]] = sglang.INFO_PATHS
     tokenize: ClassVar[TokenizeEndpoint | None] = replace(vllm.TOKENIZE, label="sim")
+
+    def log_time(self, line: str) -> float | None:
+        found = _SGLANG.log_time(line)
+        return found if found is not None else _VLLM.log_time(line)
 
     def build_argv(self, spec: LaunchSpec) -> list[str]:
         """``python -m servefleet.sim --style sglang --host H --port P --model M [--served-model-name S]

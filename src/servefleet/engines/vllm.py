@@ -23,21 +23,24 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category
+from servefleet.engines import base as phase
 from servefleet.engines import native_args as na
 from servefleet.engines.base import (
     EngineProfile,
     LatencyMetrics,
     LaunchSpec,
+    MemoryPhases,
     Probe,
     ServingMetrics,
     Signature,
     TokenizeEndpoint,
+    seconds_in_year,
 )
 from servefleet.engines.generic import (
     as_int,
     build_signatures,
     first_model,
-            log_capacity,
+    log_capacity,
     to_float,
     to_int,
 )
@@ -116,6 +119,10 @@ OWN_SIGNATURES = (
     # CPU backend (platforms/cpu.py, cpu_worker.py): each TP/PP/DP rank binds its OpenMP threads to a NUMA node
     S.fatal(r"Not enough allowed NUMA nodes to bind threads of \d+ local CPUWorkers", C.CONFIG_ERROR,
             HINTS["tp_too_large"]),
+    # v1/worker/gpu_model_runner.py _dummy_sampler_run / _dummy_pooler_run re-raise a warm-up OOM in
+    # these words, which also hold "warming up" (a progress label): named here, before the progress lines
+    S.fatal(r"CUDA out of memory occurred when warming up (?:sampler|pooler)", C.GPU_OOM,
+            "lower --max-num-seqs or --gpu-memory-utilization (the sampler's warm-up allocates logits for max-num-seqs requests)"),
     S.fatal(r"Free memory on device .* is less than desired GPU memory utilization", C.GPU_OOM,
             "another process holds GPU memory: free it, or lower --gpu-memory-utilization"),
     S.fatal(r"Failed to infer device type", C.CUDA_DRIVER,
@@ -237,6 +244,36 @@ SERVING_METRICS = ServingMetrics(
 TOKENIZE = TokenizeEndpoint("vllm", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count")
 
 
+# A memory failure's phase from the V1 worker's traceback frames (vllm/v1/worker/gpu_worker.py:
+# load_model, determine_available_memory -> profile_run, initialize_from_config, then
+# compile_or_warm_up_model -> _dummy_run / capture_model / _dummy_sampler_run, whose OOM reads "CUDA
+# out of memory occurred when warming up sampler with N dummy requests"; graph capture fails inside
+# torch.cuda.graph's capture_end). The executor runs compile_or_warm_up_model from
+# initialize_from_config, so the warm-up frames come before the KV cache's.
+MEMORY_PHASES = MemoryPhases.of(
+    frames=(
+        (r"in capture_model\b|in capture_end\b|torch\.cuda\.graph\(", phase.CUDA_GRAPHS),
+        (r"in (?:profile_run|determine_available_memory)\b", phase.PROFILING),
+        (r"warming up (?:sampler|pooler)|in _dummy_(?:sampler|pooler)_run\b", phase.SAMPLER_WARMUP),
+        (r"in _dummy_run\b", phase.DUMMY_RUN),
+        (r"in compile_or_warm_up_model\b", phase.WARMING_UP),
+        (r"in (?:initialize_kv_cache|initialize_from_config|initialize_kv_cache_tensors|_allocate_kv_cache_tensors"
+         r"|get_kv_cache_configs?|check_enough_kv_cache_memory)\b", phase.KV_CACHE),
+        (r"in (?:load_model|load_weights)\b", phase.AT_LOAD),
+    ),
+    progress=(
+        ("starting", phase.AT_LOAD), ("loading weights", phase.AT_LOAD), ("downloading model", phase.AT_LOAD),
+        ("loading weight shards", phase.AT_LOAD), ("weights loaded", phase.PROFILING),
+        ("compiling (torch.compile)", phase.PROFILING), ("profiling memory", phase.PROFILING),
+        ("allocating KV cache", phase.KV_CACHE), ("capturing CUDA graphs", phase.CUDA_GRAPHS),
+        ("CUDA graphs captured", phase.WARMING_UP), ("warming up", phase.WARMING_UP),
+    ),
+)
+
+
+_LOG_TIME = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))? ")
+
+
 class VLLMEngine(EngineProfile):
     name: ClassVar[str] = "vllm"
     probe: ClassVar[Probe] = Probe(("/health",))
@@ -265,6 +302,17 @@ class VLLMEngine(EngineProfile):
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = (
         re.compile(r"init engine \(profile, create kv cache, warmup model\) took"),
     )
+    memory_phases: ClassVar[MemoryPhases] = MEMORY_PHASES
+
+    # ---- log ----------------------------------------------------------------------------------
+    def log_time(self, line: str) -> float | None:
+        """vllm/logger.py's ``LEVEL MM-DD HH:MM:SS`` (no year: a start-up spans no new year)."""
+        m = _LOG_TIME.search(line)
+        if m is None:
+            return None
+        month, day, hh, mm, ss = (int(g) for g in m.groups()[:5])
+        at = seconds_in_year(month, day, hh, mm, ss)
+        return None if at is None else at + (float("0." + m.group(6)) if m.group(6) else 0.0)
 
     # ---- launch ---------------------------------------------------------------------------------
     def build_argv(self, spec: LaunchSpec) -> list[str]:

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servefleet.capacity import Capacity
-from servefleet.catalog import State
+from servefleet.catalog import Category, State
 from servefleet.engines.base import Probe
 from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError
+from servefleet.fleet.gpu_holders import holder_notes, host_gpu_apps
 from servefleet.fleet.hosts import HostBinding, HostPool
 from servefleet.fleet.launch_facts import launch_capacity
 from servefleet.fleet.lifecycle import (
@@ -198,6 +199,7 @@ class Fleet:
             if refused is not None:
                 return refused
             queue = await self._plan_order(items, adopted, {v.binding.name: v.binding for v in viewed})
+            holders = await self._gpu_holders([v for v in viewed if v.name not in adopted], records)
 
             async def first(item: Launchable, view: Launchable, record: ServerState | None) -> StartOutcome:
                 if item.name in adopted:
@@ -210,11 +212,27 @@ class Fleet:
             outcomes = await asyncio.gather(*(first(i, v, r) for i, v, r in zip(items, viewed, records, strict=True)))
         for outcome in outcomes:
             outcome.queue = queue
+            outcome.gpu_holders = holders.get(outcome.name, [])
             if queue is not None and outcome.action in (Action.LAUNCHED, Action.ADOPTED):
                 queue.mark_launched(outcome.name, outcome.record)
             elif queue is not None and outcome.action != Action.QUEUED:
                 queue.mark_done(outcome.name, "not launched")
         return {o.name: o for o in outcomes}
+
+    async def _gpu_holders(self, items: list[Launchable], records: Iterable[ServerState | None]) -> dict[str, list[str]]:
+        """Per server about to launch: the processes outside this fleet that hold memory on the
+        GPUs it may use (gpu_holders.py), asked once per host (over SSH: answered by the batch)."""
+        if not items:
+            return {}
+        known = [r for r in records if r is not None]
+        known += [r for r in (self.store.load(n) for n in self.store.names()) if r is not None]
+        bindings = {i.binding.name: i.binding for i in items}
+        apps = dict(zip(bindings, await asyncio.gather(*(host_gpu_apps(b) for b in bindings.values())), strict=True))
+        out = {}
+        for item in items:
+            pgids = {r.pgid for r in known if r.host == item.server.host}
+            out[item.name] = holder_notes(apps, pgids, visible_gpus(item.server, item.binding.env), item.binding.name)
+        return out
 
     async def _plan_order(self, items: list[Launchable], adopted: dict[str, StartOutcome], views: dict[str, HostBinding] | None = None) -> StartQueue | None:
         """Who waits for whom among servers sharing a GPU (None: ``start_shared_gpu = "together"``).
@@ -344,6 +362,9 @@ class Fleet:
                 if verdict.state == State.READY:
                     launched = await launch_capacity(record, binding)
                     verdict = verdict.model_copy(update={"capacity": verdict.capacity.merge(launched)})
+                if verdict.state == State.FAILED and verdict.category == Category.GPU_OOM and outcome.gpu_holders:
+                    named = "; ".join(outcome.gpu_holders)
+                    verdict = verdict.model_copy(update={"message": f"{verdict.message}; {named}" if verdict.message else named})
                 if verdict.state == State.FAILED:
                     outcome.after_failure = await self._after_failure(record, binding, keep_failed, grace_s)
                 await self._remember(record, binding, verdict, outcome.after_failure)

@@ -87,6 +87,7 @@ class StartOutcome:
     item: Launchable | None = None  # QUEUED: what to launch when its turn comes
     queue: Any = None  # QUEUED: the call's start_order.StartQueue
     log_line_no: int | None = None  # LAUNCHED: the log's line number at record.log_offset (the wait need not count it)
+    gpu_holders: list[str] = field(default_factory=list)  # before launch: processes outside the fleet on its GPUs
 
 
 @dataclass

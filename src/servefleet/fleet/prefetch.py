@@ -97,6 +97,11 @@ class PrefetchedHost:
             return None
         return any(value for _, value in found)
 
+    def prefetched_gpu_apps(self) -> str | None:
+        """The GPU-process report of hosts/gpu_apps.py when the batch was asked for it (else None)."""
+        found, value = self._take(("gpu_apps",))
+        return value.decode(errors="replace") if found and value is not None else None
+
     async def port_holder(self, port: int) -> Any:
         found, value = self._take(("port", int(port)))
         return value if found else await self.host.port_holder(port)
@@ -225,8 +230,9 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
         if item.binding.name not in views:
             continue
         asks = first.setdefault(item.binding.name, [])
-        if not asks:  # start ordering asks whether the host has GPUs: in the same batch
+        if not asks:  # start ordering asks whether the host has GPUs, up who holds them: in the same batch
             asks += [("exists", device) for device in start_order.GPU_DEVICES]
+            asks.append(("gpu_apps",))
         asks.append(("port", item.server.port))
         record = local[item.name]
         if record is not None:

@@ -13,6 +13,7 @@ Questions (``Op``), each answered like the Host method of the same job:
 - ``("size", path)``               -> int | None missing   (Host.file_size)
 - ``("port", port)``               -> PortHolder | None    (Host.port_holder)
 - ``("exists", path)``             -> bool                 (``[ -e ]``: never opens the file, e.g. a device)
+- ``("gpu_apps",)``                -> bytes                (hosts/gpu_apps.py: who holds memory on the GPUs)
 - ``("tail", path, offset, limit)``   -> (start, bytes) | None missing or nothing past offset: the file
   from ``max(offset, size - limit)`` to its end, and that start (a serving server's log end:
   ``status.serving_stall``)
@@ -35,6 +36,7 @@ from typing import Any
 
 from servefleet.errors import HostError
 from servefleet.hosts.base import PortHolder
+from servefleet.hosts.gpu_apps import GPU_APPS_FN
 from servefleet.hosts.ssh_scripts import PROC_GROUP_ALIVE_FN, parse_port_holder
 
 __all__ = ["Op", "batch_argv", "parse_batch", "answer_key", "chunk_ops", "MAX_ARGS_BYTES"]
@@ -48,7 +50,7 @@ MAX_ARGS_BYTES = 96 * 1024
 # Same semantics as GROUP_ALIVE / PORT_HOLDER / READ / SIZE in ssh_scripts.py, as functions;
 # `ps` and `ss` are asked once for the whole batch (one process table, one socket table) and
 # looked up per server, so a batch costs a few processes per server rather than ten.
-BATCH = PROC_GROUP_ALIVE_FN + r"""
+BATCH = PROC_GROUP_ALIVE_FN + GPU_APPS_FN + r"""
 tok=$1; shift
 live=; psdone=0; sstab=; ssdone=0
 alive() {
@@ -116,6 +118,7 @@ while [ "$#" -gt 0 ]; do
   read_if_dead) if alive "$2"; then printf '%s %s skipped\n' "$tok" "$i"; else readf "$i" "$3" "$4" "$5"; fi; shift 5;;
   exists) if [ -e "$2" ]; then r=1; else r=0; fi; printf '%s %s exists %s\n' "$tok" "$i" "$r"; shift 2;;
   port) holder "$2"; printf '%s %s port %s\n' "$tok" "$i" "${h:-none}"; shift 2;;
+  gpu_apps) printf '%s %s data\n' "$tok" "$i"; (gpu_apps); printf '\n%s %s end\n' "$tok" "$i"; shift 1;;
   *) echo "unknown question: $1" >&2; exit 2;;
   esac
   i=$((i + 1))
@@ -131,6 +134,8 @@ def _args(op: Op) -> list[str]:
         return [kind, str(op[1])]
     if kind == "port":
         return ["port", str(int(op[1]))]
+    if kind == "gpu_apps":
+        return ["gpu_apps"]
     if kind == "read":
         _, path, offset, limit = op
         return ["read", str(path), str(int(offset) + 1), "" if limit is None else str(int(limit))]

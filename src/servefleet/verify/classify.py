@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import DEFAULT_HINTS, Category
-from servefleet.engines.base import EngineProfile, SignalKind, Signature
+from servefleet.engines.base import FIRST_REQUEST, EngineProfile, MemoryPhases, SignalKind, Signature
 from servefleet.engines.generic import FALLBACK
 from servefleet.errors import EngineError
 from servefleet.verify.logtext import display_text, match_text
 from servefleet.verify.prefilter import required_literals
+from servefleet.verify.startup_phases import Mark
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class Finding:
     signal: Signal
     before: list[tuple[int, str]]
     after: list[tuple[int, str]] = field(default_factory=list)
+    phase: str | None = None  # a memory failure's start-up phase ("while profiling memory", ...)
 
     @property
     def excerpt(self) -> list[str]:
@@ -229,6 +231,15 @@ class AnyEngine(EngineProfile):
                     sig = dataclasses.replace(sig, hint=DEFAULT_HINTS[sig.category])
                 sigs.append(sig)
         self.signatures = tuple(sigs)  # type: ignore[misc]  # instance value of a ClassVar
+        self.memory_phases = MemoryPhases(  # type: ignore[misc]  # instance value of a ClassVar
+            tuple(f for e in self.engines for f in e.memory_phases.frames), tuple(p for e in self.engines for p in e.memory_phases.progress))
+
+    def log_time(self, line: str) -> float | None:
+        for engine in self.engines:
+            found = engine.log_time(line)
+            if found is not None:
+                return found
+        return None
 
     def capacity_from_line(self, line: str) -> Capacity | None:
         for engine in self.engines:
@@ -309,6 +320,12 @@ class LogClassifier:
         self.capacity = Capacity()
         self._recent: deque[tuple[int, str]] = deque(maxlen=EXCERPT_CONTEXT)
         self._open: list[Finding] = []  # findings still collecting their *after* lines
+        self._phase_hits: set[int] = set()  # memory_phases.frames seen since the last progress mark
+        # start-up timing (startup_phases.py): the first mark of each progress label, and ready's
+        self.marks: list[Mark] = []
+        self.ready_mark: Mark | None = None
+        self.last_log_s: float | None = None  # the engine's last timestamp before ready
+        self.now: float | None = None  # set by a live reader: its clock, for the lines it feeds now
 
     def feed(self, line_no: int, raw: str) -> Signal | None:
         """Classify one raw line (ANSI codes, prefixes and all); return its signal, if any."""
@@ -322,6 +339,14 @@ class LogClassifier:
             finding.after.append((line_no, text))
         self._open = [f for f in self._open if len(f.after) < EXCERPT_CONTEXT]
 
+        if text and self.ready_mark is None:
+            stamp = self.profile.log_time(text)
+            if stamp is not None:
+                self.last_log_s = stamp
+        if match and ('File "' in match or "memory" in match):  # a traceback frame, or an error naming its phase
+            for k, (pattern, _) in enumerate(self.profile.memory_phases.frames):
+                if pattern.search(match):
+                    self._phase_hits.add(k)
         signal = None
         sig = match_signature(match, self.profile.signatures) if match else None
         if sig is not None and sig.kind is not SignalKind.BENIGN:
@@ -358,6 +383,8 @@ class LogClassifier:
             return
         if signal.kind in (SignalKind.WRAPPER, SignalKind.READY):
             self._marks_at = signal.line_no
+        if signal.kind in (SignalKind.PROGRESS, SignalKind.READY):
+            self._phase_hits.clear()
         if signal.kind is SignalKind.WRAPPER:
             if self.first_wrapper is None:
                 self.first_wrapper = self._finding(signal)
@@ -365,12 +392,16 @@ class LogClassifier:
             if self.wrapper_since_ready is None:
                 self.wrapper_since_ready = self.first_wrapper if self.first_wrapper.signal is signal else self._finding(signal)
         elif signal.kind is SignalKind.READY:
+            if self.ready_mark is None:
+                self.ready_mark = Mark("ready", signal.line_no, self.last_log_s, self.now)
             self.ready_line = signal
             self.fatal_since_ready = None
             self.wrapper_since_ready = None
             self.last_exception = None
         elif signal.kind is SignalKind.PROGRESS:
             self.progress = signal.label or self.progress
+            if signal.label and self.ready_mark is None and (not self.marks or self.marks[-1].label != signal.label):
+                self.marks.append(Mark(signal.label, signal.line_no, self.last_log_s, self.now))
 
     def _replaces(self, found: Finding, signal: Signal) -> bool:
         """Whether ``signal`` (a named cause) takes the place of a provisional ``found`` of the same traceback."""
@@ -383,8 +414,20 @@ class LogClassifier:
         """The root cause so far is only the last-resort match: a named cause may still follow it."""
         return self.first_fatal is not None and self.first_fatal.signal.provisional
 
+    def _memory_phase(self) -> str | None:
+        """The start-up phase of a memory failure at this line: the most specific phase its
+        traceback names, else the log's ready line or the last progress label says."""
+        phases = self.profile.memory_phases
+        if self._phase_hits:
+            return phases.frames[min(self._phase_hits)][1]
+        if self.ready_line is not None:
+            return FIRST_REQUEST
+        return dict(phases.progress).get(self.progress or "")
+
     def _finding(self, signal: Signal) -> Finding:
         finding = Finding(signal, list(self._recent))
+        if signal.category is Category.GPU_OOM:
+            finding.phase = self._memory_phase()
         self._open.append(finding)
         return finding
 

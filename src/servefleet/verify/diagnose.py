@@ -13,6 +13,7 @@ from servefleet.catalog import DEFAULT_HINTS, Category, State
 from servefleet.engines.base import EngineProfile
 from servefleet.verify.classify import AnyEngine, Finding, LogClassifier, detect_engine
 from servefleet.verify.notalog import not_a_log
+from servefleet.verify.startup_phases import phase_times
 from servefleet.verify.verdict import Evidence, Verdict
 
 __all__ = ["diagnose_text", "diagnose_lines", "verdict_of", "finding_fields", "split_lines", "last_attempt_start", "ATTEMPT_MARKER", "unknown_verdict"]
@@ -52,6 +53,7 @@ def finding_fields(finding: Finding, category: Category | None = None, hint: str
         "hint": hint or sig.hint or DEFAULT_HINTS[cat],
         "excerpt": finding.excerpt,
         "excerpt_start": finding.excerpt_start,
+        "phase": finding.phase if cat is Category.GPU_OOM else None,
     }
 
 
@@ -102,7 +104,9 @@ def verdict_of(clf: LogClassifier, engine: EngineProfile | None, *, empty: bool 
     """The verdict of a classifier that has been fed a log (whole, or the windows of a bounded read).
     ``empty``: the attempt has no output; ``first``: lines before the attempt (for the words)."""
     name = engine.name if engine is not None else None
-    common: dict[str, Any] = {"engine": name, "progress": clf.progress, "capacity": clf.capacity, "last_line": clf.last_text}
+    phases, clock = phase_times(clf.marks, clf.ready_mark)
+    common: dict[str, Any] = {"engine": name, "progress": clf.progress, "capacity": clf.capacity, "last_line": clf.last_text,
+                              "startup_phases": phases, "startup_clock": clock}
 
     if clf.fatal_since_ready is not None:
         return Verdict(state=State.FAILED, **common, **finding_fields(clf.fatal_since_ready))

@@ -43,6 +43,7 @@ from servefleet.verify.events import (
     SmokeResult,
     Tick,
 )
+from servefleet.verify.startup_phases import Mark, phase_times
 from servefleet.verify.verdict import Verdict
 
 __all__ = ["ReadinessMachine", "WRAPPER_GRACE_S", "WRAPPER_MAX_S", "SMOKE_GRACE_S", "DEFAULT_PROBE", "describe_exit"]
@@ -161,10 +162,19 @@ class ReadinessMachine:
             "message": self._live_message(now) if not self.done else None,
             "skipped": self.skipped,
         }
+        fields["startup_phases"], fields["startup_clock"] = phase_times(self.clf.marks, self._ready_mark())
         fields.update(self._final)
         if self._final_finding is not None:  # lines read after the cause complete its excerpt
             fields["excerpt"] = self._final_finding.excerpt
         return Verdict(**fields)
+
+    def _ready_mark(self) -> Mark | None:
+        """The end of the last start-up phase: when the machine found the server ready (on the
+        engine's clock: its ready line's, else its last timestamp before it)."""
+        if self.state is not State.READY or self._finished_at is None:
+            return None
+        log_s = self.clf.ready_mark.log_s if self.clf.ready_mark is not None else self.clf.last_log_s
+        return Mark("ready", self.clf.last_line_no, log_s, self._finished_at - self.start)
 
     # ---- events -------------------------------------------------------------------------------
     def feed(self, event: Event, now: float) -> None:
@@ -213,6 +223,7 @@ class ReadinessMachine:
         if not lines:
             return
         self._log_activity(now)
+        self.clf.now = now - self.start
         for raw in lines:
             no = self.next_line_no
             self.next_line_no += 1
@@ -236,6 +247,7 @@ class ReadinessMachine:
                 self.engine = engine
                 old = self.clf
                 self.clf = LogClassifier(engine)
+                self.clf.now = old.now  # the history is replayed at the clock of the line that named the engine
                 for no, line in self._history or []:
                     self.clf.feed(no, line)
                 if self.clf.lines_seen < old.lines_seen:  # history was capped: keep what we knew

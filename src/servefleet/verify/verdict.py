@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from servefleet.capacity import Capacity
 from servefleet.catalog import Category, State
+from servefleet.verify.startup_phases import PhaseTime
 
 __all__ = ["Evidence", "Verdict"]
 
@@ -28,10 +29,13 @@ class Verdict(BaseModel):
     elapsed_s: float | None = None
     exit_code: int | None = None
     progress: str | None = None  # the last progress label seen ("loading weights", ...)
+    phase: str | None = None  # gpu_oom: the start-up phase it happened in ("while profiling memory", ...)
     message: str | None = None  # plain words for the live status ("log file does not exist", ...)
     capacity: Capacity = Field(default_factory=Capacity)
     last_line: str | None = None  # the newest log line (live status only; not in to_json)
     skipped: str | None = None  # what a bounded read of a big log left out ("read 2.1 MB of 1.0 GB: ...")
+    startup_phases: list[PhaseTime] = Field(default_factory=list)  # where start-up time went (startup_phases.py)
+    startup_clock: str | None = None  # their clock: "log" (the engine's timestamps) or "seen" (servefleet's)
 
     def to_json(self) -> dict[str, Any]:
         """The stable `diagnose --json` / `wait --json` shape."""
@@ -46,7 +50,10 @@ class Verdict(BaseModel):
             "elapsed_s": self.elapsed_s,
             "exit_code": self.exit_code,
             "progress": self.progress,
+            "phase": self.phase,
             "message": self.message,
             "capacity": self.capacity.model_dump(exclude_defaults=True),
             "skipped": self.skipped,
+            "startup_phases": [p.model_dump() for p in self.startup_phases],
+            "startup_clock": self.startup_clock,
         }
