@@ -372,11 +372,13 @@ class Dispatcher:
     async def _recover(self, server: _Server) -> None:
         answers = partial(self._answers_a_completion, server) if server.hung else None
         new = await recover(server.target, client=self.client, policy=self.policy, restarter=self.restarter,
-                            on_event=self.stats.event, answers=answers)
+                            on_event=self.stats.event, answers=answers, window=server.health.window,
+                            on_crash_loop=partial(setattr, server.stats, "state_reason"))
         if new is None:
             server.health.state = ServerState.GONE
             server.stats.state = ServerState.GONE.value
-            self.stats.event(f"{server.target.name}: given up for this run")
+            if not server.stats.state_reason:
+                self.stats.event(f"{server.target.name}: given up for this run")
         else:
             old = server.target
             if new.bench_concurrency is None and old.bench_concurrency is not None:  # the same configuration: its bench point stands
