@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, free_port
-from test_generate_sim import FAST_SIM, committed_ids, generate_argv, run_cli, write_prompts
+from conftest import PYTHON, free_port, wait_until
+from test_generate_sim import FAST_SIM, committed_ids, generate_argv, run_cli, shard_count, write_prompts
 
 SERVEFLEET = [PYTHON, "-m", "servefleet.cli.main"]
 
@@ -107,3 +107,107 @@ def test_the_restart_window_slides() -> None:
     assert not w.allows(599)  # two restarts in the last 10 min: the limit
     assert w.allows(600.5) and w.record(600.5) == 2  # the first has left the window
     assert w.describe() == "at most 2 restarts in 10 min"
+
+
+# ---- an explicit stop wins -----------------------------------------------------------------------
+
+
+def start_job(tmp_path: Path, fleet: Path, n: int) -> tuple[subprocess.Popen, Path]:
+    src = write_prompts(tmp_path / "in.jsonl", n)
+    out = tmp_path / "out"
+    argv = generate_argv(src, out, "--fleet", str(fleet), extra=("--concurrency", "4", "--shard-rows", "20", "--shard-seconds", "0.3"))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: shard_count(out) >= 2 or proc.poll() is not None, timeout=60, what="the job's first shards")
+    assert proc.poll() is None, proc.communicate()
+    return proc, out
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, dict, str]:
+    stdout, stderr = proc.communicate(timeout=180)
+    try:
+        return proc.returncode, json.loads(stdout), stderr
+    except ValueError:
+        raise AssertionError(f"no JSON report (rc {proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}") from None
+
+
+def statuses(fleet: Path) -> dict[str, str]:
+    proc = subprocess.run([*SERVEFLEET, "status", "--fleet", str(fleet), "--json"], capture_output=True, text=True, timeout=60)
+    return {s["name"]: s["state"] for s in json.loads(proc.stdout)["servers"]}
+
+
+SLOW = ["--decode-ms", "30"]  # ~5 s of work for two servers: the stop lands mid-job
+
+
+def test_down_while_a_job_runs_wins_the_job_does_not_restart_the_servers(tmp_path, fleet_up):
+    """Before: `down` said "stopped, port free", then the job restarted both servers within
+    seconds and they stayed up after it ended."""
+    fleet = fleet_up(fleet_file(tmp_path, {"a": SLOW, "b": SLOW}))
+    proc, out = start_job(tmp_path, fleet, 300)
+    down = subprocess.run([*SERVEFLEET, "down", "--fleet", str(fleet)], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"in use by generate pid {proc.pid} (output {out})" in down.stdout, down.stdout
+    rc, report, err = finish(proc)
+    assert rc == 2 and report["status"] == "stalled", err[-3000:]  # no server left: the documented exit
+    for s in report["servers"]:
+        assert s["state"] == "stopped" and s["restarts"] == 0 and s["outages"] == 0, s
+        assert s["state_reason"].startswith("stopped by the user (servefleet down at "), s
+    assert not any("restarting" in e for e in report["events"]), report["events"]
+    assert statuses(fleet) == {"a": "not launched", "b": "not launched"}  # and they stay down
+    ids = committed_ids(out)
+    assert len(ids) == len(set(ids)) and len(ids) < 300
+    # `up` lifts the stop: the same command resumes and answers every id exactly once
+    fleet_up(fleet)
+    rc, report, err = run_cli(generate_argv(tmp_path / "in.jsonl", out, "--fleet", str(fleet)), timeout=180)
+    assert rc == 0 and report["status"] == "complete", err[-3000:]
+    assert sorted(committed_ids(out)) == sorted(f"p{i}" for i in range(300))
+
+
+def test_drain_one_server_lets_its_requests_finish_then_stops_it_and_the_job_goes_on(tmp_path, fleet_up):
+    fleet = fleet_up(fleet_file(tmp_path, {"a": SLOW, "b": SLOW}))
+    proc, out = start_job(tmp_path, fleet, 300)
+    drain = subprocess.run([*SERVEFLEET, "drain", "a", "--fleet", str(fleet)], capture_output=True, text=True, timeout=120)
+    assert drain.returncode == 0, drain.stdout + drain.stderr
+    assert "a: drained; stopped" in drain.stdout and f"was used by generate pid {proc.pid}" in drain.stdout, drain.stdout
+    assert f"a: waiting for generate pid {proc.pid}" in drain.stderr
+    assert statuses(fleet)["a"] == "not launched"
+    rc, report, err = finish(proc)
+    assert rc == 0 and report["status"] == "complete", err[-3000:]
+    a, b = (next(s for s in report["servers"] if s["name"] == n) for n in ("a", "b"))
+    assert a["state"] == "stopped" and a["state_reason"].startswith("drained by the user (servefleet drain at "), a
+    assert a["requests"] > 0 and a["errors"] == 0 and a["outages"] == 0 and a["restarts"] == 0, a
+    assert report["requeued"] == 0 and report["retries"] == 0  # its in-flight requests finished there
+    assert b["state"] == "up" and b["requests"] + a["requests"] == 300
+    assert sorted(committed_ids(out)) == sorted(f"p{i}" for i in range(300))
+    assert statuses(fleet)["a"] == "not launched"
+
+
+def test_drain_keep_leaves_the_server_running_but_no_job_uses_it_until_up(tmp_path, fleet_up):
+    fleet = fleet_up(fleet_file(tmp_path, {"a": [], "b": []}))
+    drain = subprocess.run([*SERVEFLEET, "drain", "b", "--keep", "--fleet", str(fleet), "--json"], capture_output=True, text=True, timeout=60)
+    assert drain.returncode == 0, drain.stdout + drain.stderr
+    assert json.loads(drain.stdout)["servers"] == [{"name": "b", "ok": True, "jobs": [], "still_using": [], "stopped": False,
+                                                   "message": "drained; left running (--keep): no job sends to it until `servefleet up` of it"}]
+    assert statuses(fleet)["b"] == "ready"
+    src = write_prompts(tmp_path / "in.jsonl", 50)
+    rc, report, err = run_cli(generate_argv(src, tmp_path / "out", "--fleet", str(fleet)))
+    assert rc == 0, err[-3000:]
+    b = next(s for s in report["servers"] if s["name"] == "b")
+    assert b["requests"] == 0 and b["state"] == "stopped" and b["state_reason"].startswith("drained by the user")
+    fleet_up(fleet)  # `up` lifts the drain (b is adopted, not relaunched)
+    rc, report, err = run_cli(generate_argv(src, tmp_path / "out2", "--fleet", str(fleet)))
+    assert rc == 0 and next(s for s in report["servers"] if s["name"] == "b")["requests"] > 0, err[-3000:]
+
+
+def test_a_job_whose_restart_meets_a_stop_mark_does_not_start_the_server(tmp_path) -> None:
+    """The job's restart checks the mark under the state folder's lock: a `down` between the job's
+    look and its launch still wins."""
+    import asyncio
+
+    from servefleet.fleet import Fleet
+    from servefleet.fleet.state import StopMark, utcnow
+
+    fleet = Fleet.load(fleet_file(tmp_path, {"a": []}))
+    fleet.store.mark_stopped(StopMark(name="a", command="down", at=utcnow()))
+    outcomes = asyncio.run(fleet.start(["a"], honour_stops=True))
+    assert outcomes["a"].action.value == "held" and "stopped by the user" in (outcomes["a"].message or "")
+    assert fleet.store.load("a") is None  # nothing launched

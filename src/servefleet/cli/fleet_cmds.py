@@ -170,18 +170,28 @@ def down(
     grace: GraceOpt = 15.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Stop servers: SIGTERM to the whole process group, SIGKILL after the grace period; confirm the port is free."""
+    """Stop servers: SIGTERM to the whole process group, SIGKILL after the grace period; confirm the port is free.
+
+    The stop is the user's: a running `generate --fleet` re-queues its requests to them (no outage counted) and does not restart them (`up` or `restart` of a server lifts that); `down` names the jobs that were using them. To let their requests finish first: `servefleet drain`.
+    """  # noqa: E501 - typer help: one paragraph per line
 
     async def go():
         async with open_fleet(fleet_file) as fleet:
-            return await fleet.down(_split_names(names), grace_s=grace)
+            using = fleet.jobs.live()  # before: a job parks a stopped server within moments
+            results = await fleet.down(_split_names(names), grace_s=grace, by_user="down")
+            return results, [j for j in using if any(j.uses(n) for n in results)]
 
-    results = run_coroutine(go)
+    results, jobs = run_coroutine(go)
     if as_json:
         _print_json({"servers": [{"name": n, "was_running": r.was_running, "signal": r.signal, "port_free": r.port_free,
-                                  "port_holder_pid": r.port_holder_pid, "ok": r.ok, "message": r.message} for n, r in results.items()]})
+                                  "port_holder_pid": r.port_holder_pid, "ok": r.ok, "message": r.message} for n, r in results.items()],
+                     "jobs": [{"pid": j.pid, "host": j.host, "output": j.output, "servers": [n for n in results if j.uses(n)]} for j in jobs]})
     else:
-        _console().print(down_table(results))
+        console = _console()
+        console.print(down_table(results))
+        for job in jobs:
+            used = ", ".join(n for n in results if job.uses(n))
+            console.print(f"in use by {job.describe()}: {used} -- it re-queues their requests and does not restart them", markup=False, soft_wrap=True)
     raise typer.Exit(ExitCode.OK if all(r.ok for r in results.values()) else ExitCode.FAILED)
 
 

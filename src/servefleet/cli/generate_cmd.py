@@ -144,7 +144,8 @@ async def _run(config, fleet_file: Path | None, progress, restart_limit: tuple[i
         if not targets:
             raise ConfigError(f"no server of {fleet_file} is ready; start them with `servefleet up {fleet_file}`")
         restarter = FleetRestarter(fleet)
-        return await run_generate(config, targets=targets, restarter=restarter, progress=progress, stop=stop)
+        with restarter.recording(config.output, [t.name for t in targets]):  # `down` / `drain` read it
+            return await run_generate(config, targets=targets, restarter=restarter, progress=progress, stop=stop)
 
 
 def _exit_code(status: str) -> int:

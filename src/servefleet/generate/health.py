@@ -45,6 +45,7 @@ class ServerState(StrEnum):
     UP = "up"
     DOWN = "down"  # taken out, recovery under way
     GONE = "gone"  # could not be brought back in this run
+    STOPPED = "stopped"  # stopped or drained by the user: drained, not restarted in this run
 
 
 @dataclass(frozen=True)
@@ -195,16 +196,20 @@ async def recover(
     answers: Callable[[], Awaitable[bool]] | None = None,
     window: RestartWindow | None = None,
     on_crash_loop: Callable[[str], None] | None = None,
+    held: Callable[[], str | None] | None = None,
 ) -> Target | None:
     """Bring a taken-out server back; its (possibly new) target, or None when it cannot be.
     ``answers``: for an unmanaged server taken out for a hang, what must succeed before it is put
     back (a hung engine behind a live API process passes ``/health``; a small completion does not).
     ``window``: the server's restarts so far; when it is full no restart is tried and
-    ``on_crash_loop`` gets the reason."""
+    ``on_crash_loop`` gets the reason. ``held``: why the user stopped the server, if they did
+    (then no restart is tried)."""
     delay = policy.retry_interval_s
     deadline = time.monotonic() + policy.recover_timeout_s
     if restarter is not None and target.managed:
         for attempt in range(1, policy.restart_attempts + 1):
+            if held is not None and held() is not None:
+                return None
             if window is not None and not window.allows(time.monotonic()):
                 reason = (f"crash loop: restarted {len(window.times)} times in the last {_duration(window.window_s)} "
                           f"({window.describe()}: --max-restarts / --restart-window, or the fleet file's "
