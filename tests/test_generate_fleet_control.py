@@ -165,10 +165,13 @@ def test_down_while_a_job_runs_wins_the_job_does_not_restart_the_servers(tmp_pat
 def test_drain_one_server_lets_its_requests_finish_then_stops_it_and_the_job_goes_on(tmp_path, fleet_up):
     fleet = fleet_up(fleet_file(tmp_path, {"a": SLOW, "b": SLOW}))
     proc, out = start_job(tmp_path, fleet, 300)
+    early = subprocess.run([*SERVEFLEET, "drain", "a", "--timeout", "0", "--fleet", str(fleet)], capture_output=True, text=True, timeout=120)
+    assert early.returncode == 2 and f"a: still in use by generate pid {proc.pid}" in early.stdout, early.stdout + early.stderr
+    assert f"a: waiting for generate pid {proc.pid} (output {out}) to finish its requests on it" in early.stderr
+    assert statuses(fleet)["a"] == "ready"  # left running (and drained) when the job has not finished with it
     drain = subprocess.run([*SERVEFLEET, "drain", "a", "--fleet", str(fleet)], capture_output=True, text=True, timeout=120)
     assert drain.returncode == 0, drain.stdout + drain.stderr
-    assert "a: drained; stopped" in drain.stdout and f"was used by generate pid {proc.pid}" in drain.stdout, drain.stdout
-    assert f"a: waiting for generate pid {proc.pid}" in drain.stderr
+    assert "a: drained; stopped" in drain.stdout, drain.stdout  # the job parked it meanwhile: nothing to wait for
     assert statuses(fleet)["a"] == "not launched"
     rc, report, err = finish(proc)
     assert rc == 0 and report["status"] == "complete", err[-3000:]
@@ -183,17 +186,24 @@ def test_drain_one_server_lets_its_requests_finish_then_stops_it_and_the_job_goe
 
 def test_drain_keep_leaves_the_server_running_but_no_job_uses_it_until_up(tmp_path, fleet_up):
     fleet = fleet_up(fleet_file(tmp_path, {"a": [], "b": []}))
+    typo = subprocess.run([*SERVEFLEET, "drain", "c", "--fleet", str(fleet)], capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 3 and "no server named 'c' (servers: a, b)" in typo.stderr, typo.stderr
+    assert not (fleet.parent / ".servefleet" / "ctl" / "stopped").exists()  # nothing marked
     drain = subprocess.run([*SERVEFLEET, "drain", "b", "--keep", "--fleet", str(fleet), "--json"], capture_output=True, text=True, timeout=60)
     assert drain.returncode == 0, drain.stdout + drain.stderr
     assert json.loads(drain.stdout)["servers"] == [{"name": "b", "ok": True, "jobs": [], "still_using": [], "stopped": False,
                                                    "message": "drained; left running (--keep): no job sends to it until `servefleet up` of it"}]
     assert statuses(fleet)["b"] == "ready"
+    shown = subprocess.run([*SERVEFLEET, "status", "--fleet", str(fleet)], capture_output=True, text=True, timeout=60)
+    assert "b: drained by the user (servefleet drain at " in shown.stdout, shown.stdout  # why no job uses a ready server
     src = write_prompts(tmp_path / "in.jsonl", 50)
     rc, report, err = run_cli(generate_argv(src, tmp_path / "out", "--fleet", str(fleet)))
     assert rc == 0, err[-3000:]
     b = next(s for s in report["servers"] if s["name"] == "b")
     assert b["requests"] == 0 and b["state"] == "stopped" and b["state_reason"].startswith("drained by the user")
     fleet_up(fleet)  # `up` lifts the drain (b is adopted, not relaunched)
+    assert not json.loads(subprocess.run([*SERVEFLEET, "status", "--fleet", str(fleet), "--json"], capture_output=True, text=True,
+                                         timeout=60).stdout)["servers"][1]["stopped_by_user"]
     rc, report, err = run_cli(generate_argv(src, tmp_path / "out2", "--fleet", str(fleet)))
     assert rc == 0 and next(s for s in report["servers"] if s["name"] == "b")["requests"] > 0, err[-3000:]
 
@@ -211,3 +221,60 @@ def test_a_job_whose_restart_meets_a_stop_mark_does_not_start_the_server(tmp_pat
     outcomes = asyncio.run(fleet.start(["a"], honour_stops=True))
     assert outcomes["a"].action.value == "held" and "stopped by the user" in (outcomes["a"].message or "")
     assert fleet.store.load("a") is None  # nothing launched
+
+
+def test_the_record_of_a_job_that_died_is_stale_and_ignored(tmp_path) -> None:
+    """A SIGKILLed job cannot remove its record: `down` and `drain` must not wait for it."""
+    import os
+    import socket
+
+    from servefleet.fleet.jobs import JobUse, JobUses
+    from servefleet.fleet.state import utcnow
+
+    dead = subprocess.Popen([PYTHON, "-c", "pass"])
+    dead.wait()
+    uses = JobUses(tmp_path)
+    uses.save(JobUse(pid=dead.pid, host=socket.gethostname(), started=0.0, output="x", since=utcnow(), servers=["a"]))
+    reused = JobUse(pid=os.getpid(), host=socket.gethostname(), started=1.0, output="y", since=utcnow(), servers=["a"])
+    uses.save(reused.model_copy(update={"pid": os.getppid()}))  # a live pid, but not the job's process (start time differs)
+    assert uses.live() == [] and not list((tmp_path / "jobs").glob("*.json"))
+    with uses.recording("out", ["a", "b"]) as me:
+        assert [u.pid for u in uses.live()] == [os.getpid()] and me.uses("a")
+    assert uses.live() == []
+
+
+async def test_a_server_the_user_drains_while_it_hangs_is_parked_its_requests_requeued_without_an_outage(tmp_path) -> None:
+    """In one process, a fake restarter: the user's drain lands while the server's 4 requests hang;
+    it gets nothing new, and when it is taken out (probes) its requests are re-queued, no outage
+    or attempt counted, no restart tried; the job finishes on the other server."""
+    from servefleet.generate.health import HealthPolicy
+    from servefleet.generate.runner import run_generate
+    from test_generate_dispatch import FakeServer, assert_exactly_once, config, write_input
+
+    hung, good = await FakeServer(hang=True, name="hung").start(), await FakeServer(delay_s=0.002, name="good").start()
+    parked: list[str] = []
+
+    class Restarter:
+        async def restart(self, name, on_event):
+            raise AssertionError(f"{name} restarted although the user drained it")
+
+        def held(self, name):
+            return "drained by the user (test)" if name == "hung" and hung.requests >= 4 else None
+
+        def parked(self, name):
+            parked.append(name)
+
+    try:
+        src = write_input(tmp_path / "in.jsonl", 200)
+        policy = HealthPolicy(probe_interval_s=0.3, probe_failures=1, probe_timeout_s=0.3, retry_interval_s=0.05)
+        targets = [hung.target(managed=True), good.target(managed=True)]
+        report = await run_generate(config(src, tmp_path / "out", concurrency=4, health=policy), targets=targets, restarter=Restarter())
+    finally:
+        await hung.stop()
+        await good.stop()
+    assert report.status == "complete" and report.committed == 200
+    by_name = {s.name: s for s in report.servers}
+    assert by_name["hung"].state == "stopped" and by_name["hung"].outages == 0 and by_name["hung"].restarts == 0
+    assert by_name["hung"].state_reason == "drained by the user (test)" and parked == ["hung"]
+    assert hung.requests == 4 and report.requeued == 4
+    assert all(r["attempts"] == 1 for r in assert_exactly_once(tmp_path / "out", {f"p{i}" for i in range(200)}))

@@ -204,15 +204,19 @@ def status(
 
     async def go():
         async with open_fleet(fleet_file) as fleet:
-            return fleet.name, await fleet.status(_split_names(names))
+            statuses = await fleet.status(_split_names(names))
+            marks = {st.name: m.describe() for st in statuses if (m := fleet.store.stop_mark(st.name)) is not None}
+            return fleet.name, statuses, marks
 
-    name, statuses = run_coroutine(go)
+    name, statuses, marks = run_coroutine(go)
     if as_json:
-        _print_json({"fleet": name, "servers": [s.to_json() for s in statuses]})
+        _print_json({"fleet": name, "servers": [{**s.to_json(), "stopped_by_user": marks.get(s.name)} for s in statuses]})
     else:
         console = _console()
         console.print(status_table(name, statuses))
         console.print(status_notes(statuses))
+        for server, why in marks.items():  # a drained server may still be ready: say why no job uses it
+            console.print(f"{server}: {why}; no generate job uses it until `servefleet up` or `restart` of it", markup=False, soft_wrap=True)
     raise typer.Exit(_status_exit_code(statuses))
 
 

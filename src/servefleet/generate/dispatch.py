@@ -373,6 +373,12 @@ class Dispatcher:
         server.health.take_out()
         server.stats.state = ServerState.DOWN.value
         server.stats.outages += 1
+        requeued = self._requeue_in_flight(server)
+        self.stats.event(f"{server.target.name}: taken out ({reason}); {requeued} in-flight requests re-queued")
+        self._spawn(self._recover(server))
+        self._wake.set()
+
+    def _requeue_in_flight(self, server: _Server) -> int:
         requeued = 0
         for task, ticket in list(server.in_flight.items()):
             if ticket.state == "in_flight" and task.cancel():
@@ -382,9 +388,7 @@ class Dispatcher:
                 requeued += 1
             server.in_flight.pop(task, None)
         self.stats.requeued += requeued
-        self.stats.event(f"{server.target.name}: taken out ({reason}); {requeued} in-flight requests re-queued")
-        self._spawn(self._recover(server))
-        self._wake.set()
+        return requeued
 
     async def _recover(self, server: _Server) -> None:
         answers = partial(self._answers_a_completion, server) if server.hung else None
@@ -463,13 +467,7 @@ class Dispatcher:
             server.draining = True
             self.stats.event(f"{server.target.name}: {reason}: draining ({len(server.in_flight)} in flight); no new requests, not restarted")
         if requeue:
-            for task, ticket in list(server.in_flight.items()):
-                if ticket.state == "in_flight" and task.cancel():
-                    ticket.state = "waiting"
-                    ticket.attempts -= 1
-                    self._pending.appendleft(ticket)
-                    self.stats.requeued += 1
-                server.in_flight.pop(task, None)
+            self._requeue_in_flight(server)
         if not server.in_flight and server.health.state is ServerState.UP:
             self._park(server)
         self._wake.set()
