@@ -216,9 +216,9 @@ def test_a_server_that_cannot_be_stopped_is_not_started_again(tmp_path: Path, mo
     async def start(self, names=None):
         raise AssertionError("started although the old process could not be stopped")
 
-    async def spy(self, name, *, grace_s=15.0):
+    async def spy(self, name, **kwargs):
         relaunched.append(name)
-        return await relaunch(self, name, grace_s=grace_s)
+        return await relaunch(self, name, **kwargs)
 
     monkeypatch.setattr(Fleet, "down", down)
     monkeypatch.setattr(Fleet, "start", start)

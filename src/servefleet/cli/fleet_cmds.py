@@ -187,21 +187,31 @@ def down(
     grace: GraceOpt = 15.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Stop servers: SIGTERM to the whole process group, SIGKILL after the grace period; confirm the port is free."""
+    """Stop servers: SIGTERM to the whole process group, SIGKILL after the grace period; confirm the port is free.
+
+    The stop is the user's: a running `generate --fleet` re-queues its requests to them (no outage counted) and does not restart them (`up` or `restart` of a server lifts that); `down` names the jobs that were using them. To let their requests finish first: `servefleet drain`.
+    """  # noqa: E501 - typer help: one paragraph per line
 
     async def go():
         async with open_fleet(fleet_file) as fleet:
-            return await fleet.down(_split_names(names), grace_s=grace)
+            using = fleet.jobs.live()  # before: a job parks a stopped server within moments
+            results = await fleet.down(_split_names(names), grace_s=grace, by_user="down")
+            return results, [j for j in using if any(j.uses(n) for n in results)]
 
-    results = run_coroutine(go)
+    results, jobs = run_coroutine(go)
     code = ExitCode.OK if all(r.ok for r in results.values()) else ExitCode.FAILED
     if as_json:
         failed = ", ".join(f"{n} ({r.message})" for n, r in results.items() if not r.ok)
         _print_outcome({"servers": [{"name": n, "was_running": r.was_running, "signal": r.signal, "port_free": r.port_free,
-                                     "port_holder_pid": r.port_holder_pid, "ok": r.ok, "message": r.message} for n, r in results.items()]},
+                                     "port_holder_pid": r.port_holder_pid, "ok": r.ok, "message": r.message} for n, r in results.items()],
+                        "jobs": [{"pid": j.pid, "host": j.host, "output": j.output, "servers": [n for n in results if j.uses(n)]} for j in jobs]},
                        code, f"not stopped: {failed}", "down")
     else:
-        _console().print(down_table(results))
+        console = _console()
+        console.print(down_table(results))
+        for job in jobs:
+            used = ", ".join(n for n in results if job.uses(n))
+            console.print(f"in use by {job.describe()}: {used} -- it re-queues their requests and does not restart them", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -214,17 +224,22 @@ def status(
 
     async def go():
         async with open_fleet(fleet_file) as fleet:
-            return fleet.name, await fleet.status(_split_names(names))
+            statuses = await fleet.status(_split_names(names))
+            marks = {st.name: m.describe() for st in statuses if (m := fleet.store.stop_mark(st.name)) is not None}
+            return fleet.name, statuses, marks
 
-    name, statuses = run_coroutine(go)
+    name, statuses, marks = run_coroutine(go)
     code = _status_exit_code(statuses)
     if as_json:
         bad = ", ".join(f"{s.name} ({s.state.value})" for s in statuses if s.state is not Liveness.READY)
-        _print_outcome({"fleet": name, "servers": [s.to_json() for s in statuses]}, code, f"not ready: {bad}", "status")
+        _print_outcome({"fleet": name, "servers": [{**s.to_json(), "stopped_by_user": marks.get(s.name)} for s in statuses]},
+                       code, f"not ready: {bad}", "status")
     else:
         console = _console()
         console.print(status_table(name, statuses))
         console.print(status_notes(statuses))
+        for server, why in marks.items():  # a drained server may still be ready: say why no job uses it
+            console.print(f"{server}: {why}; no generate job uses it until `servefleet up` or `restart` of it", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -52,6 +52,10 @@ def generate(
     give_up_after: Annotated[str, typer.Option("--give-up-after", metavar="DURATION", help=(
         "how long a server that stopped answering (or a fleet server being restarted) may take to come back before it is given up for this run "
         "(90s, 10m, 1h; a plain number: seconds); with every server given up the job ends stalled (exit 2)"))] = "10m",
+    max_restarts: Annotated[int | None, typer.Option("--max-restarts", min=0, help="--fleet: restarts of one server within --restart-window before it is taken out "
+                                                                                 "for good (a crash loop) [default: the fleet file's max_restarts, 3]")] = None,
+    restart_window: Annotated[float | None, typer.Option("--restart-window", min=1.0, help="--fleet: seconds of the sliding window --max-restarts counts in "
+                                                                                          "[default: the fleet file's restart_window, 600]")] = None,
     max_attempts: Annotated[int, typer.Option("--max-attempts", min=1, help="attempts per prompt before it goes to failures.jsonl")] = 5,
     backoff_base: Annotated[float, typer.Option("--backoff-base", min=0.0, help="seconds: retry n waits a random time below base*2^(n-1)")] = 0.5,
     backoff_max: Annotated[float, typer.Option("--backoff-max", min=0.0, help="seconds: cap of one retry's wait")] = 30.0,
@@ -117,7 +121,7 @@ def generate(
         _detach(output, log, json_out, err)
     progress = _SaysWhenSending(ProgressView(err))
     # a ConfigError (exit 3), an unreachable host (4) or another servefleet error (1) is reported by the root group
-    report = asyncio.run(_run(config, fleet, progress))
+    report = asyncio.run(_run(config, fleet, progress, restart_limit=(max_restarts, restart_window)))
     code = _exit_code(report.status)
     try:
         if json_out:
@@ -178,7 +182,9 @@ class _SaysWhenSending:
         await self.view.stop()
 
 
-async def _run(config, fleet_file: Path | None, progress):
+async def _run(config, fleet_file: Path | None, progress, restart_limit: tuple[int | None, float | None] = (None, None)):
+    from dataclasses import replace
+
     from servefleet.generate.endpoints import FleetRestarter, targets_from_fleet
     from servefleet.generate.runner import run_generate
 
@@ -199,11 +205,16 @@ async def _run(config, fleet_file: Path | None, progress):
     from servefleet.fleet import Fleet
 
     async with Fleet.load(fleet_file) as fleet:
+        flags_max, flags_window = restart_limit  # a flag wins over the fleet file
+        policy = replace(config.health, max_restarts=fleet.spec.max_restarts if flags_max is None else flags_max,
+                         restart_window_s=fleet.spec.restart_window if flags_window is None else flags_window)
+        config = config.model_copy(update={"health": policy})
         targets = await targets_from_fleet(fleet)
         if not targets:
             raise ConfigError(f"no server of {fleet_file} is ready; start them with `servefleet up {fleet_file}`")
         restarter = FleetRestarter(fleet)
-        return await run_generate(config, targets=targets, restarter=restarter, progress=progress, stop=stop)
+        with restarter.recording(config.output, [t.name for t in targets]):  # `down` / `drain` read it
+            return await run_generate(config, targets=targets, restarter=restarter, progress=progress, stop=stop)
 
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")

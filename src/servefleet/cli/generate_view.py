@@ -148,6 +148,9 @@ def render_report(report: JobReport, console: Console) -> None:
         summary.add_row(label, path)
     if report.message:
         summary.add_row("note", report.message)
+    for s in report.servers:
+        if s.state_reason:
+            summary.add_row(s.name, f"{s.state}: {s.state_reason}")
     table = Table(title="servers", title_justify="left", expand=False)
     for col in ("server", "state", "requests", "errors", "tok/s", "latency", "limit", "outages", "restarts", "limit: why"):
         table.add_column(col, justify="left" if col in ("server", "state", "limit: why") else "right", no_wrap=col != "limit: why")

@@ -46,6 +46,10 @@ COMMANDS: dict[str, CommandRow] = {
                          "Show each server: state (ready / loading / unresponsive / hung / failed / dead (exit code) / not launched), pid, uptime, capacity, log.",
                          "0 every server shown is ready, 1 any is down (dead, not launched, stale) or failed, 2 the rest ready but some still loading "
                          "unresponsive or hung, 3 bad fleet file or arguments, 4 host unreachable"),
+    "drain": CommandRow("servefleet.cli.drain_cmd", "Drain servers: running generate jobs send them nothing new and finish their requests; "
+                        "then each is stopped (--keep: left running, unused).",
+                        "0 drained (and stopped, or kept), 1 a server could not be stopped, 2 a job still had requests on it at --timeout "
+                        "(left running, drained), 3 bad fleet file or arguments, 4 host unreachable"),
     "logs": CommandRow("servefleet.cli.fleet_cmds", "Show the end of a server's log (all attempts, each after a `==== servefleet launch ... ====` line).",
                        "0 shown (or -f ended by Ctrl-C), 3 no such server, no log yet, or bad arguments, 4 host unreachable"),
     "restart": CommandRow("servefleet.cli.fleet_cmds", "Stop one server (if running) and start it again from the fleet file; wait until ready.", _UP_EXITS),

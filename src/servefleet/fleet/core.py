@@ -26,6 +26,7 @@ from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError
 from servefleet.fleet.gpu_holders import holder_notes, host_gpu_apps
 from servefleet.fleet.hosts import HostBinding, HostPool
+from servefleet.fleet.jobs import JobUses
 from servefleet.fleet.launch_facts import launch_capacity
 from servefleet.fleet.lifecycle import (
     Action,
@@ -47,7 +48,7 @@ from servefleet.fleet.logs import follow_lines, tail_lines
 from servefleet.fleet.prefetch import fleet_status, prefetched_launchables
 from servefleet.fleet.spec import LOCAL, FleetSpec
 from servefleet.fleet.start_order import Sibling, StartQueue, host_has_gpus, settled_before, shares_gpu, visible_gpus
-from servefleet.fleet.state import ServerState, StateStore, utcnow
+from servefleet.fleet.state import ServerState, StateStore, StopMark, utcnow
 from servefleet.fleet.status import Liveness, ServerStatus
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
@@ -118,6 +119,7 @@ class Fleet:
     def __init__(self, spec: FleetSpec) -> None:
         self.spec = spec
         self.store = StateStore(spec.state_dir)
+        self.jobs = JobUses(spec.state_dir)  # the generate jobs using this fleet now
         self.hosts = HostPool(spec)
 
     # ---- construction ---------------------------------------------------------------------------
@@ -184,12 +186,22 @@ class Fleet:
         configuration error stops ``up`` with nothing half-started."""
         return [resolve_launch(self.spec.server(n), self.binding(self.spec.server(n).host), self.label) for n in self._select(names)]
 
-    async def start(self, names: Iterable[str] | None = None) -> dict[str, StartOutcome]:
+    async def start(self, names: Iterable[str] | None = None, *, honour_stops: bool = False) -> dict[str, StartOutcome]:
         """Adopt, refuse (port taken) or launch each server; do not wait for readiness. A server
         sharing a GPU with one still starting is QUEUED (see start_order.py): ``wait`` (or
-        ``launch_queued``) launches it when its turn comes."""
+        ``launch_queued``) launches it when its turn comes. The user's start: a stop mark of the
+        server is removed. ``honour_stops`` (a job's restart): a server the user stopped is HELD,
+        not started -- checked under the folder's lock, which ``down`` writes its mark under."""
         items = self.resolve(names)
         async with self.store.lock():
+            if honour_stops:
+                held = {i.name: m for i in items if (m := self.store.stop_mark(i.name)) is not None}
+                if held:
+                    return {n: StartOutcome(n, Action.HELD, verdict=Verdict(state=State.FAILED, message=m.describe()), message=m.describe())
+                            for n, m in held.items()}
+            else:
+                for item in items:
+                    self.store.clear_stop_mark(item.name)
             self.store.write_index(self.name, self.spec.path)
             viewed = await prefetched_launchables(items, self.store)  # the adopt checks: one command per host
             records = await asyncio.gather(*(load_record(self.store, v.binding, v.name) for v in viewed))
@@ -428,8 +440,12 @@ class Fleet:
         names += [n for n in self.store.names() if n not in names]
         return names
 
-    async def down(self, names: Iterable[str] | None = None, *, grace_s: float = 15.0) -> dict[str, StopResult]:
-        """Stop servers (all with a record when ``names`` is empty) and remove their records."""
+    async def down(self, names: Iterable[str] | None = None, *, grace_s: float = 15.0, by_user: str | None = None,
+                   keep: bool = False) -> dict[str, StopResult]:
+        """Stop servers (all with a record when ``names`` is empty) and remove their records.
+        ``by_user`` ("down", "drain"): the user's command; each server gets a stop mark first, so
+        that a running job neither counts the stop as an outage nor restarts it (``keep``: mark
+        only, the server is left running)."""
         wanted = list(dict.fromkeys(names)) if names else self.recorded_names()
         for name in wanted:
             if name not in self.spec.names and self.store.load(name) is None:
@@ -449,6 +465,11 @@ class Fleet:
             return result
 
         async with self.store.lock():
+            if by_user is not None:  # before any signal: a job seeing the failures finds the mark
+                for name in wanted:
+                    self.store.mark_stopped(StopMark(name=name, command=by_user, at=utcnow(), keep=keep))
+                if keep:
+                    return {n: StopResult(n, was_running=True, message="left running (--keep); no job sends to it") for n in wanted}
             results = await asyncio.gather(*(one(n) for n in wanted))
         return dict(zip(wanted, results, strict=True))
 
@@ -475,24 +496,28 @@ class Fleet:
         smoke: bool | None = None,
         on_update: UpdateCallback | None = None,
         keep_failed: bool = False,
+        honour_stops: bool = False,
     ) -> Verdict:
         """Stop one server (if running) and start it again with the current fleet file; wait. It
-        starts after any sibling on its GPU that is still starting (start_order.py)."""
-        relaunch = await self.relaunch(name, grace_s=grace_s)
+        starts after any sibling on its GPU that is still starting (start_order.py).
+        ``honour_stops``: a job's restart; a server the user stopped stays stopped (FAILED verdict)."""
+        if honour_stops and (mark := self.store.stop_mark(name)) is not None:  # drain --keep: not even stopped
+            return Verdict(state=State.FAILED, message=mark.describe())
+        relaunch = await self.relaunch(name, grace_s=grace_s, honour_stops=honour_stops)
         if relaunch.failure is not None:
             return Verdict(state=State.FAILED, message=relaunch.failure)
         verdicts = await self.wait(relaunch.outcomes, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=on_update,
                                    keep_failed=keep_failed, grace_s=grace_s)
         return verdicts[name]
 
-    async def relaunch(self, name: str, *, grace_s: float = 15.0) -> Relaunch:
+    async def relaunch(self, name: str, *, grace_s: float = 15.0, honour_stops: bool = False) -> Relaunch:
         """The first half of ``restart``: stop one server (if running) and start it again with the
         current fleet file, without waiting (``wait`` does; ``servefleet restart`` shows it live)."""
         self.resolve([name])  # a broken fleet file must not stop a running server
         stopped = (await self.down([name], grace_s=grace_s))[name]
         if not stopped.ok:
             return Relaunch(stopped, {})
-        return Relaunch(stopped, await self.start([name]))
+        return Relaunch(stopped, await self.start([name], honour_stops=honour_stops))
 
     # ---- status ---------------------------------------------------------------------------------
     async def status(self, names: Iterable[str] | None = None) -> list[ServerStatus]:

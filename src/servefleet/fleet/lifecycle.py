@@ -53,6 +53,7 @@ class Action(StrEnum):
     BLOCKED = "blocked"  # port held by another process: nothing launched
     FAILED = "failed"  # could not be started at all
     QUEUED = "queued"  # shares a GPU with a server still starting: launched once that one settles
+    HELD = "held"  # stopped or drained by the user: a job's restart does not start it again
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,8 @@ def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
         stall=settings.stall,
         smoke=settings.smoke,
         start_shared_gpu=settings.start_shared_gpu,
+        max_restarts=settings.max_restarts,
+        restart_window=settings.restart_window,
         hosts=hosts,
         servers=tuple(servers),
     )

@@ -9,6 +9,8 @@ A fleet file looks like this (every table but ``[[servers]]`` is optional)::
     stall = 300                    # seconds without log or probe progress => stalled
     smoke = true                   # one-token request before a server is called ready
     start_shared_gpu = "ordered"   # servers sharing a GPU start one after another ("together": at once)
+    max_restarts = 3               # `generate` restarts a dead server at most this many times ...
+    restart_window = 600           # ... in this many seconds; past that it is out for good (a crash loop)
 
     [defaults]                     # merged into every server (a server's own value wins;
     engine = "sglang"              #   env tables are merged, args lists are concatenated:
@@ -134,6 +136,10 @@ class FleetSettings(_Strict):
     smoke: bool = True
     # "ordered": servers of one host that share a GPU start one after another (see start_order.py)
     start_shared_gpu: Literal["ordered", "together"] = "ordered"
+    # A running `generate` restarts a dead server at most max_restarts times in restart_window
+    # seconds (a sliding window); past that the server is taken out for good: a crash loop.
+    max_restarts: int = Field(3, ge=0)
+    restart_window: float = Field(600.0, gt=0)
 
     @field_validator("name")
     @classmethod
@@ -342,6 +348,8 @@ class FleetSpec(_Strict):
     stall: float
     smoke: bool
     start_shared_gpu: Literal["ordered", "together"] = "ordered"
+    max_restarts: int = 3
+    restart_window: float = 600.0
     hosts: dict[str, HostSpec] = Field(default_factory=dict)
     servers: tuple[ServerSpec, ...] = ()
 

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ServerState",
+    "StopMark",
     "StateStore",
     "MASK",
     "is_secret_name",
@@ -130,8 +131,28 @@ class ServerState(BaseModel):
         return (self.model_dump_json(indent=2) + "\n").encode()
 
 
+class StopMark(BaseModel):
+    """``stopped/<name>.json``: the user stopped (``down``) or drained (``drain``) this server.
+
+    An explicit stop wins over a running job: ``generate --fleet`` reads the mark, drains the server
+    (its in-flight requests re-queued or let finish, no outage counted) and does not restart it.
+    ``up`` and ``restart`` of the server remove the mark (the user starts it again)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    command: str  # "down" | "drain"
+    at: datetime
+    keep: bool = False  # drain --keep: left running, but no job sends to it
+
+    def describe(self) -> str:
+        what = "drained" if self.command == "drain" else "stopped"
+        return f"{what} by the user (servefleet {self.command} at {self.at:%Y-%m-%d %H:%M:%S} UTC)"
+
+
 class StateStore:
-    """The fleet's local state folder: ``<name>.json`` records, ``logs/`` and ``run/``.
+    """The fleet's local state folder: ``<name>.json`` records, ``stopped/<name>.json`` marks,
+    ``jobs/`` (the jobs using the fleet: fleet/jobs.py), ``logs/`` and ``run/``.
 
     ``fleet.json`` remembers which fleet file the folder belongs to, so commands run without
     ``--fleet`` can find it again.
@@ -177,6 +198,26 @@ class StateStore:
             self.path_for(name).unlink()
         except FileNotFoundError:
             pass
+
+    def _mark_path(self, name: str) -> Path:
+        return self.dir / "stopped" / f"{name}.json"
+
+    def mark_stopped(self, mark: StopMark) -> None:
+        (self.dir / "stopped").mkdir(parents=True, exist_ok=True, mode=0o700)
+        _atomic_write(self._mark_path(mark.name), (mark.model_dump_json(indent=2) + "\n").encode())
+
+    def stop_mark(self, name: str) -> StopMark | None:
+        """The user's stop of this server, if it stands (a local file read: cheap enough per failure)."""
+        try:
+            return StopMark.model_validate_json(self._mark_path(name).read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValidationError) as exc:
+            log.warning("%s: unreadable stop mark, taken as stopped (%s)", self._mark_path(name), exc)
+            return StopMark(name=name, command="down", at=utcnow())
+
+    def clear_stop_mark(self, name: str) -> None:
+        self._mark_path(name).unlink(missing_ok=True)
 
     def names(self) -> list[str]:
         """Names of every server with a record (including ones no longer in the fleet file)."""

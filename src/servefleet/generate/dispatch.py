@@ -83,6 +83,7 @@ class _Server:
         self.last_overload = 0.0
         self.probing = False
         self.draining = False  # its end was announced (a Slurm job's notice): no new requests, restarted once empty
+        self.held: str | None = None  # stopped or drained by the user (why): drained, then parked, never restarted
         self.sync_stats()
 
     def sync_stats(self) -> None:
@@ -145,6 +146,7 @@ class Dispatcher:
         tick_s: float = 0.25,
         window_min_s: float = 2.0,
         notice_interval_s: float = 5.0,
+        hold_interval_s: float = 1.0,
     ) -> None:
         self.client = client
         self.out = out
@@ -159,6 +161,7 @@ class Dispatcher:
         self.tick_s = tick_s
         self.window_min_s = window_min_s
         self.notice_interval_s = notice_interval_s
+        self.hold_interval_s = hold_interval_s
         self.servers = [_Server(t, self._controller(t), self.policy) for t in targets]
         for s in self.servers:
             stats.servers[s.target.name] = s.stats
@@ -186,6 +189,9 @@ class Dispatcher:
         retiring = getattr(self.restarter, "retiring", None)
         if retiring is not None:
             self._spawn(self._watch_notices(retiring))
+        if getattr(self.restarter, "held", None) is not None:
+            self._check_holds()  # before the first request: a server drained with --keep gets none
+            self._spawn(self._watch_holds())
         for s in self.servers:
             self._spawn(s.load.run(self.client.http, partial(_base_url, s)))
         try:
@@ -199,7 +205,7 @@ class Dispatcher:
                 self._launch()
                 if self._feed_done and not self._pending and not self._delayed and not self._in_flight():
                     return "complete"
-                if all(s.health.state is ServerState.GONE for s in self.servers):
+                if all(s.health.state in (ServerState.GONE, ServerState.STOPPED) for s in self.servers):
                     return "stalled"
                 self._wake.clear()
                 if not self._delayed:
@@ -327,6 +333,14 @@ class Dispatcher:
         ))
 
     def _failed(self, server: _Server, ticket: Ticket, failure: RequestFailure) -> None:
+        if failure.server_fault and (reason := self._hold_reason(server)) is not None:
+            # the user stopped it (`down`): not the prompt's fault, not an outage
+            ticket.state = "waiting"
+            ticket.attempts -= 1
+            self._pending.appendleft(ticket)
+            self.stats.requeued += 1
+            self._hold(server, reason)
+            return
         server.stats.errors += 1
         ticket.last_error = failure.describe()
         if not failure.server_fault:
@@ -351,11 +365,20 @@ class Dispatcher:
 
     # ---- servers going and coming ---------------------------------------------------------------
     def _take_out(self, server: _Server, reason: str, *, hung: bool = False) -> None:
+        if (held := self._hold_reason(server)) is not None:
+            self._hold(server, held, requeue=True)
+            return
         server.hung = hung
         server.draining = False
         server.health.take_out()
         server.stats.state = ServerState.DOWN.value
         server.stats.outages += 1
+        requeued = self._requeue_in_flight(server)
+        self.stats.event(f"{server.target.name}: taken out ({reason}); {requeued} in-flight requests re-queued")
+        self._spawn(self._recover(server))
+        self._wake.set()
+
+    def _requeue_in_flight(self, server: _Server) -> int:
         requeued = 0
         for task, ticket in list(server.in_flight.items()):
             if ticket.state == "in_flight" and task.cancel():
@@ -365,18 +388,21 @@ class Dispatcher:
                 requeued += 1
             server.in_flight.pop(task, None)
         self.stats.requeued += requeued
-        self.stats.event(f"{server.target.name}: taken out ({reason}); {requeued} in-flight requests re-queued")
-        self._spawn(self._recover(server))
-        self._wake.set()
+        return requeued
 
     async def _recover(self, server: _Server) -> None:
         answers = partial(self._answers_a_completion, server) if server.hung else None
         new = await recover(server.target, client=self.client, policy=self.policy, restarter=self.restarter,
-                            on_event=self.stats.event, answers=answers)
-        if new is None:
+                            on_event=self.stats.event, answers=answers, window=server.health.window,
+                            on_crash_loop=partial(setattr, server.stats, "state_reason"), held=partial(self._hold_reason, server))
+        if (held := self._hold_reason(server)) is not None:  # stopped by the user while it was out
+            server.held = held
+            self._park(server)
+        elif new is None:
             server.health.state = ServerState.GONE
             server.stats.state = ServerState.GONE.value
-            self.stats.event(f"{server.target.name}: given up for this run")
+            if not server.stats.state_reason:
+                self.stats.event(f"{server.target.name}: given up for this run")
         else:
             old = server.target
             if new.bench_concurrency is None and old.bench_concurrency is not None:  # the same configuration: its bench point stands
@@ -416,6 +442,48 @@ class Dispatcher:
                     self.stats.event(f"{s.target.name}: draining ({len(s.in_flight)} in flight): its end was announced; no new requests")
                     self._wake.set()
 
+    # ---- servers the user stopped or drained (`servefleet down` / `drain`) ------------------------
+    def _hold_reason(self, server: _Server) -> str | None:
+        held = getattr(self.restarter, "held", None)
+        if held is None or not server.target.managed:
+            return None
+        return server.held or held(server.target.name)
+
+    def _check_holds(self) -> None:
+        for s in self.servers:
+            if s.held is None and s.health.state is ServerState.UP and (reason := self._hold_reason(s)) is not None:
+                self._hold(s, reason)
+
+    async def _watch_holds(self) -> None:
+        while True:
+            await asyncio.sleep(self.hold_interval_s)
+            self._check_holds()
+
+    def _hold(self, server: _Server, reason: str, *, requeue: bool = False) -> None:
+        """No new requests; parked once nothing is in flight. ``requeue``: the server is gone
+        (its requests cannot finish): re-queue them now, without counting an outage or an attempt."""
+        if server.held is None:
+            server.held = reason
+            server.draining = True
+            self.stats.event(f"{server.target.name}: {reason}: draining ({len(server.in_flight)} in flight); no new requests, not restarted")
+        if requeue:
+            self._requeue_in_flight(server)
+        if not server.in_flight and server.health.state is ServerState.UP:
+            self._park(server)
+        self._wake.set()
+
+    def _park(self, server: _Server) -> None:
+        server.draining = False
+        server.health.state = ServerState.STOPPED
+        server.stats.state = ServerState.STOPPED.value
+        server.stats.state_reason = server.held or ""
+        server.sync_stats()
+        self.stats.event(f"{server.target.name}: drained: nothing in flight; out of this run ({server.held})")
+        parked = getattr(self.restarter, "parked", None)
+        if parked is not None:
+            parked(server.target.name)
+        self._wake.set()
+
     async def _probe(self, server: _Server) -> None:
         try:
             ok = await self.client.ping(server.target.base_url, timeout_s=self.policy.probe_timeout_s)
@@ -446,6 +514,9 @@ class Dispatcher:
                 if s.health.state is not ServerState.UP:
                     continue
                 if s.draining and not s.in_flight:
+                    if s.held is not None:
+                        self._park(s)
+                        continue
                     self._take_out(s, "drained before its announced end")
                     continue
                 # at least a few scrapes: counters read once a second cannot move faster than that

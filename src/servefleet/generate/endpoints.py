@@ -4,12 +4,16 @@
 ``--fleet`` file are managed: a dead one is restarted through :class:`servefleet.fleet.Fleet`
 (which relaunches it and runs the verification loop, so its diagnosis lands in the log and the
 report). The job depends on the fleet only through :class:`Restarter`, so tests can use a fake.
+A server the user stopped (``down``) or drained (``drain``) is *held*: :meth:`FleetRestarter.held`
+says so, the job drains it and does not restart it, and :meth:`FleetRestarter.parked` tells the
+fleet's state folder once the job has nothing in flight on it (``drain`` waits for that).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,13 +54,35 @@ class FleetRestarter:
 
     def __init__(self, fleet: Any) -> None:
         self.fleet = fleet
+        self.use: Any = None  # this job's record in the fleet's state folder (fleet/jobs.py), while it runs
+
+    @contextlib.contextmanager
+    def recording(self, output: str, servers: list[str]) -> Iterator[Any]:
+        """Record this job in the fleet's state folder while the block runs (``down``/``drain`` read it)."""
+        with self.fleet.jobs.recording(output, servers) as use:
+            self.use = use
+            try:
+                yield use
+            finally:
+                self.use = None
+
+    def held(self, name: str) -> str | None:
+        """Why the user stopped this server (a stop mark in the state folder), or None."""
+        mark = self.fleet.store.stop_mark(name)
+        return None if mark is None else mark.describe()
+
+    def parked(self, name: str) -> None:
+        """The job sends nothing more to ``name`` and has nothing in flight on it."""
+        if self.use is not None and name not in self.use.parked:
+            self.use.parked.append(name)
+            self.fleet.jobs.save(self.use)
 
     async def retiring(self) -> set[str]:
         """Servers whose end their host announced (a Slurm job near its time limit): drain them."""
         return await self.fleet.retiring()
 
     async def restart(self, name: str, on_event: Callable[[str], None]) -> Target | None:
-        verdict = await self.fleet.restart(name)
+        verdict = await self.fleet.restart(name, honour_stops=True)
         state = getattr(verdict.state, "value", verdict.state)
         on_event(f"{name}: restart -> {describe_verdict(verdict)}")
         if state != "ready":

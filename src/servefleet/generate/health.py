@@ -17,15 +17,19 @@ Evidence, per server:
 Taken out, a server gets no new requests and its in-flight ones are re-queued (the dispatcher
 does that). Then it is brought back: managed servers through the fleet layer's restart (relaunch +
 verification), unmanaged ones by probing until they answer -- each with a deadline, after which the
-server is given up for this run.
+server is given up for this run. Restarts are also counted in a sliding window (:class:`RestartWindow`,
+``max_restarts`` in ``restart_window_s``): a server that starts fine and dies again (a crash loop, a
+poison workload) is taken out for good once the window is full, instead of being restarted forever
+(each recovery's own attempt counter starts again after a successful start).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -34,13 +38,14 @@ from servefleet.generate.endpoints import Restarter, Target
 if TYPE_CHECKING:
     from servefleet.generate.client import Client
 
-__all__ = ["ServerState", "HealthPolicy", "Health", "ProgressWatch", "hang_window_s", "recover"]
+__all__ = ["ServerState", "HealthPolicy", "Health", "ProgressWatch", "RestartWindow", "hang_window_s", "recover"]
 
 
 class ServerState(StrEnum):
     UP = "up"
     DOWN = "down"  # taken out, recovery under way
     GONE = "gone"  # could not be brought back in this run
+    STOPPED = "stopped"  # stopped or drained by the user: drained, not restarted in this run
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class HealthPolicy:
     retry_interval_s: float = 2.0  # between recovery probes / restart attempts (doubling, capped)
     hang_min_s: float = 60.0  # no progress for this long (at least) with requests in flight: hung
     hang_latency_factor: float = 3.0  # ... or this many mean latencies, whichever is longer
+    max_restarts: int = 3  # restarts of one server within restart_window_s; past it, the server is out for good
+    restart_window_s: float = 600.0
 
 
 def hang_window_s(policy: HealthPolicy, mean_latency_s: float) -> float:
@@ -92,6 +99,39 @@ class ProgressWatch:
 
 
 @dataclass
+class RestartWindow:
+    """Pure: restarts of one server in the last ``window_s`` seconds, at most ``limit`` of them."""
+
+    limit: int
+    window_s: float
+    times: deque[float] = field(default_factory=deque)
+
+    def _trim(self, now: float) -> None:
+        while self.times and self.times[0] <= now - self.window_s:
+            self.times.popleft()
+
+    def allows(self, now: float) -> bool:
+        """Whether one more restart fits in the window."""
+        self._trim(now)
+        return len(self.times) < self.limit
+
+    def record(self, now: float) -> int:
+        """One restart now; how many the window holds with it."""
+        self._trim(now)
+        self.times.append(now)
+        return len(self.times)
+
+    def describe(self) -> str:
+        return f"at most {self.limit} restarts in {_duration(self.window_s)}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 120 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+@dataclass
 class Health:
     """Pure bookkeeping of one server's evidence."""
 
@@ -103,6 +143,11 @@ class Health:
     last_probe: float = 0.0
     outages: int = 0
     restarts: int = 0
+    window: RestartWindow | None = None  # set from the policy (managed servers are restarted)
+
+    def __post_init__(self) -> None:
+        if self.window is None:
+            self.window = RestartWindow(self.policy.max_restarts, self.policy.restart_window_s)
 
     def answered(self, now: float | None = None) -> None:
         """Any HTTP answer, success or error status."""
@@ -149,15 +194,33 @@ async def recover(
     restarter: Restarter | None,
     on_event: Callable[[str], None],
     answers: Callable[[], Awaitable[bool]] | None = None,
+    window: RestartWindow | None = None,
+    on_crash_loop: Callable[[str], None] | None = None,
+    held: Callable[[], str | None] | None = None,
 ) -> Target | None:
     """Bring a taken-out server back; its (possibly new) target, or None when it cannot be.
     ``answers``: for an unmanaged server taken out for a hang, what must succeed before it is put
-    back (a hung engine behind a live API process passes ``/health``; a small completion does not)."""
+    back (a hung engine behind a live API process passes ``/health``; a small completion does not).
+    ``window``: the server's restarts so far; when it is full no restart is tried and
+    ``on_crash_loop`` gets the reason. ``held``: why the user stopped the server, if they did
+    (then no restart is tried)."""
     delay = policy.retry_interval_s
     deadline = time.monotonic() + policy.recover_timeout_s
     if restarter is not None and target.managed:
         for attempt in range(1, policy.restart_attempts + 1):
-            on_event(f"{target.name}: restarting through the fleet (attempt {attempt}/{policy.restart_attempts})")
+            if held is not None and held() is not None:
+                return None
+            if window is not None and not window.allows(time.monotonic()):
+                reason = (f"crash loop: restarted {len(window.times)} times in the last {_duration(window.window_s)} "
+                          f"({window.describe()}: --max-restarts / --restart-window, or the fleet file's "
+                          "[fleet] max_restarts / restart_window); out for good in this run")
+                on_event(f"{target.name}: {reason}")
+                if on_crash_loop is not None:
+                    on_crash_loop(reason)
+                return None
+            count = window.record(time.monotonic()) if window is not None else None
+            within = f"; restart {count} of {window.describe()}" if window is not None else ""
+            on_event(f"{target.name}: restarting through the fleet (attempt {attempt}/{policy.restart_attempts}{within})")
             try:
                 new = await restarter.restart(target.name, on_event)
             except Exception as exc:  # a failed restart is an event, not a crash of the job

@@ -40,7 +40,7 @@ def snapshot(stats: JobStats, *, run_id: str, status: str, now: float, started: 
     mono = time.monotonic()
     done = stats.done_before + stats.done
     servers = [{
-        "name": s.name, "base_url": s.base_url, "state": s.state, "in_flight": s.in_flight, "limit": s.limit,
+        "name": s.name, "base_url": s.base_url, "state": s.state, "state_reason": s.state_reason, "in_flight": s.in_flight, "limit": s.limit,
         "limit_source": s.limit_source, "limit_reason": s.limit_reason, "output_tokens_per_s": round(s.meter.rate(mono), 2),
         "requests": s.requests, "errors": s.errors, "output_tokens": s.completion_tokens, "restarts": s.restarts,
         "outages": s.outages, "mean_latency_s": round(s.mean_latency_s(), 4),

@@ -16,6 +16,7 @@ class ServerReport(BaseModel):
     name: str
     base_url: str
     state: str
+    state_reason: str = ""  # why it is out for good: a crash loop, stopped or drained by the user
     requests: int
     errors: int
     completion_tokens: int
@@ -67,7 +68,7 @@ def build_report(stats: JobStats, **fields: Any) -> JobReport:
     wall = stats.elapsed_s()
     servers = [
         ServerReport(
-            name=s.name, base_url=s.base_url, state=s.state, requests=s.requests, errors=s.errors,
+            name=s.name, base_url=s.base_url, state=s.state, state_reason=s.state_reason, requests=s.requests, errors=s.errors,
             completion_tokens=s.completion_tokens, prompt_tokens=s.prompt_tokens,
             output_tokens_per_s=round(s.completion_tokens / wall, 2) if wall > 0 else 0.0,
             mean_latency_s=round(s.mean_latency_s(), 4), final_concurrency=s.limit,

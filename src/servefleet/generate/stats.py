@@ -62,6 +62,7 @@ class ServerStats:
     name: str
     base_url: str
     state: str = "up"
+    state_reason: str = ""  # why a server is out for good (a crash loop, stopped by the user)
     limit: int = 0
     limit_source: str = ""  # why this limit: fixed | bench | capacity | search
     limit_reason: str = ""  # the controller's last decision
