@@ -11,7 +11,7 @@ VENV := .venv
 STAMP := $(VENV)/.servefleet-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint venv clean-demo engines
+.PHONY: demo test lint venv clean-demo engines prereqs
 
 venv: $(STAMP)
 
@@ -29,8 +29,13 @@ engines:
 	@if [ "$$SERVEFLEET_SKIP_REAL_ENGINES" = 1 ]; then echo "make engines: skipped (SERVEFLEET_SKIP_REAL_ENGINES=1)"; \
 	else PYTHON=$(PYTHON) scripts/install-real-engines.sh; fi
 
+# sshd, Slurm and chromium for the SSH, Slurm and browser tests: installed with the scripts CI runs, or
+# a stop at once with the command to run (scripts/test-prereqs.sh; SERVEFLEET_SKIP_SSH/_SLURM/_BROWSER=1 opt out).
+prereqs:
+	@sh scripts/test-prereqs.sh
+
 # pytest exits 5 when it collects no test: said plainly, not reported as a crash.
-test: $(STAMP) engines
+test: prereqs $(STAMP) engines
 	@$(VENV)/bin/pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; exit 0; fi; exit $$rc
 

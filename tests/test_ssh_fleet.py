@@ -205,11 +205,9 @@ async def test_unreachable_host_is_reported_within_the_connect_timeout(sshd_serv
 async def test_two_hosts_one_in_its_own_network_namespace(sshd_server, tmp_path: Path, fleets) -> None:
     """Two "hosts" with separate network stacks serve the same port number; each forward reaches
     its own server."""
-    from sshd import NetnsSSHServer, netns_unavailable_reason
+    from sshd import NetnsSSHServer, netns_unavailable_reason, require
 
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(f"no network namespace: {reason}")
+    require(netns_unavailable_reason())
     other = NetnsSSHServer(tmp_path / "sshd-ns").start()
     try:
         port = free_port()  # the same port on both hosts: only separate network stacks allow it

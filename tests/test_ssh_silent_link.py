@@ -28,11 +28,9 @@ def _link(netns: str, state: str) -> None:
 
 @pytest.fixture
 def netns_sshd(tmp_path: Path):
-    from sshd import NetnsSSHServer, netns_unavailable_reason
+    from sshd import NetnsSSHServer, netns_unavailable_reason, require
 
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(f"no network namespace: {reason}")
+    require(netns_unavailable_reason())
     server = NetnsSSHServer(tmp_path / "sshd-ns").start()
     try:
         yield server

@@ -136,7 +136,8 @@ async def _up_and_render(
 
 
 def up(
-    fleet_file: Annotated[Path | None, typer.Argument(metavar="FLEET.toml", help="Fleet file (default: ./servefleet.toml).")] = None,
+    fleet_file: Annotated[Path | None, typer.Argument(metavar="FLEET.toml", help="Fleet file (default: ./servefleet.toml); or --fleet.")] = None,
+    fleet_opt: FleetOpt = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Only these servers (repeat, or comma-separated).")] = None,
     timeout: TimeoutOpt = None,
     stall: StallOpt = None,
@@ -153,9 +154,12 @@ def up(
 
     A server found failed is stopped (its whole process group) unless --keep-failed.
     """  # noqa: E501 - typer help: one paragraph per line (a raw string, so no backslash continuation)
+    if fleet_file is not None and fleet_opt is not None and fleet_file != fleet_opt:
+        raise ConfigError(f"up: two fleet files given, {fleet_file} and --fleet {fleet_opt}: pass one")
+    given = fleet_opt if fleet_opt is not None else fleet_file  # positional or --fleet, like every other command
     smoke = False if no_smoke else None
     code = run_coroutine(lambda: _up_and_render(
-        open_fleet(fleet_file), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json,
+        open_fleet(given), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json,
         grace=grace, keep_failed=keep_failed))
     raise typer.Exit(code)
 

@@ -23,10 +23,11 @@ sharded Parquet (or JSONL). Run the same command again to resume: ids in committ
 skipped, nothing is asked twice. Input: JSONL in the OpenAI batch format ({custom_id, body}) or
 {id, prompt|messages, ...}, or Parquet with the same columns.
 
---output holds: job.json (the manifest: input fingerprint, parameters, runs, shard counts), part-*.parquet shards with a .json sidecar each (the commit record), rejects.jsonl \
-(bad input lines, with line numbers), failures.jsonl (prompts that failed every attempt, with the last error), report.json (this run's report, as --json prints it; `servefleet \
-plan --check` reads it), progress.json (a snapshot every 2 s: `servefleet progress DEST` reads it from any terminal) and timeline/RUN_ID.json (the run's time series, bounded to \
-480 buckets per series: `servefleet report DEST` draws it)."""
+--output holds: job.json (the manifest: input fingerprint, parameters, runs, shard counts), shards/part-RUN-SEQ.parquet (the answers: one row per prompt with id, line, \
+text, reasoning, finish_reason, prompt_tokens, completion_tokens, model, server, attempts, latency_s), ledger/part-RUN-SEQ.json (each shard's commit record: its ids and \
+lines), rejects.jsonl (bad input lines, with line numbers), failures.jsonl (prompts that failed every attempt, with the last error), report.json (this run's report, as \
+--json prints it; `servefleet plan --check` reads it), progress.json (a snapshot every 2 s: `servefleet progress DEST` reads it from any terminal) and \
+timeline/RUN_ID.json (the run's time series, bounded to 480 buckets per series: `servefleet report DEST` draws it). Every file and column: docs/output.md."""
 
 
 def register(app: typer.Typer) -> None:

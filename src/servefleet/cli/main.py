@@ -202,8 +202,17 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from servefleet import __version__
+
+        typer.echo(f"servefleet {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
+    version: bool = typer.Option(False, "--version", help="Print servefleet's version and exit.", is_eager=True, callback=_print_version),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what servefleet does (DEBUG) on stderr; SERVEFLEET_LOG=debug|info|warning does the same for any command."),
 ) -> None:
     # A callback also makes typer build a group (LazyGroup) although no command is registered up front.

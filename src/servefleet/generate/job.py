@@ -65,6 +65,7 @@ class InputInfo(BaseModel):
     valid: int
     rejected: int
     duplicates: int
+    unbounded: int = 0  # valid records with no max_tokens (neither --max-tokens nor their own): answer length unlimited
 
 
 class RunRecord(BaseModel):

@@ -25,7 +25,7 @@ import numpy as np
 
 from servefleet.generate.inputs import PromptRecord, Reject, RequestDefaults, input_stat, iter_raw, parse_raw
 
-__all__ = ["Prepass", "run_prepass", "id_hash", "SEND", "SKIP", "CHECK"]
+__all__ = ["Prepass", "run_prepass", "id_hash", "max_tokens_warning", "SEND", "SKIP", "CHECK"]
 
 # Plan codes per line (see Prepass.plan and ledger.DoneSet.apply).
 SEND = 0  # send it
@@ -52,6 +52,7 @@ class Prepass:
     hashes: np.ndarray  # int64 hash of the id, 0 where the line is not valid
     valid_mask: np.ndarray  # bool
     collisions: frozenset[int] = field(default_factory=frozenset)  # hashes shared by distinct valid ids
+    unbounded: int = 0  # valid records whose body sets no max_tokens (nor max_completion_tokens)
 
     def plan(self) -> bytearray:
         """SEND for every valid line, SKIP for the rest (done-ness is added by the ledger)."""
@@ -65,6 +66,7 @@ def run_prepass(path: str, defaults: RequestDefaults, on_reject: Callable[[Rejec
     hashes = array("q")
     valid = bytearray()
     rejected = 0
+    unbounded = 0
     for line, raw in iter_raw(path, on_bytes=digest.update):
         if line > len(hashes) + 1:  # (never for JSONL: every line is yielded)
             gap = line - 1 - len(hashes)
@@ -74,6 +76,7 @@ def run_prepass(path: str, defaults: RequestDefaults, on_reject: Callable[[Rejec
         if isinstance(rec, PromptRecord):
             hashes.append(id_hash(rec.id))
             valid.append(1)
+            unbounded += "max_tokens" not in rec.body and "max_completion_tokens" not in rec.body
         else:
             hashes.append(0)
             valid.append(0)
@@ -100,6 +103,7 @@ def run_prepass(path: str, defaults: RequestDefaults, on_reject: Callable[[Rejec
         hashes=hash_arr,
         valid_mask=valid_mask,
         collisions=collisions,
+        unbounded=unbounded,
     )
 
 
@@ -140,3 +144,12 @@ def _resolve_shared(
         else:
             first[rec.id] = line
     return duplicates, frozenset(h for h, ids in seen.items() if len(ids) > 1)
+
+
+def max_tokens_warning(unbounded: int, valid: int) -> str | None:
+    """A warning when records carry no max_tokens: each answer may then run to the model's context,
+    and on a large job a few runaway answers cost GPU days."""
+    if unbounded == 0:
+        return None
+    return (f"{unbounded:,} of {valid:,} records set no max_tokens (and no --max-tokens was given): each answer may run "
+            "to the model's context length; give --max-tokens N (or max_tokens per record) to bound them")

@@ -51,7 +51,7 @@ from servefleet.generate.inputs import (
 )
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
 from servefleet.generate.ledger import DoneSet, Ledger
-from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, run_prepass
+from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, max_tokens_warning, run_prepass
 from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
 from servefleet.generate.retry import RetryPolicy
@@ -258,7 +258,7 @@ async def _read_input(config: GenerateConfig, sink: Sink, manifest: JobManifest 
     prepass = await asyncio.to_thread(_prepass_to_file, config.input, config.defaults(), spool)
     info = InputInfo(path=config.input, kind=detect_kind(config.input), size=prepass.size, mtime_ns=prepass.mtime_ns,
                      sha256=prepass.sha256, lines=prepass.lines, valid=prepass.valid, rejected=prepass.rejected,
-                     duplicates=prepass.duplicates)
+                     duplicates=prepass.duplicates, unbounded=prepass.unbounded)
     return _Input(info, prepass=prepass, spool=spool)
 
 
@@ -302,6 +302,8 @@ async def _what_is_done(config: GenerateConfig, ledger: Ledger, manifest: JobMan
 def _new_stats(info: InputInfo, resume: _Resume) -> JobStats:
     stats = JobStats(total=info.valid, done_before=resume.done_count, rejected=info.rejected)
     stats.to_send = max(0, info.valid - resume.done_count)
+    if (warning := max_tokens_warning(info.unbounded, info.valid)) is not None:
+        stats.event(warning)
     if resume.done.rebuilt:
         stats.event(f"ledger: rebuilt {resume.done.rebuilt} entries of shards committed just before a crash")
     raised = raise_open_files_limit()
