@@ -207,10 +207,8 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
         g = _gpu_counts(gpus)[0] if gpus else None
         result = check_plan(pick_config(configs, measured), measured, gpus=g, concurrency=concurrency)
         warnings = mode_warnings([c for c, _ in configs])
-    except ServefleetError as exc:
+    except ServefleetError as exc:  # no catch-all ValueError: --gpus is _gpu_counts' to check, anything else names itself
         raise _fail(str(exc)) from None
-    except ValueError:
-        raise _fail(f"--gpus must be an integer, got {gpus!r}") from None
     if as_json:
         print(json.dumps({**result.to_json(), "warnings": warnings}, indent=2))
     else:

@@ -73,7 +73,7 @@ class RunRecord(BaseModel):
     run_id: str
     started: str = Field(default_factory=utcnow)
     finished: str | None = None
-    status: str = "running"  # running | complete | incomplete | interrupted | stalled
+    status: str = "running"  # running | complete | incomplete | interrupted | stalled | killed (found unfinished by a later run)
     input_sha256: str
     done_before: int = 0
     done: int = 0  # rows committed by this run
@@ -91,6 +91,15 @@ class JobManifest(BaseModel):
     runs: list[RunRecord] = Field(default_factory=list)
     shards: int = 0  # as of the end of the last run (the ledger folder is the truth)
     rows: int = 0
+    shard_bytes: int | None = None  # the shards' total size at the end of the last run (readers compare it: damage)
+
+    def mark_killed(self) -> list[str]:
+        """Runs recorded as running that never finished: the run about to start holds the destination, so
+        they are dead (killed, or their machine went). Marks them ``killed``; returns their ids."""
+        dead = [r for r in self.runs if r.status == "running" and r.finished is None]
+        for run in dead:
+            run.status = "killed"
+        return [r.run_id for r in dead]
 
     def run_input(self, run_id: str) -> str | None:
         """The input SHA-256 a run worked from (shards are named after their run)."""

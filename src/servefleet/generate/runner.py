@@ -50,7 +50,7 @@ from servefleet.generate.inputs import (
     parse_raw,
 )
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
-from servefleet.generate.ledger import DoneSet, Ledger
+from servefleet.generate.ledger import SHARDS_DIR, DoneSet, Ledger
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, run_prepass
 from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
@@ -264,6 +264,7 @@ async def _record_run(sink: Sink, manifest: JobManifest | None, info: InputInfo,
     run = RunRecord(run_id=new_run_id(), input_sha256=info.sha256, forced=bool(manifest and manifest.mismatch(info, params)))
     if manifest is None:
         manifest = JobManifest(input=info, params=params)
+    manifest.mark_killed()
     manifest = manifest.model_copy(update={"input": info, "params": params, "runs": [*manifest.runs, run]})
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
     return manifest, run
@@ -280,7 +281,9 @@ async def _what_is_done(config: GenerateConfig, ledger: Ledger, manifest: JobMan
         if progress:
             progress.phase("matching committed ids against the input (pre-pass)")
         prepass = await asyncio.to_thread(run_prepass, config.input, defaults, lambda r: None)
+        first = done
         done = await asyncio.to_thread(partial(ledger.scan, manifest, prepass.collisions, by_id=True))
+        done.quarantined = first.quarantined + done.quarantined
     plan = prepass.plan() if prepass is not None else _plan_from_rejects(source.info.lines, source.rejected_lines or [])
     done_count = done.apply(plan, prepass)
     source.prepass = None
@@ -293,6 +296,11 @@ def _new_stats(info: InputInfo, resume: _Resume) -> JobStats:
     stats.to_send = max(0, info.valid - resume.done_count)
     if resume.done.rebuilt:
         stats.event(f"ledger: rebuilt {resume.done.rebuilt} entries of shards committed just before a crash")
+    for line in resume.done.quarantined:
+        stats.event(f"ledger: damaged shard {line}")
+    if resume.done.duplicates:
+        stats.event(f"ledger: {resume.done.duplicates:,} ids are committed more than once (two runs wrote this destination "
+                    "at the same time); readers should keep one row per id")
     raised = raise_open_files_limit()
     if raised:
         stats.event(f"open-file limit raised from {raised[0]:,} to {raised[1]:,} (one connection per request in flight)")
@@ -378,7 +386,9 @@ async def _finish_run(sink: Sink, manifest: JobManifest, run: RunRecord, resume:
     run.finished = utcnow()
     run.status = run.status if run.status == "error" else _status(outcome, stats)
     run.done_before, run.done, run.failed = resume.done_count, stats.committed, stats.failed
-    manifest = manifest.model_copy(update={"shards": resume.done.shards + stats.shards, "rows": resume.done.rows + stats.committed})
+    sizes = await asyncio.to_thread(sink.sizes, SHARDS_DIR)  # what readers check the shards against (damage)
+    manifest = manifest.model_copy(update={"shards": resume.done.shards + stats.shards, "rows": resume.done.rows + stats.committed,
+                                           "shard_bytes": sum(sizes.values())})
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
 
 

@@ -61,6 +61,14 @@ class Sink(Protocol):
         """Names of the published files directly in ``rel_dir`` (sorted; empty if it does not exist)."""
         ...
 
+    def sizes(self, rel_dir: str) -> dict[str, int]:
+        """Name -> size in bytes of the published files directly in ``rel_dir``."""
+        ...
+
+    def move(self, rel: str, new_rel: str) -> None:
+        """Move a published file aside (to quarantine a damaged shard)."""
+        ...
+
     def remove(self, rel: str) -> None: ...
 
     def discard_partial(self) -> int:
@@ -138,6 +146,19 @@ class LocalSink:
         except FileNotFoundError:
             return []
         return sorted(n for n in names if not n.startswith("."))
+
+    def sizes(self, rel_dir: str) -> dict[str, int]:
+        out = {}
+        for name in self.list(rel_dir):
+            with contextlib.suppress(FileNotFoundError):
+                out[name] = os.stat(self._path(f"{rel_dir}/{name}")).st_size
+        return out
+
+    def move(self, rel: str, new_rel: str) -> None:
+        target = self._path(new_rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.replace(self._path(rel), target)
+        _fsync_dir(os.path.dirname(target))
 
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -234,6 +255,19 @@ class FsspecSink:
             return []
         names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "file"]
         return sorted(n for n in names if not n.startswith("."))
+
+    def sizes(self, rel_dir: str) -> dict[str, int]:
+        path = self._path(rel_dir)
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        out = {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries if e.get("type") == "file"}
+        return {n: v for n, v in out.items() if not n.startswith(".")}
+
+    def move(self, rel: str, new_rel: str) -> None:
+        self.fs.mv(self._path(rel), self._path(new_rel))
 
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
