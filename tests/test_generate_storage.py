@@ -132,3 +132,112 @@ def test_progress_of_a_finished_job_whose_shard_was_truncated_says_damaged_not_c
     truncate(out / SHARDS_DIR / entry.shard, 100)
     view = progress_of(read_job(str(out)))
     assert view["state"] == "damaged" and "quarantine" in view["note"] and f"{entry.bytes:,}" in view["note"]
+
+
+# ---- one run at a time on object storage (moto's S3 server on loopback: the real protocol) ---------------
+
+
+def _s3_sink(moto_url: str, monkeypatch, **kw):
+    import pytest
+
+    from conftest import s3_env
+    from servefleet.generate.sinks import FsspecSink
+
+    for k, v in s3_env(moto_url).items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    s3fs = pytest.importorskip("s3fs")
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec caches filesystems by arguments: not by the endpoint in the environment
+    return FsspecSink("s3://bucket/jobs/x", **kw)
+
+
+def test_a_second_writer_on_s3_is_refused_naming_the_run_that_holds_the_lease(moto_url, monkeypatch):
+    import pytest
+
+    from conftest import s3fs_for
+    from servefleet.generate.sinks import DestinationBusy
+
+    fs = s3fs_for(moto_url)
+    fs.call_s3("create_bucket", Bucket="bucket")
+    first, second = _s3_sink(moto_url, monkeypatch), _s3_sink(moto_url, monkeypatch)
+    with first.lock():
+        first.claim(RUN_A)
+        assert fs.exists("bucket/jobs/x/.lease.json")
+        with pytest.raises(DestinationBusy, match=f"another `servefleet generate` is writing to s3://bucket/jobs/x \\(run {RUN_A}"), \
+                second.lock():
+            pass
+        first.write_bytes("job.json", b"{}")  # the holder still writes
+    assert not fs.exists("bucket/jobs/x/.lease.json")  # released at the end
+    with second.lock():  # and free for the next run
+        second.claim(RUN_B)
+
+
+def test_an_expired_lease_is_taken_over_and_its_old_holder_stops_committing(moto_url, monkeypatch):
+    import pytest
+
+    from conftest import s3fs_for
+    from servefleet.generate.sinks import DestinationBusy
+
+    fs = s3fs_for(moto_url)
+    fs.call_s3("create_bucket", Bucket="bucket")
+    # the heartbeat is driven by hand here (renew), so nothing depends on timing
+    stalled = _s3_sink(moto_url, monkeypatch, lease_heartbeat_s=3600)
+    newcomer = _s3_sink(moto_url, monkeypatch, lease_heartbeat_s=3600, lease_expires_s=0)  # any lease counts as expired
+    with stalled.lock():
+        stalled.claim(RUN_A)
+        with newcomer.lock():
+            newcomer.claim(RUN_B)
+            assert newcomer.lease is not None and RUN_A in (newcomer.lease.took_over or "")
+            assert stalled.lease is not None
+            stalled.lease.renew()  # its next heartbeat finds the lease taken
+            staged = stalled.new_staging_file(".parquet")
+            with pytest.raises(DestinationBusy, match=f"taken over by run {RUN_B}"):
+                stalled.commit_file(staged, "shards/part-x.parquet")
+            assert not fs.exists("bucket/jobs/x/shards/part-x.parquet")
+        assert not fs.exists("bucket/jobs/x/.lease.json")
+    # the old holder's release does not delete a lease that is not its own: here none is left to delete
+    assert not fs.exists("bucket/jobs/x/.lease.json")
+
+
+def test_two_generate_runs_on_one_s3_destination_the_second_exits_3_and_every_id_is_written_once(moto_url, tmp_path):
+    import json
+    import subprocess
+
+    from conftest import PYTHON, SimProcess, s3_env, s3fs_for, wait_until
+    from parquet_read import read_parquet
+
+    n = 300
+    sim = SimProcess("--load-time", "0", "--decode-ms", "5", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
+                     "--max-running", "4", log_path=tmp_path / "sim.log").start().wait_ready()
+    fs = s3fs_for(moto_url)
+    fs.call_s3("create_bucket", Bucket="bucket")
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(n)))
+    argv = [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", "s3://bucket/j", "--url", sim.url,
+            "--max-tokens", "8", "--concurrency", "4", "--json"]
+    env = s3_env(moto_url)
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def sending() -> bool:
+            data = fs.cat_file("bucket/j/progress.json") if fs.exists("bucket/j/progress.json") else b"{}"
+            return json.loads(data).get("done", 0) > 0
+        wait_until(sending, timeout=60, interval=0.1, what="the first run to send")
+        run_id = json.loads(fs.cat_file("bucket/j/job.json"))["runs"][-1]["run_id"]
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 3, second.stdout[-2000:] + second.stderr[-2000:]
+        message = json.loads(second.stdout)["error"]["message"]
+        assert "another `servefleet generate`" in message and run_id in message
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        sim.stop()
+    assert first.returncode == 0 and json.loads(out)["status"] == "complete", err[-3000:]
+    ids: list[str] = []
+    for path in sorted(fs.ls("bucket/j/shards", detail=False)):
+        ids.extend(read_parquet(fs.cat_file(path), columns=["id"]).column("id").to_pylist())
+    assert sorted(ids) == sorted(f"p{i}" for i in range(n))  # each once
+    assert not fs.exists("bucket/j/.lease.json")
+    runs = json.loads(fs.cat_file("bucket/j/job.json"))["runs"]
+    assert [r["status"] for r in runs] == ["complete"]  # the refused run never touched the manifest

@@ -265,6 +265,7 @@ async def _record_run(sink: Sink, manifest: JobManifest | None, info: InputInfo,
     if manifest is None:
         manifest = JobManifest(input=info, params=params)
     manifest.mark_killed()
+    await asyncio.to_thread(sink.claim, run.run_id)
     manifest = manifest.model_copy(update={"input": info, "params": params, "runs": [*manifest.runs, run]})
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
     return manifest, run
