@@ -241,3 +241,43 @@ def test_two_generate_runs_on_one_s3_destination_the_second_exits_3_and_every_id
     assert not fs.exists("bucket/j/.lease.json")
     runs = json.loads(fs.cat_file("bucket/j/job.json"))["runs"]
     assert [r["status"] for r in runs] == ["complete"]  # the refused run never touched the manifest
+
+
+# ---- changed parameters under --force ---------------------------------------------------------------
+
+
+def test_force_with_other_parameters_counts_the_ids_made_with_the_old_ones_and_reask_changed_asks_them_again(tmp_path):
+    import json
+    import subprocess
+
+    from conftest import PYTHON, SimProcess
+
+    n = 40
+    sim = SimProcess("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
+                     log_path=tmp_path / "sim.log").start().wait_ready()
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(n)))
+    out = tmp_path / "out"
+
+    def generate(*extra: str) -> dict:
+        res = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--url", sim.url,
+                              "--json", "--shard-rows", "10", *extra], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        return json.loads(res.stdout)
+
+    try:
+        first = generate("--max-tokens", "4")
+        forced = generate("--max-tokens", "6", "--force")
+        assert any(f"{n} committed ids were made with other parameters" in e for e in forced["events"]), forced["events"]
+        assert forced["to_send"] == 0  # kept, as before, but said
+        runs = json.loads((out / "job.json").read_text())["runs"]
+        assert [r["params"]["max_tokens"] for r in runs] == [4, 6]  # each run's own parameters
+        reasked = generate("--max-tokens", "6", "--force", "--reask-changed")
+    finally:
+        sim.stop()
+    assert reasked["to_send"] == n and reasked["committed"] == n
+    assert any("superseded/" in e for e in reasked["events"]), reasked["events"]
+    kept = sorted(p.name for p in (out / "shards").iterdir())
+    assert kept and all(reasked["run_id"] in name for name in kept)  # every shard now from the run with max_tokens 6
+    moved = sorted(p.name for p in (out / "superseded").iterdir())
+    assert moved and all(first["run_id"] in name for name in moved)

@@ -4,7 +4,8 @@
 the parameters that shape the output (model, sampling defaults, endpoint mode, format), the
 pre-pass summary and every run. Running the same command again finds it and resumes; a changed input
 or changed parameters are refused unless ``--force`` (then the ids already committed stay done and
-the rest is generated with the new settings).
+the rest is generated with the new settings; every run records its own parameters, and the ids made with
+other ones are counted at resume -- asked again with ``--reask-changed``).
 
 Parameters that do not change a row -- servers, concurrency, attempts, shard size -- are not part of
 the identity: a resumed job may use another fleet.
@@ -79,6 +80,10 @@ class RunRecord(BaseModel):
     done: int = 0  # rows committed by this run
     failed: int = 0
     forced: bool = False
+    params: JobParams | None = None  # what this run's rows were made with (the manifest's params are the last run's)
+
+    def made_with_other_params(self, params: JobParams) -> bool:
+        return self.params is not None and self.params != params
 
 
 class JobManifest(BaseModel):

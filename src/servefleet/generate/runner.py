@@ -99,6 +99,7 @@ class GenerateConfig(BaseModel):
     shard_seconds: float = Field(default=60.0, gt=0)
     strict: bool = False
     force: bool = False
+    reask_changed: bool = False  # with force: ask again the ids committed with other parameters
     request_timeout_s: float = Field(default=3600.0, gt=0)
     api_key: SecretStr | None = None
     health: HealthPolicy = Field(default_factory=HealthPolicy)
@@ -265,6 +266,10 @@ async def _record_run(sink: Sink, manifest: JobManifest | None, info: InputInfo,
     if manifest is None:
         manifest = JobManifest(input=info, params=params)
     manifest.mark_killed()
+    for old in manifest.runs:  # runs recorded before runs kept their parameters ran with the manifest's
+        if old.params is None:
+            old.params = manifest.params
+    run.params = params
     await asyncio.to_thread(sink.claim, run.run_id)
     manifest = manifest.model_copy(update={"input": info, "params": params, "runs": [*manifest.runs, run]})
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
@@ -276,15 +281,19 @@ async def _what_is_done(config: GenerateConfig, ledger: Ledger, manifest: JobMan
     """Read the ledger and mark what committed shards answer in the plan of lines to send."""
     defaults = config.defaults()
     prepass = source.prepass
-    done = await asyncio.to_thread(ledger.scan, manifest, prepass.collisions if prepass else frozenset())
+    changed = frozenset(r.run_id for r in manifest.runs if r.made_with_other_params(config.params))
+    scan = partial(ledger.scan, changed_runs=changed, reask_changed=config.reask_changed)
+    done = await asyncio.to_thread(scan, manifest, prepass.collisions if prepass else frozenset())
     if not done.by_line and prepass is None:
         # Shards from another input version (--force): match by id, which needs the pre-pass.
         if progress:
             progress.phase("matching committed ids against the input (pre-pass)")
         prepass = await asyncio.to_thread(run_prepass, config.input, defaults, lambda r: None)
         first = done
-        done = await asyncio.to_thread(partial(ledger.scan, manifest, prepass.collisions, by_id=True))
+        done = await asyncio.to_thread(partial(scan, manifest, prepass.collisions, by_id=True))
         done.quarantined = first.quarantined + done.quarantined
+        done.superseded += first.superseded
+        done.changed += first.superseded
     plan = prepass.plan() if prepass is not None else _plan_from_rejects(source.info.lines, source.rejected_lines or [])
     done_count = done.apply(plan, prepass)
     source.prepass = None
@@ -299,6 +308,12 @@ def _new_stats(info: InputInfo, resume: _Resume) -> JobStats:
         stats.event(f"ledger: rebuilt {resume.done.rebuilt} entries of shards committed just before a crash")
     for line in resume.done.quarantined:
         stats.event(f"ledger: damaged shard {line}")
+    if resume.done.superseded:
+        stats.event(f"ledger: {resume.done.superseded:,} committed ids were made with other parameters: their shards moved to "
+                    "superseded/, asked again (--reask-changed)")
+    elif resume.done.changed:
+        stats.event(f"ledger: {resume.done.changed:,} committed ids were made with other parameters than this run's and are kept "
+                    "(--reask-changed asks them again)")
     if resume.done.duplicates:
         stats.event(f"ledger: {resume.done.duplicates:,} ids are committed more than once (two runs wrote this destination "
                     "at the same time); readers should keep one row per id")
