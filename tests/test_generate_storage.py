@@ -281,3 +281,52 @@ def test_force_with_other_parameters_counts_the_ids_made_with_the_old_ones_and_r
     assert kept and all(reasked["run_id"] in name for name in kept)  # every shard now from the run with max_tokens 6
     moved = sorted(p.name for p in (out / "superseded").iterdir())
     assert moved and all(first["run_id"] in name for name in moved)
+
+
+def test_progress_says_when_more_rows_are_committed_than_the_input_has_ids(tmp_path):
+    from servefleet.generate.job import JOB_FILE
+    from servefleet.generate.job_record import progress_of, read_job
+
+    out = tmp_path / "out"
+    sink = LocalSink(str(out))
+    a = Ledger(sink, "parquet", RUN_A, "sha").commit(buffer_of([f"p{i}" for i in range(9)], 1))
+    b = Ledger(sink, "parquet", RUN_B, "sha").commit(buffer_of([f"p{i}" for i in range(9)], 1))  # written twice
+    manifest = manifest_of(RUN_A)  # valid: 9
+    manifest.runs[0].status, manifest.runs[0].finished = "complete", "2026-01-01T00:00:10.000000Z"
+    manifest.shards, manifest.rows, manifest.shard_bytes = 2, 18, a.bytes + b.bytes
+    sink.write_bytes(JOB_FILE, manifest.to_bytes())
+    view = progress_of(read_job(str(out)))
+    assert view["state"] == "damaged" and "9 ids are committed more than once" in view["note"]
+
+
+def test_resume_after_a_shard_was_truncated_quarantines_it_and_answers_every_id_once(tmp_path):
+    import json
+    import subprocess
+
+    from conftest import PYTHON, SimProcess
+    from parquet_read import read_parquet
+
+    n = 30
+    sim = SimProcess("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
+                     log_path=tmp_path / "sim.log").start().wait_ready()
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(n)))
+    out = tmp_path / "out"
+    argv = [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--url", sim.url, "--json",
+            "--max-tokens", "4", "--shard-rows", "10"]
+    try:
+        assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
+        bad = sorted((out / SHARDS_DIR).iterdir())[0]
+        truncate(bad, bad.stat().st_size // 2)
+        progress = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "progress", str(out), "--json"], capture_output=True,
+                                  text=True, timeout=60)
+        assert json.loads(progress.stdout)["state"] == "damaged"
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    finally:
+        sim.stop()
+    report = json.loads(res.stdout)
+    assert res.returncode == 0 and report["status"] == "complete", res.stderr[-2000:]
+    assert report["to_send"] == 10 and any(bad.name in e and "quarantine/" in e for e in report["events"]), report["events"]
+    ids = [i for p in sorted((out / SHARDS_DIR).iterdir()) for i in read_parquet(p, columns=["id"]).column("id").to_pylist()]
+    assert sorted(ids) == sorted(f"p{i}" for i in range(n))
+    assert (out / QUARANTINE_DIR / bad.name).is_file()

@@ -25,7 +25,7 @@ from another terminal or machine, while the job runs and after it ended.
 State: running, starting (pre-pass or probing servers), complete, incomplete (failures), interrupted,
 stalled, error, stale (a running job that stopped writing for 30 s or more by this machine's clock:
 it was probably killed; generate again resumes it), or damaged (a finished job whose shards are not what it
-committed: generate again checks them, quarantines the damaged ones and asks their ids again). Done: answered
+committed, or that hold ids twice: generate again checks them, quarantines the damaged ones and asks their ids again). Done: answered
 while the run sends, committed (in published shards, what survives a kill) once it does not.
 Remaining: prompts not answered yet (while running, the failed ones are not counted: this run does not send them again; a resumed run does).
 Exit code: 0, or 3 when DEST holds no job. With --watch: refresh until the job ends, then

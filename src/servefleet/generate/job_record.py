@@ -94,6 +94,10 @@ def _damage(sink: Sink, manifest: dict[str, Any]) -> str | None:
     expected = manifest.get("shard_bytes")
     if expected is None or not runs or not runs[-1].get("finished"):
         return None  # a run is writing (or an older servefleet wrote no total): nothing to compare with
+    rows, valid = int(manifest.get("rows", 0)), int((manifest.get("input") or {}).get("valid", 0))
+    if valid and rows > valid:  # more committed rows than ids: some ids are in two shards
+        return (f"{rows:,} committed rows for {valid:,} ids: {rows - valid:,} ids are committed more than once (two runs "
+                "wrote this destination at the same time); keep one row per id when reading")
     sizes = sink.sizes(SHARDS_DIR)
     count, total = len(sizes), sum(sizes.values())
     if count == int(manifest.get("shards", 0)) and total == int(expected):
