@@ -69,6 +69,8 @@ def generate(
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="seconds one request may take")] = 3600.0,
     strict: Annotated[bool, typer.Option("--strict", help="stop before sending anything if any input record is rejected")] = False,
     force: Annotated[bool, typer.Option("--force", help="go on in a destination made with another input or parameters")] = False,
+    reask_changed: Annotated[bool, typer.Option("--reask-changed", help="with --force: ask again the committed ids made with other "
+                                                 "parameters (--max-tokens, --temperature, ...); their shards move to superseded/")] = False,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="SERVEFLEET_API_KEY", show_default=False, help="bearer token for the servers (env SERVEFLEET_API_KEY)")] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", min=0, max=65535, help="serve Prometheus metrics of the job on this port (/metrics: prompts done, tokens, "
                                                                                               "errors, retries, per-server in flight, rate and concurrency limit); 0: any free "
@@ -113,7 +115,7 @@ def generate(
             concurrency=conc, max_running=max_running, bench=[str(b) for b in bench or []],
             health=HealthPolicy(hang_min_s=hang_after, recover_timeout_s=give_up_s), max_attempts=max_attempts, retry_base_s=backoff_base,
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),
-            shard_seconds=shard_seconds, strict=strict, force=force, request_timeout_s=request_timeout, api_key=api_key,
+            shard_seconds=shard_seconds, strict=strict, force=force, reask_changed=reask_changed, request_timeout_s=request_timeout, api_key=api_key,
             metrics_host=metrics_host, metrics_port=metrics_port,
         )
     except ValidationError as exc:  # the model's own range checks, worded with the option names

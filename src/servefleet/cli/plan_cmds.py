@@ -217,10 +217,8 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
         g = _gpu_counts(gpus)[0] if gpus else None
         result = check_plan(pick_config(configs, measured), measured, gpus=g, concurrency=concurrency)
         warnings = mode_warnings([c for c, _ in configs])
-    except ServefleetError as exc:  # a ConfigError (a missing or bad file) is config, as in every command
+    except ServefleetError as exc:  # a ConfigError (a missing or bad file) is config, as in every command; no catch-all ValueError
         raise failure_from_exception(exc) or _fail(str(exc)) from None
-    except ValueError:
-        raise _fail(f"--gpus must be an integer, got {gpus!r}") from None
     if as_json:
         from servefleet.cli.failure import outcome_document
 

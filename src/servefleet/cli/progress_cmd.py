@@ -23,14 +23,17 @@ job writes at DEST (a folder or s3://bucket/prefix: progress.json every 2 s, job
 from another terminal or machine, while the job runs and after it ended.
 
 State: running, starting (pre-pass or probing servers), complete, incomplete (failures), interrupted,
-stalled, error, or stale (a running job that stopped writing for 30 s or more by this machine's clock:
-it was probably killed; generate again resumes it). Remaining: prompts not answered yet (while running, the failed ones are not counted: this run
-does not send them again; a resumed run does). Exit code: 0, or 3 when DEST holds no job. With --watch: refresh until the job ends, then
-exit as generate did (0 complete, 1 incomplete or stale, 2 stalled, 130 interrupted)."""
+stalled, error, stale (a running job that stopped writing for 30 s or more by this machine's clock:
+it was probably killed; generate again resumes it), or damaged (a finished job whose shards are not what it
+committed, or that hold ids twice: generate again checks them, quarantines the damaged ones and asks their ids again). Done: answered
+while the run sends, committed (in published shards, what survives a kill) once it does not.
+Remaining: prompts not answered yet (while running, the failed ones are not counted: this run does not send them again; a resumed run does).
+Exit code: 0, or 3 when DEST holds no job. With --watch: refresh until the job ends, then
+exit as generate did (0 complete, 1 incomplete, stale or damaged, 2 stalled, 130 interrupted)."""
 
 _ENDED = {"complete": ExitCode.OK, "incomplete": ExitCode.FAILED, "error": ExitCode.FAILED, "stale": ExitCode.FAILED,
-          "stalled": ExitCode.TIMEOUT, "interrupted": ExitCode.INTERRUPTED, "rejected": ExitCode.FAILED}
-_STYLE = {"running": "bold cyan", "starting": "bold", "complete": "bold green", "stale": "bold red", "stalled": "bold red",
+          "damaged": ExitCode.FAILED, "stalled": ExitCode.TIMEOUT, "interrupted": ExitCode.INTERRUPTED, "rejected": ExitCode.FAILED}
+_STYLE = {"running": "bold cyan", "starting": "bold", "complete": "bold green", "stale": "bold red", "damaged": "bold red", "stalled": "bold red",
           "error": "bold red", "incomplete": "bold yellow", "interrupted": "bold yellow"}
 
 
@@ -104,6 +107,7 @@ def render(view: dict[str, Any]) -> Group:
     state = view["state"]
     head = Text.assemble(
         (state, _STYLE.get(state, "bold")), f"  {done:,}/{total:,} done  {100 * done / max(1, total):5.1f}%   ",
+        f"committed {int(view['committed']):,}   " if view.get("committed") not in (None, done) else "",
         f"remaining {int(view.get('remaining') or 0):,}   ",
         *_rates(view),
         f"ETA {_eta(view.get('eta_s'))}   retries {int(view.get('retries') or 0):,}   ",

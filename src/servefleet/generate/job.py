@@ -4,7 +4,8 @@
 the parameters that shape the output (model, sampling defaults, endpoint mode, format), the
 pre-pass summary and every run. Running the same command again finds it and resumes; a changed input
 or changed parameters are refused unless ``--force`` (then the ids already committed stay done and
-the rest is generated with the new settings).
+the rest is generated with the new settings; every run records its own parameters, and the ids made with
+other ones are counted at resume -- asked again with ``--reask-changed``).
 
 Parameters that do not change a row -- servers, concurrency, attempts, shard size -- are not part of
 the identity: a resumed job may use another fleet.
@@ -74,12 +75,16 @@ class RunRecord(BaseModel):
     run_id: str
     started: str = Field(default_factory=utcnow)
     finished: str | None = None
-    status: str = "running"  # running | complete | incomplete | interrupted | stalled
+    status: str = "running"  # running | complete | incomplete | interrupted | stalled | killed (found unfinished by a later run)
     input_sha256: str
     done_before: int = 0
     done: int = 0  # rows committed by this run
     failed: int = 0
     forced: bool = False
+    params: JobParams | None = None  # what this run's rows were made with (the manifest's params are the last run's)
+
+    def made_with_other_params(self, params: JobParams) -> bool:
+        return self.params is not None and self.params != params
 
 
 class JobManifest(BaseModel):
@@ -92,6 +97,15 @@ class JobManifest(BaseModel):
     runs: list[RunRecord] = Field(default_factory=list)
     shards: int = 0  # as of the end of the last run (the ledger folder is the truth)
     rows: int = 0
+    shard_bytes: int | None = None  # the shards' total size at the end of the last run (readers compare it: damage)
+
+    def mark_killed(self) -> list[str]:
+        """Runs recorded as running that never finished: the run about to start holds the destination, so
+        they are dead (killed, or their machine went). Marks them ``killed``; returns their ids."""
+        dead = [r for r in self.runs if r.status == "running" and r.finished is None]
+        for run in dead:
+            run.status = "killed"
+        return [r.run_id for r in dead]
 
     def run_input(self, run_id: str) -> str | None:
         """The input SHA-256 a run worked from (shards are named after their run)."""

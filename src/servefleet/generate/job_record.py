@@ -17,6 +17,7 @@ from typing import Any
 
 from servefleet.errors import ConfigError
 from servefleet.generate.job import JOB_FILE
+from servefleet.generate.ledger import SHARDS_DIR
 from servefleet.generate.recorder import PROGRESS_FILE, TIMELINE_DIR
 from servefleet.generate.sinks import Sink, open_existing_sink
 
@@ -38,6 +39,7 @@ class JobRecord:
     timelines: list[dict[str, Any]] = field(default_factory=list)  # one per run that sent anything, oldest first
     report: dict[str, Any] | None = None  # the last finished run's report
     failures: dict[str, Any] = field(default_factory=dict)  # {"total", "kinds": [[message, count]], "examples": [...]}
+    damage: str | None = None  # the shards differ from what the last finished run left (a truncated or lost shard)
 
     @property
     def runs(self) -> list[dict[str, Any]]:
@@ -78,11 +80,31 @@ def read_job(dest: str, *, timelines: bool = True, failures: bool = True) -> Job
                     continue
         if failures:
             record.failures = _failures(sink)
+        record.damage = _damage(sink, manifest)
         return record
     except OSError as exc:  # object storage unreachable, access denied...
         raise ConfigError(f"{dest}: cannot read the destination: {exc}") from exc
     finally:
         sink.close()
+
+
+def _damage(sink: Sink, manifest: dict[str, Any]) -> str | None:
+    """Whether the shards are still what the last finished run left (one listing: sizes, not contents)."""
+    runs = manifest.get("runs") or []
+    expected = manifest.get("shard_bytes")
+    if expected is None or not runs or not runs[-1].get("finished"):
+        return None  # a run is writing (or an older servefleet wrote no total): nothing to compare with
+    rows, valid = int(manifest.get("rows", 0)), int((manifest.get("input") or {}).get("valid", 0))
+    if valid and rows > valid:  # more committed rows than ids: some ids are in two shards
+        return (f"{rows:,} committed rows for {valid:,} ids: {rows - valid:,} ids are committed more than once (two runs "
+                "wrote this destination at the same time); keep one row per id when reading")
+    sizes = sink.sizes(SHARDS_DIR)
+    count, total = len(sizes), sum(sizes.values())
+    if count == int(manifest.get("shards", 0)) and total == int(expected):
+        return None
+    return (f"the shards are not what the last run committed ({count:,} files of {total:,} bytes where it left "
+            f"{int(manifest.get('shards', 0)):,} of {int(expected):,}): some rows are unreadable or lost; run the same "
+            "`servefleet generate` again: it checks every shard, moves damaged ones to quarantine/ and asks their ids again")
 
 
 def _failures(sink: Sink) -> dict[str, Any]:
@@ -126,9 +148,12 @@ def progress_of(record: JobRecord, now: float | None = None) -> dict[str, Any]:
             prev = record.runs[-2] if len(record.runs) > 1 else {}
             done = int(prev.get("done_before", 0)) + int(prev.get("done", 0))
         state = last.get("status", "unknown")
-        out.update(state="starting" if state == "running" else state, status=state, done=done, remaining=max(0, total - done),
+        if state == "complete" and record.damage:
+            state = "damaged"
+        out.update(state="starting" if state == "running" else state, status=state, done=done, committed=done,
+                   remaining=max(0, total - done),
                    failed=int(last.get("failed", 0)), note="the run has not started sending yet (pre-pass or probing the servers)"
-                   if state == "running" else None, servers=[], events=[], updated_s_ago=None)
+                   if state == "running" else record.damage if state == "damaged" else None, servers=[], events=[], updated_s_ago=None)
         return out
     age = max(0.0, now - float(snap.get("updated_unix", now)))
     status = snap.get("status", "unknown")
@@ -139,16 +164,23 @@ def progress_of(record: JobRecord, now: float | None = None) -> dict[str, Any]:
     note = None
     stale_s = max(STALE_MIN_S, STALE_AFTER * float(snap.get("interval_s", 2.0)))
     if status == "running" and age > stale_s:
-        state = "stale"
+        # not running any more: the run stopped writing (killed, or its machine went); say so in both fields
+        state = status = "stale"
         note = (f"no update for {age:,.0f}s (written every {snap.get('interval_s', 2.0):g}s): the run was probably killed; "
                 "run the same `servefleet generate` again to resume")
+    if state == "complete" and record.damage:
+        state = "damaged"
+    if state == "damaged":
+        note = record.damage
     out.update({k: snap.get(k) for k in (
         "done", "remaining", "failed", "retries", "requeued", "output_tokens", "output_tokens_per_s_now",
         "output_tokens_per_s_avg", "eta_s", "elapsed_s", "started_unix", "updated", "servers", "events")})
-    out.update(state=state, status=status, note=note, updated_s_ago=round(age, 1))
+    # durable: rows in committed shards (answered rows still buffered are lost if the run is killed)
+    committed = int(snap.get("done_before", 0)) + int(snap.get("committed_this_run", snap.get("done_this_run", 0)))
+    out.update(state=state, status=status, note=note, updated_s_ago=round(age, 1), committed=committed)
     if state != "running":
-        # nothing is being sent: no rate now, no ETA; what is left is what a resumed run would send
-        out.update(eta_s=None, output_tokens_per_s_now=None, remaining=max(0, total - int(out["done"] or 0)))
+        # nothing is being sent: no rate now, no ETA; done is what is committed, what is left is what a resumed run would send
+        out.update(eta_s=None, output_tokens_per_s_now=None, done=committed, remaining=max(0, total - committed))
     return out
 
 

@@ -36,10 +36,12 @@ from servefleet.generate.prepass import CHECK, SKIP, Prepass
 from servefleet.generate.shards import EXTENSIONS, Format, ShardBuffer, read_shard_ids, write_shard
 from servefleet.generate.sinks import Sink
 
-__all__ = ["Ledger", "LedgerEntry", "Staged", "DoneSet", "SHARDS_DIR", "LEDGER_DIR"]
+__all__ = ["Ledger", "LedgerEntry", "Staged", "DoneSet", "SHARDS_DIR", "LEDGER_DIR", "QUARANTINE_DIR", "SUPERSEDED_DIR"]
 
 SHARDS_DIR = "shards"
 LEDGER_DIR = "ledger"
+QUARANTINE_DIR = "quarantine"  # damaged shards, moved aside on resume (their ids are asked again)
+SUPERSEDED_DIR = "superseded"  # shards made with other parameters, moved aside by --reask-changed
 _NAME = re.compile(r"^part-(?P<run>\d{8}T\d{6}-[0-9a-f]{4})-(?P<seq>\d{6})\.(?P<ext>parquet|jsonl)$")
 _BATCH = 256  # ledger entries fetched per round trip
 
@@ -88,6 +90,10 @@ class DoneSet:
     exact: dict[int, set[str]] = field(default_factory=dict)  # for hashes several input ids share
     rebuilt: int = 0  # entries rebuilt from shards (a run died between the two writes)
     dropped: int = 0  # entries without a shard
+    quarantined: list[str] = field(default_factory=list)  # one line per damaged shard moved aside, naming it and why
+    duplicates: int = 0  # ids committed more than once (two runs wrote the same destination)
+    changed: int = 0  # committed rows made with other parameters than today's (a run under --force)
+    superseded: int = 0  # of those, rows whose shards were moved to superseded/ to be asked again (--reask-changed)
 
     def apply(self, plan: bytearray, prepass: Prepass | None) -> int:
         """Mark done lines SKIP (or CHECK) in ``plan``; returns how many lines were marked done."""
@@ -169,13 +175,17 @@ class Ledger:
         return self.publish(self.stage(buffer))
 
     # ---- resume ---------------------------------------------------------------------------------
-    def scan(self, manifest: JobManifest | None, collisions: frozenset[int] = frozenset(), *, by_id: bool = False) -> DoneSet:
+    def scan(self, manifest: JobManifest | None, collisions: frozenset[int] = frozenset(), *, by_id: bool = False,
+             changed_runs: frozenset[str] = frozenset(), reask_changed: bool = False) -> DoneSet:
         """Read every committed shard's entry (rebuilding missing ones) into a :class:`DoneSet`.
 
         Lines only at first (the usual resume: every entry from today's input); when an entry
         turns out to come from another input version, a second pass collects the ids' hashes.
-        ``collisions``: the pre-pass's shared hashes, whose ids are kept for exact comparison."""
-        shards = [n for n in self.sink.list(SHARDS_DIR) if _NAME.match(n)]
+        ``collisions``: the pre-pass's shared hashes, whose ids are kept for exact comparison.
+        ``changed_runs``: runs whose rows were made with other parameters: counted in ``changed``, and with
+        ``reask_changed`` their shards are moved to superseded/ (their ids are then asked again)."""
+        sizes = self.sink.sizes(SHARDS_DIR)
+        shards = [n for n in sorted(sizes) if _NAME.match(n)]
         shard_set = set(shards)
         entries = {n for n in self.sink.list(LEDGER_DIR) if n.endswith(".json")}
         done = DoneSet()
@@ -191,20 +201,57 @@ class Ledger:
         for i in range(0, len(wanted), _BATCH):
             for _rel, data in self.sink.read_many(wanted[i : i + _BATCH]).items():
                 entry = LedgerEntry.from_bytes(data)
+                size = sizes.get(entry.shard)
+                if entry.bytes and size is not None and size != entry.bytes:
+                    self._quarantine(entry.shard, f"{size:,} bytes where its ledger entry says {entry.bytes:,}",
+                                     entry.rows, done)
+                    continue
+                if entry.run_id in changed_runs and self._changed(entry, done, reask_changed):
+                    continue
                 self._count(entry, done, lines, hashes, collisions, by_id)
         have = {f"{_stem(s)}.json" for s in shards} & entries
         for shard in shards:
             if f"{_stem(shard)}.json" in have:
                 continue
-            entry = self._rebuild(shard, manifest)
+            try:
+                entry = self._rebuild(shard, manifest)
+            except Exception as exc:  # any unreadable shard (ArrowInvalid, bad JSON, missing column)
+                self._quarantine(shard, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})", None, done)
+                continue
             done.rebuilt += 1
+            if entry.run_id in changed_runs and self._changed(entry, done, reask_changed):
+                continue
             self._count(entry, done, lines, hashes, collisions, by_id)
         if not done.by_line and not by_id:
-            return self.scan(manifest, collisions, by_id=True)
+            again = self.scan(manifest, collisions, by_id=True, changed_runs=changed_runs, reask_changed=reask_changed)
+            again.quarantined = done.quarantined + again.quarantined
+            again.superseded += done.superseded
+            again.changed += done.superseded  # moved in the first pass: the second does not see them
+            return again
         # Views on the arrays' own buffers: no copy, no sort (np.isin does not need unique values).
         done.lines = np.frombuffer(lines, dtype=np.int64) if len(lines) else np.zeros(0, dtype=np.int64)
         done.id_hashes = np.frombuffer(hashes, dtype=np.int64) if len(hashes) else np.zeros(0, dtype=np.int64)
+        # an input line (or id) answered by more than one shard: two runs wrote this destination at once
+        keys = done.lines if done.by_line else done.id_hashes
+        done.duplicates = int(keys.size - np.unique(keys).size) if keys.size else 0
         return done
+
+    def _changed(self, entry: LedgerEntry, done: DoneSet, reask: bool) -> bool:
+        """A shard made with other parameters: counted; with ``reask`` moved aside (True: its ids are not done)."""
+        done.changed += entry.rows
+        if not reask:
+            return False
+        self.sink.move(f"{SHARDS_DIR}/{entry.shard}", f"{SUPERSEDED_DIR}/{entry.shard}")
+        self.sink.remove(f"{LEDGER_DIR}/{_stem(entry.shard)}.json")
+        done.superseded += entry.rows
+        return True
+
+    def _quarantine(self, shard: str, why: str, rows: int | None, done: DoneSet) -> None:
+        """Move a damaged shard aside (and drop its entry): its ids are no longer done, so they are asked again."""
+        self.sink.move(f"{SHARDS_DIR}/{shard}", f"{QUARANTINE_DIR}/{shard}")
+        self.sink.remove(f"{LEDGER_DIR}/{_stem(shard)}.json")
+        what = f"its {rows:,} ids are asked again" if rows is not None else "its ids are asked again"
+        done.quarantined.append(f"{self.sink.url}/{SHARDS_DIR}/{shard}: {why}; moved to {QUARANTINE_DIR}/{shard}, {what}")
 
     def _count(self, entry: LedgerEntry, done: DoneSet, lines: array, hashes: array, collisions: frozenset[int],
                by_id: bool) -> None:

@@ -50,7 +50,7 @@ from servefleet.generate.inputs import (
     parse_raw,
 )
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
-from servefleet.generate.ledger import DoneSet, Ledger
+from servefleet.generate.ledger import SHARDS_DIR, DoneSet, Ledger
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, max_tokens_warning, run_prepass
 from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
@@ -99,6 +99,7 @@ class GenerateConfig(BaseModel):
     shard_seconds: float = Field(default=60.0, gt=0)
     strict: bool = False
     force: bool = False
+    reask_changed: bool = False  # with force: ask again the ids committed with other parameters
     request_timeout_s: float = Field(default=3600.0, gt=0)
     api_key: SecretStr | None = None
     health: HealthPolicy = Field(default_factory=HealthPolicy)
@@ -275,6 +276,12 @@ async def _record_run(sink: Sink, manifest: JobManifest | None, info: InputInfo,
     run = RunRecord(run_id=new_run_id(), input_sha256=info.sha256, forced=bool(manifest and manifest.mismatch(info, params)))
     if manifest is None:
         manifest = JobManifest(input=info, params=params)
+    manifest.mark_killed()
+    for old in manifest.runs:  # runs recorded before runs kept their parameters ran with the manifest's
+        if old.params is None:
+            old.params = manifest.params
+    run.params = params
+    await asyncio.to_thread(sink.claim, run.run_id)
     manifest = manifest.model_copy(update={"input": info, "params": params, "runs": [*manifest.runs, run]})
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
     return manifest, run
@@ -285,13 +292,19 @@ async def _what_is_done(config: GenerateConfig, ledger: Ledger, manifest: JobMan
     """Read the ledger and mark what committed shards answer in the plan of lines to send."""
     defaults = config.defaults()
     prepass = source.prepass
-    done = await asyncio.to_thread(ledger.scan, manifest, prepass.collisions if prepass else frozenset())
+    changed = frozenset(r.run_id for r in manifest.runs if r.made_with_other_params(config.params))
+    scan = partial(ledger.scan, changed_runs=changed, reask_changed=config.reask_changed)
+    done = await asyncio.to_thread(scan, manifest, prepass.collisions if prepass else frozenset())
     if not done.by_line and prepass is None:
         # Shards from another input version (--force): match by id, which needs the pre-pass.
         if progress:
             progress.phase("matching committed ids against the input (pre-pass)")
         prepass = await asyncio.to_thread(run_prepass, config.input, defaults, lambda r: None)
-        done = await asyncio.to_thread(partial(ledger.scan, manifest, prepass.collisions, by_id=True))
+        first = done
+        done = await asyncio.to_thread(partial(scan, manifest, prepass.collisions, by_id=True))
+        done.quarantined = first.quarantined + done.quarantined
+        done.superseded += first.superseded
+        done.changed += first.superseded
     plan = prepass.plan() if prepass is not None else _plan_from_rejects(source.info.lines, source.rejected_lines or [])
     done_count = done.apply(plan, prepass)
     source.prepass = None
@@ -306,6 +319,17 @@ def _new_stats(info: InputInfo, resume: _Resume) -> JobStats:
         stats.event(warning)
     if resume.done.rebuilt:
         stats.event(f"ledger: rebuilt {resume.done.rebuilt} entries of shards committed just before a crash")
+    for line in resume.done.quarantined:
+        stats.event(f"ledger: damaged shard {line}")
+    if resume.done.superseded:
+        stats.event(f"ledger: {resume.done.superseded:,} committed ids were made with other parameters: their shards moved to "
+                    "superseded/, asked again (--reask-changed)")
+    elif resume.done.changed:
+        stats.event(f"ledger: {resume.done.changed:,} committed ids were made with other parameters than this run's and are kept "
+                    "(--reask-changed asks them again)")
+    if resume.done.duplicates:
+        stats.event(f"ledger: {resume.done.duplicates:,} ids are committed more than once (two runs wrote this destination "
+                    "at the same time); readers should keep one row per id")
     raised = raise_open_files_limit()
     if raised:
         stats.event(f"open-file limit raised from {raised[0]:,} to {raised[1]:,} (one connection per request in flight)")
@@ -420,7 +444,9 @@ async def _finish_run(sink: Sink, manifest: JobManifest, run: RunRecord, resume:
     run.finished = utcnow()
     run.status = run.status if run.status == "error" else _status(outcome, stats)
     run.done_before, run.done, run.failed = resume.done_count, stats.committed, stats.failed
-    manifest = manifest.model_copy(update={"shards": resume.done.shards + stats.shards, "rows": resume.done.rows + stats.committed})
+    sizes = await asyncio.to_thread(sink.sizes, SHARDS_DIR)  # what readers check the shards against (damage)
+    manifest = manifest.model_copy(update={"shards": resume.done.shards + stats.shards, "rows": resume.done.rows + stats.committed,
+                                           "shard_bytes": sum(sizes.values())})
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
 
 

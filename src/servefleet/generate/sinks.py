@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 import tempfile
@@ -25,15 +26,14 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from servefleet.errors import ConfigError
+from servefleet.generate.lease import EXPIRES_S, HEARTBEAT_S, LEASE_FILE, DestinationBusy, ObjectLease
 
 __all__ = ["Sink", "LocalSink", "FsspecSink", "open_sink", "DestinationBusy"]
 
+log = logging.getLogger(__name__)
+
 STAGING = ".staging"
 LOCK_FILE = ".lock"
-
-
-class DestinationBusy(ConfigError):
-    """Another `generate` holds the destination."""
 
 
 class Sink(Protocol):
@@ -61,6 +61,14 @@ class Sink(Protocol):
         """Names of the published files directly in ``rel_dir`` (sorted; empty if it does not exist)."""
         ...
 
+    def sizes(self, rel_dir: str) -> dict[str, int]:
+        """Name -> size in bytes of the published files directly in ``rel_dir``."""
+        ...
+
+    def move(self, rel: str, new_rel: str) -> None:
+        """Move a published file aside (to quarantine a damaged shard)."""
+        ...
+
     def remove(self, rel: str) -> None: ...
 
     def discard_partial(self) -> int:
@@ -69,6 +77,10 @@ class Sink(Protocol):
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         """Exclusive use of the destination for one run (advisory)."""
+        ...
+
+    def claim(self, run_id: str) -> None:
+        """Name the run holding the lock (what a second run's refusal names)."""
         ...
 
     def close(self) -> None: ...
@@ -139,6 +151,19 @@ class LocalSink:
             return []
         return sorted(n for n in names if not n.startswith("."))
 
+    def sizes(self, rel_dir: str) -> dict[str, int]:
+        out = {}
+        for name in self.list(rel_dir):
+            with contextlib.suppress(FileNotFoundError):
+                out[name] = os.stat(self._path(f"{rel_dir}/{name}")).st_size
+        return out
+
+    def move(self, rel: str, new_rel: str) -> None:
+        target = self._path(new_rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.replace(self._path(rel), target)
+        _fsync_dir(os.path.dirname(target))
+
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(self._path(rel))
@@ -166,9 +191,16 @@ class LocalSink:
                 raise DestinationBusy(f"another `servefleet generate` is writing to {self.root} (pid {holder or '?'})") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
+            self._lock_fd = fd
             yield
         finally:
+            self._lock_fd = None
             os.close(fd)  # closing releases the lock, also when the process is killed
+
+    def claim(self, run_id: str) -> None:
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, f"{os.getpid()}, run {run_id}".encode(), 0)
 
     def close(self) -> None:
         pass
@@ -177,7 +209,8 @@ class LocalSink:
 class FsspecSink:
     """Object storage through fsspec (s3fs for ``s3://``). Atomic by single-object upload."""
 
-    def __init__(self, url: str, *, part_bytes: int = 64 << 20) -> None:
+    def __init__(self, url: str, *, part_bytes: int = 64 << 20, lease_heartbeat_s: float = HEARTBEAT_S,
+                 lease_expires_s: float = EXPIRES_S) -> None:
         import fsspec
 
         try:
@@ -187,6 +220,9 @@ class FsspecSink:
         self.url = url.rstrip("/")
         self.root = root.rstrip("/")
         self.part_bytes = part_bytes
+        self.lease_heartbeat_s = lease_heartbeat_s
+        self.lease_expires_s = lease_expires_s
+        self._lease: ObjectLease | None = None
         self._staging = tempfile.mkdtemp(prefix="servefleet-stage-")
 
     def _path(self, rel: str) -> str:
@@ -198,6 +234,8 @@ class FsspecSink:
         return path
 
     def commit_file(self, local_path: str, rel: str) -> int:
+        if self._lease is not None:
+            self._lease.check()  # another run took the destination over: write nothing more
         size = os.path.getsize(local_path)
         kwargs = {"chunksize": self.part_bytes} if self._is_s3 else {}
         self.fs.put_file(local_path, self._path(rel), **kwargs)
@@ -209,6 +247,8 @@ class FsspecSink:
         return "s3" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
+        if self._lease is not None:
+            self._lease.check()
         self.fs.pipe_file(self._path(rel), data)
 
     def read_bytes(self, rel: str) -> bytes | None:
@@ -239,6 +279,19 @@ class FsspecSink:
         names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "file"]
         return sorted(n for n in names if not n.startswith("."))
 
+    def sizes(self, rel_dir: str) -> dict[str, int]:
+        path = self._path(rel_dir)
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        out = {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries if e.get("type") == "file"}
+        return {n: v for n, v in out.items() if not n.startswith(".")}
+
+    def move(self, rel: str, new_rel: str) -> None:
+        self.fs.mv(self._path(rel), self._path(new_rel))
+
     def remove(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._path(rel))
@@ -258,8 +311,32 @@ class FsspecSink:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        # Object storage has no advisory lock; one run per destination is the user's to ensure.
-        yield
+        """On S3, a lease object (servefleet.generate.lease); other fsspec stores have no conditional
+        writes, so one run per destination there is the user's to ensure."""
+        if not self._is_s3:
+            yield
+            return
+        bucket, _, prefix = self.root.partition("/")
+        lease = ObjectLease(self.fs, bucket, f"{prefix}/{LEASE_FILE}" if prefix else LEASE_FILE, self.url,
+                            heartbeat_s=self.lease_heartbeat_s, expires_s=self.lease_expires_s)
+        lease.acquire()
+        if lease.took_over:
+            log.warning("%s: took over the lease of a dead run (%s)", self.url, lease.took_over)
+        self._lease = lease
+        lease.start()
+        try:
+            yield
+        finally:
+            self._lease = None
+            lease.release()
+
+    def claim(self, run_id: str) -> None:
+        if self._lease is not None:
+            self._lease.claim(run_id)
+
+    @property
+    def lease(self) -> ObjectLease | None:
+        return self._lease
 
     def close(self) -> None:
         shutil.rmtree(self._staging, ignore_errors=True)

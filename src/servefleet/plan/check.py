@@ -222,7 +222,13 @@ def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
     # a few shards at a time: a large job's shards hold gigabytes of text, of which three columns are read
     for first in range(0, len(shards), SHARDS_PER_READ):
         for name, data in sorted(sink.read_many(shards[first:first + SHARDS_PER_READ]).items()):
-            for server, tokens, model in _shard_rows(name, data):
+            try:
+                shard_rows = _shard_rows(name, data)
+            except Exception as exc:  # a damaged shard (ArrowInvalid, bad JSON): name it, not a traceback
+                raise ConfigError(f"{dest}/{name}: damaged shard, cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
+                                  "run the same `servefleet generate` again: it moves the shard to quarantine/ and asks "
+                                  "its ids again") from None
+            for server, tokens, model in shard_rows:
                 acc = per_server.setdefault(server or "?", [0, 0])
                 acc[0] += 1
                 acc[1] += int(tokens)
