@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = [
     "ServefleetError",
     "ConfigError",
+    "OptionError",
     "HostError",
     "CommandError",
     "HostUnreachable",
@@ -30,6 +31,10 @@ class ServefleetError(Exception):
 
 class ConfigError(ServefleetError):
     """Invalid configuration; the message names the file, the server and the field."""
+
+
+class OptionError(ConfigError):
+    """A command-line option out of its range: a usage error (the message names the option)."""
 
 
 class HostError(ServefleetError):

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from servefleet.errors import ConfigError
+from servefleet.errors import OptionError
 
 __all__ = ["OPTION_NAMES", "option_error", "build"]
 
@@ -53,7 +53,7 @@ def _wording(error: Mapping[str, Any]) -> str:
     return msg
 
 
-def option_error(exc: ValidationError, flags: Mapping[str, str] | None = None) -> ConfigError:
+def option_error(exc: ValidationError, flags: Mapping[str, str] | None = None) -> OptionError:
     """One message for every problem in ``exc``; ``flags`` maps a field (``"prompts"``, or a dotted
     path for nested models) to the option a user typed (``"--prompts"``); unmapped fields are shown
     as ``--field-name``."""
@@ -63,7 +63,7 @@ def option_error(exc: ValidationError, flags: Mapping[str, str] | None = None) -
         got = error.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
         parts.append(f"{_flag(tuple(error.get('loc', ())), flags)} {_wording(error)}{shown}")
-    return ConfigError("; ".join(parts))
+    return OptionError("; ".join(parts))
 
 
 def build(factory: Callable[..., T], flags: Mapping[str, str] | None = None, /, **fields: Any) -> T:

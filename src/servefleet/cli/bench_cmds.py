@@ -284,8 +284,10 @@ def _check_paths(tokenizer: str | None, dataset: Path | None, out: Path | None) 
     folder = out.parent if str(out.parent) else Path(".")
     if out.is_dir():
         raise bad(f"--out {out} is a folder; give the RUN.json file to write")
-    if not folder.is_dir():
-        raise bad(f"--out {out}: no folder {folder} to write it in (create it first)")
+    try:  # the run's folder is made as it always was; one that cannot be made is the user's to fix
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise bad(f"--out {out}: cannot make the folder {folder} ({exc.strerror or exc}); choose a folder you can write to") from None
     try:  # the one way to know (a read-only mount, a folder of another user; root passes permission bits)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".servefleet-write-test-"):
             pass

@@ -28,6 +28,7 @@ from servefleet.errors import (
     EngineError,
     HostUnreachable,
     LaunchError,
+    OptionError,
     ServefleetError,
     StateError,
 )
@@ -87,6 +88,7 @@ class CliFailure(Exception):
 
 # Most specific first: the first class an exception is an instance of gives its kind.
 _SERVEFLEET_KINDS: tuple[tuple[type[ServefleetError], ErrorKind], ...] = (
+    (OptionError, ErrorKind.USAGE),  # an option out of range (validation.option_error), before ConfigError: a subclass
     (ConfigError, ErrorKind.CONFIG),
     (EngineError, ErrorKind.USAGE),  # an unknown engine name, from --engine or a fleet file
     (HostUnreachable, ErrorKind.UNREACHABLE),
