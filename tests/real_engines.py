@@ -420,9 +420,17 @@ def run_fleet(work: Path, engine: str, python: Path, model_dir: Path, scenarios:
     state_dir = work / ".servefleet" / f"real-{engine}"
     fleet.write_text(fleet_toml(f"real-{engine}", engine, python, model_dir, in_fleet, ports, base_env, base_args, state_dir, timeout_s))
     started = time.monotonic()
+    up = [sys.executable, "-m", "servefleet.cli.main", "up", str(fleet), "--json", "--keep-failed"]
+    # A held port refuses the whole `up` before anything launches (the README's contract), so the blocked
+    # servers get an `up` of their own, first; the rest are launched together by the second.
+    blocked = [sc.server for sc in in_fleet if sc.how == "blocked"]
+    refused: list[dict[str, Any]] = []
+    if blocked:
+        first = subprocess.run([*up, "--only", ",".join(blocked)], capture_output=True, text=True, timeout=120)
+        refused = json.loads(first.stdout)["servers"]
+    others = [sc.server for sc in in_fleet if sc.how != "blocked"]
     # --keep-failed: a failed server finishes by itself, so its log (a recorded fixture) is whole
-    proc = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "up", str(fleet), "--json", "--keep-failed"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*up, "--only", ",".join(others)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     done = threading.Event()
     kills: dict[str, dict[str, Any]] = {}
     killers = [threading.Thread(target=lambda sc=sc: kills.__setitem__(sc.server, kill_when_loading(state_dir, sc, timeout_s, done)))
@@ -443,7 +451,7 @@ def run_fleet(work: Path, engine: str, python: Path, model_dir: Path, scenarios:
         servers = json.loads(out)["servers"]
     except (json.JSONDecodeError, KeyError):
         raise AssertionError(f"servefleet up exited {proc.returncode} without its JSON report:\n{out[-2000:]}\n{err[-6000:]}") from None
-    return FleetRun(fleet, state_dir, proc.returncode, {s["name"]: s for s in servers}, err, kills, time.monotonic() - started)
+    return FleetRun(fleet, state_dir, proc.returncode, {s["name"]: s for s in [*servers, *refused]}, err, kills, time.monotonic() - started)
 
 
 def wait_for_exit(state_dir: Path, server: str, timeout_s: float = 300) -> int | None:

@@ -33,6 +33,7 @@ async def test_one_held_port_launches_nothing_and_down_does_not_call_it_free(tmp
         holder.close()
     b = results["b"]
     assert not b.was_running and not b.port_free and b.port_holder_pid == os.getpid()
+    assert b.ok  # nothing of ours was there to stop: down succeeds, and still does not call the port free
     assert f"port {ports['b']} is held by another process" in b.message
 
 
