@@ -100,7 +100,7 @@ class _Server:
         latency = self.stats.mean_latency_s()
         if self.controller.phase == "ramp":  # a doubling is judged on a large change (queue gauge, or +6% tok/s)
             return minimum if self.load.available else max(minimum, 2.0 * latency)
-        return max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
+        return self.controller.window_factor() * max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
 
     def limit_changed(self, now: float, grew: bool) -> None:
         latency = self.stats.mean_latency_s()
