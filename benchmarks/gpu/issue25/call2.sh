@@ -12,7 +12,7 @@ model = "$M"
 env = { VLLM_USE_FLASHINFER_SAMPLER = "0", HF_HUB_OFFLINE = "1" }
 [[servers]]
 name = "whole"
-port = 48400
+port = 48517
 gpus = [0]
 args = ["--served-model-name", "ck", "--gpu-memory-utilization", "0.90", "--max-model-len", "4096", "--max-num-seqs", "1024"]
 T

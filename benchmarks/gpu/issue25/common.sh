@@ -4,7 +4,7 @@ R=$OUT; mkdir -p $R
 t0=$(date +%s); source .gpu/run/gpu-setup.sh >$R/gpu-setup.out 2>&1; echo "gpu-setup $(( $(date +%s)-t0 )) s"
 export PYTHONPATH=/tmp/sf-site:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 P=/opt/torch/.venv/bin/python3; SF="$P -m servefleet.cli.main"; M=/tmp/sf-h200/model
-H=benchmarks/gpu/issue25; U=http://127.0.0.1:48400
+H=benchmarks/gpu/issue25; U=http://127.0.0.1:48517
 ls $M >/dev/null || { echo "no model: setup missing"; exit 3; }
 mkdir -p /tmp/ck
 # gen NAME TIMEOUT ARGS...: one generate job, its /metrics samples, its analysis line
