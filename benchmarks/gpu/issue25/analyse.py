@@ -2,7 +2,8 @@
 token, re-queue share. Steady rate: the engine counter's rate from 30 % to 80 % of the time the
 counter moved (ramp and drain left out). Time to 90 %: the first moment the rate over the
 preceding 2 s reaches 90 % of it. Usage: analyse.py SAMPLES.json JOB.json -> one JSON line"""
-import json, sys
+import json
+import sys
 
 s = json.load(open(sys.argv[1]))
 job = json.load(open(sys.argv[2]))

@@ -1,7 +1,11 @@
 """Sample a server's /metrics every 0.5 s: (seconds since start, generation tokens, running, waiting),
 until STOP_FILE exists. The engine's own counter, so time-to-90 % is not blurred by non-streamed
 answers arriving in lumps. Usage: sampler.py URL OUT.json STOP_FILE"""
-import json, os, sys, time, urllib.request
+import json
+import os
+import sys
+import time
+import urllib.request
 
 url, out, stop = sys.argv[1], sys.argv[2], sys.argv[3]
 names = {"vllm:generation_tokens_total": 1, "vllm:num_requests_running": 2, "vllm:num_requests_waiting": 3}
