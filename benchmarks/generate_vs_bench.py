@@ -172,7 +172,7 @@ async def make_prompts(url: str, n: int, input_len: int, output_len: int, seed: 
     from servefleet.http import HttpClient
 
     async with HttpClient() as client:
-        counter = await find_server_tokenizer(client, url, None) or WordCounter()
+        counter = await find_server_tokenizer(client, url, None, None) or WordCounter()
         prompts = await random_prompts(n, input_len, output_len, counter, seed=seed)
     rng = random.Random(seed)
     rng.shuffle(prompts)

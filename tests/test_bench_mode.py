@@ -222,3 +222,16 @@ async def test_without_histograms_a_small_streamed_sample_gives_latency(sim) -> 
     assert p.successful == 40 and p.output_tokens == 40 * 24 and p.chunks_per_request is None
     assert p.latency_source["ttft"].startswith("client:streamed sample of ") and 1 <= p.ttft_ms.n <= 8
     assert p.tpot_ms.mean is not None and p.tpot_ms.mean > 0 and p.server_latency is None
+
+
+async def test_a_duration_point_too_short_for_a_steady_part_runs_again_longer_and_says_so(sim) -> None:
+    """Issue 25 (H200): "steady part 11.6 s is under 2 request lifetimes: make the point longer" asked
+    the user; the point is lengthened instead, up to a cap, with a note."""
+    out = 100  # ~1 s a request on this sim: 1.5 s of load leaves well under 2 lifetimes of steady part
+    cfg = BenchConfig(concurrency=[8], duration_s=1.5, input_len=16, output_len=out, api="completions", warmup=0)
+    run = await run_bench(BenchTarget(base_url=sim.url), cfg)
+    (p,) = run.points
+    (note,) = [n for n in run.notes if "ran it again" in n]
+    assert "C=8: steady part" in note and "instead of 1.5 s" in note and "at most 4x --duration" in note
+    assert 1.5 < p.duration_s <= 4 * 1.5 + 3  # the longer run (plus its drain) is the point
+    assert p.steady is not None and p.steady.steady, p.steady

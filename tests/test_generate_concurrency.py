@@ -4,12 +4,14 @@ server's queue gauge where it has one. No server, no clock."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
 import pytest
 
 from servefleet.generate.concurrency import CONFIRM, REPROBE_WINDOWS, ConcurrencyController, Window, headroom, room
+from servefleet.sim.config import SimConfig
 
 Curve = Callable[[int], float]
 
@@ -86,10 +88,11 @@ def test_a_bench_point_above_the_capacity_is_capped_at_half_as_much_again() -> N
 def test_search_doubles_while_the_servers_queue_is_empty_and_learns_its_capacity() -> None:
     c = ConcurrencyController.auto(None)
     assert (c.source, c.phase, c.limit) == ("search", "ramp", 8)
-    limits = drive(c, peaked(100), 7, capacity=128)
-    assert limits[:5] == [16, 32, 64, 128, 256]  # one window each: queue empty -> double
-    assert limits[5] == 256  # a queue at 256: one window is not enough to call it full
-    assert limits[6] == 128 + headroom(128)  # ... two are: full at 128 running
+    limits = drive(c, peaked(100), 5, capacity=128)
+    assert limits[:2] == [32, 128]  # one window each: queue empty, throughput in proportion -> x4
+    assert limits[2] == 256  # grew, not in proportion (near the peak): x2
+    assert limits[3] == 256  # a queue at 256: one window is not enough to call it full
+    assert limits[4] == 128 + headroom(128)  # ... two are: full at 128 running
     assert "full at 128 running" in c.reason and c.ceiling == room(128) == 192
     drive(c, peaked(100), 40, noise=0.02, capacity=128)
     assert peaked(100)(min(c.best_limit, 128)) >= 0.95 * 10_000
@@ -100,12 +103,11 @@ def test_a_burst_still_being_admitted_is_not_a_full_server() -> None:
     for a window, then run. Seen on the real server: 32 sent, 22 running, 10 waiting, then all 32 running."""
     c = ConcurrencyController.auto(None)
     c.observe(Window(1000.0, queued=0.0, running=8))
-    c.observe(Window(2000.0, queued=0.0, running=16))
     assert c.limit == 32
     c.observe(Window(3000.0, queued=10.0, running=22))  # admitting
     assert c.limit == 32 and c.phase == "ramp"
-    c.observe(Window(4000.0, queued=0.0, running=32))  # all admitted: room, double
-    assert c.limit == 64 and c.phase == "ramp"
+    c.observe(Window(4000.0, queued=0.0, running=32))  # all admitted: room, grow
+    assert c.limit == 128 and c.phase == "ramp"
 
 
 def test_search_without_metrics_grows_while_throughput_grows() -> None:
@@ -189,5 +191,77 @@ def test_each_change_of_limit_comes_with_its_own_reason() -> None:
     assert c.limit > 100 and f"trying {c.limit} (above the best so far, 100: 1,000 tok/s)" in c.reason
     c.observe(Window(500.0))  # a large loss: back to 100
     assert c.limit == 100 and "back to 100" in c.reason
+    assert not c.observe(Window(800.0))  # the first window after lowering is its transient: dropped
     c.observe(Window(1000.0))  # at the best again: probe the other way
     assert c.limit < 100 and "back to" not in c.reason and f"trying {c.limit} (below the best so far, 100" in c.reason
+
+
+def h200_curve() -> Curve:
+    """Output tok/s by batch of the sim's realistic timing model at the H200/vLLM fit (peak at 512 of
+    --max-num-seqs 1024, 0.81 of the peak at 1024): the shape of a server that peaks below max running."""
+    model = SimConfig(timing="realistic", max_running=1024, decode_ms=2.04, decode_ms_per_running=0.0282).steps
+    return lambda n: model.decode_tokens_per_s(min(n, 1024))
+
+
+def drive_waves(c: ConcurrencyController, curve: Curve, windows: int, *, swing: float, transient: float, seed: int,
+                capacity: int | None = None) -> list[int]:
+    """Windows as closed-loop waves of uniform work make them: throughput swings by +-``swing``
+    around the curve from window to window, and the first window after a change of limit reads
+    ``transient`` low (the requests of the old setting still draining or the new ones in prefill).
+    A window the controller asks to be k times longer averages k times as many waves: 1/k the swing."""
+    rng = random.Random(seed)
+    phase = rng.uniform(0, 2 * math.pi)
+    limits, changed = [], False
+    for k in range(windows):
+        n = c.limit
+        running = min(n, capacity) if capacity else n
+        wave = swing / c.window_factor() * math.sin(phase + 2.1 * k)
+        tps = curve(running) * (1 + wave) * ((1 - transient) if changed else 1.0)
+        queued = max(0, n - capacity) if capacity else None
+        changed = c.observe(Window(tps=tps, queued=queued, running=running if capacity else None))
+        limits.append(c.limit)
+    return limits
+
+
+@pytest.mark.parametrize("metrics", [True, False])
+def test_the_ramp_stops_where_throughput_stops_growing_below_max_running(metrics: bool) -> None:
+    """The H200 run: the ramp doubled 8 -> 2048 while vLLM (1024 slots) had an empty queue and its
+    throughput had stopped growing at 512. It must stop growing there: never past what it runs."""
+    curve = h200_curve()
+    c = ConcurrencyController.auto(None)
+    limits = drive(c, curve, 40, noise=0.02, capacity=1024 if metrics else None)
+    assert max(limits) <= 1024, limits
+    assert "stopped growing" in " ".join(str(x) for x in limits) or c.phase in ("probe", "hold")
+    assert curve(c.best_limit) >= 0.95 * best_of(curve, 1024), (c.best_limit, c.history)
+    assert limits.index(512) <= 3  # 8 -> 32 -> 128 -> 512: x4 while far from full
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_from_capacity_it_sees_through_the_waves_of_uniform_work(seed: int) -> None:
+    """The H200 --fleet run: from 1127 (1024 + 10 %) it tried 847, read the transient after lowering
+    the limit as -17 %, went back, then tried 1499, above max running. With windows that swing
+    +-12 % and a first window 20 % low after each change it must still find the better region below
+    max running and never climb above max running + the queue that keeps it full."""
+    curve = h200_curve()
+    c = ConcurrencyController.auto(1024)
+    limits = drive_waves(c, curve, 60, swing=0.12, transient=0.2, seed=seed)
+    assert max(limits) <= 1024 + headroom(1024), limits
+    assert curve(c.best_limit) >= 0.95 * best_of(curve, 1024), (c.best_limit, c.history)
+
+
+def test_from_capacity_the_ceiling_is_max_running_plus_headroom_until_a_window_shows_more_pays() -> None:
+    c = ConcurrencyController.auto(128)
+    assert c.limit == c.ceiling == 128 + headroom(128) and c.room == room(128)
+    c.observe(Window(1000.0))
+    c.observe(Window(1000.0))  # two windows at the start: their spread is known
+    assert c.limit < 128 and c.window_factor() == 1.0
+    assert not c.observe(Window(500.0))  # the transient after lowering: dropped
+    c.observe(Window(700.0))  # less in flight loses 30 %: throughput still grows at the ceiling
+    assert c.limit == 141 and c.ceiling == room(128) and "room up to 192" in c.reason
+
+
+def test_windows_that_swing_ask_for_longer_windows() -> None:
+    c = ConcurrencyController.auto(128)
+    c.observe(Window(1000.0))
+    c.observe(Window(1200.0))
+    assert c.noisy() and c.window_factor() == 2.0

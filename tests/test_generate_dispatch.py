@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -347,3 +349,101 @@ async def test_a_touched_input_is_hashed_not_parsed_again(tmp_path, monkeypatch)
         await server.stop()
     assert again.resumed and again.done_before == 50 and again.to_send == 0 and again.rejected == 2
     assert json.loads((out / "job.json").read_text())["input"]["mtime_ns"] == 1
+
+
+class ResettingServer:
+    """A keep-alive HTTP server that resets a few pooled connections at their second request, all
+    together, as a server does that closed idle keep-alive connections just as the client reused
+    them (the H200 run of issue 25: two resets among 844 in flight took the server out)."""
+
+    def __init__(self, *, stale: int, delay_s: float = 0.02) -> None:
+        self.stale, self.delay_s = stale, delay_s
+        self.port = free_port()
+        self.connections = 0
+        self.resets = 0
+        self.answered = 0
+        self._held: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> ResettingServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        stale = self.connections <= self.stale
+        n = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                n += 1
+                if stale and n == 2:
+                    self._held.append(writer)
+                    if len(self._held) == self.stale:  # all stale ones at once: a burst of resets
+                        for w in self._held:
+                            sock = w.get_extra_info("socket")
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+                            w.transport.abort()
+                            self.resets += 1
+                    return
+                await asyncio.sleep(self.delay_s)
+                if head.startswith(b"GET"):
+                    out = json.dumps({"data": [{"id": "fake-model"}]}).encode()
+                else:
+                    tokens = body.get("max_tokens", 4)
+                    out = json.dumps({"model": body.get("model"), "choices": [{"text": "ok", "finish_reason": "length"}],
+                                      "usage": {"prompt_tokens": 3, "completion_tokens": tokens}}).encode()
+                    self.answered += 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(out) + out)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+async def test_a_reset_pooled_connection_is_retried_at_once_and_costs_no_requeue(tmp_path):
+    """Five of 32 keep-alive connections are reset together: those five prompts go again on fresh
+    connections; the server stays in service and nothing in flight is re-queued. (Before: five
+    server faults in a row took it out and re-queued the other 27.)"""
+    server = await ResettingServer(stale=5).start()
+    try:
+        src = write_input(tmp_path / "in.jsonl", 300)
+        report = await run_generate(config(src, tmp_path / "out", concurrency=32),
+                                    targets=[Target("reset", server.url, "fake-model", None, False)])
+    finally:
+        await server.stop()
+    assert server.resets == 5
+    assert report.status == "complete" and report.committed == 300
+    assert report.requeued == 0 and report.servers[0].outages == 0, report.events
+    assert not any("taken out" in e for e in report.events)
+    rows = assert_exactly_once(tmp_path / "out", {f"p{i}" for i in range(300)})
+    assert all(r["attempts"] == 1 for r in rows)  # the retry on a fresh connection is not the prompt's fault
+
+
+async def test_connections_reset_all_at_once_take_the_server_out(tmp_path):
+    """A server that breaks every connection it holds at once is down: taken out at that burst."""
+    server = await ResettingServer(stale=16).start()
+    good = await FakeServer(delay_s=0.002, name="good").start()
+    try:
+        src = write_input(tmp_path / "in.jsonl", 300)
+        policy = HealthPolicy(recover_timeout_s=0.5, retry_interval_s=0.1)
+        report = await run_generate(config(src, tmp_path / "out", concurrency=16, health=policy),
+                                    targets=[Target("reset", server.url, "fake-model", None, False), good.target()])
+    finally:
+        await server.stop()
+        await good.stop()
+    assert report.status == "complete" and report.committed == 300
+    by_name = {s.name: s for s in report.servers}
+    assert by_name["reset"].outages == 1
+    assert any("reset: taken out" in e and "many connections at once" in e for e in report.events), report.events
+    assert_exactly_once(tmp_path / "out", {f"p{i}" for i in range(300)})

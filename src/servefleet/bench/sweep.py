@@ -44,7 +44,7 @@ from servefleet.bench.pool import InProcessRunner, ProcessRunner, Runner, Share,
 from servefleet.bench.result import BenchConfig, Environment, Point, Run, ServerLatency, Stat, Target
 from servefleet.bench.selfcheck import WorkerLoad, judge
 from servefleet.bench.server_metrics import ServerWatcher, Snapshot, summarize_server
-from servefleet.bench.steady import counter_rate
+from servefleet.bench.steady import MIN_LIFETIMES, counter_rate
 from servefleet.bench.workload import (
     LocalTokenizer,
     Prompt,
@@ -68,6 +68,7 @@ PER_WORKER = 64  # auto mode: one worker process per this many concurrent reques
 # streams ~1-2k req/s of 128 tokens before its core is full: benchmarks/client_overhead.py)
 MAX_PROMPTS = 4096  # distinct prompts built per run; beyond that they are reused
 WARMUP_MAX_TOKENS = 16
+LENGTHEN_CAP = 4.0  # a --duration point too short for a steady part runs again at most this many times as long
 
 
 @dataclass
@@ -318,9 +319,33 @@ class _Measured:
 
 async def _measure_point(sweep: _Sweep, runner: Runner, watcher: ServerWatcher, index: int, level: int | float,
                          *, warm: list[PreparedRequest], measured: list[PreparedRequest]) -> Point:
-    """One point: scrape, warm up, scrape the histograms, run the load, scrape again, aggregate."""
+    """One point: scrape, warm up, scrape the histograms, run the load, scrape again, aggregate. A
+    point of ``--duration`` whose steady part was under :data:`MIN_LIFETIMES` request lifetimes runs
+    again, longer (at most :data:`LENGTHEN_CAP` x ``--duration``), and a note says so."""
     got = await _load_point(sweep, runner, watcher, _shares(sweep.config, level, runner.workers, measured, warm, index))
+    point = await _aggregate(sweep, level, got)
+    longer = longer_duration(sweep.config, point)
+    if longer is None:
+        return point
+    reason = point.steady.reason if point.steady is not None else "no steady part"
+    sweep.note(f"C={point.concurrency}: {reason}: ran it again for {longer:.0f} s instead of {sweep.config.duration_s:g} s "
+               f"(at most {LENGTHEN_CAP:g}x --duration)")
+    config = sweep.config.model_copy(update={"duration_s": longer})
+    got = await _load_point(sweep, runner, watcher, _shares(config, level, runner.workers, measured, [], index))
     return await _aggregate(sweep, level, got)
+
+
+def longer_duration(config: BenchConfig, point: Point) -> float | None:
+    """How long to run a ``--duration`` point again whose steady part was too short (None: it was
+    long enough, or it is not a duration point). The ramp lasts about one request lifetime (the
+    first wave of answers), so the steady part needs ``MIN_LIFETIMES`` + 1 of them more than it had."""
+    window = point.steady
+    if config.duration_s is None or config.requests or window is None or window.steady:
+        return None
+    life = max(window.start_s, 0.1)  # the ramp: one lifetime of the first wave
+    had = max(0.0, window.end_s - window.start_s)
+    longer = min(LENGTHEN_CAP * config.duration_s, config.duration_s + (MIN_LIFETIMES + 1) * life - had)
+    return longer if longer > config.duration_s * 1.05 else None
 
 
 async def _load_point(sweep: _Sweep, runner: Runner, watcher: ServerWatcher, shares: list[Share]) -> _Measured:

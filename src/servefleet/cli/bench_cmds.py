@@ -84,7 +84,8 @@ def bench(
     requests: Annotated[int | None, typer.Option("--requests", "-n", help="Measured requests per point.")] = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Seconds per point (instead of --requests). The rate is taken "
                                                     "from the point's steady part (after the first wave of answers, before the "
-                                                    "drain), flagged when under 2 request lifetimes. Give it 5 or more lifetimes: "
+                                                    "drain); a point whose steady part was under 2 request lifetimes runs again longer (at most "
+                                                    "4x --duration, with a note). Give it 5 or more lifetimes: "
                                                     "on the sim 5 s points (10 lifetimes) read within 0.5% of 20 s ones "
                                                     "(benchmarks/results/bench_modes.md); at 256 output tokens and C=512 on an "
                                                     "H200 a lifetime is ~4.5 s, so 25 s.")] = None,

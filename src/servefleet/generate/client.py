@@ -25,6 +25,9 @@ from servefleet.http import FailureKind, HttpClient, Pool, RequestFailure, Timeo
 __all__ = ["Completion", "Client"]
 
 _ERROR_CHARS = 300
+# An idle pooled connection is closed before the server closes it (uvicorn, and so vLLM and SGLang,
+# after 5 s idle): one the server closed as we reused it breaks the request sent on it.
+KEEPALIVE_S = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +52,7 @@ class Client:
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self.http = HttpClient(transport, pool=Pool(limit=0, keepalive_timeout_s=60), headers=headers, timeout=self.timeout)
+        self.http = HttpClient(transport, pool=Pool(limit=0, keepalive_timeout_s=KEEPALIVE_S), headers=headers, timeout=self.timeout)
         self._send = self.http.transport.request  # the per-completion path, one call frame shorter
         self._urls: dict[tuple[str, str], URL] = {}
 

@@ -5,16 +5,25 @@ Auto starts from what is known, best first:
 * ``bench``: a bench run's best point of this server (``generate --bench RUN.json``): its concurrency;
 * ``capacity``: the server's max running requests (verification loop, info endpoints, ``--max-running``):
   that many plus a little headroom (a finished request's slot is refilled at the next step, without
-  waiting for our next request to cross the network);
-* ``search``: nothing known: start at :data:`START` and double each window while the server's own
-  queue is empty (``/metrics``: it admits all we send, so the batch is not full yet) or, with no
-  metrics, while throughput still grows. A queue at the server means its batch is full: the running
-  count then is its capacity.
+  waiting for our next request to cross the network). That is also the ceiling until a window shows
+  throughput still growing there (then up to :func:`room`): more only waits in the server's queue;
+* ``search``: nothing known: start at :data:`START` and grow each window -- x4 while throughput grows
+  in proportion (far from full), else x2 -- while the server's own queue is empty (``/metrics``: it
+  admits all we send) and throughput still grows (by :data:`GROW`; a flat window counts when
+  repeated). A queue at the server means its batch is full: the running count then is its
+  capacity. Throughput that stopped growing ends the ramp at the better of the last two limits,
+  the higher one its ceiling: an engine that peaks below its max running is never pushed past it.
 
 Then it verifies by measured output tokens/s (a hill climb): try a step up and a step down from the
 best limit; a step is kept when its throughput is better by more than :data:`MARGIN`, judged a loss only
 when the mean of :data:`CONFIRM` windows says so (one window decides alone only when the difference is
-large); on a loss it returns to the best limit, re-measured. Equal throughput going up is kept (more in
+large and the windows at the best limit agree); on a loss it returns to the best limit, re-measured.
+The first window after lowering the limit is dropped (the batch drains through a hole: the H200 run
+read that transient as -17 %). Closed-loop waves (uniform work: requests that start together end
+together) make windows at one limit swing by 10-20 %: when the windows at the best limit spread by
+more than :data:`NOISY`, the dispatcher measures longer windows
+(:meth:`ConcurrencyController.window_factor`), the first window after any change is dropped, one
+window never decides, and a difference inside a third of the spread is no difference. Equal throughput going up is kept (more in
 flight only waits in the server's queue; it never settles below the best limit measured). Real engines
 peak *below* their max running requests and decline past it, so the climb goes down from the capacity
 figure too. Held, it probes again every :data:`REPROBE_WINDOWS` windows with a smaller step.
@@ -32,9 +41,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["ConcurrencyController", "Window", "START", "headroom", "room", "MARGIN", "CONFIRM", "REPROBE_WINDOWS"]
+__all__ = ["ConcurrencyController", "Window", "START", "GROW", "NOISY", "headroom", "room", "MARGIN", "CONFIRM", "REPROBE_WINDOWS"]
 
 START = 8
+GROW = 0.15  # a ramp step (x2 or more in flight) that adds less than this has stopped paying
+NOISY = 0.08  # windows at one limit spreading more than this: waves; longer windows, transient dropped
 MARGIN = 0.03  # two windows within 3% measure the same throughput (window-to-window noise of a real server)
 LARGE = 0.15  # a difference this large is decided by one window
 CONFIRM = 2  # windows at a candidate before a small difference is judged
@@ -76,6 +87,7 @@ class ConcurrencyController:
     source: Source
     phase: Phase = "probe"
     ceiling: int = 4096
+    room: int = 0  # how far the ceiling may rise on evidence (throughput still growing at it); 0: no further
     floor: int = 1
     step: float = STEP
     reason: str = ""  # the last decision, one line
@@ -88,8 +100,11 @@ class ConcurrencyController:
     _candidate: list[float] = field(default_factory=list)  # windows at the limit under test
     _held: int = 0  # windows since the last probe ended
     _ramp_prev: float = 0.0
+    _ramp_prev_limit: int = 0
     _ramp_flat: int = 0
     _queue_seen: int = 0
+    _fresh: bool = False  # no window yet since the last change of limit
+    _lowered: bool = False  # that change lowered the limit
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -101,7 +116,7 @@ class ConcurrencyController:
     def auto(cls, max_running: int | None, *, bench_concurrency: int | None = None, bench_tps: float | None = None,
              bench_note: str | None = None, ceiling: int = 4096) -> ConcurrencyController:
         cap = min(ceiling, room(max_running)) if max_running else ceiling
-        if bench_concurrency:
+        if bench_concurrency:  # a measured point: evidence for anything up to room
             start = max(1, min(cap, bench_concurrency))
             tps = f" ({bench_tps:,.0f} tok/s)" if bench_tps else ""
             note = f", {bench_note}" if bench_note else ""
@@ -109,7 +124,7 @@ class ConcurrencyController:
                        reason=f"bench best point C={bench_concurrency}{tps}{note}; verifying")
         if max_running:
             start = min(cap, max_running + headroom(max_running))
-            return cls(limit=start, source="capacity", ceiling=cap, best_limit=start, _direction=-1,  # real engines peak below
+            return cls(limit=start, source="capacity", ceiling=start, room=cap, best_limit=start, _direction=-1,  # real engines peak below
                        reason=f"max running {max_running} + {headroom(max_running)} queued; verifying")
         start = min(START, ceiling)
         return cls(limit=start, source="search", phase="ramp", ceiling=ceiling, best_limit=start,
@@ -142,6 +157,19 @@ class ConcurrencyController:
     def best_tps(self) -> float:
         return _mean(self.measured.get(self.best_limit, []))
 
+    def spread(self) -> float:
+        """How far the windows at the best limit disagree ((max - min) / mean; 0 with fewer than two)."""
+        kept = self.measured.get(self.best_limit, [])
+        mean = _mean(kept)
+        return (max(kept) - min(kept)) / mean if len(kept) >= 2 and mean > 0 else 0.0
+
+    def noisy(self) -> bool:
+        return self.spread() > NOISY
+
+    def window_factor(self) -> float:
+        """How much longer than usual the next window should be: twice when the windows swing."""
+        return 2.0 if self.phase in ("probe", "hold") and self.noisy() else 1.0
+
     def describe(self) -> str:
         return f"{self.source}: {self.reason}" if self.reason else self.source
 
@@ -150,6 +178,7 @@ class ConcurrencyController:
         n = max(self.floor, min(self.ceiling, n))
         if n == self.limit:
             return False
+        self._fresh, self._lowered = True, n < self.limit
         self.limit = n
         self.changes += 1
         self._candidate = []
@@ -162,15 +191,19 @@ class ConcurrencyController:
 
     def _ramp(self, w: Window) -> bool:
         self._record(self.limit, w.tps)
+        prev, prev_limit = self._ramp_prev, self._ramp_prev_limit
+        grew = prev == 0 or w.tps > prev * (1 + GROW)
+        # in proportion to what was added: far below the server's best, grow faster
+        linear = prev == 0 or (prev_limit > 0 and w.tps >= 0.75 * prev * self.limit / prev_limit)
         if w.queued is not None:
             # Room: the queue emptied and what we sent runs. (A CPU-starved API process may not have
             # handed requests to the engine yet: neither running nor waiting, so not room either.)
             admitted = w.running is None or w.running >= 0.9 * self.limit
-            if w.queued < 1 and admitted and self.limit < self.ceiling:
-                self.best_limit = self.limit
+            if w.queued < 1 and admitted and grew:
                 self._queue_seen = 0
-                self.reason = f"server queue empty at {self.limit}: doubling"
-                return self._set(self.limit * 2)
+                return self._grow(w.tps, linear, "server queue empty")
+            if w.queued < 1 and admitted:
+                return self._flat()
             # A queue that never emptied. Right after a doubling it may be requests still being
             # admitted (an engine admits a step's token budget at a time): full only when repeated.
             self._queue_seen += 1
@@ -188,48 +221,80 @@ class ConcurrencyController:
             self.phase = "probe"
             self._direction = -1  # from the capacity down first: real engines peak below it
             return self._set(self.best_limit)
-        # No metrics: double while throughput grows; a flat window counts only when repeated.
-        if w.tps > self._ramp_prev * (1 + 2 * MARGIN) or self._ramp_prev == 0:
-            self._ramp_prev, self._ramp_flat = w.tps, 0
-            self.best_limit = self.limit
-            if self.limit >= self.ceiling:
-                self.phase = "probe"
-                return False
-            self.reason = f"throughput grows at {self.limit}: doubling"
-            return self._set(self.limit * 2)
+        # No metrics: grow while throughput grows; a flat window counts only when repeated.
+        if grew:
+            return self._grow(w.tps, linear, "throughput grows")
+        return self._flat()
+
+    def _grow(self, tps: float, linear: bool, why: str) -> bool:
+        self._ramp_prev, self._ramp_prev_limit, self._ramp_flat = tps, self.limit, 0
+        self.best_limit = self.limit
+        if self.limit >= self.ceiling:
+            self.phase = "probe"
+            return False
+        factor = 4 if linear else 2
+        self.reason = f"{why} at {self.limit}: x{factor}"
+        return self._set(self.limit * factor)
+
+    def _flat(self) -> bool:
+        """Throughput stopped growing (repeated): the knee is between the last limit that grew and
+        this one. The better of the two is the best; nothing above this one was shown to pay."""
         self._ramp_flat += 1
         if self._ramp_flat < CONFIRM:
             return False
-        # Stopped growing: the knee is between the last limit that grew and this one. Probe from this one.
         self.phase = "probe"
-        self.best_limit = self.limit
-        self.reason = f"throughput stopped growing at {self.limit}; verifying"
-        return False
+        here, before = self.limit, self._ramp_prev_limit
+        ours, theirs = self.best_tps_at(here), self.best_tps_at(before)
+        self.best_limit = here if before == 0 or ours >= theirs * (1 - MARGIN) else before
+        self.ceiling = min(self.ceiling, here)
+        self._direction = 1 if self.best_limit < here else -1
+        self.reason = (f"throughput stopped growing at {here} ({ours:,.0f} tok/s, {theirs:,.0f} at {before}); "
+                       f"from {self.best_limit}, at most {here}")
+        return self._set(self.best_limit)
+
+    def best_tps_at(self, limit: int) -> float:
+        return _mean(self.measured.get(limit, []))
 
     def _probe(self, w: Window) -> bool:
+        if self._fresh:
+            self._fresh = False
+            if self._lowered or self.noisy():
+                return False  # the transient of the change (a batch draining, or a wave): not compared
         if self.limit == self.best_limit:
             self._record(self.limit, w.tps)
+            if len(self.measured[self.limit]) < CONFIRM and self.source != "bench":
+                return False  # the spread of windows at the best is known before anything is compared
+                # (a bench point was measured by the bench: probed at once, closer)
             return self._next_candidate()
         self._candidate.append(w.tps)
         best = self.best_tps()
-        mean = _mean(self._candidate)
+        noisy = self.noisy()
+        judged = self._candidate
+        mean = _mean(judged)
         gain = mean / best - 1 if best > 0 else 1.0
-        if abs(gain) < LARGE and len(self._candidate) < CONFIRM:
-            return False  # small difference: one more window before judging
+        if len(self._candidate) < (CONFIRM + 1 if noisy else CONFIRM) and (noisy or abs(gain) < LARGE):
+            return False  # small difference, or windows that swing: more windows before judging
+        margin = max(MARGIN, self.spread() / 3) if noisy else MARGIN  # inside the swing is no difference
         up = self.limit > self.best_limit
-        for tps in self._candidate:
+        for tps in judged:
             self._record(self.limit, tps)
-        if gain > MARGIN or (up and gain > -MARGIN):
+        if gain > margin or (up and gain > -MARGIN):  # equal going up: within the quiet margin only
             old = self.best_limit
             self.best_limit = self.limit
             why = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {old})"
             self.reason = why
-            if gain <= MARGIN:  # equal going up: keep the higher limit, but this direction is spent
+            if gain > margin and up and self.limit >= self.ceiling and self.room > self.ceiling:
+                self.ceiling = self.room  # evidence: still growing at the ceiling, so the queue pays
+                why = self.reason = f"{why}, still growing: room up to {self.room}"
+            if gain <= margin:  # equal going up: keep the higher limit, but this direction is spent
                 self._tried.add(self._direction)
                 self._direction = -self._direction
             return self._next_candidate(why)
         # A loss (or an equal step down): back to the best limit, then the other direction.
         self.reason = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
+        if gain < -margin and not up and self.best_limit >= self.ceiling and self.room > self.ceiling:
+            self.ceiling = self.room  # evidence: less in flight loses at the ceiling, so more may pay
+            self.reason += f"; still growing at {self.best_limit}: room up to {self.room}"
         self._tried.add(self._direction)
         self._direction = -self._direction
         if len(self._tried) >= 2:

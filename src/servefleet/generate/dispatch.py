@@ -34,7 +34,7 @@ from servefleet.generate.retry import RetryPolicy
 from servefleet.generate.server_load import LoadWatch
 from servefleet.generate.shards import OutputRow
 from servefleet.generate.stats import JobStats, ServerStats
-from servefleet.http import RequestFailure
+from servefleet.http import FailureKind, RequestFailure
 
 __all__ = ["Dispatcher", "Ticket", "RowSink", "Outcome"]
 
@@ -59,6 +59,7 @@ class Ticket:
     state: str = "waiting"  # waiting | in_flight | settled
     last_error: str | None = None
     last_server: str | None = None
+    resets: int = 0  # connections broken under it (the first is retried at once, free)
 
 
 class _Server:
@@ -100,7 +101,7 @@ class _Server:
         latency = self.stats.mean_latency_s()
         if self.controller.phase == "ramp":  # a doubling is judged on a large change (queue gauge, or +6% tok/s)
             return minimum if self.load.available else max(minimum, 2.0 * latency)
-        return max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
+        return self.controller.window_factor() * max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
 
     def limit_changed(self, now: float, grew: bool) -> None:
         latency = self.stats.mean_latency_s()
@@ -352,6 +353,9 @@ class Dispatcher:
             if server.controller.on_overload():
                 server.limit_changed(now, grew=False)
                 self.stats.event(f"{server.target.name}: overloaded ({failure.describe()}), concurrency -> {server.controller.limit}")
+        if failure.kind is FailureKind.DISCONNECT and server.health.state is ServerState.UP:
+            self._reset(server, ticket, failure, now)
+            return
         decision = self.retry.decide(failure, ticket.attempts)
         if decision.retry:
             self.stats.retries += 1
@@ -362,6 +366,31 @@ class Dispatcher:
             self.on_failure(ticket, failure)
         if failure.server_fault and server.health.fault():
             self._take_out(server, failure.describe())
+
+    def _reset(self, server: _Server, ticket: Ticket, failure: RequestFailure, now: float) -> None:
+        """A connection broke mid-request. Usually one pooled keep-alive connection the server had
+        closed: the prompt goes again at once (on a fresh connection: the broken one left the pool),
+        the others keep running, and a probe asks whether the server itself is still there."""
+        ticket.resets += 1
+        self.stats.retries += 1
+        if server.health.reset_seen(now, len(server.in_flight)):
+            self._take_out(server, f"{failure.describe()} on many connections at once")
+        elif not server.probing:
+            server.probing = True
+            self._spawn(self._probe(server, after_reset=True))
+        if ticket.resets == 1:  # free: not the prompt's fault
+            ticket.attempts -= 1
+            ticket.state = "waiting"
+            self._pending.appendleft(ticket)
+            return
+        decision = self.retry.decide(failure, ticket.attempts)
+        if decision.retry:
+            ticket.state = "waiting"
+            heapq.heappush(self._delayed, (now + decision.delay_s, next(self._seq), ticket))
+        else:
+            self.stats.retries -= 1
+            self.stats.failed += 1
+            self.on_failure(ticket, failure)
 
     # ---- servers going and coming ---------------------------------------------------------------
     def _take_out(self, server: _Server, reason: str, *, hung: bool = False) -> None:
@@ -484,13 +513,14 @@ class Dispatcher:
             parked(server.target.name)
         self._wake.set()
 
-    async def _probe(self, server: _Server) -> None:
+    async def _probe(self, server: _Server, *, after_reset: bool = False) -> None:
+        """``after_reset``: sent because a connection broke; one failed probe then takes it out."""
         try:
             ok = await self.client.ping(server.target.base_url, timeout_s=self.policy.probe_timeout_s)
         finally:
             server.probing = False
-        if server.health.state is ServerState.UP and server.health.probed(ok, time.monotonic()):
-            self._take_out(server, "does not answer probes")
+        if server.health.state is ServerState.UP and (server.health.probed(ok, time.monotonic()) or (after_reset and not ok)):
+            self._take_out(server, "a connection broke and it does not answer probes" if after_reset else "does not answer probes")
 
     async def _answers_a_completion(self, server: _Server) -> bool:
         """One token of a tiny completion within the probe timeout (a hung engine behind a live API

@@ -2,8 +2,11 @@
 
 Evidence, per server:
 
-* consecutive *server-fault* failures of real requests (connection refused or dropped, timeouts;
-  an HTTP error status is an answer and does not count) -- ``failures_to_take_out`` in a row;
+* consecutive *server-fault* failures of real requests (connection refused, timeouts; an HTTP
+  error status is an answer and does not count) -- ``failures_to_take_out`` in a row;
+* a connection broken mid-request (reset, closed) is retried at once on another connection and the
+  server probed: it is taken out when that probe fails, or when many connections break at once
+  (:meth:`Health.reset_seen`) -- one reset pooled connection is not an outage;
 * a cheap probe (``GET /v1/models``, any HTTP answer counts) sent when the server has had requests in flight but no answer
   for ``probe_interval_s`` -- ``probe_failures`` failed probes in a row (catches a hung server whose
   requests would otherwise wait for the full request timeout);
@@ -37,6 +40,8 @@ from servefleet.generate.endpoints import Restarter, Target
 
 if TYPE_CHECKING:
     from servefleet.generate.client import Client
+
+RESET_BURST_S = 1.0  # resets this close together count as one event ("many connections at once")
 
 __all__ = ["ServerState", "HealthPolicy", "Health", "ProgressWatch", "RestartWindow", "hang_window_s", "recover"]
 
@@ -144,6 +149,7 @@ class Health:
     outages: int = 0
     restarts: int = 0
     window: RestartWindow | None = None  # set from the policy (managed servers are restarted)
+    resets: list[float] = field(default_factory=list)  # when recent connections broke mid-request
 
     def __post_init__(self) -> None:
         if self.window is None:
@@ -159,6 +165,15 @@ class Health:
         """A server-fault failure; True when the server should be taken out."""
         self.consecutive_faults += 1
         return self.state is ServerState.UP and self.consecutive_faults >= self.policy.failures_to_take_out
+
+    def reset_seen(self, now: float, in_flight: int) -> bool:
+        """A connection broke mid-request (reset, closed). One broken pooled connection (a keep-alive
+        connection the server closed while it sat idle) is not an outage; many at once are: True when
+        the resets of the last :data:`RESET_BURST_S` reach ``failures_to_take_out`` and a quarter of
+        what was in flight (a dead server breaks every connection it held)."""
+        self.resets = [t for t in self.resets if now - t < RESET_BURST_S] + [now]
+        many = max(self.policy.failures_to_take_out, in_flight // 4)
+        return self.state is ServerState.UP and len(self.resets) >= many
 
     def wants_probe(self, in_flight: int, now: float) -> bool:
         if self.state is not ServerState.UP or in_flight == 0:
@@ -183,6 +198,7 @@ class Health:
         self.state = ServerState.UP
         self.consecutive_faults = 0
         self.failed_probes = 0
+        self.resets = []
         self.last_answer = time.monotonic() if now is None else now
 
 
