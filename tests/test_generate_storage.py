@@ -330,3 +330,63 @@ def test_resume_after_a_shard_was_truncated_quarantines_it_and_answers_every_id_
     ids = [i for p in sorted((out / SHARDS_DIR).iterdir()) for i in read_parquet(p, columns=["id"]).column("id").to_pylist()]
     assert sorted(ids) == sorted(f"p{i}" for i in range(n))
     assert (out / QUARANTINE_DIR / bad.name).is_file()
+
+
+# ---- changed content under --force ------------------------------------------------------------------
+
+
+def test_force_on_an_input_with_one_changed_prompt_names_that_id_and_reask_changed_answers_it_again_once(tmp_path):
+    import json
+    import subprocess
+
+    import pyarrow.parquet as pq
+
+    from conftest import PYTHON, SimProcess
+
+    n = 30
+    sim = SimProcess("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
+                     log_path=tmp_path / "sim.log").start().wait_ready()
+    src = tmp_path / "in.jsonl"
+    records = [{"id": f"p{i}", "prompt": f"prompt {i}"} for i in range(n)]
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+
+    def generate(*extra: str) -> dict:
+        res = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--url", sim.url,
+                              "--json", "--shard-rows", "10", "--max-tokens", "4", *extra], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        return json.loads(res.stdout)
+
+    try:
+        first = generate()
+        records[7]["prompt"] = "prompt 7, now asked otherwise"
+        src.write_text("".join(json.dumps(r) + "\n" for r in records))
+        kept = generate("--force")
+        assert any("1 committed ids now have different content" in e and "kept" in e for e in kept["events"]), kept["events"]
+        assert kept["to_send"] == 0
+        reasked = generate("--force", "--reask-changed")
+    finally:
+        sim.stop()
+    assert any("1 committed ids now have different content" in e and "superseded/" in e for e in reasked["events"]), reasked["events"]
+    assert 1 <= reasked["to_send"] <= 10  # the one shard that held p7, not the whole job
+    rows = [(p.name, r["id"]) for p in sorted((out / "shards").iterdir()) for r in pq.read_table(p).to_pylist()]
+    assert sorted(rid for _, rid in rows) == sorted(r["id"] for r in records)  # every id exactly once
+    assert [reasked["run_id"] in name for name, rid in rows if rid == "p7"] == [True]  # re-made by the last run
+    moved = list((out / "superseded").iterdir())
+    assert len(moved) == 1 and first["run_id"] in moved[0].name
+
+
+def test_ledger_entries_keep_row_digests_and_entries_written_before_digests_still_load_uncompared():
+    import json
+
+    import numpy as np
+
+    from servefleet.generate.ledger import LedgerEntry
+
+    digests = np.asarray([11, -22], dtype="<i8").tobytes()
+    entry = LedgerEntry("part-x.parquet", "r", "sha", ["a", "b"], [1, 2], 5, 0, "t", digests)
+    assert LedgerEntry.from_bytes(entry.to_bytes()).digests == digests
+    legacy = {k: v for k, v in json.loads(entry.to_bytes()).items() if k != "digests"}
+    assert LedgerEntry.from_bytes(json.dumps(legacy).encode()).digests is None
+    misaligned = {**legacy, "digests": "AAAAAAAAAAA="}  # 8 bytes for 2 ids
+    assert LedgerEntry.from_bytes(json.dumps(misaligned).encode()).digests is None

@@ -70,7 +70,8 @@ def generate(
     strict: Annotated[bool, typer.Option("--strict", help="stop before sending anything if any input record is rejected")] = False,
     force: Annotated[bool, typer.Option("--force", help="go on in a destination made with another input or parameters")] = False,
     reask_changed: Annotated[bool, typer.Option("--reask-changed", help="with --force: ask again the committed ids made with other "
-                                                 "parameters (--max-tokens, --temperature, ...); their shards move to superseded/")] = False,
+                                                 "parameters (--max-tokens, --temperature, ...) or whose input record changed "
+                                                 "(prompt or fields); their shards move to superseded/")] = False,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="SERVEFLEET_API_KEY", show_default=False, help="bearer token for the servers (env SERVEFLEET_API_KEY)")] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", min=0, max=65535, help="serve Prometheus metrics of the job on this port (/metrics: prompts done, tokens, "
                                                                                               "errors, retries, per-server in flight, rate and concurrency limit); 0: any free "

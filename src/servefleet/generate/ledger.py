@@ -17,10 +17,16 @@ Resume reads the entries (small JSON files, fetched in batches) and marks done l
 by line number when every entry was written from an input with the same SHA-256 as now (fast: no
 id is parsed), else by id -- via the pre-pass's id hashes, with exact comparison for hashes that
 several ids share.
+
+An entry also keeps its rows' content digests (8 bytes each, base64, aligned with ``ids``). A resume on
+another input version compares them with the pre-pass's: ids whose record changed are counted, and
+``--reask-changed`` moves their shards to superseded/ so they are asked again. Entries written before
+digests existed (or rebuilt from a shard) have none and are not compared.
 """
 
 from __future__ import annotations
 
+import base64
 import builtins
 import json
 import re
@@ -36,7 +42,7 @@ from servefleet.generate.prepass import CHECK, SKIP, Prepass
 from servefleet.generate.shards import EXTENSIONS, Format, ShardBuffer, read_shard_ids, write_shard
 from servefleet.generate.sinks import Sink
 
-__all__ = ["Ledger", "LedgerEntry", "Staged", "DoneSet", "SHARDS_DIR", "LEDGER_DIR", "QUARANTINE_DIR", "SUPERSEDED_DIR"]
+__all__ = ["Ledger", "LedgerEntry", "Staged", "DoneSet", "SHARDS_DIR", "LEDGER_DIR", "QUARANTINE_DIR", "SUPERSEDED_DIR", "ContentIndex"]
 
 SHARDS_DIR = "shards"
 LEDGER_DIR = "ledger"
@@ -56,25 +62,32 @@ class LedgerEntry:
     bytes: int = 0
     completion_tokens: int = 0
     committed: str = field(default_factory=utcnow)
+    digests: builtins.bytes | None = None  # prepass.record_digest per row, int64 little-endian, aligned with ids
 
     @property
     def rows(self) -> int:
         return len(self.ids)
 
     def to_bytes(self) -> builtins.bytes:  # builtins: the field named bytes shadows the type in this class
-        return json.dumps({
+        d: dict[str, Any] = {
             "shard": self.shard, "run_id": self.run_id, "input_sha256": self.input_sha256, "rows": self.rows,
             "bytes": self.bytes, "completion_tokens": self.completion_tokens, "committed": self.committed,
             "ids": self.ids, "lines": self.lines,
-        }, separators=(",", ":")).encode()
+        }
+        if self.digests is not None:
+            d["digests"] = base64.b64encode(self.digests).decode()
+        return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: builtins.bytes) -> LedgerEntry:
         d: dict[str, Any] = json.loads(data)
         if len(d["ids"]) != len(d["lines"]):
             raise ValueError("ids and lines differ in length")
+        digests = base64.b64decode(d["digests"]) if d.get("digests") else None
+        if digests is not None and len(digests) != 8 * len(d["ids"]):
+            digests = None  # not aligned with the ids: not compared (nothing else depends on them)
         return cls(d["shard"], d["run_id"], d.get("input_sha256"), d["ids"], d["lines"], d.get("bytes", 0),
-                   d.get("completion_tokens", 0), d.get("committed", ""))
+                   d.get("completion_tokens", 0), d.get("committed", ""), digests)
 
 
 @dataclass
@@ -94,6 +107,8 @@ class DoneSet:
     duplicates: int = 0  # ids committed more than once (two runs wrote the same destination)
     changed: int = 0  # committed rows made with other parameters than today's (a run under --force)
     superseded: int = 0  # of those, rows whose shards were moved to superseded/ to be asked again (--reask-changed)
+    content_changed: int = 0  # committed ids whose input record now has other content (a changed input under --force)
+    content_superseded: int = 0  # rows of the shards holding them, moved to superseded/ (--reask-changed)
 
     def apply(self, plan: bytearray, prepass: Prepass | None) -> int:
         """Mark done lines SKIP (or CHECK) in ``plan``; returns how many lines were marked done."""
@@ -145,6 +160,8 @@ class Ledger:
         self.seq = 0
         self.committed_rows = 0
         self.committed_shards = 0
+        # line -> prepass.record_digest of the records fed and not yet staged (set by the feed, taken by stage)
+        self.pending_digests: dict[int, int] = {}
 
     # ---- commit ---------------------------------------------------------------------------------
     def stage(self, buffer: ShardBuffer) -> Staged:
@@ -153,8 +170,10 @@ class Ledger:
         name = f"part-{self.run_id}-{self.seq:06d}{EXTENSIONS[self.fmt]}"
         tmp = self.sink.new_staging_file(EXTENSIONS[self.fmt])
         write_shard(buffer, tmp, self.fmt, {"run_id": self.run_id, "input_sha256": self.input_sha256})
-        entry = LedgerEntry(name, self.run_id, self.input_sha256, buffer.ids(), buffer.lines(),
-                            0, buffer.completion_tokens)
+        lines = buffer.lines()
+        digests = [self.pending_digests.pop(line, 0) for line in lines]
+        entry = LedgerEntry(name, self.run_id, self.input_sha256, buffer.ids(), lines, 0, buffer.completion_tokens,
+                            digests=np.asarray(digests, dtype="<i8").tobytes())
         return Staged(tmp, entry)
 
     def publish(self, staged: Staged) -> LedgerEntry:
@@ -176,14 +195,17 @@ class Ledger:
 
     # ---- resume ---------------------------------------------------------------------------------
     def scan(self, manifest: JobManifest | None, collisions: frozenset[int] = frozenset(), *, by_id: bool = False,
-             changed_runs: frozenset[str] = frozenset(), reask_changed: bool = False) -> DoneSet:
+             changed_runs: frozenset[str] = frozenset(), reask_changed: bool = False,
+             content: ContentIndex | None = None) -> DoneSet:
         """Read every committed shard's entry (rebuilding missing ones) into a :class:`DoneSet`.
 
         Lines only at first (the usual resume: every entry from today's input); when an entry
         turns out to come from another input version, a second pass collects the ids' hashes.
         ``collisions``: the pre-pass's shared hashes, whose ids are kept for exact comparison.
         ``changed_runs``: runs whose rows were made with other parameters: counted in ``changed``, and with
-        ``reask_changed`` their shards are moved to superseded/ (their ids are then asked again)."""
+        ``reask_changed`` their shards are moved to superseded/ (their ids are then asked again).
+        ``content``: today's records' digests by id (the pre-pass's); with it, the by-id pass counts the committed
+        ids whose record changed (``content_changed``), and with ``reask_changed`` moves their shards aside."""
         sizes = self.sink.sizes(SHARDS_DIR)
         shards = [n for n in sorted(sizes) if _NAME.match(n)]
         shard_set = set(shards)
@@ -208,6 +230,8 @@ class Ledger:
                     continue
                 if entry.run_id in changed_runs and self._changed(entry, done, reask_changed):
                     continue
+                if by_id and content is not None and self._content_changed(entry, content, collisions, done, reask_changed):
+                    continue
                 self._count(entry, done, lines, hashes, collisions, by_id)
         have = {f"{_stem(s)}.json" for s in shards} & entries
         for shard in shards:
@@ -223,7 +247,8 @@ class Ledger:
                 continue
             self._count(entry, done, lines, hashes, collisions, by_id)
         if not done.by_line and not by_id:
-            again = self.scan(manifest, collisions, by_id=True, changed_runs=changed_runs, reask_changed=reask_changed)
+            again = self.scan(manifest, collisions, by_id=True, changed_runs=changed_runs, reask_changed=reask_changed,
+                              content=content)
             again.quarantined = done.quarantined + again.quarantined
             again.superseded += done.superseded
             again.changed += done.superseded  # moved in the first pass: the second does not see them
@@ -244,6 +269,25 @@ class Ledger:
         self.sink.move(f"{SHARDS_DIR}/{entry.shard}", f"{SUPERSEDED_DIR}/{entry.shard}")
         self.sink.remove(f"{LEDGER_DIR}/{_stem(entry.shard)}.json")
         done.superseded += entry.rows
+        return True
+
+    def _content_changed(self, entry: LedgerEntry, content: ContentIndex, collisions: frozenset[int], done: DoneSet,
+                         reask: bool) -> bool:
+        """Count the entry's ids whose record changed since it was committed; with ``reask`` move its shard aside
+        (True: none of its ids are done). Ids no longer in the input, or whose hash several ids share, are not compared."""
+        if entry.digests is None or entry.input_sha256 == self.input_sha256:
+            return False  # no digests kept, or the very bytes of today's input: nothing can differ
+        now = content.lookup([_prepass.id_hash(rid) for rid in entry.ids], collisions)
+        old = np.frombuffer(entry.digests, dtype="<i8")
+        changed = int(((now != old) & (now != _ABSENT) & (old != _ABSENT)).sum())  # 0: not known
+        if not changed:
+            return False
+        done.content_changed += changed
+        if not reask:
+            return False
+        self.sink.move(f"{SHARDS_DIR}/{entry.shard}", f"{SUPERSEDED_DIR}/{entry.shard}")
+        self.sink.remove(f"{LEDGER_DIR}/{_stem(entry.shard)}.json")
+        done.content_superseded += entry.rows
         return True
 
     def _quarantine(self, shard: str, why: str, rows: int | None, done: DoneSet) -> None:
@@ -280,6 +324,29 @@ class Ledger:
         entry = LedgerEntry(shard, m["run"], sha, ids, lines, len(data))
         self.sink.write_bytes(f"{LEDGER_DIR}/{_stem(shard)}.json", entry.to_bytes())
         return entry
+
+
+_ABSENT = np.int64(0)  # record_digest is never compared where it is 0: an id not in today's input
+
+
+class ContentIndex:
+    """Today's record digests looked up by id hash (built from the pre-pass: sorted, no per-id objects)."""
+
+    def __init__(self, prepass: Prepass) -> None:
+        hashes = prepass.hashes[prepass.valid_mask]
+        order = np.argsort(hashes, kind="stable")
+        self.hashes = hashes[order]
+        self.digests = prepass.digests[prepass.valid_mask][order] if prepass.digests.size else np.zeros(hashes.size, np.int64)
+
+    def lookup(self, id_hashes: list[int], collisions: frozenset[int]) -> np.ndarray:
+        """The digest of each id's record today; 0 where the id is absent or its hash is shared by several ids."""
+        h = np.asarray(id_hashes, dtype=np.int64)
+        idx = np.searchsorted(self.hashes, h)
+        idx[idx >= self.hashes.size] = 0
+        found = (self.hashes[idx] == h) if self.hashes.size else np.zeros(h.size, dtype=bool)
+        if collisions:
+            found &= ~np.isin(h, np.fromiter(collisions, dtype=np.int64))
+        return np.where(found, self.digests[idx] if self.hashes.size else 0, _ABSENT)
 
 
 def _stem(name: str) -> str:

@@ -50,8 +50,8 @@ from servefleet.generate.inputs import (
     parse_raw,
 )
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
-from servefleet.generate.ledger import SHARDS_DIR, DoneSet, Ledger
-from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, max_tokens_warning, run_prepass
+from servefleet.generate.ledger import SHARDS_DIR, ContentIndex, DoneSet, Ledger
+from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, max_tokens_warning, record_digest, run_prepass
 from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
 from servefleet.generate.retry import RetryPolicy
@@ -294,14 +294,15 @@ async def _what_is_done(config: GenerateConfig, ledger: Ledger, manifest: JobMan
     prepass = source.prepass
     changed = frozenset(r.run_id for r in manifest.runs if r.made_with_other_params(config.params))
     scan = partial(ledger.scan, changed_runs=changed, reask_changed=config.reask_changed)
-    done = await asyncio.to_thread(scan, manifest, prepass.collisions if prepass else frozenset())
+    content = ContentIndex(prepass) if prepass is not None else None
+    done = await asyncio.to_thread(partial(scan, content=content), manifest, prepass.collisions if prepass else frozenset())
     if not done.by_line and prepass is None:
         # Shards from another input version (--force): match by id, which needs the pre-pass.
         if progress:
             progress.phase("matching committed ids against the input (pre-pass)")
         prepass = await asyncio.to_thread(run_prepass, config.input, defaults, lambda r: None)
         first = done
-        done = await asyncio.to_thread(partial(scan, manifest, prepass.collisions, by_id=True))
+        done = await asyncio.to_thread(partial(scan, manifest, prepass.collisions, by_id=True, content=ContentIndex(prepass)))
         done.quarantined = first.quarantined + done.quarantined
         done.superseded += first.superseded
         done.changed += first.superseded
@@ -327,6 +328,12 @@ def _new_stats(info: InputInfo, resume: _Resume) -> JobStats:
     elif resume.done.changed:
         stats.event(f"ledger: {resume.done.changed:,} committed ids were made with other parameters than this run's and are kept "
                     "(--reask-changed asks them again)")
+    if resume.done.content_superseded:
+        stats.event(f"ledger: {resume.done.content_changed:,} committed ids now have different content (prompt or fields changed): "
+                    f"their shards ({resume.done.content_superseded:,} ids) moved to superseded/, asked again (--reask-changed)")
+    elif resume.done.content_changed:
+        stats.event(f"ledger: {resume.done.content_changed:,} committed ids now have different content (prompt or fields changed) "
+                    "and are kept (--reask-changed asks them again)")
     if resume.done.duplicates:
         stats.event(f"ledger: {resume.done.duplicates:,} ids are committed more than once (two runs wrote this destination "
                     "at the same time); readers should keep one row per id")
@@ -387,7 +394,7 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
             progress.start(stats)
         try:
             with fewer_collections():
-                feed = _feed(config.input, resume.plan, config.defaults(), resume.done)
+                feed = _feed(config.input, resume.plan, config.defaults(), resume.done, ledger.pending_digests)
                 async with _first_of(stop, committer.broken) as halt:  # a commit that failed for good ends the run at once
                     stopped, outcome = await until_stopped(dispatcher.run(feed), halt)
                 if outcome is not None:
@@ -469,8 +476,10 @@ def _status(outcome: str, stats: JobStats) -> str:
     return "complete" if stats.failed == 0 and stats.rejected == 0 else "incomplete"
 
 
-async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: DoneSet, chunk: int = 256) -> AsyncIterator[PromptRecord]:
-    """The records still to send, parsed in a worker thread a chunk at a time."""
+async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: DoneSet, digests: dict[int, int],
+                chunk: int = 256) -> AsyncIterator[PromptRecord]:
+    """The records still to send, parsed in a worker thread a chunk at a time; ``digests`` gets each one's
+    content digest by line (the ledger entry that commits its answer keeps it)."""
     raw_iter = iter_pending(path, plan, SKIP)
     n = len(plan)
 
@@ -483,6 +492,7 @@ async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: Don
                 continue
             if code == CHECK and done.is_done_exact(rec.id):
                 continue
+            digests[line] = record_digest(raw)
             out.append(rec)
             if len(out) >= chunk:
                 break
