@@ -155,6 +155,7 @@ class _Sweep:
     latency_names: LatencyMetrics | None = None
     sample_bodies: list[PreparedRequest] = field(default_factory=list)
     use_sample: bool = False  # TTFT/TPOT from a streamed sample beside the load
+    said_coarse: bool = False  # the note on percentiles the engine's buckets cannot place, given once
 
 
 async def run_bench(
@@ -391,11 +392,13 @@ async def _aggregate(sweep: _Sweep, level: int | float, got: _Measured) -> Point
         sweep.note(f"no latency histograms on {sweep.base}/metrics: TTFT/TPOT of the next points from "
                    f"{SAMPLE_REQUESTS} streamed requests beside the load")
     coarse = _coarse(server_latency)
-    if not config.stream and coarse and not sweep.use_sample:
-        sweep.use_sample = True  # the engine's buckets cannot place these percentiles: time them on the client
+    if not config.stream and coarse and not sweep.use_sample and not sweep.said_coarse:
+        # Not a streamed sample beside the load here: its requests would land in the same histograms and
+        # counters, and the point's means and throughput would no longer be the measured requests' alone.
+        sweep.said_coarse = True
         sweep.note(f"the engine's {', '.join(coarse)} histogram buckets are too coarse for their percentiles (they fell in "
-                   "the first or the open last bucket): means stay exact (sum/count); percentiles of the next points "
-                   f"from {SAMPLE_REQUESTS} streamed requests beside the load")
+                   "the first or the open last bucket): means stay exact (sum/count), percentiles are shown as their "
+                   "bucket (<10, >2,500); --stream times every request on the client")
     check = judge(got.loads, got.host_cpu)
     return Point(
         concurrency=(config.max_concurrency if config.mode == "rate" else int(level)),
