@@ -219,7 +219,7 @@ class Fleet:
                 if queue is not None and queue.waits.get(item.name):
                     return StartOutcome(item.name, Action.QUEUED, waits_for=queue.waits_for(item.name), item=item,
                                         message=f"starts after {', '.join(queue.waits_for(item.name))} (same GPU) settle")
-                return await launch_server(view, self.store, self.name, previous=record)
+                return await launch_server(view, self.store, self.name, previous=record, port_checked=True)  # _refuse_held_ports
 
             outcomes = await asyncio.gather(*(first(i, v, r) for i, v, r in zip(items, viewed, records, strict=True)))
         for outcome in outcomes:

@@ -246,14 +246,16 @@ def held_elsewhere(item: Launchable, blocked: list[str]) -> StartOutcome:
 
 async def launch_server(
     item: Launchable, store: StateStore, fleet_name: str, *, previous: ServerState | None = None, started_after: list[dict[str, Any]] | None = None,
+    port_checked: bool = False,
 ) -> StartOutcome:
     """Refuse when the port is taken, else launch the server (its adopt check was done before;
     ``previous``: the record it found, not running). ``started_after``: the siblings on its GPU it
-    waited for, kept in its record."""
+    waited for, kept in its record. ``port_checked``: the caller asked for the port's holder just
+    before (`up`'s refusal of held ports), so it is not asked again (one remote command less)."""
     binding, name, port = item.binding, item.name, item.server.port
     host = binding.host
     record = previous
-    holder = await host.port_holder(port)
+    holder = None if port_checked else await host.port_holder(port)
     if holder is not None:
         return await port_blocked(item, holder, record)
 
