@@ -266,10 +266,14 @@ class Ledger:
         done.changed += entry.rows
         if not reask:
             return False
-        self.sink.move(f"{SHARDS_DIR}/{entry.shard}", f"{SUPERSEDED_DIR}/{entry.shard}")
-        self.sink.remove(f"{LEDGER_DIR}/{_stem(entry.shard)}.json")
+        self._supersede(entry)
         done.superseded += entry.rows
         return True
+
+    def _supersede(self, entry: LedgerEntry) -> None:
+        """--reask-changed: the shard moves to superseded/ and its entry goes, so its ids are asked again."""
+        self.sink.move(f"{SHARDS_DIR}/{entry.shard}", f"{SUPERSEDED_DIR}/{entry.shard}")
+        self.sink.remove(f"{LEDGER_DIR}/{_stem(entry.shard)}.json")
 
     def _content_changed(self, entry: LedgerEntry, content: ContentIndex, collisions: frozenset[int], done: DoneSet,
                          reask: bool) -> bool:
@@ -285,8 +289,7 @@ class Ledger:
         done.content_changed += changed
         if not reask:
             return False
-        self.sink.move(f"{SHARDS_DIR}/{entry.shard}", f"{SUPERSEDED_DIR}/{entry.shard}")
-        self.sink.remove(f"{LEDGER_DIR}/{_stem(entry.shard)}.json")
+        self._supersede(entry)
         done.content_superseded += entry.rows
         return True
 
