@@ -219,6 +219,12 @@ class SlurmHost:
             return None
         return end_report(job, str(job_id), self.name).note
 
+    async def remaining_s(self, job_id: int) -> float | None:
+        """Seconds before job ``job_id``'s time limit, from the shared ``squeue`` answer (its
+        granularity: the poll interval); None without a limit, before it runs or once forgotten."""
+        job = await self.job(job_id)
+        return None if job is None else job.remaining_s
+
     async def noticed(self, job_id: int, status_path: str) -> bool:
         """Whether job ``job_id`` got its advance notice (sbatch ``--signal=B:USR1@N``): its end
         is near; the job wrote its id to ``<status>.notice``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["JobInfo", "SQUEUE_FORMAT", "squeue_argv", "parse_squeue", "ENDED", "is_alive", "EndReport", "end_report", "parse_submit"]
+__all__ = ["JobInfo", "slurm_seconds", "SQUEUE_FORMAT", "squeue_argv", "parse_squeue", "ENDED", "is_alive", "EndReport", "end_report", "parse_submit"]
 
 FIELD_SEP = "|"
 # id, state, reason, node list, submit time, time used, time limit, job name
@@ -37,6 +37,36 @@ class JobInfo:
     @property
     def pending(self) -> bool:
         return self.state in ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+
+    @property
+    def remaining_s(self) -> float | None:
+        """Seconds before the time limit ends a running job; None without a limit or before it runs."""
+        limit, used = slurm_seconds(self.limit), slurm_seconds(self.used)
+        if self.state != "RUNNING" or limit is None or used is None:
+            return None
+        return max(0.0, limit - used)
+
+
+def slurm_seconds(value: str) -> float | None:
+    """Slurm's durations ([D-]HH:MM:SS, MM:SS, M) in seconds; None for UNLIMITED, INVALID or blank."""
+    value = value.strip()
+    if not value or not (value[0].isdigit()):
+        return None
+    days, _, clock = value.rpartition("-") if "-" in value else ("0", "", value)
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        d = int(days)
+    except ValueError:
+        return None
+    if len(parts) == 1:
+        h, m, s = 0, parts[0], 0  # a bare number is minutes (sbatch --time)
+    elif len(parts) == 2:
+        h, m, s = 0, parts[0], parts[1]
+    elif len(parts) == 3:
+        h, m, s = parts
+    else:
+        return None
+    return float(((d * 24 + h) * 60 + m) * 60 + s)
 
 
 def squeue_argv(job_ids: list[str] | None = None) -> list[str]:

@@ -1,0 +1,75 @@
+"""The optional parts of the host contract, declared: what a host can do beyond ``Host`` (files and
+processes). The fleet and generate layers ask for a capability through the functions here, by
+type, never by an attribute name a type checker cannot see: a typo is an error, not a feature
+silently off.
+
+- ``Scheduler``: servers are scheduler jobs (Slurm). A server's "process group" is its job id; the
+  scheduler says whether it waits (``queued``), how it ended (``ended``), whether its end is near
+  (``noticed``, ``remaining_s``) and it gives each job GPUs of its own (``jobs_own_gpus``).
+- ``Connecting``: a host that needs connecting before use (SSH's master connection, a login node).
+- ``Batching``: a host where a round trip costs (SSH): several questions answered in one command.
+- ``UnitHost`` (hosts/base.py) and ``WatchHost`` (hosts/watch.py) are the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from servefleet.hosts.slurm_queue import JobInfo
+
+__all__ = ["Scheduler", "Connecting", "Batching", "scheduler_of", "connecting_of", "batching_of"]
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """A host whose servers are scheduler jobs; job ids stand where other hosts have process groups."""
+
+    jobs_own_gpus: bool  # each job gets GPUs of its own: servers here never wait for each other's GPUs
+
+    async def jobs(self, max_age: float | None = None) -> Mapping[str, JobInfo]:
+        """This user's jobs as the scheduler sees them (one shared answer for ``max_age`` seconds)."""
+        ...
+
+    async def queued(self, job_id: int) -> str | None:
+        """Why job ``job_id`` still waits to run ("job 42 pending (Resources) for 12s"), or None."""
+        ...
+
+    async def ended(self, job_id: int) -> str | None:
+        """How an ended job ended, while the scheduler still knows it; None for a live job."""
+        ...
+
+    async def noticed(self, job_id: int, status_path: str) -> bool:
+        """Whether the job got its advance notice of its end (sbatch ``--signal``)."""
+        ...
+
+    async def remaining_s(self, job_id: int) -> float | None:
+        """Seconds left before the job's time limit ends it; None when it has no limit, has not
+        started, or the scheduler does not know it."""
+        ...
+
+
+@runtime_checkable
+class Connecting(Protocol):
+    async def connect(self) -> None:
+        """Open what the host needs before its first command (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class Batching(Protocol):
+    async def batch(self, ops: Sequence[Any]) -> dict[Any, Any]:
+        """Answer several questions (hosts/ssh_batch.Op) in one round trip."""
+        ...
+
+
+def scheduler_of(host: object) -> Scheduler | None:
+    return host if isinstance(host, Scheduler) else None
+
+
+def connecting_of(host: object) -> Connecting | None:
+    return host if isinstance(host, Connecting) else None
+
+
+def batching_of(host: object) -> Batching | None:
+    return host if isinstance(host, Batching) else None
