@@ -122,7 +122,7 @@ VLLM = (
              why="a local model folder that does not exist is taken for a Hub repo id"),
     Scenario("vllm", "bad_argument", "up", "failed", "config_error", "argument --max-num-seqs: invalid int value: 'abc'",
              args=("--max-num-seqs", "abc"), why="argparse rejects a value after the usage text"),
-    # DESIGN.md's catalog: gpu_oom is "out of memory for the KV cache" -- the category of every
+    # the failure catalog (README "Failure categories"): gpu_oom is "out of memory for the KV cache" -- the category of every
     # "the KV cache does not fit" failure, whichever memory (GPU, or the CPU backend's
     # VLLM_CPU_KVCACHE_SPACE) holds it; its hint (lower --max-model-len) is the fix here too.
     Scenario("vllm", "kv_too_small", "up", "failed", "gpu_oom", "KV cache is needed, which is larger than the available KV cache memory",
@@ -154,7 +154,7 @@ LLAMACPP = (
              why="a .gguf path that does not exist"),
     Scenario("llamacpp", "bad_argument", "up", "failed", "config_error", "argument --n_ctx: invalid int value: 'abc'",
              args=("--n_ctx", "abc"), why="argparse rejects a value (the log is nothing but usage text)"),
-    # gpu_oom: "out of memory for the KV cache" (DESIGN.md), here the CPU buffer ggml cannot allocate
+    # gpu_oom: "out of memory for the KV cache" (README "Failure categories"), here the CPU buffer ggml cannot allocate
     Scenario("llamacpp", "kv_too_small", "up", "failed", "gpu_oom", "ggml_aligned_malloc: insufficient memory",
              args=("--n_ctx", str(LLAMACPP_HUGE_CTX)), command_prefix=MEMORY_CAP,
              why="a context whose KV cache (8 GiB) exceeds the memory the server may use (4 GiB address space)"),
@@ -284,7 +284,7 @@ def build_tiny_model(dest: Path, *, gguf: bool = False) -> Path:
 
 class PortHolder:
     """Another server on a loopback port: answers 200 to every GET (an OpenAI-ish model list), the
-    trap DESIGN.md names -- a probe that reaches it must not be taken for our server."""
+    trap README's failure table names -- a probe that reaches it must not be taken for our server."""
 
     def __init__(self) -> None:
         class Handler(BaseHTTPRequestHandler):

@@ -1,4 +1,4 @@
-"""The jobs return data; the CLI renders (DESIGN.md, issue 13 item 7).
+"""The jobs return data; the CLI renders (README "Architecture", issue 13 item 7).
 
 Read statically with ``ast`` (nothing is imported): every ``import`` and ``from ... import`` of every
 module of the package, including imports inside functions. Rendering libraries (rich's tables, live

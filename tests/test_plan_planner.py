@@ -8,7 +8,7 @@ import pytest
 
 from servefleet.plan.planner import ConfigCurve, Curve, JobSpec, plan_job, simulate_makespan
 
-# The shapes of the DESIGN.md story: speculative decoding is ~2.5x faster per request but capped
+# The shapes of the MTP-vs-plain choice (examples/sglang-mtp-vs-plain.toml): speculative decoding is ~2.5x faster per request but capped
 # at 4 running requests; plain decoding is slower per request and scales to 64.
 SPEC = ConfigCurve("mtp", Curve((1, 2, 4), (70.0, 130.0, 234.0)), max_running=4)
 PLAIN = ConfigCurve("plain", Curve((1, 4, 16, 64), (26.7, 100.0, 350.0, 600.0)))

@@ -122,7 +122,7 @@ def test_the_real_exit_codes_are_recorded() -> None:
 
 
 def test_port_in_use_prints_startup_complete_before_the_failure() -> None:
-    """The trap DESIGN.md names: "Application startup complete." is no proof of readiness."""
+    """The trap README's failure table names (port_in_use): "Application startup complete." is no proof of readiness."""
     lines = (FIXTURES / "transformers_port_in_use.log").read_text().splitlines()
     complete = next(i for i, line in enumerate(lines) if "Application startup complete." in line)
     failure = next(i for i, line in enumerate(lines) if "address already in use" in line)

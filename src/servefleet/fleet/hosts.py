@@ -1,8 +1,8 @@
 """Maps a fleet's host names to ``Host`` objects and to the paths a server uses on that host.
 
-``local`` is built in. ``[hosts.NAME]`` tables describe SSH hosts; their transport arrives with
-the SSH issue: it plugs in at ``_connect_ssh`` (one function returning a ``HostBinding``) and
-nothing above this module changes — the lifecycle only ever talks to ``HostBinding``.
+``local`` is built in. ``[hosts.NAME]`` tables describe SSH hosts (``_connect_ssh``) and Slurm
+hosts (``kind = "slurm"``, fleet/slurm_binding.py), each built into one ``HostBinding``: the
+lifecycle only ever talks to ``HostBinding``.
 """
 
 from __future__ import annotations

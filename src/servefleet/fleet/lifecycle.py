@@ -1,6 +1,6 @@
 """The life of one server: resolve its launch, adopt it if it already runs, launch it detached,
 and stop its whole process group. Every step goes through a ``HostBinding``, never ``os``
-directly, so the same code drives local and SSH hosts.
+directly, so the same code drives local, SSH and Slurm hosts.
 
 Ownership is checked before anything is signalled or adopted: a recorded process group counts as
 ours only while the group lives and its leader (the detach wrapper) still carries this server's

@@ -33,7 +33,7 @@ Server fields: ``name``, ``engine``, ``model``, ``port``, ``host`` (default ``"l
 ``bind`` (default ``127.0.0.1``), ``gpus``, ``env``, ``args``, ``served_model_name``,
 ``command`` (the ``openai`` engine's own command, or an override), ``ready_path`` and ``python``
 (the interpreter for engines started as ``python -m ...``; on the local host it defaults to the
-one running servefleet). ``[hosts.NAME]`` tables describe SSH hosts (see ``HostSpec``).
+one running servefleet). ``[hosts.NAME]`` tables describe SSH and Slurm hosts (see ``HostSpec``).
 ``port``, ``bind`` and ``served_model_name`` may be given the engine's way in ``args`` instead
 (``--port``, ``--host``, ``--served-model-name``...); a value in both places must agree
 (``servefleet.fleet.native``).

@@ -1,7 +1,7 @@
 """The host contract: where commands run. A host knows how to run a command, spawn a detached
 process, read and follow a file, signal a process group and reach a port — nothing about engines.
 
-Local and SSH hosts share this one interface, so the layers above never branch on host type.
+Local, SSH and Slurm hosts share this one interface, so the layers above never branch on host type.
 """
 
 from __future__ import annotations

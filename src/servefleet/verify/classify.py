@@ -1,6 +1,6 @@
 """Classifying log lines against an engine profile: pure, no I/O, no clock.
 
-The rules (DESIGN.md, issue 2):
+The rules (README "Failure categories", issue 2):
 
 * the ROOT CAUSE is the first FATAL signature — tracebacks repeated per rank or child, and the
   wrapper lines printed after them, do not change it;
