@@ -340,3 +340,25 @@ async def test_the_jobs_log_decides_the_category_even_when_the_end_is_seen_first
     assert verdict.state.value == "failed"
     assert verdict.category is not None and verdict.category.value == category, verdict
     assert words in ((verdict.evidence.text if verdict.evidence else "") + (verdict.message or ""))
+
+
+async def test_a_relay_that_cannot_resolve_its_target_closes_the_connection_and_logs_why(caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import logging
+
+    from servefleet.hosts.slurm_relay import Relay
+
+    async def resolve() -> tuple[str, int] | None:
+        raise ValueError("a garbled .where file")
+
+    relay = Relay(resolve)
+    port = await relay.start()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="servefleet.hosts.slurm_relay"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            writer.close()
+    finally:
+        await relay.close()
+    [record] = [r for r in caplog.records if r.name == "servefleet.hosts.slurm_relay"]
+    assert "ValueError: a garbled .where file" in record.getMessage()

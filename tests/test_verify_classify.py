@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from servefleet.capacity import Capacity
 from servefleet.catalog import Category, State
 from servefleet.engines.base import SignalKind
 from servefleet.verify.classify import AnyEngine, LogClassifier, detect_engine, match_signature
@@ -175,3 +178,18 @@ def test_shape_matcher_answers_as_match_signature_on_every_fixture_line() -> Non
         for text in texts + varied + texts:
             assert matcher.match(text) is match_signature(text, profile.signatures), (profile.name, text)
     assert len(texts) > 1000
+
+
+def test_a_capacity_parser_that_raises_leaves_a_log_record_and_the_classifier_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    class BrokenParser(ToyEngine):
+        def capacity_from_line(self, line: str) -> Capacity | None:
+            raise IndexError("no such group")
+
+    clf = LogClassifier(BrokenParser())
+    with caplog.at_level(logging.WARNING, logger="servefleet.verify.classify"):
+        clf.feed(1, "max_total_num_tokens=4096, max_running_requests=8")
+        clf.feed(2, "OSError: Address already in use")
+    assert clf.capacity.is_empty()
+    assert clf.first_fatal is not None and clf.first_fatal.signal.category is Category.PORT_IN_USE
+    [record] = [r for r in caplog.records if r.name == "servefleet.verify.classify"]
+    assert "line 1" in record.getMessage() and record.exc_info is not None and record.exc_info[0] is IndexError

@@ -7,6 +7,7 @@ where its info document is (``engines.registry.info_paths``) and how to read its
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from servefleet.bench.sweep import BenchTarget
 
 __all__ = ["ServerFacts", "discover"]
+
+log = logging.getLogger(__name__)
 
 _TIMEOUT = Timeout(10.0)
 
@@ -88,7 +91,8 @@ async def _capacity(client: HttpClient, base: str, known: Capacity | None, engin
         from servefleet.engines.registry import get_engine
 
         found = await get_engine(engine).capacity_from_server(client, base)
-    except Exception:
+    except Exception as exc:
+        log.debug("%s: the %s profile could not read its capacity (%s: %s)", base, engine, type(exc).__name__, exc)
         return known
     if found.is_empty():
         return known

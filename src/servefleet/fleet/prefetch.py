@@ -247,7 +247,7 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
             if raw is not None:
                 try:
                     pgid = int(ServerState.model_validate_json(raw).pgid)
-                except Exception:
+                except ValueError:  # a damaged record (pydantic's ValidationError is a ValueError): nothing to ask about it
                     continue
                 later.setdefault(item.binding.name, []).extend([("alive", pgid), ("read", f"/proc/{pgid}/cmdline", 0, None)])
     await asyncio.gather(*(views[h].prefetch(ops) for h, ops in later.items()))

@@ -18,6 +18,7 @@ import asyncio
 import heapq
 import itertools
 import json
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +38,8 @@ from servefleet.generate.stats import JobStats, ServerStats
 from servefleet.http import FailureKind, RequestFailure
 
 __all__ = ["Dispatcher", "Ticket", "RowSink", "Outcome"]
+
+log = logging.getLogger(__name__)
 
 Outcome = str  # "complete" | "stalled"
 
@@ -463,7 +466,8 @@ class Dispatcher:
             await asyncio.sleep(self.notice_interval_s)
             try:
                 names = await retiring()
-            except Exception:
+            except Exception as exc:
+                log.debug("asking which servers' end was announced failed (%s: %s); asking again later", type(exc).__name__, exc)
                 continue
             for s in self.servers:
                 if s.target.name in names and s.health.state is ServerState.UP and not s.draining:

@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import gc
 import json
+import logging
 import os
 import resource
 import sys
@@ -65,6 +66,8 @@ if TYPE_CHECKING:
     from servefleet.generate.metrics import JobMetrics
 
 __all__ = ["GenerateConfig", "run_generate", "JobMismatch", "Progress", "REJECTS_FILE", "FAILURES_FILE", "REPORT_FILE"]
+
+log = logging.getLogger(__name__)
 
 REJECTS_FILE = "rejects.jsonl"
 FAILURES_FILE = "failures.jsonl"
@@ -190,6 +193,7 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
         except Exception:
             if failing is None:
                 raise  # else the cause is on its way already (a full disk fails this too)
+            log.warning("finishing the run record failed too, after %s", type(failing).__name__, exc_info=True)
         finally:
             await recorder.finish(run.status)
             if recorder.writes:
@@ -403,6 +407,7 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         except Exception:
             if committer.error is None:
                 raise  # else the dispatcher only saw the committer stop: the commit's error is the cause
+            log.debug("the dispatcher stopped after the failed commit", exc_info=True)
         finally:
             with contextlib.suppress(Exception):
                 if progress:

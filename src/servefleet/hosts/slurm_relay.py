@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 
 __all__ = ["Relay"]
+
+log = logging.getLogger(__name__)
 
 Resolve = Callable[[], Awaitable[tuple[str, int] | None]]
 
@@ -44,7 +47,8 @@ class Relay:
                 writer.close()
                 return
             up_reader, up_writer = await asyncio.open_connection(*target)
-        except Exception:
+        except Exception as exc:  # the job's server is not reachable (yet): the probe sees a closed connection
+            log.debug("relay on port %d: no way to the server (%s: %s)", self.port, type(exc).__name__, exc)
             writer.close()
             return
         try:

@@ -318,6 +318,7 @@ class LogClassifier:
         self._marks_at = 0  # line of the last wrapper or ready line (a provisional cause is not replaced across one)
         self.progress: str | None = None
         self.capacity = Capacity()
+        self._parser_failed = False  # a broken capacity parser is logged once, not on every line
         self._recent: deque[tuple[int, str]] = deque(maxlen=EXCERPT_CONTEXT)
         self._open: list[Finding] = []  # findings still collecting their *after* lines
         self._phase_hits: set[int] = set()  # memory_phases.frames seen since the last progress mark
@@ -360,6 +361,9 @@ class LogClassifier:
             try:
                 found = self.profile.capacity_from_line(match)
             except Exception:  # a parser bug must not break the verification loop
+                if not self._parser_failed:
+                    self._parser_failed = True
+                    log.warning("%s: the capacity parser failed on log line %d", self.profile.name, line_no, exc_info=True)
                 found = None
             if found is not None:
                 if not found.source:

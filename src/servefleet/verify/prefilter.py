@@ -15,6 +15,7 @@ with a minimum of one. Anything else ends a literal run. When no literal of at l
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -27,6 +28,8 @@ except ImportError:  # pragma: no cover
     import sre_parse as _p
 
 __all__ = ["required_literals", "may_match", "MIN_LITERAL", "BLOCK_MARKERS", "LAUNCH_MARKER", "spellings", "marker_words"]
+
+log = logging.getLogger(__name__)
 
 MIN_LITERAL = 3
 _REPEATS = {_c.MAX_REPEAT, _c.MIN_REPEAT} | ({_c.POSSESSIVE_REPEAT} if hasattr(_c, "POSSESSIVE_REPEAT") else set())
@@ -75,6 +78,7 @@ def required_literals(pattern: re.Pattern[str]) -> frozenset[str] | None:
     try:
         found = _required(_p.parse(pattern.pattern, pattern.flags))
     except Exception:  # an unusual construct: no pre-filter, the regex always runs
+        log.debug("no pre-filter for %r", pattern.pattern, exc_info=True)
         found = None
     if found is not None:
         found = frozenset(s.lower() for s in found)
@@ -113,6 +117,7 @@ def spellings(pattern: re.Pattern[str]) -> frozenset[str] | None:
     try:
         found = _required(_p.parse(pattern.pattern, pattern.flags))
     except Exception:
+        log.debug("no spellings for %r", pattern.pattern, exc_info=True)
         return None
     if found is None or not pattern.flags & re.IGNORECASE:
         return found

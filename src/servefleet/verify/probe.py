@@ -9,6 +9,7 @@ Requests go through one :class:`~servefleet.http.HttpClient` per wait, from
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -22,6 +23,8 @@ from servefleet.http import FailureKind, HttpClient, Timeout, TransportError
 from servefleet.verify.events import ProbeOutcome, ProbeResult, SmokeResult
 
 __all__ = ["Prober", "port_of", "NEGATIVE_TTL_S"]
+
+log = logging.getLogger(__name__)
 
 NEGATIVE_TTL_S = 0.5
 _MODELS_TIMEOUT = Timeout(5.0)
@@ -286,6 +289,7 @@ class Prober:
         try:
             async with asyncio.timeout(timeout_s):
                 return await profile.capacity_from_server(self.client, self.base_url)
-        except Exception:  # an info endpoint is a bonus, never a reason to fail a ready server
+        except Exception as exc:  # an info endpoint is a bonus, never a reason to fail a ready server
+            log.debug("%s: no capacity from its info endpoints (%s: %s)", self.base_url, type(exc).__name__, exc)
             return Capacity()
 
