@@ -71,7 +71,7 @@ def test_realistic_throughput_peaks_below_max_running_and_declines() -> None:
 
 
 def test_realistic_fit_reproduces_the_h200_figures() -> None:
-    """vLLM 0.26 on one H200 (shared/gpu/runs/2026-12-01), 256 in / 256 out: non-streaming 28.5k / 28.7k /
+    """vLLM 0.26 on one H200 (benchmarks/results/gpu/2026-12-01/solo), 256 in / 256 out: non-streaming 28.5k / 28.7k /
     23.4k tok/s at 256 / 512 / 1024 (--max-num-seqs 1024), streaming flat at 17.9k-18.9k, 486 at C=1."""
     cfg = SimConfig(**H200_VLLM)
 

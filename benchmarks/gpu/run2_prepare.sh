@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 dest=$(cd "${1:-$root}" && pwd)/.gpu2
 mkdir -p "$dest"
-tar czf "$dest/sf2-src.tar.gz" -C "$root" --exclude=benchmarks/gpu/results --exclude=__pycache__ \
+tar czf "$dest/sf2-src.tar.gz" -C "$root" --exclude=__pycache__ \
     src benchmarks/gpu pyproject.toml
 cp "$here/run2.sh" "$dest/run2.sh"
 git -C "$root" rev-parse HEAD > "$dest/commit" 2>/dev/null || true

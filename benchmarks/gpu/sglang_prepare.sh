@@ -55,6 +55,6 @@ rm -rf "$stage"
 fi
 # sglang_generate.py imports h200_generate (the prompt writer, the id count), which imports the other h200_*.py
 cp "$here/sglang_setup.sh" "$here/sglang/sitecustomize.py" "$here/sglang_h200.sh" "$here/sglang_generate.py" "$here"/h200_*.py "$out/run/"
-tar czf "$out/sf-src.tar.gz" -C "$root" --exclude=benchmarks/gpu/results --exclude=__pycache__ src benchmarks/gpu
+tar czf "$out/sf-src.tar.gz" -C "$root" --exclude=__pycache__ src benchmarks/gpu
 du -sh "$out"/pkg "$out"/run "$out"/sf-src.tar.gz
 echo "ready: carry .gpu-sglang"

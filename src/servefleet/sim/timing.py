@@ -11,7 +11,7 @@ perfect on it.
 with ``u = decode_ms / (p - 1)`` so that throughput ``B / step_ms(B)`` peaks exactly at ``peak_batch``
 (d/dB of B/step is zero there), and ``p`` chosen so that throughput at twice the peak batch is
 ``decline_at_2x_peak`` of the peak. Fitted to vLLM 0.26 on one H200 (0.44 B Llama, 256 in / 256 out,
-non-streaming, ``--max-num-seqs 1024``; ``shared/gpu/runs/2026-12-01``): 28.5k / 28.7k / 23.4k output
+non-streaming, ``--max-num-seqs 1024``; ``benchmarks/results/gpu/2026-12-01/solo``): 28.5k / 28.7k / 23.4k output
 tok/s at 256 / 512 / 1024 running, a lone request at ~490 tok/s. Scaled: the defaults keep the H200's
 shape (lone step / linear part at the peak ~0.14, peak at half of max running, 0.81 at twice the peak)
 at a speed a 2-core test machine can drive (``decode_ms`` is the time scale).
