@@ -11,7 +11,8 @@ serve`` is skipped. Standard library only: it starts before servefleet's depende
 Every stage writes results/<stage>.json under the work folder; ``collect`` (run after every stage
 of ``all``) packs them into the output folder ($OUT on the device machine). ``--budget S`` skips a
 stage that would not finish within S seconds of the start (by its estimate), so a device command
-ends inside its limit with down and collect done.
+ends inside its limit with down and collect done. The running of stages (order, budget, checkpoints)
+is the shared stage runner's (stages.py); this file names the stages and their settings.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,6 +42,7 @@ from h200_stages import (
     stage_up,
     stage_vllm_bench,
 )
+from stages import Blocked, Stage, run_stages
 
 # Most valuable first: if --budget runs out, what is skipped is the A/B against vllm bench serve.
 ORDER = ("setup", "up", "bench", "plan", "failures", "vllm-bench", "down", "collect")
@@ -70,6 +70,25 @@ def estimate_s(stage: str, st: Settings) -> float:
         **ESTIMATES_RANK,
         **estimates_multi(st),
     }.get(stage, 10.0)
+
+
+def stage_list(ctx: Ctx, names: list[str]) -> list[Stage]:
+    """The named stages for the shared runner (stages.py): estimates, the ones that always run, and a
+    setup that found no vLLM, servefleet or model blocking every stage after it."""
+    def setup(_timings: list[dict]) -> dict:
+        result = stage_setup(ctx)
+        if not result.get("ready"):
+            raise Blocked("not ready", "setup not ready: vLLM, servefleet or the model is missing "
+                                       "(was the first device command run on this same machine?)")
+        return result
+
+    def stage(name: str) -> Stage:
+        if name == "collect":
+            return Stage(name, lambda timings: stage_collect(ctx, timings), always=True)
+        run = setup if name == "setup" else (lambda _timings, fn=STAGES[name]: fn(ctx))
+        return Stage(name, run, estimate_s=estimate_s(name, ctx.settings), always=name in ALWAYS)
+
+    return [stage(name) for name in names]
 
 
 def expand(names: list[str]) -> list[str]:
@@ -154,54 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     grouped = any(n == "all" or n in GROUPS for n in a.stages)
     runner.say(f"h200 driver: stages {' '.join(stages)}; work {layout.work}; out {layout.out}"
                f"{'; REHEARSAL (sim in vLLM style)' if st.rehearse else ''}")
-    timings: list[dict] = []
-    failed = False
-    blocked: str | None = None
-    for stage in stages:
-        elapsed = time.monotonic() - T0
-        if blocked and stage not in ALWAYS:
-            runner.say(f"== {stage}: SKIPPED ({blocked})")
-            timings.append({"stage": stage, "status": f"skipped ({blocked})", "seconds": 0.0})
-            continue
-        if st.budget_s and stage not in ALWAYS and elapsed + estimate_s(stage, st) > st.budget_s:
-            runner.say(f"== {stage}: SKIPPED (budget: {elapsed:.0f} s used, ~{estimate_s(stage, st):.0f} s needed, "
-                       f"{st.budget_s:.0f} s allowed)")
-            timings.append({"stage": stage, "status": "skipped (budget)", "seconds": 0.0})
-            continue
-        runner.say(f"== {stage}")
-        t0 = time.monotonic()
-        status = "ok"
-        try:
-            if stage == "collect":
-                timings.append({"stage": "collect", "status": "ok", "seconds": 0.0})
-                result = stage_collect(ctx, timings)
-            else:
-                result = STAGES[stage](ctx)
-                if isinstance(result, dict) and result.get("skipped"):
-                    status = f"skipped ({result['skipped']})"
-                if stage == "setup" and not result.get("ready"):
-                    status = "not ready"
-                    rest = stages[stages.index(stage) + 1:]
-                    if any(s not in ALWAYS for s in rest):  # no vLLM, servefleet or model: nothing after can work
-                        blocked = ("setup not ready: vLLM, servefleet or the model is missing "
-                                   "(was the first device command run on this same machine?)")
-                        failed = True
-        except Exception as exc:  # keep going: later stages (down, collect) must still run
-            failed = True
-            status = f"error: {type(exc).__name__}: {exc}"
-            runner.say(traceback.format_exc())
-        seconds = round(time.monotonic() - t0, 1)
-        if stage == "collect":
-            timings[-1].update(status=status, seconds=seconds)
-        else:
-            timings.append({"stage": stage, "status": status, "seconds": seconds})
-        runner.say(f"== {stage}: {status} in {seconds:.1f} s")
-        if grouped and stage not in ALWAYS and "collect" in stages:
-            try:  # a checkpoint in $OUT after every stage: a run cut short still brings results back
-                stage_collect(ctx, timings)
-            except Exception as exc:
-                runner.say(f"checkpoint collect failed: {exc}")
-    runner.say("stage timings: " + ", ".join(f"{t['stage']} {t['seconds']}s ({t['status']})" for t in timings))
+    _, failed = run_stages(stage_list(ctx, stages), say=runner.say, budget_s=st.budget_s, t0=T0,
+                           checkpoint=(lambda timings: stage_collect(ctx, timings)) if grouped and "collect" in stages else None)
     summary = layout.results / "summary.md"
     if summary.exists() and "collect" in stages:
         print(summary.read_text())

@@ -2,31 +2,40 @@
 # Real SGLang 0.5.17 on the H200 under servefleet (issue 19). One device command, from the repo root:
 #   bash benchmarks/gpu/sglang_h200.sh [--budget S] STAGE...     stages: setup smoke up failures bench ab generate down
 # (carry .gpu-sglang, made by benchmarks/gpu/sglang_prepare.sh). Everything lives in /tmp/sgw; results
-# go to /tmp/sgw/results and, after every stage, to $OUT (sglang-results.tar.gz, summary.txt), so a
-# command cut short still returns what it did. Later commands on the same warm machine skip what is done.
+# go to /tmp/sgw/results and, after every stage, to $OUT (sglang-results.tar.gz, summary.txt, stages.json),
+# so a command cut short still returns what it did. Later commands on the same warm machine skip what is done.
+# The stages are run by the shared stage runner (stages.py: order, budget, a checkpoint after each,
+# stages.json), each as `bash sglang_h200.sh --stage NAME --budget LEFT`; a failed smoke skips all but down.
 set -u
+self=$(cd "$(dirname "$0")" && pwd)  # benchmarks/gpu/, or the run folder sglang_prepare.sh fills (stages.py beside it)
 cd "$(dirname "$0")/../.." || exit 3
 BUDGET=560
 stages=()
+one=""
 while [ $# -gt 0 ]; do
-  case "$1" in --budget) BUDGET=$2; shift 2 ;; *) stages+=("$1"); shift ;; esac
+  case "$1" in --budget) BUDGET=$2; shift 2 ;; --stage) one=$2; shift 2 ;; *) stages+=("$1"); shift ;; esac
 done
 t_setup=$SECONDS
-# SGL_SETUP, SGW, SGL_PY: a CPU rehearsal's own setup, folder and Python (README.md)
-source "${SGL_SETUP:-.gpu-sglang/run/sglang_setup.sh}"
+# SGL_SETUP, SGW, SGL_PY: a CPU rehearsal's own setup, folder and Python (README.md). Sourced once per
+# command: the stages' own processes inherit what it exported.
+[ -n "${SGL_SETUP_DONE:-}" ] || source "${SGL_SETUP:-.gpu-sglang/run/sglang_setup.sh}"
 W=${SGW:-/tmp/sgw}; R=$W/results; OUT=${OUT:-$W/out}
 mkdir -p "$R"/logs "$R"/fixtures "$R"/cmd "$OUT"
+# stand-ins the smoke stage added (each stage is a process of its own)
+[ -s "$W/standin_modules" ] && export STANDIN_MODULES=$(cat "$W/standin_modules")
 P=${SGL_PY:-python3}
 SF="$P -m servefleet.cli.main"
 MODEL=$W/model
 NAME=sf-realistic
 # The SGLang flags every server here shares: no FA3 (not shipped) and no flashinfer (not installed).
 BASE=(--attention-backend triton --sampling-backend pytorch --context-length 4096 --log-level info)
-say() { echo "[$SECONDS s] $*" | tee -a "$R/driver.log"; }
+export SGL_T0=${SGL_T0:-$(date +%s)}  # the command's start: driver.log's clock across the stages' processes
+say() { echo "[$(( $(date +%s) - SGL_T0 )) s] $*" | tee -a "$R/driver.log"; }
 left() { echo $(( BUDGET - SECONDS )); }
 summary() { echo "$*" | tee -a "$R/summary.txt"; }
-checkpoint() { tar czf "$OUT/sglang-results.tar.gz" -C "$W" results 2>/dev/null; cp "$R/summary.txt" "$R/driver.log" "$OUT/" 2>/dev/null; true; }
-say "setup script: $(( SECONDS - t_setup )) s; PYTHONPATH=$PYTHONPATH STANDIN_MODULES=$STANDIN_MODULES"
+checkpoint() { tar czf "$OUT/sglang-results.tar.gz" -C "$W" results 2>/dev/null; cp "$R/summary.txt" "$R/driver.log" "$R/stages.json" "$OUT/" 2>/dev/null; true; }
+stage_checkpoint() { checkpoint; }
+[ -n "$one" ] || say "setup script: $(( SECONDS - t_setup )) s; PYTHONPATH=$PYTHONPATH STANDIN_MODULES=$STANDIN_MODULES"
 
 # ---- helpers ----------------------------------------------------------------------------------------
 health() { curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/$2" 2>/dev/null; }
@@ -106,6 +115,7 @@ stage_smoke() {
     if [ -n "$miss" ] && [ $n -lt 5 ] && ! echo ",$STANDIN_MODULES," | grep -q ",$miss[=,/]"; then
       echo "$miss <- $(grep -B2 "No module named '$miss" "$log" | grep File | tail -1)" >> "$R/autostubs.txt"
       export STANDIN_MODULES="$STANDIN_MODULES,$miss"
+      echo "$STANDIN_MODULES" > "$W/standin_modules"
       say "smoke: stand-in added for $miss"
       continue
     fi
@@ -373,13 +383,12 @@ stage_down() {
   true
 }
 
-for s in "${stages[@]}"; do
-  say "== $s ($(left) s left)"
-  if [ "$(left)" -lt 30 ] && [ "$s" != down ]; then say "skipped $s: budget"; continue; fi
-  "stage_$s"; rc=$?
-  say "== $s: rc=$rc"
-  checkpoint
-  if [ "$s" = smoke ] && [ $rc != 0 ]; then say "smoke failed: later stages skipped"; break; fi
-done
-checkpoint
-cat "$R/summary.txt"
+if [ -n "$one" ]; then  # one stage, run by stages.py
+  "stage_$one"; exit $?
+fi
+export SGL_SETUP_DONE=1
+$P "$self/stages.py" --script "$self/sglang_h200.sh" --budget "$(left)" --always down --blocking smoke \
+  --checkpoint "bash '$self/sglang_h200.sh' --stage checkpoint" --summary "$R/stages.json" --log "$R/driver.log" "${stages[@]}"
+rc=$?
+cat "$R/summary.txt" 2>/dev/null
+exit $rc

@@ -53,8 +53,10 @@ sha256sum "$cache/sgl.tar.xz" | cut -d' ' -f1 > "$out/run/sgl.sha256"
 split -b 36M -d "$cache/sgl.tar.xz" "$out/pkg/sgl.tar.xz.part-"
 rm -rf "$stage"
 fi
-# sglang_generate.py imports h200_generate (the prompt writer, the id count), which imports the other h200_*.py
-cp "$here/sglang_setup.sh" "$here/sglang/sitecustomize.py" "$here/sglang_h200.sh" "$here/sglang_generate.py" "$here"/h200_*.py "$out/run/"
+# sglang_generate.py imports h200_generate (the prompt writer, the id count), which imports the other h200_*.py;
+# sglang_h200.sh runs its stages through stages.py
+cp "$here/sglang_setup.sh" "$here/sglang/sitecustomize.py" "$here/sglang_h200.sh" "$here/sglang_generate.py" "$here"/h200_*.py \
+  "$here/stages.py" "$out/run/"
 tar czf "$out/sf-src.tar.gz" -C "$root" --exclude=__pycache__ src benchmarks/gpu
 du -sh "$out"/pkg "$out"/run "$out"/sf-src.tar.gz
 echo "ready: carry .gpu-sglang"
