@@ -6,9 +6,9 @@ time budget, with a checkpoint after each and a JSON record of what ran.
 
 - A stage is skipped when it would end past the budget (by its estimate); ``always`` stages (down,
   collect) run anyway, so a device command ends inside its limit with its servers stopped.
-- A stage's result may say ``{"skipped": why}`` (or name its own ``{"status": ...}``); a stage that raises ``Blocked`` stops every later
-  stage but the ``always`` ones (a setup that found nothing to run with); any other exception is
-  recorded and the run goes on, so down and collect still happen.
+- A stage's result may say ``{"skipped": why}`` (or name its own ``{"status": ...}``); a stage that
+  raises ``Blocked`` stops every later stage but the ``always`` ones (a setup that found nothing to
+  run with); any other exception is recorded and the run goes on, so down and collect still happen.
 - ``checkpoint(timings)`` runs after every stage that is not ``always``, so a command cut short still
   brings back what it did; ``summary_path`` gets the timings as JSON after every stage.
 
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("stages", nargs="+")
     p.add_argument("--script", required=True, help="the shell driver: `bash SCRIPT --stage NAME [--budget LEFT]` runs one stage")
     p.add_argument("--budget", type=float, default=None, help="seconds for all the stages")
+    # 30 s: sglang_h200.sh's own rule before it used this runner ("fewer than 30 s left: skip the stage")
     p.add_argument("--estimate", type=float, default=30.0, help="seconds a stage needs at least (skipped past the budget)")
     p.add_argument("--always", action="append", default=[], help="a stage that runs past the budget and after a blocking one")
     p.add_argument("--blocking", action="append", default=[], help="a stage whose failure stops the later ones")
