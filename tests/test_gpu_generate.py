@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "benchmarks" / "gpu"
 sys.path.insert(0, str(GPU))
 
-from h200_generate import count_answers, write_prompts  # noqa: E402 - after the sys.path.insert above
+from h200_generate import PROGRESS_FILE, count_answers, wait_until_sending, write_prompts  # noqa: E402 - after the sys.path.insert above
 
 
 def write_rows(path: Path, ids: list[str]) -> None:
@@ -66,3 +66,30 @@ def test_sglang_generate_imports_the_shared_helpers_in_its_run_folder(tmp_path: 
                             text=True, timeout=60)
     assert helped.returncode == 0, helped.stderr
     assert "--kill-after" in helped.stdout
+
+
+def test_a_fault_waits_until_the_job_sends(tmp_path: Path) -> None:
+    """The fault timer's end is not enough: the job must have written its first progress record (it has
+    taken its servers), else a SIGKILL only removes a server before the job starts (seen on a loaded CPU)."""
+    import threading
+    from types import SimpleNamespace
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        job = SimpleNamespace(proc=proc)
+        waiter = threading.Thread(target=wait_until_sending, args=(job, tmp_path, 0.0, 30.0))
+        waiter.start()
+        waiter.join(timeout=0.6)
+        assert waiter.is_alive()  # no progress record yet: still waiting
+        (tmp_path / PROGRESS_FILE).write_text("{}")
+        waiter.join(timeout=10)
+        assert not waiter.is_alive()
+    finally:
+        proc.kill()
+        proc.wait()
+    ended = SimpleNamespace(proc=proc)  # a job that has ended is not waited for
+    (tmp_path / PROGRESS_FILE).unlink()
+    done = threading.Thread(target=wait_until_sending, args=(ended, tmp_path, 5.0, 30.0))
+    done.start()
+    done.join(timeout=5)
+    assert not done.is_alive()

@@ -17,9 +17,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from h200_exec import Started
 from h200_stages import Ctx, read_json, ready_servers, write_json
 
-__all__ = ["stage_generate", "write_prompts", "count_answers"]
+__all__ = ["stage_generate", "write_prompts", "count_answers", "wait_until_sending"]
+
+PROGRESS_FILE = "progress.json"  # what a running generate job writes beside its shards (servefleet.generate.recorder)
 
 WORDS = ("the server model token batch cache graph kernel memory request prompt answer fleet stage "
          "queue shard retry engine decode prefill latency throughput speculative draft accept").split()
@@ -50,6 +53,18 @@ def count_answers(folder: Path) -> Counter:
     return ids
 
 
+def wait_until_sending(job: Started, dest: Path, seconds: float, limit_s: float = 120.0) -> None:
+    """``seconds`` from now, then until the job's first progress record (it has its servers and sends),
+    while it runs: on a loaded machine a fault sent earlier finds a server the job has not taken yet,
+    which tests no recovery."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and job.proc.poll() is None:
+        time.sleep(0.5)
+    cap = time.monotonic() + limit_s
+    while not (dest / PROGRESS_FILE).exists() and job.proc.poll() is None and time.monotonic() < cap:
+        time.sleep(0.2)
+
+
 def stage_generate(ctx: Ctx) -> dict:
     lay, st, run = ctx.layout, ctx.settings, ctx.runner
     out: dict = {"prompts": st.generate_prompts, "max_tokens": st.generate_max_tokens,
@@ -65,9 +80,7 @@ def stage_generate(ctx: Ctx) -> dict:
     job = run.start("generate", ctx.sf("generate", "--input", str(prompts), "--output", str(dest),
                                        "--fleet", str(lay.main_fleet), "--completions", "--temperature", "0",
                                        "--format", "jsonl", "--shard-rows", "1000", "--json"))
-    deadline = time.monotonic() + st.generate_kill_after
-    while time.monotonic() < deadline and job.proc.poll() is None:
-        time.sleep(0.5)
+    wait_until_sending(job, dest, st.generate_kill_after)
     record = read_json(lay.path("state", "main", "ngram.json")) or {}
     if job.proc.poll() is None and record.get("pgid"):
         os.killpg(int(record["pgid"]), signal.SIGKILL)

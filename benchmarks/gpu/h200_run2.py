@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from h200_exec import T0
-from h200_generate import count_answers
+from h200_generate import count_answers, wait_until_sending
 from h200_layout import JOB_OUTPUT_TOKENS, JOB_PROMPTS, PLAN_GPUS, fleet_toml, whole_toml
 from h200_stages import (
     Ctx,
@@ -195,9 +195,7 @@ def _job(ctx: Ctx, name: str, fleet: Path | str, prompts: int, words: int, extra
     if holder is not None:
         holder["job"] = job
     if fault is not None:
-        deadline = time.monotonic() + fault_after
-        while time.monotonic() < deadline and job.proc.poll() is None:
-            time.sleep(0.5)
+        wait_until_sending(job, dest, fault_after)
         out["fault"] = fault() if job.proc.poll() is None else {"skipped": "the job ended before the fault"}
         run.say(f"  {name}: fault {out['fault']}")
     res = job.finish(timeout=ctx.cap(st.generate_timeout, reserve=60.0))
