@@ -52,6 +52,8 @@ CONFIRM = 2  # windows at a candidate before a small difference is judged
 STEP = 0.33  # first probe step (fraction of the limit): a decline past the peak is found in few steps
 STEP_FROM_BENCH = 0.15  # a bench point is already a measured optimum: probe closer to it
 STEP_MIN = 0.08
+HALVE = 1.0  # from the capacity figure: halve while it pays (the H200's best was a quarter of max running)
+LIFETIMES = 2.0  # a ramp window shorter than this many request lifetimes is a transient: not judged
 REPROBE_WINDOWS = 30
 SHRINK = 0.7
 KEEP = 3  # windows remembered per limit
@@ -79,6 +81,7 @@ class Window:
     saturated: bool = True  # the limit was kept in flight for most of the window (else it teaches nothing)
     queued: float | None = None  # the server's waiting requests, the fewest seen in the window (None: no metrics)
     running: float | None = None  # the server's running requests, most seen in the window
+    lifetimes: float | None = None  # the window's length in request lifetimes (latency of recent answers); None: unknown
 
 
 @dataclass
@@ -105,6 +108,8 @@ class ConcurrencyController:
     _queue_seen: int = 0
     _fresh: bool = False  # no window yet since the last change of limit
     _lowered: bool = False  # that change lowered the limit
+    _halving: bool = False  # from the capacity start: steps down halve the limit until one stops paying
+    _refining: bool = False  # after halving: the best is within a factor 2 either way; each loss halves the step
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -125,7 +130,7 @@ class ConcurrencyController:
         if max_running:
             start = min(cap, max_running + headroom(max_running))
             return cls(limit=start, source="capacity", ceiling=start, room=cap, best_limit=start, _direction=-1,  # real engines peak below
-                       reason=f"max running {max_running} + {headroom(max_running)} queued; verifying")
+                       step=HALVE, _halving=True, reason=f"max running {max_running} + {headroom(max_running)} queued; verifying")
         start = min(START, ceiling)
         return cls(limit=start, source="search", phase="ramp", ceiling=ceiling, best_limit=start,
                    reason=f"capacity unknown: from {start}, doubling while the server has room")
@@ -190,6 +195,8 @@ class ConcurrencyController:
         del kept[:-KEEP]
 
     def _ramp(self, w: Window) -> bool:
+        if self._ramp_prev > 0 and w.lifetimes is not None and w.lifetimes < LIFETIMES:
+            return False  # shorter than two lifetimes: the wave after a raise, not growth (nor its end)
         self._record(self.limit, w.tps)
         prev, prev_limit = self._ramp_prev, self._ramp_prev_limit
         grew = prev == 0 or w.tps > prev * (1 + GROW)
@@ -237,11 +244,10 @@ class ConcurrencyController:
         return self._set(self.limit * factor)
 
     def _flat(self) -> bool:
-        """Throughput stopped growing (repeated): the knee is between the last limit that grew and
+        """Throughput stopped growing (one window of at least two lifetimes says so: the dispatcher
+        makes ramp windows that long, so the wave after a raise is inside it): the knee is between the last limit that grew and
         this one. The better of the two is the best; nothing above this one was shown to pay."""
         self._ramp_flat += 1
-        if self._ramp_flat < CONFIRM:
-            return False
         self.phase = "probe"
         here, before = self.limit, self._ramp_prev_limit
         ours, theirs = self.best_tps_at(here), self.best_tps_at(before)
@@ -258,13 +264,15 @@ class ConcurrencyController:
     def _probe(self, w: Window) -> bool:
         if self._fresh:
             self._fresh = False
-            if self._lowered or self.noisy():
-                return False  # the transient of the change (a batch draining, or a wave): not compared
+            if self._lowered or self.noisy() or self.limit == self.best_limit:
+                return False  # the transient of the change (a batch draining, new requests in prefill, a wave): not
+                # compared, nor kept as the best's figure
         if self.limit == self.best_limit:
             self._record(self.limit, w.tps)
-            if len(self.measured[self.limit]) < CONFIRM and self.source != "bench":
+            if len(self.measured[self.limit]) < CONFIRM and self.source != "bench" and not self._halving:
                 return False  # the spread of windows at the best is known before anything is compared
-                # (a bench point was measured by the bench: probed at once, closer)
+                # (a bench point was measured by the bench: probed at once, closer; the capacity start
+                # is most often far above the best: one window, then half as many)
             return self._next_candidate()
         self._candidate.append(w.tps)
         best = self.best_tps()
@@ -278,7 +286,8 @@ class ConcurrencyController:
         up = self.limit > self.best_limit
         for tps in judged:
             self._record(self.limit, tps)
-        if gain > margin or (up and gain > -MARGIN):  # equal going up: within the quiet margin only
+        if gain > margin or (up and gain > -MARGIN and (not self._refining or self.step >= STEP)):  # equal going up: within the quiet margin only
+            # (not in the small steps of refining: steps up that each lose a little would ratchet past the peak)
             old = self.best_limit
             self.best_limit = self.limit
             why = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {old})"
@@ -289,6 +298,7 @@ class ConcurrencyController:
             if gain <= margin:  # equal going up: keep the higher limit, but this direction is spent
                 self._tried.add(self._direction)
                 self._direction = -self._direction
+                self._end_halving()
             return self._next_candidate(why)
         # A loss (or an equal step down): back to the best limit, then the other direction.
         self.reason = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
@@ -297,9 +307,21 @@ class ConcurrencyController:
             self.reason += f"; still growing at {self.best_limit}: room up to {self.room}"
         self._tried.add(self._direction)
         self._direction = -self._direction
+        if self._halving:
+            self._end_halving()
+        elif self._refining and self.step > STEP_MIN:  # closer, both ways again (a bisection of the factor 2)
+            self.step = max(STEP_MIN, self.step / 2)
+            self._tried = set()
         if len(self._tried) >= 2:
             self._enter_hold(self.reason + ", held")
         return self._set(self.best_limit)
+
+    def _end_halving(self) -> None:
+        """Halving stopped paying: the best is between the last two halvings; closer steps from here."""
+        if self._halving:
+            self._halving, self._refining = False, True
+            self.step = STEP
+            self._tried = set()
 
     def _next_candidate(self, why: str | None = None) -> bool:
         """Set the next limit to try around the best one; its reason says why this move (an event names
@@ -322,6 +344,7 @@ class ConcurrencyController:
         return self._set(self.best_limit)
 
     def _enter_hold(self, reason: str) -> None:
+        self._halving = self._refining = False
         self.phase = "hold"
         self.reason = reason
         self._held = 0
