@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generate_vs_bench import Server, cli, make_prompts, run_generate  # noqa: E402
+from generate_vs_bench import Server, cli, make_prompts, run_generate
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_RUNNING = 128

@@ -13,12 +13,21 @@ Auto starts from what is known, best first:
   repeated). A queue at the server means its batch is full: the running count then is its
   capacity. Throughput that stopped growing ends the ramp at the better of the last two limits,
   the higher one its ceiling: an engine that peaks below its max running is never pushed past it.
+  Ramp windows last at least :data:`LIFETIMES` request lifetimes (the latency of recent answers: the
+  dispatcher sizes them so); a shorter one is the wave right after a raise and is not judged, and
+  one long window that did not grow ends the ramp (the H200 run read 2-s windows as +15 % from 256
+  to 512 where 25-s bench points said 256 was better).
+
+From the capacity figure the climb goes down first and fast: one window at the start, then
+:data:`HALVE` steps (half as many in flight) while each pays, then steps that halve from a third
+each time a step loses (a bisection of the last factor 2): the H200's best was a quarter of max
+running, reached in a few windows instead of the 0.33 steps that took a minute per step there.
 
 Then it verifies by measured output tokens/s (a hill climb): try a step up and a step down from the
 best limit; a step is kept when its throughput is better by more than :data:`MARGIN`, judged a loss only
 when the mean of :data:`CONFIRM` windows says so (one window decides alone only when the difference is
 large and the windows at the best limit agree); on a loss it returns to the best limit, re-measured.
-The first window after lowering the limit is dropped (the batch drains through a hole: the H200 run
+The first window after lowering the limit (or after going back to the best one) is dropped (the batch drains through a hole: the H200 run
 read that transient as -17 %). Closed-loop waves (uniform work: requests that start together end
 together) make windows at one limit swing by 10-20 %: when the windows at the best limit spread by
 more than :data:`NOISY`, the dispatcher measures longer windows
@@ -41,7 +50,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["ConcurrencyController", "Window", "START", "GROW", "NOISY", "headroom", "room", "MARGIN", "CONFIRM", "REPROBE_WINDOWS"]
+__all__ = ["ConcurrencyController", "Window", "START", "GROW", "NOISY", "headroom", "room", "MARGIN", "CONFIRM", "REPROBE_WINDOWS",
+           "HALVE", "LIFETIMES"]
 
 START = 8
 GROW = 0.15  # a ramp step (x2 or more in flight) that adds less than this has stopped paying
