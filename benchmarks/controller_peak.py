@@ -23,7 +23,7 @@ the time from the first token to 90 % of the fixed best's sustained rate (over 5
 Usage (from the repository root; ~8 min per workload on 2 cores)::
 
     .venv/bin/python benchmarks/controller_peak.py --tag after
-    PYTHONPATH=/work/main/src .venv/bin/python benchmarks/controller_peak.py --tag before   # main's controller
+    .venv/bin/python benchmarks/controller_peak.py --tag before --generate-src ../main/src   # main's controller
 
 Writes ``benchmarks/results/controller_peak_<tag>.json`` and prints a table.
 """
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -46,7 +47,10 @@ from generate_vs_bench import Server, cli, make_prompts, run_generate
 REPO = Path(__file__).resolve().parent.parent
 MAX_RUNNING = 128
 PEAK = MAX_RUNNING // 4
-SIM = {"max_running": MAX_RUNNING, "peak_batch": PEAK, "decline_at_2x_peak": 0.93, "prefill_ms_per_1k_tokens": 2.0}
+# server_info False: no /server_info, as real vLLM 0.26, so --url with no hints ramps (the H200's --url run); --fleet's
+# capacity start is --max-running here (a fleet server's verification loop reads it from the engine's log)
+SIM: dict[str, object] = {"max_running": MAX_RUNNING, "peak_batch": PEAK, "decline_at_2x_peak": 0.93, "prefill_ms_per_1k_tokens": 2.0,
+                          "server_info": False}
 
 
 async def workload(url: str, kind: str, n: int, input_len: int, output_len: int) -> list[dict[str, Any]]:
@@ -63,7 +67,7 @@ async def workload(url: str, kind: str, n: int, input_len: int, output_len: int)
 
 
 async def section(workdir: Path, kind: str, prompts: int, input_len: int, output_len: int, modes: list[str]) -> dict[str, Any]:
-    server = Server(workdir, "sim", SIM).wait_ready()
+    server = Server(workdir, "sim", SIM, sim_src=REPO / "src").wait_ready()  # this checkout's sim (--no-server-info)
     out: dict[str, Any] = {"workload": kind, "prompts": prompts, "modes": {}}
     try:
         run = workdir / "bench.json"
@@ -118,7 +122,10 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--bench-run", type=Path, help="reuse this bench run (so before/after compare against the same points)")
+    ap.add_argument("--generate-src", type=Path, help="run servefleet generate from this src/ (e.g. main's, for the 'before')")
     args = ap.parse_args()
+    if args.generate_src:
+        os.environ["PYTHONPATH"] = str(args.generate_src.resolve())
     with tempfile.TemporaryDirectory(prefix="ctlpeak-") as tmp:
         workdir = Path(tmp)
         if args.bench_run:
@@ -127,7 +134,7 @@ def main() -> None:
         bench_copy = REPO / "benchmarks" / "results" / "controller_peak_bench.json"
         if not args.bench_run:
             bench_copy.write_bytes((workdir / "bench.json").read_bytes())
-    result = {"tag": args.tag, "sim": SIM, "input_len": args.input_len, "output_len": args.output_len, "sections": sections}
+    result = {"tag": args.tag, "generate_src": str(args.generate_src) if args.generate_src else "this checkout", "sim": SIM, "input_len": args.input_len, "output_len": args.output_len, "sections": sections}
     path = REPO / "benchmarks" / "results" / f"controller_peak_{args.tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(table(sections))

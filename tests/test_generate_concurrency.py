@@ -254,7 +254,9 @@ def test_from_capacity_the_ceiling_is_max_running_plus_headroom_until_a_window_s
     assert c.limit == c.ceiling == 128 + headroom(128) and c.room == room(128)
     c.observe(Window(1000.0))  # one window at the start: then half as many
     assert c.limit == 70 and c.window_factor() == 1.0
+    assert c.settling()  # the dispatcher makes the dropped window short
     assert not c.observe(Window(500.0))  # the transient after lowering: dropped
+    assert not c.settling()
     c.observe(Window(700.0))  # less in flight loses 30 %: throughput still grows at the ceiling
     assert c.limit == 141 and c.ceiling == room(128) and "room up to 192" in c.reason
 
@@ -312,3 +314,24 @@ def test_a_ramp_window_shorter_than_two_lifetimes_is_not_growth() -> None:
     assert c.limit == 1024 and c.phase == "ramp"
     assert c.observe(Window(18_400.0, queued=0, running=1024, lifetimes=2.2))  # one long window that did not grow
     assert c.limit == 256 and c.phase == "probe" and c.ceiling == 1024 and "stopped growing at 1024" in c.reason
+
+
+def test_the_dispatcher_sizes_windows_in_recent_lifetimes_and_keeps_a_dropped_one_short() -> None:
+    """Ramp windows: two lifetimes of the recent answers (10 s answers after 1 s ones: 20 s, not the job mean's 11 s);
+    the window after lowering from the capacity start is dropped, so one lifetime is enough; the next is compared."""
+    from servefleet.generate.dispatch import _Server
+    from servefleet.generate.endpoints import Target
+    from servefleet.generate.health import HealthPolicy
+
+    s = _Server(Target("a", "http://127.0.0.1:1"), ConcurrencyController.auto(None), HealthPolicy())
+    s.load.available = True
+    for latency in [1.0] * 100 + [10.0] * 100:
+        s.stats.requests += 1
+        s.stats.add_latency(latency)
+    assert s.window_s(2.0) == pytest.approx(20.0, rel=0.02)
+    assert s.measure(now=s.window_start + 5.0, span=5.0).lifetimes == pytest.approx(0.5, rel=0.02)
+    s.controller = ConcurrencyController.auto(1024)
+    s.controller.observe(Window(20_000.0))  # 1127 -> 564
+    assert s.controller.settling() and s.window_s(2.0) == pytest.approx(10.0, rel=0.02)
+    s.controller.observe(Window(15_000.0))  # the transient: dropped
+    assert not s.controller.settling() and s.window_s(2.0) == pytest.approx(20.0, rel=0.02)

@@ -185,6 +185,11 @@ class ConcurrencyController:
         """How much longer than usual the next window should be: twice when the windows swing."""
         return 2.0 if self.phase in ("probe", "hold") and self.noisy() else 1.0
 
+    def settling(self) -> bool:
+        """Whether the next window is the transient of the last change (a batch draining, new requests in
+        prefill, a wave): dropped, neither compared nor kept as the best's figure; it need not be long."""
+        return self.phase == "probe" and self._fresh and (self._lowered or self.noisy() or self.limit == self.best_limit)
+
     def describe(self) -> str:
         return f"{self.source}: {self.reason}" if self.reason else self.source
 
@@ -273,10 +278,10 @@ class ConcurrencyController:
 
     def _probe(self, w: Window) -> bool:
         if self._fresh:
+            dropped = self.settling()
             self._fresh = False
-            if self._lowered or self.noisy() or self.limit == self.best_limit:
-                return False  # the transient of the change (a batch draining, new requests in prefill, a wave): not
-                # compared, nor kept as the best's figure
+            if dropped:
+                return False
         if self.limit == self.best_limit:
             self._record(self.limit, w.tps)
             if len(self.measured[self.limit]) < CONFIRM and self.source != "bench" and not self._halving:
