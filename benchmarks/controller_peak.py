@@ -134,7 +134,8 @@ def main() -> None:
         bench_copy = REPO / "benchmarks" / "results" / "controller_peak_bench.json"
         if not args.bench_run:
             bench_copy.write_bytes((workdir / "bench.json").read_bytes())
-    result = {"tag": args.tag, "generate_src": str(args.generate_src) if args.generate_src else "this checkout", "sim": SIM, "input_len": args.input_len, "output_len": args.output_len, "sections": sections}
+    result = {"tag": args.tag, "generate_src": str(args.generate_src) if args.generate_src else "this checkout",
+              "sim": SIM, "input_len": args.input_len, "output_len": args.output_len, "sections": sections}
     path = REPO / "benchmarks" / "results" / f"controller_peak_{args.tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(table(sections))
