@@ -317,8 +317,8 @@ def test_a_ramp_window_shorter_than_two_lifetimes_is_not_growth() -> None:
 
 
 def test_the_dispatcher_sizes_windows_in_recent_lifetimes_and_keeps_a_dropped_one_short() -> None:
-    """Ramp windows: two lifetimes of the recent answers (10 s answers after 1 s ones: 20 s, not the job mean's 11 s);
-    the window after lowering from the capacity start is dropped, so one lifetime is enough; the next is compared."""
+    """Ramp windows: two lifetimes of the recent answers (10 s answers after 1 s ones: 20 s, not the job mean's 5.5 s);
+    the first window at the capacity start and the one after lowering (dropped) are one lifetime; the next, two."""
     from servefleet.generate.dispatch import _Server
     from servefleet.generate.endpoints import Target
     from servefleet.generate.health import HealthPolicy
@@ -331,6 +331,7 @@ def test_the_dispatcher_sizes_windows_in_recent_lifetimes_and_keeps_a_dropped_on
     assert s.window_s(2.0) == pytest.approx(20.0, rel=0.02)
     assert s.measure(now=s.window_start + 5.0, span=5.0).lifetimes == pytest.approx(0.5, rel=0.02)
     s.controller = ConcurrencyController.auto(1024)
+    assert s.window_s(2.0) == pytest.approx(10.0, rel=0.02)  # the first window at max running: one lifetime
     s.controller.observe(Window(20_000.0))  # 1127 -> 564
     assert s.controller.settling() and s.window_s(2.0) == pytest.approx(10.0, rel=0.02)
     s.controller.observe(Window(15_000.0))  # the transient: dropped

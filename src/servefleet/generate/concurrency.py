@@ -190,6 +190,12 @@ class ConcurrencyController:
         prefill, a wave): dropped, neither compared nor kept as the best's figure; it need not be long."""
         return self.phase == "probe" and self._fresh and (self._lowered or self.noisy() or self.limit == self.best_limit)
 
+    def short_window(self) -> bool:
+        """Whether one request lifetime is window enough (else the dispatcher measures two or more): a window to
+        be dropped, or the first one at the capacity start (one full wave of requests at max running, which is
+        most often well past the best: the sooner it is left, the less it costs)."""
+        return self.settling() or (self._halving and self.limit == self.best_limit and not self.measured)
+
     def describe(self) -> str:
         return f"{self.source}: {self.reason}" if self.reason else self.source
 

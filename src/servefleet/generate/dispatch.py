@@ -101,7 +101,7 @@ class _Server:
         latency = self.stats.lifetime_s()
         if self.controller.phase == "ramp":  # two lifetimes: the wave after a doubling is not read as growth
             return max(minimum, 2.0 * latency)
-        if self.controller.settling():  # a window that will be dropped: one lifetime of the old setting is its transient
+        if self.controller.short_window():  # to be dropped (one lifetime is its transient), or the capacity start's first
             return max(minimum, latency)
         return self.controller.window_factor() * max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
 
