@@ -67,7 +67,8 @@ async def workload(url: str, kind: str, n: int, input_len: int, output_len: int)
     return rows
 
 
-async def section(workdir: Path, kind: str, prompts: int, input_len: int, output_len: int, modes: list[str]) -> dict[str, Any]:
+async def section(workdir: Path, kind: str, prompts: int, input_len: int, output_len: int, modes: list[str],
+                  fixed_factors: list[float]) -> dict[str, Any]:
     server = Server(workdir, "sim", SIM, sim_src=REPO / "src").wait_ready()  # this checkout's sim (--no-server-info)
     out: dict[str, Any] = {"workload": kind, "prompts": prompts, "modes": {}}
     try:
@@ -81,8 +82,9 @@ async def section(workdir: Path, kind: str, prompts: int, input_len: int, output
         print(f"[{kind}] bench {points}: best C={best_c}", flush=True)
         job = workdir / f"job-{kind}.jsonl"
         job.write_text("".join(json.dumps(r) + "\n" for r in await workload(server.url, kind, prompts, input_len, output_len)))
-        extras = {"url": [], "fleet": ["--max-running", str(MAX_RUNNING)], "bench": ["--bench", str(run)],
-                  f"fixed-{best_c}": ["--concurrency", str(best_c)], f"fixed-{2 * best_c}": ["--concurrency", str(2 * best_c)]}
+        extras = {"url": [], "fleet": ["--max-running", str(MAX_RUNNING)], "bench": ["--bench", str(run)]}
+        for f in fixed_factors:
+            extras[f"fixed-{round(f * best_c)}"] = ["--concurrency", str(round(f * best_c))]
         for mode in [m for m in extras if m.startswith("fixed")] + [m for m in modes if m in extras]:
             report, counter, wall = await run_generate(server.url, job, workdir / f"out-{kind}-{mode}-{time.monotonic_ns()}", extras[mode], timeout=900)
             total = counter.samples[-1][1]
@@ -126,6 +128,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=1500)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--fixed", nargs="+", type=float, default=[1.0, 2.0], help="fixed limits to run, as multiples of the bench's best point")
     ap.add_argument("--bench-run", type=Path, help="reuse this bench run (so before/after compare against the same points)")
     ap.add_argument("--generate-src", type=Path, help="run servefleet generate from this src/ (e.g. main's, for the 'before')")
     args = ap.parse_args()
@@ -135,7 +138,7 @@ def main() -> None:
         workdir = Path(tmp)
         if args.bench_run:
             (workdir / "bench.json").write_bytes(args.bench_run.read_bytes())
-        sections = [asyncio.run(section(workdir, w, args.prompts, args.input_len, args.output_len, args.modes)) for w in args.workloads]
+        sections = [asyncio.run(section(workdir, w, args.prompts, args.input_len, args.output_len, args.modes, args.fixed)) for w in args.workloads]
         bench_copy = REPO / "benchmarks" / "results" / "controller_peak_bench.json"
         if not args.bench_run:
             bench_copy.write_bytes((workdir / "bench.json").read_bytes())
