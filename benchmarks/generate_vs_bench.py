@@ -76,7 +76,8 @@ class Server:
         else:
             argv = [PY, "-m", "servefleet.sim", "--style", "vllm", "--port", str(self.port), "--load-time", "0", "--model", "sim-bench"]
             for key, value in (sim_options or SIM_OPTIONS).items():
-                argv += [f"--{key.replace('_', '-')}", str(value)]
+                flag = key.replace('_', '-')
+                argv += ([f"--{flag}" if value else f"--no-{flag}"] if isinstance(value, bool) else [f"--{flag}", str(value)])
             if sim_src is not None:  # the sim of another checkout (e.g. a branch's realistic timing mode)
                 env["PYTHONPATH"] = str(sim_src)
             self.timeout = 60.0

@@ -297,6 +297,20 @@ def test_rate_meter_counts_the_recent_window_only():
     assert len(m._buckets) == 0
 
 
+def test_a_servers_lifetime_follows_its_recent_answers_not_the_jobs_mean():
+    """Windows are sized in request lifetimes: after the limit went up (1 s answers, then 10 s ones) the
+    recent latency says 10 s while the job's mean still says about 6."""
+    from servefleet.generate.stats import ServerStats
+
+    st = ServerStats("s", "http://127.0.0.1:1")
+    assert st.lifetime_s() == 0.0
+    for latency in [1.0] * 100 + [10.0] * 100:
+        st.requests += 1
+        st.add_latency(latency)
+    assert st.mean_latency_s() == pytest.approx(5.5)
+    assert st.lifetime_s() == pytest.approx(10.0, rel=0.01)
+
+
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
 def test_iter_pending_yields_exactly_the_lines_not_skipped(tmp_path, chunk):
     from servefleet.generate.inputs import iter_pending, iter_raw

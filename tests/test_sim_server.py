@@ -259,3 +259,20 @@ async def test_instant_mode_and_request_faults(sims) -> None:
     chunks = [json.loads(e[6:]) for e in streamed.split("\n\n") if e.startswith("data: {")]
     assert [count_tokens(c["choices"][0]["text"]) for c in chunks] == [1, 4, 4]  # instant streams keep the step shape
     assert elapsed < 30  # instant: no time model (generous: a loaded CI machine)
+
+
+async def test_no_server_info_answers_404_as_real_vllm_does() -> None:
+    """--no-server-info: a client cannot read max running from the sim (real vLLM has no /server_info), so
+    generate --url with no hints ramps as it did on the H200."""
+    from aiohttp import web
+
+    from servefleet.sim.config import SimConfig
+    from servefleet.sim.server import SimServer
+
+    def never(*_: object) -> None:
+        raise AssertionError("the sim tried to exit")
+
+    cfg = parse_config(["--no-server-info", "--max-running", "128"])
+    assert cfg.server_info is False and SimConfig().server_info is True
+    with pytest.raises(web.HTTPNotFound):
+        await SimServer(cfg, None, 0, exit_with=never, hard_exit=never).server_info(None)  # type: ignore[arg-type]

@@ -13,12 +13,21 @@ Auto starts from what is known, best first:
   repeated). A queue at the server means its batch is full: the running count then is its
   capacity. Throughput that stopped growing ends the ramp at the better of the last two limits,
   the higher one its ceiling: an engine that peaks below its max running is never pushed past it.
+  Ramp windows last at least :data:`LIFETIMES` request lifetimes (the latency of recent answers: the
+  dispatcher sizes them so); a shorter one is the wave right after a raise and is not judged, and
+  one long window that did not grow ends the ramp (the H200 run read 2-s windows as +15 % from 256
+  to 512 where 25-s bench points said 256 was better).
+
+From the capacity figure the climb goes down first and fast: one window at the start, then
+:data:`HALVE` steps (half as many in flight) while each pays, then steps that halve from a third
+each time a step loses (a bisection of the last factor 2): the H200's best was a quarter of max
+running, reached in a few windows instead of the 0.33 steps that took a minute per step there.
 
 Then it verifies by measured output tokens/s (a hill climb): try a step up and a step down from the
 best limit; a step is kept when its throughput is better by more than :data:`MARGIN`, judged a loss only
 when the mean of :data:`CONFIRM` windows says so (one window decides alone only when the difference is
 large and the windows at the best limit agree); on a loss it returns to the best limit, re-measured.
-The first window after lowering the limit is dropped (the batch drains through a hole: the H200 run
+The first window after lowering the limit (or after going back to the best one) is dropped (the batch drains through a hole: the H200 run
 read that transient as -17 %). Closed-loop waves (uniform work: requests that start together end
 together) make windows at one limit swing by 10-20 %: when the windows at the best limit spread by
 more than :data:`NOISY`, the dispatcher measures longer windows
@@ -41,7 +50,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["ConcurrencyController", "Window", "START", "GROW", "NOISY", "headroom", "room", "MARGIN", "CONFIRM", "REPROBE_WINDOWS"]
+__all__ = ["ConcurrencyController", "Window", "START", "GROW", "NOISY", "headroom", "room", "MARGIN", "CONFIRM", "REPROBE_WINDOWS",
+           "HALVE", "LIFETIMES"]
 
 START = 8
 GROW = 0.15  # a ramp step (x2 or more in flight) that adds less than this has stopped paying
@@ -52,6 +62,8 @@ CONFIRM = 2  # windows at a candidate before a small difference is judged
 STEP = 0.33  # first probe step (fraction of the limit): a decline past the peak is found in few steps
 STEP_FROM_BENCH = 0.15  # a bench point is already a measured optimum: probe closer to it
 STEP_MIN = 0.08
+HALVE = 1.0  # from the capacity figure: halve while it pays (the H200's best was a quarter of max running)
+LIFETIMES = 2.0  # a ramp window shorter than this many request lifetimes is a transient: not judged
 REPROBE_WINDOWS = 30
 SHRINK = 0.7
 KEEP = 3  # windows remembered per limit
@@ -79,6 +91,7 @@ class Window:
     saturated: bool = True  # the limit was kept in flight for most of the window (else it teaches nothing)
     queued: float | None = None  # the server's waiting requests, the fewest seen in the window (None: no metrics)
     running: float | None = None  # the server's running requests, most seen in the window
+    lifetimes: float | None = None  # the window's length in request lifetimes (latency of recent answers); None: unknown
 
 
 @dataclass
@@ -105,6 +118,8 @@ class ConcurrencyController:
     _queue_seen: int = 0
     _fresh: bool = False  # no window yet since the last change of limit
     _lowered: bool = False  # that change lowered the limit
+    _halving: bool = False  # from the capacity start: steps down halve the limit until one stops paying
+    _refining: bool = False  # after halving: the best is within a factor 2 either way; each loss halves the step
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -125,7 +140,7 @@ class ConcurrencyController:
         if max_running:
             start = min(cap, max_running + headroom(max_running))
             return cls(limit=start, source="capacity", ceiling=start, room=cap, best_limit=start, _direction=-1,  # real engines peak below
-                       reason=f"max running {max_running} + {headroom(max_running)} queued; verifying")
+                       step=HALVE, _halving=True, reason=f"max running {max_running} + {headroom(max_running)} queued; verifying")
         start = min(START, ceiling)
         return cls(limit=start, source="search", phase="ramp", ceiling=ceiling, best_limit=start,
                    reason=f"capacity unknown: from {start}, doubling while the server has room")
@@ -170,6 +185,17 @@ class ConcurrencyController:
         """How much longer than usual the next window should be: twice when the windows swing."""
         return 2.0 if self.phase in ("probe", "hold") and self.noisy() else 1.0
 
+    def settling(self) -> bool:
+        """Whether the next window is the transient of the last change (a batch draining, new requests in
+        prefill, a wave): dropped, neither compared nor kept as the best's figure; it need not be long."""
+        return self.phase == "probe" and self._fresh and (self._lowered or self.noisy() or self.limit == self.best_limit)
+
+    def short_window(self) -> bool:
+        """Whether one request lifetime is window enough (else the dispatcher measures two or more): a window to
+        be dropped, or the first one at the capacity start (one full wave of requests at max running, which is
+        most often well past the best: the sooner it is left, the less it costs)."""
+        return self.settling() or (self._halving and self.limit == self.best_limit and not self.measured)
+
     def describe(self) -> str:
         return f"{self.source}: {self.reason}" if self.reason else self.source
 
@@ -190,6 +216,8 @@ class ConcurrencyController:
         del kept[:-KEEP]
 
     def _ramp(self, w: Window) -> bool:
+        if self._ramp_prev > 0 and w.lifetimes is not None and w.lifetimes < LIFETIMES:
+            return False  # shorter than two lifetimes: the wave after a raise, not growth (nor its end)
         self._record(self.limit, w.tps)
         prev, prev_limit = self._ramp_prev, self._ramp_prev_limit
         grew = prev == 0 or w.tps > prev * (1 + GROW)
@@ -237,11 +265,10 @@ class ConcurrencyController:
         return self._set(self.limit * factor)
 
     def _flat(self) -> bool:
-        """Throughput stopped growing (repeated): the knee is between the last limit that grew and
+        """Throughput stopped growing (one window of at least two lifetimes says so: the dispatcher
+        makes ramp windows that long, so the wave after a raise is inside it): the knee is between the last limit that grew and
         this one. The better of the two is the best; nothing above this one was shown to pay."""
         self._ramp_flat += 1
-        if self._ramp_flat < CONFIRM:
-            return False
         self.phase = "probe"
         here, before = self.limit, self._ramp_prev_limit
         ours, theirs = self.best_tps_at(here), self.best_tps_at(before)
@@ -257,14 +284,16 @@ class ConcurrencyController:
 
     def _probe(self, w: Window) -> bool:
         if self._fresh:
+            dropped = self.settling()
             self._fresh = False
-            if self._lowered or self.noisy():
-                return False  # the transient of the change (a batch draining, or a wave): not compared
+            if dropped:
+                return False
         if self.limit == self.best_limit:
             self._record(self.limit, w.tps)
-            if len(self.measured[self.limit]) < CONFIRM and self.source != "bench":
+            if len(self.measured[self.limit]) < CONFIRM and self.source != "bench" and not self._halving:
                 return False  # the spread of windows at the best is known before anything is compared
-                # (a bench point was measured by the bench: probed at once, closer)
+                # (a bench point was measured by the bench: probed at once, closer; the capacity start
+                # is most often far above the best: one window, then half as many)
             return self._next_candidate()
         self._candidate.append(w.tps)
         best = self.best_tps()
@@ -278,7 +307,8 @@ class ConcurrencyController:
         up = self.limit > self.best_limit
         for tps in judged:
             self._record(self.limit, tps)
-        if gain > margin or (up and gain > -MARGIN):  # equal going up: within the quiet margin only
+        if gain > margin or (up and gain > -MARGIN and (not self._refining or self.step >= STEP)):  # equal going up: within the quiet margin only
+            # (not in the small steps of refining: steps up that each lose a little would ratchet past the peak)
             old = self.best_limit
             self.best_limit = self.limit
             why = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {old})"
@@ -289,6 +319,7 @@ class ConcurrencyController:
             if gain <= margin:  # equal going up: keep the higher limit, but this direction is spent
                 self._tried.add(self._direction)
                 self._direction = -self._direction
+                self._end_halving()
             return self._next_candidate(why)
         # A loss (or an equal step down): back to the best limit, then the other direction.
         self.reason = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
@@ -297,9 +328,21 @@ class ConcurrencyController:
             self.reason += f"; still growing at {self.best_limit}: room up to {self.room}"
         self._tried.add(self._direction)
         self._direction = -self._direction
+        if self._halving:
+            self._end_halving()
+        elif self._refining and self.step > STEP_MIN:  # closer, both ways again (a bisection of the factor 2)
+            self.step = max(STEP_MIN, self.step / 2)
+            self._tried = set()
         if len(self._tried) >= 2:
             self._enter_hold(self.reason + ", held")
         return self._set(self.best_limit)
+
+    def _end_halving(self) -> None:
+        """Halving stopped paying: the best is between the last two halvings; closer steps from here."""
+        if self._halving:
+            self._halving, self._refining = False, True
+            self.step = STEP
+            self._tried = set()
 
     def _next_candidate(self, why: str | None = None) -> bool:
         """Set the next limit to try around the best one; its reason says why this move (an event names
@@ -322,6 +365,7 @@ class ConcurrencyController:
         return self._set(self.best_limit)
 
     def _enter_hold(self, reason: str) -> None:
+        self._halving = self._refining = False
         self.phase = "hold"
         self.reason = reason
         self._held = 0

@@ -101,13 +101,15 @@ class _Server:
         """Long enough to be steady: a few request latencies (our answers come in lumps of a whole
         completion) and at least 5x ``minimum`` when throughput is compared (a 10 s window on a busy
         vLLM-CPU host still varied by +-10%); just ``minimum`` while ramping on the server's own queue gauge (two latencies without one)."""
-        latency = self.stats.mean_latency_s()
-        if self.controller.phase == "ramp":  # a doubling is judged on a large change (queue gauge, or +6% tok/s)
-            return minimum if self.load.available else max(minimum, 2.0 * latency)
+        latency = self.stats.lifetime_s()
+        if self.controller.phase == "ramp":  # two lifetimes: the wave after a doubling is not read as growth
+            return max(minimum, 2.0 * latency)
+        if self.controller.short_window():  # to be dropped (one lifetime is its transient), or the capacity start's first
+            return max(minimum, latency)
         return self.controller.window_factor() * max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
 
     def limit_changed(self, now: float, grew: bool) -> None:
-        latency = self.stats.mean_latency_s()
+        latency = self.stats.lifetime_s()
         ramp = self.controller.phase == "ramp" and bool(self.load.available)
         self.settle_until = now + (0.5 if ramp else max(1.0, latency if grew else 0.5 * latency))
         self.settle_deadline = now + max(2.0, 3 * latency)
@@ -125,7 +127,8 @@ class _Server:
         tps, waiting, running = self.load.window(self.window_start, now) if self.load.available else (None, None, None)
         if tps is None:
             tps = self.window_tokens / span
-        return Window(tps=tps, saturated=saturated, queued=waiting, running=running)
+        lifetime = self.stats.lifetime_s()
+        return Window(tps=tps, saturated=saturated, queued=waiting, running=running, lifetimes=span / lifetime if lifetime > 0 else None)
 
     def progress_marks(self) -> tuple[float | None, ...]:
         latest = self.load.latest()
@@ -321,7 +324,7 @@ class Dispatcher:
         st.requests += 1
         st.completion_tokens += tokens
         st.prompt_tokens += c.prompt_tokens or 0
-        st.latency_sum_s += latency
+        st.add_latency(latency)
         st.meter.add(tokens, now)
         server.window_tokens += tokens
         self.stats.done += 1

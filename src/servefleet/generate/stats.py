@@ -8,7 +8,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["RateMeter", "ServerStats", "JobStats"]
+__all__ = ["RateMeter", "ServerStats", "JobStats", "LIFETIME_WEIGHT"]
+
+LIFETIME_WEIGHT = 0.05  # weight of one answer in the recent latency (about the last 20 answers)
 
 
 class RateMeter:
@@ -72,12 +74,23 @@ class ServerStats:
     completion_tokens: int = 0
     prompt_tokens: int = 0
     latency_sum_s: float = 0.0
+    recent_latency_s: float = 0.0  # moving mean of the last few dozen answers: a request's lifetime at the current limit
     outages: int = 0
     restarts: int = 0
     meter: RateMeter = field(default_factory=RateMeter)
 
     def mean_latency_s(self) -> float:
         return self.latency_sum_s / self.requests if self.requests else 0.0
+
+    def add_latency(self, latency_s: float) -> None:
+        """One answer's latency. The job's mean is dominated by the first (small-batch, fast) requests;
+        the recent mean follows the lifetime at the limit in force, which sets how long a window must be."""
+        self.latency_sum_s += latency_s
+        self.recent_latency_s = latency_s if self.requests <= 1 else self.recent_latency_s + LIFETIME_WEIGHT * (latency_s - self.recent_latency_s)
+
+    def lifetime_s(self) -> float:
+        """A request's lifetime now (seconds from sending to its answer; 0 before the first answer)."""
+        return self.recent_latency_s if self.requests else 0.0
 
 
 @dataclass

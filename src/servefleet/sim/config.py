@@ -98,6 +98,8 @@ class SimConfig(BaseModel):
     fail_variant: int = Field(0, ge=0, description="which of the category's texts to print (several exist for some)")
     fail_after_ready: Category | None = Field(None, description="fail after the HTTP server is up, during warm-up")
     fail_delay: float | None = Field(None, ge=0, description="seconds into loading (or after the server is up) the failure happens")
+    server_info: bool = Field(True, description="serve /server_info (SGLang's shape, with max running); --no-server-info: "
+                              "404 as real vLLM, whose capacity a client then cannot read (generate --url ramps)")
     fail_exit_code: int | None = Field(None, ge=0, le=255, description="override the realistic exit status of a failure")
     hang_loading: bool = Field(False, description="print some progress, then stay alive and silent forever")
     crash_after: int | None = Field(None, ge=0, description="exit abruptly after this many completed requests")

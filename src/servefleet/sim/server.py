@@ -124,6 +124,8 @@ class SimServer:
         return _json({"version": self.cfg.version})
 
     async def server_info(self, request: web.Request) -> web.Response:
+        if not self.cfg.server_info:
+            raise web.HTTPNotFound()
         return _json(info.server_info(self.cfg, self.stats, self.port))
 
     async def model_info(self, request: web.Request) -> web.Response:
