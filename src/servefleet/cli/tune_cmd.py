@@ -27,10 +27,10 @@ def tune(
     input: Annotated[Path, typer.Option("--input", "-i", help="The job's prompts (JSONL or Parquet, as for generate).")],
     sample: Annotated[int, typer.Option("--sample", min=1, help="Prompts drawn from --input to measure on (their real lengths and max_tokens).")] = 1000,
     gpus: Annotated[str, typer.Option("--gpus", help="GPU counts to predict the whole job's makespan for, comma-separated (the first ranks).")] = "1",
-    budget: Annotated[str | None, typer.Option("--budget", metavar="DURATION", help="Wall time for the whole search (90s, 30m, 1h): candidates that do not fit are skipped, and the output says so.")] = None,
+    budget: Annotated[str | None, typer.Option("--budget", metavar="DURATION", help="Wall time of the search (90s, 30m, 1h); what does not fit is skipped, and said.")] = None,
     server: Annotated[str | None, typer.Option("--server", help="The base server of --fleet (default: its first).")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="max_tokens of records without one (the job's default, as for generate).")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the sample, each candidate's fleet file and RUN.json, the winner's fleet file and plots.")] = Path("tune-out"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the sample, each candidate's fleet file and RUN.json, the winner's fleet file, plots.")] = Path("tune-out"),
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample and of the bench points.")] = 0,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write throughput, latency and makespan plots (PNG) into --out.")] = True,
     then_generate: Annotated[bool, typer.Option("--then-generate", help="Then relaunch the winner on every server of --fleet, run the job to --output "

@@ -104,7 +104,8 @@ def candidate_fleets(base: BaseFleet, candidates: tuple[Candidate, ...], out: Pa
             spec = parse_fleet(data, path)
         except ConfigError as exc:
             for line in str(exc).splitlines():
-                problems.append(f'candidate "{cand.name}": {line.removeprefix(f"{path.name}: ")}')
+                line = line.removeprefix(f"{path.name}: ").removeprefix(f'servers[0] "{cand.name}": ')
+                problems.append(f'candidate "{cand.name}": {line}')
             continue
         path.write_text(dumps(data))
         fleets.append(CandidateFleet(cand, path, spec, _gpus_per_replica(spec)))

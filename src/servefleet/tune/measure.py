@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from servefleet.bench.result import BenchConfig, Point, Run
 from servefleet.bench.sweep import BenchTarget, auto_workers, run_bench
@@ -23,6 +24,7 @@ GROWTH = 1.05  # a doubling that gains less than 5 % output tokens/s has found t
 class Ladder:
     start: int = 8
     point_requests: int = 32
+    per_concurrency: int = 4  # measured requests per point: this many times its concurrency, at least point_requests
     max_concurrency: int = 4096
     cap: int | None = None  # the server's max running requests
 
@@ -36,7 +38,7 @@ class Ladder:
         return min(c * 2, limit)
 
     def requests(self, c: int) -> int:
-        return max(self.point_requests, 4 * c)
+        return max(self.point_requests, self.per_concurrency * c)
 
 
 @dataclass
@@ -50,15 +52,18 @@ class Measurement:
         return [p for r in self.runs for p in r.points]
 
 
-async def measure(target: BenchTarget, sample: Path, api: str, ladder: Ladder, *, seed: int = 0,
+async def measure(target: BenchTarget, sample: Path, api: str, ladder: Ladder, *, options: dict[str, Any] | None = None, seed: int = 0,
                   stop_after: Callable[[list[Point]], str | None] | None = None,
                   on_point: Callable[[Point], None] | None = None) -> Measurement:
     """Measure up the ladder; ``stop_after(points)`` may end it after any point with a reason."""
     got = Measurement()
+    extra = dict(options or {})
+    ignore_eos = bool(extra.pop("ignore_eos", False))  # the job's records say; else as a job runs: answers end at EOS
+    temperature = extra.pop("temperature", None)
     c: int | None = ladder.first()
     while c is not None:
-        config = BenchConfig(concurrency=[c], requests=ladder.requests(c), dataset=str(sample), api=api,  # type: ignore[arg-type]
-                             ignore_eos=False, workers=auto_workers(c), seed=seed)
+        config = BenchConfig(concurrency=[c], requests=ladder.requests(c), dataset=str(sample), api=api,
+                             ignore_eos=ignore_eos, temperature=temperature, extra_body=extra, workers=auto_workers(c), seed=seed)
         t0 = time.monotonic()
         run = await run_bench(target, config)
         got.measured_s += time.monotonic() - t0

@@ -21,6 +21,8 @@ class JobSample:
     records: int  # valid records in the whole input (the job's size)
     sampled: int
     api: str  # what generate will use for these records: chat for messages, completions for prompt
+    options: dict[str, Any]  # request fields every sampled record gives alike (ignore_eos, temperature, ...): generate sends them
+    notes: tuple[str, ...] = ()
 
 
 def _records(path: Path) -> Iterator[dict[str, Any]]:
@@ -59,15 +61,35 @@ def sample_job(path: Path, n: int, dest: Path, *, max_tokens: int | None, seed: 
                 kept[j] = row
     if not kept:
         raise ConfigError(f"--input {path}: no record with a 'prompt' or 'messages'")
-    out = []
+    options, notes = _common_fields(kept)
+    out: list[dict[str, Any]] = []
     for row in kept:
         tokens = row.get("max_tokens") or max_tokens
         if not tokens:
             raise ConfigError(f"--input {path}: a record without max_tokens and no --max-tokens; give --max-tokens "
                               "(the job's default output limit, as for generate)")
-        keep = {k: row[k] for k in ("prompt", "messages") if k in row and row[k] is not None}
+        keep: dict[str, Any] = {k: row[k] for k in ("prompt", "messages") if k in row and row[k] is not None}
         out.append({**keep, "max_tokens": int(tokens)})
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text("".join(json.dumps(r) + "\n" for r in out))
     api = "chat" if any("messages" in r for r in out) else "completions"
-    return JobSample(path=dest, records=total, sampled=len(out), api=api)
+    return JobSample(path=dest, records=total, sampled=len(out), api=api, options=options, notes=notes)
+
+
+_NOT_OPTIONS = ("id", "prompt", "messages", "max_tokens", "model", "stream")
+
+
+def _common_fields(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The request fields the records carry (generate sends each record's own): those alike in every
+    sampled record go into each bench request; those that vary cannot, and a note says so."""
+    keys = {k for r in rows for k in r if k not in _NOT_OPTIONS}
+    options: dict[str, Any] = {}
+    varying = []
+    for key in sorted(keys):
+        values = {json.dumps(r.get(key), sort_keys=True) for r in rows}
+        if len(values) == 1 and all(key in r for r in rows):
+            options[key] = rows[0][key]
+        else:
+            varying.append(key)
+    notes = (f"record fields that vary between records are not sent by the tune's bench: {', '.join(varying)}",) if varying else ()
+    return options, notes

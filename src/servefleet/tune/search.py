@@ -92,7 +92,7 @@ def prepare(request: TuneRequest) -> Prepared:
             raise ConfigError(f"--budget {request.budget_s:g}s is below one candidate's start-up ({startup:g} s, {source}): "
                               "not one candidate could be measured; raise --budget")
     sample = sample_job(request.input, request.sample, request.out / "sample.jsonl", max_tokens=request.max_tokens, seed=request.seed)
-    return Prepared(request, space, base, fleets, sample, startup)
+    return Prepared(request, space, base, fleets, sample, startup, notes=list(sample.notes))
 
 
 def _best_point(points: list[Point]) -> Point | None:
@@ -123,22 +123,24 @@ def _makespan(curve: Curve, cap: int | None, gpr: int, prompts: int, mean_out: f
 
 
 class _Clock:
-    def __init__(self, budget_s: float | None) -> None:
-        self.t0 = time.monotonic()
+    def __init__(self, budget_s: float | None, now: Callable[[], float]) -> None:
+        self.now = now
+        self.t0 = now()
         self.budget_s = budget_s
 
     @property
     def elapsed(self) -> float:
-        return time.monotonic() - self.t0
+        return self.now() - self.t0
 
     def left(self) -> float:
         return math.inf if self.budget_s is None else self.budget_s - self.elapsed
 
 
-async def run_tune(prep: Prepared, on_event: Event | None = None) -> TuneResult:
+async def run_tune(prep: Prepared, on_event: Event | None = None, now: Callable[[], float] = time.monotonic) -> TuneResult:
+    """Every candidate in turn (``now``: the budget's clock)."""
     say = on_event or (lambda _msg: None)
     req, settings = prep.request, prep.space.settings
-    clock = _Clock(req.budget_s)
+    clock = _Clock(req.budget_s, now)
     rows: list[CandidateRow] = []
     costs: list[float] = []  # seconds of each candidate's launch and first measurement
     best: tuple[float, str] | None = None  # (optimistic-comparable makespan, name) of the best measured so far
@@ -153,8 +155,8 @@ async def run_tune(prep: Prepared, on_event: Event | None = None) -> TuneResult:
             row.reason = f"budget: {max(0.0, clock.left()):.0f} s left of {req.budget_s:g} s; a candidate takes ~{estimate:.0f} s"
             say(f"{cand.name}: skipped ({row.reason})")
             continue
+        t_start = clock.now()
         say(f"{cand.name}: launching")
-        t_start = time.monotonic()
         async with Fleet(cf.spec) as fleet:
             try:
                 timeout = min(cf.spec.timeout, max(1.0, clock.left()))
@@ -173,7 +175,8 @@ async def run_tune(prep: Prepared, on_event: Event | None = None) -> TuneResult:
                     continue
                 ep = endpoints[0]
                 row.kv_tokens, row.max_running = ep.capacity.kv_cache_tokens, ep.capacity.max_running_requests
-                ladder = Ladder(settings.start_concurrency, settings.point_requests, settings.max_concurrency, ep.capacity.max_running_requests)
+                ladder = Ladder(settings.start_concurrency, settings.point_requests, settings.per_concurrency, settings.max_concurrency,
+                                ep.capacity.max_running_requests)
                 m = await _measure(prep, cf, ep, ladder, clock, best, t_start, costs, say)
             except ServefleetError as exc:  # a server lost mid-measurement, a refused benchmark: this candidate's result
                 row.outcome, row.category, row.evidence = "failed", "other", str(exc).splitlines()[0]
@@ -216,7 +219,7 @@ async def _measure(prep: Prepared, cf: CandidateFleet, ep, ladder: Ladder, clock
 
     def stop_after(points: list[Point]) -> str | None:
         if len(points) == 2 or (len(points) == 1 and ladder.next(points[0].concurrency or 1) is None):
-            costs.append(time.monotonic() - t_start)
+            costs.append(clock.now() - t_start)
         if clock.left() <= 0:
             return f"budget: {req.budget_s:g} s reached during its measurement (after {len(points)} point(s))"
         mean_out = _mean_output(points)
@@ -229,7 +232,7 @@ async def _measure(prep: Prepared, cf: CandidateFleet, ep, ladder: Ladder, clock
                     f"{optimistic:,.0f} s against {best[0]:,.0f} s of {best[1]}")
         return None
 
-    return await measure(target, prep.sample.path, prep.sample.api, ladder, seed=req.seed, stop_after=stop_after,
+    return await measure(target, prep.sample.path, prep.sample.api, ladder, options=prep.sample.options, seed=req.seed, stop_after=stop_after,
                          on_point=lambda p: say(f"{cf.candidate.name}: concurrency {p.concurrency}: {p.output_tokens_per_s:,.0f} tok/s"))
 
 

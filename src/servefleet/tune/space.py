@@ -3,6 +3,10 @@
     [tune]                       # optional: how the search runs
     startup = 90                 # seconds one candidate takes to get ready (refuses a --budget below it)
     start_concurrency = 8        # the first measured concurrency (then doubled while throughput grows)
+    point_requests = 32          # measured requests per point: at least this many,
+    per_concurrency = 4          # and this many times the point's concurrency
+    max_concurrency = 4096       # never measured above this (nor above the server's max running)
+    margin = 0.05                # stopped early when even its optimistic makespan is 5 % behind the best
 
     [[candidate]]                # any number; each a name and what it changes
     name = "plain"
@@ -31,7 +35,7 @@ __all__ = ["Candidate", "TuneSettings", "Space", "load_space", "parse_space", "C
 
 # what a candidate may change of the base server; args are appended to the base's (inherit_args = false: instead)
 CANDIDATE_KEYS = ("name", "args", "env", "gpus", "engine", "model", "python", "served_model_name", "command", "inherit_args")
-SETTINGS_KEYS = ("startup", "start_concurrency", "point_requests", "max_concurrency", "margin")
+SETTINGS_KEYS = ("startup", "start_concurrency", "point_requests", "per_concurrency", "max_concurrency", "margin")
 _TOP = ("tune", "candidate", "grid")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -48,7 +52,8 @@ class Candidate:
 class TuneSettings:
     startup_s: float | None = None  # expected seconds to ready of one candidate (None: unknown)
     start_concurrency: int = 8
-    point_requests: int = 32  # at least this many measured requests per point (and 4 x its concurrency)
+    point_requests: int = 32  # at least this many measured requests per point
+    per_concurrency: int = 4  # and this many times its concurrency
     max_concurrency: int = 4096
     margin: float = 0.05  # a candidate is behind when even its optimistic makespan is this much above the best's
 
@@ -108,7 +113,8 @@ def _settings(raw: Any, problems: list[str]) -> TuneSettings:
             problems.append(f"[tune]: {key}: unknown key (known: {', '.join(SETTINGS_KEYS)})")
     out: dict[str, Any] = {}
     for key, name, kind, low in (("startup", "startup_s", float, 0.0), ("start_concurrency", "start_concurrency", int, 1),
-                                 ("point_requests", "point_requests", int, 1), ("max_concurrency", "max_concurrency", int, 1),
+                                 ("point_requests", "point_requests", int, 1), ("per_concurrency", "per_concurrency", int, 1),
+                                 ("max_concurrency", "max_concurrency", int, 1),
                                  ("margin", "margin", float, 0.0)):
         if key not in raw:
             continue
