@@ -205,3 +205,28 @@ def test_the_optimistic_curve_grows_as_the_last_doubling_did() -> None:
     assert growing.total(64) == pytest.approx(1100 * 1.1 ** 2)  # two more doublings at +10 % each
     falling = _optimistic(pts((8, 1000.0), (16, 900.0)), cap=64, max_concurrency=4096)
     assert falling.total(64) == pytest.approx(900.0)  # never below flat
+
+
+def test_the_h200_driver_space_is_valid_against_its_base(tmp_path: Path) -> None:
+    import argparse
+    import importlib.util
+
+    from servefleet.tune.candidates import candidate_fleets, load_base
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "tune" / "driver.py"
+    spec = importlib.util.spec_from_file_location("tune_h200_driver", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for rehearse in (False, True):
+        args = argparse.Namespace(rehearse=rehearse, seconds=100.0, out=str(tmp_path / f"out{rehearse}"), work=str(tmp_path / f"w{rehearse}"),
+                                  python=sys.executable)
+        driver = module.Driver(args)
+        fleets = candidate_fleets(load_base(driver.base_fleet(), None), load_space(driver.space()).candidates, tmp_path / f"t{rehearse}")
+        names = [f.candidate.name for f in fleets]
+        seqs = ("32", "128") if rehearse else ("256", "1024")
+        assert names == [f"max-num-seqs-{n}_{s}" for n in seqs for s in ("plain", "ngram")]  # plain and ngram first at the small cap
+        assert all(f.spec.servers[0].gpus == (0,) for f in fleets)
+        if not rehearse:
+            ngram = fleets[1].spec.servers[0].args
+            assert ngram[-2] == "--speculative-config" and json.loads(ngram[-1])["method"] == "ngram"

@@ -105,16 +105,16 @@ class Driver:
     def base_fleet(self) -> Path:
         path = self.work / "base.toml"
         if self.args.rehearse:
-            engine = 'engine = "sim"\nmodel = "sim-h200"\n'
+            engine = f'engine = "sim"\nmodel = "sim-h200"\npython = {json.dumps(self.python)}\n'
             args = ["--style", "vllm", "--load-time", "2", "--max-total-tokens", "400000", "--prefill-ms-per-1k-tokens", "2",
                     "--served-model-name", "ck"]
             env = ""
         else:
-            engine = f'engine = "vllm"\nmodel = "{MODEL}"\n'
+            engine = f'engine = "vllm"\nmodel = "{MODEL}"\n'  # python3 on PATH, as in issue 25's runs (gpu-setup.sh's vLLM)
             args = ["--served-model-name", "ck", "--gpu-memory-utilization", "0.90", "--max-model-len", "4096"]
             env = 'env = { VLLM_USE_FLASHINFER_SAMPLER = "0", HF_HUB_OFFLINE = "1" }\n'
         path.write_text(f'[fleet]\nname = "tune-h200"\nstate_dir = "{self.work / "base-state"}"\ntimeout = 300\nstall = 200\n\n'
-                        f"[defaults]\n{engine}python = {json.dumps(self.python)}\nargs = {json.dumps(args)}\n{env}\n"
+                        f"[defaults]\n{engine}args = {json.dumps(args)}\n{env}\n"
                         f'[[servers]]\nname = "g0"\nport = {PORT}\ngpus = [0]\n')
         return path
 
@@ -123,8 +123,8 @@ class Driver:
             return HERE / "space.toml"
         path = self.work / "space.toml"  # the same grid, the sim's flags: a speculative step of 2.5 tokens, a cost per running request
         path.write_text('[tune]\nstart_concurrency = 16\npoint_requests = 64\nper_concurrency = 2\n\n[grid]\n'
-                        'spec = { plain = [], ngram = ["--tokens-per-step", "2.5", "--spec-ms-per-running", "0.3"] }\n'
-                        '"--max-num-seqs" = [32, 128]\n')
+                        '"--max-num-seqs" = [32, 128]\n'
+                        'spec = { plain = [], ngram = ["--tokens-per-step", "2.5", "--spec-ms-per-running", "0.3"] }\n')
         return path
 
     # ---- the run ---------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ class Driver:
         n = self.prompts_that_fit(top, doc)
         self.summary["job_prompts"] = n
         self.summary["notes"].append(f"the real jobs: {n:,} prompts each (the first {n:,} of the job file), "
-                                     f"{'the 10,000 asked for' if n >= a.job_prompts else 'as many as the device time left allowed'}")
+                                     f"{f'all {a.job_prompts:,} asked for' if n >= a.job_prompts else 'as many as the device time left allowed'}")
         self.save()
         if n < 100:
             self.say("no time left for the real jobs")
@@ -232,8 +232,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rehearse", action="store_true", help="on the CPU, the sim as the engine")
     p.add_argument("--seconds", type=float, default=500.0, help="the whole driver's wall time (the device command's limit less setup)")
-    p.add_argument("--tune-budget", type=float, default=300.0, help="the tune's --budget at most")
-    p.add_argument("--reserve", type=float, default=170.0, help="seconds kept for the real jobs when the tune's budget is set")
+    p.add_argument("--tune-budget", type=float, default=250.0, help="the tune's --budget at most")
+    p.add_argument("--reserve", type=float, default=200.0, help="seconds kept for the real jobs when the tune's budget is set")
     p.add_argument("--sample", type=int, default=1000)
     p.add_argument("--job-prompts", type=int, default=10000)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tune-h200-out"))
