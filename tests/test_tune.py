@@ -230,3 +230,20 @@ def test_the_h200_driver_space_is_valid_against_its_base(tmp_path: Path) -> None
         if not rehearse:
             ngram = fleets[1].spec.servers[0].args
             assert ngram[-2] == "--speculative-config" and json.loads(ngram[-1])["method"] == "ngram"
+
+
+def test_candidates_on_gpus_of_their_own_are_measured_at_the_same_time(tmp_path: Path) -> None:
+    text = SETTINGS + f'[[candidate]]\nname = "g0"\n\n[[candidate]]\nname = "g1"\ngpus = [1]\nport = {free_port()}\n'
+    code, doc, out = tune(tmp_path, base_fleet(tmp_path, extra="gpus = [0]\n"), space(tmp_path, text), prompts(tmp_path, 300, (10, 25), 32))
+    assert code == 0, out
+    a, b = sorted(doc["candidates"], key=lambda r: r["name"])
+    assert a["outcome"] == b["outcome"] == "measured"
+    assert a["started_s"] < b["ended_s"] and b["started_s"] < a["ended_s"]  # the two windows overlap
+    assert any("2 lanes" in n for n in doc["notes"])
+
+
+def test_candidates_measured_at_the_same_time_need_ports_of_their_own(tmp_path: Path) -> None:
+    text = '[[candidate]]\nname = "g0"\n\n[[candidate]]\nname = "g1"\ngpus = [1]\n'
+    code, doc, out = tune(tmp_path, base_fleet(tmp_path, extra="gpus = [0]\n"), space(tmp_path, text), prompts(tmp_path, 10, (3, 5), 8))
+    assert code == 3, out
+    assert 'candidate "g1": port:' in doc["error"]["message"] and 'candidate "g0"' in doc["error"]["message"]

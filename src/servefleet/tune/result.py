@@ -43,6 +43,8 @@ class CandidateRow:
     concurrencies: list[int] = field(default_factory=list)  # what was measured, in order
     predictions: list[Prediction] = field(default_factory=list)  # one per --gpus count
     measured_s: float = 0.0  # seconds spent in measured points
+    started_s: float | None = None  # its launch, seconds into the tune
+    ended_s: float | None = None  # its stop
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -1,6 +1,7 @@
-"""The tune: every candidate launched as a temporary server (in turn: one launch, its measurement,
-its stop, then the next), verified, measured in the job's mode on the sample, and ranked by the
-planner's predicted makespan of the whole job.
+"""The tune: every candidate launched as a temporary server (on one GPU in turn: one launch, its
+measurement, its stop, then the next; candidates on GPUs of their own in lanes beside each other),
+verified, measured in the job's mode on the sample, and ranked by the planner's predicted makespan of
+the whole job.
 
 Stopping early: after its first measurement (two points) and each one after, a candidate whose
 *optimistic* makespan -- its throughput assumed to keep growing at its last doubling's rate up to its
@@ -14,6 +15,7 @@ Everything that can be refused is refused by :func:`prepare`, before anything is
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -83,6 +85,7 @@ def prepare(request: TuneRequest) -> Prepared:
     base = load_base(request.fleet, request.server)
     request.out.mkdir(parents=True, exist_ok=True)
     fleets = candidate_fleets(base, space.candidates, request.out)
+    _check_lane_ports(fleets)
     startup = space.settings.startup_s if space.settings.startup_s is not None else _recorded_startup(base)
     if request.budget_s is not None:
         if request.budget_s <= 0:
@@ -136,26 +139,68 @@ class _Clock:
         return math.inf if self.budget_s is None else self.budget_s - self.elapsed
 
 
-async def run_tune(prep: Prepared, on_event: Event | None = None, now: Callable[[], float] = time.monotonic) -> TuneResult:
-    """Every candidate in turn (``now``: the budget's clock)."""
-    say = on_event or (lambda _msg: None)
-    req, settings = prep.request, prep.space.settings
-    clock = _Clock(req.budget_s, now)
-    rows: list[CandidateRow] = []
-    costs: list[float] = []  # seconds of each candidate's launch and first measurement
-    best: tuple[float, str] | None = None  # (optimistic-comparable makespan, name) of the best measured so far
-    measured_s = 0.0
-    for cf in prep.fleets:
-        cand = cf.candidate
-        row = CandidateRow(name=cand.name, outcome="measured", args=list(cf.spec.servers[0].args), fleet=str(cf.path))
-        rows.append(row)
-        estimate = sum(costs) / len(costs) if costs else (prep.startup_s or 0.0)
+def _lanes(fleets: list[CandidateFleet]) -> list[list[CandidateFleet]]:
+    """Candidates that share a GPU (or give none: the base's) run in turn, in the space's order; a lane of
+    candidates on GPUs of their own (``gpus`` in the candidate) runs beside the others."""
+    lanes: dict[tuple[str, tuple[int, ...] | None], list[CandidateFleet]] = {}
+    for cf in fleets:
+        server = cf.spec.servers[0]
+        lanes.setdefault((server.host, server.gpus), []).append(cf)
+    groups = list(lanes.values())
+    merged: list[list[CandidateFleet]] = []
+    for group in groups:  # lanes whose GPU sets overlap (or one without gpus on the same host) are one lane
+        gpus = {g for cf in group for g in (cf.spec.servers[0].gpus or ())}
+        host = group[0].spec.servers[0].host
+        for lane in merged:
+            other = {g for cf in lane for g in (cf.spec.servers[0].gpus or ())}
+            same_host = lane[0].spec.servers[0].host == host
+            if same_host and (not gpus or not other or gpus & other):
+                lane.extend(group)
+                break
+        else:
+            merged.append(list(group))
+    return merged
+
+
+def _check_lane_ports(fleets: list[CandidateFleet]) -> None:
+    """Candidates measured at the same time (lanes on GPUs of their own) cannot share a port."""
+    problems = []
+    seen: dict[tuple[str, int], tuple[int, str]] = {}
+    for index, lane in enumerate(_lanes(fleets)):
+        for cf in lane:
+            server = cf.spec.servers[0]
+            other = seen.setdefault((server.host, server.port), (index, cf.candidate.name))
+            if other[0] != index:
+                problems.append(f'candidate "{cf.candidate.name}": port: {server.port} is also that of candidate "{other[1]}", which is '
+                                "measured at the same time on other GPUs; give one of them a port of its own (port = N)")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+class _Search:
+    """The state the candidates share: the budget's clock, launch costs, the best so far."""
+
+    def __init__(self, prep: Prepared, say: Event, clock: _Clock) -> None:
+        self.prep, self.say, self.clock = prep, say, clock
+        self.costs: list[float] = []  # seconds of each candidate's launch and first measurement
+        self.best: tuple[float, str] | None = None  # (predicted makespan, name) of the best measured so far
+        self.measured_s = 0.0
+
+    async def lane(self, fleets: list[CandidateFleet], rows: dict[str, CandidateRow]) -> None:
+        for cf in fleets:
+            await self.one(cf, rows[cf.candidate.name])
+
+    async def one(self, cf: CandidateFleet, row: CandidateRow) -> None:
+        prep, clock, say = self.prep, self.clock, self.say
+        req, settings, cand = prep.request, prep.space.settings, cf.candidate
+        estimate = sum(self.costs) / len(self.costs) if self.costs else (prep.startup_s or 0.0)
         if clock.left() < estimate or clock.left() <= 0:
             row.outcome = "skipped"
             row.reason = f"budget: {max(0.0, clock.left()):.0f} s left of {req.budget_s:g} s; a candidate takes ~{estimate:.0f} s"
             say(f"{cand.name}: skipped ({row.reason})")
-            continue
+            return
         t_start = clock.now()
+        row.started_s = clock.elapsed
         say(f"{cand.name}: launching")
         async with Fleet(cf.spec) as fleet:
             try:
@@ -168,29 +213,33 @@ async def run_tune(prep: Prepared, on_event: Event | None = None, now: Callable[
                     row.evidence = verdict.evidence.text if verdict.evidence else (verdict.message or verdict.last_line)
                     row.reason = verdict.hint
                     say(f"{cand.name}: {row.category}: {row.evidence}")
-                    continue
+                    return
                 endpoints = [e for e in await fleet.ready_endpoints() if e.name == cand.name]
                 if not endpoints:
                     row.outcome, row.category, row.evidence = "failed", "other", "ready, then no longer answering before its measurement"
-                    continue
+                    return
                 ep = endpoints[0]
                 row.kv_tokens, row.max_running = ep.capacity.kv_cache_tokens, ep.capacity.max_running_requests
                 ladder = Ladder(settings.start_concurrency, settings.point_requests, settings.per_concurrency, settings.max_concurrency,
                                 ep.capacity.max_running_requests)
-                m = await _measure(prep, cf, ep, ladder, clock, best, t_start, costs, say)
+                m = await self.measure(cf, ep, ladder, t_start)
             except ServefleetError as exc:  # a server lost mid-measurement, a refused benchmark: this candidate's result
                 row.outcome, row.category, row.evidence = "failed", "other", str(exc).splitlines()[0]
                 say(f"{cand.name}: failed while measuring: {row.evidence}")
-                continue
+                return
             finally:
                 await fleet.down(grace_s=15.0)
-        measured_s += m.measured_s
+                row.ended_s = clock.elapsed
+        self.record(cf, row, m, ep.capacity)
+
+    def record(self, cf: CandidateFleet, row: CandidateRow, m: Measurement, capacity) -> None:
+        req = self.prep.request
+        self.measured_s += m.measured_s
         row.measured_s = m.measured_s
         if not m.runs or not m.points:
             row.outcome, row.category, row.evidence = "failed", "other", "no point measured"
-            continue
-        run = merge_runs(m.runs, ep.capacity)
-        path = save_run(run, req.out / "runs" / f"{cand.name}.json")
+            return
+        path = save_run(merge_runs(m.runs, capacity), req.out / "runs" / f"{cf.candidate.name}.json")
         row.run = str(path)
         row.concurrencies = [p.concurrency or 0 for p in m.points]
         if m.stopped:
@@ -205,35 +254,50 @@ async def run_tune(prep: Prepared, on_event: Event | None = None, now: Callable[
         mean_out = _mean_output(m.points)
         if row.outcome == "measured" and mean_out:
             curve = curve_from_run(path, cf.gpus_per_replica).curve
-            mk = _makespan(curve, row.max_running, cf.gpus_per_replica, prep.sample.records, mean_out, req.gpus[0])
-            if best is None or mk < best[0]:
-                best = (mk, cand.name)
-        say(f"{cand.name}: {row.outcome}, best {row.output_tps or 0:,.0f} tok/s at concurrency {row.best_concurrency}")
-    return _rank(prep, rows, clock.elapsed, measured_s)
+            mk = _makespan(curve, row.max_running, cf.gpus_per_replica, self.prep.sample.records, mean_out, req.gpus[0])
+            if self.best is None or mk < self.best[0]:
+                self.best = (mk, cf.candidate.name)
+        self.say(f"{cf.candidate.name}: {row.outcome}, best {row.output_tps or 0:,.0f} tok/s at concurrency {row.best_concurrency}")
 
+    async def measure(self, cf: CandidateFleet, ep, ladder: Ladder, t_start: float) -> Measurement:
+        prep, clock = self.prep, self.clock
+        req, settings = prep.request, prep.space.settings
+        target = BenchTarget(base_url=ep.base_url, label=cf.candidate.name, model=ep.served_model, engine=ep.engine or None, capacity=ep.capacity)
 
-async def _measure(prep: Prepared, cf: CandidateFleet, ep, ladder: Ladder, clock: _Clock, best: tuple[float, str] | None,
-                   t_start: float, costs: list[float], say: Event) -> Measurement:
-    req, settings = prep.request, prep.space.settings
-    target = BenchTarget(base_url=ep.base_url, label=cf.candidate.name, model=ep.served_model, engine=ep.engine or None, capacity=ep.capacity)
-
-    def stop_after(points: list[Point]) -> str | None:
-        if len(points) == 2 or (len(points) == 1 and ladder.next(points[0].concurrency or 1) is None):
-            costs.append(clock.now() - t_start)
-        if clock.left() <= 0:
-            return f"budget: {req.budget_s:g} s reached during its measurement (after {len(points)} point(s))"
-        mean_out = _mean_output(points)
-        if best is None or len(points) < 2 or not mean_out:
+        def stop_after(points: list[Point]) -> str | None:
+            if len(points) == 2 or (len(points) == 1 and ladder.next(points[0].concurrency or 1) is None):
+                self.costs.append(clock.now() - t_start)
+            if clock.left() <= 0:
+                return f"budget: {req.budget_s:g} s reached during its measurement (after {len(points)} point(s))"
+            mean_out = _mean_output(points)
+            best = self.best
+            if best is None or len(points) < 2 or not mean_out:
+                return None
+            optimistic = _makespan(_optimistic(points, ladder.cap, ladder.max_concurrency), ladder.cap, cf.gpus_per_replica,
+                                   prep.sample.records, mean_out, req.gpus[0])
+            if optimistic > best[0] * (1 + settings.margin):
+                return (f"behind after {len(points)} measurement(s): even growing as its last doubling did, its makespan would be "
+                        f"{optimistic:,.0f} s against {best[0]:,.0f} s of {best[1]}")
             return None
-        optimistic = _makespan(_optimistic(points, ladder.cap, ladder.max_concurrency), ladder.cap, cf.gpus_per_replica,
-                               prep.sample.records, mean_out, req.gpus[0])
-        if optimistic > best[0] * (1 + settings.margin):
-            return (f"behind after {len(points)} measurement(s): even growing as its last doubling did, its makespan would be "
-                    f"{optimistic:,.0f} s against {best[0]:,.0f} s of {best[1]}")
-        return None
 
-    return await measure(target, prep.sample.path, prep.sample.api, ladder, options=prep.sample.options, seed=req.seed, stop_after=stop_after,
-                         on_point=lambda p: say(f"{cf.candidate.name}: concurrency {p.concurrency}: {p.output_tokens_per_s:,.0f} tok/s"))
+        return await measure(target, prep.sample.path, prep.sample.api, ladder, options=prep.sample.options, seed=req.seed,
+                             stop_after=stop_after,
+                             on_point=lambda p: self.say(f"{cf.candidate.name}: concurrency {p.concurrency}: {p.output_tokens_per_s:,.0f} tok/s"))
+
+
+async def run_tune(prep: Prepared, on_event: Event | None = None, now: Callable[[], float] = time.monotonic) -> TuneResult:
+    """Every candidate: in turn on one GPU, lanes of candidates on GPUs of their own beside each other
+    (``now``: the budget's clock)."""
+    clock = _Clock(prep.request.budget_s, now)
+    search = _Search(prep, on_event or (lambda _msg: None), clock)
+    rows = {cf.candidate.name: CandidateRow(name=cf.candidate.name, outcome="measured", args=list(cf.spec.servers[0].args),
+                                            fleet=str(cf.path)) for cf in prep.fleets}
+    lanes = _lanes(prep.fleets)
+    if len(lanes) > 1:
+        prep.notes.append(f"{len(lanes)} lanes of candidates on GPUs of their own, measured at the same time: "
+                          + "; ".join(", ".join(cf.candidate.name for cf in lane) for lane in lanes))
+    await asyncio.gather(*(search.lane(lane, rows) for lane in lanes))
+    return _rank(prep, list(rows.values()), clock.elapsed, search.measured_s)
 
 
 _ORDER = {"measured": 0, "stopped_early": 1, "failed": 2, "skipped": 3}

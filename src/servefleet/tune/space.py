@@ -11,6 +11,7 @@
     [[candidate]]                # any number; each a name and what it changes
     name = "plain"
     args = []                    # engine-native arguments, after the base server's own
+    # gpus = [1], port = 8001    # GPUs of its own: measured beside the candidates of the other GPUs
 
     [grid]                       # and/or a product: every combination is a candidate
     "--max-num-seqs" = [256, 1024]                  # a flag: each value (false: left out, true: bare flag)
@@ -34,7 +35,7 @@ from servefleet.errors import ConfigError
 __all__ = ["Candidate", "TuneSettings", "Space", "load_space", "parse_space", "CANDIDATE_KEYS"]
 
 # what a candidate may change of the base server; args are appended to the base's (inherit_args = false: instead)
-CANDIDATE_KEYS = ("name", "args", "env", "gpus", "engine", "model", "python", "served_model_name", "command", "inherit_args")
+CANDIDATE_KEYS = ("name", "args", "env", "gpus", "port", "engine", "model", "python", "served_model_name", "command", "inherit_args")
 SETTINGS_KEYS = ("startup", "start_concurrency", "point_requests", "per_concurrency", "max_concurrency", "margin")
 _TOP = ("tune", "candidate", "grid")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
