@@ -18,6 +18,6 @@ ls /tmp/sf-h200/model/config.json >/dev/null || { echo "no model at /tmp/sf-h200
 [ -f /tmp/site/vllm/__init__.py ] || { echo "no vLLM in /tmp/site: send .gpu/c2 (the setup stage's second command) first"; exit 3; }
 used=$(( $(date +%s) - t0 )); echo "gpu-setup ${used} s"
 # the driver's share of the 540 s: what setup left, less 10 s for the tarball and the transfer back
-timeout $(( 540 - used )) $P benchmarks/gpu/tune/driver.py --seconds $(( 530 - used )) --tune-budget 250 --reserve 200 \
+timeout $(( 540 - used )) $P benchmarks/gpu/tune/driver.py --seconds $(( 530 - used )) --tune-budget 300 --reserve 190 \
      --sample 1000 --job-prompts 10000 --out "$OUT" --python "$P"
 echo "driver rc=$? after $(( $(date +%s) - t0 )) s"
