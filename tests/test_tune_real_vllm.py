@@ -39,6 +39,6 @@ def test_tune_ranks_two_real_vllm_candidates(tmp_path: Path) -> None:
         assert row["outcome"] in ("measured", "stopped_early"), row
         assert row["predictions"][0]["makespan_s"] > 0 and row["kv_tokens"] and row["time_to_ready_s"] > 0
         assert json.loads(Path(row["run"]).read_text())["target"]["engine"] == "vllm"
-    assert rows["two"]["max_running"] == 2 and rows["plain"]["max_running"] > 2
+    assert rows["two"]["max_running"] == 2 and rows["plain"]["max_running"] in (None, 256)  # vLLM names its cap only when given
     assert [r["concurrencies"] for r in rows.values()] == [[2], [2]]  # one point each: the cap, and max_concurrency
     assert StateStore(out / "state").names() == []  # every candidate stopped
