@@ -52,9 +52,9 @@ def prompts(tmp: Path, n: int, words: tuple[int, int], max_tokens: int, name: st
     return path
 
 
-def tune(tmp: Path, fleet: Path, space_file: Path, job: Path, *extra: str) -> tuple[int, dict, str]:
+def tune(tmp: Path, fleet: Path, space_file: Path, job: Path, *extra: str, plot: bool = False) -> tuple[int, dict, str]:
     result = CliRunner().invoke(app, ["tune", "--fleet", str(fleet), "--space", str(space_file), "--input", str(job),
-                                      "--sample", "100", "--out", str(tmp / "out"), "--no-plot", "--json", *extra])
+                                      "--sample", "100", "--out", str(tmp / "out"), "--plot" if plot else "--no-plot", "--json", *extra])
     out = result.stdout
     doc = json.loads(out[out.index("{"):]) if "{" in out else {}
     return result.exit_code, doc, result.output
@@ -100,9 +100,11 @@ def test_the_ranking_follows_the_jobs_prompt_lengths(tmp_path: Path, words: tupl
 
 def test_a_candidate_with_a_bad_flag_is_a_failed_row_and_the_rest_are_ranked(tmp_path: Path) -> None:
     text = SETTINGS + '[[candidate]]\nname = "typo"\nargs = ["--max-num-seqz", "8"]\n\n[[candidate]]\nname = "plain"\n'
-    code, doc, out = tune(tmp_path, base_fleet(tmp_path), space(tmp_path, text), prompts(tmp_path, 500, (10, 25), 32))
+    code, doc, out = tune(tmp_path, base_fleet(tmp_path), space(tmp_path, text), prompts(tmp_path, 500, (10, 25), 32), plot=True)
     assert code == 0, out
     assert doc["winner"] == "plain"
+    for png in ("tune-throughput.png", "tune-latency.png", "tune-makespan.png"):
+        assert (tmp_path / "out" / png).stat().st_size > 1000
     failed = next(r for r in doc["candidates"] if r["name"] == "typo")
     assert failed["outcome"] == "failed" and failed["category"] == "config_error"
     assert "--max-num-seqz" in failed["evidence"]

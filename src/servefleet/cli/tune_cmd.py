@@ -109,6 +109,15 @@ def _finish(prep, result, plot: bool) -> None:
 
             paths = write_plots([load_run(r) for r in runs], prep.request.out, prefix="tune")
             result.plot = str(paths[0])
+            if result.output_tokens_mean:
+                from servefleet.cli.plots import plot_makespan
+                from servefleet.plan.planner import JobSpec
+                from servefleet.plan.runs import curve_from_run
+
+                gpr = {cf.candidate.name: cf.gpus_per_replica for cf in prep.fleets}
+                curves = [curve_from_run(Path(r.run), gpr[r.name]) for r in result.rows if r.run]
+                plot_makespan(curves, JobSpec(prompts=result.prompts, output_tokens_mean=result.output_tokens_mean), result.gpus,
+                              prep.request.out / "tune-makespan.png")
         except ImportError as exc:  # matplotlib is optional
             result.notes.append(f"no plots: {exc}")
 
