@@ -221,7 +221,7 @@ def test_the_h200_driver_space_is_valid_against_its_base(tmp_path: Path) -> None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     for rehearse in (False, True):
-        args = argparse.Namespace(rehearse=rehearse, seconds=100.0, out=str(tmp_path / f"out{rehearse}"), work=str(tmp_path / f"w{rehearse}"),
+        args = argparse.Namespace(rehearse=rehearse, seconds=100.0, sim_load_time=2.0, out=str(tmp_path / f"out{rehearse}"), work=str(tmp_path / f"w{rehearse}"),
                                   python=sys.executable)
         driver = module.Driver(args)
         fleets = candidate_fleets(load_base(driver.base_fleet(), None), load_space(driver.space()).candidates, tmp_path / f"t{rehearse}")

@@ -9,7 +9,7 @@ t0=$(date +%s)
 if [ "${1:-}" = "--rehearse" ]; then
   P=${PYTHON:-python3}; export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
   exec $P benchmarks/gpu/tune/driver.py --rehearse --seconds ${SECONDS_BUDGET:-240} --tune-budget 120 --reserve 90 \
-       --sample 300 --job-prompts 2000 --out "$OUT" --python "$P"
+       --sample 300 --job-prompts 2000 --out "$OUT" --python "$P" --sim-load-time ${SIM_LOAD_TIME:-2}
 fi
 source .gpu/run/gpu-setup.sh > "$OUT/gpu-setup.out" 2>&1
 export PYTHONPATH=$PWD/src:/tmp/sf-site:${PYTHONPATH:-} PYTHONUNBUFFERED=1

@@ -106,7 +106,7 @@ class Driver:
         path = self.work / "base.toml"
         if self.args.rehearse:
             engine = f'engine = "sim"\nmodel = "sim-h200"\npython = {json.dumps(self.python)}\n'
-            args = ["--style", "vllm", "--load-time", "2", "--max-total-tokens", "400000", "--prefill-ms-per-1k-tokens", "2",
+            args = ["--style", "vllm", "--load-time", str(self.args.sim_load_time), "--max-total-tokens", "400000", "--prefill-ms-per-1k-tokens", "2",
                     "--served-model-name", "ck"]
             env = ""
         else:
@@ -235,6 +235,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=500.0, help="the whole driver's wall time (the device command's limit less setup)")
     p.add_argument("--tune-budget", type=float, default=300.0, help="the tune's --budget at most")
     p.add_argument("--reserve", type=float, default=190.0, help="seconds kept for the real jobs when the tune's budget is set")
+    p.add_argument("--sim-load-time", type=float, default=2.0, help="--rehearse: the sim's start-up seconds (the H200's vLLM: 50-100)")
     p.add_argument("--sample", type=int, default=1000)
     p.add_argument("--job-prompts", type=int, default=10000)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tune-h200-out"))
