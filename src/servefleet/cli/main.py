@@ -79,6 +79,9 @@ COMMANDS: dict[str, CommandRow] = {
     "plan": CommandRow("servefleet.cli.plan_cmds", "Which measured configuration, at what concurrency, finishes the job soonest on G GPUs; --check compares with a run.",
                        "0 planned (--check: the prediction was within its tolerance), 1 --check: the prediction missed its tolerance, "
                        "3 bad arguments, runs or destination"),
+    "tune": CommandRow("servefleet.cli.tune_cmd", "Measure engine configurations on the job's own prompts and rank them by predicted makespan; --then-generate runs the job.",
+                       "0 a winner (--then-generate: the job complete and the plan within its tolerance), 1 no candidate measured, the job "
+                       "incomplete or the plan off, 3 bad space file, fleet, input or arguments (nothing launched)"),
     "sim": CommandRow("servefleet.cli.sim_cmd",
                       "Run the simulated OpenAI-compatible engine (real SGLang/vLLM start-up logs, continuous batching, fault injection). Options: `servefleet sim --help`.",
                       "0 stopped, 3 bad options, otherwise the simulated engine's own exit code (a simulated failure)"),

@@ -81,6 +81,8 @@ class SimConfig(BaseModel):
     tokens_per_step: float = Field(1, ge=1, le=64, description="mean tokens per request per step (>1 models speculative decoding; "
                                    "fractional = mean acceptance length, e.g. 2.5)")
     speculative_algorithm: str | None = Field(None, description="name reported when --tokens-per-step > 1 (default EAGLE)")
+    spec_ms_per_running: float = Field(0.0, ge=0, description="speculative (--tokens-per-step > 1): extra step cost per running request "
+                                       "(verifying its drafts), so the gain of speculative decoding fades as the batch grows")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request gives none")
     eos_rate: float = Field(0.5, ge=0, le=1, description="share of requests without ignore_eos that stop early (EOS)")
 
@@ -171,7 +173,8 @@ class SimConfig(BaseModel):
     @property
     def steps(self) -> StepModel:
         """The step-cost model of this configuration (servefleet.sim.timing)."""
-        return step_model(self.timing, self.decode_ms, self.decode_ms_per_running, self.resolved_peak_batch,
+        per_running = self.decode_ms_per_running + (self.spec_ms_per_running if self.speculative else 0.0)
+        return step_model(self.timing, self.decode_ms, per_running, self.resolved_peak_batch,
                           self.decline_at_2x_peak, self.api_events_per_s, self.instant)
 
     @property
