@@ -18,8 +18,9 @@ layers above keep as ``pgid`` is the job id, and
   (slurm_queue.end_report);
 - ``url_for`` is a local relay (slurm_relay.py) to wherever the current job's server listens.
 
-The host knows nothing about engines: the port the engine is told is rewritten in the job (argv
-positions found by building the argv twice, ``port_positions``).
+The host knows nothing about engines: the argv it is given carries ``spec.port_slot`` (a token the
+fleet layer had the engine write where its port goes, engines/base.py PORT_SLOT) and the job puts
+the port it picks there.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from servefleet.hosts.slurm_relay import Relay
 from servefleet.hosts.ssh_scripts import env_lines, mark_argv, parse_launch
 from servefleet.hosts.watch import Exited, Pending, WatchItem
 
-__all__ = ["SlurmSpec", "SlurmHost", "port_positions"]
+__all__ = ["SlurmSpec", "SlurmHost"]
 
 END_WAIT_S = 30.0  # after the wrapper's exit: how long to wait for the job's final state
 
@@ -55,17 +56,10 @@ class SlurmSpec:
     port_range: tuple[int, int] = (20000, 40000)
     python: str = "python3"  # on the nodes: picks the port (the engine's own interpreter by default)
     fleet: str = "fleet"
-
-
-def port_positions(build: Callable[[int], Sequence[str]], port: int) -> list[int]:
-    """The 1-based argv positions that carry the port: the argv built with ``port`` and with
-    another port differ exactly there (the engine profile decides where its port flag goes; a
-    port fixed in the fleet file's ``args`` is not rewritten)."""
-    other = port + 1 if port < 65535 else port - 1
-    a, b = list(build(port)), list(build(other))
-    if len(a) != len(b):
-        return []
-    return [i + 1 for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y and x.endswith(str(port))]
+    # The token the argv carries where the server's port goes; the job replaces it with the port
+    # it picks on its node. No argument carries it: the fleet file's args fixed the port.
+    port_slot: str = "@port@"
+    fleet_ports: Mapping[str, int] = field(default_factory=dict)  # server name -> its port in the fleet file
 
 
 class SlurmHost:
@@ -76,16 +70,12 @@ class SlurmHost:
     # ordering (fleet/start_order.py) does not make them wait for each other.
     jobs_own_gpus = True
 
-    def __init__(self, spec: SlurmSpec, transport: Host, where_for_port: Callable[[int], str | None],
-                 port_plan: Callable[[str], tuple[int, list[int]]] | None = None) -> None:
-        """``where_for_port``: a server's ``.where`` file by its fleet port; ``port_plan``: for a
-        status path, the port its argv was built with and the positions to rewrite (the fleet
-        layer knows both; without it the engine keeps the port it was given)."""
+    def __init__(self, spec: SlurmSpec, transport: Host, where_for_port: Callable[[int], str | None]) -> None:
+        """``where_for_port``: a server's ``.where`` file by its fleet port (the fleet layer knows it)."""
         self.spec = spec
         self.name = spec.name
         self.transport = transport
         self.where_for_port = where_for_port
-        self.port_plan = port_plan or (lambda _status: (0, []))
         self.scheduler_calls = 0  # sbatch/squeue/scancel commands run; benchmarks read it
         self._jobs: dict[str, JobInfo] = {}
         self._jobs_at = -1.0  # monotonic time of the last squeue answer
@@ -160,9 +150,8 @@ class SlurmHost:
             raise LaunchError("a Slurm host runs servers as Slurm jobs; launcher = systemd-run is for ssh hosts")
         where = _where_path(status_path)
         name = status_path.rsplit("/", 1)[-1].removesuffix(".status")
-        old_port, positions = self.port_plan(status_path)
-        args = scripts.job_args(argv, log_path=log_path, status_path=status_path, where_path=where, old_port=old_port, positions=positions,
-                                port_range=self.spec.port_range, python=self.spec.python)
+        args = scripts.job_args(argv, log_path=log_path, status_path=status_path, where_path=where, fleet_port=self.spec.fleet_ports.get(name, 0),
+                                port_slot=self.spec.port_slot, port_range=self.spec.port_range, python=self.spec.python)
         sbatch = ["sbatch", "--parsable", f"--job-name={scripts.job_name(self.spec.fleet, name)}", f"--output={log_path}",
                   "--open-mode=append", *(["--chdir", cwd] if cwd else []), *self.spec.sbatch]
         jobfile = where.removesuffix(".where") + ".sbatch"

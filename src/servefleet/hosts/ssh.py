@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import subprocess
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
@@ -56,9 +56,6 @@ class SSHHost:
         self._units_lock = asyncio.Lock()  # servers start concurrently: one check per host
         self._connect_lock = asyncio.Lock()
         self.commands = 0  # remote commands run (each one ssh client process); benchmarks read it
-        # Called once, right after the first connection: the fleet layer turns "~/..." work
-        # folders into absolute paths here, so records name the same paths the processes see.
-        self.on_connect: list[Callable[[SSHHost], None]] = []
 
     # -- connection -------------------------------------------------------------------------
 
@@ -75,8 +72,6 @@ class SSHHost:
             if not facts.get("home"):
                 raise HostError(f"ssh host {self.name!r}: could not learn the remote home folder")
             self._facts = facts
-            for hook in self.on_connect:
-                hook(self)
 
     @property
     def home(self) -> str:
@@ -99,6 +94,11 @@ class SSHHost:
         if path == "~" or path.startswith("~/"):
             return self.home.rstrip("/") + path[1:]
         return path
+
+    def resolve(self, path: str) -> str:
+        """``expand`` once connected; before that, the path as written (the fleet layer's work
+        folders: records name the paths the remote processes see)."""
+        return self.expand(path) if self._facts is not None else path
 
     async def _path(self, path: str) -> str:
         if path.startswith("~"):
