@@ -16,7 +16,6 @@ from servefleet.fleet.slurm_binding import connect_slurm
 from servefleet.fleet.spec import LOCAL, FleetSpec, HostSpec
 from servefleet.hosts.local import LocalHost
 from servefleet.hosts.ssh import SSHHost
-from servefleet.hosts.ssh_options import SSHSpec
 
 __all__ = ["HostBinding", "HostPool"]
 
@@ -65,30 +64,7 @@ def _connect_ssh(spec: HostSpec, fleet: FleetSpec) -> HostBinding:
     ``<workdir>/<fleet name>``. A ``~`` in the work folder is replaced by the remote home as
     soon as the host connects (HostBinding.expand), so the paths in state records are the ones
     the remote processes were given (the lifecycle recognises its servers by their log path)."""
-    if spec.ssh is None:  # the spec's own check makes `ssh` required for kind = "ssh"
-        raise ConfigError(f"[hosts.{spec.name}]: an SSH host needs ssh = \"user@host\"")
-    alive = SSHSpec.alive_settings(spec.alive_timeout)
-    try:
-        ssh_spec = SSHSpec(
-            destination=spec.ssh,
-            name=spec.name,
-            port=spec.port,
-            user=spec.user,
-            identity_file=spec.identity_file,
-            jump=spec.jump,
-            known_hosts=spec.known_hosts,
-            strict_host_key=spec.strict_host_key,
-            config_file=spec.config_file,
-            workdir=spec.workdir,
-            env=dict(spec.env),
-            venv=spec.venv,
-            connect_timeout=spec.connect_timeout,
-            alive_interval=alive["alive_interval"],
-            alive_count_max=alive["alive_count_max"],
-            launcher=spec.launcher,
-        )
-    except ConfigError as exc:
-        raise ConfigError(f"{fleet.path.name}: [hosts.{spec.name}]: {exc}") from exc
+    ssh_spec = spec.ssh_spec  # the fleet file's settings, checked when it was read
     host = SSHHost(ssh_spec)
     binding = HostBinding(
         name=spec.name,
