@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
+from servefleet.hosts import ssh_follow
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts import ssh_systemd as units
 from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv
@@ -385,16 +386,12 @@ class SSHHost:
         return int(out.split()[0])
 
     def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
-        from servefleet.hosts.ssh_follow import follow
-
-        return follow(self, path, offset)
+        return ssh_follow.follow(self, path, offset)
 
     def watch(self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
         """The WatchHost capability: log, exit and liveness of one server from one remote
         watcher (ssh_follow.watch), what a wait uses instead of polling."""
-        from servefleet.hosts.ssh_follow import watch
-
-        return watch(self, log_path, offset, pgid=pgid, status_path=status_path)
+        return ssh_follow.watch(self, log_path, offset, pgid=pgid, status_path=status_path)
 
     async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         path = await self._path(path)
