@@ -10,6 +10,7 @@ import pytest
 from servefleet.errors import ConfigError
 from servefleet.fleet.core import find_fleet_file
 from servefleet.fleet.loader import load_fleet_file
+from servefleet.fleet.spec import HostSpec
 from servefleet.fleet.state import StateStore
 
 GOOD = """
@@ -163,3 +164,44 @@ def test_example_fleet_files_are_valid(example: Path) -> None:
     assert fleet.spec.servers
     for item in fleet.resolve():  # every engine builds its argv from the example
         assert item.argv and str(item.server.port) in item.argv
+
+
+def test_every_ssh_setting_is_a_host_key_and_reaches_the_ssh_spec(tmp_path: Path) -> None:
+    """The host table's SSH keys are SSHSpec's fields (one declaration): settings a fleet file could
+    not set before (options, multiplex, max_sessions, reconnect_s, ...) arrive in the SSHSpec."""
+    import dataclasses
+
+    from servefleet.hosts.ssh_options import SSHSpec
+
+    text = ('[hosts.gpu1]\nssh = "box"\noptions = { Compression = "yes" }\nmultiplex = false\nmax_sessions = 4\nmax_masters = 2\n'
+            'reconnect_s = 5\ncontrol_persist = 30\nalive_interval = 2\nalive_count_max = 5\n' + SERVER)
+    ssh = load_fleet_file(write(tmp_path, text)).hosts["gpu1"].ssh_spec
+    assert (ssh.destination, dict(ssh.options), ssh.multiplex, ssh.max_sessions, ssh.max_masters) == ("box", {"Compression": "yes"}, False, 4, 2)
+    assert (ssh.reconnect_s, ssh.control_persist, ssh.alive_interval, ssh.alive_count_max) == (5, 30, 2, 5)
+    keys = set(HostSpec.model_fields)
+    assert {f.name for f in dataclasses.fields(SSHSpec)} - {"destination", "name"} <= keys
+    assert load_fleet_file(write(tmp_path, '[hosts.gpu1]\nssh = "box"\nalive_timeout = 15\n' + SERVER)).hosts["gpu1"].ssh_spec == SSHSpec(destination="box", name="gpu1")
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('max_sessions = 100', r"\[hosts.gpu1\]: max_sessions: must be between 1 and 64"),
+    ('reconnect_s = 0', r"\[hosts.gpu1\]: reconnect_s: must be a positive number of seconds"),
+    ('options = { "Bad Key" = "x" }', r"\[hosts.gpu1\]: options: invalid ssh option Bad Key"),
+    ('user = "-oProxyCommand=x"', r"\[hosts.gpu1\]: user: must not be empty, start with '-'"),
+    ('alive_timeout = 5\nalive_interval = 2', r"\[hosts.gpu1\]: alive_timeout: set it or alive_interval, not both"),
+    ('multiplx = false', r"\[hosts.gpu1\]: multiplx: unknown field.*multiplex"),
+], ids=["range", "seconds", "option-name", "option-injection", "both-alive", "unknown-key"])
+def test_a_bad_ssh_setting_is_refused_naming_its_key(tmp_path: Path, table: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_fleet_file(write(tmp_path, f'[hosts.gpu1]\nssh = "box"\n{table}\n' + SERVER))
+
+
+def test_a_bad_host_setting_exits_3(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from servefleet.cli.main import app
+
+    path = write(tmp_path, '[hosts.gpu1]\nssh = "box"\nmax_sessions = 0\n' + SERVER)
+    result = CliRunner().invoke(app, ["status", "--fleet", str(path)])
+    assert result.exit_code == 3, result.output
+    assert "max_sessions" in result.output

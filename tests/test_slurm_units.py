@@ -1,5 +1,5 @@
 """The Slurm host's pure parts, with tables: squeue parsing, job states, end-state reports,
-sbatch options, the argv positions that carry the port, and the fleet file's Slurm fields."""
+sbatch options, the port slot, and the fleet file's Slurm fields."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from servefleet.engines.base import PORT_SLOT
 from servefleet.errors import ConfigError
 from servefleet.fleet.loader import load_fleet_file
 from servefleet.hosts.base import DETACH_SCRIPT
-from servefleet.hosts.slurm import port_positions
+from servefleet.hosts.local import LocalHost
 from servefleet.hosts.slurm_queue import end_report, is_alive, parse_squeue, squeue_argv
 from servefleet.hosts.slurm_script import JOB, parse_submitted, sbatch_options
 
@@ -75,29 +76,45 @@ def test_sbatch_options_use_sbatchs_names_and_extra_args_come_last() -> None:
                                     "--mem=64G", "--constraint=h100", "--exclusive", "--time=01:00:00"]
 
 
-def test_the_port_positions_are_where_the_engines_argv_differs() -> None:
-    def build(port: int) -> list[str]:  # an engine with two spellings of its port
-        return ["serve", "--max-model-len", "30000", "--port", str(port), f"--metrics=:{port}"]
+def test_an_engine_writes_the_port_slot_where_its_port_goes_and_records_keep_the_port(tmp_path: Path) -> None:
+    """The seam is declared, not found by building the argv twice: a Slurm binding's launch gives
+    its host the engine's argv with PORT_SLOT where the port goes; what records and hashes see is
+    the argv with the fleet file's port."""
+    from servefleet.fleet.binding import HostBinding
+    from servefleet.fleet.lifecycle import resolve_launch
+    from servefleet.fleet.spec import ServerSpec
 
-    assert port_positions(build, 30000) == [5, 6]  # not the equal-looking --max-model-len 30000
+    server = ServerSpec(name="a", engine="vllm", model="m", port=30000, args=["--max-model-len", "30000"])
+    plain = resolve_launch(server, HostBinding("local", LocalHost(), str(tmp_path)), "f.toml")
+    slotted = resolve_launch(server, HostBinding("c", LocalHost(), str(tmp_path), port_slot=True), "f.toml")
+    assert plain.host_argv is None and "30000" in plain.argv
+    assert slotted.host_argv is not None and slotted.host_argv.count(PORT_SLOT) == 1
+    assert slotted.host_argv[slotted.host_argv.index(PORT_SLOT) - 1] == "--port"  # not the equal-looking --max-model-len 30000
+    assert slotted.argv == plain.argv
+    fixed = resolve_launch(server.model_copy(update={"args": ("--port", "30000")}), HostBinding("c", LocalHost(), str(tmp_path), port_slot=True), "f.toml")
+    assert PORT_SLOT not in " ".join(fixed.host_argv or [])  # the port was fixed in the fleet file's args: nothing to replace
 
-    def fixed(port: int) -> list[str]:  # the port was fixed in the fleet file's args
-        return ["serve", "--port", "8000"]
 
-    assert port_positions(fixed, 8000) == []
-
-
-def test_the_job_script_rewrites_the_port_positions(tmp_path: Path) -> None:
-    """JOB run by hand (no Slurm): the port it picks replaces the argv positions, and where it
-    runs is written to the .where file."""
+def test_the_job_script_puts_its_port_in_the_slot(tmp_path: Path) -> None:
+    """JOB run by hand (no Slurm): the port it picks replaces the slot, wherever an argument
+    carries it, and where it runs is written to the .where file."""
     log, status, where = tmp_path / "s.log", tmp_path / "s.status", tmp_path / "s.where"
-    server = ["sh", "-c", 'echo "$@"', "sh", "--len", "30000", "--port=30000"]  # the port at position 7
-    argv = ["sh", "-c", JOB, "sh", str(log), str(status), str(where), "30000", "7", "25000", "1000", "python3", DETACH_SCRIPT, *server]
+    server = ["sh", "-c", 'echo "$@"', "sh", "--len", "30000", f"--port={PORT_SLOT}", f"--metrics=:{PORT_SLOT}"]
+    argv = ["sh", "-c", JOB, "sh", str(log), str(status), str(where), "30000", PORT_SLOT, "25000", "1000", "python3", DETACH_SCRIPT, *server]
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "PICK": "import sys; print(25123)"}
     subprocess.run(argv, env=env, check=True, timeout=30)
     assert "port=25123" in where.read_text() and "job=7" in where.read_text()
-    assert "--len 30000 --port=25123" in log.read_text()
+    assert "--len 30000 --port=25123 --metrics=:25123" in log.read_text()
     assert status.read_text().strip() == "0"
+
+
+def test_the_job_script_keeps_a_port_fixed_in_args(tmp_path: Path) -> None:
+    log, status, where = tmp_path / "s.log", tmp_path / "s.status", tmp_path / "s.where"
+    server = ["sh", "-c", 'echo "$@"', "sh", "--port", "8000"]
+    argv = ["sh", "-c", JOB, "sh", str(log), str(status), str(where), "8000", PORT_SLOT, "25000", "1000", "python3", DETACH_SCRIPT, *server]
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "PICK": "import sys; print(25123)"}
+    subprocess.run(argv, env=env, check=True, timeout=30)
+    assert "port=8000" in where.read_text() and "--port 8000" in log.read_text()
 
 
 def test_a_submission_reports_its_job_id() -> None:

@@ -25,8 +25,12 @@ if TYPE_CHECKING:
 __all__ = [
     "SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "ServingMetrics", "Probe", "TokenizeEndpoint",
     "MemoryPhases", "AT_LOAD", "PROFILING", "KV_CACHE", "WARMING_UP", "CUDA_GRAPHS", "SAMPLER_WARMUP", "DUMMY_RUN",
-    "WARMUP_REQUEST", "FIRST_REQUEST", "seconds_in_year",
+    "WARMUP_REQUEST", "FIRST_REQUEST", "seconds_in_year", "PORT_SLOT",
 ]
+
+# Where a launch's port goes when the host picks it only when the server starts (a Slurm job picks a
+# free port on its node): the argv carries this token and the host replaces it (hosts/slurm_script.py).
+PORT_SLOT = "@servefleet-port@"
 
 
 class SignalKind(StrEnum):
@@ -207,6 +211,12 @@ class LaunchSpec:
     command: tuple[str, ...] = ()  # `openai` engine: the user's own command; else an override
     ready_path: str | None = None  # `openai` engine: the readiness path given by the user
     env: dict[str, str] = field(default_factory=dict)
+    port_slot: bool = False  # the argv carries PORT_SLOT where the port goes (the host picks the port)
+
+    @property
+    def port_arg(self) -> str:
+        """The port as an engine writes it into its argv (every engine: ``["--port", spec.port_arg]``)."""
+        return PORT_SLOT if self.port_slot else str(self.port)
 
 
 class EngineProfile:

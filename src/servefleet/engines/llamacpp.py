@@ -226,7 +226,7 @@ class LlamaCppEngine(EngineProfile):
         if "host" not in native:
             argv += ["--host", spec.host]
         if "port" not in native:
-            argv += ["--port", str(spec.port)]
+            argv += ["--port", spec.port_arg]
         if spec.served_model_name and "served_model_name" not in native:
             argv += [alias_flag, spec.served_model_name]
         return argv + list(spec.extra_args)

@@ -100,7 +100,7 @@ class SimEngine(EngineProfile):
         if "host" not in native:
             argv += ["--host", spec.host]
         if "port" not in native:
-            argv += ["--port", str(spec.port)]
+            argv += ["--port", spec.port_arg]
         if "model" not in native:
             argv += ["--model", spec.model]
         if spec.served_model_name and "served_model_name" not in native:

@@ -137,7 +137,7 @@ class TGIEngine(EngineProfile):
         if "host" not in native:
             argv += ["--hostname", spec.host]
         if "port" not in native:
-            argv += ["--port", str(spec.port)]
+            argv += ["--port", spec.port_arg]
         if spec.gpus and len(spec.gpus) > 1 and "tensor_parallel_size" not in native:
             argv += ["--num-shard", str(len(spec.gpus))]
         return argv + list(spec.extra_args)

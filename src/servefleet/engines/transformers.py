@@ -265,7 +265,7 @@ class TransformersEngine(EngineProfile):
         if "host" not in native:
             argv += ["--host", spec.host]
         if "port" not in native:
-            argv += ["--port", str(spec.port)]
+            argv += ["--port", spec.port_arg]
         return [*argv, *spec.extra_args]
 
     def build_env(self, spec: LaunchSpec) -> dict[str, str]:

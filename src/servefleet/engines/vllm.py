@@ -331,7 +331,7 @@ class VLLMEngine(EngineProfile):
         if "host" not in native:
             argv += ["--host", spec.host]
         if "port" not in native:
-            argv += ["--port", str(spec.port)]
+            argv += ["--port", spec.port_arg]
         if spec.gpus and len(spec.gpus) > 1 and "tensor_parallel_size" not in native:
             argv += ["--tensor-parallel-size", str(len(spec.gpus))]
         if spec.served_model_name and "served_model_name" not in native:

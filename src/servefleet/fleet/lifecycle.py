@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from servefleet.catalog import DEFAULT_HINTS, Category, State
-from servefleet.engines.base import EngineProfile, LaunchSpec
+from servefleet.engines.base import PORT_SLOT, EngineProfile, LaunchSpec
 from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError, EngineError, HostError, LaunchError
 from servefleet.fleet.hosts import HostBinding
@@ -68,6 +68,9 @@ class Launchable:
     env: dict[str, str]  # what servefleet adds to the host's environment
     served_model: str | None
     digest: str
+    # What the host is given: ``argv``, or where the host picks the port (binding.port_slot) the
+    # same argv with engines.base.PORT_SLOT where the port goes.
+    host_argv: list[str] | None = None
 
     @property
     def name(self) -> str:
@@ -122,10 +125,12 @@ def resolve_launch(server: ServerSpec, binding: HostBinding, fleet_label: str) -
         command=tuple(server.command or ()),
         ready_path=server.ready_path,
         env=env,
+        port_slot=binding.port_slot,
     )
     profile = get_engine(server.engine)
     try:
-        argv = list(profile.build_argv(launch))
+        host_argv = list(profile.build_argv(launch))
+        argv = [arg.replace(PORT_SLOT, str(server.port)) for arg in host_argv]  # what records, hashes and users see
         full_env = {**profile.build_env(launch), **env}
         served = profile.served_name(launch) or None  # none: no identity by model name
     except (EngineError, ValueError) as exc:
@@ -134,7 +139,7 @@ def resolve_launch(server: ServerSpec, binding: HostBinding, fleet_label: str) -
     if _unit_host(binding) is not None:
         payload["launcher"] = "systemd-run"  # switching launchers is a changed spec (restart applies it)
     digest = spec_hash(payload)
-    return Launchable(server, binding, profile, launch, argv, full_env, served, digest)
+    return Launchable(server, binding, profile, launch, argv, full_env, served, digest, host_argv if binding.port_slot else None)
 
 
 def _unit_host(binding: HostBinding) -> UnitHost | None:
@@ -276,7 +281,7 @@ async def launch_server(
     launched_at = utcnow()
     marker = LAUNCH_MARKER.format(time=launched_at.isoformat(timespec="seconds"))
     try:  # marker, log offset, stale status file, spawn, liveness: one remote command on ssh hosts
-        launched = await host.launch(item.argv, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd, unit=unit)
+        launched = await host.launch(item.host_argv or item.argv, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd, unit=unit)
     except Exception as exc:  # a host that cannot start anything: a launch failure, not a crash
         msg = f"could not launch: {exc}"
         verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, message=msg, elapsed_s=0.0)

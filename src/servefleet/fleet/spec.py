@@ -45,15 +45,17 @@ rejected (a typo must not silently fall back to a default).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator, model_validator
 
 from servefleet.engines.registry import ENGINES
 from servefleet.errors import ConfigError
 from servefleet.fleet.slurm_spec import SlurmHostFields
+from servefleet.hosts.ssh_options import SSHSettingsError, SSHSpec, ssh_problems
 
 __all__ = ["LOCAL", "FleetSettings", "HostSpec", "ServerDefaults", "ServerSpec", "FleetSpec", "check_name"]
 
@@ -154,47 +156,38 @@ class FleetSettings(_Strict):
         return v
 
 
-class HostSpec(SlurmHostFields, _Strict):
+def _ssh_settings_model() -> type[BaseModel]:
+    """The SSH keys of a host table, one per ``SSHSpec`` field (its type and default): declared
+    there once, so every SSH setting can be set from a fleet file. ``destination`` is the table's
+    ``ssh`` and ``name`` its NAME (HostSpec declares both)."""
+    hints = get_type_hints(SSHSpec)
+    table: dict[str, Any] = {}
+    for f in dataclasses.fields(SSHSpec):
+        if f.name in ("destination", "name"):
+            continue
+        default = Field(default_factory=f.default_factory) if f.default_factory is not dataclasses.MISSING else f.default
+        table[f.name] = (hints[f.name], default)
+    return create_model("SSHSettings", __base__=_Strict, **table)
+
+
+SSH_KEYS = tuple(f.name for f in dataclasses.fields(SSHSpec) if f.name not in ("destination", "name"))
+_SSHSettings = _ssh_settings_model()
+
+
+class HostSpec(SlurmHostFields, _SSHSettings):  # type: ignore[misc,valid-type]  # SSHSpec's fields, built from it (above)
     """A ``[hosts.NAME]`` table: an SSH host, or (``kind = "slurm"``) a Slurm cluster whose jobs
     run the servers, submitted here or on the login node ``ssh`` names (fleet/slurm_spec.py).
-    Field names follow ``servefleet.hosts.ssh_options.SSHSpec`` (``ssh`` is its ``destination``)."""
+    Every ``servefleet.hosts.ssh_options.SSHSpec`` field is a key of the same name (``ssh`` is its
+    ``destination``), checked once by ``ssh_problems``; ``ssh_spec`` is the SSHSpec they make."""
 
     name: str
     ssh: str | None = None  # destination: an alias from ~/.ssh/config, or [user@]host (required unless kind = "slurm")
-    port: int | None = None  # ssh port (-p)
-    user: str | None = None
-    identity_file: str | None = None
-    jump: str | None = None  # ProxyJump
-    known_hosts: str | None = None
-    strict_host_key: Literal["yes", "accept-new"] = "yes"  # host keys are always checked
-    config_file: str | None = None  # ssh -F
-    workdir: str = "~/.servefleet"  # remote folder for this fleet's logs and state
-    env: dict[str, str] = Field(default_factory=dict)  # added to every server's env on that host
-    venv: str | None = None  # a virtual environment to activate for every command
     python: str | None = None  # interpreter for `python -m` engines (default: python3 on the host)
-    connect_timeout: int = 10
     # Seconds of unanswered keep-alives after which a silent link (packets dropped) is dead and
-    # the host reported unreachable; quiet sessions on a live link are not affected.
-    alive_timeout: int = 15
-    # How servers are started there: "setsid" (a new session; survives the SSH link) or
-    # "systemd-run" (a transient `systemd-run --user` unit: also survives logind's
-    # KillUserProcesses; needs lingering, checked before each launch). See hosts/ssh_systemd.py.
-    launcher: Literal["setsid", "systemd-run"] = "setsid"
-
-    @field_validator("ssh", "user", "jump", "identity_file", "known_hosts", "config_file")
-    @classmethod
-    def _no_option(cls, v: str | None) -> str | None:
-        # A value starting with "-" would be read by ssh as an option (-oProxyCommand=...).
-        if v is not None and (not v or v.startswith("-") or "\n" in v):
-            raise ValueError("must not be empty, start with '-' or contain a newline")
-        return v
-
-    @field_validator("connect_timeout", "alive_timeout")
-    @classmethod
-    def _timeout(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("must be at least 1 second")
-        return v
+    # the host reported unreachable (sets alive_interval and alive_count_max; 15 ~ their
+    # defaults); quiet sessions on a live link are not affected.
+    alive_timeout: int | None = None
+    _ssh: SSHSpec | None = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
@@ -204,23 +197,38 @@ class HostSpec(SlurmHostFields, _Strict):
             raise ValueError(f'"{LOCAL}" is the built-in local host; choose another name')
         return v
 
-    @field_validator("port")
-    @classmethod
-    def _port(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= 65535:
-            raise ValueError("must be between 1 and 65535")
-        return v
-
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, v: Any) -> dict[str, str]:
         return _env_table(v)
 
     @model_validator(mode="after")
-    def _ssh_needed(self) -> HostSpec:
+    def _ssh_settings(self) -> HostSpec:
         if self.kind == "ssh" and self.ssh is None:
             raise ValueError('ssh: required field is missing (the destination, e.g. "me@gpu-box"; or kind = "slurm")')
+        values = {key: getattr(self, key) for key in SSH_KEYS}
+        if self.alive_timeout is not None:
+            given = sorted({"alive_interval", "alive_count_max"} & self.model_fields_set)
+            if given:
+                raise ValueError(f"alive_timeout: set it or {' and '.join(given)}, not both")
+            if self.alive_timeout < 1:
+                raise ValueError("alive_timeout: must be at least 1 second")
+            values.update(SSHSpec.alive_settings(self.alive_timeout))
+        try:
+            if self.ssh is not None:
+                self._ssh = SSHSpec(destination=self.ssh, name=self.name, **values)
+            elif problems := ssh_problems(values):  # no SSH: the settings a Slurm host uses still make sense
+                raise SSHSettingsError(self.name, problems)
+        except SSHSettingsError as exc:
+            raise ValueError("; ".join(f"{'ssh' if key == 'destination' else key}: {what}" for key, what in exc.problems)) from None
         return self
+
+    @property
+    def ssh_spec(self) -> SSHSpec:
+        """How to reach the host (kind = "ssh", or a Slurm host's login node)."""
+        if self._ssh is None:
+            raise ConfigError(f'[hosts.{self.name}]: an SSH host needs ssh = "user@host"')
+        return self._ssh
 
 
 class ServerDefaults(_Strict):

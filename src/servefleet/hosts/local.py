@@ -13,6 +13,7 @@ from servefleet.errors import CommandError, HostError, LaunchError
 from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv
 from servefleet.hosts.local_ports import port_holder_fallback
 from servefleet.hosts.pidstat import PidStatus, read_pid_status
+from servefleet.hosts.watch import WatchItem, poll_watch
 
 __all__ = ["LocalHost"]
 
@@ -149,6 +150,12 @@ class LocalHost:
         finally:
             if fh is not None:
                 fh.close()
+
+    def watch(self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None,
+              pid: int | None = None) -> AsyncIterator[WatchItem]:
+        """The WatchHost stream from this machine's disk and process table, polled (cheap here);
+        ``pid``: a process of its own to watch (its group may outlive it)."""
+        return poll_watch(self, log_path, offset, pgid=pgid, status_path=status_path, pid=pid)
 
     async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         folder = os.path.dirname(os.path.abspath(path))

@@ -14,21 +14,21 @@ layers above keep as ``pgid`` is the job id, and
   it has left COMPLETING, so ``down`` confirms the job has ended;
 - ``watch`` (the WatchHost capability) streams the log, reports ``Pending`` with the scheduler's
   reason while the job waits (the waiter does not count that time as a stall), and ends with the
-  log read to its end, then the exit: the wrapper's code, and how the scheduler ended the job
-  (slurm_queue.end_report);
+  log read to its end (hosts/watch.py until_exit), then the exit: the wrapper's code, and how the
+  scheduler ended the job (slurm_queue.end_report);
 - ``url_for`` is a local relay (slurm_relay.py) to wherever the current job's server listens.
 
-The host knows nothing about engines: the port the engine is told is rewritten in the job (argv
-positions found by building the argv twice, ``port_positions``).
+The host knows nothing about engines: the argv it is given carries ``spec.port_slot`` (a token the
+fleet layer had the engine write where its port goes, engines/base.py PORT_SLOT) and the job puts
+the port it picks there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -39,9 +39,9 @@ from servefleet.hosts.pidstat import GONE, PidStatus
 from servefleet.hosts.slurm_queue import JobInfo, end_report, is_alive, parse_squeue, squeue_argv
 from servefleet.hosts.slurm_relay import Relay
 from servefleet.hosts.ssh_scripts import env_lines, mark_argv, parse_launch
-from servefleet.hosts.watch import Exited, Pending, WatchItem
+from servefleet.hosts.watch import Exited, Pending, WatchItem, read_rest, until_exit
 
-__all__ = ["SlurmSpec", "SlurmHost", "port_positions"]
+__all__ = ["SlurmSpec", "SlurmHost"]
 
 END_WAIT_S = 30.0  # after the wrapper's exit: how long to wait for the job's final state
 
@@ -55,17 +55,10 @@ class SlurmSpec:
     port_range: tuple[int, int] = (20000, 40000)
     python: str = "python3"  # on the nodes: picks the port (the engine's own interpreter by default)
     fleet: str = "fleet"
-
-
-def port_positions(build: Callable[[int], Sequence[str]], port: int) -> list[int]:
-    """The 1-based argv positions that carry the port: the argv built with ``port`` and with
-    another port differ exactly there (the engine profile decides where its port flag goes; a
-    port fixed in the fleet file's ``args`` is not rewritten)."""
-    other = port + 1 if port < 65535 else port - 1
-    a, b = list(build(port)), list(build(other))
-    if len(a) != len(b):
-        return []
-    return [i + 1 for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y and x.endswith(str(port))]
+    # The token the argv carries where the server's port goes; the job replaces it with the port
+    # it picks on its node. No argument carries it: the fleet file's args fixed the port.
+    port_slot: str = "@port@"
+    fleet_ports: Mapping[str, int] = field(default_factory=dict)  # server name -> its port in the fleet file
 
 
 class SlurmHost:
@@ -76,16 +69,12 @@ class SlurmHost:
     # ordering (fleet/start_order.py) does not make them wait for each other.
     jobs_own_gpus = True
 
-    def __init__(self, spec: SlurmSpec, transport: Host, where_for_port: Callable[[int], str | None],
-                 port_plan: Callable[[str], tuple[int, list[int]]] | None = None) -> None:
-        """``where_for_port``: a server's ``.where`` file by its fleet port; ``port_plan``: for a
-        status path, the port its argv was built with and the positions to rewrite (the fleet
-        layer knows both; without it the engine keeps the port it was given)."""
+    def __init__(self, spec: SlurmSpec, transport: Host, where_for_port: Callable[[int], str | None]) -> None:
+        """``where_for_port``: a server's ``.where`` file by its fleet port (the fleet layer knows it)."""
         self.spec = spec
         self.name = spec.name
         self.transport = transport
         self.where_for_port = where_for_port
-        self.port_plan = port_plan or (lambda _status: (0, []))
         self.scheduler_calls = 0  # sbatch/squeue/scancel commands run; benchmarks read it
         self._jobs: dict[str, JobInfo] = {}
         self._jobs_at = -1.0  # monotonic time of the last squeue answer
@@ -160,9 +149,8 @@ class SlurmHost:
             raise LaunchError("a Slurm host runs servers as Slurm jobs; launcher = systemd-run is for ssh hosts")
         where = _where_path(status_path)
         name = status_path.rsplit("/", 1)[-1].removesuffix(".status")
-        old_port, positions = self.port_plan(status_path)
-        args = scripts.job_args(argv, log_path=log_path, status_path=status_path, where_path=where, old_port=old_port, positions=positions,
-                                port_range=self.spec.port_range, python=self.spec.python)
+        args = scripts.job_args(argv, log_path=log_path, status_path=status_path, where_path=where, fleet_port=self.spec.fleet_ports.get(name, 0),
+                                port_slot=self.spec.port_slot, port_range=self.spec.port_range, python=self.spec.python)
         sbatch = ["sbatch", "--parsable", f"--job-name={scripts.job_name(self.spec.fleet, name)}", f"--output={log_path}",
                   "--open-mode=append", *(["--chdir", cwd] if cwd else []), *self.spec.sbatch]
         jobfile = where.removesuffix(".where") + ".sbatch"
@@ -294,82 +282,35 @@ class SlurmHost:
         await self.transport.close()
 
     # ---- the WatchHost capability ---------------------------------------------------------
-    async def watch(self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
-        """The log as it grows, ``Pending`` while the job waits for resources, then the rest of
-        the log and ``Exited``.
+    def watch(self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
+        """The log as it grows (the transport's follower), ``Pending`` while the job waits for
+        resources, then the rest of the log and ``Exited`` (hosts/watch.py until_exit: the
+        follower may lag behind the exit, the log is read to its end before it)."""
+        log = self.transport.follow(log_path, offset) if log_path else None
+        return until_exit(log, self._exits(pgid, status_path), offset, lambda at: read_rest(self.transport, log_path or "", at))
 
-        The exit is seen from the status file or the scheduler, the log through a follower that
-        may lag behind (a poll interval, a busy machine, a shared folder): what the follower had
-        queued is not the whole log. So once the job's end is settled the follower is stopped and
-        the log is read from the last byte yielded to its end, before ``Exited`` — the waiter
-        reads nothing after a watcher's exit, and a fatal line lost here left only the exit to
-        judge by (SGLang's OOM, a SIGKILL of itself: ``killed`` instead of ``gpu_oom``)."""
-        queue: asyncio.Queue[bytes | Truncated] = asyncio.Queue()
-        delivered = offset  # the log's bytes yielded so far end here
-
-        async def follow() -> None:
-            assert log_path is not None
-            async for item in self.transport.follow(log_path, offset):
-                queue.put_nowait(item)
-
-        def drain() -> Iterator[bytes | Truncated]:
-            nonlocal delivered
-            while not queue.empty():
-                item = queue.get_nowait()
-                delivered = _offset_after(delivered, item)
-                yield item
-
-        follower = asyncio.ensure_future(follow()) if log_path else None
+    async def _exits(self, pgid: int | None, status_path: str | None) -> AsyncIterator[Pending | Exited]:
+        """The job's wait in the queue, then its end: the status file, or the scheduler's word."""
         stale = status_path is not None and await self.transport.file_size(status_path) is not None
         last_pending: tuple[str, str] | None = None
-        try:
-            while True:
-                job = await self.job(pgid) if pgid is not None else None
-                if job is not None and job.pending:
-                    key = (job.state, job.reason)
-                    if key != last_pending:
-                        last_pending = key
-                        yield Pending(job.reason or job.state, _since(job.submitted), job_id=str(pgid))
-                elif job is not None and job.state == "RUNNING":
-                    stale = False  # the job removed any earlier status file when it started
-                code_seen = status_path is not None and not stale and await self.transport.file_size(status_path) is not None
-                if code_seen or job is None or not is_alive(job.state):
-                    for item in drain():  # what is already read may decide the verdict now
-                        yield item
-                    exited = await self._exited(pgid, status_path, job)  # slurmstepd's own last lines are in the log by then
-                    if follower is not None:
-                        await _stop(follower)
-                        follower = None
-                    for item in drain():
-                        yield item
-                    if log_path is not None and (rest := await self._rest(log_path, delivered)):
-                        yield rest
-                    yield exited
-                    return
-                deadline = time.monotonic() + self.spec.poll_interval
-                while (left := deadline - time.monotonic()) > 0:
-                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
-                    # that arrives as the item does, and the waiter's stop then waits forever
-                    # (seen: up hung once in ~30 runs).
-                    try:
-                        async with asyncio.timeout(min(left, 0.1)):
-                            item = await queue.get()
-                    except TimeoutError:
-                        if status_path is not None and not stale and self._local and await self.transport.file_size(status_path) is not None:
-                            break  # the wrapper recorded an exit: look at the job now
-                        continue
-                    delivered = _offset_after(delivered, item)
-                    yield item
-        finally:
-            if follower is not None:
-                await _stop(follower)
-
-    async def _rest(self, log_path: str, offset: int) -> bytes:
-        """The log from ``offset`` to its end (nothing when it is gone or shorter)."""
-        try:
-            return await self.transport.read_bytes(log_path, offset)
-        except FileNotFoundError:
-            return b""
+        while True:
+            job = await self.job(pgid) if pgid is not None else None
+            if job is not None and job.pending:
+                key = (job.state, job.reason)
+                if key != last_pending:
+                    last_pending = key
+                    yield Pending(job.reason or job.state, _since(job.submitted), job_id=str(pgid))
+            elif job is not None and job.state == "RUNNING":
+                stale = False  # the job removed any earlier status file when it started
+            code_seen = status_path is not None and not stale and await self.transport.file_size(status_path) is not None
+            if code_seen or job is None or not is_alive(job.state):
+                yield await self._exited(pgid, status_path, job)  # slurmstepd's own last lines are in the log by then
+                return
+            deadline = time.monotonic() + self.spec.poll_interval
+            while (left := deadline - time.monotonic()) > 0:
+                await asyncio.sleep(min(left, 0.1))
+                if status_path is not None and not stale and self._local and await self.transport.file_size(status_path) is not None:
+                    break  # the wrapper recorded an exit: look at the job now
 
     async def _exited(self, pgid: int | None, status_path: str | None, job: JobInfo | None) -> Exited:
         """The exit, once the scheduler has settled the job's end state (bounded wait)."""
@@ -385,17 +326,6 @@ class SlurmHost:
                 code = None
         report = end_report(job, str(pgid), self.name)
         return Exited(code, killed=report.killed, note=report.note, hint=report.hint)
-
-
-def _offset_after(offset: int, item: bytes | Truncated) -> int:
-    """Where the log's bytes yielded so far end, after ``item``."""
-    return item.offset if isinstance(item, Truncated) else offset + len(item)
-
-
-async def _stop(task: asyncio.Future[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
 
 
 def _where_path(status_path: str) -> str:

@@ -9,7 +9,9 @@ The job, on the compute node:
 
 1. picks the server's port there: a port that binds on every address, tried in an order drawn
    from the job id (two servers' jobs on one node try different ports, and the bind test settles
-   the rest), unless the fleet file's ``args`` fixed the port; the argv positions that carry the port (found by slurm.port_positions) are rewritten;
+   the rest), unless the fleet file's ``args`` fixed the port; every argument that carries the
+   launch's port slot (engines/base.py PORT_SLOT: the engine writes it where its port goes) gets
+   that port in its place;
 2. writes where it runs (job id, node, port) to the server's ``.where`` file, atomically;
 3. runs the server under the same detach wrapper as every host (hosts/base.py DETACH_SCRIPT):
    output appended to the same log, the exit code in the same status file. Slurm's own output
@@ -54,15 +56,17 @@ else:
 """
 
 JOB = r"""#!/bin/sh
-log=$1; status=$2; where=$3; old=$4; positions=$5; lo=$6; span=$7; py=$8; detach=$9; shift 9
+log=$1; status=$2; where=$3; old=$4; slot=$5; lo=$6; span=$7; py=$8; detach=$9; shift 9
 rm -f -- "$where" "$status" "$status.notice"
 port=$old
-if [ -n "$positions" ]; then
-  port=$("$py" -c "$PICK" "$lo" "$span" "${SLURM_JOB_ID:-0}" 2>/dev/null) || port=$((lo + ${SLURM_JOB_ID:-0} % span))
+if [ -n "$slot" ]; then
+  for a do
+    case "$a" in *"$slot"*) port=$("$py" -c "$PICK" "$lo" "$span" "${SLURM_JOB_ID:-0}" 2>/dev/null) || port=$((lo + ${SLURM_JOB_ID:-0} % span)); break;; esac
+  done
   i=0
   for a do
     i=$((i + 1))
-    case " $positions " in *" $i "*) a="${a%"$old"}$port";; esac
+    while case "$a" in *"$slot"*) true;; *) false;; esac; do a="${a%%"$slot"*}$port${a#*"$slot"}"; done
     set -- "$@" "$a"
   done
   shift "$i"
@@ -123,12 +127,12 @@ def sbatch_options(opts: Mapping[str, object]) -> list[str]:
     return out
 
 
-def job_args(wrapper_argv: Sequence[str], *, log_path: str, status_path: str, where_path: str, old_port: int,
-             positions: Sequence[int], port_range: tuple[int, int], python: str) -> list[str]:
-    """The batch script's arguments (JOB's "$@"): paths, the port to rewrite and where, then the argv."""
+def job_args(wrapper_argv: Sequence[str], *, log_path: str, status_path: str, where_path: str, fleet_port: int, port_slot: str,
+             port_range: tuple[int, int], python: str) -> list[str]:
+    """The batch script's arguments (JOB's "$@"): paths, the fleet file's port (kept when no
+    argument carries the port slot: ``args`` fixed it), the slot, then the argv."""
     lo, hi = port_range
-    return [log_path, status_path, where_path, str(old_port), " ".join(str(p) for p in positions), str(lo), str(hi - lo), python,
-            DETACH_SCRIPT, *wrapper_argv]
+    return [log_path, status_path, where_path, str(fleet_port), port_slot, str(lo), str(hi - lo), python, DETACH_SCRIPT, *wrapper_argv]
 
 
 def submit_argv(*, jobfile: str, where_path: str, status_path: str, cwd: str | None, sbatch: Sequence[str], args: Sequence[str]) -> list[str]:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import shlex
 import subprocess
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
+from servefleet.hosts import ssh_follow
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts import ssh_systemd as units
 from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv
@@ -56,9 +57,6 @@ class SSHHost:
         self._units_lock = asyncio.Lock()  # servers start concurrently: one check per host
         self._connect_lock = asyncio.Lock()
         self.commands = 0  # remote commands run (each one ssh client process); benchmarks read it
-        # Called once, right after the first connection: the fleet layer turns "~/..." work
-        # folders into absolute paths here, so records name the same paths the processes see.
-        self.on_connect: list[Callable[[SSHHost], None]] = []
 
     # -- connection -------------------------------------------------------------------------
 
@@ -75,8 +73,6 @@ class SSHHost:
             if not facts.get("home"):
                 raise HostError(f"ssh host {self.name!r}: could not learn the remote home folder")
             self._facts = facts
-            for hook in self.on_connect:
-                hook(self)
 
     @property
     def home(self) -> str:
@@ -99,6 +95,11 @@ class SSHHost:
         if path == "~" or path.startswith("~/"):
             return self.home.rstrip("/") + path[1:]
         return path
+
+    def resolve(self, path: str) -> str:
+        """``expand`` once connected; before that, the path as written (the fleet layer's work
+        folders: records name the paths the remote processes see)."""
+        return self.expand(path) if self._facts is not None else path
 
     async def _path(self, path: str) -> str:
         if path.startswith("~"):
@@ -385,16 +386,12 @@ class SSHHost:
         return int(out.split()[0])
 
     def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
-        from servefleet.hosts.ssh_follow import follow
-
-        return follow(self, path, offset)
+        return ssh_follow.follow(self, path, offset)
 
     def watch(self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
         """The WatchHost capability: log, exit and liveness of one server from one remote
         watcher (ssh_follow.watch), what a wait uses instead of polling."""
-        from servefleet.hosts.ssh_follow import watch
-
-        return watch(self, log_path, offset, pgid=pgid, status_path=status_path)
+        return ssh_follow.watch(self, log_path, offset, pgid=pgid, status_path=status_path)
 
     async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         path = await self._path(path)

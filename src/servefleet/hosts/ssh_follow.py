@@ -18,6 +18,11 @@ stream on stdout, and on stderr framed lines from a remote loop that reports the
 (with the log's size then, so every byte is delivered before the exit) and a heartbeat. A wait
 thus costs one remote command per server however long the server loads, where polling the
 status file and the process group cost ~25 a second.
+
+What to do at each turn (yield, restart, reconnect, give up) is decided by the pure
+ssh_stream.StreamMachine; this module only runs the remote processes and feeds it. The rule
+"every log byte before the exit" is kept here by the exit line's log size: bytes up to it are
+awaited from tail for EXIT_CATCHUP_S, and what is still missing is read in one command.
 """
 
 from __future__ import annotations
@@ -28,38 +33,23 @@ import secrets
 import shlex
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from servefleet.errors import HostError, HostUnreachable
+from servefleet.errors import HostUnreachable
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts.base import Truncated
-from servefleet.hosts.ssh_options import classify_ssh_failure, ssh_argv
-from servefleet.hosts.watch import Exited, LogAbsent, WatchItem
+from servefleet.hosts.ssh_options import ssh_argv
+from servefleet.hosts.ssh_stream import HEARTBEAT_S, TERMINAL, Action, Emit, Fail, Finish, Leave, Restart, Retry, StreamMachine, StreamSettings, classify_tail_notice
+from servefleet.hosts.watch import WatchItem
 
 if TYPE_CHECKING:
     from servefleet.hosts.ssh import SSHHost
 
-__all__ = ["follow", "watch", "classify_tail_notice", "HEARTBEAT_S"]
+__all__ = ["follow", "watch", "classify_tail_notice", "HEARTBEAT_S"]  # the last two: from ssh_stream
 
 CHUNK = 65536
-MAX_TAIL_FAILURES = 3
-HEARTBEAT_S = 1  # the remote watcher's heartbeat (whole seconds: the remote `sleep` may not do fractions)
-LINK_POLL_S = 0.2  # while the watcher is quiet, how often to look whether its connection still lives
-EXIT_CATCHUP_S = 2.0  # after the exit line, how long tail (polling every second without inotify) may take to deliver the log's end
-
-
-def classify_tail_notice(line: str) -> str:
-    """What a line of GNU tail's stderr means for us: truncated | appeared | ignore | error."""
-    if "file truncated" in line or "has been replaced" in line:
-        return "truncated"
-    if "has appeared" in line:
-        return "appeared"
-    if any(s in line for s in ("has become inaccessible", "cannot open", "No such file", "inotify", "giving up on",
-                               "directory containing watched file was removed", "has been replaced with an untailable")):
-        return "ignore"
-    return "error"
 
 
 @contextlib.asynccontextmanager
@@ -121,187 +111,90 @@ def watch(host: SSHHost, log_path: str | None, offset: int = 0, *, pgid: int | N
     return _streams(host, log_path, offset, _Watch(pgid, status_path, float(host.spec.alive_timeout)))
 
 
-def _silent_link(host: SSHHost, what: str, quiet_s: float) -> HostUnreachable:
-    err = HostUnreachable(f"ssh host {host.name!r} is unreachable: link went silent: no answer to keep-alives and no heartbeat from the watcher of {what} for {quiet_s:.0f}s "
-                          f"(alive_timeout {host.spec.alive_timeout}s)")
-    err.reason = "link went silent"
-    return err
-
-
 async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | None) -> AsyncIterator[WatchItem]:
+    """The I/O around ssh_stream.StreamMachine: start each remote stream, feed the machine what
+    it says, do what it answers."""
     await host.connect()
     path = host.expand(path) if path else None
     if job is not None and job.status_path:
         job = replace(job, status_path=host.expand(job.status_path))
-    what = path or f"process group {job.pgid if job else '?'}"
-    inode: int | None = None
-    lost_since: float | None = None  # when the link was first found down (None: it is up)
-    tail_failures = 0
-    mute_streams = 0  # streams in a row whose watcher went quiet on a live connection (job only)
-    absent = False  # LogAbsent() yielded, its appearance not yet
-    # The remote's last word (a header, a heartbeat, an exit) on any stream so far; log bytes do
-    # not count (tail may outlive a killed watcher loop), nor does a stream that never started.
-    heard_at = time.monotonic()
-    backoff = 0.05
+    settings = StreamSettings(host=host.name, what=path or f"process group {job.pgid if job else '?'}", log=path is not None,
+                              silence_s=job.silence_s if job else None, status_file=job is not None and job.status_path is not None,
+                              alive_timeout=host.spec.alive_timeout, alive_interval=host.spec.alive_interval, reconnect_s=host.spec.reconnect_s)
+    m = StreamMachine(settings, offset, time.monotonic())
     while True:
-        restart_now = silent = reconnect_failed = master_lost = started = False
+        m.begin(secrets.token_hex(16))
+        remote = (scripts.watch_argv(path, m.offset, host.tail_has_pid, m.token, job.pgid, job.status_path, HEARTBEAT_S) if job
+                  else scripts.follow_argv(path or "", m.offset, host.tail_has_pid))
+        end: Action | None = None
         code: int | None = None
         stderr_text = ""
-        token = secrets.token_hex(16)
-        remote = (scripts.watch_argv(path, offset, host.tail_has_pid, token, job.pgid, job.status_path, HEARTBEAT_S) if job
-                  else scripts.follow_argv(path or "", offset, host.tail_has_pid))
-        exit_info: tuple[int | None, int | None] | None = None  # (code, log size) once the watcher said so
-        exit_due = 0.0
-        grace_until: float | None = None  # the watcher went quiet: the connection's keep-alives decide until then
         try:
             async with _stream(host, shlex.join(remote)) as (proc, link_alive):
-                assert proc.stdout is not None and proc.stderr is not None
-                header = await _within(proc.stdout.readline(), job.silence_s if job else None)
-                if header is None:
-                    silent = True
-                    master_lost = not link_alive()
-                elif header:
-                    heard_at, started = time.monotonic(), True
-                    lost_since, backoff = None, 0.05
-                    ino, size = scripts.parse_follow_header(header) if path else (None, None)
-                    if job and path and ino is None and not absent:
-                        absent = True
-                        yield LogAbsent()
-                    if ino is not None and size is not None and ((inode is not None and ino != inode) or size < offset):
-                        offset, inode = 0, ino  # replaced or truncated while we were not looking
-                        yield Truncated(0)
-                        continue
-                    if ino is not None:
-                        inode = ino
-                        if absent:
-                            absent = False
-                            yield LogAbsent(present=True)
-                    out_task: asyncio.Future[bytes] | None = asyncio.ensure_future(proc.stdout.read(CHUNK))
-                    err_task: asyncio.Future[bytes] | None = asyncio.ensure_future(proc.stderr.readline())
-                    try:
-                        while out_task is not None or err_task is not None:
-                            waiting = {t for t in (out_task, err_task) if t is not None}
-                            timeout = max(0.0, heard_at + job.silence_s - time.monotonic()) if job else None
-                            if grace_until is not None:
-                                timeout = LINK_POLL_S
-                            if exit_info is not None:
-                                timeout = max(0.0, exit_due - time.monotonic())
-                            done, _pending = await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                            if not done:
-                                if exit_info is None:  # not even a heartbeat
-                                    # A silent link or a mute watcher? The master's keep-alives
-                                    # (whose timer runs about as ours) end it on a silent link.
-                                    if not link_alive():
-                                        silent = master_lost = True
-                                        break
-                                    if grace_until is None:
-                                        grace_until = time.monotonic() + job.silence_s  # type: ignore[union-attr]  # nothing done means a timeout, and without a job there is none
-                                    elif time.monotonic() >= grace_until:
-                                        silent = True  # the link lives, the watcher does not speak
-                                        break
-                                    continue
-                                # tail has not delivered the log's last bytes in time: read them
-                                rest = await _rest(host, path, offset, exit_info[1])
-                                if rest:
-                                    yield rest
-                                yield _exited(exit_info[0], job)
-                                return
-                            # stderr first: a truncation notice outranks data that follows it.
-                            if err_task is not None and err_task in done:
-                                line = err_task.result()
-                                err_task = asyncio.ensure_future(proc.stderr.readline()) if line else None
-                                text = line.decode(errors="replace")
-                                if job and text.startswith(token + " "):
-                                    heard_at, grace_until, mute_streams = time.monotonic(), None, 0
-                                    fields = text.split()[1:]
-                                    if fields and fields[0] == "exit":
-                                        exit_info = scripts.parse_watch_exit(fields[1:])
-                                        exit_due = time.monotonic() + EXIT_CATCHUP_S
-                                        if path is None or exit_info[1] is None or offset >= exit_info[1]:
-                                            yield _exited(exit_info[0], job)
-                                            return
-                                    continue  # a heartbeat
-                                notice = classify_tail_notice(text)
-                                if notice == "truncated":
-                                    offset, inode = 0, None
-                                    yield Truncated(0)
-                                    restart_now = True
-                                    break
-                                if notice == "appeared" and (offset > 0 or inode is not None):
-                                    restart_now = True  # the header of a new stream decides
-                                    break
-                                if notice == "appeared" and absent:
-                                    absent = False
-                                    yield LogAbsent(present=True)
-                                if notice == "error":
-                                    stderr_text += text
-                                continue
-                            if out_task is not None and out_task in done:
-                                data = out_task.result()
-                                if not data:
-                                    out_task = None
-                                    if exit_info is not None:  # the stream ended before the log's end arrived
-                                        rest = await _rest(host, path, offset, exit_info[1])
-                                        if rest:
-                                            yield rest
-                                        yield _exited(exit_info[0], job)
-                                        return
-                                    if job is None:
-                                        break
-                                    continue  # the watcher may still speak on stderr
-                                out_task = asyncio.ensure_future(proc.stdout.read(CHUNK))
-                                offset += len(data)
-                                tail_failures = 0
-                                if absent:
-                                    absent = False
-                                    yield LogAbsent(present=True)
-                                yield data
-                                if exit_info is not None and (exit_info[1] is None or offset >= exit_info[1]):
-                                    yield _exited(exit_info[0], job)
-                                    return
-                    finally:
-                        for task in (out_task, err_task):
-                            if task is not None and not task.done():
-                                task.cancel()
-                                with contextlib.suppress(asyncio.CancelledError, Exception):
-                                    await task
-                if restart_now:
-                    continue
-                if not silent:
+                async with contextlib.aclosing(_drive(proc, link_alive, m)) as actions:
+                    async for action in actions:
+                        if isinstance(action, Emit):
+                            yield action.item
+                        else:
+                            end = action
+                if isinstance(end, Finish):
+                    rest = await _rest(host, path, m.offset, end.rest_to)
+                    if rest:
+                        yield rest
+                    yield end.exited
+                    return
+                if isinstance(end, Leave) and end.wait:
+                    assert proc.stderr is not None
                     code = await proc.wait()
-                    stderr_text += (await proc.stderr.read()).decode(errors="replace")
+                    stderr_text = m.stderr_text + (await proc.stderr.read()).decode(errors="replace")
+            after = m.ended(code, stderr_text, time.monotonic()) if not isinstance(end, Restart) else end
         except HostUnreachable as exc:
             if host.pool is None:
                 raise
-            reconnect_failed, code, stderr_text = True, 255, str(exc)
-        quiet_s = time.monotonic() - heard_at
-        if silent:
-            # Nothing on a stream that should speak every HEARTBEAT_S. Its connection gone as
-            # well: the link went silent. Still up: the watcher died; a new one starts.
-            if master_lost:
-                raise _silent_link(host, what, quiet_s)
-            mute_streams += 1
-            if mute_streams >= MAX_TAIL_FAILURES:
-                raise HostError(f"the remote watcher of {what} on ssh host {host.name!r} stopped speaking {mute_streams} times in a row on a live connection")
-            continue
-        # The stream ended without our asking: a dropped link, or tail itself failed.
-        if reconnect_failed or (code == 255 and (classify_ssh_failure(code, stderr_text) or not stderr_text.strip())):
-            if job is not None and started and quiet_s >= max(host.spec.alive_interval, 2 * HEARTBEAT_S):
-                # The master died after a quiet spell longer than the heartbeat allows: its
-                # keep-alives went unanswered, a silent link, not a dropped connection.
-                # Reconnecting would only wait out ConnectTimeout.
-                raise _silent_link(host, what, quiet_s)
-            now = time.monotonic()
-            lost_since = lost_since or now
-            if now - lost_since > host.spec.reconnect_s:
-                raise HostUnreachable(f"ssh host {host.name!r}: lost the link while following {what} and could not reconnect within {host.spec.reconnect_s}s: "
-                                      f"{stderr_text.strip()[-300:]}")
-        else:
-            tail_failures += 1
-            if tail_failures >= MAX_TAIL_FAILURES:
-                raise HostError(f"following {what} on ssh host {host.name!r} failed (exit {code}): {stderr_text.strip()[-300:]}")
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, 2.0)
+            after = m.ended(255, str(exc), time.monotonic(), unreachable=True)
+        if isinstance(after, Fail):
+            raise after.error
+        if isinstance(after, Retry):
+            await asyncio.sleep(after.after_s)
+
+
+async def _drive(proc: asyncio.subprocess.Process, link_alive: Callable[[], bool], m: StreamMachine) -> AsyncGenerator[Action, None]:
+    """One stream's events into the machine and its actions out, up to the first that ends the
+    stream's reading (Finish, Restart, Leave)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    header = await _within(proc.stdout.readline(), m.header_timeout())
+    for action in m.header(header, header is not None or link_alive(), time.monotonic()):
+        yield action
+        if isinstance(action, TERMINAL):
+            return
+    out_task: asyncio.Future[bytes] | None = asyncio.ensure_future(proc.stdout.read(CHUNK))
+    err_task: asyncio.Future[bytes] | None = asyncio.ensure_future(proc.stderr.readline())
+    try:
+        while out_task is not None or err_task is not None:
+            waiting = {t for t in (out_task, err_task) if t is not None}
+            done, _pending = await asyncio.wait(waiting, timeout=m.timeout(time.monotonic()), return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                actions = m.quiet(link_alive(), time.monotonic())
+            elif err_task is not None and err_task in done:  # stderr first: a truncation notice outranks data that follows it
+                line = err_task.result()
+                err_task = asyncio.ensure_future(proc.stderr.readline()) if line else None
+                actions = m.stderr(line, time.monotonic())
+            else:
+                assert out_task is not None
+                data = out_task.result()
+                out_task = asyncio.ensure_future(proc.stdout.read(CHUNK)) if data else None
+                actions = m.stdout(data)
+            for action in actions:
+                yield action
+                if isinstance(action, TERMINAL):
+                    return
+        yield Leave()
+    finally:
+        for task in (out_task, err_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
 
 async def _within(aw: Awaitable[bytes], timeout: float | None) -> bytes | None:
@@ -321,7 +214,3 @@ async def _rest(host: SSHHost, path: str | None, offset: int, size: int | None) 
         return await host.read_bytes(path, offset, size - offset)
     except FileNotFoundError:
         return b""
-
-
-def _exited(code: int | None, job: _Watch | None) -> Exited:
-    return Exited(code, killed=code is None and job is not None and job.status_path is not None)

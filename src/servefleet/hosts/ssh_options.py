@@ -13,13 +13,15 @@ import re
 import stat
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from servefleet.errors import CommandError, ConfigError, HostError, HostUnreachable
 
 __all__ = [
     "SSHSpec",
+    "SSHSettingsError",
+    "ssh_problems",
     "Role",
     "ssh_options",
     "ssh_argv",
@@ -31,6 +33,61 @@ __all__ = [
 ]
 
 Role = Literal["master", "client", "direct"]
+
+
+_NO_OPTION = ("destination", "user", "jump", "identity_file", "known_hosts", "config_file")
+
+
+class SSHSettingsError(ConfigError):
+    """Invalid SSH settings: ``problems`` is (setting, what is wrong) for each (the fleet layer
+    names them by their fleet-file keys)."""
+
+    def __init__(self, where: str, problems: Sequence[tuple[str, str]]) -> None:
+        self.problems = list(problems)
+        super().__init__(f"{where}: " + "; ".join(f"{name} {what}" for name, what in self.problems))
+
+
+def ssh_problems(values: Mapping[str, object]) -> list[tuple[str, str]]:
+    """Every check of SSH settings (SSHSpec's fields by name; absent ones are not checked):
+    (setting, what is wrong) for each problem. The one place they are checked: SSHSpec runs it,
+    and a fleet file's host table through it (fleet/spec.py)."""
+    out: list[tuple[str, str]] = []
+
+    def at_least(name: str, low: float, what: str) -> None:
+        value = values.get(name)
+        if isinstance(value, int | float) and value < low:
+            out.append((name, what))
+
+    for name in _NO_OPTION:
+        value = values.get(name)
+        # A value starting with '-' would be read by ssh as an option (-oProxyCommand=...).
+        if isinstance(value, str) and (not value or value.startswith("-") or "\n" in value):
+            out.append((name, "must not be empty, start with '-' or contain a newline"))
+    port = values.get("port")
+    if isinstance(port, int) and not 0 < port < 65536:
+        out.append(("port", "must be between 1 and 65535"))
+    if "strict_host_key" in values and values["strict_host_key"] not in ("yes", "accept-new"):
+        out.append(("strict_host_key", f"must be 'yes' or 'accept-new' (host keys are always checked), not {values['strict_host_key']!r}"))
+    if "launcher" in values and values["launcher"] not in ("setsid", "systemd-run"):
+        out.append(("launcher", f"must be 'setsid' or 'systemd-run', not {values['launcher']!r}"))
+    at_least("alive_interval", 1, "must be at least 1 second")
+    at_least("alive_count_max", 1, "must be at least 1")
+    at_least("connect_timeout", 1, "must be at least 1 second")
+    at_least("control_persist", 0, "must be 0 or more seconds")
+    for name in ("max_sessions", "max_masters"):
+        value = values.get(name)
+        if isinstance(value, int) and not 1 <= value <= 64:
+            out.append((name, "must be between 1 and 64"))
+    reconnect = values.get("reconnect_s")
+    if isinstance(reconnect, int | float) and reconnect <= 0:
+        out.append(("reconnect_s", "must be a positive number of seconds"))
+    for key in values.get("env") or {}:  # type: ignore[attr-defined]  # a mapping (SSHSpec's type)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
+            out.append(("env", f"invalid environment variable name {key!r}"))
+    for key, value in (values.get("options") or {}).items():  # type: ignore[attr-defined]  # a mapping (SSHSpec's type)
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", str(key)) or "\n" in str(value):
+            out.append(("options", f"invalid ssh option {key}={value!r}"))
+    return out
 
 
 @dataclass(frozen=True)
@@ -73,30 +130,9 @@ class SSHSpec:
     launcher: Literal["setsid", "systemd-run"] = "setsid"  # how servers are started (ssh_systemd.py)
 
     def __post_init__(self) -> None:
-        where = f"ssh host {self.label!r}"
-        # A value that starts with '-' would be read by ssh as an option (-oProxyCommand=...).
-        for fname in ("destination", "user", "jump", "identity_file", "known_hosts", "config_file"):
-            value = getattr(self, fname)
-            if value is not None and (not value or value.startswith("-") or "\n" in value):
-                raise ConfigError(f"{where}: invalid {fname} {value!r}")
-        if self.port is not None and not 0 < int(self.port) < 65536:
-            raise ConfigError(f"{where}: port {self.port} is out of range")
-        if self.strict_host_key not in ("yes", "accept-new"):
-            raise ConfigError(f"{where}: strict_host_key must be 'yes' or 'accept-new' (host keys are always checked), not {self.strict_host_key!r}")
-        if self.launcher not in ("setsid", "systemd-run"):
-            raise ConfigError(f"{where}: launcher must be 'setsid' or 'systemd-run', not {self.launcher!r}")
-        if int(self.alive_interval) < 1 or int(self.alive_count_max) < 1:
-            raise ConfigError(f"{where}: alive_interval and alive_count_max must be at least 1")
-        if int(self.connect_timeout) < 1:
-            raise ConfigError(f"{where}: connect_timeout must be at least 1 second")
-        if not 1 <= self.max_sessions <= 64 or not 1 <= self.max_masters <= 64:
-            raise ConfigError(f"{where}: max_sessions and max_masters must be between 1 and 64")
-        for key in self.env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                raise ConfigError(f"{where}: invalid environment variable name {key!r}")
-        for key, value in self.options.items():
-            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key) or "\n" in str(value):
-                raise ConfigError(f"{where}: invalid ssh option {key}={value!r}")
+        problems = ssh_problems({f.name: getattr(self, f.name) for f in fields(self)})
+        if problems:
+            raise SSHSettingsError(f"ssh host {self.label!r}", problems)
 
     @property
     def label(self) -> str:

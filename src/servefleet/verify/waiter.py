@@ -1,16 +1,16 @@
 """Waiting for a server: the I/O edge around the readiness state machine.
 
-Three watchers run concurrently and turn what they see into events on one queue: the log follower
-(``host.follow``, split into lines), the HTTP prober (every ``PROBE_INTERVAL_S``, at once when a
-ready line appears), and the process watcher (the detach wrapper's status file for the exit code,
-``host.group_alive`` for a group that vanished, ``host.pid_status`` for the one process a user
-pointed at). The machine decides; this module only feeds it,
-starts the smoke request when asked, and reads capacity from the server once it is ready.
+Two watchers run concurrently and turn what they see into events on one queue: the host's watch
+stream (hosts/watch.py: the log as it grows, split into lines here, a scheduler's queue, then the
+exit: the detach wrapper's status file for the code, a group that vanished, the one process a
+user pointed at) and the HTTP prober (every ``PROBE_INTERVAL_S``, at once when a ready line
+appears). The machine decides; this module only feeds it, starts the smoke request when asked,
+and reads capacity from the server once it is ready.
 
-Before a process exit is applied, the rest of the log is read to its end, so the last lines a
-dying server wrote are classified before its exit code is. A host with the WatchHost capability
-(SSH) replaces the follower and the process watcher with one stream that delivers the log up to
-the exit before the exit itself: no polling, no round trip per question.
+Every watch stream delivers the log to its end before the exit (hosts/watch.py until_exit), so the
+last lines a dying server wrote are classified before its exit code is; a last line without its
+newline is complete once the process is gone. One path for every host: SSH's stream costs one
+remote command per server, a local one polls the disk and the process table.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from servefleet.catalog import State
 from servefleet.engines.base import EngineProfile, Probe
 from servefleet.hosts.base import Host, Truncated
 from servefleet.hosts.local import LocalHost
-from servefleet.hosts.pidstat import PidStatus
-from servefleet.hosts.watch import Exited, LogAbsent, Pending, WatchHost
+from servefleet.hosts.watch import Exited, LogAbsent, Pending, WatchHost, WatchItem, poll_watch
 from servefleet.http import probe_client
 from servefleet.verify.bounded import Bounds, HostSource, line_number_at, read_big_log
 from servefleet.verify.events import Event, LogGrew, LogLines, LogMissing, LogTruncated, ProcessExit, Queued, Tick
@@ -38,8 +37,6 @@ from servefleet.verify.verdict import Verdict
 __all__ = ["WaitTarget", "wait_for_server", "PROBE_INTERVAL_S"]
 
 PROBE_INTERVAL_S = 0.05
-STATUS_INTERVAL_S = 0.05  # status file: a stat per tick, cheap
-ALIVE_INTERVAL_S = 0.1  # group liveness: a process-table scan
 TICK_S = 0.1
 LIVE_LINE_EVERY_S = 0.25
 FINAL_PROBE_S = 0.5  # the probe made when the process exits, to tell port_in_use from other  # on_update for a new last log line, at most this often
@@ -121,14 +118,7 @@ async def wait_for_server(
         prober = Prober(client, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
         prober.work_ahead(lambda: (machine.engine or EngineProfile(), smoke))
         tasks = [_start(_probe_loop(prober, machine, queue, wake), queue)]
-        watch_host = host if isinstance(host, WatchHost) else None
-        watched = watch_host is not None and target.pid is None and (target.pgid is not None or target.status_path is not None)
-        if watch_host is not None and watched:  # one stream for the log and the exit (hosts/watch.py), no polling
-            follower: asyncio.Task[None] | None = _start(_watch_server(watch_host, target, log, queue), queue)
-        else:
-            follower = _start(_follow_log(host, target.log_path, log, queue), queue) if target.log_path else None
-            if target.pgid is not None or target.status_path is not None or target.pid is not None:
-                tasks.append(_start(_watch_process(host, target.pgid, target.status_path, queue, target.pid), queue))
+        follower: asyncio.Task[None] | None = _start(_watch_server(_watch_stream(host, target, log.offset), log, queue), queue)
         smoke_task: asyncio.Task[None] | None = None
         try:
             try:
@@ -140,8 +130,8 @@ async def wait_for_server(
                         if follower is not None:
                             await _stop(follower)
                             follower = None
-                            # a watcher delivered the log up to the exit: nothing left to read
-                            await _drain_before_exit(host, None if watched else target.log_path, log, queue, machine, clock)
+                            # the stream delivered the log up to the exit: nothing left to read
+                            _drain_before_exit(log, queue, machine, clock)
                         if not machine.done:  # who answers on the port now? (another process: port_in_use)
                             with contextlib.suppress(TimeoutError):
                                 async with asyncio.timeout(FINAL_PROBE_S):
@@ -203,19 +193,17 @@ async def _stop(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def _follow_log(host: Host, path: str, log: _LogState, queue: asyncio.Queue) -> None:
-    if await host.file_size(path) is None:
-        queue.put_nowait(LogMissing())
-        while await host.file_size(path) is None:
-            await asyncio.sleep(TICK_S)
-        queue.put_nowait(LogMissing(present=True))
-    async for item in host.follow(path, log.offset):
-        _log_item(item, log, queue)
+def _watch_stream(host: Host, target: WaitTarget, offset: int) -> AsyncIterator[WatchItem]:
+    """The host's watch stream; the one polled from its primitives where it has none, for a
+    process of the user's (``pid``), or with no process to watch (the log alone)."""
+    if isinstance(host, WatchHost) and target.pid is None and (target.pgid is not None or target.status_path is not None):
+        return host.watch(target.log_path, offset, pgid=target.pgid, status_path=target.status_path)
+    return poll_watch(host, target.log_path, offset, pgid=target.pgid, status_path=target.status_path, pid=target.pid)
 
 
-async def _watch_server(host: WatchHost, target: WaitTarget, log: _LogState, queue: asyncio.Queue) -> None:
-    """The log follower and the process watcher in one: the host's watch stream."""
-    async for item in host.watch(target.log_path, log.offset, pgid=target.pgid, status_path=target.status_path):
+async def _watch_server(stream: AsyncIterator[WatchItem], log: _LogState, queue: asyncio.Queue) -> None:
+    """The watch stream as the machine's events."""
+    async for item in stream:
         if isinstance(item, Exited):
             queue.put_nowait(ProcessExit(item.code, killed=item.killed, note=item.note, hint=item.hint))
             return
@@ -239,8 +227,9 @@ def _log_item(item: bytes | Truncated, log: _LogState, queue: asyncio.Queue) -> 
     queue.put_nowait(LogLines(tuple(lines)) if lines else LogGrew(log.splitter.pending))
 
 
-async def _drain_before_exit(host: Host, path: str | None, log: _LogState, queue: asyncio.Queue, machine: ReadinessMachine, clock: Callable[[], float]) -> None:
-    """Classify everything the process wrote before it exited, then let the exit be applied."""
+def _drain_before_exit(log: _LogState, queue: asyncio.Queue, machine: ReadinessMachine, clock: Callable[[], float]) -> None:
+    """Classify everything the process wrote before it exited (a last line without its newline
+    included), then let the exit be applied."""
     held: list[Event | _Crashed] = []
     while not queue.empty():
         event = queue.get_nowait()
@@ -250,14 +239,7 @@ async def _drain_before_exit(host: Host, path: str | None, log: _LogState, queue
             held.append(event)
     for event in held:
         queue.put_nowait(event)
-    if path is None:
-        return
-    try:
-        rest = await host.read_bytes(path, log.offset)
-    except FileNotFoundError:
-        rest = b""
-    log.offset += len(rest)
-    lines = log.splitter.feed(rest) + log.splitter.flush()
+    lines = log.splitter.flush()
     if lines:
         machine.feed(LogLines(tuple(lines)), clock())
 
@@ -273,64 +255,6 @@ async def _probe_loop(prober: Prober, machine: ReadinessMachine, queue: asyncio.
 
 async def _smoke(prober: Prober, profile: EngineProfile, queue: asyncio.Queue) -> None:
     queue.put_nowait(await prober.smoke(profile))
-
-
-async def _watch_process(host: Host, pgid: int | None, status_path: str | None, queue: asyncio.Queue, pid: int | None = None) -> None:
-    """Report the exit: the status file's code, or a group gone without one, or the given pid gone
-    (whatever its group still holds: a shell that started it, orphaned children).
-
-    A status file present at the start while the group lives is the previous attempt's (the
-    wrapper removes it first thing, but we may look before it does): ignored until it goes."""
-    stale = False
-    if status_path is not None and pgid is not None and await host.file_size(status_path) is not None:
-        stale = await host.group_alive(pgid)
-    first = await host.pid_status(pid) if pid is not None else None
-    next_alive = 0.0
-    while True:
-        if status_path is not None:
-            present = await host.file_size(status_path) is not None
-            if present and not stale:
-                queue.put_nowait(ProcessExit(await _read_code(host, status_path)))
-                return
-            if not present:
-                stale = False
-        due = time.monotonic() >= next_alive
-        if due:
-            next_alive = time.monotonic() + ALIVE_INTERVAL_S
-        if due and pid is not None and first is not None:
-            seen = await host.pid_status(pid)
-            reused = seen.alive and first.started is not None and seen.started != first.started
-            if not seen.alive or reused:
-                if status_path is not None and await host.file_size(status_path) is not None:
-                    queue.put_nowait(ProcessExit(await _read_code(host, status_path)))
-                else:
-                    queue.put_nowait(_pid_exit(pid, PidStatus("gone") if reused else seen, first))
-                return
-        if due and pgid is not None:
-            if not await host.group_alive(pgid):
-                if status_path is not None and await host.file_size(status_path) is not None:
-                    queue.put_nowait(ProcessExit(await _read_code(host, status_path)))
-                else:
-                    queue.put_nowait(ProcessExit(None, killed=status_path is not None))
-                return
-        await asyncio.sleep(STATUS_INTERVAL_S)
-
-
-def _pid_exit(pid: int, now: PidStatus, first: PidStatus) -> ProcessExit:
-    """The exit of a watched pid: its code while it is a zombie, else why the code is unknown."""
-    if now.code is not None:
-        return ProcessExit(now.code)
-    if now.state == "zombie":
-        return ProcessExit(None, note=f"pid {pid} exited, but /proc does not show its exit status")
-    parent = f"pid {first.ppid}" if first.ppid else "its parent"
-    return ProcessExit(None, note=f"pid {pid} is not a child of servefleet: only its parent ({parent}) could read its exit code")
-
-
-async def _read_code(host: Host, status_path: str) -> int | None:
-    try:
-        return int((await host.read_bytes(status_path)).decode().strip())
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 async def _line_number_at(host: Host, path: str | None, offset: int) -> int:
