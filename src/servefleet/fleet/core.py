@@ -50,6 +50,7 @@ from servefleet.fleet.spec import LOCAL, FleetSpec
 from servefleet.fleet.start_order import Sibling, StartQueue, host_has_gpus, settled_before, shares_gpu, visible_gpus
 from servefleet.fleet.state import ServerState, StateStore, StopMark, utcnow
 from servefleet.fleet.status import Liveness, ServerStatus
+from servefleet.hosts.capabilities import scheduler_of
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
 
@@ -553,8 +554,8 @@ class Fleet:
             record = self.store.load(name)
             if record is None:
                 continue
-            noticed = getattr(self.binding(record.host).host, "noticed", None)
-            if noticed is not None and await noticed(record.pgid, record.status_path):
+            scheduler = scheduler_of(self.binding(record.host).host)
+            if scheduler is not None and await scheduler.noticed(record.pgid, record.status_path):
                 names.add(name)
         return names
 

@@ -25,6 +25,7 @@ from servefleet.fleet.lifecycle import Launchable, load_record, resolve_launch
 from servefleet.fleet.spec import LOCAL
 from servefleet.fleet.state import ServerState, StateStore
 from servefleet.fleet.status import DIAGNOSE_LIMIT, STALL_TAIL, ServerStatus, not_launched, read_tail, reports_serving_stats, server_status
+from servefleet.hosts.capabilities import batching_of, connecting_of
 from servefleet.http import probe_client
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,11 @@ class PrefetchedHost:
     async def prefetch(self, ops: Sequence[tuple[Any, ...]]) -> None:
         """Ask ``ops`` in one batch. A host that cannot batch, or a batch that fails for any
         reason but the link, leaves the questions to be asked one by one."""
-        batch = getattr(self.host, "batch", None)
-        if batch is None or not ops:
+        batching = batching_of(self.host)
+        if batching is None or not ops:
             return
         try:
-            self.answers.update(await batch(list(dict.fromkeys(ops))))
+            self.answers.update(await batching.batch(list(dict.fromkeys(ops))))
         except HostUnreachable:
             raise
         except Exception as exc:
@@ -148,9 +149,9 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
 
     async def connected(host: str) -> HostBinding:
         binding = view(host)
-        connect = getattr(_prefetched(binding).host, "connect", None)
-        if connect is not None:
-            await connect()  # "~" in the work folder becomes absolute: the batch keys are the paths asked
+        connecting = connecting_of(_prefetched(binding).host)
+        if connecting is not None:
+            await connecting.connect()  # "~" in the work folder becomes absolute: the batch keys are the paths asked
             binding.work_dir = fleet.binding(host).work_dir
         return binding
 
@@ -214,13 +215,14 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
     bindings: dict[str, HostBinding] = {}
     for item in items:
         name = item.binding.name
-        if name not in views and getattr(item.binding.host, "batch", None) is not None:
+        if name not in views and batching_of(item.binding.host) is not None:
             views[name] = PrefetchedHost(item.binding.host, once=True)
             bindings[name] = dataclasses.replace(item.binding, host=views[name])
     if not views:
         return list(items)
     for view in views.values():
-        await view.host.connect()
+        if (connecting := connecting_of(view.host)) is not None:
+            await connecting.connect()
     for name, binding in bindings.items():
         binding.work_dir = next(i.binding.work_dir for i in items if i.binding.name == name)
     first: dict[str, list[tuple[Any, ...]]] = {}

@@ -22,6 +22,7 @@ from servefleet.errors import EngineError
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import owns_group, read_exit_code
 from servefleet.fleet.state import ServerState, utcnow
+from servefleet.hosts.capabilities import prefetched_of, scheduler_of
 from servefleet.http import HttpClient
 from servefleet.verify.bounded import HostSource, diagnose_source
 from servefleet.verify.diagnose import diagnose_text
@@ -100,8 +101,8 @@ async def serving_stall(binding: HostBinding, record: ServerState, profile: Engi
     if not reports_serving_stats(profile):
         return None
     host = binding.host
-    reader = getattr(host, "read_tail", None)  # fleet/prefetch.PrefetchedHost: answered by the host's batch
-    found = await (reader or partial(read_tail, host))(record.log_path, record.log_offset, STALL_TAIL)
+    prefetched = prefetched_of(host)  # fleet/prefetch.PrefetchedHost: answered by the host's batch
+    found = await (prefetched.read_tail if prefetched is not None else partial(read_tail, host))(record.log_path, record.log_offset, STALL_TAIL)
     if found is None:
         return None
     start, raw = found
@@ -188,8 +189,8 @@ async def server_status(
             status.detail += f", {status.category}"
         if verdict.evidence is not None:
             status.detail += f": {verdict.evidence.text.strip()[:120]}"
-        ended = getattr(host, "ended", None)  # a scheduler's host (Slurm): how the job ended
-        if ended is not None and (how := await ended(record.pgid)):
+        scheduler = scheduler_of(host)  # a scheduler's host (Slurm): how the job ended
+        if scheduler is not None and (how := await scheduler.ended(record.pgid)):
             status.detail += f"; {how}"
         if record.after_failure == "stopped":  # `up` stopped it: its verdict says why, the log may not
             status.category = status.category or last.get("category")
@@ -218,8 +219,8 @@ async def server_status(
         status.state = Liveness.UNRESPONSIVE
         status.detail = status.detail or "was ready; the probe no longer answers"
         return status
-    queued = getattr(host, "queued", None)  # a scheduler's host (Slurm): a job still waiting to run
-    if queued is not None and (note := await queued(record.pgid)):
+    scheduler = scheduler_of(host)  # a scheduler's host (Slurm): a job still waiting to run
+    if scheduler is not None and (note := await scheduler.queued(record.pgid)):
         status.detail = note
         return status
     verdict = await diagnose_attempt(binding, record, profile)

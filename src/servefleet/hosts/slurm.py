@@ -35,6 +35,7 @@ from datetime import datetime
 from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
 from servefleet.hosts import slurm_script as scripts
 from servefleet.hosts.base import CommandResult, Host, Launched, PortHolder, Truncated
+from servefleet.hosts.capabilities import connecting_of
 from servefleet.hosts.pidstat import GONE, PidStatus
 from servefleet.hosts.slurm_queue import JobInfo, end_report, is_alive, parse_squeue, squeue_argv
 from servefleet.hosts.slurm_relay import Relay
@@ -100,7 +101,7 @@ class SlurmHost:
 
     @property
     def _local(self) -> bool:
-        return getattr(self.transport, "name", "") == "local"  # an SSHHost sets its env on every command itself
+        return self.transport.name == "local"  # an SSHHost sets its env on every command itself
 
     async def _scheduler(self, argv: Sequence[str], *, input: bytes | None = None, timeout: float = 60.0) -> CommandResult:
         self.scheduler_calls += 1
@@ -143,9 +144,9 @@ class SlurmHost:
     # ---- the Host contract ----------------------------------------------------------------
     async def connect(self) -> None:
         """Connect the transport (an SSH login node: its "~" work folder becomes absolute)."""
-        connect = getattr(self.transport, "connect", None)
-        if connect is not None:
-            await connect()
+        transport = connecting_of(self.transport)
+        if transport is not None:
+            await transport.connect()
 
     async def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, input: bytes | None = None) -> CommandResult:
         return await self.transport.run(argv, timeout=timeout, check=check, input=input)
@@ -280,10 +281,9 @@ class SlurmHost:
         # A server bound to every address is reached at its node; one bound to an address (the
         # default 127.0.0.1) only there, which is right when jobs run where servefleet does.
         target = facts.get("node", "127.0.0.1") if bind_host in ("0.0.0.0", "::", "") else bind_host
-        forward = getattr(self.transport, "url_for", None)
-        if self._local or forward is None:
+        if self._local:
             return target, node_port
-        url = await forward(node_port, target)  # through the login node (an SSH forward)
+        url = await self.transport.url_for(node_port, target)  # through the login node (an SSH forward)
         local = url.rsplit(":", 1)[-1]
         return "127.0.0.1", int(local)
 
