@@ -41,7 +41,7 @@ async def test_batch_answers_what_single_questions_answer(sshd_server, tmp_path:
             ("size", missing),
             ("alive", sleeper),
             ("alive", 2**22 - 3),
-            ("read", f"/proc/{sleeper}/cmdline", 0, None),
+            ("cmdline", sleeper),
             ("port", 1),
             ("read_if_dead", sleeper, str(weird), 0, None),  # alive: not read
             ("exists", str(weird)),
@@ -70,7 +70,8 @@ async def test_batch_answers_what_single_questions_answer(sshd_server, tmp_path:
         assert answers[("size", missing)] is None
         assert answers[("exists", str(weird))] is True and answers[("exists", missing)] is False and answers[("exists", "/dev/null")] is True
         assert answers[("alive", sleeper)] is True and answers[("alive", 2**22 - 3)] is False
-        assert str(tmp_path / "s.log").encode() in answers[("read", f"/proc/{sleeper}/cmdline", 0, None)]
+        assert str(tmp_path / "s.log").encode() in answers[("cmdline", sleeper)]
+        assert await host.owns(sleeper, str(tmp_path / "s.log")) is True and await host.owns(sleeper, str(tmp_path / "other.log")) is False
         for offset, limit in ((0, 16), (len(content) - 5, 16), (0, 10_000)):  # what status.read_tail says, in one batch
             single = await read_tail(host, str(weird), offset, limit)
             start = max(offset, len(content) - limit)

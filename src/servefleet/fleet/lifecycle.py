@@ -3,10 +3,10 @@ and stop its whole process group. Every step goes through a ``HostBinding``, nev
 directly, so the same code drives local and SSH hosts.
 
 Ownership is checked before anything is signalled or adopted: a recorded process group counts as
-ours only while the group lives and its leader (the detach wrapper) still carries this server's
-log path on its command line — a pgid reused by an unrelated process after a reboot is never
-killed. (Linux does not hand out a pid that is still in use as a process-group id, so a live group
-whose leader has exited is still ours.)
+ours only while the group lives and the host does not say it is another's (``Host.owns`` with the
+server's log path: on Linux hosts the detach wrapper carries it on its command line, a Slurm host
+asks the scheduler for the job's name) — a pgid reused by an unrelated process after a reboot is
+never killed.
 """
 
 from __future__ import annotations
@@ -151,15 +151,7 @@ async def owns_group(binding: HostBinding, record: ServerState, *, alive: bool |
     host = binding.host
     if not (await host.group_alive(record.pgid) if alive is None else alive):
         return False
-    try:
-        cmdline = await host.read_bytes(f"/proc/{record.pgid}/cmdline")
-    except FileNotFoundError:
-        return True  # leader gone, group alive: the pgid cannot have been reused
-    except OSError:
-        return True  # cannot read it (permissions): trust the live group
-    if not cmdline:
-        return True  # a zombie leader has an empty command line: same as gone
-    return record.log_path.encode() in cmdline
+    return await host.owns(record.pgid, record.log_path) is not False  # None (cannot tell): trust the live group
 
 
 async def read_exit_code(binding: HostBinding, record: ServerState) -> int | None:
@@ -197,11 +189,7 @@ async def load_record(store: StateStore, binding: HostBinding, name: str) -> Ser
 async def _describe_pid(binding: HostBinding, pid: int | None) -> str:
     if pid is None:
         return "another process (pid not visible)"
-    try:
-        raw = await binding.host.read_bytes(f"/proc/{pid}/cmdline")
-    except OSError:
-        return f"pid {pid}"
-    cmd = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    cmd = await binding.host.command_line(pid) or ""
     if len(cmd) > 80:
         cmd = cmd[:77] + "..."
     return f"pid {pid} ({cmd})" if cmd else f"pid {pid}"
@@ -260,7 +248,7 @@ async def launch_server(
         return await port_blocked(item, holder, record)
 
     units = _unit_host(binding)
-    unit = None
+    unit: str | None = None
     if units is not None:
         # Before anything is written or started: a host without a usable user manager (or
         # without lingering) fails here, with what is missing and what to do.
@@ -276,7 +264,10 @@ async def launch_server(
     launched_at = utcnow()
     marker = LAUNCH_MARKER.format(time=launched_at.isoformat(timespec="seconds"))
     try:  # marker, log offset, stale status file, spawn, liveness: one remote command on ssh hosts
-        launched = await host.launch(item.argv, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd, unit=unit)
+        if units is not None and unit is not None:
+            launched = await units.launch_unit(item.argv, unit=unit, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd)
+        else:
+            launched = await host.launch(item.argv, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd)
     except Exception as exc:  # a host that cannot start anything: a launch failure, not a crash
         msg = f"could not launch: {exc}"
         verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, message=msg, elapsed_s=0.0)

@@ -25,6 +25,7 @@ from servefleet.fleet.lifecycle import Launchable, load_record, resolve_launch
 from servefleet.fleet.spec import LOCAL
 from servefleet.fleet.state import ServerState, StateStore
 from servefleet.fleet.status import DIAGNOSE_LIMIT, STALL_TAIL, ServerStatus, not_launched, read_tail, reports_serving_stats, server_status
+from servefleet.hosts.base import cmdline_owns
 from servefleet.hosts.capabilities import batching_of, connecting_of
 from servefleet.http import probe_client
 
@@ -82,6 +83,10 @@ class PrefetchedHost:
             raise FileNotFoundError(path)
         return value
 
+    async def owns(self, group: int, marker: str) -> bool | None:
+        found, value = self._take(("cmdline", int(group)))
+        return cmdline_owns(value, marker) if found else await self.host.owns(group, marker)
+
     async def file_size(self, path: str) -> int | None:
         found, value = self._take(("size", path))
         return value if found else await self.host.file_size(path)
@@ -113,7 +118,7 @@ def prefetch_questions(record: ServerState) -> list[tuple[Any, ...]]:
     group is gone: a live server's log is read only if its probe does not answer)."""
     return [
         ("alive", record.pgid),
-        ("read", f"/proc/{record.pgid}/cmdline", 0, None),
+        ("cmdline", record.pgid),
         ("read", record.status_path, 0, None),
         ("port", record.port),
         ("read_if_dead", record.pgid, record.log_path, record.log_offset, DIAGNOSE_LIMIT),
@@ -238,7 +243,7 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
         asks.append(("port", item.server.port))
         record = local[item.name]
         if record is not None:
-            asks += [("alive", record.pgid), ("read", f"/proc/{record.pgid}/cmdline", 0, None)]
+            asks += [("alive", record.pgid), ("cmdline", record.pgid)]
         elif bindings[item.binding.name].remote_state:
             asks.append(("read", bindings[item.binding.name].state_path(item.name), 0, None))
     await asyncio.gather(*(views[h].prefetch(ops) for h, ops in first.items()))
@@ -251,7 +256,7 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
                     pgid = int(ServerState.model_validate_json(raw).pgid)
                 except Exception:
                     continue
-                later.setdefault(item.binding.name, []).extend([("alive", pgid), ("read", f"/proc/{pgid}/cmdline", 0, None)])
+                later.setdefault(item.binding.name, []).extend([("alive", pgid), ("cmdline", pgid)])
     await asyncio.gather(*(views[h].prefetch(ops) for h, ops in later.items()))
     return [dataclasses.replace(item, binding=bindings[item.binding.name]) if item.binding.name in bindings else item for item in items]
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import posixpath
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -155,10 +156,8 @@ class SlurmHost:
         raise LaunchError("a Slurm host starts servers as jobs (launch), not as detached processes")
 
     async def launch(self, argv: Sequence[str], *, log_path: str, status_path: str, marker: str, env: Mapping[str, str] | None = None,
-                     cwd: str | None = None, unit: str | None = None) -> Launched:
+                     cwd: str | None = None) -> Launched:
         """The marker, the log's size, and the job's submission, in one command on the submitting host."""
-        if unit is not None:
-            raise LaunchError("a Slurm host runs servers as Slurm jobs; launcher = systemd-run is for ssh hosts")
         where = _where_path(status_path)
         name = status_path.rsplit("/", 1)[-1].removesuffix(".status")
         old_port, positions = self.port_plan(status_path)
@@ -181,10 +180,6 @@ class SlurmHost:
         return Launched(job_id, size, newlines + 1, state, code)
 
     async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        if path.startswith("/proc/"):
-            # The layers above read /proc/PGID/cmdline to tell a reused pgid; a job id is not a
-            # pid (and job ids are not reused): there is no such file for a job.
-            raise FileNotFoundError(path)
         return await self.transport.read_bytes(path, offset, limit)
 
     async def file_size(self, path: str) -> int | None:
@@ -203,6 +198,19 @@ class SlurmHost:
         """Whether job ``pgid`` is pending, running or still completing."""
         job = await self.job(pgid)
         return job is not None and is_alive(job.state)
+
+    async def owns(self, group: int, marker: str) -> bool | None:
+        """Whether job ``group`` is the server's whose log is ``marker``, by the job's name
+        (slurm_script.job_name): job ids are not reused, so this is a second look, not the only
+        one; None when the scheduler no longer knows the job or printed no name."""
+        job = await self.job(group)
+        if job is None or not job.name:
+            return None
+        server = posixpath.basename(marker).removesuffix(".log")
+        return job.name == scripts.job_name(self.spec.fleet, server)
+
+    async def command_line(self, pid: int) -> str | None:
+        return None  # servers here are jobs on other nodes: no process of theirs is visible here
 
     async def queued(self, job_id: int) -> str | None:
         """"job 42 pending (Resources) for 12s" while the job waits to run, else None."""

@@ -11,6 +11,7 @@ Questions (``Op``), each answered like the Host method of the same job:
 - ``("alive", pgid)``              -> bool                 (Host.group_alive)
 - ``("read", path, offset, limit)`` -> bytes | None missing (Host.read_bytes)
 - ``("size", path)``               -> int | None missing   (Host.file_size)
+- ``("cmdline", pgid)``            -> bytes | None missing (the group leader's command line: Host.owns)
 - ``("port", port)``               -> PortHolder | None    (Host.port_holder)
 - ``("exists", path)``             -> bool                 (``[ -e ]``: never opens the file, e.g. a device)
 - ``("gpu_apps",)``                -> bytes                (hosts/gpu_apps.py: who holds memory on the GPUs)
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from servefleet.errors import HostError
-from servefleet.hosts.base import PortHolder
+from servefleet.hosts.base import PortHolder, proc_cmdline_path
 from servefleet.hosts.gpu_apps import GPU_APPS_FN
 from servefleet.hosts.ssh_scripts import PROC_GROUP_ALIVE_FN, parse_port_holder
 
@@ -136,6 +137,8 @@ def _args(op: Op) -> list[str]:
         return ["port", str(int(op[1]))]
     if kind == "gpu_apps":
         return ["gpu_apps"]
+    if kind == "cmdline":
+        return ["read", proc_cmdline_path(int(op[1])), "1", ""]
     if kind == "read":
         _, path, offset, limit = op
         return ["read", str(path), str(int(offset) + 1), "" if limit is None else str(int(limit))]
@@ -154,6 +157,8 @@ def answer_key(op: Op) -> Op:
         return ("read", op[2], int(op[3]), op[4])
     if op[0] == "read":
         return ("read", op[1], int(op[2]), op[3])
+    if op[0] == "cmdline":
+        return ("cmdline", int(op[1]))
     return op
 
 
