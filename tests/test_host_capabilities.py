@@ -37,7 +37,8 @@ def test_remaining_time_only_for_a_running_job_with_a_limit() -> None:
 
 def test_each_host_kind_declares_its_optional_parts_by_type() -> None:
     from servefleet.fleet.prefetch import PrefetchedHost
-    from servefleet.hosts.capabilities import jobs_own_gpus, prefetched_of
+    from servefleet.hosts.capabilities import jobs_own_gpus
+    from servefleet.hosts.questions import Answering
     from servefleet.hosts.ssh import SSHHost
     from servefleet.hosts.ssh_options import SSHSpec
 
@@ -49,7 +50,7 @@ def test_each_host_kind_declares_its_optional_parts_by_type() -> None:
     assert (batching_of(local), connecting_of(local), scheduler_of(local)) == (None, None, None)
     assert [jobs_own_gpus(h) for h in (local, ssh, slurm)] == [False, False, True]
     view = PrefetchedHost(ssh)
-    assert prefetched_of(view) is view and prefetched_of(ssh) is None
+    assert isinstance(view, Answering) and not isinstance(ssh, Answering) and view.inner is ssh
 
 
 def test_the_fleet_restarter_declares_holds_and_notices() -> None:

@@ -17,14 +17,15 @@ import pytest
 
 from conftest import async_wait_until
 from servefleet.hosts.base import Host, UnitHost
-from servefleet.hosts.capabilities import Batching, Connecting, Prefetched, Scheduler
+from servefleet.hosts.capabilities import Batching, Connecting, Scheduler
 from servefleet.hosts.local import LocalHost
+from servefleet.hosts.questions import Answering
 from servefleet.hosts.watch import WatchHost
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
 KINDS = ["local", "ssh", "slurm"]
-CAPABILITIES = {"Scheduler": Scheduler, "Connecting": Connecting, "Batching": Batching, "Prefetched": Prefetched, "UnitHost": UnitHost, "WatchHost": WatchHost}
+CAPABILITIES = {"Scheduler": Scheduler, "Connecting": Connecting, "Batching": Batching, "Answering": Answering, "UnitHost": UnitHost, "WatchHost": WatchHost}
 DECLARED = {
     "local": set(),
     "ssh": {"Connecting", "Batching", "UnitHost", "WatchHost"},

@@ -24,6 +24,7 @@ from servefleet.catalog import Category, State
 from servefleet.engines.base import Probe
 from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError
+from servefleet.fleet import questions
 from servefleet.fleet.gpu_holders import holder_notes, host_gpu_apps
 from servefleet.fleet.hosts import HostBinding, HostPool
 from servefleet.fleet.jobs import JobUses
@@ -51,6 +52,7 @@ from servefleet.fleet.start_order import Sibling, StartQueue, host_has_gpus, set
 from servefleet.fleet.state import ServerState, StateStore, StopMark, utcnow
 from servefleet.fleet.status import Liveness, ServerStatus
 from servefleet.hosts.capabilities import scheduler_of
+from servefleet.hosts.questions import ask
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
 
@@ -574,7 +576,7 @@ async def _refuse_held_ports(viewed: list[Launchable], records: list[ServerState
     none is launched (the held ones say who holds the port; the rest, why they waited), adopted ones
     stay adopted. None when every port is free."""
     todo = [(v, r) for v, r in zip(viewed, records, strict=True) if v.name not in adopted]
-    holders = await asyncio.gather(*(v.binding.host.port_holder(v.server.port) for v, _ in todo))
+    holders = await asyncio.gather(*(ask(v.binding.host, questions.port(v.server.port)) for v, _ in todo))  # from the adopt checks' batch
     held = {v.name: (v, r, h) for (v, r), h in zip(todo, holders, strict=True) if h is not None}
     if not held:
         return None

@@ -14,8 +14,9 @@ from collections.abc import Collection, Iterable, Mapping
 
 from servefleet.errors import HostUnreachable
 from servefleet.fleet.hosts import HostBinding
-from servefleet.hosts.capabilities import jobs_own_gpus, prefetched_of
+from servefleet.hosts.capabilities import jobs_own_gpus
 from servefleet.hosts.gpu_apps import GpuApp, gpu_apps_argv, parse_gpu_apps
+from servefleet.hosts.questions import GpuApps, answered
 
 __all__ = ["host_gpu_apps", "foreign_holders", "describe_holder", "holder_notes"]
 
@@ -27,8 +28,8 @@ async def host_gpu_apps(binding: HostBinding) -> list[GpuApp]:
     scheduler's host (a job there gets GPUs of its own, on a node not known yet)."""
     if jobs_own_gpus(binding.host):
         return []
-    prefetched = prefetched_of(binding.host)  # fleet/prefetch.PrefetchedHost
-    text = prefetched.prefetched_gpu_apps() if prefetched is not None else None
+    found = answered(binding.host, [GpuApps()])  # the adopt checks' batch
+    text = found[0].decode(errors="replace") if found is not None and found[0] is not None else None
     if text is None:
         try:
             result = await binding.host.run(gpu_apps_argv(), timeout=30, check=False)

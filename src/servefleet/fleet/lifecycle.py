@@ -22,10 +22,12 @@ from servefleet.catalog import DEFAULT_HINTS, Category, State
 from servefleet.engines.base import EngineProfile, LaunchSpec
 from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError, EngineError, HostError, LaunchError
+from servefleet.fleet import questions
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.spec import ServerSpec
 from servefleet.fleet.state import ServerState, StateStore, is_secret_name, mask_argv, mask_env, spec_hash, utcnow
 from servefleet.hosts.base import UnitHost
+from servefleet.hosts.questions import ask
 from servefleet.hosts.ssh_systemd import unit_name
 from servefleet.verify.verdict import Verdict
 
@@ -149,16 +151,15 @@ async def owns_group(binding: HostBinding, record: ServerState, *, alive: bool |
     """Whether the recorded process group is alive and still the one we launched (``alive``: the
     group's liveness when the caller just asked; not asked again)."""
     host = binding.host
-    if not (await host.group_alive(record.pgid) if alive is None else alive):
+    if not (await ask(host, questions.alive(record)) if alive is None else alive):
         return False
-    return await host.owns(record.pgid, record.log_path) is not False  # None (cannot tell): trust the live group
+    return await ask(host, questions.owner(record)) is not False  # None (cannot tell): trust the live group
 
 
 async def read_exit_code(binding: HostBinding, record: ServerState) -> int | None:
     """The exit code the detach wrapper recorded, or None (still running, or killed with it)."""
-    try:
-        raw = await binding.host.read_bytes(record.status_path)
-    except FileNotFoundError:
+    raw = await ask(binding.host, questions.exit_code(record))
+    if raw is None:
         return None
     try:
         return int(raw.decode().strip())
@@ -177,9 +178,8 @@ async def load_record(store: StateStore, binding: HostBinding, name: str) -> Ser
     """The local record, else (remote hosts) the copy on the host, rediscovered and saved locally."""
     record = store.load(name)
     if record is None and binding.remote_state:
-        try:
-            raw = await binding.host.read_bytes(binding.state_path(name))
-        except FileNotFoundError:
+        raw = await ask(binding.host, questions.remote_record(binding, name))
+        if raw is None:
             return None
         record = store._parse(store.path_for(name), raw, name)
         store.save(record)
@@ -243,7 +243,7 @@ async def launch_server(
     binding, name, port = item.binding, item.name, item.server.port
     host = binding.host
     record = previous
-    holder = None if port_checked else await host.port_holder(port)
+    holder = None if port_checked else await ask(host, questions.port(port))
     if holder is not None:
         return await port_blocked(item, holder, record)
 

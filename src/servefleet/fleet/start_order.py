@@ -41,7 +41,8 @@ from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.spec import ServerSpec
 from servefleet.fleet.state import ServerState, StateStore, utcnow
 from servefleet.hosts.base import Truncated
-from servefleet.hosts.capabilities import jobs_own_gpus, prefetched_of
+from servefleet.hosts.capabilities import jobs_own_gpus
+from servefleet.hosts.questions import Exists, answered
 from servefleet.verify.logtext import match_text
 
 __all__ = ["visible_gpus", "shares_gpu", "host_has_gpus", "settled_before", "Sibling", "Settled", "StartQueue"]
@@ -86,10 +87,9 @@ async def host_has_gpus(binding: HostBinding) -> bool:
     command, which never reads the devices (none where the adopt-check batch already asked)."""
     if jobs_own_gpus(binding.host):
         return False  # a scheduler's host (Slurm): each job is given GPUs of its own, never shared
-    prefetched = prefetched_of(binding.host)  # fleet/prefetch.PrefetchedHost
-    found = prefetched.prefetched_exists(GPU_DEVICES) if prefetched is not None else None
+    found = answered(binding.host, [Exists(device) for device in GPU_DEVICES])  # the adopt checks' batch
     if found is not None:
-        return found
+        return any(found)
     result = await binding.host.run(["sh", "-c", _ANY_EXISTS, "sh", *GPU_DEVICES], timeout=30, check=False)
     return result.returncode == 0
 

@@ -8,8 +8,8 @@ silently off.
   (``noticed``, ``remaining_s``) and it gives each job GPUs of its own (``jobs_own_gpus``).
 - ``Connecting``: a host that needs connecting before use (SSH's master connection, a login node).
 - ``Batching``: a host where a round trip costs (SSH): several questions answered in one command.
-- ``Prefetched``: a view of a host answering questions from a batch asked earlier
-  (fleet/prefetch.PrefetchedHost).
+- ``Answering`` (hosts/questions.py): a view of a host answering questions from a batch asked
+  earlier (fleet/prefetch.PrefetchedHost).
 - ``UnitHost`` (hosts/base.py) and ``WatchHost`` (hosts/watch.py) are the others.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from servefleet.hosts.slurm_queue import JobInfo
 
-__all__ = ["Scheduler", "Connecting", "Batching", "Prefetched", "scheduler_of", "connecting_of", "batching_of", "prefetched_of", "jobs_own_gpus"]
+__all__ = ["Scheduler", "Connecting", "Batching", "scheduler_of", "connecting_of", "batching_of", "jobs_own_gpus"]
 
 
 @runtime_checkable
@@ -65,21 +65,6 @@ class Batching(Protocol):
         ...
 
 
-@runtime_checkable
-class Prefetched(Protocol):
-    def prefetched_exists(self, paths: Sequence[str]) -> bool | None:
-        """Whether any of ``paths`` exists, when the batch was asked about every one (else None)."""
-        ...
-
-    def prefetched_gpu_apps(self) -> str | None:
-        """The GPU-process report (hosts/gpu_apps.py) when the batch was asked for it (else None)."""
-        ...
-
-    async def read_tail(self, path: str, offset: int, limit: int) -> tuple[int, bytes] | None:
-        """fleet/status.read_tail, answered from the batch when it was asked there."""
-        ...
-
-
 def scheduler_of(host: object) -> Scheduler | None:
     return host if isinstance(host, Scheduler) else None
 
@@ -90,10 +75,6 @@ def connecting_of(host: object) -> Connecting | None:
 
 def batching_of(host: object) -> Batching | None:
     return host if isinstance(host, Batching) else None
-
-
-def prefetched_of(host: object) -> Prefetched | None:
-    return host if isinstance(host, Prefetched) else None
 
 
 def jobs_own_gpus(host: object) -> bool:
