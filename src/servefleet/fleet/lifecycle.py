@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servefleet.catalog import DEFAULT_HINTS, Category, State
 from servefleet.engines.base import EngineProfile, LaunchSpec
@@ -30,6 +30,9 @@ from servefleet.hosts.base import UnitHost
 from servefleet.hosts.questions import ask
 from servefleet.hosts.ssh_systemd import unit_name
 from servefleet.verify.verdict import Verdict
+
+if TYPE_CHECKING:
+    from servefleet.fleet.start_order import Settled, StartQueue
 
 __all__ = [
     "Action",
@@ -76,21 +79,24 @@ class Launchable:
         return self.server.name
 
 
-@dataclass
+@dataclass(frozen=True)
 class StartOutcome:
+    """What ``start`` did with one server. A value: a later step (a queued server's turn, the
+    wait's stop of a failed one) makes a new outcome (``dataclasses.replace``), never edits one."""
+
     name: str
     action: Action
     record: ServerState | None = None
     verdict: Verdict | None = None  # set when there is nothing to wait for (blocked, failed)
     message: str | None = None  # e.g. "running with an older spec"
     spec_changed: bool = False
-    waits_for: list[str] = field(default_factory=list)  # QUEUED: the siblings it starts after
-    started_after: list[Any] = field(default_factory=list)  # start_order.Settled, once launched
+    waits_for: tuple[str, ...] = ()  # QUEUED: the siblings it starts after
+    started_after: tuple[Settled, ...] = ()  # once launched after siblings on its GPU settled
     after_failure: str | None = None  # failed verdict: "stopped" | "kept running (--keep-failed)" | ...
     item: Launchable | None = None  # QUEUED: what to launch when its turn comes
-    queue: Any = None  # QUEUED: the call's start_order.StartQueue
+    queue: StartQueue | None = None  # the call's start order (None: nothing shares a GPU)
     log_line_no: int | None = None  # LAUNCHED: the log's line number at record.log_offset (the wait need not count it)
-    gpu_holders: list[str] = field(default_factory=list)  # before launch: processes outside the fleet on its GPUs
+    gpu_holders: tuple[str, ...] = ()  # before launch: processes outside the fleet on its GPUs
 
 
 @dataclass
@@ -101,12 +107,13 @@ class StopResult:
     port_free: bool = True
     port_holder_pid: int | None = None
     message: str = ""
+    survived_kill: bool = False  # the group was still alive after SIGKILL and kill_wait_s
 
     @property
     def ok(self) -> bool:
         # a port another process holds is a failure to free it only where our server held it: `down` of a server
         # that was never launched (its port taken, `up` refused it) stopped nothing and still says who holds the port
-        return (self.port_free or not self.was_running) and "still running" not in self.message
+        return (self.port_free or not self.was_running) and not self.survived_kill
 
 
 def resolve_launch(server: ServerSpec, binding: HostBinding, fleet_label: str) -> Launchable:
@@ -296,12 +303,12 @@ async def launch_server(
         started_after=list(started_after or []),
     )
     await save_record(store, binding, record)
-    outcome = StartOutcome(name, Action.LAUNCHED, record=record, log_line_no=launched.line_no)
     # Only what the launch itself saw: a later death is the wait's (its watcher reports the exit).
+    message = None
     if launched.state != "alive":
         code = launched.code
-        outcome.message = "exited at once" + (f" with code {code}" if code is not None else "") + f"; see {log_path}"
-    return outcome
+        message = "exited at once" + (f" with code {code}" if code is not None else "") + f"; see {log_path}"
+    return StartOutcome(name, Action.LAUNCHED, record=record, message=message, log_line_no=launched.line_no)
 
 
 async def stop_server(record: ServerState, binding: HostBinding, grace_s: float = 15.0, kill_wait_s: float = 10.0) -> StopResult:
@@ -326,6 +333,7 @@ async def stop_server(record: ServerState, binding: HostBinding, grace_s: float 
             result.signal = "SIGKILL"
             if not await _wait_gone(binding, record.pgid, kill_wait_s):
                 result.message = f"process group {record.pgid} is still running after SIGKILL"
+                result.survived_kill = True
                 result.port_free = False
                 return result
     elif alive:

@@ -37,6 +37,13 @@ __all__ = ["Liveness", "ServerStatus", "server_status", "not_launched", "diagnos
 
 
 class Liveness(StrEnum):
+    """What a server is doing now, seen from outside in one look (``status``). Three vocabularies,
+    three questions: ``catalog.State`` is the verdict of one start attempt (``wait``'s readiness
+    machine: launching, loading, ready, failed, stalled); ``Liveness`` is the present state of a
+    recorded server (its names shared with State mean the same: ``ready``, ``loading``, ``failed``;
+    the others exist only after a start: unresponsive, hung, dead, stale, not launched);
+    ``generate.health.ServerState`` is a server's place in one job (up, down, gone, stopped)."""
+
     READY = "ready"  # alive, probe answers, the port is ours
     LOADING = "loading"  # alive, probe not answering yet, no fatal line
     FAILED = "failed"  # alive but the log holds a fatal line (e.g. hanging after an error)
