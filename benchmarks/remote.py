@@ -68,6 +68,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servefleet.hosts.local import LocalHost
+from servefleet.hosts.questions import Alive, Owns, Port, Question, Read, ReadIfDead
 from servefleet.hosts.ssh import SSHHost
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,24 +135,24 @@ async def status_batched(host: SSHHost, work: Path, names: list[str]) -> dict[st
     local records from disk and needs a second batch only when it rediscovers remote ones."""
     await host.connect()
     records = {n: json.loads(p.read_bytes()) for n in names for p in [work / "state" / f"{n}.json"]}  # pgid/port: known to the caller
-    ops: list[tuple[Any, ...]] = []
+    ops: list[Question] = []
     for name, rec in records.items():
         log = str(work / "logs" / f"{name}.log")
         ops += [
-            ("read", str(work / "state" / f"{name}.json"), 0, None),
-            ("alive", rec["pgid"]),
-            ("read", f"/proc/{rec['pgid']}/cmdline", 0, None),
-            ("read", str(work / "run" / f"{name}.status"), 0, None),
-            ("port", rec["port"]),
-            ("read_if_dead", rec["pgid"], log, 0, 8 * 1024 * 1024),
+            Read(str(work / "state" / f"{name}.json")),
+            Alive(rec["pgid"]),
+            Owns(rec["pgid"], log),
+            Read(str(work / "run" / f"{name}.status")),
+            Port(rec["port"]),
+            ReadIfDead(rec["pgid"], Read(log, 0, 8 * 1024 * 1024)),
         ]
     answers = await host.batch(ops)
     report = {}
     for name, rec in records.items():
-        holder = answers[("port", rec["port"])]
-        alive = answers[("alive", rec["pgid"])]
-        ours = alive and holder is not None and holder.pgid == rec["pgid"] and f"{name}.log".encode() in answers[("read", f"/proc/{rec['pgid']}/cmdline", 0, None)]
-        assert json.loads(answers[("read", str(work / "state" / f"{name}.json"), 0, None)]) == rec
+        holder = answers[Port(rec["port"])]
+        alive = answers[Alive(rec["pgid"])]
+        ours = alive and holder is not None and holder.pgid == rec["pgid"] and answers[Owns(rec["pgid"], str(work / "logs" / f"{name}.log"))] is True
+        assert json.loads(answers[Read(str(work / "state" / f"{name}.json"))]) == rec
         report[name] = {"alive": alive, "listening": holder is not None, "ours": ours}
     return report
 

@@ -82,6 +82,25 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    """A real one-node Slurm (tests/slurm_rig.py) for the whole session; fails with the command
+    that installs it when it is missing, skipped only with SERVEFLEET_SKIP_SLURM=1."""
+    from slurm_rig import SKIP_ENV, SlurmCluster, slurm_unavailable_reason
+
+    if os.environ.get(SKIP_ENV) == "1":
+        pytest.skip(f"{SKIP_ENV}=1")
+    reason = slurm_unavailable_reason()
+    if reason:
+        pytest.fail(reason, pytrace=False)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 # --- the simulated engine as a real subprocess (servefleet.sim) ---------------------------------
 
 

@@ -370,3 +370,27 @@ async def test_openai_command_sigkill_escalation_and_changed_spec(tmp_path: Path
     result = (await changed.down(grace_s=0.3))["s"]
     assert result.was_running and result.signal == "SIGKILL" and result.ok
     assert group_members(record.pgid) == [] and port_free(port)
+
+
+def test_stop_result_ok_is_decided_by_its_fields_not_by_its_message() -> None:
+    """Before: ``ok`` looked for "still running" in the message, so a port holder whose command
+    line said so made a clean stop a failure, and a rewording would have hidden a real one."""
+    from servefleet.fleet.lifecycle import StopResult
+
+    worded = StopResult("a", was_running=False, port_free=False, message="port 8000 is held by pid 7 (sh -c echo still running)")
+    assert worded.ok  # never ours to free: `down` of a server that was not running
+    assert not StopResult("a", was_running=True, signal="SIGKILL", survived_kill=True, port_free=False, message="").ok
+    assert not StopResult("a", was_running=True, signal="SIGTERM", port_free=False, port_holder_pid=9, message="held").ok
+    assert StopResult("a", was_running=True, signal="SIGTERM").ok
+
+
+def test_a_start_outcome_is_a_value() -> None:
+    import dataclasses
+
+    from servefleet.fleet.lifecycle import Action, StartOutcome
+
+    outcome = StartOutcome("a", Action.QUEUED, waits_for=("b",))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        outcome.message = "patched"  # type: ignore[misc]
+    later = dataclasses.replace(outcome, action=Action.LAUNCHED, after_failure="stopped")
+    assert (outcome.action, outcome.after_failure, later.action, later.after_failure) == (Action.QUEUED, None, Action.LAUNCHED, "stopped")

@@ -95,7 +95,7 @@ async def test_servers_sharing_a_gpu_start_in_turn_and_other_gpus_in_parallel(tm
     fleets(fleet)
     outcomes = await fleet.start()
     assert {n: o.action for n, o in outcomes.items()} == {"a": Action.LAUNCHED, "b": Action.QUEUED, "c": Action.LAUNCHED}
-    assert outcomes["b"].waits_for == ["a"]
+    assert outcomes["b"].waits_for == ("a",)
     verdicts = await fleet.wait(outcomes, smoke=False)
     assert {n: v.state for n, v in verdicts.items()} == dict.fromkeys("abc", State.READY), verdicts
 

@@ -90,7 +90,7 @@ async def test_up_names_the_foreign_holder_of_its_gpu_before_launch_and_in_the_o
         fleet = fleets(Fleet.load(write_fleet(tmp_path)))
         outcomes = await fleet.start()
         named = f"GPU 0: 104 GiB held by pid {stranger.pid} VLLM::EngineCore, not in this fleet"
-        assert outcomes["oom"].gpu_holders == [named]
+        assert outcomes["oom"].gpu_holders == (named,)
         verdict = (await fleet.wait(outcomes, smoke=False))["oom"]
         assert verdict.state == State.FAILED and verdict.category == Category.GPU_OOM
         assert named in (verdict.message or ""), verdict
@@ -158,6 +158,6 @@ async def test_over_ssh_the_holders_come_in_the_one_adopt_check_batch(
     fleet = fleets(Fleet.load(path))
     outcomes = await fleet.start()
     named = f"GPU 0: 104 GiB held by pid {stranger.pid} VLLM::EngineCore, not in this fleet"
-    assert outcomes["oom"].gpu_holders == [named]
+    assert outcomes["oom"].gpu_holders == (named,)
     verdict = (await fleet.wait(outcomes, smoke=False))["oom"]
     assert verdict.category == Category.GPU_OOM and named in (verdict.message or ""), verdict

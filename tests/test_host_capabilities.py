@@ -33,3 +33,34 @@ def test_remaining_time_only_for_a_running_job_with_a_limit() -> None:
     assert JobInfo("1", "RUNNING", used="1:10", limit="1:00").remaining_s == 0.0
     assert JobInfo("1", "PENDING", used="0:00", limit="1:00").remaining_s is None
     assert JobInfo("1", "RUNNING", used="0:20", limit="UNLIMITED").remaining_s is None
+
+
+def test_each_host_kind_declares_its_optional_parts_by_type() -> None:
+    from servefleet.fleet.prefetch import PrefetchedHost
+    from servefleet.hosts.capabilities import jobs_own_gpus
+    from servefleet.hosts.questions import Answering
+    from servefleet.hosts.ssh import SSHHost
+    from servefleet.hosts.ssh_options import SSHSpec
+
+    local = LocalHost()
+    ssh = SSHHost(SSHSpec(name="s", destination="127.0.0.1"))
+    slurm = SlurmHost(SlurmSpec(name="c"), ssh, lambda _port: None)
+    assert (batching_of(ssh), connecting_of(ssh), scheduler_of(ssh)) == (ssh, ssh, None)
+    assert (batching_of(slurm), connecting_of(slurm), scheduler_of(slurm)) == (None, slurm, slurm)
+    assert (batching_of(local), connecting_of(local), scheduler_of(local)) == (None, None, None)
+    assert [jobs_own_gpus(h) for h in (local, ssh, slurm)] == [False, False, True]
+    view = PrefetchedHost(ssh)
+    assert isinstance(view, Answering) and not isinstance(ssh, Answering) and view.inner is ssh
+
+
+def test_the_fleet_restarter_declares_holds_and_notices() -> None:
+    from servefleet.generate.endpoints import FleetRestarter, Holding, Retiring
+
+    restarter = FleetRestarter(fleet=None)
+    assert isinstance(restarter, Holding) and isinstance(restarter, Retiring)
+
+    class RestartsOnly:
+        async def restart(self, name, on_event):  # type: ignore[no-untyped-def]
+            return None
+
+    assert not isinstance(RestartsOnly(), Holding) and not isinstance(RestartsOnly(), Retiring)

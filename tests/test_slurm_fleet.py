@@ -23,24 +23,9 @@ from parquet_read import read_parquet
 from servefleet.catalog import Category, State
 from servefleet.fleet.core import Fleet
 from servefleet.fleet.status import Liveness
-from slurm_rig import SKIP_ENV, SlurmCluster, slurm_unavailable_reason
+from slurm_rig import SlurmCluster
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory):
-    if os.environ.get(SKIP_ENV) == "1":
-        pytest.skip(f"{SKIP_ENV}=1")
-    reason = slurm_unavailable_reason()
-    if reason:
-        pytest.fail(reason, pytrace=False)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def fleet_text(cluster: SlurmCluster, shared: Path, servers: dict[str, list[str]], *, host_extra: str = "", defaults_extra: str = "") -> str:

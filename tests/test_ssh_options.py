@@ -201,6 +201,7 @@ def test_remote_scripts_run_under_dash_and_bash(tmp_path) -> None:
 def test_group_alive_without_ps_reads_proc_and_skips_zombies() -> None:
     """On a host without ps, both remote programs (GROUP_ALIVE and the status batch) read /proc: a
     group with a live process is alive; a group whose only member is a zombie, or no group, is not."""
+    from servefleet.hosts.questions import Alive
     from servefleet.hosts.ssh_batch import batch_argv, parse_batch
 
     live = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -218,7 +219,7 @@ def test_group_alive_without_ps_reads_proc_and_skips_zombies() -> None:
                 argv = scripts.group_alive_argv(pgid)
                 argv[0] = shell
                 assert (subprocess.run(argv, env=no_ps).returncode == 0) is alive, (shell, pgid, alive)
-            ops = [("alive", live.pid), ("alive", zombie.pid), ("alive", gone.pid)]
+            ops = [Alive(live.pid), Alive(zombie.pid), Alive(gone.pid)]
             argv, token = batch_argv(ops)
             argv[0] = shell
             done = subprocess.run(argv, env=no_ps, capture_output=True)

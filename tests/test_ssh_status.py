@@ -4,6 +4,7 @@ Host methods answer, and the fleet's status is the same, only cheaper."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from servefleet.fleet import Fleet, Liveness
+from servefleet.fleet.prefetch import PrefetchedHost, prefetch_questions
 from servefleet.fleet.status import read_tail, server_status
+from servefleet.hosts.questions import Alive, Exists, Owns, Port, Read, ReadIfDead, Size, Tail
 from servefleet.hosts.ssh import SSHHost
 from servefleet.hosts.ssh_batch import chunk_ops, parse_batch
 from servefleet.http import probe_client
@@ -34,73 +37,75 @@ async def test_batch_answers_what_single_questions_answer(sshd_server, tmp_path:
         missing = str(tmp_path / "nope")
         sleeper = await host.spawn_detached(["sleep", "60"], log_path=str(tmp_path / "s.log"), status_path=str(tmp_path / "s.st"))
         ops = [
-            ("read", str(weird), 0, None),
-            ("read", str(weird), 5, 7),
-            ("read", missing, 0, None),
-            ("size", str(weird)),
-            ("size", missing),
-            ("alive", sleeper),
-            ("alive", 2**22 - 3),
-            ("read", f"/proc/{sleeper}/cmdline", 0, None),
-            ("port", 1),
-            ("read_if_dead", sleeper, str(weird), 0, None),  # alive: not read
-            ("exists", str(weird)),
-            ("exists", missing),
-            ("exists", "/dev/null"),  # a device: answered without opening it
-            ("tail", str(weird), 0, 16),  # the last 16 bytes
-            ("tail", str(weird), len(content) - 5, 16),  # an offset past size - limit wins
-            ("tail", str(weird), len(content), 16),  # nothing past the offset
-            ("tail", str(weird), 0, 10_000),  # a limit past the start: the whole file
-            ("tail", missing, 0, 16),
+            Read(str(weird)),
+            Read(str(weird), 5, 7),
+            Read(missing),
+            Size(str(weird)),
+            Size(missing),
+            Alive(sleeper),
+            Alive(2**22 - 3),
+            Owns(sleeper, str(tmp_path / "s.log")),
+            Owns(sleeper, str(tmp_path / "other.log")),
+            Port(1),
+            ReadIfDead(sleeper, Read(str(weird))),  # alive: not read
+            Exists(str(weird)),
+            Exists(missing),
+            Exists("/dev/null"),  # a device: answered without opening it
+            Tail(str(weird), 0, 16),  # the last 16 bytes
+            Tail(str(weird), len(content) - 5, 16),  # an offset past size - limit wins
+            Tail(str(weird), len(content), 16),  # nothing past the offset
+            Tail(str(weird), 0, 10_000),  # a limit past the start: the whole file
+            Tail(missing, 0, 16),
         ]
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
         port = listener.getsockname()[1]
-        ops.append(("port", port))
+        ops.append(Port(port))
         before = host.commands
         answers = await host.batch(ops)
         assert host.commands == before + 1
         listener_holder = await host.port_holder(port)
         listener.close()
-        assert answers[("read", str(weird), 0, None)] == content == await host.read_bytes(str(weird))
-        assert answers[("read", str(weird), 5, 7)] == content[5:12] == await host.read_bytes(str(weird), 5, 7)
-        assert answers[("read", missing, 0, None)] is None
-        assert answers[("size", str(weird))] == len(content) == await host.file_size(str(weird))
-        assert answers[("size", missing)] is None
-        assert answers[("exists", str(weird))] is True and answers[("exists", missing)] is False and answers[("exists", "/dev/null")] is True
-        assert answers[("alive", sleeper)] is True and answers[("alive", 2**22 - 3)] is False
-        assert str(tmp_path / "s.log").encode() in answers[("read", f"/proc/{sleeper}/cmdline", 0, None)]
+        assert answers[Read(str(weird))] == content == await host.read_bytes(str(weird))
+        assert answers[Read(str(weird), 5, 7)] == content[5:12] == await host.read_bytes(str(weird), 5, 7)
+        assert answers[Read(missing)] is None
+        assert answers[Size(str(weird))] == len(content) == await host.file_size(str(weird))
+        assert answers[Size(missing)] is None
+        assert answers[Exists(str(weird))] is True and answers[Exists(missing)] is False and answers[Exists("/dev/null")] is True
+        assert answers[Alive(sleeper)] is True and answers[Alive(2**22 - 3)] is False
+        assert answers[Owns(sleeper, str(tmp_path / "s.log"))] is True and answers[Owns(sleeper, str(tmp_path / "other.log"))] is False
+        assert await host.owns(sleeper, str(tmp_path / "s.log")) is True and await host.owns(sleeper, str(tmp_path / "other.log")) is False
         for offset, limit in ((0, 16), (len(content) - 5, 16), (0, 10_000)):  # what status.read_tail says, in one batch
             single = await read_tail(host, str(weird), offset, limit)
             start = max(offset, len(content) - limit)
-            assert answers[("tail", str(weird), offset, limit)] == (start, content[start:]) == single
-        assert answers[("tail", missing, 0, 16)] is None and await read_tail(host, missing, 0, 16) is None
-        assert answers[("tail", str(weird), len(content), 16)] is None and await read_tail(host, str(weird), len(content), 16) is None
-        assert answers[("port", 1)] is None
-        assert answers[("port", port)] == listener_holder
+            assert answers[Tail(str(weird), offset, limit)] == (start, content[start:]) == single
+        assert answers[Tail(missing, 0, 16)] is None and await read_tail(host, missing, 0, 16) is None
+        assert answers[Tail(str(weird), len(content), 16)] is None and await read_tail(host, str(weird), len(content), 16) is None
+        assert answers[Port(1)] is None
+        assert answers[Port(port)] == listener_holder
         assert listener_holder is not None and listener_holder.pid == os.getpid() and listener_holder.pgid == os.getpgid(0)
         assert len(answers) == len(ops) - 1  # read_if_dead on a live group asks nothing
         assert not (tmp_path / "pwned").exists()
 
         await host.signal_group(sleeper, 9)
-        gone = await host.batch([("read_if_dead", sleeper, str(weird), 0, None)])
-        assert gone in ({("read", str(weird), 0, None): content}, {})  # {} only if not yet reaped
+        gone = await host.batch([ReadIfDead(sleeper, Read(str(weird)))])
+        assert gone in ({Read(str(weird)): content}, {})  # {} only if not yet reaped
     finally:
         await host.close()
 
 
 def test_garbled_or_truncated_answers_are_refused() -> None:
-    ops = [("alive", 5), ("read", "/x", 0, None)]
+    ops = [Alive(5), Read("/x")]
     tok = "t" * 32
     good = f"{tok} 0 alive 1\n{tok} 1 data\nabc\n{tok} 1 end\n".encode()
-    assert parse_batch(ops, good, tok) == {("alive", 5): True, ("read", "/x", 0, None): b"abc"}
+    assert parse_batch(ops, good, tok) == {Alive(5): True, Read("/x"): b"abc"}
     with pytest.raises(Exception, match="unterminated"):
         parse_batch(ops, good[: good.rindex(b"\n" + tok.encode())], tok)
     with pytest.raises(Exception, match="missing or garbled"):
         parse_batch(ops, f"{tok} 0 alive 1\n".encode(), tok)
     # a big fleet is split below the kernel's 128 KiB limit on one argument
-    many = [("read", "/p/" + "x" * 200 + str(i), 0, None) for i in range(2000)]
+    many = [Read("/p/" + "x" * 200 + str(i)) for i in range(2000)]
     chunks = chunk_ops(many)
     assert len(chunks) > 1 and sum(map(len, chunks)) == len(many)
 
@@ -137,6 +142,16 @@ async def test_fleet_status_is_one_command_per_host_and_says_the_same(sshd_serve
             record = again.store.load(name)
             single = await server_status(record, again.binding("rig"), client)
             assert _comparable(single) == _comparable(statuses[name]), name
+            # Both sides build the same question values: status asks nothing its batch did not hold
+            # (a question built differently on one side would be a miss here, and a round trip more).
+            view = PrefetchedHost(host)
+            await view.prefetch(prefetch_questions(record))
+            batched = await server_status(record, dataclasses.replace(again.binding("rig"), host=view), client)
+            assert view.misses == [] and _comparable(batched) == _comparable(single), (name, view.misses)
+        off_by_one = PrefetchedHost(host)
+        await off_by_one.prefetch([Read(record.status_path, 1)])
+        await server_status(record, dataclasses.replace(again.binding("rig"), host=off_by_one), client)
+        assert Read(record.status_path) in off_by_one.misses  # what a drifted question looks like
 
     # A machine with only the fleet file: records come back from the remote state files in
     # one more batch (two in all), and say the same.

@@ -182,7 +182,7 @@ def up_json(fleet: str, outcomes: dict[str, StartOutcome], verdicts: dict[str, V
             "time_to_ready_s": verdict.elapsed_s if verdict.state == State.READY and outcome.action == Action.LAUNCHED else None,
             "after_failure": outcome.after_failure,  # failed: "stopped" | "kept running (--keep-failed)" | "exited" | ...
             "started_after": _started_after(outcome),  # the siblings on its GPU it waited for
-            "gpu_holders": outcome.gpu_holders,  # before launch: processes outside the fleet on its GPUs
+            "gpu_holders": list(outcome.gpu_holders),  # before launch: processes outside the fleet on its GPUs
             "verdict": verdict.to_json(),
         })
     return {"fleet": fleet, "servers": servers}

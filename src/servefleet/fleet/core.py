@@ -15,6 +15,7 @@ process may run ``status`` or ``down`` at any time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from servefleet.catalog import Category, State
 from servefleet.engines.base import Probe
 from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError
+from servefleet.fleet import questions
 from servefleet.fleet.gpu_holders import holder_notes, host_gpu_apps
 from servefleet.fleet.hosts import HostBinding, HostPool
 from servefleet.fleet.jobs import JobUses
@@ -50,6 +52,8 @@ from servefleet.fleet.spec import LOCAL, FleetSpec
 from servefleet.fleet.start_order import Sibling, StartQueue, host_has_gpus, settled_before, shares_gpu, visible_gpus
 from servefleet.fleet.state import ServerState, StateStore, StopMark, utcnow
 from servefleet.fleet.status import Liveness, ServerStatus
+from servefleet.hosts.capabilities import scheduler_of
+from servefleet.hosts.questions import ask
 from servefleet.verify.verdict import Verdict
 from servefleet.verify.waiter import WaitTarget, wait_for_server
 
@@ -217,14 +221,13 @@ class Fleet:
                 if item.name in adopted:
                     return adopted[item.name]
                 if queue is not None and queue.waits.get(item.name):
-                    return StartOutcome(item.name, Action.QUEUED, waits_for=queue.waits_for(item.name), item=item,
+                    return StartOutcome(item.name, Action.QUEUED, waits_for=tuple(queue.waits_for(item.name)), item=item,
                                         message=f"starts after {', '.join(queue.waits_for(item.name))} (same GPU) settle")
                 return await launch_server(view, self.store, self.name, previous=record, port_checked=True)  # _refuse_held_ports
 
-            outcomes = await asyncio.gather(*(first(i, v, r) for i, v, r in zip(items, viewed, records, strict=True)))
+            started = await asyncio.gather(*(first(i, v, r) for i, v, r in zip(items, viewed, records, strict=True)))
+        outcomes = [dataclasses.replace(o, queue=queue, gpu_holders=tuple(holders.get(o.name, ()))) for o in started]
         for outcome in outcomes:
-            outcome.queue = queue
-            outcome.gpu_holders = holders.get(outcome.name, [])
             if queue is not None and outcome.action in (Action.LAUNCHED, Action.ADOPTED):
                 queue.mark_launched(outcome.name, outcome.record)
             elif queue is not None and outcome.action != Action.QUEUED:
@@ -297,8 +300,8 @@ class Fleet:
                 waits[item.name] = siblings
         return StartQueue(self.store, waits, batch)
 
-    async def _take_turn(self, outcome: StartOutcome, *, timeout_s: float, waited: bool, on_update: UpdateCallback | None) -> None:
-        """Launch a QUEUED server once the siblings it waits for have settled; ``outcome`` becomes
+    async def _take_turn(self, outcome: StartOutcome, *, timeout_s: float, waited: bool, on_update: UpdateCallback | None) -> StartOutcome:
+        """Launch a QUEUED server once the siblings it waits for have settled; the new outcome is
         the launch's (or an adoption's, when another process launched it meanwhile)."""
         queue, item = outcome.queue, outcome.item
         assert isinstance(queue, StartQueue) and item is not None
@@ -309,24 +312,25 @@ class Fleet:
             record = await load_record(self.store, item.binding, item.name)
             new = await adopt_running(item, record) or await launch_server(
                 item, self.store, self.name, previous=record, started_after=[s.to_json() for s in settled])
-        outcome.action, outcome.record, outcome.verdict, outcome.spec_changed = new.action, new.record, new.verdict, new.spec_changed
-        outcome.log_line_no = new.log_line_no
-        outcome.started_after = settled
         after = "after " + ", ".join(s.describe() for s in settled)
-        outcome.message = f"{new.message}; {after}" if new.message else after
+        turned = dataclasses.replace(outcome, action=new.action, record=new.record, verdict=new.verdict, spec_changed=new.spec_changed,
+                                     log_line_no=new.log_line_no, started_after=tuple(settled),
+                                     message=f"{new.message}; {after}" if new.message else after)
         if new.action in (Action.LAUNCHED, Action.ADOPTED):
             queue.mark_launched(outcome.name, new.record)
             if on_update:
-                on_update(outcome.name, Verdict(state=State.LAUNCHING, message=f"{new.action.value} {outcome.message}"))
+                on_update(outcome.name, Verdict(state=State.LAUNCHING, message=f"{new.action.value} {turned.message}"))
         else:
             queue.mark_done(outcome.name, "not launched")
+        return turned
 
     async def launch_queued(self, outcomes: dict[str, StartOutcome], *, timeout_s: float | None = None) -> None:
         """``up --no-wait``: launch every QUEUED server when its turn comes, without waiting for
         readiness (a sibling's turn then ends at its memory line, its exit or ``timeout_s``)."""
         timeout_s = self.spec.timeout if timeout_s is None else timeout_s
         queued = [o for o in outcomes.values() if o.action == Action.QUEUED]
-        await asyncio.gather(*(self._take_turn(o, timeout_s=timeout_s, waited=False, on_update=None) for o in queued))
+        for turned in await asyncio.gather(*(self._take_turn(o, timeout_s=timeout_s, waited=False, on_update=None) for o in queued)):
+            outcomes[turned.name] = turned
 
     async def wait(
         self,
@@ -341,7 +345,8 @@ class Fleet:
     ) -> dict[str, Verdict]:
         """Wait for every started server in parallel (launching QUEUED ones in their turn); record
         each verdict in its state file. A server found failed is stopped (its whole process
-        group) unless ``keep_failed``; ``outcome.after_failure`` says which."""
+        group) unless ``keep_failed``. Each server's final outcome (its turn's launch, and
+        ``after_failure``: what was done with a failed one) replaces its entry in ``outcomes``."""
         timeout_s = self.spec.timeout if timeout_s is None else timeout_s
         stall_s = self.spec.stall if stall_s is None else stall_s
         smoke = self.spec.smoke if smoke is None else smoke
@@ -351,7 +356,7 @@ class Fleet:
             final, detail = "not launched", None
             try:
                 if outcome.action == Action.QUEUED:
-                    await self._take_turn(outcome, timeout_s=timeout_s, waited=True, on_update=on_update)
+                    outcome = outcomes[outcome.name] = await self._take_turn(outcome, timeout_s=timeout_s, waited=True, on_update=on_update)
                 if outcome.verdict is not None or outcome.record is None:
                     verdict = outcome.verdict or Verdict(state=State.FAILED, message=outcome.message)
                     if on_update:
@@ -377,16 +382,18 @@ class Fleet:
                 if verdict.state == State.FAILED and verdict.category == Category.GPU_OOM and outcome.gpu_holders:
                     named = "; ".join(outcome.gpu_holders)
                     verdict = verdict.model_copy(update={"message": f"{verdict.message}; {named}" if verdict.message else named})
+                after_failure = None
                 if verdict.state == State.FAILED:
-                    outcome.after_failure = await self._after_failure(record, binding, keep_failed, grace_s)
-                await self._remember(record, binding, verdict, outcome.after_failure)
-                final, detail = verdict.state.value, outcome.after_failure
+                    after_failure = await self._after_failure(record, binding, keep_failed, grace_s)
+                    outcomes[outcome.name] = dataclasses.replace(outcome, after_failure=after_failure)
+                await self._remember(record, binding, verdict, after_failure)
+                final, detail = verdict.state.value, after_failure
                 return verdict
             finally:
                 if isinstance(queue, StartQueue):
                     queue.mark_done(outcome.name, final, detail)  # after a failed one was stopped
 
-        verdicts = await asyncio.gather(*(one(o) for o in outcomes.values()))
+        verdicts = await asyncio.gather(*(one(o) for o in list(outcomes.values())))
         return dict(zip(outcomes, verdicts, strict=True))
 
     async def _after_failure(self, record: ServerState, binding: HostBinding, keep_failed: bool, grace_s: float) -> str:
@@ -553,8 +560,8 @@ class Fleet:
             record = self.store.load(name)
             if record is None:
                 continue
-            noticed = getattr(self.binding(record.host).host, "noticed", None)
-            if noticed is not None and await noticed(record.pgid, record.status_path):
+            scheduler = scheduler_of(self.binding(record.host).host)
+            if scheduler is not None and await scheduler.noticed(record.pgid, record.status_path):
                 names.add(name)
         return names
 
@@ -573,7 +580,7 @@ async def _refuse_held_ports(viewed: list[Launchable], records: list[ServerState
     none is launched (the held ones say who holds the port; the rest, why they waited), adopted ones
     stay adopted. None when every port is free."""
     todo = [(v, r) for v, r in zip(viewed, records, strict=True) if v.name not in adopted]
-    holders = await asyncio.gather(*(v.binding.host.port_holder(v.server.port) for v, _ in todo))
+    holders = await asyncio.gather(*(ask(v.binding.host, questions.port(v.server.port)) for v, _ in todo))  # from the adopt checks' batch
     held = {v.name: (v, r, h) for (v, r), h in zip(todo, holders, strict=True) if h is not None}
     if not held:
         return None

@@ -14,7 +14,9 @@ from collections.abc import Collection, Iterable, Mapping
 
 from servefleet.errors import HostUnreachable
 from servefleet.fleet.hosts import HostBinding
+from servefleet.hosts.capabilities import jobs_own_gpus
 from servefleet.hosts.gpu_apps import GpuApp, gpu_apps_argv, parse_gpu_apps
+from servefleet.hosts.questions import GpuApps, answered
 
 __all__ = ["host_gpu_apps", "foreign_holders", "describe_holder", "holder_notes"]
 
@@ -24,10 +26,10 @@ log = logging.getLogger(__name__)
 async def host_gpu_apps(binding: HostBinding) -> list[GpuApp]:
     """The compute processes on the host's GPUs; [] on a host without ``nvidia-smi`` and on a
     scheduler's host (a job there gets GPUs of its own, on a node not known yet)."""
-    if getattr(binding.host, "jobs_own_gpus", False):
+    if jobs_own_gpus(binding.host):
         return []
-    prefetched = getattr(binding.host, "prefetched_gpu_apps", None)  # fleet/prefetch.PrefetchedHost
-    text = prefetched() if prefetched is not None else None
+    found = answered(binding.host, [GpuApps()])  # the adopt checks' batch
+    text = found[0].decode(errors="replace") if found is not None and found[0] is not None else None
     if text is None:
         try:
             result = await binding.host.run(gpu_apps_argv(), timeout=30, check=False)

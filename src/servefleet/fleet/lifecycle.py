@@ -3,10 +3,10 @@ and stop its whole process group. Every step goes through a ``HostBinding``, nev
 directly, so the same code drives local, SSH and Slurm hosts.
 
 Ownership is checked before anything is signalled or adopted: a recorded process group counts as
-ours only while the group lives and its leader (the detach wrapper) still carries this server's
-log path on its command line — a pgid reused by an unrelated process after a reboot is never
-killed. (Linux does not hand out a pid that is still in use as a process-group id, so a live group
-whose leader has exited is still ours.)
+ours only while the group lives and the host does not say it is another's (``Host.owns`` with the
+server's log path: on Linux hosts the detach wrapper carries it on its command line, a Slurm host
+asks the scheduler for the job's name) — a pgid reused by an unrelated process after a reboot is
+never killed.
 """
 
 from __future__ import annotations
@@ -14,20 +14,25 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servefleet.catalog import DEFAULT_HINTS, Category, State
 from servefleet.engines.base import PORT_SLOT, EngineProfile, LaunchSpec
 from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError, EngineError, HostError, LaunchError
+from servefleet.fleet import questions
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.spec import ServerSpec
 from servefleet.fleet.state import ServerState, StateStore, is_secret_name, mask_argv, mask_env, spec_hash, utcnow
 from servefleet.hosts.base import UnitHost
+from servefleet.hosts.questions import ask
 from servefleet.hosts.ssh_systemd import unit_name
 from servefleet.verify.verdict import Verdict
+
+if TYPE_CHECKING:
+    from servefleet.fleet.start_order import Settled, StartQueue
 
 __all__ = [
     "Action",
@@ -77,21 +82,24 @@ class Launchable:
         return self.server.name
 
 
-@dataclass
+@dataclass(frozen=True)
 class StartOutcome:
+    """What ``start`` did with one server. A value: a later step (a queued server's turn, the
+    wait's stop of a failed one) makes a new outcome (``dataclasses.replace``), never edits one."""
+
     name: str
     action: Action
     record: ServerState | None = None
     verdict: Verdict | None = None  # set when there is nothing to wait for (blocked, failed)
     message: str | None = None  # e.g. "running with an older spec"
     spec_changed: bool = False
-    waits_for: list[str] = field(default_factory=list)  # QUEUED: the siblings it starts after
-    started_after: list[Any] = field(default_factory=list)  # start_order.Settled, once launched
+    waits_for: tuple[str, ...] = ()  # QUEUED: the siblings it starts after
+    started_after: tuple[Settled, ...] = ()  # once launched after siblings on its GPU settled
     after_failure: str | None = None  # failed verdict: "stopped" | "kept running (--keep-failed)" | ...
     item: Launchable | None = None  # QUEUED: what to launch when its turn comes
-    queue: Any = None  # QUEUED: the call's start_order.StartQueue
+    queue: StartQueue | None = None  # the call's start order (None: nothing shares a GPU)
     log_line_no: int | None = None  # LAUNCHED: the log's line number at record.log_offset (the wait need not count it)
-    gpu_holders: list[str] = field(default_factory=list)  # before launch: processes outside the fleet on its GPUs
+    gpu_holders: tuple[str, ...] = ()  # before launch: processes outside the fleet on its GPUs
 
 
 @dataclass
@@ -102,12 +110,13 @@ class StopResult:
     port_free: bool = True
     port_holder_pid: int | None = None
     message: str = ""
+    survived_kill: bool = False  # the group was still alive after SIGKILL and kill_wait_s
 
     @property
     def ok(self) -> bool:
         # a port another process holds is a failure to free it only where our server held it: `down` of a server
         # that was never launched (its port taken, `up` refused it) stopped nothing and still says who holds the port
-        return (self.port_free or not self.was_running) and "still running" not in self.message
+        return (self.port_free or not self.was_running) and not self.survived_kill
 
 
 def resolve_launch(server: ServerSpec, binding: HostBinding, fleet_label: str) -> Launchable:
@@ -154,24 +163,15 @@ async def owns_group(binding: HostBinding, record: ServerState, *, alive: bool |
     """Whether the recorded process group is alive and still the one we launched (``alive``: the
     group's liveness when the caller just asked; not asked again)."""
     host = binding.host
-    if not (await host.group_alive(record.pgid) if alive is None else alive):
+    if not (await ask(host, questions.alive(record)) if alive is None else alive):
         return False
-    try:
-        cmdline = await host.read_bytes(f"/proc/{record.pgid}/cmdline")
-    except FileNotFoundError:
-        return True  # leader gone, group alive: the pgid cannot have been reused
-    except OSError:
-        return True  # cannot read it (permissions): trust the live group
-    if not cmdline:
-        return True  # a zombie leader has an empty command line: same as gone
-    return record.log_path.encode() in cmdline
+    return await ask(host, questions.owner(record)) is not False  # None (cannot tell): trust the live group
 
 
 async def read_exit_code(binding: HostBinding, record: ServerState) -> int | None:
     """The exit code the detach wrapper recorded, or None (still running, or killed with it)."""
-    try:
-        raw = await binding.host.read_bytes(record.status_path)
-    except FileNotFoundError:
+    raw = await ask(binding.host, questions.exit_code(record))
+    if raw is None:
         return None
     try:
         return int(raw.decode().strip())
@@ -190,9 +190,8 @@ async def load_record(store: StateStore, binding: HostBinding, name: str) -> Ser
     """The local record, else (remote hosts) the copy on the host, rediscovered and saved locally."""
     record = store.load(name)
     if record is None and binding.remote_state:
-        try:
-            raw = await binding.host.read_bytes(binding.state_path(name))
-        except FileNotFoundError:
+        raw = await ask(binding.host, questions.remote_record(binding, name))
+        if raw is None:
             return None
         record = store._parse(store.path_for(name), raw, name)
         store.save(record)
@@ -202,11 +201,7 @@ async def load_record(store: StateStore, binding: HostBinding, name: str) -> Ser
 async def _describe_pid(binding: HostBinding, pid: int | None) -> str:
     if pid is None:
         return "another process (pid not visible)"
-    try:
-        raw = await binding.host.read_bytes(f"/proc/{pid}/cmdline")
-    except OSError:
-        return f"pid {pid}"
-    cmd = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    cmd = await binding.host.command_line(pid) or ""
     if len(cmd) > 80:
         cmd = cmd[:77] + "..."
     return f"pid {pid} ({cmd})" if cmd else f"pid {pid}"
@@ -260,12 +255,12 @@ async def launch_server(
     binding, name, port = item.binding, item.name, item.server.port
     host = binding.host
     record = previous
-    holder = None if port_checked else await host.port_holder(port)
+    holder = None if port_checked else await ask(host, questions.port(port))
     if holder is not None:
         return await port_blocked(item, holder, record)
 
     units = _unit_host(binding)
-    unit = None
+    unit: str | None = None
     if units is not None:
         # Before anything is written or started: a host without a usable user manager (or
         # without lingering) fails here, with what is missing and what to do.
@@ -281,7 +276,10 @@ async def launch_server(
     launched_at = utcnow()
     marker = LAUNCH_MARKER.format(time=launched_at.isoformat(timespec="seconds"))
     try:  # marker, log offset, stale status file, spawn, liveness: one remote command on ssh hosts
-        launched = await host.launch(item.host_argv or item.argv, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd, unit=unit)
+        if units is not None and unit is not None:
+            launched = await units.launch_unit(item.host_argv or item.argv, unit=unit, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd)
+        else:
+            launched = await host.launch(item.host_argv or item.argv, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd)
     except Exception as exc:  # a host that cannot start anything: a launch failure, not a crash
         msg = f"could not launch: {exc}"
         verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, message=msg, elapsed_s=0.0)
@@ -310,12 +308,12 @@ async def launch_server(
         started_after=list(started_after or []),
     )
     await save_record(store, binding, record)
-    outcome = StartOutcome(name, Action.LAUNCHED, record=record, log_line_no=launched.line_no)
     # Only what the launch itself saw: a later death is the wait's (its watcher reports the exit).
+    message = None
     if launched.state != "alive":
         code = launched.code
-        outcome.message = "exited at once" + (f" with code {code}" if code is not None else "") + f"; see {log_path}"
-    return outcome
+        message = "exited at once" + (f" with code {code}" if code is not None else "") + f"; see {log_path}"
+    return StartOutcome(name, Action.LAUNCHED, record=record, message=message, log_line_no=launched.line_no)
 
 
 async def stop_server(record: ServerState, binding: HostBinding, grace_s: float = 15.0, kill_wait_s: float = 10.0) -> StopResult:
@@ -340,6 +338,7 @@ async def stop_server(record: ServerState, binding: HostBinding, grace_s: float 
             result.signal = "SIGKILL"
             if not await _wait_gone(binding, record.pgid, kill_wait_s):
                 result.message = f"process group {record.pgid} is still running after SIGKILL"
+                result.survived_kill = True
                 result.port_free = False
                 return result
     elif alive:

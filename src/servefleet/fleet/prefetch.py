@@ -5,8 +5,9 @@ questions per server: is the group alive, whose command line is it, what did the
 who holds the port. Over SSH each is a round trip. Here every question about every server of a
 host is asked up front in one batch (``SSHHost.batch``, hosts/ssh_batch.py), and the per-server
 code then runs unchanged against a ``PrefetchedHost`` that answers from the batch: the same
-answers, in one round trip per host instead of three or more per server. Hosts that cannot batch
-(the local host) are asked as before.
+answers, in one round trip per host instead of three or more per server. Both sides build the
+questions with the same functions (fleet/questions.py), and the per-server code asks them through
+``hosts.questions.ask``. Hosts that cannot batch (the local host) are asked as before.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from typing import Any
 
 from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError, EngineError, HostUnreachable
-from servefleet.fleet import start_order
+from servefleet.fleet import questions, start_order
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import Launchable, load_record, resolve_launch
 from servefleet.fleet.spec import LOCAL
 from servefleet.fleet.state import ServerState, StateStore
-from servefleet.fleet.status import DIAGNOSE_LIMIT, STALL_TAIL, ServerStatus, not_launched, read_tail, reports_serving_stats, server_status
+from servefleet.fleet.status import ServerStatus, not_launched, reports_serving_stats, server_status
+from servefleet.hosts.capabilities import batching_of, connecting_of
+from servefleet.hosts.questions import Exists, GpuApps, Question, ask
 from servefleet.http import probe_client
 
 log = logging.getLogger(__name__)
@@ -35,88 +38,53 @@ __all__ = ["PrefetchedHost", "prefetch_questions", "fleet_status", "prefetched_l
 
 
 class PrefetchedHost:
-    """A Host seen through answers fetched in advance (``host.batch``): ``group_alive``,
-    ``read_bytes``, ``file_size`` and ``port_holder`` return the prefetched answer for exactly
-    the question asked, anything else goes to the host. The per-server code above runs
-    unchanged, so a batched status says exactly what the one-question-at-a-time status says.
-    ``once``: each answer serves one call (for callers that later change what they asked about)."""
+    """A Host seen through answers fetched in advance (``host.batch``): the questions of
+    hosts/questions.py asked through ``ask`` are answered from the batch (``Answering``); every
+    Host method goes to the host itself. ``once``: each answer serves one question (for callers
+    that later change what they asked about). ``misses``: questions asked that the batch did not
+    hold, once it was asked (each a round trip more: a mismatch between the two sides)."""
 
     def __init__(self, host: Any, *, once: bool = False) -> None:
         self.host = host
         self.once = once
-        self.answers: dict[tuple[Any, ...], Any] = {}
+        self.answers: dict[Question, Any] = {}
+        self.misses: list[Question] = []
+        self._batched = False
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.host, name)
+        return getattr(self.host, name)  # the rest of the host (Host methods, launcher, units) unchanged
 
-    async def prefetch(self, ops: Sequence[tuple[Any, ...]]) -> None:
+    @property
+    def inner(self) -> Any:
+        return self.host
+
+    async def prefetch(self, ops: Sequence[Question]) -> None:
         """Ask ``ops`` in one batch. A host that cannot batch, or a batch that fails for any
         reason but the link, leaves the questions to be asked one by one."""
-        batch = getattr(self.host, "batch", None)
-        if batch is None or not ops:
+        batching = batching_of(self.host)
+        if batching is None or not ops:
             return
         try:
-            self.answers.update(await batch(list(dict.fromkeys(ops))))
+            self.answers.update(await batching.batch(list(dict.fromkeys(ops))))
         except HostUnreachable:
             raise
         except Exception as exc:
             log.warning("batched remote query of %d questions failed (%s: %s); asking one by one",
                         len(ops), type(exc).__name__, exc)
             return
+        self._batched = True
 
-    def _take(self, key: tuple[Any, ...]) -> tuple[bool, Any]:
-        if key not in self.answers:
+    def answer(self, question: Question) -> tuple[bool, Any]:
+        if question not in self.answers:
+            if self._batched and not self.once:
+                self.misses.append(question)
             return False, None
-        return True, (self.answers.pop(key) if self.once else self.answers[key])
-
-    async def group_alive(self, pgid: int) -> bool:
-        found, value = self._take(("alive", int(pgid)))
-        return value if found else await self.host.group_alive(pgid)
-
-    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        found, value = self._take(("read", path, int(offset), limit))
-        if not found:
-            return await self.host.read_bytes(path, offset, limit)
-        if value is None:
-            raise FileNotFoundError(path)
-        return value
-
-    async def file_size(self, path: str) -> int | None:
-        found, value = self._take(("size", path))
-        return value if found else await self.host.file_size(path)
-
-    async def read_tail(self, path: str, offset: int, limit: int) -> tuple[int, bytes] | None:
-        """status.read_tail, answered from the batch when it was asked there."""
-        found, value = self._take(("tail", path, int(offset), int(limit)))
-        return value if found else await read_tail(self.host, path, offset, limit)
-
-    def prefetched_exists(self, paths: Sequence[str]) -> bool | None:
-        """Whether any of ``paths`` exists, when the batch was asked about every one (else None)."""
-        found = [self._take(("exists", p)) for p in paths]
-        if not all(known for known, _ in found):
-            return None
-        return any(value for _, value in found)
-
-    def prefetched_gpu_apps(self) -> str | None:
-        """The GPU-process report of hosts/gpu_apps.py when the batch was asked for it (else None)."""
-        found, value = self._take(("gpu_apps",))
-        return value.decode(errors="replace") if found and value is not None else None
-
-    async def port_holder(self, port: int) -> Any:
-        found, value = self._take(("port", int(port)))
-        return value if found else await self.host.port_holder(port)
+        return True, (self.answers.pop(question) if self.once else self.answers[question])
 
 
-def prefetch_questions(record: ServerState) -> list[tuple[Any, ...]]:
-    """Everything ``server_status`` may ask the host about ``record`` (the log only when the
-    group is gone: a live server's log is read only if its probe does not answer)."""
-    return [
-        ("alive", record.pgid),
-        ("read", f"/proc/{record.pgid}/cmdline", 0, None),
-        ("read", record.status_path, 0, None),
-        ("port", record.port),
-        ("read_if_dead", record.pgid, record.log_path, record.log_offset, DIAGNOSE_LIMIT),
-    ] + ([("tail", record.log_path, record.log_offset, STALL_TAIL)] if _reports_stats(record.engine) else [])
+def prefetch_questions(record: ServerState) -> list[Question]:
+    """Everything ``server_status`` may ask the host about ``record`` (questions.status_questions)."""
+    return questions.status_questions(record, reads_stats=_reports_stats(record.engine))
 
 
 def _reports_stats(engine: str | None) -> bool:
@@ -148,9 +116,9 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
 
     async def connected(host: str) -> HostBinding:
         binding = view(host)
-        connect = getattr(_prefetched(binding).host, "connect", None)
-        if connect is not None:
-            await connect()  # "~" in the work folder becomes absolute: the batch keys are the paths asked
+        connecting = connecting_of(_prefetched(binding).host)
+        if connecting is not None:
+            await connecting.connect()  # "~" in the work folder becomes absolute: the batch keys are the paths asked
             binding.work_dir = fleet.binding(host).work_dir
         return binding
 
@@ -160,22 +128,22 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
     # Round 1: what the local records name, and the remote state file and log of every server
     # without a local record (rediscovery from a new machine; "not launched").
     local = {name: store.load(name) for name in wanted}
-    questions: dict[str, list[tuple[Any, ...]]] = {}
+    first: dict[str, list[Question]] = {}
     for record in local.values():
         if record is not None:
-            questions.setdefault(record.host, []).extend(prefetch_questions(record))
+            first.setdefault(record.host, []).extend(prefetch_questions(record))
     for name, record in local.items():
         if record is None and name in spec.names:
             binding = await connected(lookup_host(name))
-            asks = questions.setdefault(binding.name, [])
+            asks = first.setdefault(binding.name, [])
             if binding.remote_state:
-                asks.append(("read", binding.state_path(name), 0, None))
-            asks.append(("size", binding.log_path(name)))
-    await _prefetch_all({h: (await connected(h), q) for h, q in questions.items()})
+                asks.append(questions.remote_record(binding, name))
+            asks.append(questions.log_size(binding, name))
+    await _prefetch_all({h: (await connected(h), q) for h, q in first.items()})
 
     # Round 2: rediscovered records (only when some were found on a host).
     records = {name: await load_record(store, view(lookup_host(name)), name) for name in wanted}
-    later: dict[str, list[tuple[Any, ...]]] = {}
+    later: dict[str, list[Question]] = {}
     for name, record in records.items():
         if record is not None and local[name] is None:
             later.setdefault(record.host, []).extend(prefetch_questions(record))
@@ -191,7 +159,7 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
                 assert server is not None
                 binding = view(server.host)
                 log = binding.log_path(name)
-                exists = await binding.host.file_size(log) is not None
+                exists = await ask(binding.host, questions.log_size(binding, name)) is not None
                 return not_launched(name, server.engine, server.host, server.port, log if exists else None)
             binding = view(record.host)
             changed = False
@@ -214,47 +182,48 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
     bindings: dict[str, HostBinding] = {}
     for item in items:
         name = item.binding.name
-        if name not in views and getattr(item.binding.host, "batch", None) is not None:
+        if name not in views and batching_of(item.binding.host) is not None:
             views[name] = PrefetchedHost(item.binding.host, once=True)
             bindings[name] = dataclasses.replace(item.binding, host=views[name])
     if not views:
         return list(items)
     for view in views.values():
-        await view.host.connect()
+        if (connecting := connecting_of(view.host)) is not None:
+            await connecting.connect()
     for name, binding in bindings.items():
         binding.work_dir = next(i.binding.work_dir for i in items if i.binding.name == name)
-    first: dict[str, list[tuple[Any, ...]]] = {}
-    later: dict[str, list[tuple[Any, ...]]] = {}
+    first: dict[str, list[Question]] = {}
+    later: dict[str, list[Question]] = {}
     local = {item.name: store.load(item.name) for item in items}
     for item in items:
         if item.binding.name not in views:
             continue
         asks = first.setdefault(item.binding.name, [])
         if not asks:  # start ordering asks whether the host has GPUs, up who holds them: in the same batch
-            asks += [("exists", device) for device in start_order.GPU_DEVICES]
-            asks.append(("gpu_apps",))
-        asks.append(("port", item.server.port))
+            asks += [Exists(device) for device in start_order.GPU_DEVICES]
+            asks.append(GpuApps())
+        asks.append(questions.port(item.server.port))
         record = local[item.name]
         if record is not None:
-            asks += [("alive", record.pgid), ("read", f"/proc/{record.pgid}/cmdline", 0, None)]
+            asks += questions.adopt_questions(record)
         elif bindings[item.binding.name].remote_state:
-            asks.append(("read", bindings[item.binding.name].state_path(item.name), 0, None))
+            asks.append(questions.remote_record(bindings[item.binding.name], item.name))
     await asyncio.gather(*(views[h].prefetch(ops) for h, ops in first.items()))
     for item in items:
         if item.binding.name in views and local[item.name] is None:
             # the remote record (left in the answers: load_record reads it from there)
-            raw = views[item.binding.name].answers.get(("read", bindings[item.binding.name].state_path(item.name), 0, None))
+            raw = views[item.binding.name].answers.get(questions.remote_record(bindings[item.binding.name], item.name))
             if raw is not None:
                 try:
-                    pgid = int(ServerState.model_validate_json(raw).pgid)
+                    found = ServerState.model_validate_json(raw)
                 except ValueError:  # a damaged record (pydantic's ValidationError is a ValueError): nothing to ask about it
                     continue
-                later.setdefault(item.binding.name, []).extend([("alive", pgid), ("read", f"/proc/{pgid}/cmdline", 0, None)])
+                later.setdefault(item.binding.name, []).extend(questions.adopt_questions(found))
     await asyncio.gather(*(views[h].prefetch(ops) for h, ops in later.items()))
     return [dataclasses.replace(item, binding=bindings[item.binding.name]) if item.binding.name in bindings else item for item in items]
 
 
-async def _prefetch_all(work: dict[str, tuple[HostBinding, list[tuple[Any, ...]]]]) -> None:
+async def _prefetch_all(work: dict[str, tuple[HostBinding, list[Question]]]) -> None:
     await asyncio.gather(*(_prefetched(binding).prefetch(ops) for binding, ops in work.values()))
 
 

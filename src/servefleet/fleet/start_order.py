@@ -41,6 +41,8 @@ from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.spec import ServerSpec
 from servefleet.fleet.state import ServerState, StateStore, utcnow
 from servefleet.hosts.base import Truncated
+from servefleet.hosts.capabilities import jobs_own_gpus
+from servefleet.hosts.questions import Exists, answered
 from servefleet.verify.logtext import match_text
 
 __all__ = ["visible_gpus", "shares_gpu", "host_has_gpus", "settled_before", "Sibling", "Settled", "StartQueue"]
@@ -83,12 +85,11 @@ def shares_gpu(a: ServerSpec, b: ServerSpec, env_a: Mapping[str, str], env_b: Ma
 async def host_has_gpus(binding: HostBinding) -> bool:
     """Whether the host has an NVIDIA or AMD GPU driver loaded (its control device exists): one
     command, which never reads the devices (none where the adopt-check batch already asked)."""
-    if getattr(binding.host, "jobs_own_gpus", False):
+    if jobs_own_gpus(binding.host):
         return False  # a scheduler's host (Slurm): each job is given GPUs of its own, never shared
-    prefetched = getattr(binding.host, "prefetched_exists", None)  # fleet/prefetch.PrefetchedHost
-    found = prefetched(GPU_DEVICES) if prefetched is not None else None
+    found = answered(binding.host, [Exists(device) for device in GPU_DEVICES])  # the adopt checks' batch
     if found is not None:
-        return found
+        return any(found)
     result = await binding.host.run(["sh", "-c", _ANY_EXISTS, "sh", *GPU_DEVICES], timeout=30, check=False)
     return result.returncode == 0
 

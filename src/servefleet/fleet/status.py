@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -19,9 +18,13 @@ from servefleet.catalog import State
 from servefleet.engines.base import EngineProfile, Probe
 from servefleet.engines.registry import get_engine
 from servefleet.errors import EngineError
+from servefleet.fleet import questions
 from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import owns_group, read_exit_code
+from servefleet.fleet.questions import DIAGNOSE_LIMIT, STALL_TAIL
 from servefleet.fleet.state import ServerState, utcnow
+from servefleet.hosts.capabilities import scheduler_of
+from servefleet.hosts.questions import ask, inner_host, read_tail
 from servefleet.http import HttpClient
 from servefleet.verify.bounded import HostSource, diagnose_source
 from servefleet.verify.diagnose import diagnose_text
@@ -29,15 +32,18 @@ from servefleet.verify.events import ProbeOutcome
 from servefleet.verify.probe import Prober
 from servefleet.verify.verdict import Verdict
 
-__all__ = ["Liveness", "ServerStatus", "server_status", "not_launched", "diagnose_attempt", "DIAGNOSE_LIMIT"]
+__all__ = ["Liveness", "ServerStatus", "server_status", "not_launched", "diagnose_attempt", "read_tail", "DIAGNOSE_LIMIT", "STALL_TAIL"]
 
-DIAGNOSE_LIMIT = 8 * 1024 * 1024  # bytes of the current attempt's log read for a diagnosis
-# The end of a serving server's log searched for the engine's last statistics: a stopped engine writes
-# nothing but the probes' access lines (~100 bytes each), so its last statistics stay in it for a while.
-STALL_TAIL = 64 * 1024
 
 
 class Liveness(StrEnum):
+    """What a server is doing now, seen from outside in one look (``status``). Three vocabularies,
+    three questions: ``catalog.State`` is the verdict of one start attempt (``wait``'s readiness
+    machine: launching, loading, ready, failed, stalled); ``Liveness`` is the present state of a
+    recorded server (its names shared with State mean the same: ``ready``, ``loading``, ``failed``;
+    the others exist only after a start: unresponsive, hung, dead, stale, not launched);
+    ``generate.health.ServerState`` is a server's place in one job (up, down, gone, stopped)."""
+
     READY = "ready"  # alive, probe answers, the port is ours
     LOADING = "loading"  # alive, probe not answering yet, no fatal line
     FAILED = "failed"  # alive but the log holds a fatal line (e.g. hanging after an error)
@@ -81,14 +87,13 @@ async def diagnose_attempt(binding: HostBinding, record: ServerState, profile: E
     DIAGNOSE_LIMIT bytes (the status batch prefetches exactly that read); a longer attempt goes
     through the bounded reader that `diagnose` uses (its start-up, first fatal block and end), so a
     crash at the end of a big log is seen and memory stays bounded."""
-    try:
-        raw = await binding.host.read_bytes(record.log_path, record.log_offset, DIAGNOSE_LIMIT)
-    except FileNotFoundError:
+    raw = await ask(binding.host, questions.attempt_log(record))
+    if raw is None:
         return diagnose_text("", profile)
     if len(raw) < DIAGNOSE_LIMIT:
         return diagnose_text(raw.decode("utf-8", errors="replace"), profile)
     try:
-        return await diagnose_source(HostSource(binding.host, record.log_path), profile, start=record.log_offset)
+        return await diagnose_source(HostSource(inner_host(binding.host), record.log_path), profile, start=record.log_offset)
     except FileNotFoundError:
         return diagnose_text("", profile)
 
@@ -99,9 +104,7 @@ async def serving_stall(binding: HostBinding, record: ServerState, profile: Engi
     none (nothing read), or when they show progress or are not in that tail."""
     if not reports_serving_stats(profile):
         return None
-    host = binding.host
-    reader = getattr(host, "read_tail", None)  # fleet/prefetch.PrefetchedHost: answered by the host's batch
-    found = await (reader or partial(read_tail, host))(record.log_path, record.log_offset, STALL_TAIL)
+    found = await ask(binding.host, questions.log_end(record))  # answered by the host's batch where it was asked there
     if found is None:
         return None
     start, raw = found
@@ -114,19 +117,6 @@ async def serving_stall(binding: HostBinding, record: ServerState, profile: Engi
 def reports_serving_stats(profile: EngineProfile | None) -> bool:
     """Whether the engine's log carries statistics ``serving_stall`` reads (else nothing is read)."""
     return profile is not None and type(profile).serving_stall is not EngineProfile.serving_stall
-
-
-async def read_tail(host: Any, path: str, offset: int, limit: int) -> tuple[int, bytes] | None:
-    """(start, bytes) of ``path`` from ``max(offset, size - limit)`` to its end; None when it is missing
-    or holds nothing past ``offset``. Two questions to the host (size, then the read)."""
-    size = await host.file_size(path)
-    if not size or size <= offset:
-        return None
-    start = max(offset, size - limit)
-    try:
-        return start, await host.read_bytes(path, start, size - start)
-    except FileNotFoundError:
-        return None
 
 
 def not_launched(name: str, engine: str | None, host: str, port: int | None, log_path: str | None) -> ServerStatus:
@@ -171,7 +161,7 @@ async def server_status(
         status.time_to_ready_s = round((record.ready_at - record.launched_at).total_seconds(), 3)
 
     if not await owns_group(binding, record):
-        if await host.group_alive(record.pgid):
+        if await ask(host, questions.alive(record)):
             status.state = Liveness.STALE
             status.detail = f"pgid {record.pgid} now belongs to another process; run `servefleet down {record.name}`"
             return status
@@ -188,8 +178,8 @@ async def server_status(
             status.detail += f", {status.category}"
         if verdict.evidence is not None:
             status.detail += f": {verdict.evidence.text.strip()[:120]}"
-        ended = getattr(host, "ended", None)  # a scheduler's host (Slurm): how the job ended
-        if ended is not None and (how := await ended(record.pgid)):
+        scheduler = scheduler_of(host)  # a scheduler's host (Slurm): how the job ended
+        if scheduler is not None and (how := await scheduler.ended(record.pgid)):
             status.detail += f"; {how}"
         if record.after_failure == "stopped":  # `up` stopped it: its verdict says why, the log may not
             status.category = status.category or last.get("category")
@@ -218,8 +208,8 @@ async def server_status(
         status.state = Liveness.UNRESPONSIVE
         status.detail = status.detail or "was ready; the probe no longer answers"
         return status
-    queued = getattr(host, "queued", None)  # a scheduler's host (Slurm): a job still waiting to run
-    if queued is not None and (note := await queued(record.pgid)):
+    scheduler = scheduler_of(host)  # a scheduler's host (Slurm): a job still waiting to run
+    if scheduler is not None and (note := await scheduler.queued(record.pgid)):
         status.detail = note
         return status
     verdict = await diagnose_attempt(binding, record, profile)

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from servefleet.generate.client import Client, Completion
 from servefleet.generate.concurrency import ConcurrencyController, Window
-from servefleet.generate.endpoints import Restarter, Target
+from servefleet.generate.endpoints import Holding, Restarter, Retiring, Target
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
 from servefleet.generate.retry import RetryPolicy
@@ -193,10 +193,9 @@ class Dispatcher:
         when no server is left ("stalled")."""
         self._spawn(self._feeder(feed))
         self._spawn(self._monitor())
-        retiring = getattr(self.restarter, "retiring", None)
-        if retiring is not None:
-            self._spawn(self._watch_notices(retiring))
-        if getattr(self.restarter, "held", None) is not None:
+        if isinstance(self.restarter, Retiring):
+            self._spawn(self._watch_notices(self.restarter.retiring))
+        if isinstance(self.restarter, Holding):
             self._check_holds()  # before the first request: a server drained with --keep gets none
             self._spawn(self._watch_holds())
         for s in self.servers:
@@ -480,10 +479,9 @@ class Dispatcher:
 
     # ---- servers the user stopped or drained (`servefleet down` / `drain`) ------------------------
     def _hold_reason(self, server: _Server) -> str | None:
-        held = getattr(self.restarter, "held", None)
-        if held is None or not server.target.managed:
+        if not isinstance(self.restarter, Holding) or not server.target.managed:
             return None
-        return server.held or held(server.target.name)
+        return server.held or self.restarter.held(server.target.name)
 
     def _check_holds(self) -> None:
         for s in self.servers:
@@ -515,9 +513,8 @@ class Dispatcher:
         server.stats.state_reason = server.held or ""
         server.sync_stats()
         self.stats.event(f"{server.target.name}: drained: nothing in flight; out of this run ({server.held})")
-        parked = getattr(self.restarter, "parked", None)
-        if parked is not None:
-            parked(server.target.name)
+        if isinstance(self.restarter, Holding):
+            self.restarter.parked(server.target.name)
         self._wake.set()
 
     async def _probe(self, server: _Server, *, after_reset: bool = False) -> None:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from servefleet.errors import ConfigError, HostUnreachable
 
@@ -42,9 +42,33 @@ class Target:
 
 
 class Restarter(Protocol):
+    """Brings a managed server back. Optional parts, checked by type: Holding, Retiring."""
+
     async def restart(self, name: str, on_event: Callable[[str], None]) -> Target | None:
         """Bring the server back; its new target when ready, None when it could not be.
         ``on_event`` takes one-line news for the progress view and the report."""
+        ...
+
+
+@runtime_checkable
+class Holding(Protocol):
+    """A restarter that knows which servers the user stopped or drained (`down`/`drain` marks)."""
+
+    def held(self, name: str) -> str | None:
+        """Why the user stopped this server, or None."""
+        ...
+
+    def parked(self, name: str) -> None:
+        """The job sends nothing more to ``name`` and has nothing in flight on it."""
+        ...
+
+
+@runtime_checkable
+class Retiring(Protocol):
+    """A restarter whose hosts announce a server's end in advance (a Slurm job's notice)."""
+
+    async def retiring(self) -> set[str]:
+        """Servers whose end was announced: drained, then restarted first."""
         ...
 
 

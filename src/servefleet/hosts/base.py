@@ -13,7 +13,10 @@ from typing import Protocol, runtime_checkable
 
 from servefleet.hosts.pidstat import PidStatus
 
-__all__ = ["CommandResult", "PortHolder", "PidStatus", "Host", "UnitHost", "Launched", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated"]
+__all__ = [
+    "CommandResult", "PortHolder", "PidStatus", "Host", "UnitHost", "Launched", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated",
+    "cmdline_owns", "proc_cmdline_path", "proc_owns", "proc_command_line",
+]
 
 
 @dataclass(frozen=True)
@@ -125,13 +128,12 @@ class Host(Protocol):
         marker: str,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        unit: str | None = None,
     ) -> Launched:
         """A server's whole launch, as one remote command where commands are round trips: append
         ``marker`` as a line of its own to ``log_path`` (ending a previous attempt's cut line
         first; the log is created 0600 with its folders), record the log's size and line count
-        then, remove a stale ``status_path``, ``spawn_detached`` ``argv`` (with ``unit``: as that
-        systemd user unit, UnitHost only) and say whether its group lives."""
+        then, remove a stale ``status_path``, ``spawn_detached`` ``argv`` and say whether its
+        group lives."""
         ...
 
     async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
@@ -157,6 +159,19 @@ class Host(Protocol):
 
     async def group_alive(self, pgid: int) -> bool:
         """Whether any live (non-zombie) process remains in the process group."""
+        ...
+
+    async def owns(self, group: int, marker: str) -> bool | None:
+        """Whether live process group ``group`` is still the one launched with ``marker`` (the
+        server's log path) on its leader's command line: False when the id now names something
+        else; None when the host cannot tell (the leader has exited or is a zombie, or it cannot
+        be read) — a live group whose leader exited is still ours: Linux does not reuse a pid
+        that is in use as a group id. A scheduler's host answers from the scheduler's job."""
+        ...
+
+    async def command_line(self, pid: int) -> str | None:
+        """Process ``pid``'s command line (arguments joined by spaces), None when unreadable or
+        empty; for messages about who holds a port."""
         ...
 
     async def pid_status(self, pid: int) -> PidStatus:
@@ -208,9 +223,54 @@ class UnitHost(Protocol):
         """``spawn_detached`` as unit ``unit``; returns the process group of its main process."""
         ...
 
+    async def launch_unit(
+        self,
+        argv: Sequence[str],
+        *,
+        unit: str,
+        log_path: str,
+        status_path: str,
+        marker: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Launched:
+        """``Host.launch`` with the server started as unit ``unit`` (checks ``check_units`` first)."""
+        ...
+
     async def stop_unit(self, unit: str, *, force: bool = False) -> None:
         """Stop the unit (SIGTERM to all its processes) without waiting, or SIGKILL them."""
         ...
+
+
+def proc_cmdline_path(pid: int) -> str:
+    """Where a /proc host (Linux: local, SSH) keeps a process's NUL-separated command line."""
+    return f"/proc/{int(pid)}/cmdline"
+
+
+def cmdline_owns(cmdline: bytes | None, marker: str) -> bool | None:
+    """``Host.owns`` from a group leader's command line (None: missing, unreadable or a zombie's
+    empty one: the host cannot tell)."""
+    if not cmdline:
+        return None
+    return marker.encode() in cmdline
+
+
+async def proc_owns(host: Host, group: int, marker: str) -> bool | None:
+    """``Host.owns`` for a /proc host, through its own ``read_bytes``."""
+    try:
+        raw: bytes | None = await host.read_bytes(proc_cmdline_path(group))
+    except OSError:  # FileNotFoundError: the leader is gone; anything else: cannot read it
+        raw = None
+    return cmdline_owns(raw, marker)
+
+
+async def proc_command_line(host: Host, pid: int) -> str | None:
+    """``Host.command_line`` for a /proc host, through its own ``read_bytes``."""
+    try:
+        raw = await host.read_bytes(proc_cmdline_path(pid))
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip() or None
 
 
 async def poll_follow(host: Host, path: str, offset: int = 0, interval_s: float = 0.02) -> AsyncIterator[bytes | Truncated]:

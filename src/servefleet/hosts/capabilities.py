@@ -8,6 +8,8 @@ silently off.
   (``noticed``, ``remaining_s``) and it gives each job GPUs of its own (``jobs_own_gpus``).
 - ``Connecting``: a host that needs connecting before use (SSH's master connection, a login node).
 - ``Batching``: a host where a round trip costs (SSH): several questions answered in one command.
+- ``Answering`` (hosts/questions.py): a view of a host answering questions from a batch asked
+  earlier (fleet/prefetch.PrefetchedHost).
 - ``UnitHost`` (hosts/base.py) and ``WatchHost`` (hosts/watch.py) are the others.
 """
 
@@ -18,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from servefleet.hosts.slurm_queue import JobInfo
 
-__all__ = ["Scheduler", "Connecting", "Batching", "scheduler_of", "connecting_of", "batching_of"]
+__all__ = ["Scheduler", "Connecting", "Batching", "scheduler_of", "connecting_of", "batching_of", "jobs_own_gpus"]
 
 
 @runtime_checkable
@@ -73,3 +75,9 @@ def connecting_of(host: object) -> Connecting | None:
 
 def batching_of(host: object) -> Batching | None:
     return host if isinstance(host, Batching) else None
+
+
+def jobs_own_gpus(host: object) -> bool:
+    """Whether each server on ``host`` is given GPUs of its own (a scheduler's host): never shared."""
+    scheduler = scheduler_of(host)
+    return scheduler is not None and scheduler.jobs_own_gpus

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 import psutil
 
-from servefleet.errors import CommandError, HostError, LaunchError
-from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv
+from servefleet.errors import CommandError, HostError
+from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv, proc_command_line, proc_owns
 from servefleet.hosts.local_ports import port_holder_fallback
 from servefleet.hosts.pidstat import PidStatus, read_pid_status
 from servefleet.hosts.watch import WatchItem, poll_watch
@@ -92,10 +92,7 @@ class LocalHost:
         marker: str,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        unit: str | None = None,
     ) -> Launched:
-        if unit is not None:
-            raise LaunchError('the local host starts servers with setsid only (launcher = "systemd-run" is for ssh hosts)')
         offset, newlines = await asyncio.to_thread(append_marker, log_path, status_path, marker)  # counting lines reads the log
         await self.remove(status_path)
         pgid = await self.spawn_detached(argv, log_path=log_path, status_path=status_path, env=env, cwd=cwd)
@@ -179,6 +176,12 @@ class LocalHost:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+    async def owns(self, group: int, marker: str) -> bool | None:
+        return await proc_owns(self, group, marker)
+
+    async def command_line(self, pid: int) -> str | None:
+        return await proc_command_line(self, pid)
 
     async def group_alive(self, pgid: int) -> bool:
         # In a thread: a process-table scan takes milliseconds (more on a busy machine), and the

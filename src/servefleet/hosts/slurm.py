@@ -26,6 +26,7 @@ the port it picks there.
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -35,6 +36,7 @@ from datetime import datetime
 from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
 from servefleet.hosts import slurm_script as scripts
 from servefleet.hosts.base import CommandResult, Host, Launched, PortHolder, Truncated
+from servefleet.hosts.capabilities import connecting_of
 from servefleet.hosts.pidstat import GONE, PidStatus
 from servefleet.hosts.slurm_queue import JobInfo, end_report, is_alive, parse_squeue, squeue_argv
 from servefleet.hosts.slurm_relay import Relay
@@ -89,7 +91,7 @@ class SlurmHost:
 
     @property
     def _local(self) -> bool:
-        return getattr(self.transport, "name", "") == "local"  # an SSHHost sets its env on every command itself
+        return self.transport.name == "local"  # an SSHHost sets its env on every command itself
 
     async def _scheduler(self, argv: Sequence[str], *, input: bytes | None = None, timeout: float = 60.0) -> CommandResult:
         self.scheduler_calls += 1
@@ -132,9 +134,9 @@ class SlurmHost:
     # ---- the Host contract ----------------------------------------------------------------
     async def connect(self) -> None:
         """Connect the transport (an SSH login node: its "~" work folder becomes absolute)."""
-        connect = getattr(self.transport, "connect", None)
-        if connect is not None:
-            await connect()
+        transport = connecting_of(self.transport)
+        if transport is not None:
+            await transport.connect()
 
     async def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, input: bytes | None = None) -> CommandResult:
         return await self.transport.run(argv, timeout=timeout, check=check, input=input)
@@ -143,10 +145,8 @@ class SlurmHost:
         raise LaunchError("a Slurm host starts servers as jobs (launch), not as detached processes")
 
     async def launch(self, argv: Sequence[str], *, log_path: str, status_path: str, marker: str, env: Mapping[str, str] | None = None,
-                     cwd: str | None = None, unit: str | None = None) -> Launched:
+                     cwd: str | None = None) -> Launched:
         """The marker, the log's size, and the job's submission, in one command on the submitting host."""
-        if unit is not None:
-            raise LaunchError("a Slurm host runs servers as Slurm jobs; launcher = systemd-run is for ssh hosts")
         where = _where_path(status_path)
         name = status_path.rsplit("/", 1)[-1].removesuffix(".status")
         args = scripts.job_args(argv, log_path=log_path, status_path=status_path, where_path=where, fleet_port=self.spec.fleet_ports.get(name, 0),
@@ -168,10 +168,6 @@ class SlurmHost:
         return Launched(job_id, size, newlines + 1, state, code)
 
     async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        if path.startswith("/proc/"):
-            # The layers above read /proc/PGID/cmdline to tell a reused pgid; a job id is not a
-            # pid (and job ids are not reused): there is no such file for a job.
-            raise FileNotFoundError(path)
         return await self.transport.read_bytes(path, offset, limit)
 
     async def file_size(self, path: str) -> int | None:
@@ -190,6 +186,19 @@ class SlurmHost:
         """Whether job ``pgid`` is pending, running or still completing."""
         job = await self.job(pgid)
         return job is not None and is_alive(job.state)
+
+    async def owns(self, group: int, marker: str) -> bool | None:
+        """Whether job ``group`` is the server's whose log is ``marker``, by the job's name
+        (slurm_script.job_name): job ids are not reused, so this is a second look, not the only
+        one; None when the scheduler no longer knows the job or printed no name."""
+        job = await self.job(group)
+        if job is None or not job.name:
+            return None
+        server = posixpath.basename(marker).removesuffix(".log")
+        return job.name == scripts.job_name(self.spec.fleet, server)
+
+    async def command_line(self, pid: int) -> str | None:
+        return None  # servers here are jobs on other nodes: no process of theirs is visible here
 
     async def queued(self, job_id: int) -> str | None:
         """"job 42 pending (Resources) for 12s" while the job waits to run, else None."""
@@ -268,10 +277,9 @@ class SlurmHost:
         # A server bound to every address is reached at its node; one bound to an address (the
         # default 127.0.0.1) only there, which is right when jobs run where servefleet does.
         target = facts.get("node", "127.0.0.1") if bind_host in ("0.0.0.0", "::", "") else bind_host
-        forward = getattr(self.transport, "url_for", None)
-        if self._local or forward is None:
+        if self._local:
             return target, node_port
-        url = await forward(node_port, target)  # through the login node (an SSH forward)
+        url = await self.transport.url_for(node_port, target)  # through the login node (an SSH forward)
         local = url.rsplit(":", 1)[-1]
         return "127.0.0.1", int(local)
 

@@ -30,7 +30,7 @@ from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchEr
 from servefleet.hosts import ssh_follow
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts import ssh_systemd as units
-from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv
+from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv, proc_command_line, proc_owns
 from servefleet.hosts.pidstat import GONE, PidStatus, parse_proc_stat
 from servefleet.hosts.ssh_batch import Op, batch_argv, chunk_ops, parse_batch
 from servefleet.hosts.ssh_master import Master, MasterPool, free_local_port
@@ -277,11 +277,28 @@ class SSHHost:
         marker: str,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        unit: str | None = None,
     ) -> Launched:
         """``Host.launch`` in ONE remote command: the marker, the log's size and line count
-        (ssh_scripts.MARK), then the setsid launcher or, with ``unit``, the systemd-run one —
+        (ssh_scripts.MARK), then the setsid launcher (``launch_unit``: the systemd-run one) —
         each removes the stale status file, starts the wrapper and reports its group's state."""
+        return await self._launch_marked(argv, None, log_path=log_path, status_path=status_path, marker=marker, env=env, cwd=cwd)
+
+    async def launch_unit(
+        self,
+        argv: Sequence[str],
+        *,
+        unit: str,
+        log_path: str,
+        status_path: str,
+        marker: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Launched:
+        """``launch`` as the transient ``systemd --user`` unit ``unit`` (the UnitHost capability)."""
+        return await self._launch_marked(argv, unit, log_path=log_path, status_path=status_path, marker=marker, env=env, cwd=cwd)
+
+    async def _launch_marked(self, argv: Sequence[str], unit: str | None, *, log_path: str, status_path: str, marker: str,
+                             env: Mapping[str, str] | None, cwd: str | None) -> Launched:
         await self.connect()
         log_path, status_path = self.expand(log_path), self.expand(status_path)
         wrapper = detach_argv(argv, log_path, status_path)
@@ -426,6 +443,12 @@ class SSHHost:
         return answers
 
     # -- processes and ports ----------------------------------------------------------------
+
+    async def owns(self, group: int, marker: str) -> bool | None:
+        return await proc_owns(self, group, marker)  # one remote read of the leader's command line
+
+    async def command_line(self, pid: int) -> str | None:
+        return await proc_command_line(self, pid)
 
     async def group_alive(self, pgid: int) -> bool:
         code, _out, err = await self._exec(scripts.group_alive_argv(pgid), retry=True)

@@ -6,20 +6,14 @@ by one that is three or more round trips per server; here a fleet's questions tr
 arguments of a single POSIX ``sh`` program (built with ``shlex.join`` like every other command,
 so paths are never parsed by a shell) and the answers come back as framed records.
 
-Questions (``Op``), each answered like the Host method of the same job:
-
-- ``("alive", pgid)``              -> bool                 (Host.group_alive)
-- ``("read", path, offset, limit)`` -> bytes | None missing (Host.read_bytes)
-- ``("size", path)``               -> int | None missing   (Host.file_size)
-- ``("port", port)``               -> PortHolder | None    (Host.port_holder)
-- ``("exists", path)``             -> bool                 (``[ -e ]``: never opens the file, e.g. a device)
-- ``("gpu_apps",)``                -> bytes                (hosts/gpu_apps.py: who holds memory on the GPUs)
-- ``("tail", path, offset, limit)``   -> (start, bytes) | None missing or nothing past offset: the file
-  from ``max(offset, size - limit)`` to its end, and that start (a serving server's log end:
-  ``status.serving_stall``)
-- ``("read_if_dead", pgid, path, offset, limit)``: a ``read`` asked only when the group is gone
-  (a dead server's log is needed for its diagnosis; a live one's may be gigabytes): the answer is
-  keyed as the plain ``read`` and absent when the group lives.
+Questions are the values of hosts/questions.py, each answered like the Host method of the same job:
+``Alive`` (group_alive), ``Owns`` (owns: the leader's /proc command line read, judged here),
+``Read`` (read_bytes, None when missing), ``Size`` (file_size), ``Port`` (port_holder), ``Exists``
+(``[ -e ]``: never opens the file, e.g. a device), ``GpuApps`` (hosts/gpu_apps.py), ``Tail`` (the file
+from ``max(offset, size - limit)`` to its end, and that start: ``status.serving_stall``) and
+``ReadIfDead`` (its ``read``, asked only when the group is gone: a dead server's log is needed for its
+diagnosis, a live one's may be gigabytes; the answer is keyed as that ``read`` and absent when the
+group lives).
 
 Framing: every record starts with a line ``TOKEN INDEX KIND [VALUE]``; file contents follow a
 ``data`` line raw and end with ``\\nTOKEN INDEX end``. TOKEN is 128 random bits chosen per call,
@@ -35,13 +29,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from servefleet.errors import HostError
-from servefleet.hosts.base import PortHolder
+from servefleet.hosts.base import PortHolder, cmdline_owns, proc_cmdline_path
 from servefleet.hosts.gpu_apps import GPU_APPS_FN
+from servefleet.hosts.questions import Alive, Exists, GpuApps, Owns, Port, Question, Read, ReadIfDead, Size, Tail
 from servefleet.hosts.ssh_scripts import PROC_GROUP_ALIVE_FN, parse_port_holder
 
 __all__ = ["Op", "batch_argv", "parse_batch", "answer_key", "chunk_ops", "MAX_ARGS_BYTES"]
 
-Op = tuple[Any, ...]
+Op = Question
 
 # The whole remote command is one string handed to the login shell's ``-c``; Linux caps a single
 # argument at 128 KiB (MAX_ARG_STRLEN). Larger fleets are split into several batches.
@@ -127,34 +122,30 @@ done
 
 
 def _args(op: Op) -> list[str]:
-    kind = op[0]
-    if kind == "alive":
-        return ["alive", str(int(op[1]))]
-    if kind in ("size", "exists"):
-        return [kind, str(op[1])]
-    if kind == "port":
-        return ["port", str(int(op[1]))]
-    if kind == "gpu_apps":
+    if isinstance(op, Alive):
+        return ["alive", str(int(op.group))]
+    if isinstance(op, Owns):
+        return ["read", proc_cmdline_path(op.group), "1", ""]
+    if isinstance(op, Size):
+        return ["size", op.path]
+    if isinstance(op, Exists):
+        return ["exists", op.path]
+    if isinstance(op, Port):
+        return ["port", str(int(op.port))]
+    if isinstance(op, GpuApps):
         return ["gpu_apps"]
-    if kind == "read":
-        _, path, offset, limit = op
-        return ["read", str(path), str(int(offset) + 1), "" if limit is None else str(int(limit))]
-    if kind == "tail":
-        _, path, offset, limit = op
-        return ["tail", str(path), str(int(offset)), str(int(limit))]
-    if kind == "read_if_dead":
-        _, pgid, path, offset, limit = op
-        return ["read_if_dead", str(int(pgid)), str(path), str(int(offset) + 1), "" if limit is None else str(int(limit))]
+    if isinstance(op, Read):
+        return ["read", op.path, str(int(op.offset) + 1), "" if op.limit is None else str(int(op.limit))]
+    if isinstance(op, Tail):
+        return ["tail", op.path, str(int(op.offset)), str(int(op.limit))]
+    if isinstance(op, ReadIfDead):
+        return ["read_if_dead", str(int(op.group)), *_args(op.read)[1:]]
     raise ValueError(f"unknown batch question {op!r}")
 
 
 def answer_key(op: Op) -> Op:
-    """The key an answer is stored under: a ``read_if_dead`` answers the plain ``read``."""
-    if op[0] == "read_if_dead":
-        return ("read", op[2], int(op[3]), op[4])
-    if op[0] == "read":
-        return ("read", op[1], int(op[2]), op[3])
-    return op
+    """The key an answer is stored under: a ``ReadIfDead`` answers its ``read``."""
+    return op.read if isinstance(op, ReadIfDead) else op
 
 
 def batch_argv(ops: Sequence[Op], token: str | None = None) -> tuple[list[str], str]:
@@ -194,7 +185,7 @@ def parse_batch(ops: Sequence[Op], out: bytes, token: str) -> dict[Op, Any]:
     for index, op in enumerate(ops):
         m = head.match(out, pos)
         if m is None or int(m.group(1)) != index:
-            raise HostError(f"batch answer {index} ({op[0]}) is missing or garbled near byte {pos}")
+            raise HostError(f"batch answer {index} ({type(op).__name__}) is missing or garbled near byte {pos}")
         kind, value = m.group(2).decode(), (m.group(3) or b"").decode(errors="replace")
         pos = m.end()
         key = answer_key(op)
@@ -213,12 +204,14 @@ def parse_batch(ops: Sequence[Op], out: bytes, token: str) -> dict[Op, Any]:
             answers[key] = int(value)
         elif kind == "port":
             if value == "error":
-                raise HostError(f"batch answer {index}: ss failed for port {op[1]}")
+                raise HostError(f"batch answer {index}: ss failed for {op!r}")
             answers[key] = None if value == "none" else _holder(value)
         elif kind == "skipped":
             pass  # read_if_dead on a live group: not asked
         else:
             raise HostError(f"batch answer {index}: unknown record kind {kind!r}")
+        if isinstance(key, Owns) and key in answers:
+            answers[key] = cmdline_owns(answers[key], key.marker)
     return answers
 
 

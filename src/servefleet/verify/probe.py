@@ -19,6 +19,7 @@ import orjson
 from servefleet.capacity import Capacity
 from servefleet.engines.base import EngineProfile, Probe
 from servefleet.hosts.base import Host
+from servefleet.hosts.questions import Port, ask
 from servefleet.http import FailureKind, HttpClient, Timeout, TransportError
 from servefleet.verify.events import ProbeOutcome, ProbeResult, SmokeResult
 
@@ -210,7 +211,7 @@ class Prober:
 
     async def _identity(self) -> tuple[bool | None, str]:
         if self.pgid is not None and self.port is not None:
-            holder = await self.host.port_holder(self.port)
+            holder = await ask(self.host, Port(self.port))  # from the status batch where it was asked
             if holder is not None and holder.pgid is not None:
                 if holder.pgid == self.pgid:
                     return True, ""
