@@ -27,7 +27,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 KINDS = ["local", "ssh", "slurm"]
 CAPABILITIES = {"Scheduler": Scheduler, "Connecting": Connecting, "Batching": Batching, "Answering": Answering, "UnitHost": UnitHost, "WatchHost": WatchHost}
 DECLARED = {
-    "local": set(),
+    "local": {"WatchHost"},  # a polled watch stream (hosts/watch.poll_watch)
     "ssh": {"Connecting", "Batching", "UnitHost", "WatchHost"},
     "slurm": {"Scheduler", "Connecting", "WatchHost"},
 }
