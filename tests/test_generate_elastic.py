@@ -225,6 +225,60 @@ def test_release_tail_and_down_after_leave_no_server_running(tmp_path: Path, dow
     assert "--down-after: the fleet is stopped" in (report["message"] or "")
     assert sorted(committed_ids(out)) == sorted(f"p{i}" for i in range(400))
     assert {n: s["state"] for n, s in statuses(fleet).items()} == {"a": "not launched", "b": "not launched", "slow": "not launched"}
-    for pgid in pgids.values():
-        with pytest.raises(ProcessLookupError):
-            os.killpg(pgid, 0)  # no process of it is left
+    from servefleet.hosts.local import LocalHost
+
+    assert not [n for n, pgid in pgids.items() if asyncio.run(LocalHost().group_alive(pgid))]  # no process left (zombies aside)
+
+
+# ---- what the job shows of it: progress, Prometheus, the report's timeline ----------------------
+
+
+def test_the_timeline_counts_servers_in_service_and_marks_a_join() -> None:
+    from servefleet.generate.stats import JobStats, ServerStats
+    from servefleet.generate.timeline import Timeline
+
+    stats = JobStats()
+    stats.servers["a"] = ServerStats("a", "http://a", limit=4)
+    tl = Timeline(started=0.0)
+    tl.sample(0.5, stats)
+    stats.servers["b"] = ServerStats("b", "http://b", limit=4)  # joined
+    tl.sample(1.5, stats)
+    stats.servers["a"].state = "stopped"  # released
+    tl.sample(2.5, stats)
+    out = tl.to_json()
+    assert out["serving"] == [1, 2, 1]
+    assert [(e["kind"], e["server"]) for e in out["events"]["items"]] == [("join", "b"), ("outage", "a")]
+    from servefleet.cli.report_html import job_html
+    from servefleet.generate.job_record import JobRecord, job_series
+
+    record = JobRecord(destination="x", manifest={}, timelines=[{**out, "updated_unix": 3.0, "run_id": "r"}])
+    series = job_series(record)
+    assert series["job"]["serving"] == [1, 2, 1]
+    page = job_html(series, {}, plan=None, plan_note=None, failures={}, manifest={})
+    assert "Servers in service" in page and "join b" in page
+
+
+def test_prometheus_and_progress_show_the_membership() -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from servefleet.cli.generate_view import membership_text
+    from servefleet.generate.metrics import JobMetrics
+    from servefleet.generate.recorder import snapshot
+    from servefleet.generate.stats import JobStats
+
+    stats = JobStats(total=10)
+    stats.width = 3
+    stats.membership.update(joins=2, leaves=1, replacements=1, releases=0)
+    with JobMetrics("127.0.0.1", 0) as metrics:
+        metrics.attach(stats)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert values[("servefleet_generate_servers_in_service", ())] == 3
+    assert values[("servefleet_generate_membership_total", (("event", "joins"),))] == 2
+    assert values[("servefleet_generate_membership_total", (("event", "replacements"),))] == 1
+    snap = snapshot(stats, run_id="r", status="running", now=1.0, started=0.0, interval_s=2.0)
+    assert snap["membership"] == {"joins": 2, "leaves": 1, "replacements": 1, "releases": 0} and snap["width"] == 3
+    assert membership_text(3, snap["membership"]) == "3 in service, joins 2, leaves 1, replacements 1, releases 0"
