@@ -20,6 +20,7 @@ from conftest import PYTHON, free_port, wait_until
 from servefleet.errors import ConfigError
 from servefleet.fleet import Fleet
 from servefleet.fleet.loader import load_fleet_file
+from servefleet.generate.handover import due, margin_problem, successor_name
 from servefleet.generate.membership import ReplaceBudget, idle_at_tail, plan_round
 from test_generate_sim import FAST_SIM, committed_ids, generate_argv, shard_count, write_prompts
 
@@ -125,6 +126,14 @@ def test_replacements_are_limited_in_a_sliding_window() -> None:
     assert budget.take("w-0", 10.5)  # the first one left the window
 
 
+def test_a_handover_is_due_once_less_time_is_left_than_the_load_time_and_the_margin() -> None:
+    assert not due(None, 30.0, 60.0)  # no time limit (or not running): left alone
+    assert not due(100.0, 30.0, 60.0) and due(89.0, 30.0, 60.0)
+    assert due(59.0, None, 60.0)  # never measured: the margin alone
+    assert not due(10.0, 30.0, 60.0, limit_s=90.0)  # a whole limit within load time + margin: one handover after another
+    assert [successor_name(n) for n in ("w-3", "w-3.h1", "w-3.h9", "a.b")] == ["w-3.h1", "w-3.h2", "w-3.h10", "a.b.h1"]
+
+
 # ---- bad input -----------------------------------------------------------------------------------
 
 
@@ -157,10 +166,26 @@ def test_a_template_field_written_in_the_file_is_refused(tmp_path: Path) -> None
         load_fleet_file(path)
 
 
-@pytest.mark.parametrize("flag", ["--release-tail", "--down-after"])
+def test_a_handover_margin_not_shorter_than_a_time_limit_is_refused_before_anything_is_submitted(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'[hosts.minute]\nkind = "slurm"\nworkdir = "{tmp_path}"\ntime = "1"\n\n'
+                    '[[servers]]\nname = "w"\ncount = 2\nengine = "sim"\nmodel = "m"\nhost = "minute"\nport = 30000\n')
+    hosts = load_fleet_file(path).hosts.values()
+    assert margin_problem(59.0, hosts) is None
+    assert "--handover-margin 60s is not shorter than the time limit of [hosts.minute] (time = '1': 60s)" in (margin_problem(60.0, hosts) or "")
+    src = write_prompts(tmp_path / "in.jsonl", 3)
+    for margin, message in (("2m", "--handover-margin 120s is not shorter than the time limit of [hosts.minute]"),
+                            ("soon", "--handover-margin 'soon': expected a duration above 0")):
+        proc = subprocess.run(generate_argv(src, tmp_path / "out", "--fleet", str(path), extra=("--handover-margin", margin)),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 3 and message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".servefleet").exists()  # nothing read, nothing submitted
+
+
+@pytest.mark.parametrize("flag", ["--release-tail", "--down-after", "--handover-margin"])
 def test_stopping_flags_are_refused_for_url_servers(tmp_path: Path, flag: str) -> None:
     src = write_prompts(tmp_path / "in.jsonl", 3)
-    proc = subprocess.run(generate_argv(src, tmp_path / "out", "--url", "http://127.0.0.1:9", extra=(flag,)),
+    proc = subprocess.run(generate_argv(src, tmp_path / "out", "--url", "http://127.0.0.1:9", extra=(flag, "1m") if flag == "--handover-margin" else (flag,)),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert f"{flag}: only servers of a --fleet can be stopped" in proc.stdout + proc.stderr

@@ -38,12 +38,12 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
 SIM = ["--load-time", "0.3", "--max-running", "4", "--decode-ms", "20", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0"]
 
 
-def counted_fleet(tmp_path: Path, cluster: SlurmCluster, count: int, *, host_extra: str = "") -> Path:
+def counted_fleet(tmp_path: Path, cluster: SlurmCluster, count: int, *, host_extra: str = "", time: str = "10") -> Path:
     args = ", ".join(f'"{a}"' for a in SIM)
     path = tmp_path / "fleet.toml"
     path.write_text(
         f'[fleet]\nname = "el"\ntimeout = 60\nstall = 20\n\n'
-        f'[hosts.cluster]\nkind = "slurm"\nworkdir = "{tmp_path / "shared"}"\npoll_interval = 0.2\ntime = "10"\n'
+        f'[hosts.cluster]\nkind = "slurm"\nworkdir = "{tmp_path / "shared"}"\npoll_interval = 0.2\ntime = "{time}"\n'
         f'env = {{ SLURM_CONF = "{cluster.conf}" }}\n{host_extra}\n'
         f'[[servers]]\nname = "w"\ncount = {count}\nengine = "sim"\nmodel = "sim-m"\nhost = "cluster"\nport = 31200\nargs = [{args}]\n'
     )
@@ -65,7 +65,12 @@ async def start_generate(tmp_path: Path, fleet: Path, n: int, *extra: str) -> tu
         assert proc.returncode is None, await proc.communicate()
         return (out / "shards").is_dir() and bool(list((out / "shards").glob("part-*")))
 
-    await async_wait_until(sending, timeout=60, interval=0.05, what="the job's first shard")
+    try:
+        await async_wait_until(sending, timeout=60, interval=0.05, what="the job's first shard")
+    except AssertionError:
+        proc.kill()
+        _, stderr = await proc.communicate()
+        raise AssertionError(f"no shard within 60 s; the job said:\n{stderr.decode()[-3000:]}") from None
     return proc, out
 
 
@@ -132,3 +137,31 @@ async def test_a_cancelled_job_is_replaced_and_release_tail_with_down_after_leav
     assert sorted(_committed(out)) == sorted(f"p{i}" for i in range(600))  # exactly once
     assert "--down-after: the fleet is stopped" in (report["message"] or "")
     assert our_jobs(slurm) == []  # none pending, running or completing
+
+
+async def test_a_server_near_its_time_limit_hands_over_to_a_successor_that_serves_first(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
+    """A 1-minute job (Slurm's smallest limit) and a 50 s margin: a successor is submitted within
+    seconds of the start, joins, and only then is the old job drained and cancelled (and so on: each
+    successor is due ~7 s after it starts). Servers in service, sampled each second, never drop to 0."""
+    fleet = fleets(Fleet.load(counted_fleet(tmp_path, slurm, 1, time="1")))
+    path = fleet.spec.path
+    assert all(v.state == "ready" for v in (await fleet.up()).values())
+    old_job = (await fleet.record("w-0")).pgid
+    proc, out = await start_generate(tmp_path, path, 400, "--handover-margin", "50s", "--down-after")
+    report = await finish(proc)
+    events = report["events"]
+    assert report["membership"]["handovers"] >= 1, events
+    for old, new in (("w-0", "w-0.h1"), ("w-0.h1", "w-0.h2")):
+        drained = [i for i, e in enumerate(events) if f"{old}: handed over to {new} (its job's time limit is near): draining" in e]
+        if old == "w-0" or drained:
+            joined = next(i for i, e in enumerate(events) if f"{new}: joined at" in e)
+            assert joined < drained[0], events  # the successor served before the old one stopped taking requests
+    servers = {s["name"]: s for s in report["servers"]}
+    assert servers["w-0.h1"]["requests"] > 0 and servers["w-0"]["state"] == "stopped", report["servers"]
+    states = {j.split()[0]: j.split()[1] for j in slurm.jobs()}
+    assert states[str(old_job)] == "CANCELLED"  # handed over, not timed out
+    timeline = json.loads(next((out / "timeline").glob("*.json")).read_text())
+    serving = timeline["serving"]
+    assert min(serving[1:-1]) >= 1, serving  # never without a server
+    assert sorted(_committed(out)) == sorted(f"p{i}" for i in range(400))  # exactly once
+    assert our_jobs(slurm) == []

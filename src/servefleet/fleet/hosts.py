@@ -78,7 +78,7 @@ class HostPool:
         if spec.kind == "slurm":
             from servefleet.fleet.slurm_binding import connect_slurm
 
-            return connect_slurm(spec, self.fleet, _connect_ssh(spec, self.fleet) if spec.ssh else None)
+            return connect_slurm(spec, self.fleet, _connect_ssh(spec, self.fleet) if spec.ssh else None, lambda: self.fleet)
         return _connect_ssh(spec, self.fleet)
 
     async def close(self) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import posixpath
 import sys
+from collections.abc import Callable
 
 from servefleet.fleet.hosts import HostBinding
-from servefleet.fleet.spec import FleetSpec, HostSpec
+from servefleet.fleet.spec import FleetSpec, HostSpec, ServerSpec
 from servefleet.hosts.local import LocalHost
 from servefleet.hosts.slurm import SlurmHost, SlurmSpec, port_positions
 from servefleet.hosts.slurm_script import sbatch_options
@@ -19,9 +20,10 @@ from servefleet.hosts.slurm_script import sbatch_options
 __all__ = ["connect_slurm"]
 
 
-def connect_slurm(spec: HostSpec, fleet: FleetSpec, ssh: HostBinding | None) -> HostBinding:
+def connect_slurm(spec: HostSpec, fleet: FleetSpec, ssh: HostBinding | None, current: Callable[[], FleetSpec] | None = None) -> HostBinding:
     """``ssh``: the login node's binding when the table names one (its host is the transport and
-    its work folder, ``~`` expanded on connect, is this fleet's folder), else this machine."""
+    its work folder, ``~`` expanded on connect, is this fleet's folder), else this machine.
+    ``current``: the fleet's servers now (a job's successor copies, generate/handover.py, join them)."""
     if ssh is not None:
         transport, work_dir, cwd, python = ssh.host, ssh.work_dir, ssh.cwd, spec.python or "python3"
     else:
@@ -34,10 +36,11 @@ def connect_slurm(spec: HostSpec, fleet: FleetSpec, ssh: HostBinding | None) -> 
             binding.work_dir = connected.expand(posixpath.join(spec.workdir, fleet.name))
 
         ssh.host.on_connect.append(absolute)  # type: ignore[attr-defined]
-    servers = {s.name: s for s in fleet.servers if s.host == spec.name}
+    def servers() -> dict[str, ServerSpec]:
+        return {s.name: s for s in (current() if current is not None else fleet).servers if s.host == spec.name}
 
     def where_for_port(port: int) -> str | None:
-        for server in servers.values():
+        for server in servers().values():
             if server.port == port:
                 return binding.status_path(server.name).removesuffix(".status") + ".where"
         return None
@@ -46,7 +49,7 @@ def connect_slurm(spec: HostSpec, fleet: FleetSpec, ssh: HostBinding | None) -> 
         from servefleet.fleet.lifecycle import resolve_launch  # lifecycle imports this layer's hosts
 
         name = posixpath.basename(status_path).removesuffix(".status")
-        server = servers.get(name)
+        server = servers().get(name)
         if server is None:
             return 0, []
 

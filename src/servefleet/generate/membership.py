@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from servefleet.generate.endpoints import FleetRestarter, Target, describe_verdict, from_endpoint
+from servefleet.generate.handover import Handover, due, successor_name
+from servefleet.hosts.capabilities import scheduler_of
+from servefleet.hosts.slurm_queue import slurm_seconds
 
 if TYPE_CHECKING:
     from servefleet.generate.dispatch import Dispatcher
@@ -90,18 +93,20 @@ class ReplaceBudget:
 class ElasticRestarter(FleetRestarter):
     """The fleet restarter with the elastic rounds the dispatcher runs beside the job (``watch``)."""
 
-    def __init__(self, fleet: Any, *, interval_s: float = 5.0, release_tail: bool = False,
+    def __init__(self, fleet: Any, *, interval_s: float = 5.0, release_tail: bool = False, handover_margin_s: float | None = None,
                  max_restarts: int = 3, restart_window_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(fleet)
         self.interval_s = interval_s
         self.release_tail = release_tail
+        self.handover_margin_s = handover_margin_s
+        self.handovers: dict[str, Handover] = {}  # by the old server's name
         self.budget = ReplaceBudget(max_restarts, restart_window_s)
         self.clock = clock
         self.counted = set(fleet.spec.counted)
         self.releasing: set[str] = set()
         self.released: list[str] = []
         self.given_up: set[str] = set()
-        self.counts = {"joins": 0, "leaves": 0, "replacements": 0, "releases": 0}
+        self.counts = {"joins": 0, "leaves": 0, "replacements": 0, "releases": 0, "handovers": 0}
         self._stops: list[asyncio.Future[Any]] = []
         self.first_request_s: dict[str, float] = {}  # seen ready -> admitted, per join (the benchmark reads it)
         self._stats: Any = None
@@ -134,8 +139,11 @@ class ElasticRestarter(FleetRestarter):
         self._width(dispatcher)
         if self.release_tail:
             await self._release(dispatcher)
+        if self.handover_margin_s is not None:
+            await self._hand_over(dispatcher)
         known = dispatcher.known()
-        candidates = [n for n in self.fleet.spec.names if n not in known and n not in self.releasing and n not in self.given_up]
+        leaving = self.releasing | self.given_up | set(self.handovers)
+        candidates = [n for n in self.fleet.spec.names if n not in known and n not in leaving]
         held = {n for n in candidates if self.held(n) is not None}
         candidates = [n for n in candidates if n not in held]
         if not candidates:
@@ -197,6 +205,54 @@ class ElasticRestarter(FleetRestarter):
             self.released += parked
             # not one of the dispatcher's tasks: the job may end while it runs, the stop must not be cut short
             self._stops.append(asyncio.ensure_future(self.fleet.down(parked, by_user=RELEASE_COMMAND)))
+
+    async def _hand_over(self, dispatcher: Dispatcher) -> None:
+        """Submit successors of servers near their time limit; drain an old one once its successor serves."""
+        known = dispatcher.known()
+        for h in self.handovers.values():
+            if not h.joined and h.new in known:
+                h.joined = True
+                if dispatcher.retire(h.old, f"handed over to {h.new} (its job's time limit is near)"):
+                    self._count("handovers")
+            if h.joined and not h.stopping and dispatcher.stats.servers[h.old].state == "stopped":
+                h.stopping = True
+                self._stops.append(asyncio.ensure_future(self.fleet.down([h.old])))
+                self._event(f"{h.old}: handed over to {h.new}; its job is cancelled")
+        taken = {h.old for h in self.handovers.values()} | {h.new for h in self.handovers.values() if not h.joined}
+        for name in dispatcher.in_service():
+            if name in taken:
+                continue
+            remaining, limit, ttr = await self._time_left(name)
+            if self.handover_margin_s is not None and due(remaining, ttr, self.handover_margin_s, limit):
+                await self._submit_successor(name, remaining or 0.0, ttr)
+
+    async def _time_left(self, name: str) -> tuple[float | None, float | None, float | None]:
+        """(seconds before the server's job reaches its time limit, the limit, its measured time to ready)."""
+        record = self.fleet.store.load(name)
+        if record is None:
+            return None, None, None
+        scheduler = scheduler_of(self.fleet.binding(record.host).host)
+        if scheduler is None:
+            return None, None, None
+        ttr = (record.ready_at - record.launched_at).total_seconds() if record.ready_at is not None else None
+        job = (await scheduler.jobs()).get(str(record.pgid))
+        return await scheduler.remaining_s(record.pgid), None if job is None else slurm_seconds(job.limit), ttr
+
+    async def _submit_successor(self, name: str, remaining: float, ttr: float | None) -> None:
+        spec = self.fleet.spec
+        server = spec.server(name)
+        new = successor_name(name)
+        if new not in spec.names:  # this job's own copy of the server: the fleet file is not changed
+            # a port key of its own (a Slurm server's relay follows its key; the job picks its real port on the node)
+            port = max(s.port for s in spec.servers if s.host == server.host) + 1
+            copy = server.model_copy(update={"name": new, "port": port, "template": server.template or server.name})
+            self.fleet.add_server(copy)
+        if server.template is not None or name in self.counted:
+            self.counted.add(new)
+        outcome = (await self.fleet.start([new], honour_stops=True))[new]
+        self.handovers[name] = Handover(name, new, remaining)
+        ready = f"ready in ~{ttr:.0f}s last time" if ttr is not None else "time to ready unknown"
+        self._event(f"{name}: its job ends in {remaining:.0f}s ({ready}): successor {new} {outcome.action.value}")
 
     async def settle(self) -> list[str]:
         """Wait for the stops of released servers; what could not be stopped, and why."""
