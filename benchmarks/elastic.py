@@ -12,8 +12,13 @@
 
     PYTHONPATH=src python benchmarks/elastic.py [--trials 3]
 
-Writes benchmarks/results/elastic.json and prints a short table. The handover through a time
-limit is not built, so its width over time is not measured here.
+3. The width through a handover (``--handover-margin``), on the real one-node Slurm of the tests
+   (tests/slurm_rig.py; needs root and Slurm, skipped otherwise): one server whose job has a
+   1-minute limit (Slurm's smallest) and loads for 3 s, a 50 s margin; the servers in service per
+   1 s bucket of the job's timeline, and when each successor was submitted, joined and the old
+   one drained.
+
+Writes benchmarks/results/elastic.json and prints a short table.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pathlib import Path
 
 import aiohttp
 
+REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 CLI = [PY, "-m", "servefleet.cli.main"]
 RESULTS = Path(__file__).resolve().parent / "results" / "elastic.json"
@@ -168,23 +174,69 @@ def join_trial(interval_s: float) -> dict:
             subprocess.run([*CLI, "down", "--fleet", str(fleet)], capture_output=True, timeout=300)
 
 
+# ---- 3. the width through a handover (real Slurm) -------------------------------------------------
+
+
+def handover_trial() -> dict | None:
+    sys.path.insert(0, str(REPO / "tests"))
+    from slurm_rig import SlurmCluster, slurm_unavailable_reason
+
+    if (why := slurm_unavailable_reason()) is not None:
+        print(f"handover: skipped ({why})")
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        cluster = SlurmCluster(folder / "slurm").start()
+        try:
+            sim = ["--load-time", "3", "--max-running", "4", "--decode-ms", "20", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0"]
+            fleet = folder / "fleet.toml"
+            fleet.write_text(f'[fleet]\nname = "bench-ho"\ntimeout = 120\nstall = 60\n\n[hosts.minute]\nkind = "slurm"\nworkdir = "{folder / "shared"}"\n'
+                             f'poll_interval = 0.5\ntime = "1"\nenv = {{ SLURM_CONF = "{cluster.conf}" }}\n\n[[servers]]\nname = "w"\ncount = 1\n'
+                             f'engine = "sim"\nmodel = "sim-m"\nhost = "minute"\nport = 31300\nargs = {json.dumps(sim)}\n')
+            cli("up", str(fleet))
+            src = prompts(folder / "in.jsonl", 1200, 0, 4)
+            out = folder / "out"
+            report = finish(generate(src, out, fleet, "--handover-margin", "50s", "--watch-interval", "0.5", "--down-after"))
+            tl = json.loads(next((out / "timeline").glob("*.json")).read_text())
+            marks = [{"t": m["t"], "event": m["text"]} for m in tl["messages"]["items"]
+                     if any(k in m["text"] for k in ("successor", ": joined at", "handed over to"))]
+            serving = tl["serving"]
+            return {"bucket_s": tl["bucket_s"], "serving": serving, "min_serving": min(serving[1:-1] or serving), "events": marks,
+                    "handovers": report["membership"].get("handovers", 0), "wall_s": report["wall_s"]}
+        finally:
+            subprocess.run([*CLI, "down", "--fleet", str(folder / "fleet.toml")], capture_output=True, timeout=300)
+            cluster.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--only", choices=("tail", "join", "handover"), action="append")
     args = ap.parse_args()
-    tails = [tail_trial(release) for _ in range(args.trials) for release in (False, True)]
-    joins = [join_trial(interval) for _ in range(args.trials) for interval in (1.0, 2.0)]
-    result = {"benchmark": "elastic", "trials": args.trials, "tail": tails, "join": joins, "python": sys.version.split()[0]}
+    parts = set(args.only or ("tail", "join", "handover"))
+    tails = [tail_trial(release) for _ in range(args.trials) for release in (False, True)] if "tail" in parts else []
+    joins = [join_trial(interval) for _ in range(args.trials) for interval in (1.0, 2.0)] if "join" in parts else []
+    handover = handover_trial() if "handover" in parts else None
+    old = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    result = {"benchmark": "elastic", "trials": args.trials, "tail": tails or old.get("tail", []), "join": joins or old.get("join", []),
+              "handover": handover or old.get("handover"), "python": sys.version.split()[0]}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     print("tail (fleet of 8 sim servers, 6 long prompts at the end)")
     print(f"{'release_tail':>12} {'idle server-s':>14} {'job s':>7} {'released':>9}")
-    for t in tails:
+    for t in result["tail"]:
         print(f"{t['release_tail']!s:>12} {t['idle_server_s']:>14.1f} {t['job_s']:>7.1f} {t['released']:>9}")
     print("\njoin: ready -> first request")
     print(f"{'watch interval s':>16} {'ready->first s':>15} {'bound s':>8}")
-    for j in joins:
+    for j in result["join"]:
         print(f"{j['watch_interval_s']:>16.1f} {j['ready_to_first_request_s']!s:>15} {j['bound_s']:>8.1f}")
+    handover = result["handover"]
+    if handover:
+        print(f"\nhandover (1-minute Slurm jobs, 50 s margin): {handover['handovers']} handovers in {handover['wall_s']:.0f} s, "
+              f"servers in service per {handover['bucket_s']:g} s: min {handover['min_serving']}")
+        print(" ".join(f"{v:g}" for v in handover["serving"]))
+        for e in handover["events"]:
+            print(f"{e['t']:7.1f}s {e['event']}")
 
 
 if __name__ == "__main__":

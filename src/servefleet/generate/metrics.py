@@ -14,7 +14,7 @@ prompt_tokens_total, output_tokens_per_second (last 10 s), and per ``server``: s
 server_in_flight, server_concurrency_limit, server_output_tokens_per_second, server_requests_total,
 server_errors_total, server_output_tokens_total, server_restarts_total, server_outages_total. An
 elastic job (``--fleet``, generate/membership.py) adds servers_in_service (gauge) and
-membership_total (``event`` = joins | leaves | replacements | releases).
+membership_total (``event`` = joins | leaves | replacements | releases | handovers).
 """
 
 from __future__ import annotations
