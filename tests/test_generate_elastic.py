@@ -307,3 +307,37 @@ def test_prometheus_and_progress_show_the_membership() -> None:
     snap = snapshot(stats, run_id="r", status="running", now=1.0, started=0.0, interval_s=2.0)
     assert snap["membership"] == {"joins": 2, "leaves": 1, "replacements": 1, "releases": 0} and snap["width"] == 3
     assert membership_text(3, snap["membership"]) == "3 in service, joins 2, leaves 1, replacements 1, releases 0"
+
+
+async def test_a_round_that_fails_is_an_event_and_the_rounds_go_on() -> None:
+    """A host failing mid-round (sbatch, SSH) must not end the job: before, the exception reached the
+    dispatcher's background task handler and failed the whole run."""
+    from types import SimpleNamespace
+
+    from servefleet.generate.membership import ElasticRestarter
+    from servefleet.generate.stats import JobStats
+
+    starts = []
+
+    class BrokenFleet:
+        spec = SimpleNamespace(counted=[], names=["x"])
+        store = SimpleNamespace(stop_mark=lambda name: None)
+
+        async def status(self, names):
+            return [SimpleNamespace(name="x", state="ready", detail=None)]
+
+        async def start(self, names, honour_stops=False):
+            starts.append(names)
+            raise OSError("sbatch: connection refused")
+
+    stats = JobStats()
+    dispatcher = SimpleNamespace(stats=stats, known=set, in_service=dict, backlog=lambda: None)
+    watch = asyncio.ensure_future(ElasticRestarter(BrokenFleet(), interval_s=0.01).watch(dispatcher))
+    try:
+        async with asyncio.timeout(10):
+            while len(starts) < 3:
+                await asyncio.sleep(0.01)
+        assert not watch.done()
+        assert any("this round's joins, replacements or handovers failed (OSError: sbatch: connection refused)" in e for e in stats.events)
+    finally:
+        watch.cancel()

@@ -131,7 +131,10 @@ class ElasticRestarter(FleetRestarter):
         for what, n in self.counts.items():
             self._stats.membership[what] = n
         while True:
-            await self.step(dispatcher)
+            try:
+                await self.step(dispatcher)
+            except Exception as exc:  # a host that failed this round (SSH, sbatch): the job goes on, the next round tries again
+                self._event(f"fleet: this round's joins, replacements or handovers failed ({type(exc).__name__}: {exc})")
             await asyncio.sleep(self.interval_s)
 
     async def step(self, dispatcher: Dispatcher) -> None:
