@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -80,6 +81,15 @@ def generate(
     detach: Annotated[bool, typer.Option("--detach", help="run the job in a session of its own: it outlives this terminal or SSH session; returns once it "
                                                           "is sending (or with its exit code if it ended first); follow it with `servefleet progress DEST -f`")] = False,
     log: Annotated[Path, typer.Option("--log", help="with --detach: where the job's output goes (appended)")] = Path("servefleet-generate.log"),
+    watch_interval: Annotated[float, typer.Option("--watch-interval", min=0.05, help="--fleet: seconds between looks at the fleet while the job runs: a server that "
+                                                                                   "becomes ready joins (after up's verification), a dead one of a counted template "
+                                                                                   "(count = N) is replaced")] = 5.0,
+    release_tail: Annotated[bool, typer.Option("--release-tail", help="--fleet: once the prompts left cannot keep every server busy, stop the servers "
+                                                                      "the job would leave idle (their GPUs go back to the cluster)")] = False,
+    handover_margin: Annotated[str | None, typer.Option("--handover-margin", metavar="DURATION", help=(
+        "--fleet, Slurm servers with a time limit: once a job has less time left than its server took to get ready plus this margin, submit a "
+        "successor job and hand the server over to it once it is ready (90s, 10m; must be shorter than the hosts' time limit)"))] = None,
+    down_after: Annotated[bool, typer.Option("--down-after", help="--fleet: stop the whole fleet (every job, every process) once the job is complete")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     from pydantic import ValidationError
@@ -94,6 +104,18 @@ def generate(
     err = Console(stderr=True)
     if (fleet is None) == (not url):
         _fail(err, json_out, "give either --fleet FILE or --url URL (one or more)", ExitCode.USAGE)
+    for flag, given in (("--release-tail", release_tail), ("--down-after", down_after), ("--handover-margin", handover_margin is not None)):
+        if given and fleet is None:
+            _fail(err, json_out, f"{flag}: only servers of a --fleet can be stopped; --url servers are not servefleet's to stop", ExitCode.USAGE)
+    margin_s = None if handover_margin is None else parse_duration(handover_margin)
+    if handover_margin is not None:
+        if margin_s is None or margin_s <= 0:
+            _fail(err, json_out, f"--handover-margin {handover_margin!r}: expected a duration above 0 such as 90s or 10m", ExitCode.USAGE)
+        from servefleet.fleet.loader import load_fleet_file
+        from servefleet.generate.handover import margin_problem
+
+        if fleet is not None and margin_s is not None and (problem := margin_problem(margin_s, load_fleet_file(fleet).hosts.values())):
+            _fail(err, json_out, problem, ExitCode.USAGE)  # before anything is read, sent or submitted
     if fmt not in ("parquet", "jsonl"):
         _fail(err, json_out, f"--format {fmt!r}: expected parquet or jsonl", ExitCode.USAGE)
     conc: int | None = None
@@ -125,7 +147,8 @@ def generate(
         _detach(output, log, json_out, err)
     progress = _SaysWhenSending(ProgressView(err))
     # a ConfigError (exit 3), an unreachable host (4) or another servefleet error (1) is reported by the root group
-    report = asyncio.run(_run(config, fleet, progress, restart_limit=(max_restarts, restart_window)))
+    elastic = _Elastic(watch_interval, release_tail, down_after, margin_s)
+    report = asyncio.run(_run(config, fleet, progress, restart_limit=(max_restarts, restart_window), elastic=elastic))
     code = _exit_code(report.status)
     try:
         if json_out:
@@ -186,11 +209,25 @@ class _SaysWhenSending:
         await self.view.stop()
 
 
-async def _run(config, fleet_file: Path | None, progress, restart_limit: tuple[int | None, float | None] = (None, None)):
+@dataclass(frozen=True)
+class _Elastic:
+    """--fleet: the job's looks at the fleet (generate/membership.py) and what it stops."""
+
+    interval_s: float = 5.0
+    release_tail: bool = False
+    down_after: bool = False
+    handover_margin_s: float | None = None
+
+
+async def _run(config, fleet_file: Path | None, progress, restart_limit: tuple[int | None, float | None] = (None, None),
+               elastic: _Elastic | None = None):
     from dataclasses import replace
 
-    from servefleet.generate.endpoints import FleetRestarter, targets_from_fleet
+    from servefleet.generate.endpoints import targets_from_fleet
+    from servefleet.generate.membership import ElasticRestarter
     from servefleet.generate.runner import run_generate
+
+    elastic = elastic or _Elastic()
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -216,9 +253,25 @@ async def _run(config, fleet_file: Path | None, progress, restart_limit: tuple[i
         targets = await targets_from_fleet(fleet)
         if not targets:
             raise ConfigError(f"no server of {fleet_file} is ready; start them with `servefleet up {fleet_file}`")
-        restarter = FleetRestarter(fleet)
-        with restarter.recording(config.output, [t.name for t in targets]):  # `down` / `drain` read it
-            return await run_generate(config, targets=targets, restarter=restarter, progress=progress, stop=stop)
+        restarter = ElasticRestarter(fleet, interval_s=elastic.interval_s, release_tail=elastic.release_tail, handover_margin_s=elastic.handover_margin_s,
+                                     max_restarts=policy.max_restarts, restart_window_s=policy.restart_window_s)
+        try:
+            with restarter.recording(config.output, [t.name for t in targets]):  # `down` / `drain` read it
+                report = await run_generate(config, targets=targets, restarter=restarter, progress=progress, stop=stop)
+        finally:
+            problems = await restarter.settle()  # servers released at the tail: stopped before we go
+        notes = [*problems]
+        if elastic.down_after and report.status == "complete":
+            notes.append(_stopped_text(await restarter.down_all()))
+        if notes:
+            report.message = "; ".join(m for m in (report.message, *notes) if m)
+        return report
+
+
+def _stopped_text(results) -> str:
+    failed = [f"{n} ({r.message})" for n, r in results.items() if not r.ok]
+    done = f"--down-after: the fleet is stopped ({len(results) - len(failed)} servers)"
+    return done + (f"; not stopped: {', '.join(failed)}" if failed else "")
 
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")

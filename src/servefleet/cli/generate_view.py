@@ -112,6 +112,7 @@ class ProgressView:
             f"ETA {format_eta(st.eta_s())}   retries {st.retries:,}   ",
             (f"failed {st.failed:,}", "red" if st.failed else ""),
             f"   shards {st.shards:,}",
+            f"   {membership_text(st.width, st.membership)}" if st.membership else "",
         )
         table = Table(box=None, padding=(0, 2), show_header=True, header_style="dim")
         for col in ("server", "state", "in flight", "tok/s", "requests", "errors", "limit: why"):
@@ -125,6 +126,12 @@ class ProgressView:
 
 
 _STYLE = {"complete": "bold green", "incomplete": "bold yellow", "interrupted": "bold yellow", "stalled": "bold red", "rejected": "bold red"}
+
+
+def membership_text(width: int | None, counts: dict[str, int]) -> str:
+    """An elastic job's servers: ``3 in service, joins 2, leaves 0, replacements 1, releases 0``."""
+    parts = [] if width is None else [f"{width} in service"]
+    return ", ".join(parts + [f"{k} {v:,}" for k, v in counts.items()])
 
 
 def render_report(report: JobReport, console: Console) -> None:
@@ -144,6 +151,8 @@ def render_report(report: JobReport, console: Console) -> None:
     summary.add_row("rejected input", f"{report.rejected:,}" + (f" ({report.duplicates:,} duplicate ids)" if report.duplicates else ""))
     summary.add_row("remaining", f"{report.remaining:,}")
     summary.add_row("shards", f"{report.shards:,} committed in this run")
+    if report.membership:
+        summary.add_row("servers", membership_text(None, report.membership))
     for label, path in report.files.items():
         summary.add_row(label, path)
     if report.message:

@@ -120,6 +120,10 @@ def render(view: dict[str, Any]) -> Group:
     parts.append(Text(where, style="dim"))
     if view.get("note"):
         parts.append(Text(view["note"], style="yellow"))
+    if view.get("membership"):  # an elastic job: servers joined, left, replaced, released
+        from servefleet.cli.generate_view import membership_text
+
+        parts.append(Text("servers: " + membership_text(view.get("width"), view["membership"])))
     if view.get("servers"):
         table = Table(box=None, padding=(0, 2), header_style="dim")
         for col in ("server", "state", "in flight", "tok/s", "requests", "errors", "restarts", "limit: why"):

@@ -87,8 +87,8 @@ def job_html(series: dict[str, Any], view: dict[str, Any], *, plan: dict[str, An
                   f"{o['server']} out of service {o['start_s']:.1f}-{o['end_s']:.1f} s" + (" (still out at the end)" if o.get("open") else ""),
                   attrs={"data-server": o["server"], "data-start": f"{o['start_s']:g}", "data-end": f"{o['end_s']:g}"})
              for o in series["outages"]]
-    marks = [Mark(e["t"], colors.get(e["server"], "#555"), f"restart {e['server']}",
-                  attrs={"data-server": e["server"], "data-t": f"{e['t']:g}"}) for e in series["events"] if e["kind"] == "restart"]
+    marks = [Mark(e["t"], colors.get(e["server"], "#555"), f"{e['kind']} {e['server']}",
+                  attrs={"data-server": e["server"], "data-t": f"{e['t']:g}"}) for e in series["events"] if e["kind"] in ("restart", "join")]
     runs = series["runs"]
     marks += [Mark(r["start_s"], "#888", f"run {i + 1}" + (" (resumed)" if i else ""), cls="run", attrs={"data-run": str(r["run_id"])}, bottom=True)
               for i, r in enumerate(runs) if i]
@@ -116,7 +116,12 @@ def job_html(series: dict[str, Any], view: dict[str, Any], *, plan: dict[str, An
     body.append('<h2>Output tokens/s per server</h2>' + legend + line_chart("tps", series=tps, x_max=x_max, y_label="output tok/s",
                                                                          bands=bands, marks=marks))
     body.append('<p class="note">Shaded: a server out of service (taken out until back); dashed lines: restarts through the '
-                f'fleet and resumed runs. Buckets of {", ".join(sorted({_duration(r["bucket_s"]) for r in runs})) or "-"}.</p>')
+                f'fleet, servers joining and resumed runs. Buckets of {", ".join(sorted({_duration(r["bucket_s"]) for r in runs})) or "-"}.</p>')
+    if any(v for v in job.get("serving", []) if v is not None):  # an elastic job's width beside its throughput
+        width = [Series("servers in service", job["t"], job["serving"], "#333")]
+        body.append('<h2>Servers in service</h2><p class="note">The servers taking requests (mean per bucket), on the time axis of the '
+                    'throughput above: joins, replacements and releases change it.</p>'
+                    + line_chart("serving", series=width, x_max=x_max, y_label="servers", bands=bands, marks=marks))
     body.append('<h2>Concurrency per server</h2>' + _legend(names, colors, ' <span class="note">solid: requests in flight (mean per '
                 'bucket), dashed: the concurrency limit</span>')
                 + line_chart("concurrency", series=conc, x_max=x_max, y_label="requests in flight", bands=bands, marks=marks))

@@ -48,7 +48,7 @@ from servefleet.fleet.lifecycle import (
 from servefleet.fleet.loader import load_fleet_file
 from servefleet.fleet.logs import follow_lines, tail_lines
 from servefleet.fleet.prefetch import fleet_status, prefetched_launchables
-from servefleet.fleet.spec import LOCAL, FleetSpec
+from servefleet.fleet.spec import LOCAL, FleetSpec, ServerSpec
 from servefleet.fleet.start_order import Sibling, StartQueue, host_has_gpus, settled_before, shares_gpu, visible_gpus
 from servefleet.fleet.state import ServerState, StateStore, StopMark, utcnow
 from servefleet.fleet.status import Liveness, ServerStatus
@@ -144,6 +144,12 @@ class Fleet:
     async def close(self) -> None:
         """Close host connections (servers keep running)."""
         await self.hosts.close()
+
+    def add_server(self, server: ServerSpec) -> None:
+        """A server of this Fleet object only (the fleet file is not changed): a job's successor of
+        one of its servers (generate/handover.py). Its record and log live beside the others'."""
+        self.spec = self.spec.model_copy(update={"servers": (*self.spec.servers, server)})
+        self.hosts.fleet = self.spec
 
     @property
     def name(self) -> str:

@@ -144,15 +144,21 @@ def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
             continue
         if isinstance(raw.get("name"), str):
             who += f' "{raw["name"]}"'
-        merged, from_defaults = _merge(defaults, raw)
-        merged, conflicts = reconcile_native_args(merged, from_defaults)  # --port etc. in args
-        if conflicts:
-            problems += [f"{who}: {m}" for m in conflicts]
+        copies, problem = _counted(raw)
+        if problem is not None:
+            problems.append(f"{who}: {problem}")
             continue
-        try:
-            servers.append(ServerSpec(**merged))
-        except ValidationError as exc:
-            problems += [f"{who}: {m}" for m in _messages(exc, ServerSpec, from_defaults)]
+        for copy in copies:
+            merged, from_defaults = _merge(defaults, copy)
+            merged, conflicts = reconcile_native_args(merged, from_defaults)  # --port etc. in args
+            if conflicts:
+                problems += [f"{who}: {m}" for m in conflicts]
+                break
+            try:
+                servers.append(ServerSpec(**merged))
+            except ValidationError as exc:
+                problems += [f"{who}: {m}" for m in _messages(exc, ServerSpec, from_defaults)]
+                break
 
     seen_names: dict[str, int] = {}
     seen_ports: dict[tuple[str, int], str] = {}
@@ -191,6 +197,32 @@ def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
         hosts=hosts,
         servers=tuple(servers),
     )
+
+
+def _counted(raw: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """A ``[[servers]]`` entry as the servers it stands for: itself, or with ``count = N`` the
+    copies ``NAME-0`` .. ``NAME-(N-1)`` on ports ``port + i``; or why the count is wrong."""
+    if "template" in raw:
+        return [], "template: unknown field (set by count = N, not written in the file)"
+    if "count" not in raw:
+        return [raw], None
+    count = raw["count"]
+    if isinstance(count, bool) or not isinstance(count, int):
+        return [], f"count: must be a whole number of servers, got {count!r}"
+    if count < 1:
+        return [], f"count: must be at least 1, got {count}"
+    name = raw.get("name")
+    if not isinstance(name, str):
+        return [], "name: required field is missing (count = N names its servers NAME-0 .. NAME-(N-1))"
+    base = {k: v for k, v in raw.items() if k != "count"}
+    port = base.get("port")
+    copies = []
+    for i in range(count):
+        copy = {**base, "name": f"{name}-{i}", "template": name}
+        if isinstance(port, int) and not isinstance(port, bool):
+            copy["port"] = port + i
+        copies.append(copy)
+    return copies, None
 
 
 def _default_name(stem: str) -> str:

@@ -29,6 +29,11 @@ A fleet file looks like this (every table but ``[[servers]]`` is optional)::
     port = 30001
     gpus = [1]
 
+A ``[[servers]]`` entry with ``count = N`` is a template: it stands for ``N`` servers named
+``NAME-0`` .. ``NAME-(N-1)`` (ports ``port``, ``port + 1``, ...; a Slurm job picks its own port on
+the node anyway). ``up`` starts them all; a running ``generate --fleet`` uses whichever are ready
+and keeps the count submitted (a dead, preempted or timed-out one is started again).
+
 Server fields: ``name``, ``engine``, ``model``, ``port``, ``host`` (default ``"local"``),
 ``bind`` (default ``127.0.0.1``), ``gpus``, ``env``, ``args``, ``served_model_name``,
 ``command`` (the ``openai`` engine's own command, or an override), ``ready_path`` and ``python``
@@ -283,6 +288,7 @@ class ServerSpec(_Strict):
     command: tuple[str, ...] | None = None
     ready_path: str | None = None
     python: str | None = None
+    template: str | None = None  # the counted [[servers]] entry this one is a copy of (``count``): not a fleet-file field
 
     @field_validator("name")
     @classmethod
@@ -371,3 +377,8 @@ class FleetSpec(_Strict):
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.servers]
+
+    @property
+    def counted(self) -> list[str]:
+        """Servers of a counted template (``count``): the ones a job keeps submitted."""
+        return [s.name for s in self.servers if s.template is not None]

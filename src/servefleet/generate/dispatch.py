@@ -198,6 +198,9 @@ class Dispatcher:
         if isinstance(self.restarter, Holding):
             self._check_holds()  # before the first request: a server drained with --keep gets none
             self._spawn(self._watch_holds())
+        watch = getattr(self.restarter, "watch", None)
+        if watch is not None:  # servers joining, replaced, released at the tail (generate/membership.py)
+            self._spawn(watch(self))
         for s in self.servers:
             self._spawn(s.load.run(self.client.http, partial(_base_url, s)))
         try:
@@ -438,27 +441,71 @@ class Dispatcher:
             if not server.stats.state_reason:
                 self.stats.event(f"{server.target.name}: given up for this run")
         else:
-            old = server.target
-            if new.bench_concurrency is None and old.bench_concurrency is not None:  # the same configuration: its bench point stands
-                new = replace(new, bench_concurrency=old.bench_concurrency, bench_tps=old.bench_tps, bench_note=old.bench_note)
-            if new.managed or server.hung or (new.max_running and new.max_running != server.target.max_running):
-                # a new engine, or windows measured while it hung: what the controller learned is stale
-                server.controller = self._controller(new)
             if new.managed:
                 server.health.restarts += 1
                 server.stats.restarts += 1
-            server.target = new
-            now = time.monotonic()
-            server.load.reset()  # a restarted engine counts from zero
-            server.progress.reset(now)
-            server.hung = False
-            server.window_start, server.window_tokens, server.ticks, server.saturated_ticks = now, 0, 0, 0
-            server.limit_changed(now, grew=True)
-            server.health.put_back()
-            server.stats.state = ServerState.UP.value
-            server.stats.base_url = new.base_url
+            self._put_back(server, new)
             self.stats.event(f"{server.target.name}: back in service at {new.base_url}")
         self._wake.set()
+
+    def _put_back(self, server: _Server, new: Target) -> None:
+        old = server.target
+        if new.bench_concurrency is None and old.bench_concurrency is not None:  # the same configuration: its bench point stands
+            new = replace(new, bench_concurrency=old.bench_concurrency, bench_tps=old.bench_tps, bench_note=old.bench_note)
+        if new.managed or server.hung or (new.max_running and new.max_running != server.target.max_running):
+            # a new engine, or windows measured while it hung: what the controller learned is stale
+            server.controller = self._controller(new)
+        server.target = new
+        now = time.monotonic()
+        server.load.reset()  # a restarted engine counts from zero
+        server.progress.reset(now)
+        server.hung = False
+        server.window_start, server.window_tokens, server.ticks, server.saturated_ticks = now, 0, 0, 0
+        server.limit_changed(now, grew=True)
+        server.health.put_back()
+        server.stats.state = ServerState.UP.value
+        server.stats.base_url = new.base_url
+
+    # ---- servers joining and leaving while the job runs (generate/membership.py decides) ----------
+    def admit(self, target: Target) -> bool:
+        """Send to a server that became ready while the job runs (a Slurm job that left PENDING, a
+        server started by another terminal's `up`), or put back one given up for this run; under
+        the same concurrency controller as the others. False when it is already in service."""
+        server = next((s for s in self.servers if s.target.name == target.name), None)
+        if server is not None:
+            if server.target.name in self.known():
+                return False
+            server.held, server.draining = None, False  # parked earlier: the user started it again
+            self._put_back(server, target)
+            server.stats.state_reason = ""
+        else:
+            server = _Server(target, self._controller(target), self.policy)
+            self.servers.append(server)
+            self.stats.servers[target.name] = server.stats
+            self._spawn(server.load.run(self.client.http, partial(_base_url, server)))
+        self._wake.set()
+        return True
+
+    def retire(self, name: str, reason: str) -> bool:
+        """No new requests to ``name``; parked (``restarter.parked``) once nothing is in flight on
+        it, never restarted. False when it is not in service."""
+        server = next((s for s in self.servers if s.target.name == name), None)
+        if server is None or server.health.state is not ServerState.UP or server.held is not None:
+            return False
+        self._hold(server, reason)
+        return True
+
+    def backlog(self) -> int | None:
+        """Prompts waiting for a server (retries included) once the input is read to its end; None before."""
+        return len(self._pending) + len(self._delayed) if self._feed_done else None
+
+    def in_service(self) -> dict[str, int]:
+        """Servers that take requests now, with their requests in flight."""
+        return {s.target.name: len(s.in_flight) for s in self.servers if s.health.state is ServerState.UP and not s.draining}
+
+    def known(self) -> set[str]:
+        """Servers the job has in hand (in service or being brought back): not to be admitted again."""
+        return {s.target.name for s in self.servers if s.health.state in (ServerState.UP, ServerState.DOWN)}
 
     async def _watch_notices(self, retiring: Callable[[], Awaitable[set[str]]]) -> None:
         """Servers whose end their host announced (a Slurm job's advance notice before its time

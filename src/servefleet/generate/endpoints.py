@@ -22,7 +22,7 @@ from servefleet.errors import ConfigError, HostUnreachable
 if TYPE_CHECKING:
     from servefleet.generate.client import Client
 
-__all__ = ["Target", "Restarter", "FleetRestarter", "targets_from_urls", "targets_from_fleet", "with_bench"]
+__all__ = ["Target", "Restarter", "FleetRestarter", "targets_from_urls", "targets_from_fleet", "with_bench", "from_endpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class FleetRestarter:
             return None
         for ep in await self.fleet.ready_endpoints():
             if ep.name == name:
-                return _from_endpoint(ep)
+                return from_endpoint(ep)
         return None
 
 
@@ -171,7 +171,7 @@ def with_bench(targets: list[Target], paths: list[str]) -> list[Target]:
     return out
 
 
-def _from_endpoint(ep: Any) -> Target:
+def from_endpoint(ep: Any) -> Target:
     cap = ep.capacity
     return Target(ep.name, ep.base_url, ep.served_model, getattr(cap, "max_running_requests", None), managed=True)
 
@@ -214,4 +214,4 @@ async def _probe_max_running(client: Client, base: str) -> int | None:
 
 async def targets_from_fleet(fleet: Any) -> list[Target]:
     """The fleet's ready servers (none ready is a configuration problem for the caller)."""
-    return [_from_endpoint(ep) for ep in await fleet.ready_endpoints()]
+    return [from_endpoint(ep) for ep in await fleet.ready_endpoints()]

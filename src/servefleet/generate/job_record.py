@@ -174,7 +174,7 @@ def progress_of(record: JobRecord, now: float | None = None) -> dict[str, Any]:
         note = record.damage
     out.update({k: snap.get(k) for k in (
         "done", "remaining", "failed", "retries", "requeued", "output_tokens", "output_tokens_per_s_now",
-        "output_tokens_per_s_avg", "eta_s", "elapsed_s", "started_unix", "updated", "servers", "events")})
+        "output_tokens_per_s_avg", "eta_s", "elapsed_s", "started_unix", "updated", "servers", "events", "membership", "width")})
     # durable: rows in committed shards (answered rows still buffered are lost if the run is killed)
     committed = int(snap.get("done_before", 0)) + int(snap.get("committed_this_run", snap.get("done_this_run", 0)))
     out.update(state=state, status=status, note=note, updated_s_ago=round(age, 1), committed=committed)
@@ -194,7 +194,7 @@ def job_series(record: JobRecord) -> dict[str, Any]:
                 "messages": [], "x_max": 0.0}
     origin = float(tls[0]["started"])
     servers: dict[str, dict[str, list[Any]]] = {}
-    job: dict[str, list[Any]] = {k: [] for k in ("t", "output_tokens_per_s", "done", "failed", "retries")}
+    job: dict[str, list[Any]] = {k: [] for k in ("t", "output_tokens_per_s", "done", "failed", "retries", "serving")}
     runs: list[dict[str, Any]] = []
     outages: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
@@ -219,6 +219,7 @@ def job_series(record: JobRecord) -> dict[str, Any]:
         job["output_tokens_per_s"].extend(round(v / s, 3) for v, s in zip(jd.get("output_tokens", [0] * n), spans, strict=True))
         for key in ("done", "failed", "retries"):
             job[key].extend(jd.get(key, [0] * n))
+        job["serving"].extend(tl.get("serving") or [None] * n)  # servers in service (timelines before it: unknown)
         for name, cols in (tl.get("servers") or {}).items():
             ser = servers.setdefault(name, {k: [] for k in ("t", "output_tokens_per_s", "in_flight", "limit", "errors", "requests",
                                                             "output_tokens")})

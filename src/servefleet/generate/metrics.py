@@ -12,7 +12,9 @@ prompts (gauge, ``state`` = total | done | remaining | failed), prompts_answered
 prompts_committed_total, prompts_failed_total, retries_total, requeued_total, output_tokens_total,
 prompt_tokens_total, output_tokens_per_second (last 10 s), and per ``server``: server_up,
 server_in_flight, server_concurrency_limit, server_output_tokens_per_second, server_requests_total,
-server_errors_total, server_output_tokens_total, server_restarts_total, server_outages_total.
+server_errors_total, server_output_tokens_total, server_restarts_total, server_outages_total. An
+elastic job (``--fleet``, generate/membership.py) adds servers_in_service (gauge) and
+membership_total (``event`` = joins | leaves | replacements | releases | handovers).
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ class _Collector:
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
         yield GaugeMetricFamily(PREFIX + "output_tokens_per_second", "Output tokens per second over the last 10 s",
                                 value=st.meter.peek_rate())
+        if st.width is not None:
+            yield GaugeMetricFamily(PREFIX + "servers_in_service", "Servers taking requests now", value=st.width)
+        if st.membership:
+            changes = CounterMetricFamily(PREFIX + "membership", "Servers that joined, left for good, were replaced or released", labels=["event"])
+            for event, n in list(st.membership.items()):
+                changes.add_metric([event], n)
+            yield changes
         servers = list(st.servers.values())
         families: list[tuple[Any, str, str, Any]] = [
             (GaugeMetricFamily, "server_up", "1 while the server is in service, 0 while taken out or given up", lambda s: float(s.state == "up")),

@@ -56,6 +56,7 @@ def snapshot(stats: JobStats, *, run_id: str, status: str, now: float, started: 
         "output_tokens_per_s_now": round(stats.instant_tps(mono), 2), "output_tokens_per_s_avg": round(stats.avg_tps(mono), 2),
         "eta_s": None if eta is None or status != "running" else round(eta, 1),
         "servers": servers, "events": list(stats.events)[-EVENTS_IN_SNAPSHOT:], "events_total": stats.events_total,
+        "membership": dict(stats.membership), "width": stats.width,
     }
 
 

@@ -57,6 +57,7 @@ class JobReport(BaseModel):
     peak_rss_mb: float | None = None
     servers: list[ServerReport] = Field(default_factory=list)
     events: list[str] = Field(default_factory=list)
+    membership: dict[str, int] = Field(default_factory=dict)  # an elastic job's joins, leaves, replacements, releases
     files: dict[str, str] = Field(default_factory=dict)
     message: str | None = None
 
@@ -82,5 +83,5 @@ def build_report(stats: JobStats, **fields: Any) -> JobReport:
         rejected=stats.rejected, shards=stats.shards, completion_tokens=stats.completion_tokens,
         prompt_tokens=stats.prompt_tokens, wall_s=round(wall, 3),
         output_tokens_per_s=round(stats.completion_tokens / wall, 2) if wall > 0 else 0.0,
-        servers=servers, events=list(stats.events), **fields,
+        servers=servers, events=list(stats.events), membership=dict(stats.membership), **fields,
     )

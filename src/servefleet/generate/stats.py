@@ -112,6 +112,9 @@ class JobStats:
     events: deque[str] = field(default_factory=lambda: deque(maxlen=200))
     events_total: int = 0  # events ever recorded (the deque keeps the last 200)
     meter: RateMeter = field(default_factory=RateMeter)
+    # an elastic job (generate/membership.py): joins, leaves, replacements, releases, handovers so far
+    membership: dict[str, int] = field(default_factory=dict)
+    width: int | None = None  # servers taking requests now (None: not counted, a job of fixed servers)
 
     def elapsed_s(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.started

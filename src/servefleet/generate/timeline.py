@@ -5,8 +5,9 @@ Sampled from :class:`~servefleet.generate.stats.JobStats` about once a second an
 bucket width doubles (1 s, 2 s, 4 s, ...). So the record's size does not grow with the job: 480
 buckets cover 8 minutes at 1 s and a week at 34 min (2,048 s). Per bucket and server: output tokens,
 answers, errors (sums), requests in flight (mean and max), the concurrency limit (last) and seconds
-not in service; per bucket for the job: answered, failed, retries, output tokens. Events (a server
-taken out, back, given up, restarted; the job's text events) are kept up to ``max_events`` each,
+not in service; per bucket for the job: answered, failed, retries, output tokens, and the servers in
+service (``serving``: their mean number, which an elastic job's joins and leaves change). Events (a
+server joined, taken out, back, given up, restarted; the job's text events) are kept up to ``max_events`` each,
 the first half and the most recent half, with the number left out.
 
 Times are seconds since the run started (``started``, a UNIX time, places runs of one job on one
@@ -89,6 +90,7 @@ class Timeline:
         self.servers: dict[str, dict[str, list[float]]] = {}
         self.events = _Events(max_events)  # servers' state changes (structured)
         self.messages = _Events(max_events)  # the job's text events
+        self.serving: dict[str, list[float]] = {"sum": [], "samples": []}  # servers in service (state up), per sample
         self._n = 0  # buckets so far
         self._last: dict[str, ServerSample] = {}
         self._last_job: tuple[int, int, int, int] = (0, 0, 0, 0)
@@ -110,8 +112,14 @@ class Timeline:
         for key, new, old in zip(_JOB_SUM, job, self._last_job, strict=True):
             _spread(self.job[key], new - old, shares)
         self._last_job = job
-        for name, st in list(stats.servers.items()):
+        first = not self._last  # nothing sampled yet: the servers present now did not join
+        servers = list(stats.servers.items())
+        for name, st in servers:
+            if name not in self.servers and not first:
+                self.events.add({"t": round(t, 3), "server": name, "kind": "join"})
             self._sample_server(name, ServerSample.of(st), t, dt, i, shares)
+        self.serving["sum"][i] += sum(1 for _, st in servers if st.state == "up")
+        self.serving["samples"][i] += 1
         self._take_messages(t, stats)
 
     def _shares(self, a: float, b: float, last: int) -> list[tuple[int, float]]:
@@ -178,7 +186,7 @@ class Timeline:
 
     def _append(self) -> None:
         self._n += 1
-        for col in self.job.values():
+        for col in (*self.job.values(), *self.serving.values()):
             col.append(0.0)
         for cols in self.servers.values():
             for key, col in cols.items():
@@ -190,6 +198,8 @@ class Timeline:
             self._append()
         for key, col in self.job.items():
             self.job[key] = _pairs(col, "sum")
+        for key, col in self.serving.items():
+            self.serving[key] = _pairs(col, "sum")
         for cols in self.servers.values():
             for key, col in cols.items():
                 cols[key] = _pairs(col, "sum" if key in _SERVER_SUM else "max" if key in _SERVER_MAX else "last")
@@ -205,6 +215,7 @@ class Timeline:
         out.job = {k: list(v) for k, v in self.job.items()}
         out.servers = {name: {k: list(v) for k, v in cols.items()} for name, cols in self.servers.items()}
         out.events, out.messages = self.events.copy(), self.messages.copy()
+        out.serving = {k: list(v) for k, v in self.serving.items()}
         out._last = dict(self._last)
         return out
 
@@ -224,6 +235,7 @@ class Timeline:
             "version": TIMELINE_VERSION, "started": self.started, "bucket_s": self.bucket_s, "buckets": self._n,
             "max_buckets": self.max_buckets, "job": {("output_tokens" if k == "tokens" else k): [int(v) for v in col]
                                                      for k, col in self.job.items()},
+            "serving": [round(s / n, 2) if n else 0.0 for s, n in zip(self.serving["sum"], self.serving["samples"], strict=True)],
             "servers": servers, "events": self.events.to_json(), "messages": self.messages.to_json(), **extra,
         }
 
