@@ -80,6 +80,8 @@ def generate(
     detach: Annotated[bool, typer.Option("--detach", help="run the job in a session of its own: it outlives this terminal or SSH session; returns once it "
                                                           "is sending (or with its exit code if it ended first); follow it with `servefleet progress DEST -f`")] = False,
     log: Annotated[Path, typer.Option("--log", help="with --detach: where the job's output goes (appended)")] = Path("servefleet-generate.log"),
+    preview: Annotated[int | None, typer.Option("--preview", metavar="N", help="send the first N records as the job would, show the requests and the answers "
+                                                                             "(finish reason, tokens), commit nothing; exit 1 when one failed")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     from pydantic import ValidationError
@@ -121,6 +123,8 @@ def generate(
         )
     except ValidationError as exc:  # the model's own range checks, worded with the option names
         _fail(err, json_out, str(option_error(exc)), ExitCode.USAGE)
+    if preview is not None:
+        _preview(config, fleet, preview, json_out)
     if detach:
         _detach(output, log, json_out, err)
     progress = _SaysWhenSending(ProgressView(err))
@@ -138,6 +142,35 @@ def generate(
             render_report(report, Console())
     except OSError:  # the terminal closed under the run (SIGHUP): the report is at DEST, and the exit code stands
         _drop_stdout()
+    raise typer.Exit(code)
+
+
+def _preview(config, fleet_file: Path | None, n: int, json_out: bool) -> NoReturn:
+    from rich.console import Console
+
+    from servefleet.cli.generate_view import render_preview
+    from servefleet.generate.preview import first_records, run_preview
+
+    records = first_records(config.input, n, config.defaults())  # too few records: exit 3 before any server is asked
+
+    async def go():
+        if fleet_file is None:
+            return await run_preview(config, n, records=records)
+        from servefleet.fleet import Fleet
+        from servefleet.generate.endpoints import targets_from_fleet
+
+        async with Fleet.load(fleet_file) as fleet:
+            targets = await targets_from_fleet(fleet)
+            if not targets:
+                raise ConfigError(f"no server of {fleet_file} is ready; start them with `servefleet up {fleet_file}`")
+            return await run_preview(config, n, targets=targets, records=records)
+
+    report = asyncio.run(go())
+    code = ExitCode.OK if report.status == "preview" else ExitCode.FAILED
+    if json_out:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        render_preview(report, Console())
     raise typer.Exit(code)
 
 
