@@ -87,3 +87,45 @@ def test_preview_larger_than_the_input_is_refused_with_exit_3_and_touches_nothin
     assert rc == 3, err[-2000:]
     assert "--preview 5" in json.dumps(doc) + err and "only 4 valid records" in json.dumps(doc) + err
     assert tree_digest(out) == before
+
+
+# ---- fail-fast -----------------------------------------------------------------------------------
+
+
+def test_every_request_failing_stops_the_job_within_the_first_answers_with_exit_1(sim, tmp_path):
+    """A broken request (here: max_tokens beyond the context, what a wrong template or setting gives: HTTP 400
+    for every record) stops after --fail-fast-after answers, not after the whole input."""
+    src = write_prompts(tmp_path / "in.jsonl", 2000)
+    rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", sim.url, "--max-tokens", "100000000",
+                       "--concurrency", "2", "--max-failure-rate", "0.5", "--fail-fast-after", "10")
+    assert rc == 1, err[-2000:]
+    report = doc["report"] if "report" in doc else doc
+    assert report["status"] == "failed_fast"
+    assert 10 <= report["failed"] <= 10 + 2  # M answers, plus what was in flight when it stopped
+    assert "--max-failure-rate" in report["message"] and "maximum context length" in report["message"] and "--preview" in report["message"]
+
+
+def test_answers_cut_at_max_tokens_stop_the_job_with_a_hint(sim, tmp_path):
+    src = write_prompts(tmp_path / "in.jsonl", 2000)
+    rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", sim.url, "--max-tokens", "1", "--concurrency", "2",
+                       "--max-length-rate", "0.9", "--fail-fast-after", "10", "--shard-rows", "5")
+    assert rc == 1, err[-2000:]
+    report = doc["report"] if "report" in doc else doc
+    assert report["status"] == "failed_fast" and report["done"] <= 12
+    assert "finish_reason=length" in report["message"] and "--max-tokens too small" in report["message"]
+
+
+def test_a_healthy_job_with_fail_fast_set_completes(sim, tmp_path):
+    src = write_prompts(tmp_path / "in.jsonl", 60)
+    rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", sim.url, "--max-tokens", "8",
+                       "--max-failure-rate", "0.1", "--max-length-rate", "0.99", "--fail-fast-after", "10")
+    assert rc == 0, err[-2000:]
+    report = doc["report"] if "report" in doc else doc
+    assert report["status"] == "complete" and report["committed"] == 60
+
+
+def test_a_fail_fast_share_out_of_range_is_a_usage_error(tmp_path):
+    src = write_prompts(tmp_path / "in.jsonl", 3)
+    rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", "http://127.0.0.1:9", "--max-failure-rate", "1.5")
+    assert rc == 3 and "--max-failure-rate" in json.dumps(doc) + err
+    assert not (tmp_path / "out").exists()

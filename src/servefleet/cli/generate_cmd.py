@@ -80,6 +80,13 @@ def generate(
     detach: Annotated[bool, typer.Option("--detach", help="run the job in a session of its own: it outlives this terminal or SSH session; returns once it "
                                                           "is sending (or with its exit code if it ended first); follow it with `servefleet progress DEST -f`")] = False,
     log: Annotated[Path, typer.Option("--log", help="with --detach: where the job's output goes (appended)")] = Path("servefleet-generate.log"),
+    max_failure_rate: Annotated[float | None, typer.Option("--max-failure-rate", metavar="P", help="stop (exit 1, with examples and a hint) when more than this share "
+                                                                                      "(0-1) of answers failed: over the first --fail-fast-after answers, then a "
+                                                                                      "rolling window")] = None,
+    max_length_rate: Annotated[float | None, typer.Option("--max-length-rate", metavar="P", help="the same for the share of answers cut at max_tokens "
+                                                                                    "(finish_reason=length)")] = None,
+    fail_fast_after: Annotated[int, typer.Option("--fail-fast-after", metavar="M", help="answers before the first fail-fast verdict")] = 20,
+    fail_fast_window: Annotated[int, typer.Option("--fail-fast-window", metavar="W", help="then judged over the last W answers")] = 200,
     preview: Annotated[int | None, typer.Option("--preview", metavar="N", help="send the first N records as the job would, show the requests and the answers "
                                                                              "(finish reason, tokens), commit nothing; exit 1 when one failed")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
@@ -110,6 +117,12 @@ def generate(
     if give_up_s is None or give_up_s <= 0:
         _fail(err, json_out, f"--give-up-after {give_up_after!r}: expected a duration above 0 such as 90s, 10m or 1h", ExitCode.USAGE)
     mode = "auto" if chat is None else ("chat" if chat else "completions")
+    for flag, rate in (("--max-failure-rate", max_failure_rate), ("--max-length-rate", max_length_rate)):
+        if rate is not None and not 0 <= rate < 1:
+            _fail(err, json_out, f"{flag} {rate:g}: expected a share from 0 to below 1 (0.5: stop when more than half)", ExitCode.USAGE)
+    if fail_fast_after < 1 or fail_fast_window < 1:
+        _fail(err, json_out, "--fail-fast-after and --fail-fast-window: expected at least 1 answer", ExitCode.USAGE)
+    from servefleet.generate.failfast import FailFastPolicy
     try:
         config = GenerateConfig(
             input=str(input), output=output, urls=list(url or []),
@@ -120,6 +133,7 @@ def generate(
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),
             shard_seconds=shard_seconds, strict=strict, force=force, reask_changed=reask_changed, request_timeout_s=request_timeout, api_key=api_key,
             metrics_host=metrics_host, metrics_port=metrics_port,
+            fail_fast=FailFastPolicy(max_failure_rate, max_length_rate, fail_fast_after, fail_fast_window),
         )
     except ValidationError as exc:  # the model's own range checks, worded with the option names
         _fail(err, json_out, str(option_error(exc)), ExitCode.USAGE)

@@ -38,6 +38,7 @@ from servefleet.generate.client import Client
 from servefleet.generate.committer import CommitFailed, Committer
 from servefleet.generate.dispatch import Dispatcher, Ticket
 from servefleet.generate.endpoints import Restarter, Target, targets_from_urls, with_bench
+from servefleet.generate.failfast import FailFast, FailFastPolicy, Watched
 from servefleet.generate.health import HealthPolicy
 from servefleet.generate.inputs import (
     PromptRecord,
@@ -108,6 +109,7 @@ class GenerateConfig(BaseModel):
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(None, ge=0, le=65535)  # Prometheus metrics of the job (metrics.py); None: none
     record_interval_s: float = Field(2.0, gt=0)  # progress.json every this often, the timeline every 5x (recorder.py)
+    fail_fast: FailFastPolicy = Field(default_factory=FailFastPolicy)  # --max-failure-rate, --max-length-rate (failfast.py)
 
     def defaults(self) -> RequestDefaults:
         p = self.params
@@ -380,8 +382,11 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         buffer = ShardBuffer(shard_schema(params.token_ids, params.store_request),
                              ShardLimits(config.shard_rows, config.shard_bytes, config.shard_seconds))
         committer = Committer(ledger, buffer, stats)
+        watch = FailFast(config.fail_fast)
+        watched = Watched(committer, failures.write, watch)
         dispatcher = Dispatcher(
-            targets, client=client, out=committer, on_failure=failures.write, stats=stats,
+            targets, client=client, out=watched if config.fail_fast.active else committer,
+            on_failure=watched.on_failure if config.fail_fast.active else failures.write, stats=stats,
             retry=RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_cap_s),
             health=config.health, concurrency=config.concurrency, model=params.model,
             store_request=params.store_request, restarter=restarter,
@@ -395,11 +400,13 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         try:
             with fewer_collections():
                 feed = _feed(config.input, resume.plan, config.defaults(), resume.done, ledger.pending_digests)
-                async with _first_of(stop, committer.broken) as halt:  # a commit that failed for good ends the run at once
+                async with _first_of(stop, committer.broken, watch.tripped) as halt:  # a commit that failed for good ends the run at once
                     stopped, outcome = await until_stopped(dispatcher.run(feed), halt)
                 if outcome is not None:
                     sent.outcome = outcome
             sent.outcome = "interrupted" if stopped else sent.outcome
+            if watch.tripped.is_set():
+                sent.outcome, sent.message = "failed_fast", watch.message()
         except Exception:
             if committer.error is None:
                 raise  # else the dispatcher only saw the committer stop: the commit's error is the cause
@@ -470,7 +477,7 @@ def _mismatch_text(sink: Sink, problems: list[str]) -> str:
 
 
 def _status(outcome: str, stats: JobStats) -> str:
-    if outcome in ("stalled", "interrupted"):
+    if outcome in ("stalled", "interrupted", "failed_fast"):
         return outcome
     # a rejected record is an input record without an answer: the job is not complete (exit 1)
     return "complete" if stats.failed == 0 and stats.rejected == 0 else "incomplete"
