@@ -41,10 +41,12 @@ def cli(*args: str, timeout: float = 120) -> tuple[int, dict | None, str]:
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    """Every file under ``root`` and its content hash: what "nothing committed was touched" compares."""
+    """Every committed file under ``root`` and its content hash: what "nothing committed was touched" compares
+    (not the lock, which names its holder, nor staging)."""
     if not root.exists():
         return {}
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock" and ".staging" not in p.parts}
 
 
 def rows_of(out: Path, columns: list[str] | None = None) -> list[dict]:
@@ -129,3 +131,200 @@ def test_a_fail_fast_share_out_of_range_is_a_usage_error(tmp_path):
     rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", "http://127.0.0.1:9", "--max-failure-rate", "1.5")
     assert rc == 3 and "--max-failure-rate" in json.dumps(doc) + err
     assert not (tmp_path / "out").exists()
+
+
+# ---- --samples -----------------------------------------------------------------------------------
+
+
+def sample_rows(out: Path) -> list[tuple[str, int, str, str]]:
+    return sorted((r["id"], r["sample"], r["text"], r["finish_reason"]) for r in rows_of(out, ["id", "sample", "text", "finish_reason"]))
+
+
+@pytest.mark.parametrize("mode", ["n", "requests"])
+def test_samples_give_one_row_per_id_and_sample_with_seeds_from_the_id(sim, tmp_path, mode):
+    src = write_prompts(tmp_path / "in.jsonl", 30)
+    out = tmp_path / "out"
+    rc, doc, err = cli("-i", str(src), "-o", str(out), "--url", sim.url, "--max-tokens", "12", "--samples", "4", "--sample-mode", mode)
+    assert rc == 0, err[-2000:]
+    report = doc.get("report", doc)
+    assert report["status"] == "complete" and report["committed"] == 30 and report["remaining"] == 0
+    rows = sample_rows(out)
+    assert sorted((i, k) for i, k, _, _ in rows) == sorted((f"p{i}", k) for i in range(30) for k in range(4))
+    texts = {}
+    for i, _k, text, _ in rows:
+        texts.setdefault(i, set()).add(text)
+    assert sum(len(t) > 1 for t in texts.values()) >= 25  # the samples of an id differ (their seeds do)
+    ledger = [json.loads(p.read_text()) for p in (out / "ledger").glob("*.json")]
+    assert sorted(i for e in ledger for i in e["ids"]) == sorted(f"p{i}" for i in range(30))  # the ledger lists ids once
+
+
+def test_n_k_in_one_request_and_k_requests_give_the_same_rows(sim, tmp_path):
+    src = write_prompts(tmp_path / "in.jsonl", 20)
+    got = {}
+    for mode in ("n", "requests"):
+        out = tmp_path / f"out-{mode}"
+        rc, _, err = cli("-i", str(src), "-o", str(out), "--url", sim.url, "--max-tokens", "12", "--samples", "3", "--sample-mode", mode)
+        assert rc == 0, err[-2000:]
+        got[mode] = sample_rows(out)
+    assert got["n"] == got["requests"] and len(got["n"]) == 60
+
+
+@pytest.fixture(scope="module")
+def slow_sim(tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("slow") / "sim.log"
+    proc = SimProcess("--load-time", "0", "--decode-ms", "2", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
+                      "--max-running", "8", log_path=log).start().wait_ready()
+    yield proc
+    proc.stop()
+
+
+@pytest.mark.parametrize("mode", ["requests", "n"])
+def test_samples_exactly_once_through_sigkill_and_resume(slow_sim, tmp_path, mode):
+    import signal
+
+    from conftest import wait_until
+
+    n, k = 150, 4
+    src = write_prompts(tmp_path / "in.jsonl", n)
+    out = tmp_path / "out"
+    argv = [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--url", slow_sim.url, "--max-tokens", "6",
+            "--samples", str(k), "--sample-mode", mode, "--shard-rows", "10", "--shard-seconds", "0.2", "--json"]
+    kills = 0
+
+    def shards() -> int:
+        return len(list((out / "shards").glob("*.parquet"))) if (out / "shards").exists() else 0
+
+    for goal in (2, 5):
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda proc=proc, goal=goal: shards() >= goal or proc.poll() is not None, timeout=60, what=f"{goal} shards")
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=30)
+        pairs = [(i, s) for i, s, _, _ in sample_rows(out)]
+        assert len(pairs) == len(set(pairs)), "a killed run left an (id, sample) committed twice"
+        ids = {i for i, _ in pairs}
+        assert len(pairs) == k * len(ids), "a committed id without all its samples"
+    assert kills >= 1
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout)
+    report = report.get("report", report)
+    assert proc.returncode == 0 and report["status"] == "complete" and report["resumed"], proc.stderr[-2000:]
+    assert report["done_before"] + report["committed"] == n
+    resumed = sample_rows(out)
+    assert sorted((i, s) for i, s, _, _ in resumed) == sorted((f"p{i}", s) for i in range(n) for s in range(k))
+    # the samples asked again after the kills are the ones an uninterrupted run gives (seeds from (id, k))
+    clean = tmp_path / "clean"
+    argv[argv.index(str(out))] = str(clean)
+    assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
+    assert sample_rows(clean) == resumed
+
+
+# ---- bad input: refused before the job starts (exit 3), nothing committed touched ----------------
+
+
+@pytest.fixture
+def committed_job(sim, tmp_path) -> tuple[Path, Path, dict[str, str]]:
+    src = write_prompts(tmp_path / "in.jsonl", 6)
+    out = tmp_path / "out"
+    rc, _, err = cli("-i", str(src), "-o", str(out), "--url", sim.url, "--max-tokens", "3")
+    assert rc == 0, err[-2000:]
+    return src, out, tree_digest(out)
+
+
+def test_samples_0_is_refused_with_exit_3(sim, committed_job):
+    src, out, before = committed_job
+    rc, doc, err = cli("-i", str(src), "-o", str(out), "--url", sim.url, "--max-tokens", "3", "--samples", "0", "--force")
+    assert rc == 3 and "--samples 0" in json.dumps(doc) + err
+    assert tree_digest(out) == before
+
+
+def test_a_record_with_its_own_n_beside_samples_refuses_the_job(sim, committed_job, tmp_path):
+    src, out, before = committed_job
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}", **({"n": 2} if i == 3 else {})}) + "\n" for i in range(6)))
+    for dest in (out, tmp_path / "fresh"):
+        rc, doc, err = cli("-i", str(bad), "-o", str(dest), "--url", sim.url, "--max-tokens", "3", "--samples", "2", "--force")
+        text = json.dumps(doc) + err
+        assert rc == 3 and "--samples 2" in text and "own 'n'" in text and "lines 4" in text, text[-2000:]
+    assert tree_digest(out) == before
+    assert not (tmp_path / "fresh" / "job.json").exists() and not (tmp_path / "fresh" / "shards").exists()
+
+
+# ---- provenance ----------------------------------------------------------------------------------
+
+
+def test_provenance_of_a_job_resumed_on_another_fleet_shows_both(slow_sim, tmp_path):
+    import signal
+
+    from conftest import wait_until
+
+    model = tmp_path / "models" / "snapshots" / "0123abcd"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"hidden_size": 64}')
+    other = SimProcess("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
+                       "--style", "vllm", "--engine-version", "0.99.1-sim", "--model", str(model), "--served-model-name", "tiny-b",
+                       log_path=tmp_path / "b.log").start()
+    src = write_prompts(tmp_path / "in.jsonl", 300)
+    out = tmp_path / "out"
+    argv = [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--max-tokens", "6", "--shard-rows", "10", "--json"]
+    proc = subprocess.Popen([*argv, "--url", slow_sim.url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: (out / "shards").exists() and any((out / "shards").glob("*.parquet")) or proc.poll() is not None, timeout=60, what="a shard")
+    assert proc.poll() is None, "the first run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    other.wait_ready()
+    try:
+        done = subprocess.run([*argv, "--url", other.url], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        other.stop()
+    runs = json.loads((out / "job.json").read_text())["runs"]
+    assert [r["status"] for r in runs] == ["killed", "complete"]
+    first, second = (r["provenance"] for r in runs)
+    assert first["servefleet"] and second["servefleet"] and first["coordinator"]
+    a, b = first["servers"][0], second["servers"][0]
+    assert a["base_url"] == slow_sim.url and b["base_url"] == other.url
+    assert b["engine"] == "vllm" and b["engine_version"] == "0.99.1-sim" and b["model_path"] == str(model) and b["host"] == "127.0.0.1"
+    assert b["model_revision"] == "0123abcd" and b["model_content_hash"].startswith("sha256:")
+    assert a["engine_version"] != b["engine_version"] and a["model_path"] != b["model_path"]
+    shown = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "report", str(out), "--json"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    summary = json.loads(shown.stdout)
+    summary = summary.get("summary", summary)
+    assert [p["servers"][0]["engine_version"] for p in summary["provenance"]] == [a["engine_version"], "0.99.1-sim"]
+    html = (out / "report.html").read_text()
+    assert "0.99.1-sim" in html and "0123abcd" in html and a["engine_version"] in html
+
+
+def test_a_fleet_servers_provenance_has_its_launch_engine_args_gpus_and_host():
+    import asyncio
+    from types import SimpleNamespace
+
+    from servefleet.generate.endpoints import targets_from_fleet
+
+    spec = SimpleNamespace(engine="vllm", model="/models/tiny", host="gpu1", gpus=(0, 1), args=("--max-num-seqs", "64"))
+    fleet = SimpleNamespace(
+        spec=SimpleNamespace(server=lambda name: spec),
+        ready_endpoints=lambda: _done([SimpleNamespace(name="a", base_url="http://127.0.0.1:1", served_model="tiny",
+                                                       capacity=SimpleNamespace(max_running_requests=64), engine="vllm")]),
+        record=lambda name: _done(SimpleNamespace(argv=["vllm", "serve", "/models/tiny", "--max-num-seqs", "64", "--api-key", "***"])),
+    )
+    (target,) = asyncio.run(targets_from_fleet(fleet))
+    assert target.launch == {"engine": "vllm", "model": "/models/tiny", "host": "gpu1", "gpus": [0, 1],
+                             "argv": ["vllm", "serve", "/models/tiny", "--max-num-seqs", "64", "--api-key", "***"]}
+
+    from servefleet.generate.client import Client
+    from servefleet.generate.provenance import collect
+
+    async def run():
+        async with Client(connect_timeout_s=1) as client:  # nothing listens there: what the launch says is what is known
+            return await collect([target], client)
+
+    (server,) = asyncio.run(run())["servers"]
+    assert (server["engine"], server["host"], server["gpu_count"], server["model_path"]) == ("vllm", "gpu1", 2, "/models/tiny")
+    assert server["launch_args"][-1] == "***" and server["engine_version"] is None
+
+
+async def _done(value):
+    return value

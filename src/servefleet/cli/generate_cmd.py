@@ -80,6 +80,10 @@ def generate(
     detach: Annotated[bool, typer.Option("--detach", help="run the job in a session of its own: it outlives this terminal or SSH session; returns once it "
                                                           "is sending (or with its exit code if it ended first); follow it with `servefleet progress DEST -f`")] = False,
     log: Annotated[Path, typer.Option("--log", help="with --detach: where the job's output goes (appended)")] = Path("servefleet-generate.log"),
+    samples: Annotated[int | None, typer.Option("--samples", metavar="K", help="K answers per record, one row per (id, sample) with a `sample` column; "
+                                                                         "each sample's seed from (id, k)")] = None,
+    sample_mode: Annotated[str, typer.Option("--sample-mode", help="--samples: n (one request of n=K: shared prefill), requests (K requests: spread "
+                                                                   "over servers) or auto (n, unless fewer records than servers)")] = "auto",
     max_failure_rate: Annotated[float | None, typer.Option("--max-failure-rate", metavar="P", help="stop (exit 1, with examples and a hint) when more than this share "
                                                                                       "(0-1) of answers failed: over the first --fail-fast-after answers, then a "
                                                                                       "rolling window")] = None,
@@ -117,6 +121,10 @@ def generate(
     if give_up_s is None or give_up_s <= 0:
         _fail(err, json_out, f"--give-up-after {give_up_after!r}: expected a duration above 0 such as 90s, 10m or 1h", ExitCode.USAGE)
     mode = "auto" if chat is None else ("chat" if chat else "completions")
+    if samples is not None and samples < 1:
+        _fail(err, json_out, f"--samples {samples}: expected at least 1 answer per record", ExitCode.USAGE)
+    if sample_mode not in ("auto", "n", "requests"):
+        _fail(err, json_out, f"--sample-mode {sample_mode!r}: expected auto, n or requests", ExitCode.USAGE)
     for flag, rate in (("--max-failure-rate", max_failure_rate), ("--max-length-rate", max_length_rate)):
         if rate is not None and not 0 <= rate < 1:
             _fail(err, json_out, f"{flag} {rate:g}: expected a share from 0 to below 1 (0.5: stop when more than half)", ExitCode.USAGE)
@@ -127,13 +135,14 @@ def generate(
         config = GenerateConfig(
             input=str(input), output=output, urls=list(url or []),
             params=JobParams(model=model, max_tokens=max_tokens, temperature=temperature, mode=mode, token_ids=token_ids,
-                             store_request=store_request, format=fmt),
+                             store_request=store_request, format=fmt, samples=samples),
             concurrency=conc, max_running=max_running, bench=[str(b) for b in bench or []],
             health=HealthPolicy(hang_min_s=hang_after, recover_timeout_s=give_up_s), max_attempts=max_attempts, retry_base_s=backoff_base,
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),
             shard_seconds=shard_seconds, strict=strict, force=force, reask_changed=reask_changed, request_timeout_s=request_timeout, api_key=api_key,
             metrics_host=metrics_host, metrics_port=metrics_port,
             fail_fast=FailFastPolicy(max_failure_rate, max_length_rate, fail_fast_after, fail_fast_window),
+            sample_mode=sample_mode,
         )
     except ValidationError as exc:  # the model's own range checks, worded with the option names
         _fail(err, json_out, str(option_error(exc)), ExitCode.USAGE)

@@ -39,6 +39,7 @@ class Completion:
     model: str | None
     reasoning: str | None = None
     token_ids: list[int] | None = None
+    choices: tuple[Completion, ...] = ()  # every choice of an answer to n > 1, in order (each without usage)
 
 
 class Client:
@@ -127,6 +128,19 @@ def _parse(data: bytes, endpoint: str) -> Completion | RequestFailure:
         choice = obj["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
         return RequestFailure(FailureKind.PROTOCOL, "answer without choices: " + _error_text(data))
+    head = _choice(choice, endpoint, obj)
+    if len(obj["choices"]) > 1:
+        try:
+            ordered = sorted(obj["choices"], key=lambda c: c.get("index", 0))
+            others = tuple(_choice(c, endpoint, obj, usage=False) for c in ordered)
+        except (AttributeError, TypeError):
+            return RequestFailure(FailureKind.PROTOCOL, "answer with malformed choices: " + _error_text(data))
+        return Completion(head.text, head.finish_reason, head.prompt_tokens, head.completion_tokens, head.model, head.reasoning,
+                          head.token_ids, others)
+    return head
+
+
+def _choice(choice: dict[str, Any], endpoint: str, obj: dict[str, Any], *, usage: bool = True) -> Completion:
     if endpoint == "chat":
         message = choice.get("message") or {}
         text = message.get("content")
@@ -136,16 +150,17 @@ def _parse(data: bytes, endpoint: str) -> Completion | RequestFailure:
         reasoning = None
     if text is None and reasoning is None:
         text = ""
-    usage = obj.get("usage") or {}
     token_ids = choice.get("token_ids")
+    token_ids = token_ids if isinstance(token_ids, list) else None
+    counts = (obj.get("usage") or {}) if usage else {"completion_tokens": len(token_ids) if token_ids is not None else None}
     return Completion(
         text=text if isinstance(text, str) else json.dumps(text),
         finish_reason=choice.get("finish_reason"),
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
+        prompt_tokens=counts.get("prompt_tokens"),
+        completion_tokens=counts.get("completion_tokens"),
         model=obj.get("model"),
         reasoning=reasoning if isinstance(reasoning, str) else None,
-        token_ids=token_ids if isinstance(token_ids, list) else None,
+        token_ids=token_ids,
     )
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +30,7 @@ from servefleet.generate.endpoints import Restarter, Target
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
 from servefleet.generate.retry import RetryPolicy
+from servefleet.generate.rows import rows_of, short_of_choices
 from servefleet.generate.server_load import LoadWatch
 from servefleet.generate.shards import OutputRow
 from servefleet.generate.stats import JobStats, ServerStats
@@ -304,6 +304,8 @@ class Dispatcher:
         result = await self.client.complete(server.target.base_url, record.endpoint, body)
         # Nothing below awaits: a cancelled task never gets here, a task that got here is settled.
         ticket.state = "settled"
+        if isinstance(result, Completion) and record.choices > 1 and (short := short_of_choices(record, result)) is not None:
+            result = short
         if isinstance(result, Completion):
             self._succeeded(server, ticket, result, time.perf_counter() - t0, body)
         else:
@@ -325,13 +327,9 @@ class Dispatcher:
         self.stats.completion_tokens += tokens
         self.stats.prompt_tokens += c.prompt_tokens or 0
         self.stats.meter.add(tokens, now)
-        r = ticket.record
-        self.out.add(OutputRow(
-            id=r.id, line=r.line, text=c.text, finish_reason=c.finish_reason, prompt_tokens=c.prompt_tokens,
-            completion_tokens=c.completion_tokens, model=c.model or body.get("model"), server=server.target.name,
-            attempts=ticket.attempts, latency_s=latency, reasoning=c.reasoning, token_ids=c.token_ids,
-            request=json.dumps(body, ensure_ascii=False) if self.store_request else None,
-        ))
+        for row in rows_of(ticket.record, c, server=server.target.name, attempts=ticket.attempts, latency=latency, body=body,
+                           store_request=self.store_request):
+            self.out.add(row)
 
     def _failed(self, server: _Server, ticket: Ticket, failure: RequestFailure) -> None:
         if failure.server_fault and (reason := self._hold_reason(server)) is not None:

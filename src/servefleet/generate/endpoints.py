@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servefleet.errors import ConfigError, HostUnreachable
@@ -39,6 +39,7 @@ class Target:
     bench_concurrency: int | None = None  # the best point of a bench run of this server (--bench)
     bench_tps: float | None = None
     bench_note: str | None = None  # e.g. "streaming run": how far to trust the point
+    launch: Mapping[str, Any] | None = field(default=None, compare=False)  # a fleet server's launch (provenance.py)
 
 
 class Restarter(Protocol):
@@ -190,4 +191,6 @@ async def _probe_max_running(client: Client, base: str) -> int | None:
 
 async def targets_from_fleet(fleet: Any) -> list[Target]:
     """The fleet's ready servers (none ready is a configuration problem for the caller)."""
-    return [_from_endpoint(ep) for ep in await fleet.ready_endpoints()]
+    from servefleet.generate.provenance import fleet_launch
+
+    return [replace(_from_endpoint(ep), launch=await fleet_launch(fleet, ep.name)) for ep in await fleet.ready_endpoints()]

@@ -46,6 +46,7 @@ class JobParams(BaseModel):
     token_ids: bool = False
     store_request: bool = False
     format: Literal["parquet", "jsonl"] = "parquet"
+    samples: int | None = Field(default=None, ge=1)  # --samples K: one row per (id, sample)
 
     def differences(self, other: JobParams) -> list[str]:
         mine, theirs = self.model_dump(), other.model_dump()
@@ -82,6 +83,7 @@ class RunRecord(BaseModel):
     failed: int = 0
     forced: bool = False
     params: JobParams | None = None  # what this run's rows were made with (the manifest's params are the last run's)
+    provenance: dict[str, Any] | None = None  # servefleet's version, per server engine, version, args, model, GPUs (provenance.py)
 
     def made_with_other_params(self, params: JobParams) -> bool:
         return self.params is not None and self.params != params

@@ -52,6 +52,7 @@ class Job:
     rid: str
     created: int
     model: str
+    more: tuple[tuple[int, int, str], ...] = ()  # n > 1: (start, target, finish_reason) of choices 1..n-1
 
 
 def _prompt(body: dict[str, Any]) -> tuple[str, int]:
@@ -94,8 +95,12 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
         text, prompt_tokens = _prompt(body)
     if prompt_tokens == 0:
         raise ApiError(400, "The decoder prompt cannot be empty")
-    if (body.get("n") or 1) != 1:
-        raise ApiError(400, "n > 1 is not supported by the simulator")
+    n = body.get("n") or 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ApiError(400, "n must be a positive integer")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ApiError(400, "seed must be an integer")
     room = cfg.context_length - prompt_tokens
     max_tokens = _int_field(body, "max_completion_tokens", "max_tokens") if chat else _int_field(body, "max_tokens")
     if max_tokens is None:
@@ -113,19 +118,35 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
     stream = bool(body.get("stream", False))
     options = body.get("stream_options") or {}
     include_usage = bool(stream and isinstance(options, dict) and options.get("include_usage"))
+    if n > 1 and stream:
+        raise ApiError(400, "n > 1 with stream is not supported by the simulator")
+    min_tokens = _int_field(body, "min_tokens") or 0
+    # choice i of a request with a seed draws as a request of n=1 with seed + i would (vLLM's parallel sampling)
+    draws = [_draw(text, cfg, max_tokens, min_tokens, bool(body.get("ignore_eos", False)), None if seed is None else seed + i, i)
+             for i in range(n)]
+    start, target, finish = draws[0]
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    return Job(chat=chat, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, target=target,
+               finish_reason=finish, stream=stream, include_usage=include_usage, start=start,
+               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=cfg.served_name, more=tuple(draws[1:]))
+
+
+def _draw(text: str, cfg: SimConfig, max_tokens: int, min_tokens: int, ignore_eos: bool, seed: int | None,
+          choice: int) -> tuple[int, int, str]:
+    """Where an answer's text starts, how long it is and why it stops: a function of the prompt and the seed."""
+    if seed is not None:
+        text = f"{text}\x00seed={seed}"
+    elif choice:
+        text = f"{text}\x00choice={choice}"
     h = request_hash(text, cfg.seed, max_tokens)
     target, finish = max_tokens, "length"
-    if not body.get("ignore_eos", False) and cfg.eos_rate > 0 and (h & 0xFFFF) / 65536.0 < cfg.eos_rate:
+    if not ignore_eos and cfg.eos_rate > 0 and (h & 0xFFFF) / 65536.0 < cfg.eos_rate:
         target = 1 + (h >> 16) % max_tokens
         finish = "stop" if target < max_tokens else "length"
-    min_tokens = _int_field(body, "min_tokens") or 0
     if target < min(min_tokens, max_tokens):
         target = min(min_tokens, max_tokens)
         finish = "stop" if target < max_tokens else "length"
-    prefix = "chatcmpl-" if chat else "cmpl-"
-    return Job(chat=chat, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, target=target,
-               finish_reason=finish, stream=stream, include_usage=include_usage, start=h % 64,
-               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=cfg.served_name)
+    return h % 64, target, finish
 
 
 def _usage(job: Job, completion_tokens: int) -> dict[str, int]:
@@ -133,18 +154,20 @@ def _usage(job: Job, completion_tokens: int) -> dict[str, int]:
             "total_tokens": job.prompt_tokens + completion_tokens}
 
 
-def full_body(job: Job, text: str) -> dict[str, Any]:
-    """A non-streaming answer (always with ``usage``)."""
-    if job.chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                                          "tool_calls": []},
-                                  "logprobs": None, "finish_reason": job.finish_reason, "stop_reason": None}
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason, "stop_reason": None}
-        kind = "text_completion"
-    return {"id": job.rid, "object": kind, "created": job.created, "model": job.model, "choices": [choice],
-            "usage": _usage(job, job.target)}
+def full_body(job: Job, text: str, more: list[str] | None = None) -> dict[str, Any]:
+    """A non-streaming answer (always with ``usage``); ``more``: the texts of choices 1..n-1."""
+    choices = [_choice(job.chat, 0, text, job.finish_reason)]
+    choices += [_choice(job.chat, i, t, finish) for i, (t, (_, _, finish)) in enumerate(zip(more or [], job.more, strict=True), 1)]
+    kind = "chat.completion" if job.chat else "text_completion"
+    return {"id": job.rid, "object": kind, "created": job.created, "model": job.model, "choices": choices,
+            "usage": _usage(job, job.target + sum(t for _, t, _ in job.more))}
+
+
+def _choice(chat: bool, index: int, text: str, finish: str) -> dict[str, Any]:
+    if chat:
+        return {"index": index, "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
+                "logprobs": None, "finish_reason": finish, "stop_reason": None}
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
 
 
 class StreamEncoder:
