@@ -328,3 +328,59 @@ def test_a_fleet_servers_provenance_has_its_launch_engine_args_gpus_and_host():
 
 async def _done(value):
     return value
+
+
+# ---- several models ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("models")
+    a = SimProcess(*INSTANT_SIM, "--style", "vllm", "--model", "tiny-a", "--max-running", "8", log_path=d / "a.log").start()
+    b = SimProcess(*INSTANT_SIM, "--style", "vllm", "--model", "tiny-b", "--lora-adapters", "b-lora", "--max-running", "8",
+                   log_path=d / "b.log").start()
+    yield a.wait_ready(), b.wait_ready()
+    a.stop()
+    b.stop()
+
+
+def test_a_two_model_fleet_routes_each_record_by_its_own_model_lora_adapters_included(two_models, tmp_path):
+    a, b = two_models
+    names = ["tiny-a", "tiny-b", "b-lora"]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}", "model": names[i % 3]}) + "\n" for i in range(60)))
+    out = tmp_path / "out"
+    rc, doc, err = cli("-i", str(src), "-o", str(out), "--url", a.url, "--url", b.url, "--max-tokens", "5")
+    assert rc == 0, err[-2000:]
+    rows = {r["id"]: r for r in rows_of(out, ["id", "model", "server"])}
+    assert len(rows) == 60
+    for i in range(60):
+        r = rows[f"p{i}"]
+        assert r["model"] == names[i % 3] and r["server"] == ("url1" if i % 3 == 0 else "url2"), r
+
+
+def test_models_flag_gives_one_row_per_id_and_model(two_models, tmp_path):
+    a, b = two_models
+    src = write_prompts(tmp_path / "in.jsonl", 25)
+    out = tmp_path / "out"
+    rc, doc, err = cli("-i", str(src), "-o", str(out), "--url", a.url, "--url", b.url, "--max-tokens", "5", "--models", "tiny-a,b-lora",
+                       "--samples", "2")
+    assert rc == 0, err[-2000:]
+    report = doc.get("report", doc)
+    assert report["committed"] == 25 and report["status"] == "complete"
+    got = sorted((r["id"], r["model"], r["sample"]) for r in rows_of(out, ["id", "model", "sample"]))
+    assert got == sorted((f"p{i}", m, k) for i in range(25) for m in ("tiny-a", "b-lora") for k in range(2))
+
+
+def test_a_record_whose_model_no_server_serves_is_refused_before_anything_is_sent(two_models, tmp_path):
+    a, b = two_models
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}", "model": "tiny-a" if i != 7 else "tiny-c"}) + "\n"
+                           for i in range(20)))
+    out = tmp_path / "out"
+    rc, doc, err = cli("-i", str(src), "-o", str(out), "--url", a.url, "--url", b.url, "--max-tokens", "5")
+    text = json.dumps(doc) + err
+    assert rc == 3 and "'tiny-c' (1 records)" in text and "b-lora, tiny-a, tiny-b" in text, text[-2000:]
+    assert not (out / "shards").exists()
+    rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out2"), "--url", a.url, "--url", b.url, "--models", "tiny-a,tiny-c")
+    assert rc == 3 and "--models: no server of the fleet serves tiny-c" in json.dumps(doc) + err

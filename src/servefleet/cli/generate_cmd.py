@@ -80,6 +80,8 @@ def generate(
     detach: Annotated[bool, typer.Option("--detach", help="run the job in a session of its own: it outlives this terminal or SSH session; returns once it "
                                                           "is sending (or with its exit code if it ended first); follow it with `servefleet progress DEST -f`")] = False,
     log: Annotated[Path, typer.Option("--log", help="with --detach: where the job's output goes (appended)")] = Path("servefleet-generate.log"),
+    models: Annotated[str | None, typer.Option("--models", metavar="A,B", help="send every record to each of these models (one row per (id, model)); "
+                                                                         "each must be served by a server of the fleet (LoRA adapters count)")] = None,
     samples: Annotated[int | None, typer.Option("--samples", metavar="K", help="K answers per record, one row per (id, sample) with a `sample` column; "
                                                                          "each sample's seed from (id, k)")] = None,
     sample_mode: Annotated[str, typer.Option("--sample-mode", help="--samples: n (one request of n=K: shared prefill), requests (K requests: spread "
@@ -121,6 +123,11 @@ def generate(
     if give_up_s is None or give_up_s <= 0:
         _fail(err, json_out, f"--give-up-after {give_up_after!r}: expected a duration above 0 such as 90s, 10m or 1h", ExitCode.USAGE)
     mode = "auto" if chat is None else ("chat" if chat else "completions")
+    model_list = tuple(m.strip() for m in (models or "").split(",") if m.strip()) or None
+    if models is not None and (model_list is None or len(set(model_list)) != len(model_list)):
+        _fail(err, json_out, f"--models {models!r}: expected distinct model names separated by commas", ExitCode.USAGE)
+    if model_list and model:
+        _fail(err, json_out, "--model and --models exclude each other: --models sends every record to each model", ExitCode.USAGE)
     if samples is not None and samples < 1:
         _fail(err, json_out, f"--samples {samples}: expected at least 1 answer per record", ExitCode.USAGE)
     if sample_mode not in ("auto", "n", "requests"):
@@ -135,7 +142,7 @@ def generate(
         config = GenerateConfig(
             input=str(input), output=output, urls=list(url or []),
             params=JobParams(model=model, max_tokens=max_tokens, temperature=temperature, mode=mode, token_ids=token_ids,
-                             store_request=store_request, format=fmt, samples=samples),
+                             store_request=store_request, format=fmt, samples=samples, models=model_list),
             concurrency=conc, max_running=max_running, bench=[str(b) for b in bench or []],
             health=HealthPolicy(hang_min_s=hang_after, recover_timeout_s=give_up_s), max_attempts=max_attempts, retry_base_s=backoff_base,
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),

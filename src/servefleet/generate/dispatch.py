@@ -30,6 +30,7 @@ from servefleet.generate.endpoints import Restarter, Target
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
 from servefleet.generate.retry import RetryPolicy
+from servefleet.generate.routing import model_for, served
 from servefleet.generate.rows import rows_of, short_of_choices
 from servefleet.generate.server_load import LoadWatch
 from servefleet.generate.shards import OutputRow
@@ -142,6 +143,7 @@ class Dispatcher:
         health: HealthPolicy | None = None,
         concurrency: int | None = None,
         model: str | None = None,
+        routed: bool = False,
         store_request: bool = False,
         restarter: Restarter | None = None,
         tick_s: float = 0.25,
@@ -157,6 +159,7 @@ class Dispatcher:
         self.policy = health or HealthPolicy()
         self.concurrency = concurrency
         self.model = model
+        self.routed = routed  # servers serve different models: a request goes to one that serves its own (routing.py)
         self.store_request = store_request
         self.restarter = restarter
         self.tick_s = tick_s
@@ -260,10 +263,12 @@ class Dispatcher:
             _, _, ticket = heapq.heappop(self._delayed)
             self._pending.appendleft(ticket)
 
-    def _pick(self) -> _Server | None:
+    def _pick(self, model: str | None = None) -> _Server | None:
         best, best_load = None, 2.0
         for s in self.servers:
             if s.health.state is not ServerState.UP or s.draining:
+                continue
+            if model is not None and model not in served(s.target):
                 continue
             n, limit = len(s.in_flight), s.controller.limit
             if n >= limit:
@@ -275,10 +280,15 @@ class Dispatcher:
 
     def _launch(self) -> None:
         while self._pending:
-            server = self._pick()
-            if server is None:
-                break
-            ticket = self._pending.popleft()
+            if self.routed:
+                ticket, server = self._routed_next()
+                if ticket is None or server is None:
+                    break
+            else:
+                server = self._pick()
+                if server is None:
+                    break
+                ticket = self._pending.popleft()
             ticket.attempts += 1
             ticket.state = "in_flight"
             ticket.last_server = server.target.name
@@ -287,6 +297,17 @@ class Dispatcher:
             task.add_done_callback(partial(self._attempt_done, server))
         if len(self._pending) < self._high_water() // 2:
             self._room.set()
+
+    def _routed_next(self, look_ahead: int = 64) -> tuple[Ticket | None, _Server | None]:
+        """The first of the next ``look_ahead`` waiting tickets that a server of its model has a free slot for
+        (a full model's tickets at the head do not hold back the others')."""
+        for i, ticket in enumerate(itertools.islice(self._pending, look_ahead)):
+            own = ticket.record.body.get("model")
+            server = self._pick(own if isinstance(own, str) and not self.model else None)
+            if server is not None:
+                del self._pending[i]
+                return ticket, server
+        return None, None
 
     def _attempt_done(self, server: _Server, task: asyncio.Task[None]) -> None:
         server.in_flight.pop(task, None)
@@ -298,7 +319,7 @@ class Dispatcher:
     async def _attempt(self, server: _Server, ticket: Ticket) -> None:
         record = ticket.record
         server.last_endpoint = record.endpoint
-        model = self.model or server.target.served_model or record.body.get("model")
+        model = model_for(self.model, record, server.target, self.routed)
         body = record.body if model is None else {**record.body, "model": model}
         t0 = time.perf_counter()
         result = await self.client.complete(server.target.base_url, record.endpoint, body)
@@ -434,6 +455,8 @@ class Dispatcher:
             old = server.target
             if new.bench_concurrency is None and old.bench_concurrency is not None:  # the same configuration: its bench point stands
                 new = replace(new, bench_concurrency=old.bench_concurrency, bench_tps=old.bench_tps, bench_note=old.bench_note)
+            if not new.models and old.models:  # the same launch: the same models and adapters
+                new = replace(new, models=old.models)
             if new.managed or server.hung or (new.max_running and new.max_running != server.target.max_running):
                 # a new engine, or windows measured while it hung: what the controller learned is stale
                 server.controller = self._controller(new)

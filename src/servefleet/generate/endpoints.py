@@ -40,6 +40,7 @@ class Target:
     bench_tps: float | None = None
     bench_note: str | None = None  # e.g. "streaming run": how far to trust the point
     launch: Mapping[str, Any] | None = field(default=None, compare=False)  # a fleet server's launch (provenance.py)
+    models: tuple[str, ...] = ()  # every model /v1/models lists, LoRA adapters included (routing.py)
 
 
 class Restarter(Protocol):
@@ -167,7 +168,7 @@ async def targets_from_urls(urls: list[str], client: Client, max_running: int | 
         answered += alive
         served = models[0] if models else None
         known = max_running or (await _probe_max_running(client, base) if alive else None)
-        targets.append(Target(f"url{i}" if len(urls) > 1 else "url", base, served, known))
+        targets.append(Target(f"url{i}" if len(urls) > 1 else "url", base, served, known, models=tuple(models or ())))
     if urls and not answered:
         # unreachable (exit 4), as for bench: the command line may be right and the server not up yet
         raise HostUnreachable(f"no server answers (GET /v1/models, /health) at {', '.join(urls)}")

@@ -47,6 +47,7 @@ class JobParams(BaseModel):
     store_request: bool = False
     format: Literal["parquet", "jsonl"] = "parquet"
     samples: int | None = Field(default=None, ge=1)  # --samples K: one row per (id, sample)
+    models: tuple[str, ...] | None = None  # --models a,b: one row per (id, model)
 
     def differences(self, other: JobParams) -> list[str]:
         mine, theirs = self.model_dump(), other.model_dump()
@@ -68,6 +69,7 @@ class InputInfo(BaseModel):
     rejected: int
     duplicates: int
     unbounded: int = 0  # valid records with no max_tokens (neither --max-tokens nor their own): answer length unlimited
+    models: dict[str, int] = Field(default_factory=dict)  # the records' own 'model' values and how many ask each
 
 
 class RunRecord(BaseModel):

@@ -17,6 +17,7 @@ from servefleet.errors import ConfigError
 from servefleet.generate.client import Client, Completion
 from servefleet.generate.endpoints import Target, targets_from_urls
 from servefleet.generate.inputs import PromptRecord, RequestDefaults, iter_raw, parse_raw
+from servefleet.generate.routing import check_routes, model_for, served, with_models
 
 if TYPE_CHECKING:
     from servefleet.generate.runner import GenerateConfig
@@ -77,15 +78,26 @@ async def run_preview(config: GenerateConfig, n: int, *, targets: list[Target] |
             targets = await targets_from_urls(config.urls, client, config.max_running)
         if not targets:
             raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
-        servers = itertools.cycle(targets)
-        pairs = [(rec, next(servers)) for rec in records]
-        rows = await asyncio.gather(*(_one(client, rec, t, config.params.model) for rec, t in pairs))
+        targets = await with_models(targets, client)
+        own: dict[str, int] = {}
+        for rec in records:
+            if isinstance(m := rec.body.get("model"), str):
+                own[m] = own.get(m, 0) + 1
+        routed = check_routes(targets, own, job_model=config.params.model, models=config.params.models)
+        turn = itertools.count()
+
+        def server_for(rec: PromptRecord) -> Target:
+            m = rec.body.get("model")
+            fit = [t for t in targets if m in served(t)] if routed and isinstance(m, str) else targets
+            return fit[next(turn) % len(fit)]
+
+        rows = await asyncio.gather(*(_one(client, rec, server_for(rec), config.params.model, routed) for rec in records))
     status = "preview_failed" if any(r.error for r in rows) else "preview"
     return PreviewReport(status, config.input, list(rows))
 
 
-async def _one(client: Client, rec: PromptRecord, target: Target, model: str | None) -> PreviewRow:
-    chosen = model or target.served_model or rec.body.get("model")  # as the dispatcher asks
+async def _one(client: Client, rec: PromptRecord, target: Target, model: str | None, routed: bool) -> PreviewRow:
+    chosen = model_for(model, rec, target, routed)  # as the dispatcher asks
     body = rec.body if chosen is None else {**rec.body, "model": chosen}
     row = PreviewRow(rec.id, rec.line, target.name, rec.endpoint, body)
     result = await client.complete(target.base_url, rec.endpoint, body)

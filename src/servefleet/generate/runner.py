@@ -58,6 +58,7 @@ from servefleet.generate.provenance import collect
 from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
 from servefleet.generate.retry import RetryPolicy
+from servefleet.generate.routing import check_routes, with_models
 from servefleet.generate.samples import Groups, SampleMode, choose_mode, expanded
 from servefleet.generate.shards import ShardBuffer, ShardLimits, shard_schema
 from servefleet.generate.sinks import Sink, open_sink
@@ -186,7 +187,7 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
     failing: BaseException | None = None
     try:  # -- 6.
         sent = await _send(config, targets, restarter, progress, stop, stats, ledger, resume, failures, t_start, recorder,
-                           on_targets=partial(_record_provenance, sink, manifest, run))
+                           info.models, on_targets=partial(_record_provenance, sink, manifest, run))
         status = _status(sent.outcome, stats)
     except BaseException as exc:
         run.status = "error"
@@ -272,7 +273,7 @@ async def _read_input(config: GenerateConfig, sink: Sink, manifest: JobManifest 
                           f"{', '.join(map(str, refused[:5]))}{', ...' if len(refused) > 5 else ''}); drop 'n' from them or drop --samples")
     info = InputInfo(path=config.input, kind=detect_kind(config.input), size=prepass.size, mtime_ns=prepass.mtime_ns,
                      sha256=prepass.sha256, lines=prepass.lines, valid=prepass.valid, rejected=prepass.rejected,
-                     duplicates=prepass.duplicates, unbounded=prepass.unbounded)
+                     duplicates=prepass.duplicates, unbounded=prepass.unbounded, models=prepass.models)
     return _Input(info, prepass=prepass, spool=spool)
 
 
@@ -375,7 +376,7 @@ class _FailureLog:
 
 async def _send(config: GenerateConfig, targets: list[Target] | None, restarter: Restarter | None, progress: Progress | None,
                 stop: asyncio.Event | None, stats: JobStats, ledger: Ledger, resume: _Resume, failures: _FailureLog,
-                t_start: float, recorder: JobRecorder,
+                t_start: float, recorder: JobRecorder, ledger_models: dict[str, int] | None = None,
                 on_targets: Callable[[list[Target], Client], Awaitable[None]] | None = None) -> _Sent:
     """Send what is not done over every server until it is answered, failed, or the run is stopped."""
     sent = _Sent()
@@ -389,6 +390,8 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         if not targets:
             raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
         targets = with_bench(targets, config.bench)
+        targets = await with_models(targets, client)
+        routed = check_routes(targets, ledger_models or {}, job_model=params.model, models=params.models)
         if on_targets is not None:
             await on_targets(targets, client)
         planned = sum(config.concurrency or t.max_running or 0 for t in targets)
@@ -406,7 +409,7 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         dispatcher = Dispatcher(
             targets, client=client, out=out, on_failure=on_failure, stats=stats,
             retry=RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_cap_s),
-            health=config.health, concurrency=config.concurrency, model=params.model,
+            health=config.health, concurrency=config.concurrency, model=params.model, routed=routed,
             store_request=params.store_request, restarter=restarter,
         )
         sent.startup_s = time.monotonic() - t_start
@@ -418,8 +421,8 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         try:
             with fewer_collections():
                 feed = _feed(config.input, resume.plan, config.defaults(), resume.done, ledger.pending_digests)
-                if params.samples is not None:
-                    feed = expanded(feed, params.samples, mode)
+                if params.samples is not None or params.models:
+                    feed = expanded(feed, params.samples, mode, params.models)
                 async with _first_of(stop, committer.broken, watch.tripped) as halt:  # a commit that failed for good ends the run at once
                     stopped, outcome = await until_stopped(dispatcher.run(feed), halt)
                 if outcome is not None:
@@ -457,13 +460,14 @@ def _outcomes(config: GenerateConfig, committer: Committer, failures: _FailureLo
               mode: Literal["n", "requests"]) -> tuple[RowSink, Callable[[Ticket, RequestFailure], None]]:
     """Where the dispatcher's rows and final failures go: with several rows per id, through :class:`Groups`
     (an id's rows are committed together); each request of K counts in the progress."""
-    samples = config.params.samples
-    if samples is None or samples == 1:
+    samples, models = config.params.samples, len(config.params.models or ()) or 1
+    per_id = (samples or 1) * models
+    if per_id == 1:
         return committer, failures.write
-    if mode == "requests":
-        stats.to_send *= samples
-    groups = Groups(committer, failures.write, samples)
-    stats.event(f"--samples {samples}: {mode} mode ({'one request of n=K per id' if mode == 'n' else 'K requests per id'})")
+    stats.to_send *= models * (samples or 1 if mode == "requests" else 1)
+    groups = Groups(committer, failures.write, per_id)
+    if samples is not None:
+        stats.event(f"--samples {samples}: {mode} mode ({'one request of n=K per id' if mode == 'n' else 'K requests per id'})")
     return groups, groups.on_failure
 
 

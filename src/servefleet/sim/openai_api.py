@@ -83,8 +83,9 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model")
-    if cfg.style == "vllm" and model is not None and model != cfg.served_name:
+    if cfg.style == "vllm" and model is not None and model != cfg.served_name and model not in cfg.adapters:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+    answered_by = model if isinstance(model, str) and model in cfg.adapters else cfg.served_name
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -122,18 +123,21 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
         raise ApiError(400, "n > 1 with stream is not supported by the simulator")
     min_tokens = _int_field(body, "min_tokens") or 0
     # choice i of a request with a seed draws as a request of n=1 with seed + i would (vLLM's parallel sampling)
-    draws = [_draw(text, cfg, max_tokens, min_tokens, bool(body.get("ignore_eos", False)), None if seed is None else seed + i, i)
+    adapter = answered_by if answered_by != cfg.served_name else None
+    draws = [_draw(text, cfg, max_tokens, min_tokens, bool(body.get("ignore_eos", False)), None if seed is None else seed + i, i, adapter)
              for i in range(n)]
     start, target, finish = draws[0]
     prefix = "chatcmpl-" if chat else "cmpl-"
     return Job(chat=chat, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, target=target,
                finish_reason=finish, stream=stream, include_usage=include_usage, start=start,
-               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=cfg.served_name, more=tuple(draws[1:]))
+               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=answered_by, more=tuple(draws[1:]))
 
 
 def _draw(text: str, cfg: SimConfig, max_tokens: int, min_tokens: int, ignore_eos: bool, seed: int | None,
-          choice: int) -> tuple[int, int, str]:
+          choice: int, model: str | None = None) -> tuple[int, int, str]:
     """Where an answer's text starts, how long it is and why it stops: a function of the prompt and the seed."""
+    if model is not None:  # an adapter answers otherwise than its base model
+        text = f"{text}\x00model={model}"
     if seed is not None:
         text = f"{text}\x00seed={seed}"
     elif choice:
