@@ -384,3 +384,56 @@ def test_a_record_whose_model_no_server_serves_is_refused_before_anything_is_sen
     assert not (out / "shards").exists()
     rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out2"), "--url", a.url, "--url", b.url, "--models", "tiny-a,tiny-c")
     assert rc == 3 and "--models: no server of the fleet serves tiny-c" in json.dumps(doc) + err
+
+
+# ---- logprobs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_logprob_columns_round_trip_through_pyarrow(sim, tmp_path, endpoint):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from servefleet.sim.tokens import token_ids
+
+    src = write_prompts(tmp_path / "in.jsonl", 12)
+    out = tmp_path / "out"
+    rc, doc, err = cli("-i", str(src), "-o", str(out), "--url", sim.url, "--max-tokens", "9", "--logprobs", "3",
+                       "--chat" if endpoint == "chat" else "--completions")
+    assert rc == 0, err[-2000:]
+    (shard,) = sorted((out / "shards").glob("*.parquet"))
+    table = pq.read_table(shard)
+    schema = table.schema
+    assert schema.field("logprobs").type == pa.list_(pa.float32()) and schema.field("logprob_token_ids").type == pa.list_(pa.int32())
+    assert schema.field("top_logprobs").type == pa.list_(pa.list_(pa.float32(), 3))
+    assert schema.field("top_token_ids").type == pa.list_(pa.list_(pa.int32(), 3))
+    for r in table.to_pylist():
+        n = r["completion_tokens"]
+        assert len(r["logprobs"]) == n and len(r["top_logprobs"]) == n and all(len(t) == 3 for t in r["top_token_ids"])
+        assert r["logprob_token_ids"] == token_ids(r["text"])  # the tokens the sim generated, as ids
+        assert [t[0] for t in r["top_token_ids"]] == r["logprob_token_ids"]  # the chosen token is the best alternative
+        assert all(abs(t[0] - lp) < 1e-6 for t, lp in zip(r["top_logprobs"], r["logprobs"], strict=True))
+
+
+def test_logprobs_asked_of_a_server_that_cannot_give_them_refuse_the_job(sim, tmp_path):
+    plain = SimProcess(*INSTANT_SIM, "--no-logprobs", log_path=tmp_path / "plain.log").start().wait_ready()
+    try:
+        src = write_prompts(tmp_path / "in.jsonl", 5)
+        out = tmp_path / "out"
+        rc, _, err = cli("-i", str(src), "-o", str(out), "--url", sim.url, "--max-tokens", "3", "--logprobs", "2")
+        assert rc == 0, err[-2000:]
+        committed = {k: v for k, v in tree_digest(out).items() if k.startswith(("shards", "ledger"))}
+        more = write_prompts(tmp_path / "more.jsonl", 10)  # 5 more to send
+        rc, doc, err = cli("-i", str(more), "-o", str(out), "--url", sim.url, "--url", plain.url, "--max-tokens", "3", "--logprobs", "2",
+                           "--force")
+        text = json.dumps(doc) + err
+        assert rc == 3 and "--logprobs 2: url2 answered a request asking for logprobs without them" in text, text[-2000:]
+        assert {k: v for k, v in tree_digest(out).items() if k.startswith(("shards", "ledger"))} == committed
+    finally:
+        plain.stop()
+
+
+def test_logprobs_out_of_range_is_a_usage_error(tmp_path):
+    src = write_prompts(tmp_path / "in.jsonl", 3)
+    rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", "http://127.0.0.1:9", "--logprobs", "21")
+    assert rc == 3 and "--logprobs 21" in json.dumps(doc) + err

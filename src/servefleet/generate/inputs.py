@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from servefleet.generate.logprobs import request_fields
+
 __all__ = [
     "Endpoint",
     "InputKind",
@@ -60,6 +62,7 @@ class RequestDefaults:
     mode: Mode = "auto"  # auto: messages -> chat, prompt -> completions
     token_ids: bool = False  # ask for output token ids (vLLM: return_token_ids)
     samples: int | None = None  # --samples K: a record's own `n` is refused (the job then stops: runner.py)
+    logprobs: int | None = None  # --logprobs K: ask each answer's token logprobs with K alternatives (logprobs.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +281,9 @@ def _finish(line: int, rid: str, body: dict[str, Any], endpoint: Endpoint | None
         body["temperature"] = defaults.temperature
     if defaults.token_ids:
         body.setdefault("return_token_ids", True)
+    if defaults.logprobs is not None:
+        for key, value in request_fields(endpoint, defaults.logprobs).items():
+            body.setdefault(key, value)
     return PromptRecord(line, rid, endpoint, body)
 
 

@@ -48,6 +48,7 @@ class JobParams(BaseModel):
     format: Literal["parquet", "jsonl"] = "parquet"
     samples: int | None = Field(default=None, ge=1)  # --samples K: one row per (id, sample)
     models: tuple[str, ...] | None = None  # --models a,b: one row per (id, model)
+    logprobs: int | None = Field(default=None, ge=0, le=20)  # --logprobs K: token logprobs with K alternatives, stored
 
     def differences(self, other: JobParams) -> list[str]:
         mine, theirs = self.model_dump(), other.model_dump()

@@ -25,14 +25,34 @@ def rows_of(r: PromptRecord, c: Completion, *, server: str, attempts: int, laten
     model = c.model or body.get("model")
     request = json.dumps(body, ensure_ascii=False) if store_request else None
     if not c.choices:
-        return [OutputRow(
+        row = OutputRow(
             id=r.id, line=r.line, text=c.text, finish_reason=c.finish_reason, prompt_tokens=c.prompt_tokens,
             completion_tokens=c.completion_tokens, model=model, server=server, attempts=attempts, latency_s=latency,
             reasoning=c.reasoning, token_ids=c.token_ids, request=request, sample=r.sample,
-        )]
+        )
+        if c.logprobs is not None:
+            _with_logprobs(row, c)
+        return [row]
     first = r.sample or 0
-    return [OutputRow(
-        id=r.id, line=r.line, text=ch.text, finish_reason=ch.finish_reason, prompt_tokens=c.prompt_tokens,
-        completion_tokens=ch.completion_tokens, model=model, server=server, attempts=attempts, latency_s=latency,
-        reasoning=ch.reasoning, token_ids=ch.token_ids, request=request, sample=first + i,
-    ) for i, ch in enumerate(c.choices[: r.choices])]
+    rows = []
+    for i, ch in enumerate(c.choices[: r.choices]):
+        row = OutputRow(
+            id=r.id, line=r.line, text=ch.text, finish_reason=ch.finish_reason, prompt_tokens=c.prompt_tokens,
+            completion_tokens=ch.completion_tokens if ch.completion_tokens is not None else _count(ch), model=model, server=server,
+            attempts=attempts, latency_s=latency, reasoning=ch.reasoning, token_ids=ch.token_ids, request=request, sample=first + i,
+        )
+        if ch.logprobs is not None:
+            _with_logprobs(row, ch)
+        rows.append(row)
+    return rows
+
+
+def _with_logprobs(row: OutputRow, c: Completion) -> None:
+    lp = c.logprobs
+    assert lp is not None
+    row.logprobs, row.logprob_token_ids, row.top_logprobs, row.top_token_ids = lp.logprobs, lp.token_ids, lp.top_logprobs, lp.top_token_ids
+
+
+def _count(c: Completion) -> int | None:
+    """A choice's own token count when its answer shows it (logprobs: one per token)."""
+    return len(c.logprobs.logprobs) if c.logprobs is not None else None

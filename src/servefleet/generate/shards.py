@@ -42,13 +42,19 @@ class OutputRow:
     token_ids: list[int] | None = None
     request: str | None = None  # the request body as JSON, with --store-request
     sample: int | None = None  # --samples: which of the id's K samples (0..K-1)
+    logprobs: list[float] | None = None  # --logprobs (logprobs.py): the chosen tokens' logprobs
+    logprob_token_ids: list[int] | None = None
+    top_logprobs: list[list[float]] | None = None  # K alternatives per position
+    top_token_ids: list[list[int]] | None = None
 
     def approx_bytes(self) -> int:
         n = 96 + len(self.id) + len(self.text) + len(self.reasoning or "") + len(self.request or "")
+        if self.logprobs is not None:
+            n += 8 * len(self.logprobs) * (1 + len(self.top_logprobs[0]) if self.top_logprobs else 1)
         return n + 4 * len(self.token_ids or ())
 
 
-def shard_schema(token_ids: bool, store_request: bool, samples: bool = False) -> pa.Schema:
+def shard_schema(token_ids: bool, store_request: bool, samples: bool = False, logprobs_k: int | None = None) -> pa.Schema:
     fields = [
         pa.field("id", pa.string(), nullable=False),
         pa.field("line", pa.int64(), nullable=False),
@@ -68,6 +74,10 @@ def shard_schema(token_ids: bool, store_request: bool, samples: bool = False) ->
         fields.append(pa.field("request", pa.string()))
     if samples:
         fields.append(pa.field("sample", pa.int32()))
+    if logprobs_k is not None:
+        fields += [pa.field("logprobs", pa.list_(pa.float32())), pa.field("logprob_token_ids", pa.list_(pa.int32())),
+                   pa.field("top_logprobs", pa.list_(pa.list_(pa.float32(), logprobs_k))),
+                   pa.field("top_token_ids", pa.list_(pa.list_(pa.int32(), logprobs_k)))]
     return pa.schema(fields)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servefleet.sim.config import SimConfig
-from servefleet.sim.tokens import count_tokens, render_chat, request_hash
+from servefleet.sim.tokens import VOCAB_SIZE, count_tokens, render_chat, request_hash, token_ids, tokenize
 
 __all__ = ["ApiError", "Job", "parse_job", "error_body", "full_body", "StreamEncoder", "DONE"]
 
@@ -53,6 +53,8 @@ class Job:
     created: int
     model: str
     more: tuple[tuple[int, int, str], ...] = ()  # n > 1: (start, target, finish_reason) of choices 1..n-1
+    logprobs: int | None = None  # alternatives per token asked (chat top_logprobs, completions logprobs); None: none asked
+    ids_as_tokens: bool = False  # vLLM's return_tokens_as_token_ids
 
 
 def _prompt(body: dict[str, Any]) -> tuple[str, int]:
@@ -124,13 +126,16 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
     min_tokens = _int_field(body, "min_tokens") or 0
     # choice i of a request with a seed draws as a request of n=1 with seed + i would (vLLM's parallel sampling)
     adapter = answered_by if answered_by != cfg.served_name else None
+    asked = body.get("top_logprobs", 0) if chat and body.get("logprobs") else (None if chat else body.get("logprobs"))
+    logprobs = int(asked or 0) if cfg.logprobs and asked is not None and asked is not False else None
     draws = [_draw(text, cfg, max_tokens, min_tokens, bool(body.get("ignore_eos", False)), None if seed is None else seed + i, i, adapter)
              for i in range(n)]
     start, target, finish = draws[0]
     prefix = "chatcmpl-" if chat else "cmpl-"
     return Job(chat=chat, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, target=target,
                finish_reason=finish, stream=stream, include_usage=include_usage, start=start,
-               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=answered_by, more=tuple(draws[1:]))
+               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=answered_by, more=tuple(draws[1:]),
+               logprobs=logprobs, ids_as_tokens=bool(body.get("return_tokens_as_token_ids")))
 
 
 def _draw(text: str, cfg: SimConfig, max_tokens: int, min_tokens: int, ignore_eos: bool, seed: int | None,
@@ -162,9 +167,30 @@ def full_body(job: Job, text: str, more: list[str] | None = None) -> dict[str, A
     """A non-streaming answer (always with ``usage``); ``more``: the texts of choices 1..n-1."""
     choices = [_choice(job.chat, 0, text, job.finish_reason)]
     choices += [_choice(job.chat, i, t, finish) for i, (t, (_, _, finish)) in enumerate(zip(more or [], job.more, strict=True), 1)]
+    if job.logprobs is not None:
+        for c, t in zip(choices, [text, *(more or [])], strict=True):
+            c["logprobs"] = _logprobs(job, t)
     kind = "chat.completion" if job.chat else "text_completion"
     return {"id": job.rid, "object": kind, "created": job.created, "model": job.model, "choices": choices,
             "usage": _usage(job, job.target + sum(t for _, t, _ in job.more))}
+
+
+def _logprobs(job: Job, text: str) -> dict[str, Any]:
+    """Deterministic logprobs of an answer's tokens: the chosen one first, then ``job.logprobs`` alternatives."""
+    k = job.logprobs or 0
+    words = tokenize(text)
+    ids = token_ids(text)
+    name = (lambda i, w: f"token_id:{i}") if job.ids_as_tokens else (lambda i, w: w)
+    positions = []
+    for w, i in zip(words, ids, strict=True):
+        lp = -((i % 500) / 100.0)
+        alts = [(i, " " + w, lp)] + [((i + j) % VOCAB_SIZE, f" alt{j}", lp - j) for j in range(1, k)]
+        positions.append((name(i, " " + w), lp, [(name(a, s), v) for a, s, v in alts[:k]]))
+    if job.chat:
+        return {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": [{"token": a, "logprob": v, "bytes": None}
+                                                                                       for a, v in top]} for t, lp, top in positions]}
+    return {"tokens": [t for t, _, _ in positions], "token_logprobs": [lp for _, lp, _ in positions],
+            "top_logprobs": [dict(top) for _, _, top in positions], "text_offset": None}
 
 
 def _choice(chat: bool, index: int, text: str, finish: str) -> dict[str, Any]:
