@@ -72,6 +72,15 @@ def test_preview_sends_n_records_shows_requests_and_answers_and_commits_nothing(
     assert not out.exists()  # the destination is not even created
 
 
+def test_preview_with_samples_shows_the_request_with_n_and_the_seed(sim, tmp_path):
+    src = write_prompts(tmp_path / "in.jsonl", 5)
+    rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", sim.url, "--max-tokens", "5", "--preview", "2",
+                       "--samples", "3", "--sample-mode", "n")
+    assert rc == 0, err[-2000:]
+    first = doc["rows"][0]["request"]
+    assert first["n"] == 3 and isinstance(first["seed"], int)
+
+
 def test_preview_shows_a_failing_request_and_exits_1(sim, tmp_path):
     src = write_prompts(tmp_path / "in.jsonl", 3)
     rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", sim.url, "--max-tokens", "100000000", "--preview", "2")

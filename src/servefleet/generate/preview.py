@@ -18,6 +18,7 @@ from servefleet.generate.client import Client, Completion
 from servefleet.generate.endpoints import Target, targets_from_urls
 from servefleet.generate.inputs import PromptRecord, RequestDefaults, iter_raw, parse_raw
 from servefleet.generate.routing import check_routes, model_for, served, with_models
+from servefleet.generate.samples import choose_mode, expand
 
 if TYPE_CHECKING:
     from servefleet.generate.runner import GenerateConfig
@@ -79,6 +80,9 @@ async def run_preview(config: GenerateConfig, n: int, *, targets: list[Target] |
         if not targets:
             raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
         targets = await with_models(targets, client)
+        if config.params.samples is not None:  # each record's first request, as the job sends it (n=K, or sample 0's seed)
+            mode = choose_mode(config.sample_mode, records=len(records), servers=len(targets))
+            records = [expand(rec, config.params.samples, mode)[0] for rec in records]
         own: dict[str, int] = {}
         for rec in records:
             if isinstance(m := rec.body.get("model"), str):
