@@ -446,3 +446,49 @@ def test_logprobs_out_of_range_is_a_usage_error(tmp_path):
     src = write_prompts(tmp_path / "in.jsonl", 3)
     rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", "http://127.0.0.1:9", "--logprobs", "21")
     assert rc == 3 and "--logprobs 21" in json.dumps(doc) + err
+
+
+# ---- units: the pieces the CLI tests above rely on -----------------------------------------------
+
+
+def test_an_answer_to_n_k_keeps_its_choices_in_index_order_and_a_short_one_is_asked_again():
+    from servefleet.generate.client import _parse
+    from servefleet.generate.inputs import PromptRecord
+    from servefleet.generate.rows import short_of_choices
+
+    body = {"model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 9},
+            "choices": [{"index": i, "text": f"t{i}", "finish_reason": "stop"} for i in (2, 0, 1)]}
+    c = _parse(json.dumps(body).encode(), "completions")
+    assert [ch.text for ch in c.choices] == ["t0", "t1", "t2"] and c.completion_tokens == 9
+    record = PromptRecord(1, "a", "completions", {"prompt": "x"}, sample=0, choices=4)
+    failure = short_of_choices(record, c)
+    assert failure is not None and failure.retryable and "asked n=4, the answer has 3 choices" in failure.describe()
+    assert short_of_choices(PromptRecord(1, "a", "completions", {"prompt": "x"}, sample=0, choices=3), c) is None
+
+
+def test_fail_fast_waits_for_m_answers_then_judges_a_rolling_window():
+    from types import SimpleNamespace
+
+    from servefleet.generate.failfast import FailFast, FailFastPolicy
+
+    ok = SimpleNamespace(id="a", finish_reason="stop", completion_tokens=3, text="x")
+    watch = FailFast(FailFastPolicy(max_failure_rate=0.5, first=4, window=6))
+    for _ in range(3):
+        watch.gave_up("a", "boom")
+    assert not watch.tripped.is_set()  # 3 of 3 failed, but fewer than M answers: no verdict yet
+    watch.answered(ok)
+    assert watch.tripped.is_set() and "3 of the last 4 answers failed" in watch.message() and "a: boom" in watch.message()
+
+    watch = FailFast(FailFastPolicy(max_failure_rate=0.5, first=4, window=6))
+    for outcome in ["fail", "fail", "ok", "ok", *["ok"] * 6, "fail", "fail", "fail"]:
+        watch.gave_up("a", "boom") if outcome == "fail" else watch.answered(ok)
+    assert not watch.tripped.is_set()  # the last 6: 3 failed, not more than half
+    watch.gave_up("a", "boom")
+    assert watch.tripped.is_set()  # the last 6: 4 failed (of all 14 answers only 6: the early ones left the window)
+
+
+def test_rows_of_an_id_are_listed_once_in_the_ledger():
+    from servefleet.generate.shards import unique_pairs
+
+    assert unique_pairs(["a", "a", "b", "a"], [1, 1, 2, 1]) == (["a", "b"], [1, 2])
+    assert unique_pairs(["a", "b"], [1, 2]) == (["a", "b"], [1, 2])

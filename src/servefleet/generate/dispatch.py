@@ -301,6 +301,8 @@ class Dispatcher:
     def _routed_next(self, look_ahead: int = 64) -> tuple[Ticket | None, _Server | None]:
         """The first of the next ``look_ahead`` waiting tickets that a server of its model has a free slot for
         (a full model's tickets at the head do not hold back the others')."""
+        if self._pick() is None:  # no free slot anywhere: nothing to look for
+            return None, None
         for i, ticket in enumerate(itertools.islice(self._pending, look_ahead)):
             own = ticket.record.body.get("model")
             server = self._pick(own if isinstance(own, str) and not self.model else None)
