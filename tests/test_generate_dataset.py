@@ -492,3 +492,16 @@ def test_rows_of_an_id_are_listed_once_in_the_ledger():
 
     assert unique_pairs(["a", "a", "b", "a"], [1, 1, 2, 1]) == (["a", "b"], [1, 2])
     assert unique_pairs(["a", "b"], [1, 2]) == (["a", "b"], [1, 2])
+
+
+def test_the_fast_logprobs_path_agrees_with_the_general_one_and_falls_back_for_token_strings():
+    from servefleet.generate.logprobs import parse_logprobs, parse_logprobs_general
+
+    raw = {"tokens": ["token_id:5", "token_id:7"], "token_logprobs": [-0.5, -1.0],
+           "top_logprobs": [{"token_id:9": -2.0, "token_id:5": -0.5}, {"token_id:7": -1.0}]}
+    fast = parse_logprobs(raw, 2)
+    assert fast == parse_logprobs_general(raw, 2)
+    assert fast.token_ids == [5, 7] and fast.top_token_ids == [[5, 9], [7, -1]] and fast.top_logprobs[1][0] == -1.0
+    words = {"tokens": [" a", " b"], "token_logprobs": [-0.5, None], "top_logprobs": [{" a": -0.5}, {" b": -1.0}]}
+    parsed = parse_logprobs(words, 1)
+    assert parsed.token_ids is None and parsed.logprobs[0] == -0.5 and parsed.logprobs[1] != parsed.logprobs[1]  # NaN

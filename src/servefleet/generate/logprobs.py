@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 __all__ = ["Logprobs", "parse_logprobs", "request_fields", "has_logprobs"]
@@ -50,6 +51,42 @@ def _tid(token: Any) -> int | None:
 
 
 def parse_logprobs(raw: Any, k: int) -> Logprobs | None:
+    """:func:`parse_logprobs_general`, with a fast path for vLLM's completions shape (every token ``token_id:N``,
+    every logprob a float): the per-token Python work is most of a logprobs job's coordinator CPU."""
+    if isinstance(raw, dict) and isinstance(raw.get("token_logprobs"), list) and isinstance(raw.get("tokens"), list):
+        try:
+            return _fast_completions(raw, k)
+        except (TypeError, ValueError, AttributeError):
+            pass
+    return parse_logprobs_general(raw, k)
+
+
+def _fast_completions(raw: dict[str, Any], k: int) -> Logprobs | None:
+    tokens, lps = raw["tokens"], raw["token_logprobs"]
+    n = len(lps)
+    if len(tokens) != n or any(t[:9] != _PREFIX for t in tokens):
+        raise ValueError("not token ids")
+    ids = [int(t[9:]) for t in tokens]
+    lps = [float(v) for v in lps]
+    tops = raw.get("top_logprobs") or []
+    if len(tops) != n:
+        raise ValueError("top_logprobs not aligned")
+    top_lps: list[list[float]] = []
+    top_ids: list[list[int]] = []
+    by_value = itemgetter(1)
+    for d in tops:
+        alts = sorted(d.items(), key=by_value, reverse=True)[:k]
+        vals = [float(v) for _, v in alts]
+        keys = [int(t[9:]) for t, _ in alts]
+        if len(alts) < k:
+            vals += [math.nan] * (k - len(alts))
+            keys += [-1] * (k - len(alts))
+        top_lps.append(vals)
+        top_ids.append(keys)
+    return Logprobs(lps, ids, top_lps, top_ids)
+
+
+def parse_logprobs_general(raw: Any, k: int) -> Logprobs | None:
     """The chat shape (``content: [{token, logprob, top_logprobs: [{token, logprob}]}]``) or the completions
     shape (``tokens``, ``token_logprobs``, ``top_logprobs: [{token: logprob}]``)."""
     if not isinstance(raw, dict):
