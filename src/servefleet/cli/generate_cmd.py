@@ -90,6 +90,23 @@ def generate(
         "--fleet, Slurm servers with a time limit: once a job has less time left than its server took to get ready plus this margin, submit a "
         "successor job and hand the server over to it once it is ready (90s, 10m; must be shorter than the hosts' time limit)"))] = None,
     down_after: Annotated[bool, typer.Option("--down-after", help="--fleet: stop the whole fleet (every job, every process) once the job is complete")] = False,
+    models: Annotated[str | None, typer.Option("--models", metavar="A,B", help="send every record to each of these models (one row per (id, model)); "
+                                                                         "each must be served by a server of the fleet (LoRA adapters count)")] = None,
+    logprobs: Annotated[int | None, typer.Option("--logprobs", metavar="K", help="store each answer's token logprobs and the top K alternatives "
+                                                                           "(0-20) as compact columns (token ids int32, logprobs float32)")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", metavar="K", help="K answers per record, one row per (id, sample) with a `sample` column; "
+                                                                         "each sample's seed from (id, k)")] = None,
+    sample_mode: Annotated[str, typer.Option("--sample-mode", help="--samples: n (one request of n=K: shared prefill), requests (K requests: spread "
+                                                                   "over servers) or auto (n, unless fewer records than servers)")] = "auto",
+    max_failure_rate: Annotated[float | None, typer.Option("--max-failure-rate", metavar="P", help="stop (exit 1, with examples and a hint) when more than this share "
+                                                                                      "(0-1) of answers failed: over the first --fail-fast-after answers, then a "
+                                                                                      "rolling window")] = None,
+    max_length_rate: Annotated[float | None, typer.Option("--max-length-rate", metavar="P", help="the same for the share of answers cut at max_tokens "
+                                                                                    "(finish_reason=length)")] = None,
+    fail_fast_after: Annotated[int, typer.Option("--fail-fast-after", metavar="M", help="answers before the first fail-fast verdict")] = 20,
+    fail_fast_window: Annotated[int, typer.Option("--fail-fast-window", metavar="W", help="then judged over the last W answers")] = 200,
+    preview: Annotated[int | None, typer.Option("--preview", metavar="N", help="send the first N records as the job would, show the requests and the answers "
+                                                                             "(finish reason, tokens), commit nothing; exit 1 when one failed")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     from pydantic import ValidationError
@@ -130,19 +147,40 @@ def generate(
     if give_up_s is None or give_up_s <= 0:
         _fail(err, json_out, f"--give-up-after {give_up_after!r}: expected a duration above 0 such as 90s, 10m or 1h", ExitCode.USAGE)
     mode = "auto" if chat is None else ("chat" if chat else "completions")
+    model_list = tuple(m.strip() for m in (models or "").split(",") if m.strip()) or None
+    if models is not None and (model_list is None or len(set(model_list)) != len(model_list)):
+        _fail(err, json_out, f"--models {models!r}: expected distinct model names separated by commas", ExitCode.USAGE)
+    if model_list and model:
+        _fail(err, json_out, "--model and --models exclude each other: --models sends every record to each model", ExitCode.USAGE)
+    if logprobs is not None and not 0 <= logprobs <= 20:
+        _fail(err, json_out, f"--logprobs {logprobs}: expected 0 to 20 alternatives per token", ExitCode.USAGE)
+    if samples is not None and samples < 1:
+        _fail(err, json_out, f"--samples {samples}: expected at least 1 answer per record", ExitCode.USAGE)
+    if sample_mode not in ("auto", "n", "requests"):
+        _fail(err, json_out, f"--sample-mode {sample_mode!r}: expected auto, n or requests", ExitCode.USAGE)
+    for flag, rate in (("--max-failure-rate", max_failure_rate), ("--max-length-rate", max_length_rate)):
+        if rate is not None and not 0 <= rate < 1:
+            _fail(err, json_out, f"{flag} {rate:g}: expected a share from 0 to below 1 (0.5: stop when more than half)", ExitCode.USAGE)
+    if fail_fast_after < 1 or fail_fast_window < 1:
+        _fail(err, json_out, "--fail-fast-after and --fail-fast-window: expected at least 1 answer", ExitCode.USAGE)
+    from servefleet.generate.failfast import FailFastPolicy
     try:
         config = GenerateConfig(
             input=str(input), output=output, urls=list(url or []),
             params=JobParams(model=model, max_tokens=max_tokens, temperature=temperature, mode=mode, token_ids=token_ids,
-                             store_request=store_request, format=fmt),
+                             store_request=store_request, format=fmt, samples=samples, models=model_list, logprobs=logprobs),
             concurrency=conc, max_running=max_running, bench=[str(b) for b in bench or []],
             health=HealthPolicy(hang_min_s=hang_after, recover_timeout_s=give_up_s), max_attempts=max_attempts, retry_base_s=backoff_base,
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),
             shard_seconds=shard_seconds, strict=strict, force=force, reask_changed=reask_changed, request_timeout_s=request_timeout, api_key=api_key,
             metrics_host=metrics_host, metrics_port=metrics_port,
+            fail_fast=FailFastPolicy(max_failure_rate, max_length_rate, fail_fast_after, fail_fast_window),
+            sample_mode=sample_mode,
         )
     except ValidationError as exc:  # the model's own range checks, worded with the option names
         _fail(err, json_out, str(option_error(exc)), ExitCode.USAGE)
+    if preview is not None:
+        _preview(config, fleet, preview, json_out)
     if detach:
         _detach(output, log, json_out, err)
     progress = _SaysWhenSending(ProgressView(err))
@@ -161,6 +199,35 @@ def generate(
             render_report(report, Console())
     except OSError:  # the terminal closed under the run (SIGHUP): the report is at DEST, and the exit code stands
         _drop_stdout()
+    raise typer.Exit(code)
+
+
+def _preview(config, fleet_file: Path | None, n: int, json_out: bool) -> NoReturn:
+    from rich.console import Console
+
+    from servefleet.cli.generate_view import render_preview
+    from servefleet.generate.preview import first_records, run_preview
+
+    records = first_records(config.input, n, config.defaults())  # too few records: exit 3 before any server is asked
+
+    async def go():
+        if fleet_file is None:
+            return await run_preview(config, n, records=records)
+        from servefleet.fleet import Fleet
+        from servefleet.generate.endpoints import targets_from_fleet
+
+        async with Fleet.load(fleet_file) as fleet:
+            targets = await targets_from_fleet(fleet)
+            if not targets:
+                raise ConfigError(f"no server of {fleet_file} is ready; start them with `servefleet up {fleet_file}`")
+            return await run_preview(config, n, targets=targets, records=records)
+
+    report = asyncio.run(go())
+    code = ExitCode.OK if report.status == "preview" else ExitCode.FAILED
+    if json_out:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        render_preview(report, Console())
     raise typer.Exit(code)
 
 

@@ -171,3 +171,20 @@ def render_report(report: JobReport, console: Console) -> None:
     if report.servers:
         parts.append(table)
     console.print(Group(*parts))
+
+
+def render_preview(report, console: Console) -> None:
+    """``generate --preview``: each record's request as sent, and its answer."""
+    import json as _json
+
+    failed = sum(1 for r in report.rows if r.error)
+    console.print(Text.assemble((report.status, "bold red" if failed else "bold green"),
+                                f"  {len(report.rows)} records sent, {failed} failed; nothing committed"))
+    for r in report.rows:
+        console.print(Text(f"--- id {r.id} (line {r.line}) -> {r.server} /{r.endpoint}", style="bold"))
+        console.print(Text("request: " + _json.dumps(r.request, ensure_ascii=False)[:1000], style="dim"))
+        if r.error:
+            console.print(Text(f"error: {r.error}", style="red"))
+        else:
+            console.print(Text(f"finish_reason={r.finish_reason} prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens}"))
+            console.print(Text(r.text or ""))

@@ -74,7 +74,7 @@ class _Usage(Exception):
 
 
 def _job(dest: str, bench: list[Path]) -> tuple[str, dict[str, Any], Path]:
-    from servefleet.cli.report_html import job_html
+    from servefleet.cli.report_html import job_html, provenance_of
     from servefleet.generate.job_record import job_series, progress_of, read_job
 
     record = read_job(dest)
@@ -95,7 +95,8 @@ def _job(dest: str, bench: list[Path]) -> tuple[str, dict[str, Any], Path]:
     local = "://" not in dest or dest.startswith("file://")
     default = Path(dest.removeprefix("file://")).expanduser() / "report.html" if local else Path("report.html")
     summary = {"kind": "generate", "destination": record.destination, "state": view["state"], "runs": len(series["runs"]),
-               "servers": sorted(series["servers"]), "plan": plan is not None, "notes": notes}
+               "servers": sorted(series["servers"]), "plan": plan is not None, "notes": notes,
+               "provenance": provenance_of((record.manifest or {}).get("runs") or [])}
     return html, summary, default
 
 

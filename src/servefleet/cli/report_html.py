@@ -135,6 +135,7 @@ def job_html(series: dict[str, Any], view: dict[str, Any], *, plan: dict[str, An
     body.append(_plan_section(plan, plan_note))
     body.append(_servers_table(names, colors, series, view))
     body.append(_runs_table(runs))
+    body.append(_provenance_table(manifest.get("runs") or []))
     msgs = series.get("messages") or []
     if msgs:
         body.append('<h2>Events</h2><div class="events">' + "<br>".join(
@@ -170,6 +171,26 @@ def _servers_table(names: list[str], colors: dict[str, str], series: dict[str, A
                     f'<td>{_esc(s.get("limit_source", ""))}</td></tr>')
     return ('<h2>Servers</h2><table><tr><th>server</th><th>state (last run)</th><th>requests</th><th>output tokens</th>'
             '<th>errors</th><th>outages</th><th>restarts</th><th>limit</th><th>limit from</th></tr>' + "".join(rows) + "</table>")
+
+
+def provenance_of(manifest_runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each run's servers as job.json records them (runs of a servefleet without provenance: none)."""
+    return [{"run_id": r.get("run_id"), "servefleet": (r.get("provenance") or {}).get("servefleet"),
+             "servers": (r.get("provenance") or {}).get("servers") or []} for r in manifest_runs]
+
+
+def _provenance_table(manifest_runs: list[dict[str, Any]]) -> str:
+    cols = ("host", "engine", "engine_version", "model_path", "model_revision", "model_content_hash", "gpu_type", "gpu_count", "launch_args")
+    rows = []
+    for run in provenance_of(manifest_runs):
+        for s in run["servers"]:
+            cells = "".join(f"<td>{_esc(' '.join(v) if isinstance(v, list) and c == 'launch_args' else ('-' if v is None else str(v)))}</td>"
+                            for c in cols for v in [s.get(c)])
+            rows.append(f"<tr><td>{_esc(str(run['run_id']))}</td><td>{_esc(str(run['servefleet']))}</td><td>{_esc(s.get('name', '?'))}</td>{cells}</tr>")
+    if not rows:
+        return '<h2>Provenance</h2><p class="note">no run recorded its servers (made by a servefleet without provenance)</p>'
+    head = "".join(f"<th>{c}</th>" for c in ("run", "servefleet", "server", *cols))
+    return '<h2>Provenance: what made each run\'s rows</h2><table><tr>' + head + "</tr>" + "".join(rows) + "</table>"
 
 
 def _runs_table(runs: list[dict[str, Any]]) -> str:

@@ -20,6 +20,7 @@ import orjson
 from yarl import URL
 
 from servefleet.generate.inputs import ENDPOINT_PATHS
+from servefleet.generate.logprobs import Logprobs, parse_logprobs
 from servefleet.http import FailureKind, HttpClient, Pool, RequestFailure, Timeout, Transport, TransportError, decode_json
 
 __all__ = ["Completion", "Client"]
@@ -39,6 +40,8 @@ class Completion:
     model: str | None
     reasoning: str | None = None
     token_ids: list[int] | None = None
+    choices: tuple[Completion, ...] = ()  # every choice of an answer to n > 1, in order (each without usage)
+    logprobs: Logprobs | None = None  # --logprobs: the answer's token logprobs (logprobs.py)
 
 
 class Client:
@@ -46,7 +49,8 @@ class Client:
     carries the JSON and authorisation headers."""
 
     def __init__(self, *, request_timeout_s: float = 3600.0, connect_timeout_s: float = 10.0, api_key: str | None = None,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None, logprobs_k: int | None = None) -> None:
+        self.logprobs_k = logprobs_k  # --logprobs K: answers' logprobs are parsed (K alternatives per position)
         self.timeout = Timeout(request_timeout_s, connect_timeout_s)
         self.probe_timeout = Timeout(5.0, min(5.0, connect_timeout_s))
         headers = {"Content-Type": "application/json"}
@@ -79,7 +83,7 @@ class Client:
             return exc.failure
         if resp.status >= 400:
             return RequestFailure(FailureKind.HTTP, _error_text(resp.body), resp.status, _retry_after(resp.headers.get("Retry-After")))
-        return _parse(resp.body, endpoint)
+        return _parse(resp.body, endpoint, self.logprobs_k)
 
     def _timeout(self, timeout_s: float | None) -> Timeout:
         return self.probe_timeout if timeout_s is None else Timeout(timeout_s)
@@ -121,12 +125,26 @@ def encode_body(body: dict[str, Any]) -> bytes:
         return json.dumps(body).encode()
 
 
-def _parse(data: bytes, endpoint: str) -> Completion | RequestFailure:
+def _parse(data: bytes, endpoint: str, logprobs_k: int | None = None) -> Completion | RequestFailure:
     try:
         obj = decode_json(data)  # orjson; the stdlib for NaN / Infinity literals
         choice = obj["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
         return RequestFailure(FailureKind.PROTOCOL, "answer without choices: " + _error_text(data))
+    head = _choice(choice, endpoint, obj, logprobs_k=logprobs_k)
+    if len(obj["choices"]) > 1:
+        try:
+            ordered = sorted(obj["choices"], key=lambda c: c.get("index", 0))
+            others = tuple(_choice(c, endpoint, obj, usage=False, logprobs_k=logprobs_k) for c in ordered)
+        except (AttributeError, TypeError):
+            return RequestFailure(FailureKind.PROTOCOL, "answer with malformed choices: " + _error_text(data))
+        return Completion(head.text, head.finish_reason, head.prompt_tokens, head.completion_tokens, head.model, head.reasoning,
+                          head.token_ids, others)
+    return head
+
+
+def _choice(choice: dict[str, Any], endpoint: str, obj: dict[str, Any], *, usage: bool = True,
+            logprobs_k: int | None = None) -> Completion:
     if endpoint == "chat":
         message = choice.get("message") or {}
         text = message.get("content")
@@ -136,16 +154,18 @@ def _parse(data: bytes, endpoint: str) -> Completion | RequestFailure:
         reasoning = None
     if text is None and reasoning is None:
         text = ""
-    usage = obj.get("usage") or {}
     token_ids = choice.get("token_ids")
+    token_ids = token_ids if isinstance(token_ids, list) else None
+    counts = (obj.get("usage") or {}) if usage else {"completion_tokens": len(token_ids) if token_ids is not None else None}
     return Completion(
         text=text if isinstance(text, str) else json.dumps(text),
         finish_reason=choice.get("finish_reason"),
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
+        prompt_tokens=counts.get("prompt_tokens"),
+        completion_tokens=counts.get("completion_tokens"),
         model=obj.get("model"),
         reasoning=reasoning if isinstance(reasoning, str) else None,
-        token_ids=token_ids if isinstance(token_ids, list) else None,
+        token_ids=token_ids,
+        logprobs=parse_logprobs(choice.get("logprobs"), logprobs_k) if logprobs_k is not None else None,
     )
 
 

@@ -73,6 +73,13 @@ class Committer:
         if self.buffer.full():
             self._enqueue()
 
+    def add_many(self, rows: list[OutputRow]) -> None:
+        """Rows that must land in one shard (an id's samples: samples.py)."""
+        for row in rows:
+            self.buffer.add(row)
+        if self.buffer.full():
+            self._enqueue()
+
     @property
     def backlogged(self) -> bool:
         """Behind (or broken: then ``wait_room`` raises the commit's error)."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import json
 import logging
 import time
 from collections import deque
@@ -32,6 +31,8 @@ from servefleet.generate.endpoints import Holding, Restarter, Retiring, Target
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
 from servefleet.generate.retry import RetryPolicy
+from servefleet.generate.routing import model_for, served
+from servefleet.generate.rows import rows_of, short_of_choices
 from servefleet.generate.server_load import LoadWatch
 from servefleet.generate.shards import OutputRow
 from servefleet.generate.stats import JobStats, ServerStats
@@ -148,6 +149,7 @@ class Dispatcher:
         health: HealthPolicy | None = None,
         concurrency: int | None = None,
         model: str | None = None,
+        routed: bool = False,
         store_request: bool = False,
         restarter: Restarter | None = None,
         tick_s: float = 0.25,
@@ -163,6 +165,7 @@ class Dispatcher:
         self.policy = health or HealthPolicy()
         self.concurrency = concurrency
         self.model = model
+        self.routed = routed  # servers serve different models: a request goes to one that serves its own (routing.py)
         self.store_request = store_request
         self.restarter = restarter
         self.tick_s = tick_s
@@ -268,10 +271,12 @@ class Dispatcher:
             _, _, ticket = heapq.heappop(self._delayed)
             self._pending.appendleft(ticket)
 
-    def _pick(self) -> _Server | None:
+    def _pick(self, model: str | None = None) -> _Server | None:
         best, best_load = None, 2.0
         for s in self.servers:
             if s.health.state is not ServerState.UP or s.draining:
+                continue
+            if model is not None and model not in served(s.target):
                 continue
             n, limit = len(s.in_flight), s.controller.limit
             if n >= limit:
@@ -283,10 +288,15 @@ class Dispatcher:
 
     def _launch(self) -> None:
         while self._pending:
-            server = self._pick()
-            if server is None:
-                break
-            ticket = self._pending.popleft()
+            if self.routed:
+                ticket, server = self._routed_next()
+                if ticket is None or server is None:
+                    break
+            else:
+                server = self._pick()
+                if server is None:
+                    break
+                ticket = self._pending.popleft()
             ticket.attempts += 1
             ticket.state = "in_flight"
             ticket.last_server = server.target.name
@@ -295,6 +305,19 @@ class Dispatcher:
             task.add_done_callback(partial(self._attempt_done, server))
         if len(self._pending) < self._high_water() // 2:
             self._room.set()
+
+    def _routed_next(self, look_ahead: int = 64) -> tuple[Ticket | None, _Server | None]:
+        """The first of the next ``look_ahead`` waiting tickets that a server of its model has a free slot for
+        (a full model's tickets at the head do not hold back the others')."""
+        if self._pick() is None:  # no free slot anywhere: nothing to look for
+            return None, None
+        for i, ticket in enumerate(itertools.islice(self._pending, look_ahead)):
+            own = ticket.record.body.get("model")
+            server = self._pick(own if isinstance(own, str) and not self.model else None)
+            if server is not None:
+                del self._pending[i]
+                return ticket, server
+        return None, None
 
     def _attempt_done(self, server: _Server, task: asyncio.Task[None]) -> None:
         server.in_flight.pop(task, None)
@@ -306,12 +329,14 @@ class Dispatcher:
     async def _attempt(self, server: _Server, ticket: Ticket) -> None:
         record = ticket.record
         server.last_endpoint = record.endpoint
-        model = self.model or server.target.served_model or record.body.get("model")
+        model = model_for(self.model, record, server.target, self.routed)
         body = record.body if model is None else {**record.body, "model": model}
         t0 = time.perf_counter()
         result = await self.client.complete(server.target.base_url, record.endpoint, body)
         # Nothing below awaits: a cancelled task never gets here, a task that got here is settled.
         ticket.state = "settled"
+        if isinstance(result, Completion) and record.choices > 1 and (short := short_of_choices(record, result)) is not None:
+            result = short
         if isinstance(result, Completion):
             self._succeeded(server, ticket, result, time.perf_counter() - t0, body)
         else:
@@ -333,13 +358,9 @@ class Dispatcher:
         self.stats.completion_tokens += tokens
         self.stats.prompt_tokens += c.prompt_tokens or 0
         self.stats.meter.add(tokens, now)
-        r = ticket.record
-        self.out.add(OutputRow(
-            id=r.id, line=r.line, text=c.text, finish_reason=c.finish_reason, prompt_tokens=c.prompt_tokens,
-            completion_tokens=c.completion_tokens, model=c.model or body.get("model"), server=server.target.name,
-            attempts=ticket.attempts, latency_s=latency, reasoning=c.reasoning, token_ids=c.token_ids,
-            request=json.dumps(body, ensure_ascii=False) if self.store_request else None,
-        ))
+        for row in rows_of(ticket.record, c, server=server.target.name, attempts=ticket.attempts, latency=latency, body=body,
+                           store_request=self.store_request):
+            self.out.add(row)
 
     def _failed(self, server: _Server, ticket: Ticket, failure: RequestFailure) -> None:
         if failure.server_fault and (reason := self._hold_reason(server)) is not None:
@@ -452,6 +473,8 @@ class Dispatcher:
         old = server.target
         if new.bench_concurrency is None and old.bench_concurrency is not None:  # the same configuration: its bench point stands
             new = replace(new, bench_concurrency=old.bench_concurrency, bench_tps=old.bench_tps, bench_note=old.bench_note)
+        if not new.models and old.models:  # the same launch: the same models and adapters
+            new = replace(new, models=old.models)
         if new.managed or server.hung or (new.max_running and new.max_running != server.target.max_running):
             # a new engine, or windows measured while it hung: what the controller learned is stale
             server.controller = self._controller(new)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from servefleet.errors import ConfigError, HostUnreachable
@@ -39,6 +39,8 @@ class Target:
     bench_concurrency: int | None = None  # the best point of a bench run of this server (--bench)
     bench_tps: float | None = None
     bench_note: str | None = None  # e.g. "streaming run": how far to trust the point
+    launch: Mapping[str, Any] | None = field(default=None, compare=False)  # a fleet server's launch (provenance.py)
+    models: tuple[str, ...] = ()  # every model /v1/models lists, LoRA adapters included (routing.py)
 
 
 class Restarter(Protocol):
@@ -190,7 +192,7 @@ async def targets_from_urls(urls: list[str], client: Client, max_running: int | 
         answered += alive
         served = models[0] if models else None
         known = max_running or (await _probe_max_running(client, base) if alive else None)
-        targets.append(Target(f"url{i}" if len(urls) > 1 else "url", base, served, known))
+        targets.append(Target(f"url{i}" if len(urls) > 1 else "url", base, served, known, models=tuple(models or ())))
     if urls and not answered:
         # unreachable (exit 4), as for bench: the command line may be right and the server not up yet
         raise HostUnreachable(f"no server answers (GET /v1/models, /health) at {', '.join(urls)}")
@@ -214,4 +216,6 @@ async def _probe_max_running(client: Client, base: str) -> int | None:
 
 async def targets_from_fleet(fleet: Any) -> list[Target]:
     """The fleet's ready servers (none ready is a configuration problem for the caller)."""
-    return [from_endpoint(ep) for ep in await fleet.ready_endpoints()]
+    from servefleet.generate.provenance import fleet_launch
+
+    return [replace(from_endpoint(ep), launch=await fleet_launch(fleet, ep.name)) for ep in await fleet.ready_endpoints()]

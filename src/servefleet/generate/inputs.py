@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from servefleet.generate.logprobs import request_fields
+
 __all__ = [
     "Endpoint",
     "InputKind",
@@ -37,6 +39,7 @@ __all__ = [
     "parse_object",
     "parse_raw",
     "ENDPOINT_PATHS",
+    "N_BESIDE_SAMPLES",
 ]
 
 Endpoint = Literal["chat", "completions"]
@@ -46,6 +49,7 @@ Mode = Literal["auto", "chat", "completions"]
 ENDPOINT_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _URL_ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completions", "/completions": "completions"}
 _MAX_ID_CHARS = 512
+N_BESIDE_SAMPLES = "own 'n' beside --samples"  # a reject reason the runner turns into a refusal of the job
 _EXCERPT_CHARS = 200
 
 
@@ -57,6 +61,8 @@ class RequestDefaults:
     temperature: float | None = None
     mode: Mode = "auto"  # auto: messages -> chat, prompt -> completions
     token_ids: bool = False  # ask for output token ids (vLLM: return_token_ids)
+    samples: int | None = None  # --samples K: a record's own `n` is refused (the job then stops: runner.py)
+    logprobs: int | None = None  # --logprobs K: ask each answer's token logprobs with K alternatives (logprobs.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,8 @@ class PromptRecord:
     id: str
     endpoint: Endpoint
     body: dict[str, Any]
+    sample: int | None = None  # --samples: the first sample this request answers (samples.py)
+    choices: int = 1  # completions it asks for (n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +267,8 @@ def _finish(line: int, rid: str, body: dict[str, Any], endpoint: Endpoint | None
             body["messages"] = [{"role": "user", "content": prompt}]
     else:
         return Reject(line, "no 'prompt' or 'messages'", rid)
+    if defaults.samples is not None and "n" in body:
+        return Reject(line, f"{N_BESIDE_SAMPLES}: n={body['n']!r} in the record and --samples {defaults.samples}", rid)
     n = body.get("n", 1)
     if n != 1:
         return Reject(line, f"n={n!r} is not supported (one completion per id)", rid)
@@ -271,6 +281,9 @@ def _finish(line: int, rid: str, body: dict[str, Any], endpoint: Endpoint | None
         body["temperature"] = defaults.temperature
     if defaults.token_ids:
         body.setdefault("return_token_ids", True)
+    if defaults.logprobs is not None:
+        for key, value in request_fields(endpoint, defaults.logprobs).items():
+            body.setdefault(key, value)
     return PromptRecord(line, rid, endpoint, body)
 
 

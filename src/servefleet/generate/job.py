@@ -46,6 +46,9 @@ class JobParams(BaseModel):
     token_ids: bool = False
     store_request: bool = False
     format: Literal["parquet", "jsonl"] = "parquet"
+    samples: int | None = Field(default=None, ge=1)  # --samples K: one row per (id, sample)
+    models: tuple[str, ...] | None = None  # --models a,b: one row per (id, model)
+    logprobs: int | None = Field(default=None, ge=0, le=20)  # --logprobs K: token logprobs with K alternatives, stored
 
     def differences(self, other: JobParams) -> list[str]:
         mine, theirs = self.model_dump(), other.model_dump()
@@ -67,6 +70,7 @@ class InputInfo(BaseModel):
     rejected: int
     duplicates: int
     unbounded: int = 0  # valid records with no max_tokens (neither --max-tokens nor their own): answer length unlimited
+    models: dict[str, int] = Field(default_factory=dict)  # the records' own 'model' values and how many ask each
 
 
 class RunRecord(BaseModel):
@@ -82,6 +86,7 @@ class RunRecord(BaseModel):
     failed: int = 0
     forced: bool = False
     params: JobParams | None = None  # what this run's rows were made with (the manifest's params are the last run's)
+    provenance: dict[str, Any] | None = None  # servefleet's version, per server engine, version, args, model, GPUs (provenance.py)
 
     def made_with_other_params(self, params: JobParams) -> bool:
         return self.params is not None and self.params != params

@@ -39,7 +39,7 @@ import numpy as np
 from servefleet.generate import prepass as _prepass
 from servefleet.generate.job import JobManifest, utcnow
 from servefleet.generate.prepass import CHECK, SKIP, Prepass
-from servefleet.generate.shards import EXTENSIONS, Format, ShardBuffer, read_shard_ids, write_shard
+from servefleet.generate.shards import EXTENSIONS, Format, ShardBuffer, read_shard_ids, unique_pairs, write_shard
 from servefleet.generate.sinks import Sink
 
 __all__ = ["Ledger", "LedgerEntry", "Staged", "DoneSet", "SHARDS_DIR", "LEDGER_DIR", "QUARANTINE_DIR", "SUPERSEDED_DIR", "ContentIndex"]
@@ -170,9 +170,9 @@ class Ledger:
         name = f"part-{self.run_id}-{self.seq:06d}{EXTENSIONS[self.fmt]}"
         tmp = self.sink.new_staging_file(EXTENSIONS[self.fmt])
         write_shard(buffer, tmp, self.fmt, {"run_id": self.run_id, "input_sha256": self.input_sha256})
-        lines = buffer.lines()
+        ids, lines = unique_pairs(buffer.ids(), buffer.lines())
         digests = [self.pending_digests.pop(line, 0) for line in lines]
-        entry = LedgerEntry(name, self.run_id, self.input_sha256, buffer.ids(), lines, 0, buffer.completion_tokens,
+        entry = LedgerEntry(name, self.run_id, self.input_sha256, ids, lines, 0, buffer.completion_tokens,
                             digests=np.asarray(digests, dtype="<i8").tobytes())
         return Staged(tmp, entry)
 

@@ -33,6 +33,8 @@ from servefleet.generate.inputs import PromptRecord, Reject, RequestDefaults, in
 
 __all__ = ["Prepass", "run_prepass", "id_hash", "record_digest", "max_tokens_warning", "SEND", "SKIP", "CHECK"]
 
+MAX_MODELS = 256  # distinct record models counted (a routed job is refused on the first unserved one anyway)
+
 # Plan codes per line (see Prepass.plan and ledger.DoneSet.apply).
 SEND = 0  # send it
 SKIP = 1  # blank, rejected, or already done
@@ -69,6 +71,7 @@ class Prepass:
     collisions: frozenset[int] = field(default_factory=frozenset)  # hashes shared by distinct valid ids
     unbounded: int = 0  # valid records whose body sets no max_tokens (nor max_completion_tokens)
     digests: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # record_digest, 0 where not valid
+    models: dict[str, int] = field(default_factory=dict)  # the records' own 'model' values and their counts (routing.py)
 
     def plan(self) -> bytearray:
         """SEND for every valid line, SKIP for the rest (done-ness is added by the ledger)."""
@@ -84,6 +87,7 @@ def run_prepass(path: str, defaults: RequestDefaults, on_reject: Callable[[Rejec
     valid = bytearray()
     rejected = 0
     unbounded = 0
+    models: dict[str, int] = {}
     for line, raw in iter_raw(path, on_bytes=digest.update):
         if line > len(hashes) + 1:  # (never for JSONL: every line is yielded)
             gap = line - 1 - len(hashes)
@@ -96,6 +100,9 @@ def run_prepass(path: str, defaults: RequestDefaults, on_reject: Callable[[Rejec
             digests.append(record_digest(raw))
             valid.append(1)
             unbounded += "max_tokens" not in rec.body and "max_completion_tokens" not in rec.body
+            model = rec.body.get("model")
+            if isinstance(model, str) and (model in models or len(models) < MAX_MODELS):
+                models[model] = models.get(model, 0) + 1
         else:
             hashes.append(0)
             digests.append(0)
@@ -124,6 +131,7 @@ def run_prepass(path: str, defaults: RequestDefaults, on_reject: Callable[[Rejec
         valid_mask=valid_mask,
         collisions=collisions,
         unbounded=unbounded,
+        models=models,
         digests=np.frombuffer(digests, dtype=np.int64).copy() if len(digests) else np.zeros(0, dtype=np.int64),
     )
 

@@ -31,7 +31,7 @@ class ServerReport(BaseModel):
 
 
 class JobReport(BaseModel):
-    status: str  # complete | incomplete | stalled | interrupted | rejected
+    status: str  # complete | incomplete | stalled | interrupted | rejected | failed_fast
     destination: str
     input: str
     run_id: str | None = None

@@ -27,20 +27,22 @@ import os
 import resource
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from servefleet.errors import ConfigError
 from servefleet.generate.client import Client
 from servefleet.generate.committer import CommitFailed, Committer
-from servefleet.generate.dispatch import Dispatcher, Ticket
+from servefleet.generate.dispatch import Dispatcher, RowSink, Ticket
 from servefleet.generate.endpoints import Restarter, Target, targets_from_urls, with_bench
+from servefleet.generate.failfast import FailFast, FailFastPolicy, Watched
 from servefleet.generate.health import HealthPolicy
 from servefleet.generate.inputs import (
+    N_BESIDE_SAMPLES,
     PromptRecord,
     Reject,
     RequestDefaults,
@@ -52,10 +54,14 @@ from servefleet.generate.inputs import (
 )
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
 from servefleet.generate.ledger import SHARDS_DIR, ContentIndex, DoneSet, Ledger
+from servefleet.generate.logprobs import refuse_without_logprobs
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, max_tokens_warning, record_digest, run_prepass
+from servefleet.generate.provenance import collect
 from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
 from servefleet.generate.retry import RetryPolicy
+from servefleet.generate.routing import check_routes, with_models
+from servefleet.generate.samples import Groups, SampleMode, choose_mode, expanded
 from servefleet.generate.shards import ShardBuffer, ShardLimits, shard_schema
 from servefleet.generate.sinks import Sink, open_sink
 from servefleet.generate.stats import JobStats
@@ -111,10 +117,13 @@ class GenerateConfig(BaseModel):
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(None, ge=0, le=65535)  # Prometheus metrics of the job (metrics.py); None: none
     record_interval_s: float = Field(2.0, gt=0)  # progress.json every this often, the timeline every 5x (recorder.py)
+    fail_fast: FailFastPolicy = Field(default_factory=FailFastPolicy)  # --max-failure-rate, --max-length-rate (failfast.py)
+    sample_mode: SampleMode = "auto"  # --samples: n=K in one request, or K requests (samples.py)
 
     def defaults(self) -> RequestDefaults:
         p = self.params
-        return RequestDefaults(max_tokens=p.max_tokens, temperature=p.temperature, mode=p.mode, token_ids=p.token_ids)
+        return RequestDefaults(max_tokens=p.max_tokens, temperature=p.temperature, mode=p.mode, token_ids=p.token_ids,
+                               samples=p.samples, logprobs=p.logprobs)
 
 
 async def run_generate(
@@ -181,7 +190,8 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
     failures = _FailureLog(sink)
     failing: BaseException | None = None
     try:  # -- 6.
-        sent = await _send(config, targets, restarter, progress, stop, stats, ledger, resume, failures, t_start, recorder)
+        sent = await _send(config, targets, restarter, progress, stop, stats, ledger, resume, failures, t_start, recorder,
+                           info.models, on_targets=partial(_record_provenance, sink, manifest, run))
         status = _status(sent.outcome, stats)
     except BaseException as exc:
         run.status = "error"
@@ -260,10 +270,15 @@ async def _read_input(config: GenerateConfig, sink: Sink, manifest: JobManifest 
     if progress:
         progress.phase(f"reading {config.input} (pre-pass: fingerprint, validation, duplicate ids)")
     spool = sink.new_staging_file(".jsonl")
-    prepass = await asyncio.to_thread(_prepass_to_file, config.input, config.defaults(), spool)
+    refused: list[int] = []
+    prepass = await asyncio.to_thread(_prepass_to_file, config.input, config.defaults(), spool, refused)
+    if refused:  # before anything of the destination is written
+        os.remove(spool)
+        raise ConfigError(f"--samples {params.samples}: {len(refused):,} records carry their own 'n' (lines "
+                          f"{', '.join(map(str, refused[:5]))}{', ...' if len(refused) > 5 else ''}); drop 'n' from them or drop --samples")
     info = InputInfo(path=config.input, kind=detect_kind(config.input), size=prepass.size, mtime_ns=prepass.mtime_ns,
                      sha256=prepass.sha256, lines=prepass.lines, valid=prepass.valid, rejected=prepass.rejected,
-                     duplicates=prepass.duplicates, unbounded=prepass.unbounded)
+                     duplicates=prepass.duplicates, unbounded=prepass.unbounded, models=prepass.models)
     return _Input(info, prepass=prepass, spool=spool)
 
 
@@ -357,7 +372,8 @@ class _FailureLog:
     def write(self, ticket: Ticket, failure: RequestFailure) -> None:
         r = ticket.record
         self.file.write(json.dumps({"id": r.id, "line": r.line, "attempts": ticket.attempts, "server": ticket.last_server,
-                                    "error": failure.describe(), "retryable": failure.retryable, "time": utcnow()}) + "\n")
+                                    "error": failure.describe(), "retryable": failure.retryable, "time": utcnow(),
+                                    **({"sample": r.sample} if r.sample is not None else {})}) + "\n")
 
     def close(self) -> None:
         self.file.close()
@@ -365,29 +381,44 @@ class _FailureLog:
 
 async def _send(config: GenerateConfig, targets: list[Target] | None, restarter: Restarter | None, progress: Progress | None,
                 stop: asyncio.Event | None, stats: JobStats, ledger: Ledger, resume: _Resume, failures: _FailureLog,
-                t_start: float, recorder: JobRecorder) -> _Sent:
+                t_start: float, recorder: JobRecorder, ledger_models: dict[str, int] | None = None,
+                on_targets: Callable[[list[Target], Client], Awaitable[None]] | None = None) -> _Sent:
     """Send what is not done over every server until it is answered, failed, or the run is stopped."""
     sent = _Sent()
     if stats.to_send <= 0:
         return sent
     params = config.params
-    async with Client(request_timeout_s=config.request_timeout_s,
+    async with Client(request_timeout_s=config.request_timeout_s, logprobs_k=params.logprobs,
                       api_key=config.api_key.get_secret_value() if config.api_key else None) as client:
         if targets is None:
             targets = await targets_from_urls(config.urls, client, config.max_running)
         if not targets:
             raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
         targets = with_bench(targets, config.bench)
+        targets = await with_models(targets, client)
+        routed = check_routes(targets, ledger_models or {}, job_model=params.model, models=params.models)
+        if on_targets is not None:
+            await on_targets(targets, client)
         planned = sum(config.concurrency or t.max_running or 0 for t in targets)
         if (warning := open_files_warning(planned)) is not None:
             stats.event(warning)
-        buffer = ShardBuffer(shard_schema(params.token_ids, params.store_request),
+        if params.logprobs is not None:
+            await refuse_without_logprobs(targets, client, "chat" if params.mode == "chat" else "completions", params.logprobs,
+                                          params.model or (params.models[0] if params.models else None))
+        buffer = ShardBuffer(shard_schema(params.token_ids, params.store_request, samples=params.samples is not None,
+                                          logprobs_k=params.logprobs),
                              ShardLimits(config.shard_rows, config.shard_bytes, config.shard_seconds))
         committer = Committer(ledger, buffer, stats)
+        mode = choose_mode(config.sample_mode, records=stats.to_send, servers=len(targets))
+        out, on_failure = _outcomes(config, committer, failures, stats, mode)
+        watch = FailFast(config.fail_fast)
+        if config.fail_fast.active:
+            watched = Watched(out, on_failure, watch)
+            out, on_failure = watched, watched.on_failure
         dispatcher = Dispatcher(
-            targets, client=client, out=committer, on_failure=failures.write, stats=stats,
+            targets, client=client, out=out, on_failure=on_failure, stats=stats,
             retry=RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_cap_s),
-            health=config.health, concurrency=config.concurrency, model=params.model,
+            health=config.health, concurrency=config.concurrency, model=params.model, routed=routed,
             store_request=params.store_request, restarter=restarter,
         )
         sent.startup_s = time.monotonic() - t_start
@@ -399,11 +430,15 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         try:
             with fewer_collections():
                 feed = _feed(config.input, resume.plan, config.defaults(), resume.done, ledger.pending_digests)
-                async with _first_of(stop, committer.broken) as halt:  # a commit that failed for good ends the run at once
+                if params.samples is not None or params.models:
+                    feed = expanded(feed, params.samples, mode, params.models)
+                async with _first_of(stop, committer.broken, watch.tripped) as halt:  # a commit that failed for good ends the run at once
                     stopped, outcome = await until_stopped(dispatcher.run(feed), halt)
                 if outcome is not None:
                     sent.outcome = outcome
             sent.outcome = "interrupted" if stopped else sent.outcome
+            if watch.tripped.is_set():
+                sent.outcome, sent.message = "failed_fast", watch.message()
         except Exception:
             if committer.error is None:
                 raise  # else the dispatcher only saw the committer stop: the commit's error is the cause
@@ -423,6 +458,27 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         sent.message = (f"no server left to send to: each was given up (not back within --give-up-after {config.health.recover_timeout_s:g}s, "
                         "or its restarts failed: see the events); run the same command again when servers are ready")
     return sent
+
+
+async def _record_provenance(sink: Sink, manifest: JobManifest, run: RunRecord, targets: list[Target], client: Client) -> None:
+    """This run's servers in job.json before the first request (a killed run keeps them too)."""
+    run.provenance = await collect(targets, client)
+    await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
+
+
+def _outcomes(config: GenerateConfig, committer: Committer, failures: _FailureLog, stats: JobStats,
+              mode: Literal["n", "requests"]) -> tuple[RowSink, Callable[[Ticket, RequestFailure], None]]:
+    """Where the dispatcher's rows and final failures go: with several rows per id, through :class:`Groups`
+    (an id's rows are committed together); each request of K counts in the progress."""
+    samples, models = config.params.samples, len(config.params.models or ()) or 1
+    per_id = (samples or 1) * models
+    if per_id == 1:
+        return committer, failures.write
+    stats.to_send *= models * (samples or 1 if mode == "requests" else 1)
+    groups = Groups(committer, failures.write, per_id)
+    if samples is not None:
+        stats.event(f"--samples {samples}: {mode} mode ({'one request of n=K per id' if mode == 'n' else 'K requests per id'})")
+    return groups, groups.on_failure
 
 
 @contextlib.asynccontextmanager
@@ -475,7 +531,7 @@ def _mismatch_text(sink: Sink, problems: list[str]) -> str:
 
 
 def _status(outcome: str, stats: JobStats) -> str:
-    if outcome in ("stalled", "interrupted"):
+    if outcome in ("stalled", "interrupted", "failed_fast"):
         return outcome
     # a rejected record is an input record without an answer: the job is not complete (exit 1)
     return "complete" if stats.failed == 0 and stats.rejected == 0 else "incomplete"
@@ -508,9 +564,12 @@ async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: Don
             yield rec
 
 
-def _prepass_to_file(path: str, defaults: RequestDefaults, spool: str) -> Prepass:
+def _prepass_to_file(path: str, defaults: RequestDefaults, spool: str, refused: list[int] | None = None) -> Prepass:
+    """``refused``: gets the lines whose reject refuses the whole job (a record's own n beside --samples)."""
     with open(spool, "w", encoding="utf-8") as f:
         def on_reject(r: Reject) -> None:
+            if refused is not None and r.reason.startswith(N_BESIDE_SAMPLES):
+                refused.append(r.line)
             f.write(json.dumps(r.to_json(), ensure_ascii=False) + "\n")
 
         return run_prepass(path, defaults, on_reject)

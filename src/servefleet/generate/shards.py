@@ -41,13 +41,20 @@ class OutputRow:
     reasoning: str | None = None
     token_ids: list[int] | None = None
     request: str | None = None  # the request body as JSON, with --store-request
+    sample: int | None = None  # --samples: which of the id's K samples (0..K-1)
+    logprobs: list[float] | None = None  # --logprobs (logprobs.py): the chosen tokens' logprobs
+    logprob_token_ids: list[int] | None = None
+    top_logprobs: list[list[float]] | None = None  # K alternatives per position
+    top_token_ids: list[list[int]] | None = None
 
     def approx_bytes(self) -> int:
         n = 96 + len(self.id) + len(self.text) + len(self.reasoning or "") + len(self.request or "")
+        if self.logprobs is not None:
+            n += 8 * len(self.logprobs) * (1 + len(self.top_logprobs[0]) if self.top_logprobs else 1)
         return n + 4 * len(self.token_ids or ())
 
 
-def shard_schema(token_ids: bool, store_request: bool) -> pa.Schema:
+def shard_schema(token_ids: bool, store_request: bool, samples: bool = False, logprobs_k: int | None = None) -> pa.Schema:
     fields = [
         pa.field("id", pa.string(), nullable=False),
         pa.field("line", pa.int64(), nullable=False),
@@ -65,6 +72,12 @@ def shard_schema(token_ids: bool, store_request: bool) -> pa.Schema:
         fields.append(pa.field("token_ids", pa.list_(pa.int32())))
     if store_request:
         fields.append(pa.field("request", pa.string()))
+    if samples:
+        fields.append(pa.field("sample", pa.int32()))
+    if logprobs_k is not None:
+        fields += [pa.field("logprobs", pa.list_(pa.float32())), pa.field("logprob_token_ids", pa.list_(pa.int32())),
+                   pa.field("top_logprobs", pa.list_(pa.list_(pa.float32(), logprobs_k))),
+                   pa.field("top_token_ids", pa.list_(pa.list_(pa.int32(), logprobs_k)))]
     return pa.schema(fields)
 
 
@@ -148,11 +161,20 @@ def read_shard_ids(data: bytes, fmt: Format) -> tuple[list[str], list[int]]:
     if fmt == "parquet":
         # from an Arrow buffer, in this thread: Arrow's pools can abort the process at exit (plan/check.py)
         table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["id", "line"], use_threads=False)
-        return table.column("id").to_pylist(), table.column("line").to_pylist()
+        return unique_pairs(table.column("id").to_pylist(), table.column("line").to_pylist())
     ids, lines = [], []
     for raw in data.splitlines():
         if raw.strip():
             obj = json.loads(raw)
             ids.append(obj["id"])
             lines.append(obj["line"])
-    return ids, lines
+    return unique_pairs(ids, lines)
+
+
+def unique_pairs(ids: list[str], lines: list[int]) -> tuple[list[str], list[int]]:
+    """Each (id, line) once, in order: a shard holds several rows per id with --samples or --models, and
+    the ledger lists the ids it answers (an id's rows are always committed together, in one shard)."""
+    if len(set(lines)) == len(lines):
+        return ids, lines
+    pairs = list(dict.fromkeys(zip(ids, lines, strict=True)))
+    return [p[0] for p in pairs], [p[1] for p in pairs]

@@ -51,6 +51,10 @@ class SimConfig(BaseModel):
                        json_schema_extra=_alias("--model-path"))
     served_model_name: str | None = Field(None, description="name listed by /v1/models (default: --model)")
     engine_version: str | None = Field(None, description="version string to report (default: per style)")
+    logprobs: bool = Field(True, description="answer token logprobs when a request asks (--no-logprobs: the field stays null, as "
+                           "from an engine without them)")
+    lora_adapters: str | None = Field(None, description="comma-separated LoRA adapter names, listed by /v1/models after the base "
+                                      "model and accepted as a request's model (as vLLM's --lora-modules)")
 
     # ---- capacity -------------------------------------------------------------------------------
     max_running: int = Field(64, ge=1, description="requests decoded at once; the rest queue FIFO",
@@ -145,6 +149,10 @@ class SimConfig(BaseModel):
     @property
     def served_name(self) -> str:
         return self.served_model_name or self.model
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return tuple(a for a in (self.lora_adapters or "").split(",") if a)
 
     @property
     def bind_port(self) -> int:

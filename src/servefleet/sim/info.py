@@ -108,10 +108,10 @@ def server_info(cfg: SimConfig, stats: Stats, port: int) -> dict[str, Any]:
 
 
 def models_body(cfg: SimConfig, created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [{
-        "id": cfg.served_name, "object": "model", "created": created, "owned_by": cfg.style, "root": cfg.model, "parent": None,
-        "max_model_len": cfg.context_length,
-    }]}
+    base = {"id": cfg.served_name, "object": "model", "created": created, "owned_by": cfg.style, "root": cfg.model, "parent": None,
+            "max_model_len": cfg.context_length}
+    adapters = [{**base, "id": name, "root": name, "parent": cfg.served_name} for name in cfg.adapters]
+    return {"object": "list", "data": [base, *adapters]}
 
 
 def model_info(cfg: SimConfig) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servefleet.sim.config import SimConfig
-from servefleet.sim.tokens import count_tokens, render_chat, request_hash
+from servefleet.sim.tokens import VOCAB_SIZE, count_tokens, render_chat, request_hash, token_ids, tokenize
 
 __all__ = ["ApiError", "Job", "parse_job", "error_body", "full_body", "StreamEncoder", "DONE"]
 
@@ -52,6 +52,9 @@ class Job:
     rid: str
     created: int
     model: str
+    more: tuple[tuple[int, int, str], ...] = ()  # n > 1: (start, target, finish_reason) of choices 1..n-1
+    logprobs: int | None = None  # alternatives per token asked (chat top_logprobs, completions logprobs); None: none asked
+    ids_as_tokens: bool = False  # vLLM's return_tokens_as_token_ids
 
 
 def _prompt(body: dict[str, Any]) -> tuple[str, int]:
@@ -82,8 +85,9 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model")
-    if cfg.style == "vllm" and model is not None and model != cfg.served_name:
+    if cfg.style == "vllm" and model is not None and model != cfg.served_name and model not in cfg.adapters:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+    answered_by = model if isinstance(model, str) and model in cfg.adapters else cfg.served_name
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -94,8 +98,12 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
         text, prompt_tokens = _prompt(body)
     if prompt_tokens == 0:
         raise ApiError(400, "The decoder prompt cannot be empty")
-    if (body.get("n") or 1) != 1:
-        raise ApiError(400, "n > 1 is not supported by the simulator")
+    n = body.get("n") or 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ApiError(400, "n must be a positive integer")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ApiError(400, "seed must be an integer")
     room = cfg.context_length - prompt_tokens
     max_tokens = _int_field(body, "max_completion_tokens", "max_tokens") if chat else _int_field(body, "max_tokens")
     if max_tokens is None:
@@ -113,19 +121,41 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
     stream = bool(body.get("stream", False))
     options = body.get("stream_options") or {}
     include_usage = bool(stream and isinstance(options, dict) and options.get("include_usage"))
+    if n > 1 and stream:
+        raise ApiError(400, "n > 1 with stream is not supported by the simulator")
+    min_tokens = _int_field(body, "min_tokens") or 0
+    # choice i of a request with a seed draws as a request of n=1 with seed + i would (vLLM's parallel sampling)
+    adapter = answered_by if answered_by != cfg.served_name else None
+    asked = body.get("top_logprobs", 0) if chat and body.get("logprobs") else (None if chat else body.get("logprobs"))
+    logprobs = int(asked or 0) if cfg.logprobs and asked is not None and asked is not False else None
+    draws = [_draw(text, cfg, max_tokens, min_tokens, bool(body.get("ignore_eos", False)), None if seed is None else seed + i, i, adapter)
+             for i in range(n)]
+    start, target, finish = draws[0]
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    return Job(chat=chat, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, target=target,
+               finish_reason=finish, stream=stream, include_usage=include_usage, start=start,
+               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=answered_by, more=tuple(draws[1:]),
+               logprobs=logprobs, ids_as_tokens=bool(body.get("return_tokens_as_token_ids")))
+
+
+def _draw(text: str, cfg: SimConfig, max_tokens: int, min_tokens: int, ignore_eos: bool, seed: int | None,
+          choice: int, model: str | None = None) -> tuple[int, int, str]:
+    """Where an answer's text starts, how long it is and why it stops: a function of the prompt and the seed."""
+    if model is not None:  # an adapter answers otherwise than its base model
+        text = f"{text}\x00model={model}"
+    if seed is not None:
+        text = f"{text}\x00seed={seed}"
+    elif choice:
+        text = f"{text}\x00choice={choice}"
     h = request_hash(text, cfg.seed, max_tokens)
     target, finish = max_tokens, "length"
-    if not body.get("ignore_eos", False) and cfg.eos_rate > 0 and (h & 0xFFFF) / 65536.0 < cfg.eos_rate:
+    if not ignore_eos and cfg.eos_rate > 0 and (h & 0xFFFF) / 65536.0 < cfg.eos_rate:
         target = 1 + (h >> 16) % max_tokens
         finish = "stop" if target < max_tokens else "length"
-    min_tokens = _int_field(body, "min_tokens") or 0
     if target < min(min_tokens, max_tokens):
         target = min(min_tokens, max_tokens)
         finish = "stop" if target < max_tokens else "length"
-    prefix = "chatcmpl-" if chat else "cmpl-"
-    return Job(chat=chat, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, target=target,
-               finish_reason=finish, stream=stream, include_usage=include_usage, start=h % 64,
-               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=cfg.served_name)
+    return h % 64, target, finish
 
 
 def _usage(job: Job, completion_tokens: int) -> dict[str, int]:
@@ -133,18 +163,41 @@ def _usage(job: Job, completion_tokens: int) -> dict[str, int]:
             "total_tokens": job.prompt_tokens + completion_tokens}
 
 
-def full_body(job: Job, text: str) -> dict[str, Any]:
-    """A non-streaming answer (always with ``usage``)."""
+def full_body(job: Job, text: str, more: list[str] | None = None) -> dict[str, Any]:
+    """A non-streaming answer (always with ``usage``); ``more``: the texts of choices 1..n-1."""
+    choices = [_choice(job.chat, 0, text, job.finish_reason)]
+    choices += [_choice(job.chat, i, t, finish) for i, (t, (_, _, finish)) in enumerate(zip(more or [], job.more, strict=True), 1)]
+    if job.logprobs is not None:
+        for c, t in zip(choices, [text, *(more or [])], strict=True):
+            c["logprobs"] = _logprobs(job, t)
+    kind = "chat.completion" if job.chat else "text_completion"
+    return {"id": job.rid, "object": kind, "created": job.created, "model": job.model, "choices": choices,
+            "usage": _usage(job, job.target + sum(t for _, t, _ in job.more))}
+
+
+def _logprobs(job: Job, text: str) -> dict[str, Any]:
+    """Deterministic logprobs of an answer's tokens: the chosen one first, then ``job.logprobs`` alternatives."""
+    k = job.logprobs or 0
+    words = tokenize(text)
+    ids = token_ids(text)
+    name = (lambda i, w: f"token_id:{i}") if job.ids_as_tokens else (lambda i, w: w)
+    positions = []
+    for w, i in zip(words, ids, strict=True):
+        lp = -((i % 500) / 100.0)
+        alts = [(i, " " + w, lp)] + [((i + j) % VOCAB_SIZE, f" alt{j}", lp - j) for j in range(1, k)]
+        positions.append((name(i, " " + w), lp, [(name(a, s), v) for a, s, v in alts[:k]]))
     if job.chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                                          "tool_calls": []},
-                                  "logprobs": None, "finish_reason": job.finish_reason, "stop_reason": None}
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason, "stop_reason": None}
-        kind = "text_completion"
-    return {"id": job.rid, "object": kind, "created": job.created, "model": job.model, "choices": [choice],
-            "usage": _usage(job, job.target)}
+        return {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": [{"token": a, "logprob": v, "bytes": None}
+                                                                                       for a, v in top]} for t, lp, top in positions]}
+    return {"tokens": [t for t, _, _ in positions], "token_logprobs": [lp for _, lp, _ in positions],
+            "top_logprobs": [dict(top) for _, _, top in positions], "text_offset": None}
+
+
+def _choice(chat: bool, index: int, text: str, finish: str) -> dict[str, Any]:
+    if chat:
+        return {"index": index, "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
+                "logprobs": None, "finish_reason": finish, "stop_reason": None}
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
 
 
 class StreamEncoder:

@@ -189,13 +189,16 @@ class SimServer:
         await _delivered(transport)
         self.hard_exit(self.cfg.crash_mode)
 
+    def _full(self, job: Job) -> dict:
+        return full_body(job, self.bank.text(job.start, 0, job.target), [self.bank.text(s, 0, t) for s, t, _ in job.more])
+
     async def _instant(self, request: web.Request, job: Job) -> web.StreamResponse:
         stats = self.stats
         stats.prompt_tokens_total += job.prompt_tokens
         stats.generation_tokens_total += job.target
         stats.requests_finished += 1
         if not job.stream:
-            return _json(full_body(job, self.bank.text(job.start, 0, job.target)))
+            return _json(self._full(job))
         enc = StreamEncoder(job)
         pieces = _pieces(self.bank, job.start, job.target, self.cfg.tokens_per_step)
         last = len(pieces) - 1
@@ -212,7 +215,7 @@ class SimServer:
             if not job.stream:
                 self.scheduler.submit(req)
                 await req.done
-                return _json(full_body(job, self.bank.text(job.start, 0, job.target)))
+                return _json(self._full(job))
             enc = StreamEncoder(job)
             resp = web.StreamResponse(headers=_SSE_HEADERS)
             await resp.prepare(request)

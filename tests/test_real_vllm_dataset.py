@@ -1,0 +1,89 @@
+"""Issue 29 on real vLLM (the CPU build): --samples in both modes gives the same rows (vLLM gives the children
+of an n=K request seed + i, as samples.py asks K requests), and --logprobs stores real token ids and logprobs
+(vLLM's return_tokens_as_token_ids) that read back with pyarrow. One server started by hand on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, free_port, wait_until
+from real_engines import VLLM_ARGS, VLLM_ENV, build_tiny_model, engine_python, launch_by_hand, real_test, stop_group
+from servefleet.engines.base import LaunchSpec
+from servefleet.engines.vllm import VLLMEngine
+
+real = real_test(1200)
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory):
+    work = tmp_path_factory.mktemp("vllm-dataset")
+    python = engine_python("vllm")
+    model = build_tiny_model(work / "tiny")
+    port = free_port()
+    argv = VLLMEngine().build_argv(LaunchSpec(model=str(model), port=port, python=str(python),
+                                              extra_args=(*VLLM_ARGS, "--served-model-name", "tiny", "--max-model-len", "256")))
+    proc = launch_by_hand(argv, work / "vllm.log", VLLM_ENV)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        import urllib.request
+
+        if proc.poll() is not None:
+            raise AssertionError((work / "vllm.log").read_text()[-3000:])
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(ready, timeout=900, interval=1.0, what="vLLM ready")
+        yield url
+    finally:
+        stop_group(proc)
+
+
+def generate(src: Path, out: Path, url: str, *extra: str) -> dict:
+    done = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--url", url,
+                           "--max-tokens", "6", "--temperature", "1.0", "--json", *extra], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def write(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"the number {i} is"}) + "\n" for i in range(n)))
+    return path
+
+
+@real
+def test_samples_in_one_request_and_in_k_requests_give_the_same_rows_on_vllm(vllm, tmp_path):
+    from parquet_read import read_parquet
+
+    src = write(tmp_path / "in.jsonl", 6)
+    got = {}
+    for mode in ("n", "requests"):
+        out = tmp_path / mode
+        generate(src, out, vllm, "--samples", "3", "--sample-mode", mode)
+        rows = [r for s in sorted((out / "shards").glob("*.parquet")) for r in read_parquet(s, columns=["id", "sample", "text"]).to_pylist()]
+        got[mode] = sorted((r["id"], r["sample"], r["text"]) for r in rows)
+    assert len(got["n"]) == 18 and got["n"] == got["requests"]
+    assert len({t for _, _, t in got["n"]}) > 6  # temperature 1: the samples of an id differ
+
+
+@real
+def test_logprobs_from_vllm_are_token_ids_and_float32_columns(vllm, tmp_path):
+    import pyarrow.parquet as pq
+
+    src = write(tmp_path / "in.jsonl", 4)
+    out = tmp_path / "out"
+    generate(src, out, vllm, "--logprobs", "2")
+    rows = [r for s in sorted((out / "shards").glob("*.parquet")) for r in pq.read_table(s).to_pylist()]
+    assert len(rows) == 4
+    for r in rows:
+        n = r["completion_tokens"]
+        assert len(r["logprobs"]) == n and len(r["logprob_token_ids"]) == n and len(r["top_token_ids"]) == n
+        assert all(lp <= 0 for lp in r["logprobs"]) and all(len(t) == 2 for t in r["top_logprobs"])
