@@ -6,6 +6,7 @@
 #   variable (VAR_N prompts, 20-400 words, max_tokens 64-768): --url no hints, --url --concurrency 512.
 # The budget (BUDGET s from this script's start, gpu-setup and up included) decides: a job that no longer fits is
 # skipped and says so. Everything goes back as one tarball, rewritten after every job (at most 8 files come back).
+# JOBS="uni-fleet var-url" runs only those (call 7: JOBS=uni-fleet BUDGET=280, the refill spread after a lowering).
 # CPU check: `CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call6.sh` writes the prompt files and prints the plan.
 cd "${PROJECT_ROOT:-.}"
 T_START=$(date +%s); BUDGET=${BUDGET:-540}; UNI_N=${UNI_N:-8000}; VAR_N=${VAR_N:-2000}
@@ -37,6 +38,7 @@ pack() { mkdir -p $R/reports; for d in /tmp/ck/out-*; do [ -d "$d" ] || continue
 # job NAME NEED_S CAP_S ARGS...: run it if NEED_S still fits in the budget (20 s kept for down and the tarball)
 job() {
   local name=$1 need=$2 cap=$3; shift 3
+  case " ${JOBS:-$name} " in *" $name "*) ;; *) return ;; esac  # JOBS="uni-fleet ...": only those
   local left=$(( T_START + BUDGET - 20 - $(date +%s) ))
   if [ $left -lt $need ]; then echo "skipped $name: ${left} s left of the budget, it needs ~${need} s" | tee -a $R/skipped.txt; return; fi
   gen $name $(( left < cap ? left : cap )) "$@"; [ -n "${CALL6_DRY:-}" ] || pack
