@@ -98,6 +98,12 @@ def test_sigterm_lets_requests_in_flight_finish_then_exits_0(tmp_path: Path) -> 
         sim.stop()
 
 
+def requests_by_server(gw: Serving) -> dict[str, float]:
+    _, metrics = gw.get("/metrics")
+    return {line.split('server="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in metrics.decode().splitlines() if line.startswith("servefleet_serve_server_requests_total")}
+
+
 def fleet_file(tmp_path: Path, names: list[str]) -> Path:
     path = tmp_path / "fleet.toml"
     text = '[fleet]\nname = "gw"\ntimeout = 60\nstall = 30\nsmoke = false\n'
@@ -108,7 +114,7 @@ def fleet_file(tmp_path: Path, names: list[str]) -> Path:
     return path
 
 
-def test_a_server_started_with_up_only_while_serving_is_admitted_and_used(tmp_path: Path) -> None:
+def test_a_server_started_with_up_only_while_serving_is_admitted_used_and_can_be_drained(tmp_path: Path) -> None:
     fleet = fleet_file(tmp_path, ["a", "b"])
     gw = None
     try:
@@ -129,12 +135,20 @@ def test_a_server_started_with_up_only_while_serving_is_admitted_and_used(tmp_pa
             answers = list(pool.map(lambda _: client.completions.create(model="sim-7b", prompt="p", max_tokens=30,
                                                                         extra_body={"ignore_eos": True}), range(32)))
         assert len(answers) == 32
-        _, metrics = gw.get("/metrics")
-        served = {line.split('server="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-                  for line in metrics.decode().splitlines() if line.startswith("servefleet_serve_server_requests_total")}
+        served = requests_by_server(gw)
         assert served["b"] > 0 and served["a"] > 0, served
+
+        # `drain a` while serving: the gateway stops sending to it, parks it, and drain returns
+        drained = run("drain", "a", "--keep", "--fleet", str(fleet), "--timeout", "60", timeout=120)
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        before = requests_by_server(gw)
+        with openai.OpenAI(base_url=gw.url, api_key="none", max_retries=0) as client:
+            for _ in range(8):
+                client.completions.create(model="sim-7b", prompt="p", max_tokens=3)
+        after = requests_by_server(gw)
+        assert after["a"] == before["a"] and after["b"] == before["b"] + 8, (before, after)
         rc, err = gw.stop()
-        assert rc == 0 and "b: admitted" in err, err
+        assert rc == 0 and "b: admitted" in err and "a: drained" in err, err
     finally:
         if gw is not None and gw.proc.poll() is None:
             gw.proc.kill()

@@ -92,8 +92,16 @@ def serve(
                 raise ConfigError(f"no server of {fleet_file} is ready; start them with `servefleet up {fleet_file}`")
             restarter = FleetRestarter(fleet)
             gw = Gateway(config2, restarter=restarter, ready=lambda: targets_from_fleet(fleet), on_event=on_event)
-            with restarter.recording("serve", [t.name for t in targets]):  # `down` / `drain` read it
-                await gw.serve(targets, stop, on_url=lambda _: started(gw))
+            try:
+                await gw.start(targets)
+                with restarter.recording(f"servefleet serve at {gw.url}", []):  # `down` / `drain` read it; admitted servers join it
+                    for b in gw.router.backends.values():
+                        restarter.using(b.name)
+                    started(gw)
+                    await stop.wait()
+                    await gw.stop()
+            finally:
+                await gw.stop()
 
     asyncio.run(go())
 

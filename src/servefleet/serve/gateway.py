@@ -115,6 +115,8 @@ class Gateway:
     async def stop(self) -> None:
         """Stop listening; requests in flight (and those queued) finish within ``grace_s``, the rest
         are cancelled; then the watchers and the client close."""
+        if self.stopping:
+            return
         self.stopping = True
         if self._runner is not None:
             await self._runner.cleanup()

@@ -68,6 +68,9 @@ class Supervisor:
         backend = Backend.create(target, tuple(models), self.concurrency, self.policy)
         backend.watch = self.spawn(backend.load.run(self.client.http, partial(_base_url, backend)))
         self.router.add(backend)
+        using = getattr(self.restarter, "using", None)
+        if using is not None and target.managed:
+            using(target.name)  # `down` and `drain` name this gateway and wait for it
         self.event(f"{target.name}: admitted ({', '.join(models)}, at {target.base_url}; limit {backend.limit}: {backend.controller.describe()})")
         return backend
 
