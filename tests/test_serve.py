@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import urllib.request
@@ -15,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 
 from conftest import SimProcess, async_wait_until
 from servefleet.generate.client import Client
@@ -237,8 +239,8 @@ async def test_a_server_sigkilled_under_load_costs_the_client_nothing(tmp_path) 
 
             async def one() -> None:
                 nonlocal answered
-                r = await client.completions.create(model=MODEL, prompt="p", max_tokens=40, extra_body={"ignore_eos": True})
-                assert r.usage.completion_tokens == 40
+                r = await client.completions.create(model=MODEL, prompt="p", max_tokens=24, extra_body={"ignore_eos": True})
+                assert r.usage.completion_tokens == 24
                 answered += 1
 
             async def kill_midway() -> None:
@@ -247,10 +249,10 @@ async def test_a_server_sigkilled_under_load_costs_the_client_nothing(tmp_path) 
                 os.killpg(victim.proc.pid, signal.SIGKILL)
 
             killer = asyncio.ensure_future(kill_midway())
-            await asyncio.gather(*(one() for _ in range(160)))
+            await asyncio.gather(*(one() for _ in range(120)))
             await killer
             dead = gw.router.backends["url1"]
-            assert answered == 160
+            assert answered == 120
             assert gw.forwarder.retried >= 1 and dead.errors >= 1
             await async_wait_until(lambda: _true(not dead.up), timeout=10, what="the dead server taken out")
             assert dead.health.outages == 1
@@ -263,7 +265,7 @@ async def test_a_hung_server_is_taken_out_and_its_requests_answered_elsewhere(tm
     """SIGSTOP: the process holds its connections and answers nothing. Progress (answers, the
     engine's counters) stops; the gateway takes it out and sends its requests to the other."""
     hung, good = start_sims(tmp_path, 2, "--decode-ms", "4")
-    policy = HealthPolicy(hang_min_s=1.0, probe_interval_s=0.5, probe_timeout_s=0.5, recover_timeout_s=600)
+    policy = HealthPolicy(hang_min_s=3.0, probe_interval_s=1.0, probe_timeout_s=2.0, recover_timeout_s=600)
     try:
         async with gateway([hung, good], health=policy, max_queue=100) as gw, aclient(gw, max_retries=0, timeout=60) as client:
             await asyncio.gather(*(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(20)))
@@ -299,3 +301,79 @@ async def test_api_keys_are_required_when_set_and_health_stays_open(sims) -> Non
                 assert resp.status == 401 and (await resp.json())["error"]["code"] == "invalid_api_key"
             async with http.post(gw.url + "/completions", json={"model": MODEL, "prompt": "p"}) as resp:
                 assert resp.status == 401
+
+
+# ---- a server that breaks mid-answer (in-process fakes: the moment of the break is exact) ---------------
+
+
+class Breaker:
+    """An OpenAI-ish server. ``breaks``: it drops the connection before answering, or, streaming,
+    right after the first event."""
+
+    def __init__(self, breaks: bool) -> None:
+        self.breaks = breaks
+        self.requests = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> Breaker:
+        app = web.Application()
+        app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.models), web.post("/v1/completions", self.complete)])
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        return self
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def complete(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        body = await request.json()
+        event = {"id": "c", "object": "text_completion", "created": 0, "model": MODEL, "choices": [{"index": 0, "text": "hi", "finish_reason": None}]}
+        if not body.get("stream"):
+            if self.breaks:
+                request.transport.close()
+                return web.Response()
+            return web.json_response({**event, "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        if self.breaks:
+            request.transport.close()
+            return resp
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+async def test_a_break_before_any_byte_is_retried_elsewhere_and_a_started_stream_never_is() -> None:
+    breaker, good = await Breaker(True).start(), await Breaker(False).start()
+    try:
+        gw = Gateway(ServeConfig(port=0, concurrency=4))
+        await gw.start([Target("breaker", breaker.url), Target("good", good.url)])  # equal load: the first one is picked first
+        try:
+            async with aclient(gw, max_retries=0) as client:
+                answer = await client.completions.create(model=MODEL, prompt="p", max_tokens=1)
+                assert answer.choices[0].text == "hi"
+                assert (breaker.requests, good.requests) == (1, 1)  # broke before answering: sent again, to the other
+                assert gw.forwarder.retried == 1
+
+                stream = await client.completions.create(model=MODEL, prompt="p", max_tokens=1, stream=True)
+                got = []
+                with pytest.raises(openai.APIError, match="breaker failed mid-stream"):
+                    async for chunk in stream:
+                        got.append(chunk.choices[0].text)
+                assert got == ["hi"]  # the client had the first event from the breaker ...
+                assert (breaker.requests, good.requests) == (2, 1)  # ... so it was not sent again
+                assert gw.forwarder.retried == 1
+        finally:
+            await gw.stop()
+    finally:
+        await breaker.stop()
+        await good.stop()
