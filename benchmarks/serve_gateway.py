@@ -59,8 +59,9 @@ class Serving:
 
     def __init__(self, sims: list[Sim], *extra: str) -> None:
         urls = [a for s in sims for a in ("--url", s.url)]
+        path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen([PY, "-m", "servefleet.cli.main", "serve", "--port", "0", "--json", *urls, *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": path})
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line:
             raise RuntimeError(f"serve exited {self.proc.wait()} before serving")
