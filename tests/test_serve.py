@@ -377,3 +377,57 @@ async def test_a_break_before_any_byte_is_retried_elsewhere_and_a_started_stream
     finally:
         await breaker.stop()
         await good.stop()
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
+                                                ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("gpu-box.example", False)])
+def test_which_addresses_are_loopback(host: str, loopback: bool) -> None:
+    from servefleet.errors import OptionError
+    from servefleet.serve import check_bind, is_loopback
+
+    assert is_loopback(host) is loopback
+    if loopback:
+        check_bind(host, ())
+    else:
+        with pytest.raises(OptionError, match="--api-key"):
+            check_bind(host, ())
+        check_bind(host, ("k",))
+
+
+class SimRestarter:
+    """A fleet stand-in: restarting a server starts a fresh sim process (a new port) and returns it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.started: list[SimProcess] = []
+
+    async def restart(self, name: str, on_event) -> Target | None:
+        sim = SimProcess(*FAST_SIM, "--max-running", "8", "--decode-ms", "4", log_path=self.tmp / f"{name}-{len(self.started)}.log").start()
+        self.started.append(sim)
+        await asyncio.to_thread(sim.wait_ready)
+        return Target(name, sim.url, MODEL, 8, managed=True)
+
+
+async def test_a_dead_managed_server_is_restarted_and_back_in_service(tmp_path) -> None:
+    (first,) = start_sims(tmp_path, 1, "--decode-ms", "4")
+    restarter = SimRestarter(tmp_path)
+    policy = HealthPolicy(retry_interval_s=0.2)
+    try:
+        gw = Gateway(ServeConfig(port=0, health=policy, max_queue=100), restarter=restarter)
+        await gw.start([Target("s", first.url, MODEL, 8, managed=True)])
+        try:
+            async with aclient(gw, max_retries=0, timeout=60) as client:
+                await asyncio.gather(*(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(10)))
+                first.stop()  # SIGKILL
+                # requests wait in the queue while it is restarted, then go to the new process
+                answers = await asyncio.gather(*(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(20)))
+            assert all(a.choices[0].text for a in answers)
+            s = gw.router.backends["s"]
+            assert s.up and s.health.restarts == 1 and s.health.outages == 1 and s.target.base_url == restarter.started[0].url
+            assert any("s: back in service" in e for e in gw.supervisor.events)
+        finally:
+            await gw.stop()
+    finally:
+        first.stop()
+        for sim in restarter.started:
+            sim.stop()
