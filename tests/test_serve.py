@@ -431,3 +431,18 @@ async def test_a_dead_managed_server_is_restarted_and_back_in_service(tmp_path) 
         first.stop()
         for sim in restarter.started:
             sim.stop()
+
+
+async def test_a_port_in_use_is_a_configuration_error_naming_it(sims) -> None:
+    import socket
+
+    from servefleet.errors import ConfigError
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        gw = Gateway(ServeConfig(port=port))
+        with pytest.raises(ConfigError, match=f"--port {port}: cannot listen there"):
+            await gw.start([Target("s", sims[0].url, MODEL)])
+        await gw.stop()
