@@ -24,6 +24,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -248,6 +250,36 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
     rows_after = [line for shard in sorted(out.rglob("*.jsonl")) for line in shard.read_text().splitlines()
                   if line.strip() and shard.name != "failures.jsonl"]
     assert len(rows_after) == len(rows)
+
+
+@real
+def test_serve_puts_real_vllm_behind_one_openai_url(vllm: Ctx) -> None:
+    """`servefleet serve --fleet`: the real `openai` client, streaming and not, through the gateway to
+    real vLLM; the model listed with its server; SIGTERM ends it with exit 0."""
+    import openai
+
+    proc = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "serve", "--fleet", str(vllm.run.fleet), "--port", "0", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()[-3000:]
+        start = json.loads(line)
+        assert start["servers"] == ["ready"] and start["models"] == [VLLM_SERVED]
+        with openai.OpenAI(base_url=start["url"], api_key="none", max_retries=0, timeout=120) as client:
+            (model,) = client.models.list().data
+            assert model.id == VLLM_SERVED and [s["name"] for s in model.model_extra["servers"]] == ["ready"]
+            done = client.completions.create(model=VLLM_SERVED, prompt="The number after 3 is", max_tokens=6, extra_body={"ignore_eos": True})
+            assert done.usage.completion_tokens == 6
+            chunks = [c.choices[0].text for c in client.completions.create(model=VLLM_SERVED, prompt="Once", max_tokens=5, stream=True,
+                                                                          extra_body={"ignore_eos": True}) if c.choices]
+            assert len([c for c in chunks if c]) >= 1 and "".join(chunks)
+            with pytest.raises(openai.NotFoundError):
+                client.completions.create(model="not-" + VLLM_SERVED, prompt="x", max_tokens=1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 @real

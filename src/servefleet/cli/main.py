@@ -69,6 +69,9 @@ COMMANDS: dict[str, CommandRow] = {
                            "0 complete, 1 incomplete (prompts in failures.jsonl, or input records in rejects.jsonl) or a commit failed (the disk "
                            "is full), 2 stalled (every server given up: --give-up-after), 3 bad arguments, input or fleet, 4 host unreachable, "
                            "130 interrupted by Ctrl-C, SIGTERM or SIGHUP (what was answered is committed; run it again to resume)"),
+    "serve": CommandRow("servefleet.cli.serve_cmd", "Serve the fleet's ready servers as one OpenAI-compatible URL (least-loaded, back-pressure, restarts).",
+                        "0 stopped by SIGTERM or Ctrl-C (requests in flight finished within --grace), 3 bad arguments or fleet, no server ready, "
+                        "a non-loopback --host without --api-key, or the port taken, 4 a --url unreachable"),
     "progress": CommandRow("servefleet.cli.progress_cmd", "Done/remaining, rate, ETA and per-server state of a generate job, from its destination (any terminal).",
                            "0 shown (--watch: the job ended complete), 1 --watch: it ended incomplete, 2 --watch: stalled, "
                            "3 DEST holds no job or bad arguments, 130 interrupted"),

@@ -103,6 +103,16 @@ class FleetRestarter:
             self.use.parked.append(name)
             self.fleet.jobs.save(self.use)
 
+    def using(self, name: str) -> None:
+        """The job now also sends to ``name`` (a server admitted while it runs, by ``serve``): ``down``
+        and ``drain`` see it; one parked before and admitted again is no longer parked."""
+        if self.use is not None and (name not in self.use.servers or name in self.use.parked):
+            if name not in self.use.servers:
+                self.use.servers.append(name)
+            if name in self.use.parked:
+                self.use.parked.remove(name)
+            self.fleet.jobs.save(self.use)
+
     async def retiring(self) -> set[str]:
         """Servers whose end their host announced (a Slurm job near its time limit): drain them."""
         return await self.fleet.retiring()
