@@ -27,7 +27,7 @@ from typing import Protocol
 
 from servefleet.generate.client import Client, Completion
 from servefleet.generate.concurrency import ConcurrencyController, Window
-from servefleet.generate.endpoints import Holding, Restarter, Retiring, Target
+from servefleet.generate.endpoints import Holding, Restarter, Retiring, Target, Watching
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
 from servefleet.generate.refill import Refill
@@ -205,9 +205,8 @@ class Dispatcher:
         if isinstance(self.restarter, Holding):
             self._check_holds()  # before the first request: a server drained with --keep gets none
             self._spawn(self._watch_holds())
-        watch = getattr(self.restarter, "watch", None)
-        if watch is not None:  # servers joining, replaced, released at the tail (generate/membership.py)
-            self._spawn(watch(self))
+        if isinstance(self.restarter, Watching):  # servers joining, replaced, released at the tail (generate/membership.py)
+            self._spawn(self.restarter.watch(self))
         for s in self.servers:
             self._spawn(s.load.run(self.client.http, partial(_base_url, s)))
         try:

@@ -74,6 +74,24 @@ class Retiring(Protocol):
         ...
 
 
+@runtime_checkable
+class Watching(Protocol):
+    """A restarter that keeps looking at the fleet while the job runs (generate/membership.py): servers
+    that become ready join, dead members of a counted template are replaced, idle ones released at the tail."""
+
+    async def watch(self, dispatcher: Any) -> None:
+        """Runs for the whole job (the dispatcher cancels it at the end)."""
+        ...
+
+
+@runtime_checkable
+class Using(Protocol):
+    """A restarter that records which servers a running job or gateway uses (`down` and `drain` wait for it)."""
+
+    def using(self, name: str) -> None:
+        ...
+
+
 class FleetRestarter:
     """Restarts through a :class:`servefleet.fleet.Fleet` (relaunch + verification loop) and
     reports the verdict -- for a failure, its category, evidence line and hint."""

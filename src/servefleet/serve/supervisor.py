@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from servefleet.generate.client import Client, Completion
-from servefleet.generate.endpoints import Restarter, Target
+from servefleet.generate.endpoints import Holding, Restarter, Target, Using
 from servefleet.generate.health import HealthPolicy, ServerState, hang_window_s, recover
 from servefleet.http import FailureKind, RequestFailure
 from servefleet.serve.backend import Backend
@@ -68,9 +68,8 @@ class Supervisor:
         backend = Backend.create(target, tuple(models), self.concurrency, self.policy)
         backend.watch = self.spawn(backend.load.run(self.client.http, partial(_base_url, backend)))
         self.router.add(backend)
-        using = getattr(self.restarter, "using", None)
-        if using is not None and target.managed:
-            using(target.name)  # `down` and `drain` name this gateway and wait for it
+        if isinstance(self.restarter, Using) and target.managed:
+            self.restarter.using(target.name)  # `down` and `drain` name this gateway and wait for it
         self.event(f"{target.name}: admitted ({', '.join(models)}, at {target.base_url}; limit {backend.limit}: {backend.controller.describe()})")
         return backend
 
@@ -121,7 +120,7 @@ class Supervisor:
         self.spawn(self._recover(b))
 
     async def _recover(self, b: Backend) -> None:
-        held = getattr(self.restarter, "held", None)
+        held = self.restarter.held if isinstance(self.restarter, Holding) else None
         answers = partial(self._answers_a_completion, b) if b.hung else None
         new = await recover(b.target, client=self.client, policy=self.policy, restarter=self.restarter, on_event=self.event,
                             answers=answers, window=b.health.window, held=(partial(held, b.name) if held is not None and b.target.managed else None))
@@ -158,9 +157,8 @@ class Supervisor:
         """Stopped or drained by the user and nothing in flight: out of this gateway, and the fleet is told."""
         b.health.state = ServerState.STOPPED
         self.event(f"{b.name}: drained: nothing in flight; out ({b.held})")
-        parked = getattr(self.restarter, "parked", None)
-        if parked is not None:
-            parked(b.name)
+        if isinstance(self.restarter, Holding):
+            self.restarter.parked(b.name)
 
     # ---- the loop -------------------------------------------------------------------------------
     async def monitor(self) -> None:
@@ -202,7 +200,7 @@ class Supervisor:
     async def follow_fleet(self, ready: Callable[[], Awaitable[list[Target]]], interval_s: float) -> None:
         """Every ``interval_s``: servers newly ready (``servefleet up --only NAME`` while serving, or
         one given up that is ready again) are admitted; one the user stopped or drained is drained."""
-        held = getattr(self.restarter, "held", None)
+        held = self.restarter.held if isinstance(self.restarter, Holding) else None
         while True:
             await asyncio.sleep(interval_s)
             try:
@@ -218,11 +216,12 @@ class Supervisor:
                         self.event(f"{b.name}: {reason}: no new requests ({b.in_flight} in flight finish), not restarted")
 
     async def admit_new(self, targets: list[Target]) -> None:
+        held = self.restarter.held if isinstance(self.restarter, Holding) else None
         for t in targets:
             old = self.router.backends.get(t.name)
             if old is not None and old.health.state not in (ServerState.GONE, ServerState.STOPPED) and old.held is None:
                 continue
-            if old is not None and old.held is not None and getattr(self.restarter, "held", lambda n: None)(t.name) is not None:
+            if old is not None and old.held is not None and held is not None and held(t.name) is not None:
                 continue  # still stopped by the user
             if old is not None:
                 self.drop(old)
