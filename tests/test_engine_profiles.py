@@ -432,3 +432,12 @@ def test_vllm_speculative_settings_from_the_engine_config_line(config: str, expe
             f"model='/m/qwen', speculative_config={config}, tokenizer='/m/qwen', skip_tokenizer_init=False")
     capacity = get_engine("vllm").capacity_from_line(match_text(line))
     assert (capacity.speculative if capacity else {}) == expected
+
+
+def test_vllm_reports_its_largest_cuda_graph_batch_and_none_when_eager() -> None:
+    """The H200 run's config line says 512 (564 running there gave 14-16k tok/s, 512 gave 22-26k); an eager engine
+    (enforce_eager=True, CUDAGraphMode.NONE) captures none, so no figure."""
+    whole = diagnose_text((FIXTURES / "real" / "vllm026_h200_ready_whole.log").read_text(), get_engine("vllm")).capacity
+    assert whole.graph_batch_max == 512 and whole.max_running_requests == 1024
+    eager = diagnose_text((FIXTURES / "real" / "vllm_kv_too_small.log").read_text(), get_engine("vllm")).capacity
+    assert eager.graph_batch_max is None

@@ -336,3 +336,21 @@ def test_the_dispatcher_sizes_windows_in_recent_lifetimes_and_keeps_a_dropped_on
     assert s.controller.settling() and s.window_s(2.0) == pytest.approx(10.0, rel=0.02)
     s.controller.observe(Window(15_000.0))  # the transient: dropped
     assert not s.controller.settling() and s.window_s(2.0) == pytest.approx(20.0, rel=0.02)
+
+
+def test_the_capacity_start_begins_at_the_largest_cuda_graph_batch_when_it_is_below_max_running() -> None:
+    """vLLM on the H200: max running 1024, graphs up to 512; 1127 (max running + 10 %) and 564 both ran eager steps."""
+    c = ConcurrencyController.auto(1024, graph_batch=512)
+    assert (c.limit, c.source) == (512, "capacity") and "CUDA graph" in c.reason
+    assert ConcurrencyController.auto(256, graph_batch=512).limit == ConcurrencyController.auto(256).limit  # graphs cover it all
+    assert ConcurrencyController.auto(None, graph_batch=512).phase == "ramp"  # no max running: the ramp as before
+
+
+def test_a_fleet_servers_target_carries_its_graph_batch() -> None:
+    from types import SimpleNamespace
+
+    from servefleet.capacity import Capacity
+    from servefleet.generate.endpoints import from_endpoint
+
+    ep = SimpleNamespace(name="a", base_url="http://127.0.0.1:1", served_model="m", capacity=Capacity(max_running_requests=1024, graph_batch_max=512))
+    assert from_endpoint(ep).graph_batch == 512

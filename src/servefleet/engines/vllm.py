@@ -170,6 +170,8 @@ _KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 _BLOCKS = re.compile(r"# (GPU|CPU|gpu|cpu) blocks: (\d+)")
 _VERSION = re.compile(r"vLLM API server version (\S+)|[█▄▀].*\bversion (\d[\w.+-]*)")
 _MAX_LEN = re.compile(r"Using max model len (\d+)")
+# The engine's config line: "'max_cudagraph_capture_size': 512" (None when eager: enforce_eager=True, CUDAGraphMode.NONE)
+_GRAPH_MAX = re.compile(r"'max_cudagraph_capture_size': (\d+)")
 _ARG_INT = re.compile(r"\b'?(max_num_seqs|max_model_len)'?(?:=|: )(\d+)")
 _ARG_NAME = re.compile(r"\b'?served_model_name'?(?:=|: )\[?'([^']+)'")
 # engine config line: "speculative_config=SpeculativeConfig(method='ngram', model=None, num_spec_tokens=4)"
@@ -358,6 +360,8 @@ class VLLMEngine(EngineProfile):
             facts["engine_version"] = match.group(1) or match.group(2)
         if match := _MAX_LEN.search(line):
             facts["context_length"] = int(match.group(1))
+        if (match := _GRAPH_MAX.search(line)) and "enforce_eager=True" not in line and "CUDAGraphMode.NONE" not in line:
+            facts["graph_batch_max"] = int(match.group(1))
         if match := _SPEC_CONFIG.search(line):
             facts["speculative"] = {"method": match.group(1), "num_speculative_tokens": int(match.group(3)),
                                     **({"draft_model": match.group(2)} if match.group(2) else {})}

@@ -129,7 +129,7 @@ class ConcurrencyController:
 
     @classmethod
     def auto(cls, max_running: int | None, *, bench_concurrency: int | None = None, bench_tps: float | None = None,
-             bench_note: str | None = None, ceiling: int = 4096) -> ConcurrencyController:
+             bench_note: str | None = None, ceiling: int = 4096, graph_batch: int | None = None) -> ConcurrencyController:
         cap = min(ceiling, room(max_running)) if max_running else ceiling
         if bench_concurrency:  # a measured point: evidence for anything up to room
             start = max(1, min(cap, bench_concurrency))
@@ -137,6 +137,12 @@ class ConcurrencyController:
             note = f", {bench_note}" if bench_note else ""
             return cls(limit=start, source="bench", ceiling=cap, best_limit=start, step=STEP_FROM_BENCH,
                        reason=f"bench best point C={bench_concurrency}{tps}{note}; verifying")
+        if max_running and graph_batch and graph_batch < max_running:
+            # Above its largest CUDA-graph batch each engine step launches its kernels one by one: start there and halve.
+            start = min(cap, graph_batch)
+            return cls(limit=start, source="capacity", ceiling=start, room=cap, best_limit=start, _direction=-1,
+                       step=HALVE, _halving=True,
+                       reason=f"max running {max_running}; {graph_batch}, the largest batch run as a CUDA graph; verifying")
         if max_running:
             start = min(cap, max_running + headroom(max_running))
             return cls(limit=start, source="capacity", ceiling=start, room=cap, best_limit=start, _direction=-1,  # real engines peak below

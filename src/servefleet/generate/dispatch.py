@@ -192,7 +192,7 @@ class Dispatcher:
         if self.concurrency is not None:
             return ConcurrencyController.fixed(self.concurrency)
         return ConcurrencyController.auto(target.max_running, bench_concurrency=target.bench_concurrency,
-                                          bench_tps=target.bench_tps, bench_note=target.bench_note)
+                                          bench_tps=target.bench_tps, bench_note=target.bench_note, graph_batch=target.graph_batch)
 
     # ---- the loop -------------------------------------------------------------------------------
     async def run(self, feed: AsyncIterator[PromptRecord]) -> Outcome:

@@ -41,6 +41,7 @@ class Target:
     bench_note: str | None = None  # e.g. "streaming run": how far to trust the point
     launch: Mapping[str, Any] | None = field(default=None, compare=False)  # a fleet server's launch (provenance.py)
     models: tuple[str, ...] = ()  # every model /v1/models lists, LoRA adapters included (routing.py)
+    graph_batch: int | None = None  # the largest batch the engine runs as a CUDA graph (Capacity.graph_batch_max)
 
 
 class Restarter(Protocol):
@@ -203,7 +204,8 @@ def with_bench(targets: list[Target], paths: list[str]) -> list[Target]:
 
 def from_endpoint(ep: Any) -> Target:
     cap = ep.capacity
-    return Target(ep.name, ep.base_url, ep.served_model, getattr(cap, "max_running_requests", None), managed=True)
+    return Target(ep.name, ep.base_url, ep.served_model, getattr(cap, "max_running_requests", None), managed=True,
+                  graph_batch=getattr(cap, "graph_batch_max", None))
 
 
 async def targets_from_urls(urls: list[str], client: Client, max_running: int | None = None) -> list[Target]:

@@ -29,7 +29,7 @@ def controller_for(target: Target, concurrency: int | None) -> ConcurrencyContro
     if concurrency is not None:
         return ConcurrencyController.fixed(concurrency)
     return ConcurrencyController.auto(target.max_running, bench_concurrency=target.bench_concurrency,
-                                      bench_tps=target.bench_tps, bench_note=target.bench_note)
+                                      bench_tps=target.bench_tps, bench_note=target.bench_note, graph_batch=target.graph_batch)
 
 
 @dataclass(eq=False)
