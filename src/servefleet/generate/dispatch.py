@@ -30,7 +30,6 @@ from servefleet.generate.concurrency import ConcurrencyController, Window
 from servefleet.generate.endpoints import Holding, Restarter, Retiring, Target, Watching
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
-from servefleet.generate.refill import Refill
 from servefleet.generate.retry import RetryPolicy
 from servefleet.generate.routing import model_for, served
 from servefleet.generate.rows import rows_of, short_of_choices
@@ -90,7 +89,6 @@ class _Server:
         self.probing = False
         self.draining = False  # its end was announced (a Slurm job's notice): no new requests, restarted once empty
         self.held: str | None = None  # stopped or drained by the user (why): drained, then parked, never restarted
-        self.refill = Refill()  # after a lowering: the free slots filled over part of a lifetime (generate/refill.py)
         self.sync_stats()
 
     def sync_stats(self) -> None:
@@ -116,8 +114,6 @@ class _Server:
         ramp = self.controller.phase == "ramp" and bool(self.load.available)
         self.settle_until = now + (0.5 if ramp else max(1.0, latency if grew else 0.5 * latency))
         self.settle_deadline = now + max(2.0, 3 * latency)
-        if not grew:
-            self.refill.arm()
 
     def settled(self, now: float) -> bool:
         if self.answers == 0:  # the first requests are still in prefill: nothing steady to measure yet
@@ -282,7 +278,7 @@ class Dispatcher:
             if model is not None and model not in served(s.target):
                 continue
             n, limit = len(s.in_flight), s.controller.limit
-            if n >= limit or not s.refill.allows(time.monotonic(), n, limit, s.stats.lifetime_s()):
+            if n >= limit:
                 continue
             load = n / limit
             if load < best_load:
@@ -300,7 +296,6 @@ class Dispatcher:
                 if server is None:
                     break
                 ticket = self._pending.popleft()
-            server.refill.sent_one()
             ticket.attempts += 1
             ticket.state = "in_flight"
             ticket.last_server = server.target.name
@@ -641,8 +636,6 @@ class Dispatcher:
                 if not s.probing and s.health.wants_probe(len(s.in_flight), now):
                     s.probing = True
                     self._spawn(self._probe(s))
-                if s.refill.pacing:
-                    self._wake.set()  # a spread refill sends a few more each tick
 
     def _tick_window(self, s: _Server, now: float) -> None:
         s.ticks += 1
