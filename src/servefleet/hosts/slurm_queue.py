@@ -48,18 +48,26 @@ class JobInfo:
 
 
 def slurm_seconds(value: str) -> float | None:
-    """Slurm's durations ([D-]HH:MM:SS, MM:SS, M) in seconds; None for UNLIMITED, INVALID or blank."""
+    """Slurm's durations in seconds: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+    days-hours:minutes, days-hours:minutes:seconds (sbatch(1) --time; squeue prints the last forms);
+    None for UNLIMITED, INVALID, NOT_SET or blank."""
     value = value.strip()
     if not value or not (value[0].isdigit()):
         return None
-    days, _, clock = value.rpartition("-") if "-" in value else ("0", "", value)
+    days, dash, clock = value.partition("-")
+    if not dash:
+        days, clock = "0", value
     try:
         parts = [int(p) for p in clock.split(":")]
         d = int(days)
     except ValueError:
         return None
-    if len(parts) == 1:
-        h, m, s = 0, parts[0], 0  # a bare number is minutes (sbatch --time)
+    if dash:  # after a day count the clock starts with hours
+        if len(parts) > 3:
+            return None
+        h, m, s = (parts + [0, 0])[:3]
+    elif len(parts) == 1:
+        h, m, s = 0, parts[0], 0  # a bare number is minutes
     elif len(parts) == 2:
         h, m, s = 0, parts[0], parts[1]
     elif len(parts) == 3:
