@@ -17,8 +17,6 @@ import pytest
 from conftest import SimProcess
 from test_generate_sim import FAST_SIM
 
-distilabel = pytest.importorskip("distilabel", reason="distilabel is in the test extra (pip install -e '.[test]')")
-
 MODEL = "sim-model"
 PROMPTS = [f"Write one line about the number {i}." for i in range(5)]
 
