@@ -55,8 +55,8 @@ from servefleet.generate.inputs import (
 from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams, RunRecord, new_run_id, utcnow
 from servefleet.generate.ledger import SHARDS_DIR, ContentIndex, DoneSet, Ledger
 from servefleet.generate.logprobs import refuse_without_logprobs
-from servefleet.generate.prompt_logprobs import refuse_without_prompt_logprobs
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, max_tokens_warning, record_digest, run_prepass
+from servefleet.generate.prompt_logprobs import refuse_without_prompt_logprobs
 from servefleet.generate.provenance import collect
 from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
