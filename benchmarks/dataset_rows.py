@@ -7,7 +7,9 @@ Against instant servers (raw-asyncio HTTP in another process, every answer pre-b
 * ``samples8_n`` -- ``--samples 8 --sample-mode n``: one request per record, the answer has 8 choices (8 rows);
 * ``samples8_requests`` -- ``--samples 8 --sample-mode requests``: 8 requests per record, one choice each;
 * ``logprobs5`` -- ``--logprobs 5``: one choice with vLLM-shaped completions logprobs (``token_id:N`` tokens, 5
-  alternatives per position).
+  alternatives per position);
+* ``prompt_logprobs5`` -- ``--prompt-logprobs 5``: a plain answer plus vLLM-shaped ``prompt_logprobs`` of the
+  records' 31-token prompts (``null``, then per token ``{id: {logprob, rank, decoded_token}}``, 5 or 6 entries).
 
 CPU is the coordinator process's own (user + system, from ``wait4``), minus the same command's CPU on the finished
 destination (start-up, reading the ledger: nothing sent), divided by requests and by rows. Bytes per row: the
@@ -45,7 +47,23 @@ WORDS = "the of and to in is was for on that with as by at from data model answe
 VOCAB = [f"{WORDS[i % len(WORDS)]}{i // len(WORDS)}" if i >= len(WORDS) else WORDS[i] for i in range(4000)]
 
 
-def _answer(tokens: int, choices: int, logprobs: int | None, seed: int = 0) -> bytes:
+PROMPT_TOKENS = 31  # the records' 30 words and a BOS
+
+
+def _prompt_logprobs(rng: random.Random, k: int) -> list[Any]:
+    out: list[Any] = [None]
+    for _ in range(PROMPT_TOKENS - 1):
+        t, rank = min(int(rng.paretovariate(1.1)), 3999), 1 + int(rng.expovariate(0.3))
+        lps = sorted((round(-rng.expovariate(1.0) - 0.01 * j, 6) for j in range(k + 1)), reverse=True)
+        pos = {str(t): {"logprob": lps[min(rank, k + 1) - 1], "rank": rank, "decoded_token": VOCAB[t]}}
+        for j in range(1, k + 1):
+            a = t if j == rank else (t + 97 * j) % 32000
+            pos.setdefault(str(a), {"logprob": lps[j - 1], "rank": j, "decoded_token": VOCAB[a % 4000]})
+        out.append(pos)
+    return out
+
+
+def _answer(tokens: int, choices: int, logprobs: int | None, seed: int = 0, prompt_logprobs: int | None = None) -> bytes:
     """One answer body; pseudo-random text, ids and logprobs (a pool of them is served in turn, so shards
     do not compress identical rows away)."""
     rng = random.Random(seed)
@@ -53,6 +71,8 @@ def _answer(tokens: int, choices: int, logprobs: int | None, seed: int = 0) -> b
     for c in range(choices):
         ids = [min(int(rng.paretovariate(1.1)), 3999) for _ in range(tokens)]  # a few common tokens, a long tail
         choice: dict[str, Any] = {"index": c, "text": "".join(" " + VOCAB[t] for t in ids), "logprobs": None, "finish_reason": "length"}
+        if prompt_logprobs is not None:
+            choice["prompt_logprobs"] = _prompt_logprobs(rng, prompt_logprobs)
         if logprobs is not None:
             lps = [round(-rng.expovariate(2.0), 6) for _ in ids]
             choice["logprobs"] = {
@@ -94,9 +114,9 @@ class _Instant(asyncio.Protocol):
                                  + b"\r\n\r\n" + body)
 
 
-def serve(tokens: int, choices: int, logprobs: int | None) -> None:
+def serve(tokens: int, choices: int, logprobs: int | None, prompt_logprobs: int | None = None) -> None:
     models = json.dumps({"object": "list", "data": [{"id": "instant", "object": "model"}]}).encode()
-    answers = [_answer(tokens, choices, logprobs, seed) for seed in range(256 if logprobs is not None else 1024)]
+    answers = [_answer(tokens, choices, logprobs, seed, prompt_logprobs) for seed in range(256 if logprobs is not None else 1024)]
     loop = asyncio.new_event_loop()
     server = loop.run_until_complete(loop.create_server(lambda: _Instant(answers, models), "127.0.0.1", 0, backlog=4096))
     loop.add_signal_handler(signal.SIGTERM, loop.stop)
@@ -119,6 +139,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "samples8_requests": {"choices": 1, "logprobs": None, "flags": ["--samples", "8", "--sample-mode", "requests"], "rows_per_record": 8,
                           "requests_per_record": 8},
     "logprobs5": {"choices": 1, "logprobs": 5, "flags": ["--logprobs", "5"], "rows_per_record": 1, "requests_per_record": 1},
+    "prompt_logprobs5": {"choices": 1, "logprobs": None, "prompt_logprobs": 5, "flags": ["--prompt-logprobs", "5"], "rows_per_record": 1,
+                         "requests_per_record": 1},
 }
 
 
@@ -134,7 +156,9 @@ def run_variant(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
         for i in range(records):
             f.write(json.dumps({"id": f"p{i:07d}", "prompt": " ".join(WORDS[(i + k) % len(WORDS)] for k in range(30))}) + "\n")
     sp = subprocess.Popen([PYTHON, __file__, "serve", "--tokens", str(args.answer_tokens), "--choices", str(v["choices"]),
-                           *(["--logprobs", str(v["logprobs"])] if v["logprobs"] is not None else [])], stdout=subprocess.PIPE)
+                           *(["--logprobs", str(v["logprobs"])] if v["logprobs"] is not None else []),
+                           *(["--prompt-logprobs", str(v["prompt_logprobs"])] if v.get("prompt_logprobs") is not None else [])],
+                          stdout=subprocess.PIPE)
     try:
         assert sp.stdout is not None
         port = int(sp.stdout.readline().split()[1])
@@ -156,7 +180,7 @@ def run_variant(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any
     work = max(cpu - idle_cpu, 1e-9)
     shutil.rmtree(out, ignore_errors=True)
     return {"variant": name, "records": records, "requests": requests, "rows": rows, "answer_tokens": args.answer_tokens,
-            "answer_bytes": len(_answer(args.answer_tokens, v["choices"], v["logprobs"])), "cpu_s": round(cpu, 3),
+            "answer_bytes": len(_answer(args.answer_tokens, v["choices"], v["logprobs"], 0, v.get("prompt_logprobs"))), "cpu_s": round(cpu, 3),
             "startup_cpu_s": round(idle_cpu, 3), "wall_s": round(wall, 2),
             "cpu_ms_per_request": round(1000 * work / requests, 4), "cpu_ms_per_row": round(1000 * work / rows, 4),
             "disk_bytes_per_row": round(disk / rows, 1), "arrow_bytes_per_row": round(arrow / rows, 1)}
@@ -182,6 +206,7 @@ def main() -> None:
     sv.add_argument("--tokens", type=int, default=512)
     sv.add_argument("--choices", type=int, default=1)
     sv.add_argument("--logprobs", type=int, default=None)
+    sv.add_argument("--prompt-logprobs", type=int, default=None)
     ap.add_argument("--records", type=int, default=16000, help="rows per variant (records / 8 for the samples variants)")
     ap.add_argument("--logprobs-records", type=int, default=4000, help="records of the logprobs variant (its answers are ~40x larger)")
     ap.add_argument("--answer-tokens", type=int, default=512)
@@ -190,7 +215,7 @@ def main() -> None:
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
     if args.cmd == "serve":
-        serve(args.tokens, args.choices, args.logprobs)
+        serve(args.tokens, args.choices, args.logprobs, args.prompt_logprobs)
         return
     tmp = Path(tempfile.mkdtemp(prefix="dataset-rows-"))
     load = os.getloadavg()

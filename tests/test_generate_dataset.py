@@ -442,6 +442,77 @@ def test_logprobs_asked_of_a_server_that_cannot_give_them_refuse_the_job(sim, tm
         plain.stop()
 
 
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_prompt_logprob_columns_round_trip_through_pyarrow(sim, tmp_path, endpoint):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from servefleet.sim.tokens import token_ids
+
+    src = write_prompts(tmp_path / "in.jsonl", 8)
+    out = tmp_path / "out"
+    rc, doc, err = cli("-i", str(src), "-o", str(out), "--url", sim.url, "--max-tokens", "4", "--prompt-logprobs", "2",
+                       "--chat" if endpoint == "chat" else "--completions")
+    assert rc == 0, err[-2000:]
+    (shard,) = sorted((out / "shards").glob("*.parquet"))
+    table = pq.read_table(shard)
+    schema = table.schema
+    assert schema.field("prompt_logprobs").type == pa.list_(pa.float32())
+    assert schema.field("prompt_logprob_token_ids").type == pa.list_(pa.int32())
+    assert schema.field("prompt_top_logprobs").type == pa.list_(pa.list_(pa.float32(), 2))
+    assert schema.field("prompt_top_token_ids").type == pa.list_(pa.list_(pa.int32(), 2))
+    assert "logprobs" not in schema.names  # answer logprobs only with --logprobs
+    rows = table.to_pylist()
+    assert len(rows) == 8
+    for r in rows:
+        n = r["prompt_tokens"] - 1  # the first prompt token has none
+        assert n > 0 and len(r["prompt_logprobs"]) == n and len(r["prompt_top_logprobs"]) == n and len(r["prompt_top_token_ids"]) == n
+        if endpoint == "completions":
+            assert r["prompt_logprob_token_ids"] == token_ids(f"prompt {r['id'][1:]}")[1:]
+        for tid, lp, tops, top_ids in zip(r["prompt_logprob_token_ids"], r["prompt_logprobs"], r["prompt_top_logprobs"],
+                                          r["prompt_top_token_ids"], strict=True):
+            assert tops[0] >= tops[1] and lp <= tops[0]
+            if tid in top_ids:  # the prompt token among the top 2: the same logprob there
+                assert abs(tops[top_ids.index(tid)] - lp) < 1e-6
+
+
+def test_prompt_logprobs_keep_the_prompt_token_apart_from_the_top_k():
+    from servefleet.generate.prompt_logprobs import parse_prompt_logprobs
+
+    raw = [None, {"9": {"logprob": -3.0, "rank": 4}, "5": {"logprob": -0.1, "rank": 1}, "6": {"logprob": -0.5, "rank": 2}},
+           {"7": {"logprob": -0.2, "rank": 1}}]
+    got = parse_prompt_logprobs(raw, 2)
+    assert got.token_ids == [9, 7] and got.logprobs == [-3.0, -0.2]
+    assert got.top_token_ids == [[5, 6], [7, -1]] and got.top_logprobs[0] == [-0.1, -0.5] and got.top_logprobs[1][1] != got.top_logprobs[1][1]
+    # the answer's prompt_token_ids name the prompt token where it is given
+    assert parse_prompt_logprobs(raw, 2, [1, 6, 7]).token_ids == [6, 7] and parse_prompt_logprobs(raw, 2, [1, 6, 7]).logprobs[0] == -0.5
+    assert parse_prompt_logprobs(None, 2) is None
+
+
+def test_prompt_logprobs_asked_of_a_server_that_cannot_give_them_refuse_the_job(tmp_path):
+    plain = SimProcess(*INSTANT_SIM, "--no-logprobs", log_path=tmp_path / "plain.log").start().wait_ready()
+    try:
+        src = write_prompts(tmp_path / "in.jsonl", 5)
+        out = tmp_path / "out"
+        rc, _, err = cli("-i", str(src), "-o", str(out), "--url", plain.url, "--max-tokens", "3")
+        assert rc == 0, err[-2000:]
+        committed = {k: v for k, v in tree_digest(out).items() if k.startswith(("shards", "ledger"))}
+        more = write_prompts(tmp_path / "more.jsonl", 10)
+        rc, doc, err = cli("-i", str(more), "-o", str(out), "--url", plain.url, "--max-tokens", "3", "--prompt-logprobs", "2", "--force")
+        text = json.dumps(doc) + err
+        assert rc == 3 and "--prompt-logprobs 2: url answered a request asking for prompt logprobs without them" in text, text[-2000:]
+        assert {k: v for k, v in tree_digest(out).items() if k.startswith(("shards", "ledger"))} == committed
+    finally:
+        plain.stop()
+
+
+@pytest.mark.parametrize("k", ["21", "-1"])
+def test_prompt_logprobs_out_of_range_is_a_usage_error(tmp_path, k):
+    src = write_prompts(tmp_path / "in.jsonl", 3)
+    rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", "http://127.0.0.1:9", "--prompt-logprobs", k)
+    assert rc == 3 and f"--prompt-logprobs {k}" in json.dumps(doc) + err
+
+
 def test_logprobs_out_of_range_is_a_usage_error(tmp_path):
     src = write_prompts(tmp_path / "in.jsonl", 3)
     rc, doc, err = cli("-i", str(src), "-o", str(tmp_path / "out"), "--url", "http://127.0.0.1:9", "--logprobs", "21")

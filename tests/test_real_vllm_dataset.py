@@ -1,7 +1,7 @@
 """Issue 29 on real vLLM (the CPU build): --samples in both modes gives the same rows (vLLM gives the children
 of an n=K request seed + i, as samples.py asks K requests), and --logprobs stores real token ids and logprobs
-(vLLM's return_tokens_as_token_ids) that read back with pyarrow. Two servers started by hand on tiny models (seeds 3 and 4, served as tiny and
-tiny-b): a two-model fleet routed by record."""
+(vLLM's return_tokens_as_token_ids) and --prompt-logprobs the prompt's, that read back with pyarrow. Two servers started by
+hand on tiny models (seeds 3 and 4, served as tiny and tiny-b): a two-model fleet routed by record."""
 
 from __future__ import annotations
 
@@ -91,13 +91,17 @@ def test_logprobs_from_vllm_are_token_ids_and_float32_columns(vllm, tmp_path):
 
     src = write(tmp_path / "in.jsonl", 4)
     out = tmp_path / "out"
-    generate(src, out, vllm, "--logprobs", "2")
+    generate(src, out, vllm, "--logprobs", "2", "--prompt-logprobs", "3")
     rows = [r for s in sorted((out / "shards").glob("*.parquet")) for r in pq.read_table(s).to_pylist()]
     assert len(rows) == 4
     for r in rows:
         n = r["completion_tokens"]
         assert len(r["logprobs"]) == n and len(r["logprob_token_ids"]) == n and len(r["top_token_ids"]) == n
         assert all(lp <= 0 for lp in r["logprobs"]) and all(len(t) == 2 for t in r["top_logprobs"])
+        p = r["prompt_tokens"] - 1  # vLLM gives none for the first prompt token
+        assert p > 0 and len(r["prompt_logprobs"]) == p and len(r["prompt_logprob_token_ids"]) == p and len(r["prompt_top_token_ids"]) == p
+        assert all(lp <= 0 for lp in r["prompt_logprobs"]) and all(len(t) == 3 and t[0] >= t[1] >= t[2] for t in r["prompt_top_logprobs"])
+        assert all(t >= 0 for t in r["prompt_logprob_token_ids"]) and all(min(t) >= 0 for t in r["prompt_top_token_ids"])
 
 
 @real

@@ -82,6 +82,31 @@ async def test_completions_and_chat_with_usage(sims) -> None:
         assert status == 400 and "maximum context length is 4096" in body["message"]
 
 
+async def test_prompt_logprobs_in_vllm_shape_and_refused_with_stream(sims) -> None:
+    from servefleet.sim.tokens import token_ids
+
+    url = sims["b"].url
+    prompt = "the of and to in is was for"
+    async with aiohttp.ClientSession() as s:
+        status, body = await _post(s, url + "/v1/completions", {"prompt": prompt, "max_tokens": 2, "n": 2, "prompt_logprobs": 3})
+        assert status == 200
+        first, second = (c["prompt_logprobs"] for c in body["choices"])  # on completions: in each choice
+        assert first == second and first[0] is None and len(first) == count_tokens(prompt)
+        for tid, pos in zip(token_ids(prompt)[1:], first[1:], strict=True):
+            keys = list(pos)
+            assert keys[0] == str(tid)  # the prompt token first, then the top 3 by rank
+            ranks = [v["rank"] for v in pos.values()]
+            assert sorted(ranks[1:]) == [1, 2, 3] if len(pos) == 4 else sorted(ranks) == [1, 2, 3]  # 4: the prompt token ranks below 3
+        messages = [{"role": "user", "content": prompt}]
+        status, body = await _post(s, url + "/v1/chat/completions", {"messages": messages, "max_tokens": 2, "prompt_logprobs": 1})
+        assert status == 200 and "prompt_logprobs" not in body["choices"][0]  # on chat: at the top
+        assert len(body["prompt_logprobs"]) == count_tokens(render_chat(messages)) and body["prompt_logprobs"][0] is None
+        status, body = await _post(s, url + "/v1/completions", {"prompt": prompt, "max_tokens": 2, "prompt_logprobs": 1, "stream": True})
+        assert status == 400 and "prompt_logprobs" in body["message"]
+        status, body = await _post(s, url + "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        assert status == 200 and "prompt_logprobs" not in body["choices"][0]
+
+
 async def test_streaming_chunks_one_per_step_with_usage(sims) -> None:
     async with aiohttp.ClientSession() as s:
         events = await _stream(s, sims["a"].url + "/v1/completions",

@@ -94,6 +94,8 @@ def generate(
                                                                          "each must be served by a server of the fleet (LoRA adapters count)")] = None,
     logprobs: Annotated[int | None, typer.Option("--logprobs", metavar="K", help="store each answer's token logprobs and the top K alternatives "
                                                                            "(0-20) as compact columns (token ids int32, logprobs float32)")] = None,
+    prompt_logprobs: Annotated[int | None, typer.Option("--prompt-logprobs", metavar="K", help="store each prompt token's logprob and the top K "
+                                                                                         "alternatives (0-20) as compact columns (vLLM's prompt_logprobs)")] = None,
     samples: Annotated[int | None, typer.Option("--samples", metavar="K", help="K answers per record, one row per (id, sample) with a `sample` column; "
                                                                          "each sample's seed from (id, k)")] = None,
     sample_mode: Annotated[str, typer.Option("--sample-mode", help="--samples: n (one request of n=K: shared prefill), requests (K requests: spread "
@@ -154,6 +156,8 @@ def generate(
         _fail(err, json_out, "--model and --models exclude each other: --models sends every record to each model", ExitCode.USAGE)
     if logprobs is not None and not 0 <= logprobs <= 20:
         _fail(err, json_out, f"--logprobs {logprobs}: expected 0 to 20 alternatives per token", ExitCode.USAGE)
+    if prompt_logprobs is not None and not 0 <= prompt_logprobs <= 20:
+        _fail(err, json_out, f"--prompt-logprobs {prompt_logprobs}: expected 0 to 20 alternatives per prompt token", ExitCode.USAGE)
     if samples is not None and samples < 1:
         _fail(err, json_out, f"--samples {samples}: expected at least 1 answer per record", ExitCode.USAGE)
     if sample_mode not in ("auto", "n", "requests"):
@@ -168,7 +172,8 @@ def generate(
         config = GenerateConfig(
             input=str(input), output=output, urls=list(url or []),
             params=JobParams(model=model, max_tokens=max_tokens, temperature=temperature, mode=mode, token_ids=token_ids,
-                             store_request=store_request, format=fmt, samples=samples, models=model_list, logprobs=logprobs),
+                             store_request=store_request, format=fmt, samples=samples, models=model_list, logprobs=logprobs,
+                             prompt_logprobs=prompt_logprobs),
             concurrency=conc, max_running=max_running, bench=[str(b) for b in bench or []],
             health=HealthPolicy(hang_min_s=hang_after, recover_timeout_s=give_up_s), max_attempts=max_attempts, retry_base_s=backoff_base,
             retry_cap_s=backoff_max, shard_rows=shard_rows, shard_bytes=int(shard_mb * 2**20),

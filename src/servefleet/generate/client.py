@@ -13,7 +13,7 @@ orjson refuses: integers beyond 64 bits, NaN literals), and each server's reques
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -21,6 +21,7 @@ from yarl import URL
 
 from servefleet.generate.inputs import ENDPOINT_PATHS
 from servefleet.generate.logprobs import Logprobs, parse_logprobs
+from servefleet.generate.prompt_logprobs import parse_prompt_logprobs, raw_prompt_logprobs
 from servefleet.http import FailureKind, HttpClient, Pool, RequestFailure, Timeout, Transport, TransportError, decode_json
 
 __all__ = ["Completion", "Client"]
@@ -42,6 +43,7 @@ class Completion:
     token_ids: list[int] | None = None
     choices: tuple[Completion, ...] = ()  # every choice of an answer to n > 1, in order (each without usage)
     logprobs: Logprobs | None = None  # --logprobs: the answer's token logprobs (logprobs.py)
+    prompt_logprobs: Logprobs | None = None  # --prompt-logprobs: the prompt's token logprobs (prompt_logprobs.py)
 
 
 class Client:
@@ -49,8 +51,9 @@ class Client:
     carries the JSON and authorisation headers."""
 
     def __init__(self, *, request_timeout_s: float = 3600.0, connect_timeout_s: float = 10.0, api_key: str | None = None,
-                 transport: Transport | None = None, logprobs_k: int | None = None) -> None:
+                 transport: Transport | None = None, logprobs_k: int | None = None, prompt_logprobs_k: int | None = None) -> None:
         self.logprobs_k = logprobs_k  # --logprobs K: answers' logprobs are parsed (K alternatives per position)
+        self.prompt_logprobs_k = prompt_logprobs_k  # --prompt-logprobs K: so are the prompts'
         self.timeout = Timeout(request_timeout_s, connect_timeout_s)
         self.probe_timeout = Timeout(5.0, min(5.0, connect_timeout_s))
         headers = {"Content-Type": "application/json"}
@@ -83,7 +86,7 @@ class Client:
             return exc.failure
         if resp.status >= 400:
             return RequestFailure(FailureKind.HTTP, _error_text(resp.body), resp.status, _retry_after(resp.headers.get("Retry-After")))
-        return _parse(resp.body, endpoint, self.logprobs_k)
+        return _parse(resp.body, endpoint, self.logprobs_k, self.prompt_logprobs_k)
 
     def _timeout(self, timeout_s: float | None) -> Timeout:
         return self.probe_timeout if timeout_s is None else Timeout(timeout_s)
@@ -125,13 +128,19 @@ def encode_body(body: dict[str, Any]) -> bytes:
         return json.dumps(body).encode()
 
 
-def _parse(data: bytes, endpoint: str, logprobs_k: int | None = None) -> Completion | RequestFailure:
+def _parse(data: bytes, endpoint: str, logprobs_k: int | None = None, prompt_logprobs_k: int | None = None) -> Completion | RequestFailure:
     try:
         obj = decode_json(data)  # orjson; the stdlib for NaN / Infinity literals
         choice = obj["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
         return RequestFailure(FailureKind.PROTOCOL, "answer without choices: " + _error_text(data))
     head = _choice(choice, endpoint, obj, logprobs_k=logprobs_k)
+    if prompt_logprobs_k is not None:  # one prompt for every choice
+        try:
+            raw, prompt_ids = raw_prompt_logprobs(obj, choice)
+            head = replace(head, prompt_logprobs=parse_prompt_logprobs(raw, prompt_logprobs_k, prompt_ids))
+        except (AttributeError, TypeError):
+            return RequestFailure(FailureKind.PROTOCOL, "answer with malformed prompt_logprobs: " + _error_text(data))
     if len(obj["choices"]) > 1:
         try:
             ordered = sorted(obj["choices"], key=lambda c: c.get("index", 0))
@@ -139,7 +148,7 @@ def _parse(data: bytes, endpoint: str, logprobs_k: int | None = None) -> Complet
         except (AttributeError, TypeError):
             return RequestFailure(FailureKind.PROTOCOL, "answer with malformed choices: " + _error_text(data))
         return Completion(head.text, head.finish_reason, head.prompt_tokens, head.completion_tokens, head.model, head.reasoning,
-                          head.token_ids, others)
+                          head.token_ids, others, prompt_logprobs=head.prompt_logprobs)
     return head
 
 

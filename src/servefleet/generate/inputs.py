@@ -63,6 +63,7 @@ class RequestDefaults:
     token_ids: bool = False  # ask for output token ids (vLLM: return_token_ids)
     samples: int | None = None  # --samples K: a record's own `n` is refused (the job then stops: runner.py)
     logprobs: int | None = None  # --logprobs K: ask each answer's token logprobs with K alternatives (logprobs.py)
+    prompt_logprobs: int | None = None  # --prompt-logprobs K: and the prompt's (prompt_logprobs.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +285,8 @@ def _finish(line: int, rid: str, body: dict[str, Any], endpoint: Endpoint | None
     if defaults.logprobs is not None:
         for key, value in request_fields(endpoint, defaults.logprobs).items():
             body.setdefault(key, value)
+    if defaults.prompt_logprobs is not None:
+        body.setdefault("prompt_logprobs", defaults.prompt_logprobs)
     return PromptRecord(line, rid, endpoint, body)
 
 

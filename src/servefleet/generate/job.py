@@ -49,6 +49,7 @@ class JobParams(BaseModel):
     samples: int | None = Field(default=None, ge=1)  # --samples K: one row per (id, sample)
     models: tuple[str, ...] | None = None  # --models a,b: one row per (id, model)
     logprobs: int | None = Field(default=None, ge=0, le=20)  # --logprobs K: token logprobs with K alternatives, stored
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # --prompt-logprobs K: the same of the prompt's tokens
 
     def differences(self, other: JobParams) -> list[str]:
         mine, theirs = self.model_dump(), other.model_dump()

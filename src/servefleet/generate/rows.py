@@ -32,6 +32,7 @@ def rows_of(r: PromptRecord, c: Completion, *, server: str, attempts: int, laten
         )
         if c.logprobs is not None:
             _with_logprobs(row, c)
+        _with_prompt_logprobs(row, c)
         return [row]
     first = r.sample or 0
     rows = []
@@ -43,6 +44,7 @@ def rows_of(r: PromptRecord, c: Completion, *, server: str, attempts: int, laten
         )
         if ch.logprobs is not None:
             _with_logprobs(row, ch)
+        _with_prompt_logprobs(row, c)
         rows.append(row)
     return rows
 
@@ -51,6 +53,13 @@ def _with_logprobs(row: OutputRow, c: Completion) -> None:
     lp = c.logprobs
     assert lp is not None
     row.logprobs, row.logprob_token_ids, row.top_logprobs, row.top_token_ids = lp.logprobs, lp.token_ids, lp.top_logprobs, lp.top_token_ids
+
+
+def _with_prompt_logprobs(row: OutputRow, c: Completion) -> None:
+    lp = c.prompt_logprobs  # the answer's, the same for each of its choices
+    if lp is not None:
+        row.prompt_logprobs, row.prompt_logprob_token_ids, row.prompt_top_logprobs, row.prompt_top_token_ids = (
+            lp.logprobs, lp.token_ids, lp.top_logprobs, lp.top_token_ids)
 
 
 def _count(c: Completion) -> int | None:

@@ -56,6 +56,7 @@ from servefleet.generate.job import JOB_FILE, InputInfo, JobManifest, JobParams,
 from servefleet.generate.ledger import SHARDS_DIR, ContentIndex, DoneSet, Ledger
 from servefleet.generate.logprobs import refuse_without_logprobs
 from servefleet.generate.prepass import CHECK, SEND, SKIP, Prepass, max_tokens_warning, record_digest, run_prepass
+from servefleet.generate.prompt_logprobs import refuse_without_prompt_logprobs
 from servefleet.generate.provenance import collect
 from servefleet.generate.recorder import PROGRESS_FILE, JobRecorder
 from servefleet.generate.report import JobReport, build_report
@@ -123,7 +124,7 @@ class GenerateConfig(BaseModel):
     def defaults(self) -> RequestDefaults:
         p = self.params
         return RequestDefaults(max_tokens=p.max_tokens, temperature=p.temperature, mode=p.mode, token_ids=p.token_ids,
-                               samples=p.samples, logprobs=p.logprobs)
+                               samples=p.samples, logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs)
 
 
 async def run_generate(
@@ -388,7 +389,7 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
     if stats.to_send <= 0:
         return sent
     params = config.params
-    async with Client(request_timeout_s=config.request_timeout_s, logprobs_k=params.logprobs,
+    async with Client(request_timeout_s=config.request_timeout_s, logprobs_k=params.logprobs, prompt_logprobs_k=params.prompt_logprobs,
                       api_key=config.api_key.get_secret_value() if config.api_key else None) as client:
         if targets is None:
             targets = await targets_from_urls(config.urls, client, config.max_running)
@@ -405,8 +406,11 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         if params.logprobs is not None:
             await refuse_without_logprobs(targets, client, "chat" if params.mode == "chat" else "completions", params.logprobs,
                                           params.model or (params.models[0] if params.models else None))
+        if params.prompt_logprobs is not None:
+            await refuse_without_prompt_logprobs(targets, client, "chat" if params.mode == "chat" else "completions", params.prompt_logprobs,
+                                                 params.model or (params.models[0] if params.models else None))
         buffer = ShardBuffer(shard_schema(params.token_ids, params.store_request, samples=params.samples is not None,
-                                          logprobs_k=params.logprobs),
+                                          logprobs_k=params.logprobs, prompt_logprobs_k=params.prompt_logprobs),
                              ShardLimits(config.shard_rows, config.shard_bytes, config.shard_seconds))
         committer = Committer(ledger, buffer, stats)
         mode = choose_mode(config.sample_mode, records=stats.to_send, servers=len(targets))

@@ -46,15 +46,22 @@ class OutputRow:
     logprob_token_ids: list[int] | None = None
     top_logprobs: list[list[float]] | None = None  # K alternatives per position
     top_token_ids: list[list[int]] | None = None
+    prompt_logprobs: list[float] | None = None  # --prompt-logprobs (prompt_logprobs.py): the prompt tokens' logprobs
+    prompt_logprob_token_ids: list[int] | None = None
+    prompt_top_logprobs: list[list[float]] | None = None
+    prompt_top_token_ids: list[list[int]] | None = None
 
     def approx_bytes(self) -> int:
         n = 96 + len(self.id) + len(self.text) + len(self.reasoning or "") + len(self.request or "")
         if self.logprobs is not None:
             n += 8 * len(self.logprobs) * (1 + len(self.top_logprobs[0]) if self.top_logprobs else 1)
+        if self.prompt_logprobs is not None:
+            n += 8 * len(self.prompt_logprobs) * (1 + len(self.prompt_top_logprobs[0]) if self.prompt_top_logprobs else 1)
         return n + 4 * len(self.token_ids or ())
 
 
-def shard_schema(token_ids: bool, store_request: bool, samples: bool = False, logprobs_k: int | None = None) -> pa.Schema:
+def shard_schema(token_ids: bool, store_request: bool, samples: bool = False, logprobs_k: int | None = None,
+                 prompt_logprobs_k: int | None = None) -> pa.Schema:
     fields = [
         pa.field("id", pa.string(), nullable=False),
         pa.field("line", pa.int64(), nullable=False),
@@ -78,6 +85,10 @@ def shard_schema(token_ids: bool, store_request: bool, samples: bool = False, lo
         fields += [pa.field("logprobs", pa.list_(pa.float32())), pa.field("logprob_token_ids", pa.list_(pa.int32())),
                    pa.field("top_logprobs", pa.list_(pa.list_(pa.float32(), logprobs_k))),
                    pa.field("top_token_ids", pa.list_(pa.list_(pa.int32(), logprobs_k)))]
+    if prompt_logprobs_k is not None:
+        fields += [pa.field("prompt_logprobs", pa.list_(pa.float32())), pa.field("prompt_logprob_token_ids", pa.list_(pa.int32())),
+                   pa.field("prompt_top_logprobs", pa.list_(pa.list_(pa.float32(), prompt_logprobs_k))),
+                   pa.field("prompt_top_token_ids", pa.list_(pa.list_(pa.int32(), prompt_logprobs_k)))]
     return pa.schema(fields)
 
 

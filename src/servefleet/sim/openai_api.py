@@ -55,6 +55,7 @@ class Job:
     more: tuple[tuple[int, int, str], ...] = ()  # n > 1: (start, target, finish_reason) of choices 1..n-1
     logprobs: int | None = None  # alternatives per token asked (chat top_logprobs, completions logprobs); None: none asked
     ids_as_tokens: bool = False  # vLLM's return_tokens_as_token_ids
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token; None: none asked
 
 
 def _prompt(body: dict[str, Any]) -> tuple[str, int]:
@@ -128,6 +129,9 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
     adapter = answered_by if answered_by != cfg.served_name else None
     asked = body.get("top_logprobs", 0) if chat and body.get("logprobs") else (None if chat else body.get("logprobs"))
     logprobs = int(asked or 0) if cfg.logprobs and asked is not None and asked is not False else None
+    prompt_k = _int_field(body, "prompt_logprobs")
+    if prompt_k is not None and stream and cfg.logprobs:
+        raise ApiError(400, "`prompt_logprobs` are not available when `stream=True`.")
     draws = [_draw(text, cfg, max_tokens, min_tokens, bool(body.get("ignore_eos", False)), None if seed is None else seed + i, i, adapter)
              for i in range(n)]
     start, target, finish = draws[0]
@@ -135,7 +139,8 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
     return Job(chat=chat, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, target=target,
                finish_reason=finish, stream=stream, include_usage=include_usage, start=start,
                rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=answered_by, more=tuple(draws[1:]),
-               logprobs=logprobs, ids_as_tokens=bool(body.get("return_tokens_as_token_ids")))
+               logprobs=logprobs, ids_as_tokens=bool(body.get("return_tokens_as_token_ids")),
+               prompt_logprobs=prompt_k if cfg.logprobs else None)
 
 
 def _draw(text: str, cfg: SimConfig, max_tokens: int, min_tokens: int, ignore_eos: bool, seed: int | None,
@@ -171,8 +176,27 @@ def full_body(job: Job, text: str, more: list[str] | None = None) -> dict[str, A
         for c, t in zip(choices, [text, *(more or [])], strict=True):
             c["logprobs"] = _logprobs(job, t)
     kind = "chat.completion" if job.chat else "text_completion"
-    return {"id": job.rid, "object": kind, "created": job.created, "model": job.model, "choices": choices,
-            "usage": _usage(job, job.target + sum(t for _, t, _ in job.more))}
+    answer = {"id": job.rid, "object": kind, "created": job.created, "model": job.model, "choices": choices,
+              "usage": _usage(job, job.target + sum(t for _, t, _ in job.more))}
+    if job.prompt_logprobs is not None:  # as vLLM: at the top on chat, in each choice on completions
+        prompt = _prompt_logprobs(job.prompt_text, job.prompt_logprobs)
+        for c in [answer] if job.chat else choices:
+            c["prompt_logprobs"] = prompt
+    return answer
+
+
+def _prompt_logprobs(text: str, k: int) -> list[dict[str, dict[str, Any]] | None]:
+    """Deterministic prompt logprobs in vLLM's shape: none for the first token; then the prompt token first with its
+    rank (1 + id % 4, so at times outside the top ``k``), then the top ``k`` by rank."""
+    out: list[dict[str, dict[str, Any]] | None] = [None]
+    for w, i in list(zip(tokenize(text), token_ids(text), strict=True))[1:]:
+        lp, rank = -((i % 500) / 100.0), 1 + i % 4
+        pos = {str(i): {"logprob": lp, "rank": rank, "decoded_token": w}}
+        for j in range(1, k + 1):
+            alt = i if j == rank else (i + 7 * j) % VOCAB_SIZE
+            pos.setdefault(str(alt), {"logprob": lp - (j - rank) * 0.5, "rank": j, "decoded_token": f"alt{j}"})
+        out.append(pos)
+    return out
 
 
 def _logprobs(job: Job, text: str) -> dict[str, Any]:
