@@ -248,6 +248,12 @@ def test_release_tail_and_down_after_leave_no_server_running(tmp_path: Path, dow
     assert released and report["membership"]["releases"] == len(released), report["events"]
     assert "slow" not in " ".join(released)  # the one still working is not released
     assert "--down-after: the fleet is stopped" in (report["message"] or "")
+    shown = cli("report", str(out), "--json")  # the report shows what the release gave back
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    tail = json.loads(shown.stdout)["tail"]
+    assert tail["released"] == len(released) and tail["released_server_s"] > 0, tail
+    assert tail["per_server"]["slow"]["released_s"] == 0 and tail["job_s"] == pytest.approx(report["wall_s"], abs=2.0), tail
+    assert 'id="tail"' in (out / "report.html").read_text()
     assert sorted(committed_ids(out)) == sorted(f"p{i}" for i in range(400))
     assert {n: s["state"] for n, s in statuses(fleet).items()} == {"a": "not launched", "b": "not launched", "slow": "not launched"}
     from servefleet.hosts.local import LocalHost
