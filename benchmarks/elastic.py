@@ -214,9 +214,10 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     print("tail (fleet of 8 sim servers, 6 long prompts at the end)")
-    print(f"{'release_tail':>12} {'idle server-s':>14} {'job s':>7} {'released':>9}")
+    print(f"{'release_tail':>12} {'idle server-s':>14} {'given back s':>13} {'job s':>7} {'released':>9}")
     for t in result["tail"]:
-        print(f"{t['release_tail']!s:>12} {t['idle_server_s']:>14.1f} {t['job_s']:>7.1f} {t['released']:>9}")
+        back = t.get("released_server_s")  # results before the report read the tail have none
+        print(f"{t['release_tail']!s:>12} {t['idle_server_s']:>14.1f} {'-' if back is None else f'{back:.1f}':>13} {t['job_s']:>7.1f} {t['released']:>9}")
     print("\njoin: ready -> first request")
     print(f"{'watch interval s':>16} {'ready->first s':>15} {'bound s':>8}")
     for j in result["join"]:
