@@ -91,20 +91,11 @@ def finish(proc: subprocess.Popen) -> dict:
 
 
 def idle_at_tail(out: Path) -> dict:
-    tl = json.loads(next((out / "timeline").glob("*.json")).read_text())
-    width, n = float(tl["bucket_s"]), int(tl["buckets"])
-    end = float(tl["updated_unix"]) - float(tl["started"])
-    released = {}
-    for m in tl["messages"]["items"]:
-        name, _, rest = m["text"].partition(": ")
-        if rest.startswith("released at the tail"):
-            released[name] = float(m["t"])
-    idle = {}
-    for name, cols in tl["servers"].items():
-        busy = [i for i in range(n) if cols["in_flight_max"][i] > 0]
-        last_busy = min(end, (busy[-1] + 1) * width) if busy else 0.0
-        idle[name] = round(max(0.0, released.get(name, end) - last_busy), 2)
-    return {"idle_server_s": round(sum(idle.values()), 2), "per_server": idle, "job_s": round(end, 2), "released": len(released)}
+    from servefleet.generate.tail import tail_of_timeline  # the report's own reading (servefleet report --json: "tail")
+
+    tail = tail_of_timeline(json.loads(next((out / "timeline").glob("*.json")).read_text()))
+    return {"idle_server_s": tail["idle_server_s"], "per_server": {n: p["idle_s"] for n, p in tail["per_server"].items()},
+            "job_s": tail["job_s"], "released": tail["released"], "released_server_s": tail["released_server_s"]}
 
 
 def tail_trial(release: bool) -> dict:
@@ -223,9 +214,10 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     print("tail (fleet of 8 sim servers, 6 long prompts at the end)")
-    print(f"{'release_tail':>12} {'idle server-s':>14} {'job s':>7} {'released':>9}")
+    print(f"{'release_tail':>12} {'idle server-s':>14} {'given back s':>13} {'job s':>7} {'released':>9}")
     for t in result["tail"]:
-        print(f"{t['release_tail']!s:>12} {t['idle_server_s']:>14.1f} {t['job_s']:>7.1f} {t['released']:>9}")
+        back = t.get("released_server_s")  # results before the report read the tail have none
+        print(f"{t['release_tail']!s:>12} {t['idle_server_s']:>14.1f} {'-' if back is None else f'{back:.1f}':>13} {t['job_s']:>7.1f} {t['released']:>9}")
     print("\njoin: ready -> first request")
     print(f"{'watch interval s':>16} {'ready->first s':>15} {'bound s':>8}")
     for j in result["join"]:

@@ -234,9 +234,10 @@ def test_a_dead_member_of_a_count_is_replaced_and_joins(tmp_path: Path, downs) -
 
 
 def test_release_tail_and_down_after_leave_no_server_running(tmp_path: Path, downs) -> None:
-    """"slow" answers a request in ~0.6 s, "a" and "b" in ~20 ms: at the tail they would wait idle for
-    "slow"'s last requests; they are released, and --down-after stops the rest once complete."""
-    fleet = fleet_file(tmp_path, {"a": (["--decode-ms", "5"], None), "b": (["--decode-ms", "5"], None), "slow": (["--decode-ms", "150"], None)})
+    """"slow" answers a request in ~2 s, "a" and "b" in ~20 ms: at the tail they would wait idle for
+    "slow"'s last requests; they are released, and --down-after stops the rest once complete. (A tail
+    longer than the timeline's 1 s sampling, so the report can tell what the release gave back.)"""
+    fleet = fleet_file(tmp_path, {"a": (["--decode-ms", "5"], None), "b": (["--decode-ms", "5"], None), "slow": (["--decode-ms", "500"], None)})
     downs(fleet)
     up = cli("up", str(fleet))
     assert up.returncode == 0, up.stdout + up.stderr
@@ -248,6 +249,12 @@ def test_release_tail_and_down_after_leave_no_server_running(tmp_path: Path, dow
     assert released and report["membership"]["releases"] == len(released), report["events"]
     assert "slow" not in " ".join(released)  # the one still working is not released
     assert "--down-after: the fleet is stopped" in (report["message"] or "")
+    shown = cli("report", str(out), "--json")  # the report shows what the release gave back
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    tail = json.loads(shown.stdout)["tail"]
+    assert tail["released"] == len(released) and tail["released_server_s"] > 0, tail
+    assert tail["per_server"]["slow"]["released_s"] == 0 and tail["job_s"] == pytest.approx(report["wall_s"], abs=2.0), tail
+    assert 'id="tail"' in (out / "report.html").read_text()
     assert sorted(committed_ids(out)) == sorted(f"p{i}" for i in range(400))
     assert {n: s["state"] for n, s in statuses(fleet).items()} == {"a": "not launched", "b": "not launched", "slow": "not launched"}
     from servefleet.hosts.local import LocalHost

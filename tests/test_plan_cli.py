@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from servefleet.bench.result import BenchConfig, Environment, Point, Run, Stat, Target, save_run
@@ -41,6 +42,11 @@ def test_plan_ranks_and_reads_the_cap(tmp_path):
     assert out["plans"]["64"][0]["makespan_s"] < first[0]["makespan_s"] / 50
     assert out["recommendation"].startswith("use plain at concurrency 64")
     assert (tmp_path / "p.png").stat().st_size > 1000
+    for r in first + out["plans"]["64"]:  # the predicted tail: held from the queue emptying, what release returns
+        tail = r["tail"]
+        assert tail["makespan_s"] == pytest.approx(r["makespan_s"])
+        assert tail["held_server_s"] == pytest.approx(r["replicas"] * (tail["makespan_s"] - tail["queue_empty_s"]))
+        assert 0 <= tail["released_server_s"] < tail["held_server_s"]
 
 
 def test_plan_sample_mean_and_gpus_per_replica(tmp_path):
@@ -89,6 +95,8 @@ def test_plan_and_capacity_tables_on_the_terminal(tmp_path):
     text = " ".join(res.output.split())
     assert "902,087 prompts x 1,800 output tokens on 8 GPU(s)" in text and "GPU-hours" in text
     assert "recommendation: use plain at concurrency 64" in text and "sooner than mtp" in text
+    assert "tail: " in text and "server-hours idle or draining" in text and "--release-tail returns about" in text
+    assert "small, the plan's replicas drain nearly together" in text  # 902,087 answers of one length: they end together
     (tmp_path / "config.json").write_text(json.dumps({
         "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
         "intermediate_size": 14336, "vocab_size": 128256}))

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from servefleet.plan.planner import ConfigCurve, Curve, JobSpec, plan_job, simulate_makespan
+from servefleet.plan.planner import ConfigCurve, Curve, JobSpec, plan_job, simulate_makespan, tail_model
 
 # The shapes of the MTP-vs-plain choice (examples/sglang-mtp-vs-plain.toml): speculative decoding is ~2.5x faster per request but capped
 # at 4 running requests; plain decoding is slower per request and scales to 64.
@@ -71,3 +71,27 @@ def test_cost_and_gpu_hours():
     row = plan_job([PLAIN], JobSpec(10_000, 1000), gpus=2, gpu_hour_cost=2.5)[0]
     assert row.gpu_hours == pytest.approx(row.makespan_s * 2 / 3600)
     assert row.cost == pytest.approx(row.gpu_hours * 2.5)
+
+
+def test_the_tail_model_ends_where_the_makespan_does_and_holds_every_replica_until_then():
+    lin = Curve((1, 8), (10.0, 80.0))  # 10 tok/s per request at any concurrency
+    job = JobSpec(prompts=100, output_tokens_mean=100)
+    tail = tail_model(lin, concurrency=2, replicas=2, job=job)
+    # 4 slots: remaining work 25, 50, 75, 100 dealt in turn -> replica 0 drains (25, 75), replica 1 (50, 100)
+    assert tail.queue_empty_s == pytest.approx((100 * 100 - 4 * 100 / 2) / 40)
+    assert tail.finish_s == pytest.approx((tail.queue_empty_s + 7.5, tail.queue_empty_s + 10.0))
+    assert tail.makespan_s == pytest.approx(simulate_makespan(lin, 2, 2, job))
+    assert tail.held_server_s == pytest.approx(2 * 10.0) and tail.released_server_s == pytest.approx(2.5)
+    curve = Curve((1, 8, 32, 64), (50.0, 350.0, 1000.0, 1600.0))
+    for prompts, c, replicas in ((100_000, 64, 8), (2000, 8, 16), (10, 4, 4)):
+        big = JobSpec(prompts=prompts, output_tokens_mean=500)
+        assert tail_model(curve, c, replicas, big).makespan_s == pytest.approx(simulate_makespan(curve, c, replicas, big))
+
+
+def test_prompts_that_do_not_divide_evenly_leave_replicas_that_release_gives_back():
+    curve = Curve((1, 4), (10.0, 20.0))  # per request: 10 tok/s alone, 100/15 at 2, 100/18 at 3
+    tail = tail_model(curve, concurrency=4, replicas=4, job=JobSpec(prompts=10, output_tokens_mean=100))
+    assert tail.queue_empty_s == 0.0 and tail.finish_s == pytest.approx((18.0, 18.0, 15.0, 15.0))  # 3, 3, 2, 2 prompts
+    assert tail.held_server_s == pytest.approx(72.0) and tail.released_server_s == pytest.approx(6.0)
+    idle = tail_model(curve, concurrency=4, replicas=4, job=JobSpec(prompts=3, output_tokens_mean=100))
+    assert idle.finish_s == pytest.approx((10.0, 10.0, 10.0, 0.0)) and idle.released_server_s == pytest.approx(10.0)

@@ -135,9 +135,9 @@ def plan(
     if prompts is None:
         raise _fail("give --prompts N (or --check DEST to compare a plan with a job `generate` ran)")
     gpus = gpus or "1"
-    from servefleet.cli.plan_view import plan_table, recommendation
+    from servefleet.cli.plan_view import plan_table, recommendation, tail_line
     from servefleet.cli.plots import plot_makespan
-    from servefleet.plan.planner import JobSpec, plan_job
+    from servefleet.plan.planner import JobSpec, plan_job, tail_model
     from servefleet.plan.runs import curve_from_run, mode_warnings, parse_bench_arg, sample_output_mean
     from servefleet.validation import build
 
@@ -160,10 +160,17 @@ def plan(
     modes = {c.name: c.measured_mode for c in configs}
     results = {g: plan_job(configs, job, g, gpu_hour_cost) for g in counts}
     plot_path = plot_makespan(configs, job, counts, plot) if plot else None
+    curves = {c.name: c.curve for c in configs}
+
+    def tail(r):  # the predicted tail: what --release-tail would return
+        return tail_model(curves[r.name], r.best_concurrency, r.replicas, job) if math.isfinite(r.makespan_s) else None
+
     if as_json:
         def row(r):
+            t = tail(r)
             return {**r.__dict__, "makespan_s": r.makespan_s if math.isfinite(r.makespan_s) else None,
-                    "gpu_hours": r.gpu_hours if math.isfinite(r.gpu_hours) else None, "measured_mode": modes.get(r.name)}
+                    "gpu_hours": r.gpu_hours if math.isfinite(r.gpu_hours) else None, "measured_mode": modes.get(r.name),
+                    "tail": t.to_json() if t is not None else None}
         print(json.dumps({
             "job": {"prompts": prompts, "output_tokens_mean": output_tokens_mean},
             "plans": {str(g): [row(r) for r in rows] for g, rows in results.items()},
@@ -185,6 +192,9 @@ def plan(
             for note in r.notes:
                 console.print(f"  {r.name}: {note}")
     console.print(f"[bold]recommendation:[/] {recommendation(results[counts[0]])}")
+    best = results[counts[0]][0] if results[counts[0]] else None
+    if best is not None and (t := tail(best)) is not None:
+        console.print(f"  {tail_line(best, t)}")
     for note in notes:
         console.print(f"  note: {note}")
     if plot_path:

@@ -9,9 +9,9 @@ from rich.table import Table
 
 from servefleet.plan.check import TOLERANCE_PCT, CheckResult
 from servefleet.plan.memory import MemoryEstimate
-from servefleet.plan.planner import JobSpec, PlanRow
+from servefleet.plan.planner import JobSpec, PlanRow, TailModel
 
-__all__ = ["fmt_duration", "plan_table", "recommendation", "memory_table", "check_table"]
+__all__ = ["fmt_duration", "plan_table", "recommendation", "tail_line", "memory_table", "check_table"]
 
 
 def fmt_duration(seconds: float) -> str:
@@ -53,6 +53,24 @@ def recommendation(rows: list[PlanRow]) -> str:
     if best.caveats:
         text += f" (with {len(best.caveats)} caveat(s) about its bench run: " + "; ".join(best.caveats) + ")"
     return text
+
+
+def tail_line(row: PlanRow, tail: TailModel) -> str:
+    """What the tail holds and what --release-tail would return, in server-hours (replica-hours)."""
+    held, back = tail.held_server_s / 3600, tail.released_server_s / 3600
+    total = row.replicas * tail.makespan_s / 3600
+    pct = 100 * back / total if total > 0 else 0.0
+    text = (f"tail: {_hours(held)} server-hours idle or draining from the last prompt going out to the end ({row.replicas} replica(s) x "
+            f"{fmt_duration(tail.makespan_s - tail.queue_empty_s)}); --release-tail returns about {_hours(back)} server-hours "
+            f"({pct:.2g}% of the job's {_hours(total)})")
+    if pct < 1:
+        text += (": small, the plan's replicas drain nearly together (every answer at the mean length); a real job's saving "
+                 "comes from the spread of answer lengths (servefleet report DEST shows it)")
+    return text
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.0f}" if h >= 10 else f"{h:.2f}" if h >= 0.1 else f"{h:.4f}"
 
 
 def memory_table(est: MemoryEstimate, reported: dict | None = None) -> Table:

@@ -91,13 +91,24 @@ def _job(dest: str, bench: list[Path]) -> tuple[str, dict[str, Any], Path]:
             notes.append(plan_note)
     else:
         plan_note = "no plan known: give --bench RUN.json (the bench run of the configuration that ran the job)"
-    html = job_html(series, view, plan=plan, plan_note=plan_note, failures=record.failures, manifest=record.manifest)
+    tail = _tail(record.timelines)
+    html = job_html(series, view, plan=plan, plan_note=plan_note, failures=record.failures, manifest=record.manifest, tail=tail)
     local = "://" not in dest or dest.startswith("file://")
     default = Path(dest.removeprefix("file://")).expanduser() / "report.html" if local else Path("report.html")
     summary = {"kind": "generate", "destination": record.destination, "state": view["state"], "runs": len(series["runs"]),
-               "servers": sorted(series["servers"]), "plan": plan is not None, "notes": notes,
+               "servers": sorted(series["servers"]), "plan": plan is not None, "tail": tail, "notes": notes,
                "provenance": provenance_of((record.manifest or {}).get("runs") or [])}
     return html, summary, default
+
+
+def _tail(timelines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Idle and released server-seconds at the tail of the run that completed the job (None before)."""
+    from servefleet.generate.tail import tail_of_timeline
+
+    last = next((t for t in reversed(timelines) if t.get("started") is not None), None)
+    if last is None or last.get("status") != "complete":
+        return None
+    return {"run_id": last.get("run_id"), **tail_of_timeline(last)}
 
 
 def _bench_of_job(timelines: list[dict[str, Any]]) -> list[str]:

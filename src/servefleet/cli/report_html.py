@@ -79,7 +79,7 @@ def _duration(s: float | None) -> str:
 
 
 def job_html(series: dict[str, Any], view: dict[str, Any], *, plan: dict[str, Any] | None, plan_note: str | None,
-             failures: dict[str, Any], manifest: dict[str, Any]) -> str:
+             failures: dict[str, Any], manifest: dict[str, Any], tail: dict[str, Any] | None = None) -> str:
     names = sorted(series["servers"])
     colors = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
     x_max = max(1.0, float(series.get("x_max") or 0))
@@ -132,6 +132,7 @@ def job_html(series: dict[str, Any], view: dict[str, Any], *, plan: dict[str, An
     if failures.get("kinds"):
         body.append("<table><tr><th>error</th><th>prompts</th></tr>" + "".join(
             f"<tr><td>{_esc(k)}</td><td>{c:,}</td></tr>" for k, c in failures["kinds"]) + "</table>")
+    body.append(_tail_section(tail))
     body.append(_plan_section(plan, plan_note))
     body.append(_servers_table(names, colors, series, view))
     body.append(_runs_table(runs))
@@ -142,8 +143,22 @@ def job_html(series: dict[str, Any], view: dict[str, Any], *, plan: dict[str, An
             f"{m['t']:9.1f}s  {_esc(m['text'])}" for m in msgs) + "</div>")
     subtitle = (f"{series['destination']} - input {inp.get('path', '?')} ({inp.get('valid', 0):,} prompts) - "
                 f"written {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
-    data = {"kind": "generate", "series": series, "progress": view, "plan": plan, "failures": failures}
+    data = {"kind": "generate", "series": series, "progress": view, "plan": plan, "failures": failures, "tail": tail}
     return _page("servefleet generate: job report", subtitle, body, data)
+
+
+def _tail_section(tail: dict[str, Any] | None) -> str:
+    """Idle server-seconds at the tail of the completing run, and what --release-tail gave back."""
+    if tail is None:
+        return ""
+    rows = "".join(f"<tr><td>{_esc(n)}</td><td>{p['idle_s']:,.1f} s</td><td>{p['released_s']:,.1f} s</td></tr>"
+                   for n, p in sorted(tail["per_server"].items()) if p["idle_s"] or p["released_s"])
+    return (f'<h2>The tail</h2><p id="tail">{tail["idle_server_s"]:,.1f} server-seconds idle at the tail (up with nothing in '
+            f'flight, from a server\'s last request until it was released or the job ended); --release-tail gave back '
+            f'{tail["released_server_s"]:,.1f} server-seconds ({tail["released"]} server(s) released before the job\'s end '
+            f'at {tail["job_s"]:,.1f} s).</p><p class="note">From the timeline of run {_esc(tail.get("run_id"))}: accurate to one '
+            f'bucket ({_duration(tail["bucket_s"])}) per server.</p>'
+            + ("<table><tr><th>server</th><th>idle at the tail</th><th>given back</th></tr>" + rows + "</table>" if rows else ""))
 
 
 def _plan_section(plan: dict[str, Any] | None, note: str | None) -> str:

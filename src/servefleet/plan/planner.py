@@ -17,7 +17,8 @@ from typing import Annotated
 import pydantic
 from pydantic import Field
 
-__all__ = ["Curve", "ConfigCurve", "JobSpec", "PlanRow", "PointSample", "plan_job", "simulate_makespan", "steady_curve"]
+__all__ = ["Curve", "ConfigCurve", "JobSpec", "PlanRow", "PointSample", "TailModel", "plan_job", "simulate_makespan", "steady_curve",
+           "tail_model"]
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,53 @@ def _tail_tokens(m: float, slots: int) -> float:
     """Tokens the steady phase leaves to the drain (the same accounting in both directions:
     :func:`simulate_makespan` predicts with it, :func:`steady_curve` inverts with it)."""
     return slots * m / 2
+
+
+@dataclass(frozen=True)
+class TailModel:
+    """The tail of a predicted job, from the last prompt going out (``queue_empty_s``) to its end."""
+
+    queue_empty_s: float
+    makespan_s: float
+    finish_s: tuple[float, ...]  # each replica's last answer
+
+    @property
+    def held_server_s(self) -> float:
+        """Server-seconds from the queue emptying to the end, every replica held (no --release-tail)."""
+        return len(self.finish_s) * (self.makespan_s - self.queue_empty_s)
+
+    @property
+    def released_server_s(self) -> float:
+        """What --release-tail returns: each replica given back once its own last answer is in."""
+        return sum(self.makespan_s - f for f in self.finish_s)
+
+    def to_json(self) -> dict[str, float]:
+        return {"queue_empty_s": self.queue_empty_s, "makespan_s": self.makespan_s, "held_server_s": self.held_server_s,
+                "released_server_s": self.released_server_s, "first_replica_done_s": min(self.finish_s, default=0.0)}
+
+
+def tail_model(curve: Curve, concurrency: int, replicas: int, job: JobSpec) -> TailModel:
+    """When each replica of :func:`simulate_makespan`'s model answers its last request.
+
+    That model drains every replica from the same spread, as if each had just started a request
+    when the queue emptied. In fact the ``concurrency * replicas`` slots start one after another,
+    so at that moment the slots' remaining work is spread over (0, M] in that many steps, dealt
+    to the replicas in turn: replica r holds M (r + 1 + R k) / (c R). The replica that took the
+    last prompt holds simulate_makespan's spread and ends the job; the others end up to one step
+    of the drain sooner. A job too small to fill the slots deals its prompts out unevenly
+    (some replicas get one fewer) and starts everything at once. Every answer is M tokens long,
+    so the replicas end close together: what release saves in a real job comes mostly from the
+    spread of answer lengths, which this model does not see."""
+    m, c, r_n = job.output_tokens_mean, concurrency, replicas
+    if r_n <= 0:
+        return TailModel(0.0, math.inf, ())
+    if job.prompts <= c * r_n:
+        counts = [job.prompts // r_n + (1 if r < job.prompts % r_n else 0) for r in range(r_n)]
+        finish = tuple(_drain(curve, [m] * k) if k else 0.0 for k in counts)
+        return TailModel(0.0, max(finish), finish)
+    steady_s = (job.prompts * m - _tail_tokens(m, c * r_n)) / (curve.total(c) * r_n)
+    finish = tuple(steady_s + _drain(curve, [m * (r + 1 + r_n * k) / (c * r_n) for k in range(c)]) for r in range(r_n))
+    return TailModel(steady_s, max(finish), finish)
 
 
 @dataclass(frozen=True)
