@@ -201,10 +201,12 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
     finally:  # -- 7.
         try:
             await _finish_run(sink, manifest, run, resume, stats, failures, files, sent.outcome)
-        except Exception:
+        except Exception as second:
             if failing is None:
                 raise  # else the cause is on its way already (a full disk fails this too)
-            log.warning("finishing the run record failed too, after %s", type(failing).__name__, exc_info=True)
+            # one line, no traceback: the user's error is the first one, said in full by the CLI
+            log.warning("finishing the run record failed too, after %s: %s", type(failing).__name__, second)
+            log.debug("the second failure", exc_info=True)
         finally:
             await recorder.finish(run.status)
             if recorder.writes:
