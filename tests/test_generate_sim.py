@@ -205,10 +205,13 @@ def test_bad_lines_and_duplicates_go_to_the_rejects_file_and_strict_sends_nothin
 
 
 def test_a_200k_line_input_runs_in_bounded_memory(tmp_path):
-    """The input (about 110 MB) is larger than the memory bound, so holding it would fail the test.
-    190,000 of its ids are already committed (written through the ledger, as an earlier run would
-    have; its job.json lost), so the run reads and checks all 200,000 lines (pre-pass), matches the
-    committed lines, and sends the last 10,000."""
+    """190,000 of the input's ids are already committed (written through the ledger, as an earlier
+    run would have; its job.json lost), so the run reads and checks all 200,000 lines (pre-pass),
+    matches the committed lines, and sends the last 10,000. The bound is relative to a 1,000-line job
+    of the same records run first on the same machine: what the process costs before any input
+    (interpreter, pyarrow, and pandas when installed: pyarrow imports it on its first array, about
+    35 MB) differs between machines, and an absolute bound measured that, not the streaming. Holding
+    the input (about 110 MB as bytes, several times that parsed) would add more than the bound."""
     from servefleet.generate.ledger import Ledger
     from servefleet.generate.shards import OutputRow, ShardBuffer, ShardLimits, shard_schema
     from servefleet.generate.sinks import LocalSink
@@ -226,8 +229,13 @@ def test_a_200k_line_input_runs_in_bounded_memory(tmp_path):
         for i in range(start, start + 10_000):
             buf.add(OutputRow(f"p{i}", i + 1, "earlier answer", "length", 3, 4, "m", "earlier", 1, 0.1))
         ledger.commit(buf)
+    small = tmp_path / "small.jsonl"
+    with open(src, "rb") as f, open(small, "wb") as g:
+        g.writelines(f.readline() for _ in range(1000))
     server = SimProcess(*INSTANT_SIM, "--max-running", "64", log_path=tmp_path / "sim.log").start().wait_ready()
     try:
+        rc, small_report, _ = run_cli(generate_argv(small, tmp_path / "small-out", "--url", server.url, extra=("--shard-rows", "5000")))
+        assert rc == 0 and small_report["committed"] == 1000
         proc = subprocess.Popen(generate_argv(src, out, "--url", server.url, extra=("--shard-rows", "5000")),
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         # From outside: RSS sampled while it runs (wait4's ru_maxrss would also count this test
@@ -248,6 +256,7 @@ def test_a_200k_line_input_runs_in_bounded_memory(tmp_path):
     input_mb = src.stat().st_size / 2**20
     assert input_mb > 100
     assert 0 < sampled <= peak_mb + 1
-    assert peak_mb < 200, f"peak RSS {peak_mb:.0f} MB for a {input_mb:.0f} MB input"
+    base_mb = small_report["peak_rss_mb"]
+    assert peak_mb - base_mb < 0.75 * input_mb, f"peak RSS {peak_mb:.0f} MB ({base_mb:.0f} MB for 1,000 lines) for a {input_mb:.0f} MB input"
     ids = committed_ids(out)
     assert len(ids) == n and len(set(ids)) == n
