@@ -1,7 +1,7 @@
 # The project's commands (see README.md):
 #   make demo   create .venv/ if needed, then run the main job on the embedded default (CPU, no GPU)
 #   make test   create .venv/ if needed, then run every test
-#   make lint   ruff (lint) and mypy (types), configured in pyproject.toml
+#   make lint   ruff format --check (the layout), ruff check (lint) and mypy (types), configured in pyproject.toml
 # The environment is (re)installed only when it is missing or pyproject.toml changed (a stamp file),
 # so repeated runs start at once. torch==2.13.0 comes as a CPU build on machines whose pip config
 # (/etc/xdg/pip) points at local wheels; elsewhere pip picks torch's default build.
@@ -42,7 +42,7 @@ test: prereqs $(STAMP) engines
 # ruff: src tests benchmarks scripts (paths in pyproject.toml); mypy: src/servefleet. Both run, so one
 # failure does not hide the other's findings.
 lint: $(STAMP)
-	@rc=0; $(VENV)/bin/ruff check . || rc=1; $(VENV)/bin/mypy || rc=1; exit $$rc
+	@rc=0; $(VENV)/bin/ruff format --check . || rc=1; $(VENV)/bin/ruff check . || rc=1; $(VENV)/bin/mypy || rc=1; exit $$rc
 
 demo: $(STAMP)
 	$(VENV)/bin/python scripts/demo.py

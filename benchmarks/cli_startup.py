@@ -66,7 +66,9 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "servefleet.cli.main", *args]
 
 
-CPU: dict[str, list[float]] = {}  # case -> the child's user+system CPU seconds per run (less load-bound than wall time)
+CPU: dict[
+    str, list[float]
+] = {}  # case -> the child's user+system CPU seconds per run (less load-bound than wall time)
 
 
 def time_command(argv: list[str], env: dict[str, str], expect_rc: set[int], cpu_key: str = "") -> float:
@@ -91,8 +93,12 @@ def time_wait_first_probe(env: dict[str, str]) -> float:
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         started = time.perf_counter()
-        proc = subprocess.Popen(_cli("wait", "--url", url, "--timeout", "30", "--no-smoke", "--json"), env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            _cli("wait", "--url", url, "--timeout", "30", "--no-smoke", "--json"),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             if not server.first.wait(30):  # type: ignore[attr-defined]  # attributes added to this HTTPServer instance
                 raise SystemExit(f"servefleet wait sent no request within 30 s (exit {proc.poll()})")
@@ -111,12 +117,19 @@ def cases(src: Path, tree: str = "after") -> dict[str, Any]:
         "python -c pass": lambda: time_command([sys.executable, "-c", "pass"], env, {0}, f"{tree}/python -c pass"),
         "import typer": lambda: time_command([sys.executable, "-c", "import typer"], env, {0}, f"{tree}/import typer"),
         "servefleet --help": lambda: time_command(_cli("--help"), env, {0}, f"{tree}/servefleet --help"),
-        "--help, TYPER_USE_RICH=0": lambda: time_command(_cli("--help"), {**env, "TYPER_USE_RICH": "0"}, {0},
-                                                         f"{tree}/--help, TYPER_USE_RICH=0"),
-        "diagnose LOG --json": lambda: time_command(_cli("diagnose", str(LOG), "--json"), env, {0}, f"{tree}/diagnose LOG --json"),
+        "--help, TYPER_USE_RICH=0": lambda: time_command(
+            _cli("--help"), {**env, "TYPER_USE_RICH": "0"}, {0}, f"{tree}/--help, TYPER_USE_RICH=0"
+        ),
+        "diagnose LOG --json": lambda: time_command(
+            _cli("diagnose", str(LOG), "--json"), env, {0}, f"{tree}/diagnose LOG --json"
+        ),
         "wait (to first probe)": lambda: time_wait_first_probe(env),
         "status --json (no fleet)": lambda: time_command(
-            _cli("status", "--fleet", "/nonexistent/fleet.toml", "--json"), env, {1, 3}, f"{tree}/status --json (no fleet)"),
+            _cli("status", "--fleet", "/nonexistent/fleet.toml", "--json"),
+            env,
+            {1, 3},
+            f"{tree}/status --json (no fleet)",
+        ),
     }
 
 
@@ -133,15 +146,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="rounds (each case of each tree once per round)")
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="source tree to measure (default: this one)")
-    parser.add_argument("--before-src", type=Path, help="a second tree measured in the same rounds (e.g. main before the change)")
-    parser.add_argument("--label", default="", help="results go to cli_startup-LABEL.{json,md} (default: cli_startup.{json,md})")
+    parser.add_argument(
+        "--before-src", type=Path, help="a second tree measured in the same rounds (e.g. main before the change)"
+    )
+    parser.add_argument(
+        "--label", default="", help="results go to cli_startup-LABEL.{json,md} (default: cli_startup.{json,md})"
+    )
     args = parser.parse_args()
 
     trees = {"after": args.src.resolve()}
     if args.before_src:
         trees = {"before": args.before_src.resolve(), **trees}
-    todo = {(tree, name): run for tree, src in trees.items() for name, run in cases(src, tree).items()
-            if not (tree == "before" and name in ("python -c pass", "import typer"))}  # the baselines once
+    todo = {
+        (tree, name): run
+        for tree, src in trees.items()
+        for name, run in cases(src, tree).items()
+        if not (tree == "before" and name in ("python -c pass", "import typer"))
+    }  # the baselines once
     for run in todo.values():  # warm the file cache and .pyc files; not counted
         run()
     CPU.clear()
@@ -177,10 +198,15 @@ def main() -> None:
     stem = f"cli_startup-{args.label}" if args.label else "cli_startup"
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     head = " | ".join(f"{tree} min ms | {tree} median ms | {tree} CPU min ms" for tree in trees)
-    lines = [f"# CLI start-up: {args.runs} interleaved rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at the end",
-             "", "Trees: " + ", ".join(f"{tree} = {src}" for tree, src in trees.items()),
-             "Wall time from spawn to exit (wait: to its first HTTP request); CPU: the child's user+system time.", "",
-             f"| case | {head} |", "| --- |" + " ---: | ---: | ---: |" * len(trees)]
+    lines = [
+        f"# CLI start-up: {args.runs} interleaved rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at the end",
+        "",
+        "Trees: " + ", ".join(f"{tree} = {src}" for tree, src in trees.items()),
+        "Wall time from spawn to exit (wait: to its first HTTP request); CPU: the child's user+system time.",
+        "",
+        f"| case | {head} |",
+        "| --- |" + " ---: | ---: | ---: |" * len(trees),
+    ]
     for row in rows:
         cells = []
         for tree in trees:

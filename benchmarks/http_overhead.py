@@ -80,8 +80,10 @@ async def trial(variant: str, url: str, requests: int, concurrency: int, payload
     timeout = Timeout(600.0, 10.0)
     headers = {"Content-Type": "application/json"}
     transport = AiohttpTransport(Pool(limit=0, keepalive_timeout_s=60), headers=headers, timeout=timeout)
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60),
-                                    headers=headers)
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60),
+        headers=headers,
+    )
     raw_timeout = aiohttp.ClientTimeout(total=600.0, sock_connect=10.0)
     from yarl import URL
 
@@ -143,19 +145,35 @@ def main() -> None:
         server.kill()
         server.wait()
     base = statistics.median(cpu["aiohttp"])
-    rows = {v: {"cpu_us_per_request_median": round(statistics.median(xs) * 1e6, 2),
-                "cpu_us_per_request_all": [round(x * 1e6, 2) for x in xs],
-                "ratio_to_aiohttp": round(statistics.median(xs) / base, 4)} for v, xs in cpu.items()}
+    rows = {
+        v: {
+            "cpu_us_per_request_median": round(statistics.median(xs) * 1e6, 2),
+            "cpu_us_per_request_all": [round(x * 1e6, 2) for x in xs],
+            "ratio_to_aiohttp": round(statistics.median(xs) / base, 4),
+        }
+        for v, xs in cpu.items()
+    }
     table = ["| variant | CPU µs/request (median) | vs raw aiohttp | all trials |", "|---|---|---|---|"]
     for v, row in rows.items():
-        table.append(f"| {v} | {row['cpu_us_per_request_median']} | {row['ratio_to_aiohttp']:.3f} | "
-                     f"{', '.join(map(str, row['cpu_us_per_request_all']))} |")
+        table.append(
+            f"| {v} | {row['cpu_us_per_request_median']} | {row['ratio_to_aiohttp']:.3f} | "
+            f"{', '.join(map(str, row['cpu_us_per_request_all']))} |"
+        )
     result = {
-        "benchmark": "http_overhead", "command": " ".join(["python", "benchmarks/http_overhead.py", *sys.argv[1:]]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_before": load_before, "loadavg_after": load_after},
-        "requests_per_trial": args.requests, "concurrency": args.concurrency, "answer_bytes": "~8 KB",
-        "variants": rows, "table": "\n".join(table),
+        "benchmark": "http_overhead",
+        "command": " ".join(["python", "benchmarks/http_overhead.py", *sys.argv[1:]]),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        },
+        "requests_per_trial": args.requests,
+        "concurrency": args.concurrency,
+        "answer_bytes": "~8 KB",
+        "variants": rows,
+        "table": "\n".join(table),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

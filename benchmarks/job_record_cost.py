@@ -67,8 +67,9 @@ def measure(n: int, repeats: int) -> dict:
         sample_s.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     for _ in range(repeats):
-        snap = json.dumps(snapshot(stats, run_id="r", status="running", now=t, started=0.0, interval_s=2.0),
-                          separators=(",", ":")).encode()
+        snap = json.dumps(
+            snapshot(stats, run_id="r", status="running", now=t, started=0.0, interval_s=2.0), separators=(",", ":")
+        ).encode()
     snap_s = (time.perf_counter() - t0) / repeats
     reps = max(5, repeats // 20)
     t0 = time.perf_counter()
@@ -82,11 +83,20 @@ def measure(n: int, repeats: int) -> dict:
     sample = sorted(sample_s)[len(sample_s) // 2]
     on_loop = sample + snap_s / 2 + copy_s / 10  # per second, on the event loop
     per_s = on_loop + series_s / 10  # and the timeline's encoding, in a thread
-    return {"servers": n, "buckets": tl._n, "bucket_s": tl.bucket_s, "sample_ms": round(sample * 1e3, 4),
-            "snapshot_ms": round(snap_s * 1e3, 4), "timeline_copy_ms": round(copy_s * 1e3, 3),
-            "timeline_encode_ms": round(series_s * 1e3, 3), "snapshot_bytes": len(snap), "timeline_bytes": len(series),
-            "longest_loop_pause_ms": round(max(sample, snap_s, copy_s) * 1e3, 3), "core_share_pct": round(per_s * 100, 4),
-            "completions_per_s_equivalent": round(per_s * 1e3 / COMPLETION_CPU_MS, 2)}
+    return {
+        "servers": n,
+        "buckets": tl._n,
+        "bucket_s": tl.bucket_s,
+        "sample_ms": round(sample * 1e3, 4),
+        "snapshot_ms": round(snap_s * 1e3, 4),
+        "timeline_copy_ms": round(copy_s * 1e3, 3),
+        "timeline_encode_ms": round(series_s * 1e3, 3),
+        "snapshot_bytes": len(snap),
+        "timeline_bytes": len(series),
+        "longest_loop_pause_ms": round(max(sample, snap_s, copy_s) * 1e3, 3),
+        "core_share_pct": round(per_s * 100, 4),
+        "completions_per_s_equivalent": round(per_s * 1e3 / COMPLETION_CPU_MS, 2),
+    }
 
 
 def main() -> None:
@@ -96,20 +106,31 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/job_record_cost.json"))
     args = ap.parse_args()
     rows = [measure(int(n), args.repeats) for n in args.servers.split(",")]
-    result = {"benchmark": "job_record_cost", "python": platform.python_version(), "machine": platform.machine(),
-              "baseline": f"one completion's coordinator CPU, {COMPLETION_CPU_MS} ms (coordinator_ceiling.md)", "rows": rows}
+    result = {
+        "benchmark": "job_record_cost",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "baseline": f"one completion's coordinator CPU, {COMPLETION_CPU_MS} ms (coordinator_ceiling.md)",
+        "rows": rows,
+    }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["| servers | sample ms | snapshot ms | timeline copy ms (loop) | timeline encode ms (thread) | snapshot B | timeline B "
-             "| longest loop pause ms | % of a core | = completions/s |", "|" + " --- |" * 10]
+    lines = [
+        "| servers | sample ms | snapshot ms | timeline copy ms (loop) | timeline encode ms (thread) | snapshot B | timeline B "
+        "| longest loop pause ms | % of a core | = completions/s |",
+        "|" + " --- |" * 10,
+    ]
     for r in rows:
-        lines.append(f"| {r['servers']} | {r['sample_ms']:.3f} | {r['snapshot_ms']:.3f} | {r['timeline_copy_ms']:.2f} | "
-                     f"{r['timeline_encode_ms']:.1f} | {r['snapshot_bytes']:,} | {r['timeline_bytes']:,} | "
-                     f"{r['longest_loop_pause_ms']:.2f} | {r['core_share_pct']:.3f} | {r['completions_per_s_equivalent']:.1f} |")
+        lines.append(
+            f"| {r['servers']} | {r['sample_ms']:.3f} | {r['snapshot_ms']:.3f} | {r['timeline_copy_ms']:.2f} | "
+            f"{r['timeline_encode_ms']:.1f} | {r['snapshot_bytes']:,} | {r['timeline_bytes']:,} | "
+            f"{r['longest_loop_pause_ms']:.2f} | {r['core_share_pct']:.3f} | {r['completions_per_s_equivalent']:.1f} |"
+        )
     table = "\n".join(lines)
     Path(args.out).with_suffix(".md").write_text(
         "# What watching a job costs (benchmarks/job_record_cost.py)\n\n"
         f"Timeline full ({MAX_BUCKETS} buckets); per second: one sample, half a snapshot, a tenth of a timeline. "
-        f"Baseline: {result['baseline']}.\n\n{table}\n")
+        f"Baseline: {result['baseline']}.\n\n{table}\n"
+    )
     print(table)
 
 

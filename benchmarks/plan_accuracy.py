@@ -55,10 +55,14 @@ BENCH_SECONDS = 5.0
 def cli(*args: str, timeout: float = 900) -> tuple[dict[str, Any], float]:
     """Run ``servefleet ARGS --json``; (parsed stdout, seconds from exec to exit)."""
     t0 = time.monotonic()
-    proc = subprocess.run([PY, "-m", "servefleet.cli.main", *args, "--json"], capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [PY, "-m", "servefleet.cli.main", *args, "--json"], capture_output=True, text=True, timeout=timeout
+    )
     took = time.monotonic() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"servefleet {args[0]} exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{proc.stdout[-2000:]}")
+        raise RuntimeError(
+            f"servefleet {args[0]} exited {proc.returncode}:\n{proc.stderr[-3000:]}\n{proc.stdout[-2000:]}"
+        )
     return json.loads(proc.stdout), took
 
 
@@ -70,7 +74,10 @@ def make_job(path: Path, n: int, seed: int = 11) -> float:
         for i in range(n):
             m = rng.randint(MIN_TOKENS, MAX_TOKENS)
             total += m
-            f.write(json.dumps({"id": f"p{i}", "prompt": f"Write about item {i}.", "max_tokens": m, "ignore_eos": True}) + "\n")
+            f.write(
+                json.dumps({"id": f"p{i}", "prompt": f"Write about item {i}.", "max_tokens": m, "ignore_eos": True})
+                + "\n"
+            )
     return total / n
 
 
@@ -90,17 +97,46 @@ def main() -> int:
                 s.wait_ready()
             # 1. bench one server of the fleet
             run_path = work / "run.json"
-            cli("bench", "--url", sims[0].url, "--label", "sim-64", "-c", BENCH_CONCURRENCY, "--duration", str(BENCH_SECONDS),
-                "--input-len", "8", "--output-len", str(int(mid)), "--output-len-range", f"{spread:.4f}", "--api", "completions",
-                "--no-stream", "--ignore-eos", "-o", str(run_path))
+            cli(
+                "bench",
+                "--url",
+                sims[0].url,
+                "--label",
+                "sim-64",
+                "-c",
+                BENCH_CONCURRENCY,
+                "--duration",
+                str(BENCH_SECONDS),
+                "--input-len",
+                "8",
+                "--output-len",
+                str(int(mid)),
+                "--output-len-range",
+                f"{spread:.4f}",
+                "--api",
+                "completions",
+                "--no-stream",
+                "--ignore-eos",
+                "-o",
+                str(run_path),
+            )
             bench = json.loads(run_path.read_text())
             curve = [(p["concurrency"], round(p["output_tokens_per_s"], 1)) for p in bench["points"]]
 
             # 2. predict, before anything of the job is sent
             job = work / "job.jsonl"
             mean = make_job(job, args.prompts)
-            plan, _ = cli("plan", "--bench", str(run_path), "--prompts", str(args.prompts), "--output-tokens-mean", f"{mean:.3f}",
-                          "--gpus", str(args.servers))
+            plan, _ = cli(
+                "plan",
+                "--bench",
+                str(run_path),
+                "--prompts",
+                str(args.prompts),
+                "--output-tokens-mean",
+                f"{mean:.3f}",
+                "--gpus",
+                str(args.servers),
+            )
             row = plan["plans"][str(args.servers)][0]
             predicted = row["makespan_s"]
 
@@ -134,14 +170,32 @@ def main() -> int:
         "sim": SIM,
         "servers": args.servers,
         "bench": {"concurrency": BENCH_CONCURRENCY, "seconds_per_point": BENCH_SECONDS, "curve_output_tps": curve},
-        "job": {"prompts": args.prompts, "output_tokens": f"uniform {MIN_TOKENS}..{MAX_TOKENS}", "output_tokens_mean": round(mean, 3)},
-        "prediction": {"concurrency": row["best_concurrency"], "replica_tps": round(row["replica_tps"], 1),
-                       "makespan_s": round(predicted, 2), "notes": row["notes"]},
-        "measured": {"wall_s": measured, "exec_to_exit_s": round(exec_s, 2), "startup_s": report["startup_s"],
-                     "output_tokens_per_s": report["output_tokens_per_s"], "completion_tokens": report["completion_tokens"],
-                     "servers": {s["name"]: {"tok_s": s["output_tokens_per_s"], "final_concurrency": s["final_concurrency"]}
-                                 for s in report["servers"]}},
-        "raw_points_prediction": {"makespan_s": round(raw_predicted, 2), "error_pct": round((raw_predicted - measured) / measured * 100, 2)},
+        "job": {
+            "prompts": args.prompts,
+            "output_tokens": f"uniform {MIN_TOKENS}..{MAX_TOKENS}",
+            "output_tokens_mean": round(mean, 3),
+        },
+        "prediction": {
+            "concurrency": row["best_concurrency"],
+            "replica_tps": round(row["replica_tps"], 1),
+            "makespan_s": round(predicted, 2),
+            "notes": row["notes"],
+        },
+        "measured": {
+            "wall_s": measured,
+            "exec_to_exit_s": round(exec_s, 2),
+            "startup_s": report["startup_s"],
+            "output_tokens_per_s": report["output_tokens_per_s"],
+            "completion_tokens": report["completion_tokens"],
+            "servers": {
+                s["name"]: {"tok_s": s["output_tokens_per_s"], "final_concurrency": s["final_concurrency"]}
+                for s in report["servers"]
+            },
+        },
+        "raw_points_prediction": {
+            "makespan_s": round(raw_predicted, 2),
+            "error_pct": round((raw_predicted - measured) / measured * 100, 2),
+        },
         "ratio_predicted_over_measured": round(predicted / measured, 4),
         "error_pct": round((predicted - measured) / measured * 100, 2),
         "within_10pct": abs(predicted - measured) <= 0.1 * measured,
@@ -154,11 +208,15 @@ def main() -> int:
     print(f"{'':<26}{'predicted':>12}{'measured':>12}{'error':>9}")
     for name, m in check["metrics"].items():
         print(f"{name:<26}{m['predicted']:>12,.1f}{m['measured']:>12,.1f}{m['error_pct']:>+8.1f}%")
-    print(f"makespan (plan before the run vs generate's wall_s): {predicted:,.1f} s vs {measured:,.1f} s, "
-          f"ratio {result['ratio_predicted_over_measured']:.3f}, error {result['error_pct']:+.1f}% "
-          f"({'within' if result['within_10pct'] else 'NOT within'} 10%)")
-    print(f"(from the bench points' raw tok/s, without taking out each point's own drain: {raw_predicted:,.1f} s, "
-          f"{result['raw_points_prediction']['error_pct']:+.1f}%)")
+    print(
+        f"makespan (plan before the run vs generate's wall_s): {predicted:,.1f} s vs {measured:,.1f} s, "
+        f"ratio {result['ratio_predicted_over_measured']:.3f}, error {result['error_pct']:+.1f}% "
+        f"({'within' if result['within_10pct'] else 'NOT within'} 10%)"
+    )
+    print(
+        f"(from the bench points' raw tok/s, without taking out each point's own drain: {raw_predicted:,.1f} s, "
+        f"{result['raw_points_prediction']['error_pct']:+.1f}%)"
+    )
     print(f"wrote {args.out}")
     return 0 if result["within_10pct"] else 1
 

@@ -152,8 +152,15 @@ class GrepLoop:
         random with respect to the server's events (a uniform delay in [0, 3) s models that). The
         delay is a ``sleep`` inside the same bash process, so stopping it never leaves a loop behind."""
         self.started = time.monotonic() + delay_s
-        self.proc = await asyncio.create_subprocess_exec("bash", "-c", 'sleep "$2"\n' + GREP_LOOP, "grep-loop", str(self.log_path),
-                                                         f"{delay_s:.3f}", stdout=asyncio.subprocess.PIPE)
+        self.proc = await asyncio.create_subprocess_exec(
+            "bash",
+            "-c",
+            'sleep "$2"\n' + GREP_LOOP,
+            "grep-loop",
+            str(self.log_path),
+            f"{delay_s:.3f}",
+            stdout=asyncio.subprocess.PIPE,
+        )
         self.task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -181,13 +188,23 @@ class GrepLoop:
         deadline = time.monotonic() + GREP_CAP_S
         while self.outcome.said is None and time.monotonic() < deadline:
             if exited and self.would_catch() is None:
-                self.outcome = GrepOutcome(None, None, True, "log final, neither string in it: would time out after "
-                                           f"{GREP_ITERATIONS} x {GREP_PERIOD_S:g} s = {GREP_ITERATIONS * GREP_PERIOD_S:g} s")
+                self.outcome = GrepOutcome(
+                    None,
+                    None,
+                    True,
+                    "log final, neither string in it: would time out after "
+                    f"{GREP_ITERATIONS} x {GREP_PERIOD_S:g} s = {GREP_ITERATIONS * GREP_PERIOD_S:g} s",
+                )
                 break
             await asyncio.sleep(0.02)
         if self.outcome.said is None and not self.outcome.extrapolated:
-            self.outcome = GrepOutcome(None, None, True, f"not caught within {GREP_CAP_S:g} s of waiting; would time out after "
-                                       f"{GREP_ITERATIONS * GREP_PERIOD_S:g} s")
+            self.outcome = GrepOutcome(
+                None,
+                None,
+                True,
+                f"not caught within {GREP_CAP_S:g} s of waiting; would time out after "
+                f"{GREP_ITERATIONS * GREP_PERIOD_S:g} s",
+            )
         await self.stop()
         return self.outcome
 
@@ -220,13 +237,31 @@ class Run:
         return self.folder / f"{self.style}-{self.port}.status"
 
     async def start(self) -> WaitTarget:
-        argv = [sys.executable, "-m", "servefleet.sim", "--style", self.style, "--port", str(self.port), "--model", "sim-model", *self.args]
+        argv = [
+            sys.executable,
+            "-m",
+            "servefleet.sim",
+            "--style",
+            self.style,
+            "--port",
+            str(self.port),
+            "--model",
+            "sim-model",
+            *self.args,
+        ]
         self.clock = LogClock(self.log, self.status)
         self.clock.start()
         host = LocalHost()
         self.pgid = await host.spawn_detached(argv, log_path=str(self.log), status_path=str(self.status))
-        return WaitTarget(base_url=f"http://127.0.0.1:{self.port}", engine=get_engine("sim"), host=host, log_path=str(self.log),
-                          pgid=self.pgid, status_path=str(self.status), served_model="sim-model")
+        return WaitTarget(
+            base_url=f"http://127.0.0.1:{self.port}",
+            engine=get_engine("sim"),
+            host=host,
+            log_path=str(self.log),
+            pgid=self.pgid,
+            status_path=str(self.status),
+            served_model="sim-model",
+        )
 
     def kill(self) -> None:
         if self.pgid is not None:
@@ -264,14 +299,20 @@ async def ready_run(folder: Path, rng: random.Random) -> dict[str, Any]:
         done = time.monotonic()
         outcome = await grep.settle(exited=False)
         ready_at = run.clock.first_line_with("ready to roll")  # type: ignore[union-attr]  # the clock is set once the run has started
-        return {"servefleet_state": verdict.state.value, "servefleet_ms": _ms(done, ready_at),
-                "grep_said": outcome.said, "grep_ms": _ms(outcome.at, ready_at)}
+        return {
+            "servefleet_state": verdict.state.value,
+            "servefleet_ms": _ms(done, ready_at),
+            "grep_said": outcome.said,
+            "grep_ms": _ms(outcome.at, ready_at),
+        }
     finally:
         await grep.stop()
         run.finish()
 
 
-async def failure_run(folder: Path, style: str, args: list[str], *, with_grep: bool, expect: str, rng: random.Random) -> dict[str, Any]:
+async def failure_run(
+    folder: Path, style: str, args: list[str], *, with_grep: bool, expect: str, rng: random.Random
+) -> dict[str, Any]:
     run = Run(folder, style, args)
     target = await run.start()
     grep = GrepLoop(run.log)
@@ -286,15 +327,25 @@ async def failure_run(folder: Path, style: str, args: list[str], *, with_grep: b
         line_at = clock.line_at(verdict.evidence.line_no) if verdict.evidence else None
         event_at, event = (line_at, "fatal line") if line_at is not None else (clock.status_at, "exit")
         row: dict[str, Any] = {
-            "style": style, "expected": expect, "args": " ".join(args),
-            "servefleet_state": verdict.state.value, "servefleet_category": verdict.category.value if verdict.category else None,
+            "style": style,
+            "expected": expect,
+            "args": " ".join(args),
+            "servefleet_state": verdict.state.value,
+            "servefleet_category": verdict.category.value if verdict.category else None,
             "evidence_line": verdict.evidence.line_no if verdict.evidence else None,
             "evidence": verdict.evidence.text[:160] if verdict.evidence else None,
-            "event": event, "servefleet_ms": _ms(done, event_at), "exit_code": verdict.exit_code,
+            "event": event,
+            "servefleet_ms": _ms(done, event_at),
+            "exit_code": verdict.exit_code,
         }
         if with_grep:
             outcome = await grep.settle(exited=exited)
-            row.update(grep_said=outcome.said, grep_ms=_ms(outcome.at, event_at), grep_extrapolated=outcome.extrapolated, grep_note=outcome.note)
+            row.update(
+                grep_said=outcome.said,
+                grep_ms=_ms(outcome.at, event_at),
+                grep_extrapolated=outcome.extrapolated,
+                grep_note=outcome.note,
+            )
         return row
     finally:
         await grep.stop()
@@ -317,11 +368,20 @@ async def silent_crash_run(folder: Path, *, with_grep: bool) -> dict[str, Any]:
         run.kill()  # SIGKILL to the whole group: the wrapper too, so no line and no status file
         verdict = await task
         done = time.monotonic()
-        row: dict[str, Any] = {"servefleet_state": verdict.state.value, "servefleet_category": verdict.category.value if verdict.category else None,
-                               "servefleet_ms": _ms(done, killed_at), "message": verdict.message}
+        row: dict[str, Any] = {
+            "servefleet_state": verdict.state.value,
+            "servefleet_category": verdict.category.value if verdict.category else None,
+            "servefleet_ms": _ms(done, killed_at),
+            "message": verdict.message,
+        }
         if with_grep:
             outcome = await grep.settle(exited=True)
-            row.update(grep_said=outcome.said, grep_ms=_ms(outcome.at, killed_at), grep_extrapolated=outcome.extrapolated, grep_note=outcome.note)
+            row.update(
+                grep_said=outcome.said,
+                grep_ms=_ms(outcome.at, killed_at),
+                grep_extrapolated=outcome.extrapolated,
+                grep_note=outcome.note,
+            )
         return row
     finally:
         await grep.stop()
@@ -339,10 +399,17 @@ async def special_run(folder: Path, name: str, args: list[str], *, stall_s: floa
         verdict = await wait_for_server(target, timeout_s=60, stall_s=stall_s)
         done = time.monotonic()
         outcome = await grep.settle(exited=await _exited(run, 1.0))
-        return {"case": name, "servefleet_state": verdict.state.value, "servefleet_category": verdict.category.value if verdict.category else None,
-                "servefleet_s_after_start": round(done - started, 2), "message": verdict.message,
-                "grep_said": outcome.said, "grep_s_after_start": round(outcome.at - grep.started, 2) if outcome.at else None,
-                "grep_extrapolated": outcome.extrapolated, "grep_note": outcome.note}
+        return {
+            "case": name,
+            "servefleet_state": verdict.state.value,
+            "servefleet_category": verdict.category.value if verdict.category else None,
+            "servefleet_s_after_start": round(done - started, 2),
+            "message": verdict.message,
+            "grep_said": outcome.said,
+            "grep_s_after_start": round(outcome.at - grep.started, 2) if outcome.at else None,
+            "grep_extrapolated": outcome.extrapolated,
+            "grep_note": outcome.note,
+        }
     finally:
         await grep.stop()
         run.finish()
@@ -374,9 +441,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     failures: list[dict[str, Any]] = []
     for style in args.styles:
         cases = failure_cases(style)
-        console.print(f"[bold]failures[/]: {len(cases)} start-up failures in {style} style" + (" (grep loop too)" if style == "sglang" else ""))
+        console.print(
+            f"[bold]failures[/]: {len(cases)} start-up failures in {style} style"
+            + (" (grep loop too)" if style == "sglang" else "")
+        )
         for expect, fargs in cases:
-            failures.append(await failure_run(folder, style, fargs, with_grep=style == "sglang", expect=expect, rng=rng))
+            failures.append(
+                await failure_run(folder, style, fargs, with_grep=style == "sglang", expect=expect, rng=rng)
+            )
 
     console.print(f"[bold]silent crash[/]: {args.crash_runs} x SIGKILL of the whole process group while loading")
     crashes = [await silent_crash_run(folder, with_grep=i == 0) for i in range(args.crash_runs)]
@@ -384,10 +456,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     console.print("[bold]other failures[/]: dies on first request; hangs while loading (stall 5 s)")
     specials = [
         await special_run(folder, "dies on first request", ["--load-time", "0.8", "--die-on-first-request"]),
-        await special_run(folder, "hangs while loading (--stall 5)", ["--load-time", "30", "--hang-loading"], stall_s=5),
+        await special_run(
+            folder, "hangs while loading (--stall 5)", ["--load-time", "30", "--hang-loading"], stall_s=5
+        ),
     ]
 
-    ours_ready = [r["servefleet_ms"] for r in ready if r["servefleet_state"] == "ready" and r["servefleet_ms"] is not None]
+    ours_ready = [
+        r["servefleet_ms"] for r in ready if r["servefleet_state"] == "ready" and r["servefleet_ms"] is not None
+    ]
     grep_ready = [r["grep_ms"] for r in ready if r["grep_said"] == "READY" and r["grep_ms"] is not None]
     ours_fail = [f["servefleet_ms"] for f in failures if f["servefleet_ms"] is not None]
     crash_ms = [c["servefleet_ms"] for c in crashes if c["servefleet_ms"] is not None]
@@ -395,28 +471,66 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     grep_rows = [f for f in failures if "grep_said" in f]
     grep_caught = [f for f in grep_rows if f["grep_said"] == "FAILED"]
     summary = {
-        "ready_ms": {"servefleet": {"median": pct(ours_ready, 0.5), "p90": pct(ours_ready, 0.9), "max": max(ours_ready, default=None), "n": len(ours_ready)},
-                     "grep_loop": {"median": pct(grep_ready, 0.5), "p90": pct(grep_ready, 0.9), "max": max(grep_ready, default=None), "n": len(grep_ready)}},
-        "failure_ms_servefleet": {"median": pct(ours_fail, 0.5), "p90": pct(ours_fail, 0.9), "max": max(ours_fail, default=None), "n": len(ours_fail)},
-        "silent_crash_ms_servefleet": {"median": pct(crash_ms, 0.5), "p90": pct(crash_ms, 0.9), "max": max(crash_ms, default=None), "n": len(crash_ms)},
+        "ready_ms": {
+            "servefleet": {
+                "median": pct(ours_ready, 0.5),
+                "p90": pct(ours_ready, 0.9),
+                "max": max(ours_ready, default=None),
+                "n": len(ours_ready),
+            },
+            "grep_loop": {
+                "median": pct(grep_ready, 0.5),
+                "p90": pct(grep_ready, 0.9),
+                "max": max(grep_ready, default=None),
+                "n": len(grep_ready),
+            },
+        },
+        "failure_ms_servefleet": {
+            "median": pct(ours_fail, 0.5),
+            "p90": pct(ours_fail, 0.9),
+            "max": max(ours_fail, default=None),
+            "n": len(ours_fail),
+        },
+        "silent_crash_ms_servefleet": {
+            "median": pct(crash_ms, 0.5),
+            "p90": pct(crash_ms, 0.9),
+            "max": max(crash_ms, default=None),
+            "n": len(crash_ms),
+        },
         "categories_correct_servefleet": f"{len(correct)}/{len(failures)}",
         "failures_caught_grep_loop": f"{len(grep_caught)}/{len(grep_rows)}",
         "grep_caught": sorted({f["expected"] for f in grep_caught}),
-        "targets": {"ready_median_ms": TARGET_READY_MS, "failure_ms": TARGET_FAIL_MS,
-                    "ready_met": (pct(ours_ready, 0.5) or 1e9) < TARGET_READY_MS,
-                    "failures_met": all(ms < TARGET_FAIL_MS for ms in ours_fail + crash_ms) and len(correct) == len(failures)},
+        "targets": {
+            "ready_median_ms": TARGET_READY_MS,
+            "failure_ms": TARGET_FAIL_MS,
+            "ready_met": (pct(ours_ready, 0.5) or 1e9) < TARGET_READY_MS,
+            "failures_met": all(ms < TARGET_FAIL_MS for ms in ours_fail + crash_ms) and len(correct) == len(failures),
+        },
     }
     result = {
-        "benchmark": "readiness", "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
-        "method": {"grep_loop": GREP_LOOP.strip(), "grep_start": f"after a uniform random delay in [0, {GREP_PERIOD_S:g}) s (random phase)",
-                   "grep_extrapolation": "a failed, exited server whose log holds neither 'ready to roll' "
-                   "nor 'Not enough' can never be caught by the loop: recorded as a 180 s timeout without waiting for it; any other wait on "
-                   f"the loop is capped at {GREP_CAP_S:g} s", "event_times": "1 ms polling of the log (line complete) and of the status file; "
-                   "the SIGKILL's own time for the silent crash"},
-        "duration_s": round(time.monotonic() - t0, 1), "summary": summary,
-        "ready": ready, "failures": failures, "silent_crash": crashes, "other": specials,
+        "benchmark": "readiness",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
+        "method": {
+            "grep_loop": GREP_LOOP.strip(),
+            "grep_start": f"after a uniform random delay in [0, {GREP_PERIOD_S:g}) s (random phase)",
+            "grep_extrapolation": "a failed, exited server whose log holds neither 'ready to roll' "
+            "nor 'Not enough' can never be caught by the loop: recorded as a 180 s timeout without waiting for it; any other wait on "
+            f"the loop is capped at {GREP_CAP_S:g} s",
+            "event_times": "1 ms polling of the log (line complete) and of the status file; "
+            "the SIGKILL's own time for the silent crash",
+        },
+        "duration_s": round(time.monotonic() - t0, 1),
+        "summary": summary,
+        "ready": ready,
+        "failures": failures,
+        "silent_crash": crashes,
+        "other": specials,
     }
     return result
 
@@ -432,12 +546,19 @@ def render(result: dict[str, Any], console: Console, path: Path = RESULTS) -> No
     t.add_column("servefleet wait", justify="right")
     t.add_column("3 s grep loop", justify="right")
     r = s["ready_ms"]
-    t.add_row("ready (median / p90)", f"{ms(r['servefleet']['median'])} / {ms(r['servefleet']['p90'])}",
-              f"{ms(r['grep_loop']['median'])} / {ms(r['grep_loop']['p90'])}")
+    t.add_row(
+        "ready (median / p90)",
+        f"{ms(r['servefleet']['median'])} / {ms(r['servefleet']['p90'])}",
+        f"{ms(r['grep_loop']['median'])} / {ms(r['grep_loop']['p90'])}",
+    )
     for f in result["failures"]:
         grep = "-"
         if "grep_said" in f:
-            grep = ms(f["grep_ms"]) if f["grep_said"] == "FAILED" else ("never (times out at 180 s)*" if f["grep_extrapolated"] else str(f["grep_said"]))
+            grep = (
+                ms(f["grep_ms"])
+                if f["grep_said"] == "FAILED"
+                else ("never (times out at 180 s)*" if f["grep_extrapolated"] else str(f["grep_said"]))
+            )
         ok = f["servefleet_category"] == f["expected"]
         ours = f"{ms(f['servefleet_ms'])} {f['servefleet_category']}" + ("" if ok else " [red](wrong)[/]")
         t.add_row(f"{f['style']} {f['expected']} ({f['event']}) [{f['args'].split()[-1]}]", ours, grep)
@@ -445,20 +566,32 @@ def render(result: dict[str, Any], console: Console, path: Path = RESULTS) -> No
         grep = "-"
         if "grep_said" in c:
             grep = "never (times out at 180 s)*" if c["grep_said"] is None else str(c["grep_said"])
-        t.add_row(f"silent crash #{i + 1} (SIGKILL, no line)", f"{ms(c['servefleet_ms'])} {c['servefleet_category']}", grep)
+        t.add_row(
+            f"silent crash #{i + 1} (SIGKILL, no line)", f"{ms(c['servefleet_ms'])} {c['servefleet_category']}", grep
+        )
     for o in result["other"]:
         grep = o["grep_said"] or "never (times out at 180 s)*"
         if o["grep_s_after_start"] is not None:
             grep += f" at {o['grep_s_after_start']} s"
-        t.add_row(o["case"], f"{o['servefleet_state']} {o['servefleet_category'] or ''} at {o['servefleet_s_after_start']} s", grep)
+        t.add_row(
+            o["case"],
+            f"{o['servefleet_state']} {o['servefleet_category'] or ''} at {o['servefleet_s_after_start']} s",
+            grep,
+        )
     console.print(t)
     f = s["failure_ms_servefleet"]
     c = s["silent_crash_ms_servefleet"]
-    console.print(f"servefleet: failures median {ms(f['median'])}, p90 {ms(f['p90'])}, max {ms(f['max'])} over {f['n']}; "
-                  f"categories right {s['categories_correct_servefleet']}; silent crash median {ms(c['median'])}, max {ms(c['max'])}")
-    console.print(f"grep loop: caught {s['failures_caught_grep_loop']} start-up failures ({', '.join(s['grep_caught']) or 'none'})")
-    console.print(f"targets: ready median < {TARGET_READY_MS:g} ms: {s['targets']['ready_met']}; every failure < {TARGET_FAIL_MS:g} ms "
-                  f"and right category: {s['targets']['failures_met']}")
+    console.print(
+        f"servefleet: failures median {ms(f['median'])}, p90 {ms(f['p90'])}, max {ms(f['max'])} over {f['n']}; "
+        f"categories right {s['categories_correct_servefleet']}; silent crash median {ms(c['median'])}, max {ms(c['max'])}"
+    )
+    console.print(
+        f"grep loop: caught {s['failures_caught_grep_loop']} start-up failures ({', '.join(s['grep_caught']) or 'none'})"
+    )
+    console.print(
+        f"targets: ready median < {TARGET_READY_MS:g} ms: {s['targets']['ready_met']}; every failure < {TARGET_FAIL_MS:g} ms "
+        f"and right category: {s['targets']['failures_met']}"
+    )
     console.print("* extrapolated, not waited for: " + result["method"]["grep_extrapolation"])
     console.print(f"took {result['duration_s']} s; JSON in {path}")
 

@@ -95,7 +95,19 @@ def free_ports(n: int) -> list[int]:
 
 
 def sim_argv(port: int, name: str) -> list[str]:
-    return [sys.executable, "-m", "servefleet.sim", "--port", str(port), "--served-model-name", name, "--load-time", "0.5", "--log-interval", "60"]
+    return [
+        sys.executable,
+        "-m",
+        "servefleet.sim",
+        "--port",
+        str(port),
+        "--served-model-name",
+        name,
+        "--load-time",
+        "0.5",
+        "--log-interval",
+        "60",
+    ]
 
 
 async def launch(host: SSHHost, work: Path, ports: list[int]) -> dict[str, int]:
@@ -134,7 +146,9 @@ async def status_batched(host: SSHHost, work: Path, names: list[str]) -> dict[st
     else here because the benchmark's servers have no local record; `servefleet status` reads
     local records from disk and needs a second batch only when it rediscovers remote ones."""
     await host.connect()
-    records = {n: json.loads(p.read_bytes()) for n in names for p in [work / "state" / f"{n}.json"]}  # pgid/port: known to the caller
+    records = {
+        n: json.loads(p.read_bytes()) for n in names for p in [work / "state" / f"{n}.json"]
+    }  # pgid/port: known to the caller
     ops: list[Question] = []
     for name, rec in records.items():
         log = str(work / "logs" / f"{name}.log")
@@ -151,7 +165,12 @@ async def status_batched(host: SSHHost, work: Path, names: list[str]) -> dict[st
     for name, rec in records.items():
         holder = answers[Port(rec["port"])]
         alive = answers[Alive(rec["pgid"])]
-        ours = alive and holder is not None and holder.pgid == rec["pgid"] and answers[Owns(rec["pgid"], str(work / "logs" / f"{name}.log"))] is True
+        ours = (
+            alive
+            and holder is not None
+            and holder.pgid == rec["pgid"]
+            and answers[Owns(rec["pgid"], str(work / "logs" / f"{name}.log"))] is True
+        )
         assert json.loads(answers[Read(str(work / "state" / f"{name}.json"))]) == rec
         report[name] = {"alive": alive, "listening": holder is not None, "ours": ours}
     return report
@@ -185,7 +204,9 @@ async def kill_all(pgids: list[int]) -> None:
 async def one_round(server: SSHServer, n: int, multiplex: bool, login_rc: bool, root: Path) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"n{n}-{'mux' if multiplex else 'naive'}-", dir=root))
     options = {} if login_rc else server.client_options()
-    spec = server.spec(workdir=str(work), multiplex=multiplex, max_sessions=CONCURRENCY, options=options, connect_timeout=10)
+    spec = server.spec(
+        workdir=str(work), multiplex=multiplex, max_sessions=CONCURRENCY, options=options, connect_timeout=10
+    )
     ports = free_ports(n)
     host = SSHHost(spec)
     t0 = time.perf_counter()
@@ -211,7 +232,14 @@ async def one_round(server: SSHServer, n: int, multiplex: bool, login_rc: bool, 
     finally:
         await kill_all(list(pgids.values()))
     # remote commands actually run (the probe each new SSHHost runs first included)
-    return {"n": n, "transport": "multiplexed" if multiplex else "naive", "launch_s": launch_s, **timings, "masters_started": masters, "commands": commands}
+    return {
+        "n": n,
+        "transport": "multiplexed" if multiplex else "naive",
+        "launch_s": launch_s,
+        **timings,
+        "masters_started": masters,
+        "commands": commands,
+    }
 
 
 def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -248,8 +276,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             entry["previous_over_batched"] = previous / mux["status_batched_s"]
         if (n, "naive") in by:
             naive = by[(n, "naive")]
-            entry.update(launch_ratio=naive["launch_s"] / mux["launch_s"], status_ratio=naive["status_s"] / mux["status_s"],
-                         status_batched_ratio=naive["status_batched_s"] / mux["status_batched_s"])
+            entry.update(
+                launch_ratio=naive["launch_s"] / mux["launch_s"],
+                status_ratio=naive["status_s"] / mux["status_s"],
+                status_batched_ratio=naive["status_batched_s"] / mux["status_batched_s"],
+            )
         ratios.append(entry)
     return {
         "benchmark": "remote",
@@ -261,7 +292,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "login_rc": args.login_rc,
         "rows": rows,
         "ratios": ratios,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ssh": _ssh_version(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "ssh": _ssh_version(),
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+        },
     }
 
 
@@ -287,18 +324,33 @@ def _ssh_version() -> str:
 
 def render(result: dict[str, Any]) -> None:
     table = Table(title="SSH host: launch and status of N sim servers (median seconds)")
-    for col in ("N", "transport", "launch s", "status s (per question)", "status s (batched)", "masters", "commands launch/status/batched"):
+    for col in (
+        "N",
+        "transport",
+        "launch s",
+        "status s (per question)",
+        "status s (batched)",
+        "masters",
+        "commands launch/status/batched",
+    ):
         table.add_column(col, justify="right" if col not in ("transport",) else "left")
     for r in result["rows"]:
         c = r["commands"]
         table.add_row(
-            str(r["n"]), r["transport"], f"{r['launch_s']:.3f}", f"{r['status_s']:.3f}", f"{r['status_batched_s']:.3f}",
-            str(r["masters_started"]), f"{c['launch']}/{c['status']}/{c['status_batched']}",
+            str(r["n"]),
+            r["transport"],
+            f"{r['launch_s']:.3f}",
+            f"{r['status_s']:.3f}",
+            f"{r['status_batched_s']:.3f}",
+            str(r["masters_started"]),
+            f"{c['launch']}/{c['status']}/{c['status_batched']}",
         )
     console = Console()
     console.print(table)
     load = result["machine"]
-    console.print(f"load average before/after: {load['load_avg_before'][0]:.1f} / {load['load_avg_after'][0]:.1f} on {load['cpus']} CPUs")
+    console.print(
+        f"load average before/after: {load['load_avg_before'][0]:.1f} / {load['load_avg_after'][0]:.1f} on {load['cpus']} CPUs"
+    )
     for r in result["ratios"]:
         line = f"N={r['n']}: status per question / batched = {r['status_per_question_over_batched']:.1f}x"
         if "previous_over_batched" in r:
@@ -323,8 +375,10 @@ def write_up_fleet(server: SSHServer, work: Path, n: int, load_s: float, engine:
 
         model = build_tiny_model(work / "tiny-model")
         env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in VLLM_ENV.items())
-        defaults = (f'[defaults]\nengine = "vllm"\nmodel = {json.dumps(str(model))}\nhost = "rig"\npython = {json.dumps(str(engine_python("vllm")))}\n'
-                    f'args = {json.dumps(list(VLLM_ARGS))}\nenv = {{ {env} }}\n')
+        defaults = (
+            f'[defaults]\nengine = "vllm"\nmodel = {json.dumps(str(model))}\nhost = "rig"\npython = {json.dumps(str(engine_python("vllm")))}\n'
+            f"args = {json.dumps(list(VLLM_ARGS))}\nenv = {{ {env} }}\n"
+        )
         timeout = 900
     else:
         defaults = f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "rig"\nargs = ["--load-time", "{load_s}", "--shards", "8"]\n'
@@ -368,7 +422,9 @@ def _cpu_s() -> float:
     return self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Path, engine: str = "sim", smoke: bool = True) -> dict[str, Any]:
+async def up_round(
+    server: SSHServer, n: int, load_s: float, mode: str, root: Path, engine: str = "sim", smoke: bool = True
+) -> dict[str, Any]:
     from servefleet.fleet import Fleet
 
     work = Path(tempfile.mkdtemp(prefix=f"up-n{n}-{mode}-", dir=root))
@@ -391,13 +447,26 @@ async def up_round(server: SSHServer, n: int, load_s: float, mode: str, root: Pa
         await fleet.down(grace_s=2)
         await fleet.close()
     return {
-        "n": n, "mode": mode, "engine": engine, "smoke": smoke, "states": states,
-        "failures": {name: f"{v.category.value if v.category else ''}: {v.evidence.text if v.evidence else v.message}"
-                     for name, v in verdicts.items() if v.state.value != "ready"},
-        "load_s": load_s if engine == "sim" else None, "up_s": wall, "local_cpu_s": cpu,
+        "n": n,
+        "mode": mode,
+        "engine": engine,
+        "smoke": smoke,
+        "states": states,
+        "failures": {
+            name: f"{v.category.value if v.category else ''}: {v.evidence.text if v.evidence else v.message}"
+            for name, v in verdicts.items()
+            if v.state.value != "ready"
+        },
+        "load_s": load_s if engine == "sim" else None,
+        "up_s": wall,
+        "local_cpu_s": cpu,
         "commands": {"launch": launched, "wait": total - launched, "total": total},
-        "sshd_sessions": {"launch": sessions1 - sessions0, "wait": sessions2 - sessions1},  # the same, as sshd counted them
-        "wait_commands_per_server": (total - launched) / n, "commands_per_server": total / n,
+        "sshd_sessions": {
+            "launch": sessions1 - sessions0,
+            "wait": sessions2 - sessions1,
+        },  # the same, as sshd counted them
+        "wait_commands_per_server": (total - launched) / n,
+        "commands_per_server": total / n,
         "commands_per_s": total / wall,
     }
 
@@ -410,7 +479,11 @@ def watcher_loop_cpu(seconds: float = 10.0) -> dict[str, float]:
     group = subprocess.Popen(["sleep", str(seconds + 30)], start_new_session=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    loop = subprocess.Popen(ssh_scripts.watch_argv(None, 0, True, "0" * 32, group.pid, "/nonexistent/status", 1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    loop = subprocess.Popen(
+        ssh_scripts.watch_argv(None, 0, True, "0" * 32, group.pid, "/nonexistent/status", 1),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(seconds)
     loop.terminate()
     loop.wait()
@@ -433,9 +506,18 @@ async def up_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for n in args.sizes:
             for mode in args.modes:
-                runs = [await up_round(server, n, args.load_time, mode, root, args.engine, not args.no_smoke) for _ in range(args.repeats)]
+                runs = [
+                    await up_round(server, n, args.load_time, mode, root, args.engine, not args.no_smoke)
+                    for _ in range(args.repeats)
+                ]
                 row = dict(runs[0])
-                for key in ("up_s", "local_cpu_s", "commands_per_s", "wait_commands_per_server", "commands_per_server"):
+                for key in (
+                    "up_s",
+                    "local_cpu_s",
+                    "commands_per_s",
+                    "wait_commands_per_server",
+                    "commands_per_server",
+                ):
                     row[key] = statistics.median(r[key] for r in runs)
                     row[f"{key}_all"] = [round(r[key], 3) for r in runs]
                 row["commands_all"] = [r["commands"] for r in runs]
@@ -447,57 +529,125 @@ async def up_async(args: argparse.Namespace) -> dict[str, Any]:
     for n in args.sizes:
         if (n, "poll") in by and (n, "watch") in by:
             poll, watch = by[(n, "poll")], by[(n, "watch")]
-            ratios.append({
-                "n": n,
-                "wait_commands_poll_over_watch": poll["wait_commands_per_server"] / max(watch["wait_commands_per_server"], 1e-9),
-                "local_cpu_poll_over_watch": poll["local_cpu_s"] / watch["local_cpu_s"],
-                "up_s_poll_over_watch": poll["up_s"] / watch["up_s"],
-            })
+            ratios.append(
+                {
+                    "n": n,
+                    "wait_commands_poll_over_watch": poll["wait_commands_per_server"]
+                    / max(watch["wait_commands_per_server"], 1e-9),
+                    "local_cpu_poll_over_watch": poll["local_cpu_s"] / watch["local_cpu_s"],
+                    "up_s_poll_over_watch": poll["up_s"] / watch["up_s"],
+                }
+            )
     return {
         "benchmark": "remote-up",
         "what": "servefleet up (Fleet.start + Fleet.wait) of N slow-loading sim servers on an SSH host: remote commands (SSHHost.commands: one per ssh client process that runs a "
-                "remote program), wall time and local CPU (this process + its children: the ssh clients); wait = polling ssh commands (poll) vs one remote watcher per server "
-                "(watch)",
-        "engine": args.engine, "sizes": args.sizes, "modes": args.modes, "load_time_s": args.load_time if args.engine == "sim" else None, "repeats": args.repeats,
-        "rows": rows, "ratios": ratios,
+        "remote program), wall time and local CPU (this process + its children: the ssh clients); wait = polling ssh commands (poll) vs one remote watcher per server "
+        "(watch)",
+        "engine": args.engine,
+        "sizes": args.sizes,
+        "modes": args.modes,
+        "load_time_s": args.load_time if args.engine == "sim" else None,
+        "repeats": args.repeats,
+        "rows": rows,
+        "ratios": ratios,
         "watcher_loop_cpu": watcher_loop_cpu(),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "ssh": _ssh_version(), "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "ssh": _ssh_version(),
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+        },
     }
 
 
 def render_up(result: dict[str, Any]) -> None:
-    what = f"loading {result['load_time_s']}s each" if result.get("engine", "sim") == "sim" else f"of {result['engine']}"
+    what = (
+        f"loading {result['load_time_s']}s each" if result.get("engine", "sim") == "sim" else f"of {result['engine']}"
+    )
     table = Table(title=f"servefleet up over SSH: N servers {what} (median of {result['repeats']})")
-    for col in ("N", "wait", "up s", "local CPU s", "commands launch/wait/total", "sshd sessions launch/wait", "wait cmds/server", "cmds/server", "cmds/s"):
+    for col in (
+        "N",
+        "wait",
+        "up s",
+        "local CPU s",
+        "commands launch/wait/total",
+        "sshd sessions launch/wait",
+        "wait cmds/server",
+        "cmds/server",
+        "cmds/s",
+    ):
         table.add_column(col, justify="left" if col == "wait" else "right")
     for r in result["rows"]:
         c = r["commands"]
         sessions = r["sshd_sessions"]
-        table.add_row(str(r["n"]), r["mode"], f"{r['up_s']:.2f}", f"{r['local_cpu_s']:.2f}", f"{c['launch']}/{c['wait']}/{c['total']}", f"{sessions['launch']}/{sessions['wait']}",
-                      f"{r['wait_commands_per_server']:.1f}", f"{r['commands_per_server']:.1f}", f"{r['commands_per_s']:.1f}")
+        table.add_row(
+            str(r["n"]),
+            r["mode"],
+            f"{r['up_s']:.2f}",
+            f"{r['local_cpu_s']:.2f}",
+            f"{c['launch']}/{c['wait']}/{c['total']}",
+            f"{sessions['launch']}/{sessions['wait']}",
+            f"{r['wait_commands_per_server']:.1f}",
+            f"{r['commands_per_server']:.1f}",
+            f"{r['commands_per_s']:.1f}",
+        )
     console = Console()
     console.print(table)
     loop = result["watcher_loop_cpu"]
-    console.print(f"one remote watcher loop: {loop['cpu_s']:.3f} s CPU in {loop['seconds']:.1f} s ({loop['percent_of_a_core']:.2f}% of a core) on the remote")
+    console.print(
+        f"one remote watcher loop: {loop['cpu_s']:.3f} s CPU in {loop['seconds']:.1f} s ({loop['percent_of_a_core']:.2f}% of a core) on the remote"
+    )
     for r in result["ratios"]:
-        console.print(f"N={r['n']}: poll / watch = {r['wait_commands_poll_over_watch']:.1f}x wait commands, {r['local_cpu_poll_over_watch']:.1f}x local CPU, "
-                      f"{r['up_s_poll_over_watch']:.2f}x up time")
+        console.print(
+            f"N={r['n']}: poll / watch = {r['wait_commands_poll_over_watch']:.1f}x wait commands, {r['local_cpu_poll_over_watch']:.1f}x local CPU, "
+            f"{r['up_s_poll_over_watch']:.2f}x up time"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--login-rc", action="store_true", help="let bash read the login user's ~/.bashrc for every command (as on many real hosts)")
-    parser.add_argument("--only", choices=["all", "status"], default="all",
-                        help="status: the multiplexed transport only (status per question vs batched); writes remote-status.json")
-    parser.add_argument("--up", action="store_true", help="measure `servefleet up` (launch + wait) of slow-loading servers instead: remote commands per server, polling wait vs "
-                                                          "remote watcher; writes remote-up.json")
-    parser.add_argument("--modes", nargs="+", choices=["poll", "watch"], default=["poll", "watch"], help="with --up: which wait paths to run, side by side")
-    parser.add_argument("--load-time", type=float, default=4.8, help="with --up: seconds each sim server takes to load")
-    parser.add_argument("--no-smoke", action="store_true", help="with --up: ready at the HTTP probe, without the one-token smoke request")
-    parser.add_argument("--engine", choices=["sim", "vllm"], default="sim", help="with --up: the servers: simulated, or vLLM's CPU build with the tiny test model "
-                                                                                 "(scripts/install-real-engines.sh; run it under flock /tmp/servefleet-heavy.lock)")
+    parser.add_argument(
+        "--login-rc",
+        action="store_true",
+        help="let bash read the login user's ~/.bashrc for every command (as on many real hosts)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["all", "status"],
+        default="all",
+        help="status: the multiplexed transport only (status per question vs batched); writes remote-status.json",
+    )
+    parser.add_argument(
+        "--up",
+        action="store_true",
+        help="measure `servefleet up` (launch + wait) of slow-loading servers instead: remote commands per server, polling wait vs "
+        "remote watcher; writes remote-up.json",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["poll", "watch"],
+        default=["poll", "watch"],
+        help="with --up: which wait paths to run, side by side",
+    )
+    parser.add_argument(
+        "--load-time", type=float, default=4.8, help="with --up: seconds each sim server takes to load"
+    )
+    parser.add_argument(
+        "--no-smoke",
+        action="store_true",
+        help="with --up: ready at the HTTP probe, without the one-token smoke request",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=["sim", "vllm"],
+        default="sim",
+        help="with --up: the servers: simulated, or vLLM's CPU build with the tiny test model "
+        "(scripts/install-real-engines.sh; run it under flock /tmp/servefleet-heavy.lock)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.up:

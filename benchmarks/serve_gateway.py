@@ -60,8 +60,13 @@ class Serving:
     def __init__(self, sims: list[Sim], *extra: str) -> None:
         urls = [a for s in sims for a in ("--url", s.url)]
         path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen([PY, "-m", "servefleet.cli.main", "serve", "--port", "0", "--json", *urls, *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": path})
+        self.proc = subprocess.Popen(
+            [PY, "-m", "servefleet.cli.main", "serve", "--port", "0", "--json", *urls, *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONPATH": path},
+        )
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line:
             raise RuntimeError(f"serve exited {self.proc.wait()} before serving")
@@ -89,7 +94,9 @@ class Serving:
 
 async def closed_loop(urls: list[str], clients: int, seconds: float, stream: bool) -> dict[str, Any]:
     """``clients`` workers, each sending its next request when the answer is in; round-robin over ``urls``."""
-    body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 8, "ignore_eos": True, "stream": stream}).encode()
+    body = json.dumps(
+        {"model": MODEL, "prompt": "hello", "max_tokens": 8, "ignore_eos": True, "stream": stream}
+    ).encode()
     done = errors = 0
     stop_at = time.monotonic() + seconds
     conn = aiohttp.TCPConnector(limit=0)
@@ -129,7 +136,8 @@ async def overhead_section(workdir: Path, clients: int, seconds: float) -> dict[
                 gw.stop()
             n = max(1, through["requests"])
             out[mode] = {
-                "direct": direct, "through_gateway": through,
+                "direct": direct,
+                "through_gateway": through,
                 "gateway_cpu_s": round(cpu, 3),
                 "gateway_cpu_us_per_request": round(1e6 * cpu / n, 1),
                 "requests_per_gateway_core_s": round(n / cpu, 1) if cpu > 0 else None,
@@ -155,7 +163,9 @@ async def through_gateway(job: list[dict[str, Any]], sims: list[Sim]) -> dict[st
 
             async def worker() -> None:
                 for p in todo:
-                    await client.completions.create(model=MODEL, prompt=p["prompt"], max_tokens=p["max_tokens"], extra_body={"ignore_eos": True})
+                    await client.completions.create(
+                        model=MODEL, prompt=p["prompt"], max_tokens=p["max_tokens"], extra_body={"ignore_eos": True}
+                    )
 
             await asyncio.gather(*(worker() for _ in range(workers)))
     finally:
@@ -165,8 +175,20 @@ async def through_gateway(job: list[dict[str, Any]], sims: list[Sim]) -> dict[st
 
 async def with_generate(job_file: Path, out: Path, sims: list[Sim]) -> dict[str, Any]:
     urls = [a for s in sims for a in ("--url", s.url)]
-    proc = await asyncio.create_subprocess_exec(PY, "-m", "servefleet.cli.main", "generate", "-i", str(job_file), "-o", str(out), *urls, "--json",
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    proc = await asyncio.create_subprocess_exec(
+        PY,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(job_file),
+        "-o",
+        str(out),
+        *urls,
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     stdout, _ = await proc.communicate()
     report = json.loads(stdout)
     if report.get("status") != "complete":
@@ -188,24 +210,36 @@ async def vs_generate_section(workdir: Path, prompts: int) -> dict[str, Any]:
             sampling = asyncio.ensure_future(sampler.run(stop))
             await asyncio.sleep(0.5)
             t0 = time.monotonic()
-            extra = await (with_generate(job_file, workdir / "out", sims) if name == "generate" else through_gateway(job, sims))
+            extra = await (
+                with_generate(job_file, workdir / "out", sims) if name == "generate" else through_gateway(job, sims)
+            )
             wall = time.monotonic() - t0
             stop.set()
             await sampling
         finally:
             for s in sims:
                 s.stop()
-        out[name] = {"sustained_tok_s": round(sampler.sustained(total), 1), "end_to_end_tok_s": round(total / wall, 1), "wall_s": round(wall, 2), **extra}
+        out[name] = {
+            "sustained_tok_s": round(sampler.sustained(total), 1),
+            "end_to_end_tok_s": round(total / wall, 1),
+            "wall_s": round(wall, 2),
+            **extra,
+        }
     out["sustained_ratio"] = round(out["serve+openai"]["sustained_tok_s"] / out["generate"]["sustained_tok_s"], 4)
     out["end_to_end_ratio"] = round(out["serve+openai"]["end_to_end_tok_s"] / out["generate"]["end_to_end_tok_s"], 4)
     return out
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["| load | direct req/s | via gateway req/s | gateway CPU µs/req | req per gateway core-s |", "|---|---|---|---|---|"]
+    lines = [
+        "| load | direct req/s | via gateway req/s | gateway CPU µs/req | req per gateway core-s |",
+        "|---|---|---|---|---|",
+    ]
     for mode, r in result.get("overhead", {}).items():
-        lines.append(f"| {mode}, {result['clients']} in flight | {r['direct']['requests_per_s']:,.0f} | {r['through_gateway']['requests_per_s']:,.0f} | "
-                     f"{r['gateway_cpu_us_per_request']:,.0f} | {r['requests_per_gateway_core_s']:,.0f} |")
+        lines.append(
+            f"| {mode}, {result['clients']} in flight | {r['direct']['requests_per_s']:,.0f} | {r['through_gateway']['requests_per_s']:,.0f} | "
+            f"{r['gateway_cpu_us_per_request']:,.0f} | {r['requests_per_gateway_core_s']:,.0f} |"
+        )
     v = result.get("vs_generate")
     if v:
         lines += ["", "| way | sustained tok/s | end-to-end tok/s | wall s |", "|---|---|---|---|"]
@@ -227,8 +261,11 @@ async def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.prompts = 3.0, 600
-    result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-                              "load_average_at_start": [round(x, 2) for x in os.getloadavg()], "clients": args.clients}
+    result: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "clients": args.clients,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         if "overhead" in args.sections:
             result["overhead"] = await overhead_section(Path(tmp), args.clients, args.seconds)

@@ -64,15 +64,21 @@ def calls(counter: Path) -> dict[str, int]:
     return seen
 
 
-def fleet_file(folder: Path, cluster: SlurmCluster | None, n: int, load_s: float, poll: float, extra_host: str = "") -> Path:
+def fleet_file(
+    folder: Path, cluster: SlurmCluster | None, n: int, load_s: float, poll: float, extra_host: str = ""
+) -> Path:
     host = "local"
     text = '[fleet]\nname = "bench"\ntimeout = 120\nstall = 60\n\n'
     if cluster is not None:
         host = "cluster"
-        text += (f'[hosts.cluster]\nkind = "slurm"\nworkdir = "{folder}/shared"\npoll_interval = {poll}\ntime = "10"\n'
-                 f'env = {{ SLURM_CONF = "{cluster.conf}" }}\n{extra_host}\n')
-    text += (f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "{host}"\n'
-             f'args = ["--load-time", "{load_s}", "--max-running", "8", "--decode-ms", "2", "--decode-ms-per-running", "0"]\n')
+        text += (
+            f'[hosts.cluster]\nkind = "slurm"\nworkdir = "{folder}/shared"\npoll_interval = {poll}\ntime = "10"\n'
+            f'env = {{ SLURM_CONF = "{cluster.conf}" }}\n{extra_host}\n'
+        )
+    text += (
+        f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "{host}"\n'
+        f'args = ["--load-time", "{load_s}", "--max-running", "8", "--decode-ms", "2", "--decode-ms-per-running", "0"]\n'
+    )
     for i in range(n):
         text += f'\n[[servers]]\nname = "s{i}"\nport = {32100 + i}\n'
     path = folder / "fleet.toml"
@@ -83,7 +89,9 @@ def fleet_file(folder: Path, cluster: SlurmCluster | None, n: int, load_s: float
 _STARTED = re.compile(rb"servefleet: Slurm job \d+ on ")
 
 
-async def measure_start(folder: Path, cluster: SlurmCluster | None, n: int, load_s: float, poll: float, counter: Path) -> dict[str, Any]:
+async def measure_start(
+    folder: Path, cluster: SlurmCluster | None, n: int, load_s: float, poll: float, counter: Path
+) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     fleet = Fleet.load(fleet_file(folder, cluster, n, load_s, poll))
     before = calls(counter)
@@ -105,8 +113,13 @@ async def measure_start(folder: Path, cluster: SlurmCluster | None, n: int, load
         assert all(v.state == State.READY for v in verdicts.values()), verdicts
         ready = {name: v.elapsed_s for name, v in verdicts.items()}  # from each server's launch
         during = {k: v - before.get(k, 0) for k, v in calls(counter).items() if v - before.get(k, 0)}
-        return {"servers": n, "wall_s": round(wall, 3), "ready_s": ready, "job_running_s": {k: round(v, 3) for k, v in job_start.items()},
-                "scheduler_calls": during}
+        return {
+            "servers": n,
+            "wall_s": round(wall, 3),
+            "ready_s": ready,
+            "job_running_s": {k: round(v, 3) for k, v in job_start.items()},
+            "scheduler_calls": during,
+        }
     finally:
         if watcher is not None:
             watcher.cancel()
@@ -114,9 +127,13 @@ async def measure_start(folder: Path, cluster: SlurmCluster | None, n: int, load
         await fleet.close()
 
 
-async def measure_pending(folder: Path, cluster: SlurmCluster, n: int, seconds: float, poll: float, counter: Path) -> dict[str, Any]:
+async def measure_pending(
+    folder: Path, cluster: SlurmCluster, n: int, seconds: float, poll: float, counter: Path
+) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
-    hog = cluster.run("sbatch", "--parsable", "--gres=gpu:2", "--job-name=gpu-hog", "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
+    hog = cluster.run(
+        "sbatch", "--parsable", "--gres=gpu:2", "--job-name=gpu-hog", "--output=/dev/null", "--wrap", "sleep 600"
+    ).stdout.strip()
     fleet = Fleet.load(fleet_file(folder, cluster, n, 0.5, poll, extra_host='gres = "gpu:1"\n'))
     try:
         outcomes = await fleet.start()
@@ -126,15 +143,21 @@ async def measure_pending(folder: Path, cluster: SlurmCluster, n: int, seconds: 
         wall = time.monotonic() - t0
         assert all(v.state == State.STALLED and "pending" in (v.message or "") for v in verdicts.values()), verdicts
         during = {k: v - before.get(k, 0) for k, v in calls(counter).items() if v - before.get(k, 0)}
-        return {"servers": n, "wall_s": round(wall, 3), "scheduler_calls": during,
-                "calls_per_server_per_min": round(sum(during.values()) / n / (wall / 60), 2)}
+        return {
+            "servers": n,
+            "wall_s": round(wall, 3),
+            "scheduler_calls": during,
+            "calls_per_server_per_min": round(sum(during.values()) / n / (wall / 60), 2),
+        }
     finally:
         await fleet.down()
         await fleet.close()
         cluster.run("scancel", hog, check=False)
 
 
-async def measure_generate(folder: Path, cluster: SlurmCluster, n: int, prompts: int, poll: float, counter: Path) -> dict[str, Any]:
+async def measure_generate(
+    folder: Path, cluster: SlurmCluster, n: int, prompts: int, poll: float, counter: Path
+) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     path = fleet_file(folder, cluster, n, 0.5, poll)
     fleet = Fleet.load(path)
@@ -144,14 +167,37 @@ async def measure_generate(folder: Path, cluster: SlurmCluster, n: int, prompts:
         src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(prompts)))
         before = calls(counter)
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(folder / "out"),
-                               "--fleet", str(path), "--max-tokens", "16", "--json"], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "servefleet.cli.main",
+                "generate",
+                "-i",
+                str(src),
+                "-o",
+                str(folder / "out"),
+                "--fleet",
+                str(path),
+                "--max-tokens",
+                "16",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         wall = time.monotonic() - t0
         report = json.loads(proc.stdout)
         assert report["status"] == "complete", proc.stderr[-2000:]
         during = {k: v - before.get(k, 0) for k, v in calls(counter).items() if v - before.get(k, 0)}
-        return {"servers": n, "prompts": prompts, "wall_s": round(wall, 3), "scheduler_calls": during,
-                "calls_per_server_per_min": round(sum(during.values()) / n / (wall / 60), 2)}
+        return {
+            "servers": n,
+            "prompts": prompts,
+            "wall_s": round(wall, 3),
+            "scheduler_calls": during,
+            "calls_per_server_per_min": round(sum(during.values()) / n / (wall / 60), 2),
+        }
     finally:
         await fleet.down()
         await fleet.close()
@@ -166,19 +212,25 @@ def summarise(slurm: dict[str, Any], local: dict[str, Any]) -> dict[str, Any]:
     return {
         "servers": slurm["servers"],
         "sbatch_to_ready_s_median": round(statistics.median(to_ready), 3),
-        "sbatch_to_running_s_median": round(statistics.median([r for r in running if r is not None]), 3) if any(running) else None,
+        "sbatch_to_running_s_median": round(statistics.median([r for r in running if r is not None]), 3)
+        if any(running)
+        else None,
         "local_launch_to_ready_s_median": round(statistics.median(engine), 3),
         "scheduler_overhead_s": round(statistics.median(to_ready) - statistics.median(engine), 3),
         "ratio_to_local": round(statistics.median(to_ready) / statistics.median(engine), 2),
         "calls_while_waiting": slurm["scheduler_calls"],
-        "calls_per_server_per_min_while_waiting": round(sum(slurm["scheduler_calls"].values()) / slurm["servers"] / minutes, 2),
+        "calls_per_server_per_min_while_waiting": round(
+            sum(slurm["scheduler_calls"].values()) / slurm["servers"] / minutes, 2
+        ),
     }
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--load-s", type=float, default=20.0, help="the sim's loading time (long enough for a per-minute rate)")
+    parser.add_argument(
+        "--load-s", type=float, default=20.0, help="the sim's loading time (long enough for a per-minute rate)"
+    )
     parser.add_argument("--poll-interval", type=float, default=5.0)
     parser.add_argument("--pending-s", type=float, default=30.0)
     parser.add_argument("--prompts", type=int, default=6000)
@@ -206,10 +258,19 @@ async def main() -> None:
         finally:
             cluster.stop()
     result = {
-        "benchmark": "slurm", "when": datetime.now().isoformat(timespec="seconds"), "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "benchmark": "slurm",
+        "when": datetime.now().isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "slurm": version,
-        "settings": {"load_s": args.load_s, "poll_interval_s": args.poll_interval, "pending_s": args.pending_s, "prompts": args.prompts},
-        "start": starts, "pending": pending, "generate": gen,
+        "settings": {
+            "load_s": args.load_s,
+            "poll_interval_s": args.poll_interval,
+            "pending_s": args.pending_s,
+            "prompts": args.prompts,
+        },
+        "start": starts,
+        "pending": pending,
+        "generate": gen,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
@@ -222,12 +283,18 @@ async def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in (x["summary"] for x in starts):
-        lines.append(f"| {s['servers']} | {s['sbatch_to_running_s_median']} | {s['sbatch_to_ready_s_median']} | {s['local_launch_to_ready_s_median']} | "
-                     f"{s['scheduler_overhead_s']} | {s['ratio_to_local']} | {s['calls_per_server_per_min_while_waiting']} |")
-    lines += ["", f"- {pending['servers']} servers PENDING for {pending['wall_s']:.0f} s: "
-                  f"{pending['calls_per_server_per_min']} scheduler calls / server / min ({pending['scheduler_calls']})",
-              f"- generate of {gen['prompts']} prompts over {gen['servers']} ready servers ({gen['wall_s']:.0f} s): "
-              f"{gen['calls_per_server_per_min']} calls / server / min ({gen['scheduler_calls']})", ""]
+        lines.append(
+            f"| {s['servers']} | {s['sbatch_to_running_s_median']} | {s['sbatch_to_ready_s_median']} | {s['local_launch_to_ready_s_median']} | "
+            f"{s['scheduler_overhead_s']} | {s['ratio_to_local']} | {s['calls_per_server_per_min_while_waiting']} |"
+        )
+    lines += [
+        "",
+        f"- {pending['servers']} servers PENDING for {pending['wall_s']:.0f} s: "
+        f"{pending['calls_per_server_per_min']} scheduler calls / server / min ({pending['scheduler_calls']})",
+        f"- generate of {gen['prompts']} prompts over {gen['servers']} ready servers ({gen['wall_s']:.0f} s): "
+        f"{gen['calls_per_server_per_min']} calls / server / min ({gen['scheduler_calls']})",
+        "",
+    ]
     md = args.out.with_suffix(".md")
     md.write_text("\n".join(lines))
     print("\n".join(lines))

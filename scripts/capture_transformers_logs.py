@@ -96,26 +96,80 @@ def _unknown_type(folder: Path) -> None:
 
 
 CASES = [
-    Case("ready", "ready", None, "Uvicorn running on", action="ready",
-         note="ready; one completion; GET /v1/models answers 500 (it scans the HF cache, absent here); SIGTERM"),
-    Case("model_not_found", "failed", "model_not_found", "Repo id must be in the form",
-         model=lambda: str(WORK / "does-not-exist"), note="a local folder that does not exist"),
-    Case("model_not_cached_offline", "failed", "model_not_found", "Cannot find the requested files in the disk cache",
-         model=lambda: "servefleet-tests/not-a-real-model", note="a repo id, offline, not in the cache"),
-    Case("no_weights", "failed", "model_not_found", "no file named model.safetensors",
-         model=_variant("no-weights", lambda d: (d / "model.safetensors").unlink()), note="folder without weights"),
-    Case("no_tokenizer", "failed", "model_not_found", "Unrecognized processing class",
-         model=_variant("no-tokenizer", lambda d: (d / "tokenizer.json").unlink()), note="folder without tokenizer.json"),
-    Case("unsupported_model", "failed", "unsupported_model", "does not recognize this architecture",
-         model=_variant("unknown-type", _unknown_type), note="config.json with an unknown model_type"),
-    Case("port_in_use", "failed", "port_in_use", "address already in use", hold_port=True,
-         note="another process listens on the port: the model loads, startup completes, then the bind fails"),
+    Case(
+        "ready",
+        "ready",
+        None,
+        "Uvicorn running on",
+        action="ready",
+        note="ready; one completion; GET /v1/models answers 500 (it scans the HF cache, absent here); SIGTERM",
+    ),
+    Case(
+        "model_not_found",
+        "failed",
+        "model_not_found",
+        "Repo id must be in the form",
+        model=lambda: str(WORK / "does-not-exist"),
+        note="a local folder that does not exist",
+    ),
+    Case(
+        "model_not_cached_offline",
+        "failed",
+        "model_not_found",
+        "Cannot find the requested files in the disk cache",
+        model=lambda: "servefleet-tests/not-a-real-model",
+        note="a repo id, offline, not in the cache",
+    ),
+    Case(
+        "no_weights",
+        "failed",
+        "model_not_found",
+        "no file named model.safetensors",
+        model=_variant("no-weights", lambda d: (d / "model.safetensors").unlink()),
+        note="folder without weights",
+    ),
+    Case(
+        "no_tokenizer",
+        "failed",
+        "model_not_found",
+        "Unrecognized processing class",
+        model=_variant("no-tokenizer", lambda d: (d / "tokenizer.json").unlink()),
+        note="folder without tokenizer.json",
+    ),
+    Case(
+        "unsupported_model",
+        "failed",
+        "unsupported_model",
+        "does not recognize this architecture",
+        model=_variant("unknown-type", _unknown_type),
+        note="config.json with an unknown model_type",
+    ),
+    Case(
+        "port_in_use",
+        "failed",
+        "port_in_use",
+        "address already in use",
+        hold_port=True,
+        note="another process listens on the port: the model loads, startup completes, then the bind fails",
+    ),
     Case("bad_argument", "failed", "config_error", "No such option", args=("--device", "cpu", "--bogus-flag")),
     Case("bad_value", "failed", "config_error", "Unsupported dtype", args=("--device", "cpu", "--dtype", "float99")),
-    Case("no_cuda", "failed", "cuda_driver", "Torch not compiled with CUDA enabled", args=("--device", "cuda"),
-         note="--device cuda with a CPU-only torch"),
-    Case("killed", "loading", None, None, action="kill",
-         note="SIGKILL while loading: the log just stops; the exit status (137) is the evidence"),
+    Case(
+        "no_cuda",
+        "failed",
+        "cuda_driver",
+        "Torch not compiled with CUDA enabled",
+        args=("--device", "cuda"),
+        note="--device cuda with a CPU-only torch",
+    ),
+    Case(
+        "killed",
+        "loading",
+        None,
+        None,
+        action="kill",
+        note="SIGKILL while loading: the log just stops; the exit status (137) is the evidence",
+    ),
 ]
 
 
@@ -134,8 +188,15 @@ def run_case(case: Case) -> dict:
     started = time.monotonic()
     ready_s = None
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=WORK, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=WORK,
+            start_new_session=True,
+        )
         try:
             if case.action == "ready":
                 base = f"http://127.0.0.1:{port}"
@@ -162,7 +223,10 @@ def run_case(case: Case) -> dict:
                 holder.close()
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode  # -9 -> 137, as a shell says
     shown = [a.replace(str(WORK), "$WORK").replace(sys.executable, "python") for a in argv]
-    print(f"{case.name:26s} exit {code:3d}  {time.monotonic() - started:5.1f}s" + (f"  ready after {ready_s}s" if ready_s else ""))
+    print(
+        f"{case.name:26s} exit {code:3d}  {time.monotonic() - started:5.1f}s"
+        + (f"  ready after {ready_s}s" if ready_s else "")
+    )
     return {
         "argv": shown,
         "exit_code": code,

@@ -47,7 +47,18 @@ SERVERS = ("cpu-a", "cpu-b")
 VICTIM = "cpu-b"  # the server killed mid-job: the faster one, so the job is still running when it is back
 OUTPUT_TOKENS = 96  # max_tokens of the job's prompts (random weights rarely stop early)
 # 64 requests a point: four waves at concurrency 16, so every point has a steady part to plan from
-BENCH = ["-c", "1,4,16", "--requests", "64", "--input-len", "32", "--output-len", str(OUTPUT_TOKENS), "--api", "completions"]
+BENCH = [
+    "-c",
+    "1,4,16",
+    "--requests",
+    "64",
+    "--input-len",
+    "32",
+    "--output-len",
+    str(OUTPUT_TOKENS),
+    "--api",
+    "completions",
+]
 
 
 class DemoError(Exception):
@@ -74,7 +85,9 @@ def shown(argv: list[str]) -> str:
     return shlex.join([".venv/bin/servefleet" if a == SERVEFLEET else short(a) for a in argv])
 
 
-def servefleet(*args: str, check: bool = True, capture: bool = False, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def servefleet(
+    *args: str, check: bool = True, capture: bool = False, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
     argv = [SERVEFLEET, *args]
     print(f"$ {shown(argv)}", flush=True)
     proc = subprocess.run(argv, cwd=REPO, text=True, capture_output=capture, timeout=timeout)
@@ -94,7 +107,9 @@ def servefleet_json(*args: str, check: bool = True, quiet: bool = False, timeout
     try:
         return json.loads(proc.stdout)
     except json.JSONDecodeError:
-        raise DemoError(f"`{shown(argv)}` printed no JSON (exit {proc.returncode}):\n{proc.stdout[-1000:]}\n{proc.stderr[-2000:]}") from None
+        raise DemoError(
+            f"`{shown(argv)}` printed no JSON (exit {proc.returncode}):\n{proc.stdout[-1000:]}\n{proc.stderr[-2000:]}"
+        ) from None
 
 
 # ---- the fleet file: examples/demo.toml, or a copy pointing elsewhere ------------------------------
@@ -102,8 +117,10 @@ def fleet_file(out: Path, ports: list[int] | None) -> Path:
     if out == DEFAULT_OUT and ports is None:
         return EXAMPLE_FLEET
     text = EXAMPLE_FLEET.read_text()
-    subs = [(r'^state_dir = "[^"]*"', f"state_dir = {json.dumps(str(out / 'fleet'))}"),
-            (r'^model = "[^"]*"', f"model = {json.dumps(str(out / 'tiny-llama'))}")]
+    subs = [
+        (r'^state_dir = "[^"]*"', f"state_dir = {json.dumps(str(out / 'fleet'))}"),
+        (r'^model = "[^"]*"', f"model = {json.dumps(str(out / 'tiny-llama'))}"),
+    ]
     for default, port in zip((38401, 38402), ports or (38401, 38402), strict=True):
         subs.append((rf"^port = {default}\b", f"port = {port}"))
     for pattern, value in subs:
@@ -117,8 +134,10 @@ def fleet_file(out: Path, ports: list[int] | None) -> Path:
 
 
 # ---- the job's input ---------------------------------------------------------------------------------
-WORDS = ("fleet server batch token cache prompt answer engine model queue shard job plan bench "
-         "restart resume crash ready kernel memory block request stream").split()
+WORDS = (
+    "fleet server batch token cache prompt answer engine model queue shard job plan bench "
+    "restart resume crash ready kernel memory block request stream"
+).split()
 
 
 def write_prompts(path: Path, n: int, seed: int = 15) -> list[str]:
@@ -211,7 +230,9 @@ class Demo:
 
     def up(self) -> None:
         say("2/12 launch the fleet: two `transformers serve` servers on the CPU, detached, verified ready")
-        note("cpu-a: transformers' default (one generate() at a time); cpu-b: --continuous-batching --cb-num-blocks 64")
+        note(
+            "cpu-a: transformers' default (one generate() at a time); cpu-b: --continuous-batching --cb-num-blocks 64"
+        )
         t = time.monotonic()
         servefleet("up", str(self.fleet))
         self.timed("up", t)
@@ -244,8 +265,16 @@ class Demo:
     def plan(self, runs: dict[str, Path]) -> None:
         say(f"6/12 plan the job: {self.prompts} prompts of up to {OUTPUT_TOKENS} tokens, on 1 or 2 servers")
         args = [a for n in SERVERS for a in ("--bench", str(runs[n]))]
-        args += ["--prompts", str(self.prompts), "--output-tokens-mean", str(OUTPUT_TOKENS), "--gpus", "2,1",
-                 "--plot", str(self.out / "plots" / "plan.png")]
+        args += [
+            "--prompts",
+            str(self.prompts),
+            "--output-tokens-mean",
+            str(OUTPUT_TOKENS),
+            "--gpus",
+            "2,1",
+            "--plot",
+            str(self.out / "plots" / "plan.png"),
+        ]
         servefleet("plan", *args)
         planned = servefleet_json("plan", *args, quiet=True)
         self.summary["plan"] = {"recommendation": planned["recommendation"]}
@@ -257,10 +286,27 @@ class Demo:
         ids = write_prompts(input_path, self.prompts)
         self.summary["files"]["input"] = str(input_path)
         self.summary["files"]["output"] = str(self.dest)
-        argv = [SERVEFLEET, "generate", "--fleet", str(self.fleet), "--input", str(input_path), "--output", str(self.dest),
-                *[a for n in SERVERS for a in ("--bench", str(runs[n]))], "--shard-rows", "20", "--shard-seconds", "2",
-                "--hang-after", "30", "--json"]
-        say(f"7/12 generate {len(ids)} prompts over both servers; {VICTIM} is SIGKILLed mid-job, then the run is interrupted")
+        argv = [
+            SERVEFLEET,
+            "generate",
+            "--fleet",
+            str(self.fleet),
+            "--input",
+            str(input_path),
+            "--output",
+            str(self.dest),
+            *[a for n in SERVERS for a in ("--bench", str(runs[n]))],
+            "--shard-rows",
+            "20",
+            "--shard-seconds",
+            "2",
+            "--hang-after",
+            "30",
+            "--json",
+        ]
+        say(
+            f"7/12 generate {len(ids)} prompts over both servers; {VICTIM} is SIGKILLed mid-job, then the run is interrupted"
+        )
         print(f"$ {shown(argv)}", flush=True)
         t = time.monotonic()
         self._interrupted_run(argv)
@@ -271,11 +317,17 @@ class Demo:
         done = subprocess.run(argv, cwd=REPO, text=True, stdout=subprocess.PIPE, timeout=900)
         second = json.loads(done.stdout)
         self.timed("generate_resume", t)
-        note(f"exit {done.returncode}, status {second['status']}: {second['done']} answered in this run, "
-             f"{second['done_before']} were already committed; {second['output_tokens_per_s']:,.0f} output tok/s")
+        note(
+            f"exit {done.returncode}, status {second['status']}: {second['done']} answered in this run, "
+            f"{second['done_before']} were already committed; {second['output_tokens_per_s']:,.0f} output tok/s"
+        )
         if done.returncode != 0 or second["status"] != "complete":
             raise DemoError(f"the resumed run ended {second['status']} (exit {done.returncode})")
-        self.summary["resume"] = {"status": second["status"], "done": second["done"], "done_before": second["done_before"]}
+        self.summary["resume"] = {
+            "status": second["status"],
+            "done": second["done"],
+            "done_before": second["done_before"],
+        }
         say("9/12 check the output: every prompt answered exactly once (pyarrow reads the Parquet shards)")
         self.summary["output"] = check_output(self.dest, ids)
 
@@ -301,8 +353,10 @@ class Demo:
             after = server_status(self.fleet, VICTIM)
             rows = committed_rows(self.dest)
             self.restart_s = time.monotonic() - t_kill
-            note(f"[demo] `servefleet progress` shows {VICTIM} back (new pid {after['pid']}) {self.restart_s:.0f} s after the kill; "
-                 f"{rows} rows committed: SIGINT to generate (Ctrl-C)")
+            note(
+                f"[demo] `servefleet progress` shows {VICTIM} back (new pid {after['pid']}) {self.restart_s:.0f} s after the kill; "
+                f"{rows} rows committed: SIGINT to generate (Ctrl-C)"
+            )
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=300)
         finally:
@@ -311,19 +365,30 @@ class Demo:
                 proc.wait()
         report = json.loads(out)
         servers = {s["name"]: s for s in report["servers"]}
-        note(f"exit {proc.returncode}, status {report['status']}: {report['committed']} committed, "
-             f"{VICTIM}: {servers[VICTIM]['outages']} outage(s), {servers[VICTIM]['restarts']} restart(s), "
-             f"{report['requeued']} in-flight requests re-queued")
+        note(
+            f"exit {proc.returncode}, status {report['status']}: {report['committed']} committed, "
+            f"{VICTIM}: {servers[VICTIM]['outages']} outage(s), {servers[VICTIM]['restarts']} restart(s), "
+            f"{report['requeued']} in-flight requests re-queued"
+        )
         for event in report.get("events", [])[-8:]:
             note(f"  event: {event}")
         if report["status"] != "interrupted" or proc.returncode != 130:
-            raise DemoError(f"the first run ended {report['status']} (exit {proc.returncode}), not interrupted: "
-                            f"the job finished before the interrupt")
+            raise DemoError(
+                f"the first run ended {report['status']} (exit {proc.returncode}), not interrupted: "
+                f"the job finished before the interrupt"
+            )
         if servers[VICTIM]["restarts"] < 1:
             raise DemoError(f"{VICTIM} was killed but the first run's report shows no restart")
-        self.summary["first_run"] = {"status": report["status"], "exit": proc.returncode, "committed": report["committed"],
-                                     "killed_at_rows": at_rows, "restart_s": round(self.restart_s, 1), "restarts": servers[VICTIM]["restarts"],
-                                     "outages": servers[VICTIM]["outages"], "requeued": report["requeued"]}
+        self.summary["first_run"] = {
+            "status": report["status"],
+            "exit": proc.returncode,
+            "committed": report["committed"],
+            "killed_at_rows": at_rows,
+            "restart_s": round(self.restart_s, 1),
+            "restarts": servers[VICTIM]["restarts"],
+            "outages": servers[VICTIM]["outages"],
+            "requeued": report["requeued"],
+        }
         return report
 
     def check_plan(self, runs: dict[str, Path]) -> None:
@@ -337,13 +402,20 @@ class Demo:
         checked = servefleet_json(*args, quiet=True, check=False)
         if "verdict" not in checked:
             raise DemoError(f"plan --check gave no verdict: {checked}")
-        note(f"[demo] the plan knows no crash: {VICTIM} was out for about {self.restart_s:.0f} s of the job while the fleet "
-             "restarted it, and the job ran as two runs (interrupted, resumed)")
-        self.summary["plan_check"] = {"within_tolerance": checked.get("within_tolerance"), "verdict": checked.get("verdict"),
-                                      "metrics": checked.get("metrics")}
+        note(
+            f"[demo] the plan knows no crash: {VICTIM} was out for about {self.restart_s:.0f} s of the job while the fleet "
+            "restarted it, and the job ran as two runs (interrupted, resumed)"
+        )
+        self.summary["plan_check"] = {
+            "within_tolerance": checked.get("within_tolerance"),
+            "verdict": checked.get("verdict"),
+            "metrics": checked.get("metrics"),
+        }
 
     def report(self, runs: dict[str, Path]) -> None:
-        say("11/12 the job's report: one self-contained HTML file (tok/s and concurrency per server over time, the restart)")
+        say(
+            "11/12 the job's report: one self-contained HTML file (tok/s and concurrency per server over time, the restart)"
+        )
         html = self.out / "report.html"
         servefleet("report", str(self.dest), "--out", str(html))
         if not html.exists():
@@ -375,32 +447,56 @@ def check_output(dest: Path, ids: list[str]) -> dict[str, Any]:
     shards = sorted((dest / "shards").glob("*.parquet"))
     # from Arrow buffers, in this thread: Arrow's pools (pq.read_table, datasets, file readers) can abort
     # a process at exit ("terminate called without an active exception")
-    table = pa.concat_tables([pq.ParquetFile(pa.BufferReader(p.read_bytes())).read(use_threads=False) for p in shards]) if shards else None
+    table = (
+        pa.concat_tables([pq.ParquetFile(pa.BufferReader(p.read_bytes())).read(use_threads=False) for p in shards])
+        if shards
+        else None
+    )
     got = table.column("id").to_pylist() if table is not None else []
     wanted, seen = set(ids), set(got)
     duplicates = len(got) - len(seen)
     missing, extra = len(wanted - seen), len(seen - wanted)
-    note(f"{len(shards)} shards, {len(got)} rows, {len(seen)} distinct ids of {len(ids)}: "
-         f"{missing} missing, {duplicates} duplicated, {extra} unknown")
+    note(
+        f"{len(shards)} shards, {len(got)} rows, {len(seen)} distinct ids of {len(ids)}: "
+        f"{missing} missing, {duplicates} duplicated, {extra} unknown"
+    )
     if table is not None:
         row = table.slice(0, 1).to_pylist()[0]
-        sample = {k: (v[:60] + "..." if isinstance(v, str) and len(v) > 60 else v) for k, v in row.items()
-                  if k in ("id", "server", "text", "completion_tokens", "finish_reason")}
+        sample = {
+            k: (v[:60] + "..." if isinstance(v, str) and len(v) > 60 else v)
+            for k, v in row.items()
+            if k in ("id", "server", "text", "completion_tokens", "finish_reason")
+        }
         note(f"columns: {', '.join(table.column_names)}")
         note(f"a row: {sample}")
     if missing or duplicates or extra:
         raise DemoError(f"not exactly once: {missing} missing, {duplicates} duplicated, {extra} unknown ids")
-    return {"shards": len(shards), "rows": len(got), "distinct": len(seen), "missing": missing, "duplicates": duplicates,
-            "columns": table.column_names if table is not None else []}
+    return {
+        "shards": len(shards),
+        "rows": len(got),
+        "distinct": len(seen),
+        "missing": missing,
+        "duplicates": duplicates,
+        "columns": table.column_names if table is not None else [],
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="servefleet demo: the main job on two CPU `transformers serve` servers")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the model, runs, plots and the job (default: demo-out/)")
+    parser = argparse.ArgumentParser(
+        description="servefleet demo: the main job on two CPU `transformers serve` servers"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="folder for the model, runs, plots and the job (default: demo-out/)",
+    )
     parser.add_argument("--ports", help="two ports, e.g. 40001,40002 (default: the fleet file's 38401,38402)")
     # 1,500: long enough that the job's fixed costs (two runs' start, the restart) do not swamp plan --check
     parser.add_argument("--prompts", type=int, default=1500, help="prompts in the job (default: 1500)")
-    parser.add_argument("--keep", action="store_true", help="leave the fleet running at the end (stop it with `servefleet down`)")
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the fleet running at the end (stop it with `servefleet down`)"
+    )
     args = parser.parse_args()
     out = args.out.resolve()
     ports = [int(p) for p in args.ports.split(",")] if args.ports else None

@@ -63,8 +63,11 @@ from servefleet.engines.registry import get_engine  # noqa: E402 - after the sys
 
 WORK = Path("/tmp/servefleet-real-logs")  # fixed, so the paths inside the logs are stable
 SETUP = {"vllm": (VLLM, VLLM_ENV, VLLM_ARGS), "llamacpp": (LLAMACPP, LLAMACPP_ENV, LLAMACPP_ARGS)}
-BREADTH_SETUP = {"vllm": (VLLM_ENV, VLLM_ARGS), "llamacpp": (LLAMACPP_ENV, LLAMACPP_ARGS),
-                 "transformers": (TRANSFORMERS_ENV, TRANSFORMERS_ARGS)}
+BREADTH_SETUP = {
+    "vllm": (VLLM_ENV, VLLM_ARGS),
+    "llamacpp": (LLAMACPP_ENV, LLAMACPP_ARGS),
+    "transformers": (TRANSFORMERS_ENV, TRANSFORMERS_ARGS),
+}
 
 
 def log_expectation(sc: Scenario) -> dict[str, Any]:
@@ -80,13 +83,24 @@ def log_expectation(sc: Scenario) -> dict[str, Any]:
 
 def live(verdict: dict[str, Any]) -> dict[str, Any]:
     ev = verdict.get("evidence") or {}
-    return {"state": verdict["state"], "category": verdict["category"], "evidence": ev.get("text"),
-            "exit_code": verdict.get("exit_code")}
+    return {
+        "state": verdict["state"],
+        "category": verdict["category"],
+        "evidence": ev.get("text"),
+        "exit_code": verdict.get("exit_code"),
+    }
 
 
-def entry_for(engine: str, python: Path, sc: Scenario, verdict: dict[str, Any], argv: list[str] | None,
-              exit_code: int | None) -> dict[str, Any]:
-    entry = {**log_expectation(sc), "engine": engine, "scenario": sc.why, "live_verdict": live(verdict), "exit_code": exit_code}
+def entry_for(
+    engine: str, python: Path, sc: Scenario, verdict: dict[str, Any], argv: list[str] | None, exit_code: int | None
+) -> dict[str, Any]:
+    entry = {
+        **log_expectation(sc),
+        "engine": engine,
+        "scenario": sc.why,
+        "live_verdict": live(verdict),
+        "exit_code": exit_code,
+    }
     if argv:
         entry["argv"] = [a.replace(str(python), "$ENGINE_PYTHON") for a in argv]
     return entry
@@ -101,8 +115,9 @@ def engine_interpreter(engine: str) -> Path:
     return python
 
 
-def record_breadth(engine: str, batch: int, only: set[str] | None = None, which: str = "breadth",
-                   dest: Path = FIXTURES) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def record_breadth(
+    engine: str, batch: int, only: set[str] | None = None, which: str = "breadth", dest: Path = FIXTURES
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """The breadth (or held-out) scenarios of ``engine``, ``batch`` servers per `servefleet up`."""
     python = engine_interpreter(engine)
     env, args = BREADTH_SETUP[engine]
@@ -121,17 +136,24 @@ def record_breadth(engine: str, batch: int, only: set[str] | None = None, which:
             try:
                 for sc in chunk:
                     entry = run.report[sc.server]
-                    exit_code = wait_for_exit(run.state_dir, sc.server, timeout_s=120) if sc.state == "failed" else None
+                    exit_code = (
+                        wait_for_exit(run.state_dir, sc.server, timeout_s=120) if sc.state == "failed" else None
+                    )
                     state_file = run.state_dir / f"{sc.server}.json"
                     state = json.loads(state_file.read_text()) if state_file.exists() else {}
                     shutil.copyfile(entry["log_path"], dest / sc.log_name)
                     verdict = entry["verdict"]
                     expected[sc.log_name] = entry_for(engine, python, sc, verdict, state.get("argv"), exit_code)
-                    print(f"  {sc.log_name}: up -> {verdict['state']}/{verdict['category']}  "
-                          f"{((verdict.get('evidence') or {}).get('text') or '')[:140]!r}", flush=True)
+                    print(
+                        f"  {sc.log_name}: up -> {verdict['state']}/{verdict['category']}  "
+                        f"{((verdict.get('evidence') or {}).get('text') or '')[:140]!r}",
+                        flush=True,
+                    )
                     if (verdict["state"], verdict["category"]) != (sc.state, sc.category):
-                        problems.append(f"{sc.log_name}: live verdict {verdict['state']}/{verdict['category']}, "
-                                        f"scenario wants {sc.state}/{sc.category}")
+                        problems.append(
+                            f"{sc.log_name}: live verdict {verdict['state']}/{verdict['category']}, "
+                            f"scenario wants {sc.state}/{sc.category}"
+                        )
             finally:
                 cli_json("down", "--fleet", str(run.fleet), "--grace", "10", timeout=300)
     return expected, problems
@@ -159,23 +181,40 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
     expected: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
 
-    def keep(sc: Scenario, log_path: str, verdict: dict[str, Any], argv: list[str] | None, exit_code: int | None) -> None:
+    def keep(
+        sc: Scenario, log_path: str, verdict: dict[str, Any], argv: list[str] | None, exit_code: int | None
+    ) -> None:
         shutil.copyfile(log_path, FIXTURES / sc.log_name)
-        entry = {**log_expectation(sc), "engine": engine, "scenario": sc.why, "live_verdict": live(verdict),
-                 "exit_code": exit_code}
+        entry = {
+            **log_expectation(sc),
+            "engine": engine,
+            "scenario": sc.why,
+            "live_verdict": live(verdict),
+            "exit_code": exit_code,
+        }
         if argv:
             entry["argv"] = [a.replace(str(python), "$ENGINE_PYTHON") for a in argv]
         if sc.server == "ready" and engine == "vllm":
             context = json.loads((model / "config.json").read_text())["max_position_embeddings"]
             kv = expected_vllm_kv_tokens(model)
-            entry["capacity"] = {"kv_cache_tokens": kv, "context_length": context, "engine_version": pinned_versions()["vllm"],
-                                 "max_concurrency": {str(context): kv / context}}
+            entry["capacity"] = {
+                "kv_cache_tokens": kv,
+                "context_length": context,
+                "engine_version": pinned_versions()["vllm"],
+                "max_concurrency": {str(context): kv / context},
+            }
         if sc.server == "ready" and engine == "llamacpp":
-            entry["capacity"] = {"kv_cache_tokens": LLAMACPP_CTX, "context_length": LLAMACPP_CTX, "max_running_requests": 1}
+            entry["capacity"] = {
+                "kv_cache_tokens": LLAMACPP_CTX,
+                "context_length": LLAMACPP_CTX,
+                "max_running_requests": 1,
+            }
         expected[sc.log_name] = entry
         if (verdict["state"], verdict["category"]) != (sc.state, sc.category):
-            problems.append(f"{sc.log_name}: live verdict {verdict['state']}/{verdict['category']}, "
-                            f"scenario wants {sc.state}/{sc.category}")
+            problems.append(
+                f"{sc.log_name}: live verdict {verdict['state']}/{verdict['category']}, "
+                f"scenario wants {sc.state}/{sc.category}"
+            )
 
     with PortHolder() as holder:
         run = run_fleet(work, engine, python, model, scenarios, holder.port, env, args)
@@ -183,27 +222,54 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
             for sc in scenarios:
                 entry = run.report.get(sc.server)
                 if entry is None or not entry["log_path"]:
-                    if entry is not None and (entry["verdict"]["state"], entry["verdict"]["category"]) != (sc.state, sc.category):
-                        problems.append(f"{sc.server}: up said {entry['verdict']}, scenario wants {sc.state}/{sc.category}")
+                    if entry is not None and (entry["verdict"]["state"], entry["verdict"]["category"]) != (
+                        sc.state,
+                        sc.category,
+                    ):
+                        problems.append(
+                            f"{sc.server}: up said {entry['verdict']}, scenario wants {sc.state}/{sc.category}"
+                        )
                     continue
                 # a whole group killed leaves no status file: nothing to wait for
                 whole_group = sc.how == "kill" and sc.kill_at is None
-                exit_code = wait_for_exit(run.state_dir, sc.server) if sc.state == "failed" and not whole_group else None
-                state = json.loads((run.state_dir / f"{sc.server}.json").read_text()) if (run.state_dir / f"{sc.server}.json").exists() else {}
+                exit_code = (
+                    wait_for_exit(run.state_dir, sc.server) if sc.state == "failed" and not whole_group else None
+                )
+                state = (
+                    json.loads((run.state_dir / f"{sc.server}.json").read_text())
+                    if (run.state_dir / f"{sc.server}.json").exists()
+                    else {}
+                )
                 keep(sc, entry["log_path"], entry["verdict"], state.get("argv"), exit_code)
         finally:
             cli_json("down", "--fleet", str(run.fleet), "--grace", "20", timeout=300)
         for sc in (s for s in scenarios if s.how == "by_hand"):
             profile = get_engine(engine)
-            spec = LaunchSpec(model=str(model / "model.gguf" if engine == "llamacpp" else model), port=holder.port,
-                              python=str(python), extra_args=args,
-                              command=(str(python), "-m", "llama_cpp.server") if engine == "llamacpp" else ())
+            spec = LaunchSpec(
+                model=str(model / "model.gguf" if engine == "llamacpp" else model),
+                port=holder.port,
+                python=str(python),
+                extra_args=args,
+                command=(str(python), "-m", "llama_cpp.server") if engine == "llamacpp" else (),
+            )
             argv = profile.build_argv(spec)
             log = work / f"{sc.server}.log"
             proc = launch_by_hand(argv, log, env)
             try:
-                _, verdict, _ = cli_json("wait", "--url", f"http://127.0.0.1:{holder.port}", "--log", str(log), "--pid",
-                                         str(proc.pid), "--engine", engine, "--timeout", "600", timeout=700)
+                _, verdict, _ = cli_json(
+                    "wait",
+                    "--url",
+                    f"http://127.0.0.1:{holder.port}",
+                    "--log",
+                    str(log),
+                    "--pid",
+                    str(proc.pid),
+                    "--engine",
+                    engine,
+                    "--timeout",
+                    "600",
+                    timeout=700,
+                )
                 exit_code = proc.wait(timeout=300)
             finally:
                 stop_group(proc)
@@ -214,21 +280,35 @@ def record(engine: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("engines", nargs="*", metavar="ENGINE", help="engines to record (default: vllm and llamacpp; "
-                        "--set breadth also takes transformers)")
-    parser.add_argument("--set", dest="which", choices=("base", "breadth", "heldout"), default="base",
-                        help="base: the scenarios of tests/real_engines.py; breadth: those of tests/real_breadth.py; heldout: "
-                             "its held-out ones, into real/heldout/ (labelled before diagnosed: the accuracy benchmark's test set)")
+    parser.add_argument(
+        "engines",
+        nargs="*",
+        metavar="ENGINE",
+        help="engines to record (default: vllm and llamacpp; --set breadth also takes transformers)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="which",
+        choices=("base", "breadth", "heldout"),
+        default="base",
+        help="base: the scenarios of tests/real_engines.py; breadth: those of tests/real_breadth.py; heldout: "
+        "its held-out ones, into real/heldout/ (labelled before diagnosed: the accuracy benchmark's test set)",
+    )
     parser.add_argument("--batch", type=int, default=3, help="breadth: servers per `servefleet up` (default 3)")
     parser.add_argument("--only", nargs="*", default=None, help="breadth: only these scenarios (server names)")
-    parser.add_argument("--rescore", action="store_true",
-                        help="breadth: run no engine; rewrite what EXPECTED.json wants of the logs already recorded from the "
-                             "scenarios as they now stand (the recorded live verdict, exit code and argv stay)")
+    parser.add_argument(
+        "--rescore",
+        action="store_true",
+        help="breadth: run no engine; rewrite what EXPECTED.json wants of the logs already recorded from the "
+        "scenarios as they now stand (the recorded live verdict, exit code and argv stay)",
+    )
     opts = parser.parse_args()
     known = BREADTH_SETUP if opts.which in ("breadth", "heldout") else SETUP
     engines = opts.engines or ["vllm", "llamacpp"]
     if set(engines) - set(known):
-        parser.error(f"unknown engine(s): {', '.join(sorted(set(engines) - set(known)))}; choose from {', '.join(known)}")
+        parser.error(
+            f"unknown engine(s): {', '.join(sorted(set(engines) - set(known)))}; choose from {', '.join(known)}"
+        )
     folder = FIXTURES / "heldout" if opts.which == "heldout" else FIXTURES
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "EXPECTED.json"
@@ -241,7 +321,9 @@ def main() -> int:
             expected = {k: v for k, v in expected.items() if k not in base_names}
             found, trouble = record(engine)
         elif opts.which == "heldout":
-            found, trouble = record_breadth(engine, opts.batch, set(opts.only) if opts.only else None, "heldout", folder)
+            found, trouble = record_breadth(
+                engine, opts.batch, set(opts.only) if opts.only else None, "heldout", folder
+            )
         elif opts.rescore:
             found, trouble = rescore_breadth(engine, expected), []
         else:
@@ -255,7 +337,9 @@ def main() -> int:
         _, verdict, _ = cli_json("diagnose", str(folder / name), timeout=120)
         got = (verdict["state"], verdict["category"])
         evidence = (verdict.get("evidence") or {}).get("text") or ""
-        ok = got == (want["state"], want["category"]) and (not want["evidence_substring"] or want["evidence_substring"] in evidence)
+        ok = got == (want["state"], want["category"]) and (
+            not want["evidence_substring"] or want["evidence_substring"] in evidence
+        )
         print(f"{'ok  ' if ok else 'DIFF'} {name}: diagnose -> {got[0]}/{got[1]}  evidence: {evidence[:120]!r}")
         if not ok:
             problems.append(f"{name}: diagnose says {got}, EXPECTED.json wants {(want['state'], want['category'])}")

@@ -38,14 +38,22 @@ def steady_unit(n: int = 2000, pid: int = 27765) -> bytes:
     a bare exception line after ready reads as fatal to the classifier, with or without a bounded read)."""
     out = io.BytesIO()
     for i in range(n):
-        out.write(f'(APIServer pid={pid}) INFO:     127.0.0.1:{40000 + i % 20000} - "POST /v1/completions HTTP/1.1" 200 OK\n'.encode())
+        out.write(
+            f'(APIServer pid={pid}) INFO:     127.0.0.1:{40000 + i % 20000} - "POST /v1/completions HTTP/1.1" 200 OK\n'.encode()
+        )
         if i % 100 == 99:
-            out.write(f"(APIServer pid={pid}) INFO 11-30 02:{i % 60:02d}:00 [loggers.py:123] Engine 000: Avg prompt throughput: {i % 977}.3 tokens/s, "
-                      f"Avg generation throughput: {i % 1999}.1 tokens/s, Running: {i % 64} reqs, Waiting: 0 reqs, GPU KV cache usage: {i % 90}.5%, "
-                      f"Prefix cache hit rate: 0.0%\n".encode())
+            out.write(
+                f"(APIServer pid={pid}) INFO 11-30 02:{i % 60:02d}:00 [loggers.py:123] Engine 000: Avg prompt throughput: {i % 977}.3 tokens/s, "
+                f"Avg generation throughput: {i % 1999}.1 tokens/s, Running: {i % 64} reqs, Waiting: 0 reqs, GPU KV cache usage: {i % 90}.5%, "
+                f"Prefix cache hit rate: 0.0%\n".encode()
+            )
         if i % 1000 == 999:
-            out.write(f"(APIServer pid={pid}) ERROR 11-30 02:{i % 60:02d}:01 [serving_completion.py:150] Error in preprocessing prompt inputs\n".encode())
-            out.write(f'(APIServer pid={pid}) INFO:     127.0.0.1:{30000 + i} - "POST /v1/completions HTTP/1.1" 400 Bad Request\n'.encode())
+            out.write(
+                f"(APIServer pid={pid}) ERROR 11-30 02:{i % 60:02d}:01 [serving_completion.py:150] Error in preprocessing prompt inputs\n".encode()
+            )
+            out.write(
+                f'(APIServer pid={pid}) INFO:     127.0.0.1:{30000 + i} - "POST /v1/completions HTTP/1.1" 400 Bad Request\n'.encode()
+            )
     return out.getvalue()
 
 
@@ -66,6 +74,7 @@ def write_log(path: Path, size: int, where: str) -> BigLog:
     lines_written = 0
     fatal_line = None
     with path.open("wb") as fh:
+
         def put(chunk: list[bytes] | bytes) -> None:
             nonlocal lines_written
             data = b"".join(chunk) if isinstance(chunk, list) else chunk

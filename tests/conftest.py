@@ -25,7 +25,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> None:
+def wait_until(
+    predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01, what: str = "condition"
+) -> None:
     """Poll ``predicate`` until it is true; fail the test with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -35,7 +37,9 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: f
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-async def async_wait_until(predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> None:
+async def async_wait_until(
+    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, interval: float = 0.01, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if await predicate():
@@ -122,8 +126,9 @@ class SimProcess:
 
         with open(self.log_path, "wb") as log:
             # its own process group, as servefleet launches servers: stop() takes the children too
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         return self
 
     def log(self) -> str:
@@ -214,7 +219,9 @@ def transformers_serve(tmp_path_factory: pytest.TempPathFactory):
     env = {**os.environ, **engine.build_env(spec), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     log = folder / "serve.log"
     with log.open("wb") as fh:
-        server = subprocess.Popen(engine.build_argv(spec), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        server = subprocess.Popen(
+            engine.build_argv(spec), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -256,7 +263,12 @@ def moto_url():
 def s3_env(endpoint: str) -> dict[str, str]:
     """The environment of a CLI subprocess that talks to ``endpoint`` (and to no real AWS account)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=endpoint)
+    env.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY=S3_SECRET,
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=endpoint,
+    )
     return env
 
 
@@ -264,5 +276,11 @@ def s3fs_for(endpoint: str):
     """A client of ``endpoint`` for the test itself (no instance cache: every moto server is new)."""
     import s3fs
 
-    return s3fs.S3FileSystem(key="testing", secret=S3_SECRET, endpoint_url=endpoint, client_kwargs={"region_name": "us-east-1"},
-                             skip_instance_cache=True, use_listings_cache=False)
+    return s3fs.S3FileSystem(
+        key="testing",
+        secret=S3_SECRET,
+        endpoint_url=endpoint,
+        client_kwargs={"region_name": "us-east-1"},
+        skip_instance_cache=True,
+        use_listings_cache=False,
+    )

@@ -26,4 +26,6 @@ def read_parquet(source: Path | bytes, columns: Sequence[str] | None = None) -> 
             raise FileNotFoundError(f"{source}: no .parquet files")
         return pa.concat_tables(tables)
     data = source.read_bytes() if isinstance(source, Path) else source
-    return pq.ParquetFile(pa.BufferReader(data)).read(columns=list(columns) if columns is not None else None, use_threads=False)
+    return pq.ParquetFile(pa.BufferReader(data)).read(
+        columns=list(columns) if columns is not None else None, use_threads=False
+    )

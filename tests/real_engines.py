@@ -62,8 +62,10 @@ def find_engine_python(engine: str) -> tuple[Path | None, str]:
     env = engine_env_dir(engine)
     if (env / ".complete").is_file() and (env / "bin" / "python").exists():
         return env / "bin" / "python", ""
-    return None, (f"{engine}: no complete environment at {env}; run `scripts/install-real-engines.sh {engine}` "
-                  f"(or set {SKIP_ENV}=1 to skip the real-engine tests)")
+    return None, (
+        f"{engine}: no complete environment at {env}; run `scripts/install-real-engines.sh {engine}` "
+        f"(or set {SKIP_ENV}=1 to skip the real-engine tests)"
+    )
 
 
 def engine_python(engine: str) -> Path:
@@ -116,26 +118,73 @@ VLLM_SERVED = "tiny"  # the ready server's --served-model-name
 VLLM = (
     # served under a name of its own given the vLLM way (issue 12.2: servefleet asked for the model
     # path, got 404 and said "failed (other)" about this healthy server)
-    Scenario("vllm", "ready", "up", "ready", None, "Application startup complete.", args=("--served-model-name", VLLM_SERVED),
-             why="a healthy start-up; capacity from its log; the served name from the native args"),
-    Scenario("vllm", "missing_model", "up", "failed", "model_not_found", "Repo id must be in the form", missing_model=True,
-             why="a local model folder that does not exist is taken for a Hub repo id"),
-    Scenario("vllm", "bad_argument", "up", "failed", "config_error", "argument --max-num-seqs: invalid int value: 'abc'",
-             args=("--max-num-seqs", "abc"), why="argparse rejects a value after the usage text"),
+    Scenario(
+        "vllm",
+        "ready",
+        "up",
+        "ready",
+        None,
+        "Application startup complete.",
+        args=("--served-model-name", VLLM_SERVED),
+        why="a healthy start-up; capacity from its log; the served name from the native args",
+    ),
+    Scenario(
+        "vllm",
+        "missing_model",
+        "up",
+        "failed",
+        "model_not_found",
+        "Repo id must be in the form",
+        missing_model=True,
+        why="a local model folder that does not exist is taken for a Hub repo id",
+    ),
+    Scenario(
+        "vllm",
+        "bad_argument",
+        "up",
+        "failed",
+        "config_error",
+        "argument --max-num-seqs: invalid int value: 'abc'",
+        args=("--max-num-seqs", "abc"),
+        why="argparse rejects a value after the usage text",
+    ),
     # the failure catalog (README "Failure categories"): gpu_oom is "out of memory for the KV cache" -- the category of every
     # "the KV cache does not fit" failure, whichever memory (GPU, or the CPU backend's
     # VLLM_CPU_KVCACHE_SPACE) holds it; its hint (lower --max-model-len) is the fix here too.
-    Scenario("vllm", "kv_too_small", "up", "failed", "gpu_oom", "KV cache is needed, which is larger than the available KV cache memory",
-             args=("--max-model-len", str(KV_TOO_SMALL_LEN)), env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
-             why="a context length whose KV cache exceeds VLLM_CPU_KVCACHE_SPACE: the engine core's ValueError, "
-                 "above the API server's 'Engine core initialization failed' wrapper"),
+    Scenario(
+        "vllm",
+        "kv_too_small",
+        "up",
+        "failed",
+        "gpu_oom",
+        "KV cache is needed, which is larger than the available KV cache memory",
+        args=("--max-model-len", str(KV_TOO_SMALL_LEN)),
+        env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+        why="a context length whose KV cache exceeds VLLM_CPU_KVCACHE_SPACE: the engine core's ValueError, "
+        "above the API server's 'Engine core initialization failed' wrapper",
+    ),
     # Killed right after argument parsing, before the engine-core process is spawned: killed later, the
     # engine core outlives its API server (an orphan that loads the model and spins until `down`).
-    Scenario("vllm", "killed_loading", "kill", "failed", "killed", "Killed", kill_at=r"non-default args: ",
-             why="SIGKILL to the API server while it loads: the detach wrapper prints 'Killed' and records 137"),
+    Scenario(
+        "vllm",
+        "killed_loading",
+        "kill",
+        "failed",
+        "killed",
+        "Killed",
+        kill_at=r"non-default args: ",
+        why="SIGKILL to the API server while it loads: the detach wrapper prints 'Killed' and records 137",
+    ),
     Scenario("vllm", "port_taken", "blocked", "failed", "port_in_use", None, why="`up` refuses before launching"),
-    Scenario("vllm", "port_in_use", "by_hand", "failed", "port_in_use", "Address already in use",
-             why="the engine's own bind error, while another server answers 200 on that port"),
+    Scenario(
+        "vllm",
+        "port_in_use",
+        "by_hand",
+        "failed",
+        "port_in_use",
+        "Address already in use",
+        why="the engine's own bind error, while another server answers 200 on that port",
+    ),
 )
 
 
@@ -149,20 +198,60 @@ LLAMACPP_HUGE_CTX = 2**24
 MEMORY_CAP = ("prlimit", f"--as={4 * 2**30}")
 
 LLAMACPP = (
-    Scenario("llamacpp", "ready", "up", "ready", None, "Uvicorn running on", why="a healthy start-up; capacity from its log"),
-    Scenario("llamacpp", "missing_model", "up", "failed", "model_not_found", "Model path does not exist", missing_model=True,
-             why="a .gguf path that does not exist"),
-    Scenario("llamacpp", "bad_argument", "up", "failed", "config_error", "argument --n_ctx: invalid int value: 'abc'",
-             args=("--n_ctx", "abc"), why="argparse rejects a value (the log is nothing but usage text)"),
+    Scenario(
+        "llamacpp", "ready", "up", "ready", None, "Uvicorn running on", why="a healthy start-up; capacity from its log"
+    ),
+    Scenario(
+        "llamacpp",
+        "missing_model",
+        "up",
+        "failed",
+        "model_not_found",
+        "Model path does not exist",
+        missing_model=True,
+        why="a .gguf path that does not exist",
+    ),
+    Scenario(
+        "llamacpp",
+        "bad_argument",
+        "up",
+        "failed",
+        "config_error",
+        "argument --n_ctx: invalid int value: 'abc'",
+        args=("--n_ctx", "abc"),
+        why="argparse rejects a value (the log is nothing but usage text)",
+    ),
     # gpu_oom: "out of memory for the KV cache" (README "Failure categories"), here the CPU buffer ggml cannot allocate
-    Scenario("llamacpp", "kv_too_small", "up", "failed", "gpu_oom", "ggml_aligned_malloc: insufficient memory",
-             args=("--n_ctx", str(LLAMACPP_HUGE_CTX)), command_prefix=MEMORY_CAP,
-             why="a context whose KV cache (8 GiB) exceeds the memory the server may use (4 GiB address space)"),
-    Scenario("llamacpp", "killed_loading", "kill", "failed", "killed", None,
-             why="the whole process group SIGKILLed as soon as it is launched: an empty log, no exit code"),
+    Scenario(
+        "llamacpp",
+        "kv_too_small",
+        "up",
+        "failed",
+        "gpu_oom",
+        "ggml_aligned_malloc: insufficient memory",
+        args=("--n_ctx", str(LLAMACPP_HUGE_CTX)),
+        command_prefix=MEMORY_CAP,
+        why="a context whose KV cache (8 GiB) exceeds the memory the server may use (4 GiB address space)",
+    ),
+    Scenario(
+        "llamacpp",
+        "killed_loading",
+        "kill",
+        "failed",
+        "killed",
+        None,
+        why="the whole process group SIGKILLed as soon as it is launched: an empty log, no exit code",
+    ),
     Scenario("llamacpp", "port_taken", "blocked", "failed", "port_in_use", None, why="`up` refuses before launching"),
-    Scenario("llamacpp", "port_in_use", "by_hand", "failed", "port_in_use", "error while attempting to bind on address",
-             why="uvicorn's bind error after 'Application startup complete.', while another server answers 200 there"),
+    Scenario(
+        "llamacpp",
+        "port_in_use",
+        "by_hand",
+        "failed",
+        "port_in_use",
+        "error while attempting to bind on address",
+        why="uvicorn's bind error after 'Application startup complete.', while another server answers 200 there",
+    ),
 )
 
 
@@ -187,7 +276,9 @@ def check_verdict(verdict: dict[str, Any], sc: Scenario) -> None:
 
 
 # ---- what both real-engine modules share ------------------------------------------------------------
-EXPECTED: dict[str, dict[str, Any]] = json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
+EXPECTED: dict[str, dict[str, Any]] = (
+    json.loads((FIXTURES / "EXPECTED.json").read_text()) if (FIXTURES / "EXPECTED.json").exists() else {}
+)
 
 
 def recorded(engine: str) -> list[str]:
@@ -197,16 +288,19 @@ def recorded(engine: str) -> list[str]:
 
 def real_test(timeout_s: int):
     """Mark a test that needs the real engine (the first one sets up the module's fleet, hence the timeout)."""
+
     def mark(fn):
         return pytest.mark.engine(pytest.mark.timeout(timeout_s)(fn))
+
     return mark
 
 
 class Ctx:
     """A module's real fleet: the engine's interpreter, the work folder, the model, the held port, the `up`."""
 
-    def __init__(self, python: Path, work: Path, model: Path, holder: PortHolder, run: FleetRun,
-                 scenarios: tuple[Scenario, ...]) -> None:
+    def __init__(
+        self, python: Path, work: Path, model: Path, holder: PortHolder, run: FleetRun, scenarios: tuple[Scenario, ...]
+    ) -> None:
         self.python, self.work, self.model, self.holder, self.run = python, work, model, holder, run
         self.scenarios = {sc.server: sc for sc in scenarios}
 
@@ -219,8 +313,17 @@ class Ctx:
 
 
 @contextlib.contextmanager
-def real_fleet(work: Path, engine: str, scenarios: tuple[Scenario, ...], env: Mapping[str, str], args: tuple[str, ...],
-               *, grace_s: int, gguf: bool = False, up_timeout_s: float = 900) -> Iterator[Ctx]:
+def real_fleet(
+    work: Path,
+    engine: str,
+    scenarios: tuple[Scenario, ...],
+    env: Mapping[str, str],
+    args: tuple[str, ...],
+    *,
+    grace_s: int,
+    gguf: bool = False,
+    up_timeout_s: float = 900,
+) -> Iterator[Ctx]:
     """A tiny model, a held port, one `servefleet up` over the scenarios; `down` on the way out."""
     python = engine_python(engine)
     model = build_tiny_model(work / "tiny", gguf=gguf)
@@ -247,8 +350,9 @@ def assert_down_stops_everything(run: FleetRun, grace_s: int) -> None:
 # ---- helpers shared by the tests and the recording script ----------------------------------------
 def cli(*args: str, timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run `servefleet ARGS` in a subprocess (the interpreter that runs the tests)."""
-    return subprocess.run([sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
 
 
 def cli_json(*args: str, timeout: float) -> tuple[int, Any, str]:
@@ -256,14 +360,23 @@ def cli_json(*args: str, timeout: float) -> tuple[int, Any, str]:
     try:
         return done.returncode, json.loads(done.stdout), done.stderr
     except json.JSONDecodeError:
-        raise AssertionError(f"servefleet {shlex.join(args)} exited {done.returncode} without JSON:\n"
-                             f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}") from None
+        raise AssertionError(
+            f"servefleet {shlex.join(args)} exited {done.returncode} without JSON:\n"
+            f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        ) from None
 
 
 def diagnose_logs(paths: list[Path], timeout: float = 300) -> dict[str, tuple[int, dict[str, Any]]]:
     """`servefleet diagnose --json` on each log, all at once (one CLI process each): name -> (exit code, verdict)."""
-    procs = {p.name: subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "diagnose", str(p), "--json"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in paths}
+    procs = {
+        p.name: subprocess.Popen(
+            [sys.executable, "-m", "servefleet.cli.main", "diagnose", str(p), "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in paths
+    }
     results = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=timeout)
@@ -330,17 +443,33 @@ def model_path(engine: str, model_dir: Path, missing: bool, variant: str | None 
 
 
 # The server program after an interpreter, per engine (a scenario's command_prefix goes before it)
-SERVER_MODULE = {"vllm": "vllm.entrypoints.openai.api_server", "llamacpp": "llama_cpp.server",
-                 "transformers": "transformers.cli.transformers"}
+SERVER_MODULE = {
+    "vllm": "vllm.entrypoints.openai.api_server",
+    "llamacpp": "llama_cpp.server",
+    "transformers": "transformers.cli.transformers",
+}
 
 
-def fleet_toml(name: str, engine: str, python: Path, model_dir: Path, scenarios: list[Scenario], ports: Mapping[str, int],
-               base_env: Mapping[str, str], base_args: tuple[str, ...], state_dir: Path, timeout_s: float = 900) -> str:
+def fleet_toml(
+    name: str,
+    engine: str,
+    python: Path,
+    model_dir: Path,
+    scenarios: list[Scenario],
+    ports: Mapping[str, int],
+    base_env: Mapping[str, str],
+    base_args: tuple[str, ...],
+    state_dir: Path,
+    timeout_s: float = 900,
+) -> str:
     """A fleet file with one server per scenario. vLLM runs as ``python -m ...`` with the engine's
     own interpreter (``python``); llama-cpp-python's server is a ``command`` (the llamacpp profile
     reads a Python interpreter there as llama-cpp-python rather than the native llama-server)."""
-    lines = [f'[fleet]\nname = "{name}"\nstate_dir = {json.dumps(str(state_dir))}\ntimeout = {timeout_s}\nstall = 300\n',
-             "[defaults]", f'engine = "{engine}"']
+    lines = [
+        f'[fleet]\nname = "{name}"\nstate_dir = {json.dumps(str(state_dir))}\ntimeout = {timeout_s}\nstall = 300\n',
+        "[defaults]",
+        f'engine = "{engine}"',
+    ]
     if engine == "llamacpp":
         lines.append(f"command = {json.dumps([str(python), '-m', 'llama_cpp.server'])}")
     else:
@@ -348,8 +477,12 @@ def fleet_toml(name: str, engine: str, python: Path, model_dir: Path, scenarios:
     lines.append(f"args = {json.dumps(list(base_args))}")
     lines.append("env = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in base_env.items()) + " }\n")
     for sc in scenarios:
-        lines += ["[[servers]]", f'name = "{sc.server}"', f"port = {ports[sc.server]}",
-                  f"model = {json.dumps(str(model_path(engine, model_dir, sc.missing_model, sc.model_variant)))}"]
+        lines += [
+            "[[servers]]",
+            f'name = "{sc.server}"',
+            f"port = {ports[sc.server]}",
+            f"model = {json.dumps(str(model_path(engine, model_dir, sc.missing_model, sc.model_variant)))}",
+        ]
         if sc.args:
             lines.append(f"args = {json.dumps(list(sc.args))}")
         if sc.command_prefix:
@@ -410,15 +543,28 @@ class FleetRun:
     wall_s: float
 
 
-def run_fleet(work: Path, engine: str, python: Path, model_dir: Path, scenarios: tuple[Scenario, ...], holder_port: int,
-              base_env: Mapping[str, str], base_args: tuple[str, ...], timeout_s: float = 900) -> FleetRun:
+def run_fleet(
+    work: Path,
+    engine: str,
+    python: Path,
+    model_dir: Path,
+    scenarios: tuple[Scenario, ...],
+    holder_port: int,
+    base_env: Mapping[str, str],
+    base_args: tuple[str, ...],
+    timeout_s: float = 900,
+) -> FleetRun:
     """Write the fleet file of the ``up``/``kill``/``blocked`` scenarios, run `servefleet up` on it,
     perform the kills while it waits, and return its report."""
     in_fleet = [sc for sc in scenarios if sc.how in ("up", "kill", "blocked")]
     ports = {sc.server: holder_port if sc.how == "blocked" else free_port() for sc in in_fleet}
     fleet = work / f"{engine}-fleet.toml"
     state_dir = work / ".servefleet" / f"real-{engine}"
-    fleet.write_text(fleet_toml(f"real-{engine}", engine, python, model_dir, in_fleet, ports, base_env, base_args, state_dir, timeout_s))
+    fleet.write_text(
+        fleet_toml(
+            f"real-{engine}", engine, python, model_dir, in_fleet, ports, base_env, base_args, state_dir, timeout_s
+        )
+    )
     started = time.monotonic()
     up = [sys.executable, "-m", "servefleet.cli.main", "up", str(fleet), "--json", "--keep-failed"]
     # A held port refuses the whole `up` before anything launches (the README's contract), so the blocked
@@ -430,11 +576,18 @@ def run_fleet(work: Path, engine: str, python: Path, model_dir: Path, scenarios:
         refused = json.loads(first.stdout)["servers"]
     others = [sc.server for sc in in_fleet if sc.how != "blocked"]
     # --keep-failed: a failed server finishes by itself, so its log (a recorded fixture) is whole
-    proc = subprocess.Popen([*up, "--only", ",".join(others)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*up, "--only", ",".join(others)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     done = threading.Event()
     kills: dict[str, dict[str, Any]] = {}
-    killers = [threading.Thread(target=lambda sc=sc: kills.__setitem__(sc.server, kill_when_loading(state_dir, sc, timeout_s, done)))
-               for sc in in_fleet if sc.how == "kill"]
+    killers = [
+        threading.Thread(
+            target=lambda sc=sc: kills.__setitem__(sc.server, kill_when_loading(state_dir, sc, timeout_s, done))
+        )
+        for sc in in_fleet
+        if sc.how == "kill"
+    ]
     for t in killers:
         t.start()
     try:
@@ -450,8 +603,18 @@ def run_fleet(work: Path, engine: str, python: Path, model_dir: Path, scenarios:
     try:
         servers = json.loads(out)["servers"]
     except (json.JSONDecodeError, KeyError):
-        raise AssertionError(f"servefleet up exited {proc.returncode} without its JSON report:\n{out[-2000:]}\n{err[-6000:]}") from None
-    return FleetRun(fleet, state_dir, proc.returncode, {s["name"]: s for s in [*servers, *refused]}, err, kills, time.monotonic() - started)
+        raise AssertionError(
+            f"servefleet up exited {proc.returncode} without its JSON report:\n{out[-2000:]}\n{err[-6000:]}"
+        ) from None
+    return FleetRun(
+        fleet,
+        state_dir,
+        proc.returncode,
+        {s["name"]: s for s in [*servers, *refused]},
+        err,
+        kills,
+        time.monotonic() - started,
+    )
 
 
 def wait_for_exit(state_dir: Path, server: str, timeout_s: float = 300) -> int | None:
@@ -471,8 +634,14 @@ def wait_for_exit(state_dir: Path, server: str, timeout_s: float = 300) -> int |
 def launch_by_hand(argv: list[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     """Start a server the way a person would (no servefleet): its own session, output to a log."""
     with open(log_path, "wb") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env}, start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:

@@ -12,8 +12,18 @@ from pathlib import Path
 
 from conftest import PYTHON, free_port, wait_until
 
-SIM = ("--load-time", "0", "--decode-ms", "12", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
-       "--max-running", "8")
+SIM = (
+    "--load-time",
+    "0",
+    "--decode-ms",
+    "12",
+    "--decode-ms-per-running",
+    "0",
+    "--prefill-ms-per-1k-tokens",
+    "0",
+    "--max-running",
+    "8",
+)
 PROMPTS = 400  # the first run would take ~6 s: it is interrupted after a quarter (~4 s), 2 s of progress.json apart
 SERVEFLEET = [PYTHON, "-m", "servefleet.cli.main"]
 
@@ -28,7 +38,10 @@ class Job:
 def build_job(root: Path) -> Job:
     fleet = root / "fleet.toml"
     servers = []
-    for name, extra in (("steady", ["--error-rate", "0.03", "--seed", "5"]), ("crashy", ["--crash-after", "60", "--crash-mode", "kill"])):
+    for name, extra in (
+        ("steady", ["--error-rate", "0.03", "--seed", "5"]),
+        ("crashy", ["--crash-after", "60", "--crash-mode", "kill"]),
+    ):
         servers.append(f"""
 [[servers]]
 name = "{name}"
@@ -41,8 +54,23 @@ args = {json.dumps([*SIM, *extra])}
     src = root / "in.jsonl"
     src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(PROMPTS)))
     dest = root / "job"
-    argv = [*SERVEFLEET, "generate", "-i", str(src), "-o", str(dest), "--fleet", str(fleet), "--max-tokens", "8",
-            "--max-attempts", "1", "--shard-rows", "40", "--json"]
+    argv = [
+        *SERVEFLEET,
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        str(dest),
+        "--fleet",
+        str(fleet),
+        "--max-tokens",
+        "8",
+        "--max-attempts",
+        "1",
+        "--shard-rows",
+        "40",
+        "--json",
+    ]
     up = subprocess.run([*SERVEFLEET, "up", str(fleet)], capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     runs = []
@@ -50,7 +78,9 @@ args = {json.dumps([*SIM, *extra])}
         first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
         def restarted_and_a_quarter_done() -> bool:
-            assert first.poll() is None, "the first run ended before it could be interrupted: " + first.communicate()[1][-2000:]
+            assert first.poll() is None, (
+                "the first run ended before it could be interrupted: " + first.communicate()[1][-2000:]
+            )
             snap = dest / "progress.json"
             if not snap.exists():
                 return False
@@ -59,7 +89,12 @@ args = {json.dumps([*SIM, *extra])}
             return data["done"] >= PROMPTS // 4 and bool(crashy) and crashy[0]["restarts"] >= 1
 
         try:
-            wait_until(restarted_and_a_quarter_done, timeout=120, interval=0.1, what="the crashed server back and a quarter of the job done")
+            wait_until(
+                restarted_and_a_quarter_done,
+                timeout=120,
+                interval=0.1,
+                what="the crashed server back and a quarter of the job done",
+            )
             first.send_signal(signal.SIGINT)
             out, err = first.communicate(timeout=120)
         finally:

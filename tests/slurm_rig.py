@@ -36,7 +36,9 @@ CPUS = 16
 
 def slurm_unavailable_reason() -> str | None:
     """Why the rig cannot run here (with the command that fixes it), or None when it can."""
-    missing = [tool for tool in (*DAEMONS, *CLIENTS) if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}")]
+    missing = [
+        tool for tool in (*DAEMONS, *CLIENTS) if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}")
+    ]
     if missing:
         return f"Slurm is not installed ({', '.join(missing)} not found): run `sudo sh {SETUP}` (apt-get install slurm-wlm munge), or set {SKIP_ENV}=1 to skip the Slurm tests"
     if os.geteuid() != 0:
@@ -138,21 +140,48 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         env = {**os.environ, **self.env}
         out = open(r / "log" / "daemons.out", "ab")
         self.procs["munged"] = subprocess.Popen(
-            [_daemon("munged"), "--foreground", "--force", f"--socket={self.munge_socket}", f"--key-file={r}/munge/munge.key",
-             f"--pid-file={r}/munge/munged.pid", f"--log-file={r}/log/munged.log", f"--seed-file={r}/munge/munged.seed"],
-            stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
+            [
+                _daemon("munged"),
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={r}/munge/munge.key",
+                f"--pid-file={r}/munge/munged.pid",
+                f"--log-file={r}/log/munged.log",
+                f"--seed-file={r}/munge/munged.seed",
+            ],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
         self._until(lambda: self.munge_socket.exists(), timeout, "munged's socket")
-        self.procs["slurmctld"] = subprocess.Popen([_daemon("slurmctld"), "-D", "-i", "-f", str(self.conf)],
-                                                   stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
-        self.procs["slurmd"] = subprocess.Popen([_daemon("slurmd"), "-D", "-f", str(self.conf), "-N", self.node],
-                                                stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
+        self.procs["slurmctld"] = subprocess.Popen(
+            [_daemon("slurmctld"), "-D", "-i", "-f", str(self.conf)],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        self.procs["slurmd"] = subprocess.Popen(
+            [_daemon("slurmd"), "-D", "-f", str(self.conf), "-N", self.node],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
         self._until(self._node_idle, timeout, f"node {self.node} to be idle in sinfo")
         return self
 
     def _node_idle(self) -> bool:
         try:
-            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T", "-n", self.node], capture_output=True, text=True, timeout=10,
-                                 env={**os.environ, **self.env})
+            out = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%T", "-n", self.node],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                env={**os.environ, **self.env},
+            )
         except subprocess.TimeoutExpired:
             return False
         return out.returncode == 0 and out.stdout.strip().rstrip("*") == "idle"
@@ -162,7 +191,9 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         while time.monotonic() < deadline:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode} while waiting for {what}; see {self.root}/log/")
+                    raise RuntimeError(
+                        f"{name} exited with {proc.returncode} while waiting for {what}; see {self.root}/log/"
+                    )
             if predicate():
                 return
             time.sleep(0.1)
@@ -170,7 +201,9 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         """A client command against this cluster."""
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=check, env={**os.environ, **self.env})
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=30, check=check, env={**os.environ, **self.env}
+        )
 
     def jobs(self) -> list[str]:
         """Lines ``JOBID STATE NAME`` of every job the controller still knows (all states)."""
@@ -178,7 +211,11 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         return [line for line in out.splitlines() if line.strip()]
 
     def live_jobs(self) -> list[str]:
-        return [line for line in self.jobs() if line.split()[1] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")]
+        return [
+            line
+            for line in self.jobs()
+            if line.split()[1] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")
+        ]
 
     def stop(self) -> None:
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:

@@ -184,7 +184,12 @@ class SSHServer:
         log = open(self.log_file, "ab")
         try:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
@@ -314,7 +319,10 @@ class NetnsSSHServer(SSHServer):
 
         relay = self.root / "relay.py"
         relay.write_text(RELAY)
-        return {**super().client_options(), "ProxyCommand": f"ip netns exec {self.netns} {sys.executable} {relay} 127.0.0.1 {self.port}"}
+        return {
+            **super().client_options(),
+            "ProxyCommand": f"ip netns exec {self.netns} {sys.executable} {relay} 127.0.0.1 {self.port}",
+        }
 
     def stop(self) -> None:
         super().stop()

@@ -114,8 +114,12 @@ def _req(prompt: str, n: int = 8, stream: bool = True, cont: bool = True) -> Pre
     return PreparedRequest(index=0, body=json.dumps(body).encode(), input_tokens=3, max_tokens=n)
 
 
-async def _send(base: str, *reqs: PreparedRequest, stream: bool = True, timeout: float = 10.0, keep_text: bool = False):
-    backend = OpenAIBackend(EndpointConfig(base, "/v1/chat/completions", stream=stream, timeout_s=timeout, keep_text=keep_text))
+async def _send(
+    base: str, *reqs: PreparedRequest, stream: bool = True, timeout: float = 10.0, keep_text: bool = False
+):
+    backend = OpenAIBackend(
+        EndpointConfig(base, "/v1/chat/completions", stream=stream, timeout_s=timeout, keep_text=keep_text)
+    )
     await backend.open(4)
     try:
         return [await backend.send(r) for r in reqs]
@@ -157,8 +161,13 @@ async def test_missing_usage_keeps_text_for_counting(fake_server) -> None:
 
 @pytest.mark.parametrize(
     "prompt, kind",
-    [("RATELIMIT", "rate_limited"), ("BOOM", "server_error"), ("STREAMERR", "stream_error"), ("CUT", "disconnected"),
-     ("EMPTY", "bad_response")],
+    [
+        ("RATELIMIT", "rate_limited"),
+        ("BOOM", "server_error"),
+        ("STREAMERR", "stream_error"),
+        ("CUT", "disconnected"),
+        ("EMPTY", "bad_response"),
+    ],
 )
 async def test_failures_are_records_not_exceptions(fake_server, prompt, kind) -> None:
     _, base = fake_server

@@ -13,23 +13,54 @@ from servefleet.bench.result import BenchConfig, Environment, Point, Run, Stat, 
 from servefleet.capacity import Capacity
 from servefleet.cli.main import app
 
-CONTRACT_POINT_FIELDS = {"concurrency", "requests", "errors", "duration_s", "requests_per_s", "output_tokens_per_s",
-                         "total_tokens_per_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "client_bound"}
+CONTRACT_POINT_FIELDS = {
+    "concurrency",
+    "requests",
+    "errors",
+    "duration_s",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "total_tokens_per_s",
+    "ttft_ms",
+    "tpot_ms",
+    "itl_ms",
+    "e2e_ms",
+    "client_bound",
+}
 
 
 def _point(c: int, tps: float, bound: bool = False) -> Point:
     lat = Stat(mean=10.0 * c, p50=9.0 * c, p90=12.0 * c, p99=15.0 * c, n=10)
-    return Point(concurrency=c, requests=10, successful=10, errors=0, duration_s=1.0, requests_per_s=10.0,
-                 input_tokens=1000, output_tokens=int(tps), output_tokens_per_s=tps, total_tokens_per_s=tps + 1000,
-                 output_tokens_per_s_per_request=Stat(mean=tps / c, n=10), ttft_ms=lat, tpot_ms=lat, itl_ms=lat,
-                 e2e_ms=lat, achieved_concurrency=float(c), client_bound=bound)
+    return Point(
+        concurrency=c,
+        requests=10,
+        successful=10,
+        errors=0,
+        duration_s=1.0,
+        requests_per_s=10.0,
+        input_tokens=1000,
+        output_tokens=int(tps),
+        output_tokens_per_s=tps,
+        total_tokens_per_s=tps + 1000,
+        output_tokens_per_s_per_request=Stat(mean=tps / c, n=10),
+        ttft_ms=lat,
+        tpot_ms=lat,
+        itl_ms=lat,
+        e2e_ms=lat,
+        achieved_concurrency=float(c),
+        client_bound=bound,
+    )
 
 
 def _run(label: str, points: list[Point], max_running: int | None = None) -> Run:
-    return Run(created_at="2026-11-30T00:00:00+00:00", target=Target(label=label, base_url="http://127.0.0.1:1", engine="sim"),
-               config=BenchConfig(concurrency=[p.concurrency for p in points], requests=10, input_len=100, output_len=100),
-               capacity=Capacity(max_running_requests=max_running) if max_running else None,
-               environment=Environment(servefleet_version="0", python="3", platform="x", hostname="h"), points=points)
+    return Run(
+        created_at="2026-11-30T00:00:00+00:00",
+        target=Target(label=label, base_url="http://127.0.0.1:1", engine="sim"),
+        config=BenchConfig(concurrency=[p.concurrency for p in points], requests=10, input_len=100, output_len=100),
+        capacity=Capacity(max_running_requests=max_running) if max_running else None,
+        environment=Environment(servefleet_version="0", python="3", platform="x", hostname="h"),
+        points=points,
+    )
 
 
 @pytest.fixture
@@ -68,8 +99,9 @@ def test_compare_known_runs_ratios_and_best(two_runs) -> None:
 
 def test_compare_cli_prints_table_and_writes_plots(two_runs, tmp_path) -> None:
     out = tmp_path / "plots"
-    result = CliRunner().invoke(app, ["compare", str(two_runs[0]), str(two_runs[1]), "--out-dir", str(out)],
-                                env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app, ["compare", str(two_runs[0]), str(two_runs[1]), "--out-dir", str(out)], env={"COLUMNS": "200"}
+    )
     assert result.exit_code == 0, result.output
     text = result.output
     assert "mtp" in text and "plain" in text and "1,200" in text and "5.00x" in text

@@ -21,12 +21,30 @@ from servefleet.bench.result import load_run
 def test_bench_transformers_serve_end_to_end(transformers_serve, tmp_path: Path) -> None:
     url, model = transformers_serve
     out, probe = tmp_path / "RUN.json", tmp_path / "PROBE.json"
-    common = ["--url", url, "--model", str(model), "--tokenizer", str(model), "--input-len", "24", "--output-len", "8",
-              "--stream"]  # streamed: the client's own TTFT/ITL (transformers serve has no latency histograms)
-    for args in (["--engine", "transformers", "-c", "1,2", "-n", "4", "--out", str(out)],
-                 ["-c", "1", "-n", "2", "--out", str(probe)]):  # engine unknown: ignore_eos is tried
-        result = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "bench", *common, *args],
-                                capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    common = [
+        "--url",
+        url,
+        "--model",
+        str(model),
+        "--tokenizer",
+        str(model),
+        "--input-len",
+        "24",
+        "--output-len",
+        "8",
+        "--stream",
+    ]  # streamed: the client's own TTFT/ITL (transformers serve has no latency histograms)
+    for args in (
+        ["--engine", "transformers", "-c", "1,2", "-n", "4", "--out", str(out)],
+        ["-c", "1", "-n", "2", "--out", str(probe)],
+    ):  # engine unknown: ignore_eos is tried
+        result = subprocess.run(
+            [sys.executable, "-m", "servefleet.cli.main", "bench", *common, *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "COLUMNS": "200"},
+        )
         assert result.returncode == 0, result.stdout + result.stderr
     run = load_run(out)
     assert run.target.engine == "transformers"

@@ -26,7 +26,11 @@ def _words(text: str) -> list[int]:
 # How a server of each engine answers POST /tokenize (None: the body is not what it takes -> 422),
 # from the engines' own request and response models.
 def _vllm_like(body: dict[str, Any]) -> Any:
-    if not isinstance(body.get("prompt"), str) or body.get("add_special_tokens") is not False or body.get("model") != "m":
+    if (
+        not isinstance(body.get("prompt"), str)
+        or body.get("add_special_tokens") is not False
+        or body.get("model") != "m"
+    ):
         return None
     ids = _words(body["prompt"])
     return {"count": len(ids), "max_model_len": 4096, "tokens": ids, "token_strs": None}
@@ -44,8 +48,13 @@ def _tgi(body: dict[str, Any]) -> Any:
     return [{"id": i, "text": w, "start": 0, "stop": 1} for i, w in enumerate(body["inputs"].split())]
 
 
-TOKENIZE_SERVERS: dict[str, Answer] = {"vllm": _vllm_like, "sglang": _vllm_like, "sim": _vllm_like,
-                                       "llamacpp": _llamacpp, "tgi": _tgi}
+TOKENIZE_SERVERS: dict[str, Answer] = {
+    "vllm": _vllm_like,
+    "sglang": _vllm_like,
+    "sim": _vllm_like,
+    "llamacpp": _llamacpp,
+    "tgi": _tgi,
+}
 
 
 def tokenize_server(answer: Answer | None) -> MockTransport:
@@ -53,7 +62,9 @@ def tokenize_server(answer: Answer | None) -> MockTransport:
         if answer is None or request.path != "/tokenize" or request.method != "POST":
             return Response(404, b'{"detail": "Not Found"}')
         got = answer(json.loads(request.body or b"{}"))
-        return Response(422, b'{"detail": "unprocessable"}') if got is None else Response(200, json.dumps(got).encode())
+        return (
+            Response(422, b'{"detail": "unprocessable"}') if got is None else Response(200, json.dumps(got).encode())
+        )
 
     return MockTransport(handler)
 
@@ -117,7 +128,12 @@ def test_info_paths_come_from_the_profiles() -> None:
     assert info_paths("sglang") == ("/server_info", "/get_server_info") == info_paths("sim")
     assert info_paths("vllm") == info_paths("llamacpp") == info_paths("tgi") == info_paths("transformers") == ()
     # a server whose engine is not known may be SGLang
-    assert info_paths(None) == info_paths("openai") == info_paths("no-such-engine") == ("/server_info", "/get_server_info")
+    assert (
+        info_paths(None)
+        == info_paths("openai")
+        == info_paths("no-such-engine")
+        == ("/server_info", "/get_server_info")
+    )
 
 
 async def test_an_older_sglang_serves_its_info_at_get_server_info() -> None:

@@ -34,8 +34,24 @@ async def fleet_file(tmp_path: Path):
 
 async def test_bench_fleet_servers_by_name(fleet_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "runs" / "RUN.json"
-    r = cli("bench", "--fleet", str(fleet_file), "--servers", "fast,wide", "-c", "1,4", "-n", "8", "--input-len", "16",
-            "--output-len", "8", "--out", str(out), timeout=180)
+    r = cli(
+        "bench",
+        "--fleet",
+        str(fleet_file),
+        "--servers",
+        "fast,wide",
+        "-c",
+        "1,4",
+        "-n",
+        "8",
+        "--input-len",
+        "16",
+        "--output-len",
+        "8",
+        "--out",
+        str(out),
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     runs = {name: load_run(out.with_name(f"RUN-{name}.json")) for name in ("fast", "wide")}
     for name, run in runs.items():

@@ -8,11 +8,30 @@ from servefleet.bench.client import RequestRecord
 from servefleet.bench.metrics import chunk_tokens, output_tokens, stat, summarize
 
 
-def rec(index=0, start=0.0, offsets=(0.1, 0.2, 0.3), sizes=(4, 4, 4), exact=None, usage=None, ok=True, kind=None, end=None, **kw):
+def rec(
+    index=0,
+    start=0.0,
+    offsets=(0.1, 0.2, 0.3),
+    sizes=(4, 4, 4),
+    exact=None,
+    usage=None,
+    ok=True,
+    kind=None,
+    end=None,
+    **kw,
+):
     return RequestRecord(
-        index=index, ok=ok, start=start, end=end if end is not None else start + (offsets[-1] if offsets else 0.5),
-        ttft=offsets[0] if offsets else None, completion_tokens=usage, chunk_offsets=list(offsets),
-        chunk_bytes=list(sizes), chunk_tokens=exact, error_kind=kind, **kw,
+        index=index,
+        ok=ok,
+        start=start,
+        end=end if end is not None else start + (offsets[-1] if offsets else 0.5),
+        ttft=offsets[0] if offsets else None,
+        completion_tokens=usage,
+        chunk_offsets=list(offsets),
+        chunk_bytes=list(sizes),
+        chunk_tokens=exact,
+        error_kind=kind,
+        **kw,
     )
 
 

@@ -39,12 +39,23 @@ def _hist_text(name: str, series: dict[str, list[tuple[str, float]]], sums: dict
 
 def test_histogram_sums_label_sets_differences_and_interpolates() -> None:
     name = "vllm:time_to_first_token_seconds"
-    before = parse_prometheus(_hist_text(name, {'engine="0"': [("0.1", 1), ("0.5", 2), ("+Inf", 2)],
-                                                'engine="1"': [("0.1", 0), ("0.5", 0), ("+Inf", 0)]},
-                                         {'engine="0"': 0.3, 'engine="1"': 0.0}))
-    after = parse_prometheus(_hist_text(name, {'engine="0"': [("0.1", 3), ("0.5", 8), ("+Inf", 10)],
-                                               'engine="1"': [("0.1", 2), ("0.5", 2), ("+Inf", 2)]},
-                                        {'engine="0"': 4.3, 'engine="1"': 0.1}))
+    before = parse_prometheus(
+        _hist_text(
+            name,
+            {'engine="0"': [("0.1", 1), ("0.5", 2), ("+Inf", 2)], 'engine="1"': [("0.1", 0), ("0.5", 0), ("+Inf", 0)]},
+            {'engine="0"': 0.3, 'engine="1"': 0.0},
+        )
+    )
+    after = parse_prometheus(
+        _hist_text(
+            name,
+            {
+                'engine="0"': [("0.1", 3), ("0.5", 8), ("+Inf", 10)],
+                'engine="1"': [("0.1", 2), ("0.5", 2), ("+Inf", 2)],
+            },
+            {'engine="0"': 4.3, 'engine="1"': 0.1},
+        )
+    )
     h = histogram(after, name)
     assert h is not None and h.count == 12 and h.buckets == ((0.1, 5.0), (0.5, 10.0), (math.inf, 12.0))
     d = h.minus(histogram(before, name))
@@ -106,14 +117,35 @@ def test_counter_rate_uses_samples_inside_the_window() -> None:
 
 # ---- RUN.json says its mode; plan says so when it plans from streaming ----------------------------
 def _run(path: Path, stream: bool, curve: list[tuple[int, float]], label: str) -> Path:
-    points = [Point(concurrency=c, requests=10_000, successful=10_000, errors=0, duration_s=1000.0, requests_per_s=10.0,
-                    input_tokens=10_000, output_tokens=int(t * 1000), output_tokens_per_s=t, total_tokens_per_s=t,
-                    ttft_ms=Stat(), tpot_ms=Stat(), itl_ms=Stat(), e2e_ms=Stat(), achieved_concurrency=float(c),
-                    client_bound=False) for c, t in curve]
-    run = Run(created_at="2026-12-01T00:00:00Z", target=Target(label=label, base_url="http://127.0.0.1:1", model="m"),
-              config=BenchConfig(concurrency=[c for c, _ in curve], stream=stream),
-              environment=Environment(servefleet_version="0", python="3.11", platform="linux", hostname="h"),
-              capacity=Capacity(max_running_requests=64), points=points)
+    points = [
+        Point(
+            concurrency=c,
+            requests=10_000,
+            successful=10_000,
+            errors=0,
+            duration_s=1000.0,
+            requests_per_s=10.0,
+            input_tokens=10_000,
+            output_tokens=int(t * 1000),
+            output_tokens_per_s=t,
+            total_tokens_per_s=t,
+            ttft_ms=Stat(),
+            tpot_ms=Stat(),
+            itl_ms=Stat(),
+            e2e_ms=Stat(),
+            achieved_concurrency=float(c),
+            client_bound=False,
+        )
+        for c, t in curve
+    ]
+    run = Run(
+        created_at="2026-12-01T00:00:00Z",
+        target=Target(label=label, base_url="http://127.0.0.1:1", model="m"),
+        config=BenchConfig(concurrency=[c for c, _ in curve], stream=stream),
+        environment=Environment(servefleet_version="0", python="3.11", platform="linux", hostname="h"),
+        capacity=Capacity(max_running_requests=64),
+        points=points,
+    )
     save_run(run, path)
     return path
 
@@ -135,7 +167,11 @@ def test_plan_warns_when_it_plans_from_streaming_runs(tmp_path: Path) -> None:
     only = runner.invoke(app, [*args, "--bench", str(s)])
     assert only.exit_code == 0, only.output
     out = json.loads(only.output)
-    assert len(out["warnings"]) == 1 and "streaming runs only" in out["warnings"][0] and "--no-stream" in out["warnings"][0]
+    assert (
+        len(out["warnings"]) == 1
+        and "streaming runs only" in out["warnings"][0]
+        and "--no-stream" in out["warnings"][0]
+    )
     assert out["plans"]["1"][0]["measured_mode"] == "streaming"
     mixed = json.loads(runner.invoke(app, [*args, "--bench", str(s), "--bench", str(n)]).output)
     assert "mixed with non-streaming" in mixed["warnings"][0]
@@ -184,7 +220,9 @@ async def test_streaming_on_the_realistic_sim_is_capped_by_the_api_process(sim) 
     whatever the load; the same point unstreamed is not bound by it (checked in the benchmark)."""
     model = SimConfig(**SIM)
     out = 24
-    cfg = BenchConfig(concurrency=[8, 16], requests=64, input_len=16, output_len=out, api="completions", stream=True, warmup=4)
+    cfg = BenchConfig(
+        concurrency=[8, 16], requests=64, input_len=16, output_len=out, api="completions", stream=True, warmup=4
+    )
     run = await run_bench(BenchTarget(base_url=sim.url), cfg)
     assert run.measured_mode == "streaming"
     cap = model.steps.api_events_per_s * out / steady_state(model, 8, prompt_tokens=16, output_tokens=out).steps
@@ -200,14 +238,25 @@ def test_plan_takes_a_points_steady_rate_and_inverts_the_rest(tmp_path: Path) ->
     path = _run(tmp_path / "r.json", False, [(8, 100.0), (32, 300.0)], "r")
     run = load_run(path)
     # The 32 point: 30 s of 1000 answers, its steady part read 360 tok/s (the span mixes in ramp and drain).
-    run.points[1] = run.points[1].model_copy(update={
-        "requests": 1000, "successful": 1000, "duration_s": 30.0, "output_tokens": 9000, "output_tokens_per_s": 360.0,
-        "steady": SteadyWindow(start_s=2.0, end_s=28.0, output_tokens=9360.0, output_tokens_per_s=360.0, steady=True)})
+    run.points[1] = run.points[1].model_copy(
+        update={
+            "requests": 1000,
+            "successful": 1000,
+            "duration_s": 30.0,
+            "output_tokens": 9000,
+            "output_tokens_per_s": 360.0,
+            "steady": SteadyWindow(
+                start_s=2.0, end_s=28.0, output_tokens=9360.0, output_tokens_per_s=360.0, steady=True
+            ),
+        }
+    )
     save_run(run, path)
     curve = curve_from_run(path).curve
     assert curve.total(32) == 360.0  # measured steady, taken as is
     assert curve.total(8) == pytest.approx(100.0, rel=0.01)  # a 1000 s point: the drain model changes little
-    run.points[1] = run.points[1].model_copy(update={"steady": run.points[1].steady.model_copy(update={"steady": False})})
+    run.points[1] = run.points[1].model_copy(
+        update={"steady": run.points[1].steady.model_copy(update={"steady": False})}
+    )
     save_run(run, path)
     assert curve_from_run(path).curve.total(32) != 360.0  # a short window is not trusted: inverted from the span
 

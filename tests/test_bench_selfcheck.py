@@ -14,7 +14,9 @@ def test_quiet_client_is_not_flagged() -> None:
 
 
 def test_busy_worker_is_flagged() -> None:
-    check = judge([WorkerLoad(wall_s=10, cpu_s=2, lags_s=[0.001] * 10), WorkerLoad(wall_s=10, cpu_s=9.5, lags_s=[0.03] * 10)], 97)
+    check = judge(
+        [WorkerLoad(wall_s=10, cpu_s=2, lags_s=[0.001] * 10), WorkerLoad(wall_s=10, cpu_s=9.5, lags_s=[0.03] * 10)], 97
+    )
     assert any("95% of a core" in r for r in check.reasons)
     assert any("event-loop lag p90 30.0 ms" in r for r in check.reasons)
     assert check.cpu_percent_total == 115

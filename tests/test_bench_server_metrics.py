@@ -45,12 +45,19 @@ def test_vllm_spec_decode_acceptance_is_differenced_over_the_point() -> None:
 
 
 def test_sglang_gauges_and_server_info() -> None:
-    text = ('sglang:num_running_reqs{model_name="m",tp_rank="0"} 4\n'
-            'sglang:num_queue_reqs{model_name="m"} 0\n'
-            'sglang:token_usage{model_name="m",tp_rank="0"} 0.3\n'
-            'sglang:spec_accept_length{model_name="m",tp_rank="0"} 2.9\n')
+    text = (
+        'sglang:num_running_reqs{model_name="m",tp_rank="0"} 4\n'
+        'sglang:num_queue_reqs{model_name="m"} 0\n'
+        'sglang:token_usage{model_name="m",tp_rank="0"} 0.3\n'
+        'sglang:spec_accept_length{model_name="m",tp_rank="0"} 2.9\n'
+    )
     sample = parse_prometheus(text)
-    s = summarize_server(Snapshot(sample), Snapshot(sample, {"internal_states": [{"avg_spec_accept_length": 3.1}]}), [sample], max_running=16)
+    s = summarize_server(
+        Snapshot(sample),
+        Snapshot(sample, {"internal_states": [{"avg_spec_accept_length": 3.1}]}),
+        [sample],
+        max_running=16,
+    )
     assert s is not None and s.running_max == 4 and s.queued_max == 0 and s.saturated is False
     assert s.spec_accept_length == pytest.approx(2.9) and s.kv_cache_usage_max == pytest.approx(0.3)
     assert s.source == ["/metrics", "/server_info"]

@@ -52,7 +52,11 @@ def _slow_against_the_model(run, model: SimConfig, out: int) -> list[str]:
         assert p.token_sources == {"usage": 16}
         prompt = round(p.input_tokens / p.successful)
         theory = steady_state(model, p.concurrency, prompt_tokens=prompt, output_tokens=out, stream=True)
-        assert p.output_tokens_per_s <= theory.output_tokens_per_s * 1.1, (p.concurrency, p.output_tokens_per_s, theory)
+        assert p.output_tokens_per_s <= theory.output_tokens_per_s * 1.1, (
+            p.concurrency,
+            p.output_tokens_per_s,
+            theory,
+        )
         assert p.itl_ms.p50 >= theory.itl_ms * 0.65, (p.concurrency, p.itl_ms.p50, theory)
         # Closed-loop turnaround costs up to one step per request below saturation (theory.py).
         low = theory.output_tokens_per_s * (1 - 1 / (theory.steps + 1)) * 0.75
@@ -74,7 +78,9 @@ async def test_throughput_and_latency_agree_with_the_model(sim_factory) -> None:
     sim = sim_factory(**TIMED)
     model = SimConfig(**TIMED)
     out = 8
-    cfg = BenchConfig(concurrency=[2, 8, 16], requests=16, input_len=64, output_len=out, api="completions", stream=True)
+    cfg = BenchConfig(
+        concurrency=[2, 8, 16], requests=16, input_len=64, output_len=out, api="completions", stream=True
+    )
     # Up to three runs: a busy 2-core CI machine can only slow the sim's steps and the client down,
     # so a run that is slow against the model is repeated; anything wrong or too fast fails at once.
     # max running requests known, as a fleet's state gives it (vLLM's endpoints do not say it): saturation is
@@ -99,7 +105,14 @@ async def test_throughput_and_latency_agree_with_the_model(sim_factory) -> None:
 async def test_speculative_chunks_give_per_token_itl_and_exact_counts(sim_factory) -> None:
     # Knee timing: a constant 12 ms step, so the per-token gap is known exactly (what is under test is
     # spreading a chunk's gap over its tokens, not the step model).
-    spec = dict(TIMED, timing="knee", tokens_per_step=4, decode_ms=12.0, decode_ms_per_running=0.0, prefill_ms_per_1k_tokens=0.0)
+    spec = dict(
+        TIMED,
+        timing="knee",
+        tokens_per_step=4,
+        decode_ms=12.0,
+        decode_ms_per_running=0.0,
+        prefill_ms_per_1k_tokens=0.0,
+    )
     sim = sim_factory(**spec)
     out = 33  # 1 (prefill) + 8 steps of 4 tokens
     cfg = BenchConfig(concurrency=[2], requests=8, input_len=16, output_len=out, stream=True)
@@ -117,8 +130,15 @@ async def test_speculative_chunks_give_per_token_itl_and_exact_counts(sim_factor
 
 
 async def test_injected_errors_are_counted_by_kind(sim_factory) -> None:
-    sim = sim_factory(style="vllm", decode_ms=1.0, decode_ms_per_running=0.0, prefill_ms_per_1k_tokens=0.0,
-                      error_rate=0.2, rate_limit_rate=0.15, seed=3)
+    sim = sim_factory(
+        style="vllm",
+        decode_ms=1.0,
+        decode_ms_per_running=0.0,
+        prefill_ms_per_1k_tokens=0.0,
+        error_rate=0.2,
+        rate_limit_rate=0.15,
+        seed=3,
+    )
     cfg = BenchConfig(concurrency=[4], requests=80, input_len=8, output_len=4, warmup=0)
     (p,) = (await run_bench(BenchTarget(base_url=sim.url), cfg)).points
     assert p.requests == 80 and p.successful + p.errors == 80
@@ -144,15 +164,46 @@ async def test_request_rate_mode_and_worker_processes(sim_factory) -> None:
 def test_cli_writes_a_valid_run_json(sim_factory, tmp_path) -> None:
     sim = sim_factory(**dict(TIMED, decode_ms=2.0))
     out = tmp_path / "RUN.json"
-    result = CliRunner().invoke(app, ["bench", "--url", sim.url, "--concurrency", "1,2", "--requests", "4", "--input-len", "16",
-                                      "--output-len", "8", "--out", str(out), "--label", "plain"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            sim.url,
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "4",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--out",
+            str(out),
+            "--label",
+            "plain",
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert result.exit_code == 0, result.output
     assert "plain" in result.output and "out tok/s" in result.output
     run = load_run(out)
     assert run.target.label == "plain" and [p.concurrency for p in run.points] == [1, 2]
     data = json.loads(out.read_text())
-    assert {"concurrency", "requests", "errors", "duration_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s",
-            "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "client_bound"} <= set(data["points"][0])
+    assert {
+        "concurrency",
+        "requests",
+        "errors",
+        "duration_s",
+        "requests_per_s",
+        "output_tokens_per_s",
+        "total_tokens_per_s",
+        "ttft_ms",
+        "tpot_ms",
+        "itl_ms",
+        "e2e_ms",
+        "client_bound",
+    } <= set(data["points"][0])
     assert run.capacity is not None and run.environment.cpu_count
 
 
@@ -167,16 +218,19 @@ def test_cli_unreachable_and_usage_errors(tmp_path) -> None:
     assert r.exit_code == 3
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["-c", "1", "-n", "1", "--request-rate", "2"], "exactly one of --concurrency LIST or --request-rate LIST"),
-    (["-c", "1", "-n", "1", "--duration", "5"], "exactly one of --requests N or --duration S"),
-    (["-c", "1", "-n", "1", "--api", "embeddings"], "--api must be chat or completions"),
-    (["-c", "1,-4", "-n", "1"], "--concurrency needs positive numbers"),
-    (["-c", "1", "-n", "1", "--extra-body", "{oops"], "--extra-body is not JSON"),
-    (["-c", "1", "-n", "1", "--extra-body", "[1, 2]"], "--extra-body must be a JSON object"),
-    (["-c", "1", "-n", "1", "--workers", "many"], "--workers must be a positive number or auto"),
-    (["-c", "1", "-n", "1", "--workers", "0"], "--workers must be a positive number or auto"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-c", "1", "-n", "1", "--request-rate", "2"], "exactly one of --concurrency LIST or --request-rate LIST"),
+        (["-c", "1", "-n", "1", "--duration", "5"], "exactly one of --requests N or --duration S"),
+        (["-c", "1", "-n", "1", "--api", "embeddings"], "--api must be chat or completions"),
+        (["-c", "1,-4", "-n", "1"], "--concurrency needs positive numbers"),
+        (["-c", "1", "-n", "1", "--extra-body", "{oops"], "--extra-body is not JSON"),
+        (["-c", "1", "-n", "1", "--extra-body", "[1, 2]"], "--extra-body must be a JSON object"),
+        (["-c", "1", "-n", "1", "--workers", "many"], "--workers must be a positive number or auto"),
+        (["-c", "1", "-n", "1", "--workers", "0"], "--workers must be a positive number or auto"),
+    ],
+)
 def test_cli_option_errors_exit_3_before_any_server_is_contacted(args: list[str], message: str) -> None:
     """Each option is checked before the sweep starts: exit 3 and the option's message, not 4 (the
     URL is a free port: contacting it would be 'unreachable')."""
@@ -190,4 +244,3 @@ def test_cli_option_errors_exit_3_before_any_server_is_contacted(args: list[str]
 def test_cli_without_a_server_to_run_exits_3() -> None:
     r = CliRunner().invoke(app, ["bench", "-c", "1", "-n", "1"])
     assert r.exit_code == 3 and "give --url URL (repeatable) or --fleet FILE" in " ".join(r.output.split())
-

@@ -23,7 +23,12 @@ def test_splitter_joins_lines_split_across_reads_and_skips_non_data() -> None:
         ({"choices": [{"delta": {"content": " hello"}}], "usage": None}, 6, None, None),
         ({"choices": [{"delta": {"role": "assistant", "content": ""}}]}, 0, None, None),
         ({"choices": [{"delta": {"content": None, "reasoning_content": "think"}}]}, 5, None, None),
-        ({"choices": [{"text": "ab"}], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}, 2, 3, 7),
+        (
+            {"choices": [{"text": "ab"}], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}},
+            2,
+            3,
+            7,
+        ),
         ({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 12}}, 0, 12, 7),
         # escaped quotes and backslashes inside the text must not end the string early
         ({"choices": [{"delta": {"content": 'say "hi" \\ ok'}}]}, len(json.dumps('say "hi" \\ ok')) - 2, None, None),
@@ -59,12 +64,23 @@ def test_scan_arrival_agrees_with_event_by_event_scanning() -> None:
     from servefleet.bench.sse import scan_arrival
 
     chunks = [
-        {"choices": [{"delta": {"role": "assistant", "content": ""}}], "usage": {"prompt_tokens": 9, "completion_tokens": 0}},
-        {"choices": [{"delta": {"content": 'a "quoted" \\ word'}}], "usage": {"prompt_tokens": 9, "completion_tokens": 3}},
-        {"choices": [{"delta": {"content": None, "reasoning_content": "hmm"}}], "usage": {"prompt_tokens": 9, "completion_tokens": 4}},
+        {
+            "choices": [{"delta": {"role": "assistant", "content": ""}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 0},
+        },
+        {
+            "choices": [{"delta": {"content": 'a "quoted" \\ word'}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 3},
+        },
+        {
+            "choices": [{"delta": {"content": None, "reasoning_content": "hmm"}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4},
+        },
         {"choices": [{"text": " plain"}], "usage": {"prompt_tokens": 9, "completion_tokens": 5}},
     ]
-    payloads = [json.dumps(c, separators=sep).encode() for c, sep in zip(chunks, [(",", ":"), (", ", ": ")] * 2, strict=True)]
+    payloads = [
+        json.dumps(c, separators=sep).encode() for c, sep in zip(chunks, [(",", ":"), (", ", ": ")] * 2, strict=True)
+    ]
     buf = b"".join(b"data: " + p + b"\n\n" for p in payloads) + b"data: [DONE]\n\n"
     arrival = scan_arrival(buf)
     scans = [scan_payload(p) for p in payloads]

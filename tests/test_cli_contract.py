@@ -53,28 +53,48 @@ def test_an_unknown_option_is_a_usage_error_of_every_command(command: str) -> No
     assert "--no-such-option" in err
 
 
-@pytest.mark.parametrize("args", [
-    ["diagnose"], ["logs"], ["restart"], ["tunnel"], ["plan"], ["generate", "--output", "x"], ["compare"], ["model", "tiny"],
-    ["bench", "--url", "http://127.0.0.1:1", "-c", "x", "-n", "1"],  # not numbers
-    ["bench", "--url", "http://127.0.0.1:1", "-n", "1"],  # neither --concurrency nor --request-rate
-    ["wait", "--url", "localhost:1234"],  # not an http(s) URL
-    ["wait", "--url", "http://127.0.0.1:1", "--pid", "999999999"],
-    ["diagnose", str(LOG), "--engine", "nosuch"],
-    ["generate", "--input", "in.jsonl", "--output", "x", "--url", "http://127.0.0.1:1", "--concurrency", "0"],
-    ["capacity"],  # neither --model nor --url
-    ["model", "tiny", "m", "--head-dim", "48"],
-], ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["diagnose"],
+        ["logs"],
+        ["restart"],
+        ["tunnel"],
+        ["plan"],
+        ["generate", "--output", "x"],
+        ["compare"],
+        ["model", "tiny"],
+        ["bench", "--url", "http://127.0.0.1:1", "-c", "x", "-n", "1"],  # not numbers
+        ["bench", "--url", "http://127.0.0.1:1", "-n", "1"],  # neither --concurrency nor --request-rate
+        ["wait", "--url", "localhost:1234"],  # not an http(s) URL
+        ["wait", "--url", "http://127.0.0.1:1", "--pid", "999999999"],
+        ["diagnose", str(LOG), "--engine", "nosuch"],
+        ["generate", "--input", "in.jsonl", "--output", "x", "--url", "http://127.0.0.1:1", "--concurrency", "0"],
+        ["capacity"],  # neither --model nor --url
+        ["model", "tiny", "m", "--head-dim", "48"],
+    ],
+    ids=lambda a: " ".join(a),
+)
 def test_missing_or_bad_arguments_exit_3(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     code, out, _ = invoke([*args, "--json"])
     assert_error_document(code, out, ErrorKind.USAGE)
 
 
-@pytest.mark.parametrize("args", [
-    ["up", "{fleet}"], ["status", "--fleet", "{fleet}"], ["down", "--fleet", "{fleet}"], ["logs", "x", "--fleet", "{fleet}"],
-    ["restart", "x", "--fleet", "{fleet}"], ["tunnel", "x", "--fleet", "{fleet}"],
-    ["bench", "--fleet", "{fleet}", "-c", "1", "-n", "1"], ["generate", "--input", "{input}", "--output", "out", "--fleet", "{fleet}"],
-], ids=lambda a: a[0])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["up", "{fleet}"],
+        ["status", "--fleet", "{fleet}"],
+        ["down", "--fleet", "{fleet}"],
+        ["logs", "x", "--fleet", "{fleet}"],
+        ["restart", "x", "--fleet", "{fleet}"],
+        ["tunnel", "x", "--fleet", "{fleet}"],
+        ["bench", "--fleet", "{fleet}", "-c", "1", "-n", "1"],
+        ["generate", "--input", "{input}", "--output", "out", "--fleet", "{fleet}"],
+    ],
+    ids=lambda a: a[0],
+)
 def test_a_bad_fleet_file_is_a_config_error(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     fleet = tmp_path / "broken.toml"
@@ -86,22 +106,39 @@ def test_a_bad_fleet_file_is_a_config_error(args: list[str], tmp_path: Path, mon
     assert "error: " in err and "must be between" in err  # the words on stderr too
 
 
-@pytest.mark.parametrize(("args", "said"), [
-    (["diagnose", "{tmp}/missing.log"], "does not exist"),
-    (["compare", "{tmp}/missing.json"], "no such file"),
-    (["plan", "--bench", "{tmp}/missing.json", "--prompts", "5", "--output-tokens-mean", "10"], "no such bench run"),
-    (["plan", "--check", "{tmp}", "--bench", "{tmp}/missing.json"], "no"),
-    (["plan", "--bench", "{tmp}/missing.json", "--prompts", "5", "--sample", "{tmp}/missing.jsonl"], "sample file not found"),
-    (["up", "{tmp}/missing.toml"], "not found"),
-    (["status"], "no fleet file"),  # run where there is none
-    (["generate", "--input", "{tmp}/missing.jsonl", "--output", "{tmp}/out", "--url", "http://127.0.0.1:1"], "no such file"),
-    (["capacity", "--model", "{tmp}/missing"], "no config.json"),
-    (["bench", "--url", "http://127.0.0.1:1", "-c", "1", "-n", "1", "--dataset", "{tmp}/missing.jsonl"], "no such file"),
-    (["report", "{tmp}/missing"], "no such folder"),
-    (["progress", "{tmp}/missing"], "no such folder"),
-], ids=lambda a: a[0] if isinstance(a, list) else "")
-def test_a_missing_file_is_reported_in_the_one_shape(args: list[str], said: str, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["diagnose", "{tmp}/missing.log"], "does not exist"),
+        (["compare", "{tmp}/missing.json"], "no such file"),
+        (
+            ["plan", "--bench", "{tmp}/missing.json", "--prompts", "5", "--output-tokens-mean", "10"],
+            "no such bench run",
+        ),
+        (["plan", "--check", "{tmp}", "--bench", "{tmp}/missing.json"], "no"),
+        (
+            ["plan", "--bench", "{tmp}/missing.json", "--prompts", "5", "--sample", "{tmp}/missing.jsonl"],
+            "sample file not found",
+        ),
+        (["up", "{tmp}/missing.toml"], "not found"),
+        (["status"], "no fleet file"),  # run where there is none
+        (
+            ["generate", "--input", "{tmp}/missing.jsonl", "--output", "{tmp}/out", "--url", "http://127.0.0.1:1"],
+            "no such file",
+        ),
+        (["capacity", "--model", "{tmp}/missing"], "no config.json"),
+        (
+            ["bench", "--url", "http://127.0.0.1:1", "-c", "1", "-n", "1", "--dataset", "{tmp}/missing.jsonl"],
+            "no such file",
+        ),
+        (["report", "{tmp}/missing"], "no such folder"),
+        (["progress", "{tmp}/missing"], "no such folder"),
+    ],
+    ids=lambda a: a[0] if isinstance(a, list) else "",
+)
+def test_a_missing_file_is_reported_in_the_one_shape(
+    args: list[str], said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One kind for a missing file, whichever command was given it: config (exit 3)."""
     monkeypatch.chdir(tmp_path)
     code, out, _ = invoke([a.format(tmp=tmp_path) for a in args] + ["--json"])
@@ -113,8 +150,11 @@ def test_an_unreachable_url_exits_4(command: str, tmp_path: Path, monkeypatch: p
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    args = {"bench": ["bench", "--url", url, "-c", "1", "-n", "1"], "capacity": ["capacity", "--url", url],
-            "generate": ["generate", "--input", "in.jsonl", "--output", "out", "--url", url]}[command]
+    args = {
+        "bench": ["bench", "--url", url, "-c", "1", "-n", "1"],
+        "capacity": ["capacity", "--url", url],
+        "generate": ["generate", "--input", "in.jsonl", "--output", "out", "--url", url],
+    }[command]
     code, out, _ = invoke([*args, "--json"])
     assert url.split("//")[1] in assert_error_document(code, out, ErrorKind.UNREACHABLE)["message"]
 
@@ -173,7 +213,15 @@ def _fresh_interpreter(code: str) -> set[str]:
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-HEAVY = ("servefleet.sim", "aiohttp", "psutil", "servefleet.fleet", "rich", "asyncio", "servefleet.hosts")  # asyncio: a local log needs no event loop
+HEAVY = (
+    "servefleet.sim",
+    "aiohttp",
+    "psutil",
+    "servefleet.fleet",
+    "rich",
+    "asyncio",
+    "servefleet.hosts",
+)  # asyncio: a local log needs no event loop
 
 
 def test_importing_the_cli_and_diagnose_load_nothing_heavy() -> None:
@@ -182,7 +230,8 @@ def test_importing_the_cli_and_diagnose_load_nothing_heavy() -> None:
         "from servefleet.cli.main import app\n"
         f"sys.argv = ['servefleet', 'diagnose', {str(LOG)!r}, '--json']\n"
         "try:\n    app()\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
-        "print(json.dumps(sorted(sys.modules)))\n")
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
     assert "servefleet.verify.bounded" in loaded  # the command did run
     heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY or m.startswith(HEAVY))
     assert heavy == [], heavy
@@ -195,7 +244,8 @@ def test_help_imports_no_command_module() -> None:
         "sys.argv = ['servefleet', '--help']\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    try:\n        app()\n    except SystemExit:\n        pass\n"
-        "print(json.dumps(sorted(sys.modules)))\n")
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
     modules = {row.module for row in COMMANDS.values()}
     assert not modules & loaded, modules & loaded
     assert not {m for m in loaded if m.startswith(HEAVY[:4])}
@@ -228,8 +278,13 @@ def test_only_the_sim_command_imports_the_simulator() -> None:
         tree = ast.parse(path.read_text(), filename=rel)
         top_level = {id(node) for node in tree.body}
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if not any(n == "servefleet.sim" or n.startswith("servefleet.sim.") for n in names):
                 continue
             if rel != "cli/sim_cmd.py" or id(node) in top_level:

@@ -28,7 +28,9 @@ def _ours(out: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(str(out) in part for part in proc.info["cmdline"] or []):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(
+                str(out) in part for part in proc.info["cmdline"] or []
+            ):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -41,16 +43,28 @@ def test_the_demo_runs_the_main_job_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     ports = [free_port(), free_port()]
     servefleet = Path(sys.executable).parent / "servefleet"
-    argv = [sys.executable, str(REPO / "scripts" / "demo.py"), "--out", str(out), "--ports", ",".join(map(str, ports)),
-            "--prompts", str(PROMPTS)]
+    argv = [
+        sys.executable,
+        str(REPO / "scripts" / "demo.py"),
+        "--out",
+        str(out),
+        "--ports",
+        ",".join(map(str, ports)),
+        "--prompts",
+        str(PROMPTS),
+    ]
     try:
         done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1400)
         summary = json.loads((out / "demo-summary.json").read_text())
-        assert done.returncode == 0 and summary["ok"], f"{summary.get('error')}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+        assert done.returncode == 0 and summary["ok"], (
+            f"{summary.get('error')}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+        )
     finally:
         # whatever happened: the fleet down, and nothing of ours left running
         if (out / "demo.toml").exists():
-            subprocess.run([str(servefleet), "down", "--fleet", str(out / "demo.toml")], capture_output=True, timeout=300)
+            subprocess.run(
+                [str(servefleet), "down", "--fleet", str(out / "demo.toml")], capture_output=True, timeout=300
+            )
         left = _ours(out)
         for proc in left:
             try:
@@ -73,13 +87,23 @@ def test_the_demo_runs_the_main_job_end_to_end(tmp_path: Path) -> None:
     assert resume["status"] == "complete" and resume["done_before"] >= first["committed"] > 0
     assert resume["done_before"] + resume["done"] == PROMPTS
     # exactly once, and the test reads the Parquet itself
-    assert (summary["output"]["rows"], summary["output"]["duplicates"], summary["output"]["missing"]) == (PROMPTS, 0, 0)
+    assert (summary["output"]["rows"], summary["output"]["duplicates"], summary["output"]["missing"]) == (
+        PROMPTS,
+        0,
+        0,
+    )
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     # from Arrow buffers, in this thread (Arrow's pools can abort a process at exit: the suite's process here)
-    ids = [i for p in (out / "job" / "shards").glob("*.parquet")
-           for i in pq.ParquetFile(pa.BufferReader(p.read_bytes())).read(columns=["id"], use_threads=False).column("id").to_pylist()]
+    ids = [
+        i
+        for p in (out / "job" / "shards").glob("*.parquet")
+        for i in pq.ParquetFile(pa.BufferReader(p.read_bytes()))
+        .read(columns=["id"], use_threads=False)
+        .column("id")
+        .to_pylist()
+    ]
     assert sorted(ids) == [f"p{i:05d}" for i in range(PROMPTS)]
     # the job's HTML report was written
     assert Path(summary["files"]["report"]).stat().st_size > 0
@@ -88,7 +112,11 @@ def test_the_demo_runs_the_main_job_end_to_end(tmp_path: Path) -> None:
     assert isinstance(check["within_tolerance"], bool) and check["verdict"]
     # the ports are free again
     for port in ports:
-        assert not [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN]
+        assert not [
+            c
+            for c in psutil.net_connections("tcp")
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+        ]
 
 
 def _demo_module():

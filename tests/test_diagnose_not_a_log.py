@@ -19,8 +19,13 @@ OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
 
 
 def _diagnose_cli(path: Path) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "diagnose", str(path), "--json"],
-                          capture_output=True, text=True, env={**os.environ}, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "servefleet.cli.main", "diagnose", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+        timeout=60,
+    )
     return proc.returncode, json.loads(proc.stdout)
 
 

@@ -16,20 +16,43 @@ MODULES = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "transfor
 
 # (a line as an engine prints it, the boundary key, the category every engine must give it)
 CASES = [
-    ("safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge", "corrupt_weights", "model_not_found"),
-    ("safetensors_rust.SafetensorError: Error while deserializing header: MetadataIncompleteBuffer", "corrupt_weights", "model_not_found"),
+    (
+        "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge",
+        "corrupt_weights",
+        "model_not_found",
+    ),
+    (
+        "safetensors_rust.SafetensorError: Error while deserializing header: MetadataIncompleteBuffer",
+        "corrupt_weights",
+        "model_not_found",
+    ),
     ("AssertionError: Torch not compiled with CUDA enabled", "cuda_on_cpu_build", "cuda_driver"),
-    ("OSError: libggml.so.0: cannot open shared object file: No such file or directory", "native_library", "import_error"),
-    ("ImportError: /venv/lib/python3.11/site-packages/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
-     "native_library", "import_error"),
+    (
+        "OSError: libggml.so.0: cannot open shared object file: No such file or directory",
+        "native_library",
+        "import_error",
+    ),
+    (
+        "ImportError: /venv/lib/python3.11/site-packages/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+        "native_library",
+        "import_error",
+    ),
     ("Illegal instruction (core dumped)", "illegal_instruction", "other"),
     ("Fatal Python error: Illegal instruction", "illegal_instruction", "other"),
     ("[2026-11-30 10:00:36] Exit code: -4", "illegal_instruction", "other"),
-    ("2024-03-06T17:53:31.052444Z ERROR shard-manager: text_generation_launcher: Shard process was signaled to shutdown "
-     "with signal 4 rank=0", "illegal_instruction", "other"),
+    (
+        "2024-03-06T17:53:31.052444Z ERROR shard-manager: text_generation_launcher: Shard process was signaled to shutdown "
+        "with signal 4 rank=0",
+        "illegal_instruction",
+        "other",
+    ),
     ("torch.AcceleratorError: CUDA error: invalid device ordinal", "tp_too_large", "config_error"),
-    ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
-     "allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)", "host_ram", "gpu_oom"),
+    (
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)",
+        "host_ram",
+        "gpu_oom",
+    ),
 ]
 
 

@@ -24,10 +24,24 @@ from servefleet.sim.scheduler import Stats
 # engine profiles, in their order of preference (the engines' own names: facts of vLLM, SGLang,
 # llama.cpp and TGI).
 BEFORE = {
-    "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing", "tgi_batch_current_size"),
+    "running": (
+        "vllm:num_requests_running",
+        "sglang:num_running_reqs",
+        "llamacpp:requests_processing",
+        "tgi_batch_current_size",
+    ),
     "queued": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "tgi_queue_size"),
-    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"),
-    "generation_tokens": ("vllm:generation_tokens_total", "sglang:generation_tokens_total", "llamacpp:tokens_predicted_total"),
+    "kv_usage": (
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "llamacpp:kv_cache_usage_ratio",
+    ),
+    "generation_tokens": (
+        "vllm:generation_tokens_total",
+        "sglang:generation_tokens_total",
+        "llamacpp:tokens_predicted_total",
+    ),
     "prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total", "llamacpp:prompt_tokens_total"),
     "steps": ("vllm:iteration_tokens_total_count",),
     "preemptions": ("vllm:num_preemptions_total",),
@@ -50,7 +64,9 @@ def test_every_engines_names_are_in_the_union_in_engine_order() -> None:
     for field, names in dataclasses.asdict(union).items():
         # the union is each engine's names, engine after engine: nothing else, nothing reordered
         assert names == tuple(n for e in ENGINES for n in getattr(get_engine(e).serving_metrics, field)), field
-    spelled = {n for e in ENGINES for names in dataclasses.asdict(get_engine(e).serving_metrics).values() for n in names}
+    spelled = {
+        n for e in ENGINES for names in dataclasses.asdict(get_engine(e).serving_metrics).values() for n in names
+    }
     assert spelled == {n for names in BEFORE.values() for n in names}
 
 
@@ -88,14 +104,21 @@ def test_every_name_of_the_sims_profile_is_published_by_the_sim() -> None:
 
 
 def test_llamacpp_and_tgi_series_are_read_by_bench_and_generate() -> None:
-    llama = ("llamacpp:requests_processing 3\nllamacpp:requests_deferred 2\nllamacpp:kv_cache_usage_ratio 0.25\n"
-             "llamacpp:tokens_predicted_total {gen}\nllamacpp:prompt_tokens_total 40\n")
+    llama = (
+        "llamacpp:requests_processing 3\nllamacpp:requests_deferred 2\nllamacpp:kv_cache_usage_ratio 0.25\n"
+        "llamacpp:tokens_predicted_total {gen}\nllamacpp:prompt_tokens_total 40\n"
+    )
     before, after = parse_prometheus(llama.format(gen=100)), parse_prometheus(llama.format(gen=160))
     s = summarize_server(Snapshot(before), Snapshot(after), [after], max_running=3)
     assert s is not None and s.running_max == 3 and s.queued_max == 2 and s.saturated is True
     assert s.kv_cache_usage_max == pytest.approx(0.25) and s.generation_tokens == 60
     load = sample_from_text(llama.format(gen=160), 1.0)
-    assert load is not None and (load.generation_tokens, load.prompt_tokens, load.running, load.waiting) == (160, 40, 3, 2)
+    assert load is not None and (load.generation_tokens, load.prompt_tokens, load.running, load.waiting) == (
+        160,
+        40,
+        3,
+        2,
+    )
     tgi = sample_from_text("tgi_batch_current_size 5\ntgi_queue_size 1\n", 2.0)
     assert tgi is not None and (tgi.running, tgi.waiting, tgi.generation_tokens) == (5, 1, None)
 
@@ -131,5 +154,7 @@ def test_spelled_engine_names_finds_every_family() -> None:
 def test_no_engine_metric_name_is_spelled_in_bench_or_generate() -> None:
     files = [p for job in JOBS for p in sorted((PACKAGE / job).rglob("*.py"))]
     assert len(files) > 10, f"bench/ and generate/ were not found under {PACKAGE}"
-    offenders = {p.relative_to(PACKAGE).as_posix(): found for p in files if (found := spelled_engine_names(p.read_text()))}
+    offenders = {
+        p.relative_to(PACKAGE).as_posix(): found for p in files if (found := spelled_engine_names(p.read_text()))
+    }
     assert offenders == {}, "engine metric names belong in the engine's profile (EngineProfile.serving_metrics)"

@@ -23,8 +23,13 @@ def rendered(name: str) -> dict[str, Any]:
     out = {}
     for item in Fleet.load(EXAMPLES / name).resolve():
         native = get_engine(item.server.engine).native_args(item.server.args, item.server.command or ())
-        out[item.name] = {"argv": item.argv, "gpus": item.env.get("CUDA_VISIBLE_DEVICES"), "served": item.served_model,
-                          "native": dict(native.values), "host": item.server.host}
+        out[item.name] = {
+            "argv": item.argv,
+            "gpus": item.env.get("CUDA_VISIBLE_DEVICES"),
+            "served": item.served_model,
+            "native": dict(native.values),
+            "host": item.server.host,
+        }
     return out
 
 
@@ -32,7 +37,10 @@ def test_demo_two_transformers_servers_on_the_cpu() -> None:
     servers = rendered("demo.toml")
     assert set(servers) == {"cpu-a", "cpu-b"}
     # two configurations of one model: transformers' default (sequential) and continuous batching
-    for name, port, own in (("cpu-a", 38401, []), ("cpu-b", 38402, ["--continuous-batching", "--cb-num-blocks", "64"])):
+    for name, port, own in (
+        ("cpu-a", 38401, []),
+        ("cpu-b", 38402, ["--continuous-batching", "--cb-num-blocks", "64"]),
+    ):
         argv = servers[name]["argv"]
         assert argv[1:4] == ["-m", "transformers.cli.transformers", "serve"]
         assert argv[4].endswith("demo-out/tiny-llama")
@@ -59,8 +67,12 @@ def test_sglang_mtp_against_plain() -> None:
         assert server["served"] == "qwen3-next"
         assert server["argv"].count("--served-model-name") == 1
         assert server["native"]["memory_fraction"] == 0.85 and server["native"]["context_length"] == 32768
-    assert mtp["native"]["speculative"] == {"speculative_algorithm": "NEXTN", "speculative_num_steps": 3,
-                                            "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
+    assert mtp["native"]["speculative"] == {
+        "speculative_algorithm": "NEXTN",
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+    }
     assert plain["native"]["max_running_requests"] == 256 and "speculative" not in plain["native"]
     assert (mtp["gpus"], plain["gpus"]) == ("0", "1")
 
@@ -76,8 +88,14 @@ def test_vllm_tensor_parallel_pair() -> None:
 
 
 def test_every_example_has_its_test() -> None:
-    tested = {"demo.toml", "remote-ssh.toml", "sglang-mtp-vs-plain.toml", "vllm.toml", "sim-fleet.toml",
-              "slurm.toml"}  # slurm.toml: tests/test_slurm_units.py loads it
+    tested = {
+        "demo.toml",
+        "remote-ssh.toml",
+        "sglang-mtp-vs-plain.toml",
+        "vllm.toml",
+        "sim-fleet.toml",
+        "slurm.toml",
+    }  # slurm.toml: tests/test_slurm_units.py loads it
     assert {p.name for p in EXAMPLES.iterdir() if p.is_file()} == tested
 
 
@@ -92,8 +110,13 @@ def test_sim_fleet_comes_up_for_real(tmp_path: Path) -> None:
     fleet_file.write_text(text)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True,
-                              cwd=tmp_path, timeout=180)
+        return subprocess.run(
+            [sys.executable, "-m", "servefleet.cli.main", *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=180,
+        )
 
     try:
         up = cli("up", str(fleet_file), "--json")

@@ -27,20 +27,27 @@ def documented_keys(doc: str) -> dict[str, set[str]]:
     return sections
 
 
-@pytest.mark.parametrize(("section", "model", "not_keys"), [
-    ("[fleet]", FleetSettings, set()),
-    ("[[servers]]", ServerSpec, {"template"}),  # set by `count`, refused in the file
-    ("[[servers]]", ServerDefaults, set()),  # [defaults] takes the server keys
-    ("[hosts.NAME]", HostSpec, {"name"}),  # the table's own NAME
-])
+@pytest.mark.parametrize(
+    ("section", "model", "not_keys"),
+    [
+        ("[fleet]", FleetSettings, set()),
+        ("[[servers]]", ServerSpec, {"template"}),  # set by `count`, refused in the file
+        ("[[servers]]", ServerDefaults, set()),  # [defaults] takes the server keys
+        ("[hosts.NAME]", HostSpec, {"name"}),  # the table's own NAME
+    ],
+)
 def test_every_accepted_key_is_documented(section: str, model: type[BaseModel], not_keys: set[str]) -> None:
     keys = documented_keys(DOC.read_text())
     accepted = set(model.model_fields) - not_keys
     assert accepted - keys[section] == set(), f"{DOC.name} {section} lacks these keys"
     # `count` is read by the loader (a template's copies), not a field of one server
-    assert keys[section] - accepted - {"count"} - ({"name", "port"} if model is ServerDefaults else set()) == set(), "documented keys the spec refuses"
+    assert keys[section] - accepted - {"count"} - ({"name", "port"} if model is ServerDefaults else set()) == set(), (
+        "documented keys the spec refuses"
+    )
 
 
 def test_the_parser_reads_the_tables_it_is_given() -> None:
-    keys = documented_keys("## [fleet]\n| key | d |\n| --- | --- |\n| `name` | x |\n| `timeout` | 1 |\n## [x]\n| `other` | y |\n")
+    keys = documented_keys(
+        "## [fleet]\n| key | d |\n| --- | --- |\n| `name` | x |\n| `timeout` | 1 |\n## [x]\n| `other` | y |\n"
+    )
     assert keys == {"[fleet]": {"name", "timeout"}, "[x]": {"other"}}

@@ -48,11 +48,15 @@ def port_free(port: int) -> bool:
     return True
 
 
-def write_fleet(tmp_path: Path, servers: dict[str, list[str]], *, timeout: float = 30, stall: float = 15) -> tuple[Path, dict[str, int]]:
+def write_fleet(
+    tmp_path: Path, servers: dict[str, list[str]], *, timeout: float = 30, stall: float = 15
+) -> tuple[Path, dict[str, int]]:
     """A fleet file of sim servers: name -> extra sim args. Returns the path and the ports."""
     ports = {name: free_port() for name in servers}
-    parts = [f'[fleet]\nname = "t"\ntimeout = {timeout}\nstall = {stall}\n',
-             f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nargs = ["--load-time", "0.3"]\nenv = {{ HF_TOKEN = "{SECRET}" }}\n']
+    parts = [
+        f'[fleet]\nname = "t"\ntimeout = {timeout}\nstall = {stall}\n',
+        f'[defaults]\nengine = "sim"\nmodel = "sim-m"\nargs = ["--load-time", "0.3"]\nenv = {{ HF_TOKEN = "{SECRET}" }}\n',
+    ]
     for name, args in servers.items():
         parts.append(f'[[servers]]\nname = "{name}"\nport = {ports[name]}\nargs = {json.dumps(args)}\n')
     path = tmp_path / "fleet.toml"
@@ -62,7 +66,9 @@ def write_fleet(tmp_path: Path, servers: dict[str, list[str]], *, timeout: float
 
 def cli(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """The real CLI in a new process (no state shared with the test)."""
-    return subprocess.run([sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
 
 
 @pytest.fixture
@@ -162,6 +168,7 @@ async def test_startup_failure_gives_category_and_dead_status(tmp_path: Path, cl
     # the evidence line number counts from the top of the (appended) log file
     lines = Path(record.log_path).read_text().splitlines()
     assert lines[verdict.evidence.line_no - 1].strip().endswith(verdict.evidence.text.strip()[-40:])
+
     # the verdict comes with the fatal line; the process may take a moment more to exit
     async def exited() -> bool:
         return not await fleet.binding("local").host.group_alive(record.pgid)
@@ -205,8 +212,14 @@ def test_a_server_that_cannot_be_stopped_is_not_started_again(tmp_path: Path, mo
     fight for the port and the GPU): ``Fleet.restart`` says so in its verdict, and ``servefleet
     restart`` -- the same library code, ``Fleet.relaunch`` -- exits 1 with the same words."""
     path, _ = write_fleet(tmp_path, {"a": []})
-    stuck = StopResult("a", was_running=True, signal="SIGKILL", port_free=False, port_holder_pid=4242,
-                       message="port 1 still held by pid 4242")
+    stuck = StopResult(
+        "a",
+        was_running=True,
+        signal="SIGKILL",
+        port_free=False,
+        port_holder_pid=4242,
+        message="port 1 still held by pid 4242",
+    )
     relaunched = []
     relaunch = Fleet.relaunch
 
@@ -238,10 +251,21 @@ async def test_down_never_signals_a_reused_pgid(tmp_path: Path) -> None:
         fleet = Fleet.load(path)
         from servefleet.fleet.state import ServerState, utcnow
 
-        fleet.store.save(ServerState(
-            fleet="t", name="a", engine="sim", host="local", port=free_port(), pgid=stranger.pid, argv=["x"],
-            log_path=str(tmp_path / "a.log"), status_path=str(tmp_path / "a.status"), launched_at=utcnow(), spec_hash="x",
-        ))
+        fleet.store.save(
+            ServerState(
+                fleet="t",
+                name="a",
+                engine="sim",
+                host="local",
+                port=free_port(),
+                pgid=stranger.pid,
+                argv=["x"],
+                log_path=str(tmp_path / "a.log"),
+                status_path=str(tmp_path / "a.status"),
+                launched_at=utcnow(),
+                spec_hash="x",
+            )
+        )
         (status,) = await fleet.status()
         assert status.state == Liveness.STALE
         result = (await fleet.down(grace_s=1))["a"]
@@ -299,7 +323,7 @@ def test_cli_up_failure_status_logs_down_and_config_errors(tmp_path: Path, monke
     assert code == 3 and "no fleet file" in err
 
 
-STUBBORN = r'''
+STUBBORN = r"""
 import http.server, json, signal, sys
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL stops this one
 
@@ -326,7 +350,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
 print("Uvicorn running on http://127.0.0.1:%s" % sys.argv[1], flush=True)
 server.serve_forever()
-'''
+"""
 
 
 async def test_openai_command_sigkill_escalation_and_changed_spec(tmp_path: Path, cleanup) -> None:
@@ -337,7 +361,8 @@ async def test_openai_command_sigkill_escalation_and_changed_spec(tmp_path: Path
 
     def fleet_file(level: str) -> Path:
         path = tmp_path / "fleet.toml"
-        path.write_text(textwrap.dedent(f'''
+        path.write_text(
+            textwrap.dedent(f'''
             [[servers]]
             name = "s"
             engine = "openai"
@@ -345,7 +370,8 @@ async def test_openai_command_sigkill_escalation_and_changed_spec(tmp_path: Path
             served_model_name = "stub"
             command = [{json.dumps(sys.executable)}, "stub.py", "{port}"]
             env = {{ LEVEL = "{level}", MY_API_KEY = "{SECRET}" }}
-        '''))
+        ''')
+        )
         return path
 
     # two `up` at once (two terminals): one launches, the other waits for the lock and adopts
@@ -377,10 +403,14 @@ def test_stop_result_ok_is_decided_by_its_fields_not_by_its_message() -> None:
     line said so made a clean stop a failure, and a rewording would have hidden a real one."""
     from servefleet.fleet.lifecycle import StopResult
 
-    worded = StopResult("a", was_running=False, port_free=False, message="port 8000 is held by pid 7 (sh -c echo still running)")
+    worded = StopResult(
+        "a", was_running=False, port_free=False, message="port 8000 is held by pid 7 (sh -c echo still running)"
+    )
     assert worded.ok  # never ours to free: `down` of a server that was not running
     assert not StopResult("a", was_running=True, signal="SIGKILL", survived_kill=True, port_free=False, message="").ok
-    assert not StopResult("a", was_running=True, signal="SIGTERM", port_free=False, port_holder_pid=9, message="held").ok
+    assert not StopResult(
+        "a", was_running=True, signal="SIGTERM", port_free=False, port_holder_pid=9, message="held"
+    ).ok
     assert StopResult("a", was_running=True, signal="SIGTERM").ok
 
 
@@ -393,4 +423,9 @@ def test_a_start_outcome_is_a_value() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         outcome.message = "patched"  # type: ignore[misc]
     later = dataclasses.replace(outcome, action=Action.LAUNCHED, after_failure="stopped")
-    assert (outcome.action, outcome.after_failure, later.action, later.after_failure) == (Action.QUEUED, None, Action.LAUNCHED, "stopped")
+    assert (outcome.action, outcome.after_failure, later.action, later.after_failure) == (
+        Action.QUEUED,
+        None,
+        Action.LAUNCHED,
+        "stopped",
+    )

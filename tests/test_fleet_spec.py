@@ -62,10 +62,14 @@ def test_good_fleet_merges_defaults(tmp_path: Path) -> None:
 
 
 def test_defaults_for_name_and_state_dir(tmp_path: Path) -> None:
-    spec = load_fleet_file(write(tmp_path, '[[servers]]\nname="a"\nport=1\nengine="sim"\nmodel="m"\n', "my fleet.toml"))
+    spec = load_fleet_file(
+        write(tmp_path, '[[servers]]\nname="a"\nport=1\nengine="sim"\nmodel="m"\n', "my fleet.toml")
+    )
     assert spec.name == "my-fleet"
     assert spec.state_dir == tmp_path / ".servefleet" / "my-fleet"
-    spec = load_fleet_file(write(tmp_path, '[fleet]\nstate_dir="st"\n[[servers]]\nname="a"\nport=1\nengine="sim"\nmodel="m"\n'))
+    spec = load_fleet_file(
+        write(tmp_path, '[fleet]\nstate_dir="st"\n[[servers]]\nname="a"\nport=1\nengine="sim"\nmodel="m"\n')
+    )
     assert spec.state_dir == tmp_path / "st"
 
 
@@ -80,32 +84,103 @@ SERVER = '[[servers]]\nname = "a"\nport = 30000\nengine = "sim"\nmodel = "m"\n'
 
 BAD_FILES = [
     pytest.param("[fleet\nname = 'x'\n", ["fleet.toml: TOML syntax error", "line 1"], id="toml-syntax"),
-    pytest.param("[fleet]\nname = 'x'\n\n[[servers]]\nname = 'a'\nport = = 3\n", ["TOML syntax error", "line 6"], id="toml-syntax-line"),
-    pytest.param(SERVER + '[[servers]]\nname = "plain"\nport = 70000\nengine = "sim"\nmodel = "m"\n',
-                 ['fleet.toml: servers[1] "plain": port: must be between 1 and 65535'], id="port-range"),
-    pytest.param('[[servers]]\nname = "a"\nprot = 30000\nengine = "sim"\nmodel = "m"\n',
-                 ['servers[0] "a": prot: unknown field; did you mean \'port\'?', 'servers[0] "a": port: required field is missing'], id="typo"),
+    pytest.param(
+        "[fleet]\nname = 'x'\n\n[[servers]]\nname = 'a'\nport = = 3\n",
+        ["TOML syntax error", "line 6"],
+        id="toml-syntax-line",
+    ),
+    pytest.param(
+        SERVER + '[[servers]]\nname = "plain"\nport = 70000\nengine = "sim"\nmodel = "m"\n',
+        ['fleet.toml: servers[1] "plain": port: must be between 1 and 65535'],
+        id="port-range",
+    ),
+    pytest.param(
+        '[[servers]]\nname = "a"\nprot = 30000\nengine = "sim"\nmodel = "m"\n',
+        [
+            "servers[0] \"a\": prot: unknown field; did you mean 'port'?",
+            'servers[0] "a": port: required field is missing',
+        ],
+        id="typo",
+    ),
     pytest.param(SERVER + SERVER.replace("30000", "30001"), ['server "a": name: duplicate'], id="duplicate-name"),
-    pytest.param(SERVER + SERVER.replace('"a"', '"b"'), ['server "b": port: 30000 on host "local" is already used by server "a"'], id="duplicate-port"),
-    pytest.param(SERVER.replace('"sim"', '"sglangg"'), ['servers[0] "a": engine: unknown engine \'sglangg\'', "known engines:", "sglang", "vllm"], id="unknown-engine"),
-    pytest.param('[defaults]\nengine = "vlm"\n' + SERVER.replace('engine = "sim"\n', ""),
-                 ["engine: unknown engine 'vlm'", "(value from [defaults])"], id="bad-default-engine"),
-    pytest.param('[[servers]]\nname = "a"\nport = 1\nengine = "sim"\n', ['servers[0] "a": model: required field is missing'], id="no-model"),
-    pytest.param(SERVER.replace('model = "m"', 'model = "m"\nargs = "--tp 2"'), ['servers[0] "a": args: must be a list of strings', "not split"], id="args-string"),
-    pytest.param(SERVER.replace('model = "m"', 'model = "m"\ngpus = ["x"]'), ['servers[0] "a": gpus:', "not a GPU index"], id="bad-gpus"),
-    pytest.param(SERVER.replace('model = "m"', 'model = "m"\nenv = { TOKEN = true }'), ['servers[0] "a": env: TOKEN: must be a string'], id="env-bool"),
-    pytest.param(SERVER.replace('name = "a"', 'name = "a/b"'), ['servers[0] "a/b": name: must be 1-64 characters'], id="bad-name"),
-    pytest.param(SERVER.replace('model = "m"', 'model = "m"\nhost = "gpu9"'), ['server "a": host: unknown host \'gpu9\'', "[hosts.gpu9]"], id="unknown-host"),
+    pytest.param(
+        SERVER + SERVER.replace('"a"', '"b"'),
+        ['server "b": port: 30000 on host "local" is already used by server "a"'],
+        id="duplicate-port",
+    ),
+    pytest.param(
+        SERVER.replace('"sim"', '"sglangg"'),
+        ["servers[0] \"a\": engine: unknown engine 'sglangg'", "known engines:", "sglang", "vllm"],
+        id="unknown-engine",
+    ),
+    pytest.param(
+        '[defaults]\nengine = "vlm"\n' + SERVER.replace('engine = "sim"\n', ""),
+        ["engine: unknown engine 'vlm'", "(value from [defaults])"],
+        id="bad-default-engine",
+    ),
+    pytest.param(
+        '[[servers]]\nname = "a"\nport = 1\nengine = "sim"\n',
+        ['servers[0] "a": model: required field is missing'],
+        id="no-model",
+    ),
+    pytest.param(
+        SERVER.replace('model = "m"', 'model = "m"\nargs = "--tp 2"'),
+        ['servers[0] "a": args: must be a list of strings', "not split"],
+        id="args-string",
+    ),
+    pytest.param(
+        SERVER.replace('model = "m"', 'model = "m"\ngpus = ["x"]'),
+        ['servers[0] "a": gpus:', "not a GPU index"],
+        id="bad-gpus",
+    ),
+    pytest.param(
+        SERVER.replace('model = "m"', 'model = "m"\nenv = { TOKEN = true }'),
+        ['servers[0] "a": env: TOKEN: must be a string'],
+        id="env-bool",
+    ),
+    pytest.param(
+        SERVER.replace('name = "a"', 'name = "a/b"'),
+        ['servers[0] "a/b": name: must be 1-64 characters'],
+        id="bad-name",
+    ),
+    pytest.param(
+        SERVER.replace('model = "m"', 'model = "m"\nhost = "gpu9"'),
+        ["server \"a\": host: unknown host 'gpu9'", "[hosts.gpu9]"],
+        id="unknown-host",
+    ),
     pytest.param('[servers]\nname = "a"\n', ["write [[servers]] (double brackets"], id="servers-not-array"),
     pytest.param('[fleet]\nname = "x"\n', ["no servers: add at least one [[servers]]"], id="no-servers"),
-    pytest.param('[fleet]\ntimeout = -1\n' + SERVER, ["fleet.toml: [fleet]: timeout: must be a positive number of seconds"], id="fleet-timeout"),
-    pytest.param('[fleet]\nnmae = "x"\n' + SERVER, ["[fleet]: nmae: unknown field; did you mean 'name'?"], id="fleet-typo"),
-    pytest.param('[defualts]\nengine = "sim"\n' + SERVER, ["defualts: unknown table or key; did you mean 'defaults'?"], id="top-level-typo"),
-    pytest.param('[hosts.local]\nssh = "x"\n' + SERVER, ["[hosts.local]: name:", "built-in local host"], id="host-named-local"),
-    pytest.param('[hosts.gpu1]\nssh = "x"\nport = 0\n' + SERVER, ["[hosts.gpu1]: port: must be between 1 and 65535"], id="host-port"),
-    pytest.param(SERVER.replace('engine = "sim"\nmodel = "m"', 'engine = "openai"'), ['servers[0] "a": command: the openai engine runs your own command'],
-                 id="openai-needs-command"),
-    pytest.param(SERVER.replace('model = "m"', 'model = "m"\nready_path = "health"'), ['servers[0] "a": ready_path: must start with "/"'], id="ready-path"),
+    pytest.param(
+        "[fleet]\ntimeout = -1\n" + SERVER,
+        ["fleet.toml: [fleet]: timeout: must be a positive number of seconds"],
+        id="fleet-timeout",
+    ),
+    pytest.param(
+        '[fleet]\nnmae = "x"\n' + SERVER, ["[fleet]: nmae: unknown field; did you mean 'name'?"], id="fleet-typo"
+    ),
+    pytest.param(
+        '[defualts]\nengine = "sim"\n' + SERVER,
+        ["defualts: unknown table or key; did you mean 'defaults'?"],
+        id="top-level-typo",
+    ),
+    pytest.param(
+        '[hosts.local]\nssh = "x"\n' + SERVER, ["[hosts.local]: name:", "built-in local host"], id="host-named-local"
+    ),
+    pytest.param(
+        '[hosts.gpu1]\nssh = "x"\nport = 0\n' + SERVER,
+        ["[hosts.gpu1]: port: must be between 1 and 65535"],
+        id="host-port",
+    ),
+    pytest.param(
+        SERVER.replace('engine = "sim"\nmodel = "m"', 'engine = "openai"'),
+        ['servers[0] "a": command: the openai engine runs your own command'],
+        id="openai-needs-command",
+    ),
+    pytest.param(
+        SERVER.replace('model = "m"', 'model = "m"\nready_path = "health"'),
+        ['servers[0] "a": ready_path: must start with "/"'],
+        id="ready-path",
+    ),
 ]
 
 
@@ -156,7 +231,9 @@ def test_ssh_host_fields_are_validated(tmp_path: Path) -> None:
         load_fleet_file(write(tmp_path, '[hosts.gpu1]\nssh = "box"\nstrict_host_key = "no"\n' + SERVER))
 
 
-@pytest.mark.parametrize("example", sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.toml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "example", sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.toml")), ids=lambda p: p.name
+)
 def test_example_fleet_files_are_valid(example: Path) -> None:
     from servefleet.fleet import Fleet
 
@@ -173,24 +250,41 @@ def test_every_ssh_setting_is_a_host_key_and_reaches_the_ssh_spec(tmp_path: Path
 
     from servefleet.hosts.ssh_options import SSHSpec
 
-    text = ('[hosts.gpu1]\nssh = "box"\noptions = { Compression = "yes" }\nmultiplex = false\nmax_sessions = 4\nmax_masters = 2\n'
-            'reconnect_s = 5\ncontrol_persist = 30\nalive_interval = 2\nalive_count_max = 5\n' + SERVER)
+    text = (
+        '[hosts.gpu1]\nssh = "box"\noptions = { Compression = "yes" }\nmultiplex = false\nmax_sessions = 4\nmax_masters = 2\n'
+        "reconnect_s = 5\ncontrol_persist = 30\nalive_interval = 2\nalive_count_max = 5\n" + SERVER
+    )
     ssh = load_fleet_file(write(tmp_path, text)).hosts["gpu1"].ssh_spec
-    assert (ssh.destination, dict(ssh.options), ssh.multiplex, ssh.max_sessions, ssh.max_masters) == ("box", {"Compression": "yes"}, False, 4, 2)
+    assert (ssh.destination, dict(ssh.options), ssh.multiplex, ssh.max_sessions, ssh.max_masters) == (
+        "box",
+        {"Compression": "yes"},
+        False,
+        4,
+        2,
+    )
     assert (ssh.reconnect_s, ssh.control_persist, ssh.alive_interval, ssh.alive_count_max) == (5, 30, 2, 5)
     keys = set(HostSpec.model_fields)
     assert {f.name for f in dataclasses.fields(SSHSpec)} - {"destination", "name"} <= keys
-    assert load_fleet_file(write(tmp_path, '[hosts.gpu1]\nssh = "box"\nalive_timeout = 15\n' + SERVER)).hosts["gpu1"].ssh_spec == SSHSpec(destination="box", name="gpu1")
+    assert load_fleet_file(write(tmp_path, '[hosts.gpu1]\nssh = "box"\nalive_timeout = 15\n' + SERVER)).hosts[
+        "gpu1"
+    ].ssh_spec == SSHSpec(destination="box", name="gpu1")
 
 
-@pytest.mark.parametrize(("table", "message"), [
-    ('max_sessions = 100', r"\[hosts.gpu1\]: max_sessions: must be between 1 and 64"),
-    ('reconnect_s = 0', r"\[hosts.gpu1\]: reconnect_s: must be a positive number of seconds"),
-    ('options = { "Bad Key" = "x" }', r"\[hosts.gpu1\]: options: invalid ssh option Bad Key"),
-    ('user = "-oProxyCommand=x"', r"\[hosts.gpu1\]: user: must not be empty, start with '-'"),
-    ('alive_timeout = 5\nalive_interval = 2', r"\[hosts.gpu1\]: alive_timeout: set it or alive_interval, not both"),
-    ('multiplx = false', r"\[hosts.gpu1\]: multiplx: unknown field.*multiplex"),
-], ids=["range", "seconds", "option-name", "option-injection", "both-alive", "unknown-key"])
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("max_sessions = 100", r"\[hosts.gpu1\]: max_sessions: must be between 1 and 64"),
+        ("reconnect_s = 0", r"\[hosts.gpu1\]: reconnect_s: must be a positive number of seconds"),
+        ('options = { "Bad Key" = "x" }', r"\[hosts.gpu1\]: options: invalid ssh option Bad Key"),
+        ('user = "-oProxyCommand=x"', r"\[hosts.gpu1\]: user: must not be empty, start with '-'"),
+        (
+            "alive_timeout = 5\nalive_interval = 2",
+            r"\[hosts.gpu1\]: alive_timeout: set it or alive_interval, not both",
+        ),
+        ("multiplx = false", r"\[hosts.gpu1\]: multiplx: unknown field.*multiplex"),
+    ],
+    ids=["range", "seconds", "option-name", "option-injection", "both-alive", "unknown-key"],
+)
 def test_a_bad_ssh_setting_is_refused_naming_its_key(tmp_path: Path, table: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_fleet_file(write(tmp_path, f'[hosts.gpu1]\nssh = "box"\n{table}\n' + SERVER))

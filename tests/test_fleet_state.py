@@ -13,16 +13,37 @@ from servefleet.fleet.state import MASK, ServerState, StateStore, mask_argv, mas
 
 def record(**over) -> ServerState:
     base = dict(
-        fleet="f", name="a", engine="sim", host="local", port=30000, pgid=1234, argv=["python", "-m", "x"],
-        log_path="/tmp/a.log", status_path="/tmp/a.status", launched_at=utcnow(), spec_hash="abc",
+        fleet="f",
+        name="a",
+        engine="sim",
+        host="local",
+        port=30000,
+        pgid=1234,
+        argv=["python", "-m", "x"],
+        log_path="/tmp/a.log",
+        status_path="/tmp/a.status",
+        launched_at=utcnow(),
+        spec_hash="abc",
     )
     base.update(over)
     return ServerState(**base)
 
 
 def test_mask_env_hides_secret_looking_names() -> None:
-    env = {"HF_TOKEN": "hf_abc", "OPENAI_API_KEY": "sk-1", "DB_PASSWORD": "pw", "AWS_SECRET_ACCESS_KEY": "s", "HF_HOME": "/data"}
-    assert mask_env(env) == {"HF_TOKEN": MASK, "OPENAI_API_KEY": MASK, "DB_PASSWORD": MASK, "AWS_SECRET_ACCESS_KEY": MASK, "HF_HOME": "/data"}
+    env = {
+        "HF_TOKEN": "hf_abc",
+        "OPENAI_API_KEY": "sk-1",
+        "DB_PASSWORD": "pw",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "HF_HOME": "/data",
+    }
+    assert mask_env(env) == {
+        "HF_TOKEN": MASK,
+        "OPENAI_API_KEY": MASK,
+        "DB_PASSWORD": MASK,
+        "AWS_SECRET_ACCESS_KEY": MASK,
+        "HF_HOME": "/data",
+    }
 
 
 @pytest.mark.parametrize(

@@ -20,9 +20,20 @@ from servefleet.hosts.local import LocalHost
 
 
 def _record(log: Path, offset: int = 0) -> ServerState:
-    return ServerState(fleet="f", name="a", engine="vllm", host="local", port=1, pgid=1, argv=[], log_path=str(log),
-                       status_path=str(log.with_suffix(".status")), log_offset=offset,
-                       launched_at=datetime.now(UTC), spec_hash="x")
+    return ServerState(
+        fleet="f",
+        name="a",
+        engine="vllm",
+        host="local",
+        port=1,
+        pgid=1,
+        argv=[],
+        log_path=str(log),
+        status_path=str(log.with_suffix(".status")),
+        log_offset=offset,
+        launched_at=datetime.now(UTC),
+        spec_hash="x",
+    )
 
 
 @pytest.fixture
@@ -41,7 +52,9 @@ async def test_a_crash_at_the_end_of_a_big_attempt_is_diagnosed(tmp_path: Path, 
     assert verdict.skipped  # it says what it did not read
 
 
-async def test_a_small_attempt_after_a_big_earlier_run_is_read_from_its_offset(tmp_path: Path, small_limit: int) -> None:
+async def test_a_small_attempt_after_a_big_earlier_run_is_read_from_its_offset(
+    tmp_path: Path, small_limit: int
+) -> None:
     big = write_log(tmp_path / "a.log", 2 * 1024 * 1024, "end")  # the earlier run crashed
     offset = big.path.stat().st_size
     with big.path.open("ab") as fh:  # this launch: a healthy start-up so far

@@ -19,8 +19,10 @@ Curve = Callable[[int], float]
 def peaked(peak_at: int, peak_tps: float = 10_000.0, decline: float = 0.004) -> Curve:
     """Rises linearly to ``peak_at`` then declines by ``decline`` of the peak per request past it
     (vLLM on one H200: 28.7k at 512, 23.4k at 1024)."""
+
     def f(n: int) -> float:
         return peak_tps * n / peak_at if n <= peak_at else peak_tps * max(0.1, 1 - decline * (n - peak_at))
+
     return f
 
 
@@ -28,8 +30,15 @@ def plateau(knee: int, tps: float = 8_000.0) -> Curve:
     return lambda n: tps * min(n, knee) / knee
 
 
-def drive(c: ConcurrencyController, curve: Curve, windows: int, *, noise: float = 0.0, seed: int = 0,
-          capacity: int | None = None) -> list[int]:
+def drive(
+    c: ConcurrencyController,
+    curve: Curve,
+    windows: int,
+    *,
+    noise: float = 0.0,
+    seed: int = 0,
+    capacity: int | None = None,
+) -> list[int]:
     """Feed ``windows`` windows; with ``capacity`` the server also reports its queue and running count."""
     rng = random.Random(seed)
     limits = []
@@ -47,15 +56,20 @@ def best_of(curve: Curve, upto: int) -> float:
     return max(curve(n) for n in range(1, upto + 1))
 
 
-@pytest.mark.parametrize(("max_running", "curve", "name"), [
-    (128, peaked(80), "peak well below max running"),
-    (128, peaked(120), "peak just below max running"),
-    (1024, peaked(512, decline=0.0004), "H200-like: 512 beats 1024 by ~20%"),
-    (128, plateau(64), "flat past 64"),
-    (64, plateau(200), "still rising at max running"),
-])
+@pytest.mark.parametrize(
+    ("max_running", "curve", "name"),
+    [
+        (128, peaked(80), "peak well below max running"),
+        (128, peaked(120), "peak just below max running"),
+        (1024, peaked(512, decline=0.0004), "H200-like: 512 beats 1024 by ~20%"),
+        (128, plateau(64), "flat past 64"),
+        (64, plateau(200), "still rising at max running"),
+    ],
+)
 @pytest.mark.parametrize("seed", range(4))
-def test_from_capacity_it_holds_within_5_percent_of_the_best(max_running: int, curve: Curve, name: str, seed: int) -> None:
+def test_from_capacity_it_holds_within_5_percent_of_the_best(
+    max_running: int, curve: Curve, name: str, seed: int
+) -> None:
     c = ConcurrencyController.auto(max_running)
     assert c.source == "capacity" and c.limit == max_running + headroom(max_running)
     drive(c, lambda n: curve(min(n, max_running)), 40, noise=0.02, seed=seed)
@@ -203,8 +217,16 @@ def h200_curve() -> Curve:
     return lambda n: model.decode_tokens_per_s(min(n, 1024))
 
 
-def drive_waves(c: ConcurrencyController, curve: Curve, windows: int, *, swing: float, transient: float, seed: int,
-                capacity: int | None = None) -> list[int]:
+def drive_waves(
+    c: ConcurrencyController,
+    curve: Curve,
+    windows: int,
+    *,
+    swing: float,
+    transient: float,
+    seed: int,
+    capacity: int | None = None,
+) -> list[int]:
     """Windows as closed-loop waves of uniform work make them: throughput swings by +-``swing``
     around the curve from window to window, and the first window after a change of limit reads
     ``transient`` low (the requests of the old setting still draining or the new ones in prefill).
@@ -276,8 +298,14 @@ def test_windows_that_swing_ask_for_longer_windows() -> None:
 def quarter_peak_curve() -> Curve:
     """The issue-25 H200 run (vLLM 0.26, --max-num-seqs 1024): 25.2k / 23.9k / 18.4k tok/s at 256 / 512 / 1024,
     the best at a quarter of max running: the sim's realistic timing with --peak-batch 256, 0.95 at twice it."""
-    model = SimConfig(timing="realistic", max_running=1024, decode_ms=2.04, decode_ms_per_running=0.0282, peak_batch=256,
-                      decline_at_2x_peak=0.95).steps
+    model = SimConfig(
+        timing="realistic",
+        max_running=1024,
+        decode_ms=2.04,
+        decode_ms_per_running=0.0282,
+        peak_batch=256,
+        decline_at_2x_peak=0.95,
+    ).steps
     return lambda n: model.decode_tokens_per_s(min(n, 1024))
 
 
@@ -342,7 +370,9 @@ def test_the_capacity_start_begins_at_the_largest_cuda_graph_batch_when_it_is_be
     """vLLM on the H200: max running 1024, graphs up to 512; 1127 (max running + 10 %) and 564 both ran eager steps."""
     c = ConcurrencyController.auto(1024, graph_batch=512)
     assert (c.limit, c.source) == (512, "capacity") and "CUDA graph" in c.reason
-    assert ConcurrencyController.auto(256, graph_batch=512).limit == ConcurrencyController.auto(256).limit  # graphs cover it all
+    assert (
+        ConcurrencyController.auto(256, graph_batch=512).limit == ConcurrencyController.auto(256).limit
+    )  # graphs cover it all
     assert ConcurrencyController.auto(None, graph_batch=512).phase == "ramp"  # no max running: the ramp as before
 
 
@@ -352,5 +382,10 @@ def test_a_fleet_servers_target_carries_its_graph_batch() -> None:
     from servefleet.capacity import Capacity
     from servefleet.generate.endpoints import from_endpoint
 
-    ep = SimpleNamespace(name="a", base_url="http://127.0.0.1:1", served_model="m", capacity=Capacity(max_running_requests=1024, graph_batch_max=512))
+    ep = SimpleNamespace(
+        name="a",
+        base_url="http://127.0.0.1:1",
+        served_model="m",
+        capacity=Capacity(max_running_requests=1024, graph_batch_max=512),
+    )
     assert from_endpoint(ep).graph_batch == 512

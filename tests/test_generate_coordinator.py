@@ -28,6 +28,7 @@ def _low_nofile(limit: int):
     def apply() -> None:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+
     return apply
 
 
@@ -84,7 +85,9 @@ def test_request_bodies_that_orjson_refuses_are_still_encoded():
 
 
 def test_answers_with_nan_literals_parse_and_broken_ones_are_protocol_failures():
-    nan_answer = b'{"choices":[{"text":"ok","finish_reason":"stop","logprobs":{"x":NaN}}],"usage":{"completion_tokens":1}}'
+    nan_answer = (
+        b'{"choices":[{"text":"ok","finish_reason":"stop","logprobs":{"x":NaN}}],"usage":{"completion_tokens":1}}'
+    )
     parsed = client._parse(nan_answer, "completions")
     assert isinstance(parsed, client.Completion) and parsed.text == "ok" and parsed.completion_tokens == 1
     broken = client._parse(b'{"choices":[{"text":"cut', "completions")
@@ -101,8 +104,16 @@ def test_the_request_url_is_parsed_once_per_server_and_endpoint():
     assert str(c._url("http://127.0.0.1:8000/", "chat")) == "http://127.0.0.1:8000/v1/chat/completions"
 
 
-@pytest.mark.parametrize(("planned", "soft", "warns"), [(1000, 1024, True), (700, 1024, False), (768, 1024, False),
-                                                        (769, 1024, True), (10**6, resource.RLIM_INFINITY, False)])
+@pytest.mark.parametrize(
+    ("planned", "soft", "warns"),
+    [
+        (1000, 1024, True),
+        (700, 1024, False),
+        (768, 1024, False),
+        (769, 1024, True),
+        (10**6, resource.RLIM_INFINITY, False),
+    ],
+)
 def test_planned_in_flight_beyond_the_open_file_limit_is_announced(planned, soft, warns):
     text = runner.open_files_warning(planned, soft)
     assert (text is not None) == warns

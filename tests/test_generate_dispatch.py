@@ -27,8 +27,15 @@ Behaviour = Callable[[dict, int], "int | None"]  # (body, request number) -> err
 class FakeServer:
     """An OpenAI-style server in this process; counts what it sees."""
 
-    def __init__(self, *, delay_s: float = 0.0, behaviour: Behaviour | None = None, hang: bool = False, name: str = "fake",
-                 gate: asyncio.Event | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        delay_s: float = 0.0,
+        behaviour: Behaviour | None = None,
+        hang: bool = False,
+        name: str = "fake",
+        gate: asyncio.Event | None = None,
+    ) -> None:
         self.delay_s = delay_s
         self.gate = gate
         self.behaviour = behaviour
@@ -93,8 +100,13 @@ class FakeServer:
                 choice["message"] = {"role": "assistant", "content": f"answer to {prompt}"}
             else:
                 choice["text"] = f"answer to {prompt}"
-            return web.json_response({"model": body.get("model"), "choices": [choice],
-                                      "usage": {"prompt_tokens": 3, "completion_tokens": tokens}})
+            return web.json_response(
+                {
+                    "model": body.get("model"),
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": tokens},
+                }
+            )
         finally:
             self.in_flight -= 1
 
@@ -150,7 +162,9 @@ async def test_dispatch_is_continuous_keeps_limits_and_spreads_over_servers(tmp_
     opener = asyncio.ensure_future(open_gate())
     try:
         src = write_input(tmp_path / "in.jsonl", 400)
-        report = await run_generate(config(src, tmp_path / "out", concurrency=4), targets=[slow.target(), fast.target()])
+        report = await run_generate(
+            config(src, tmp_path / "out", concurrency=4), targets=[slow.target(), fast.target()]
+        )
     finally:
         opener.cancel()
         await slow.stop()
@@ -181,7 +195,9 @@ async def test_429_and_5xx_storms_are_retried_until_every_prompt_is_answered(tmp
     server = await FakeServer(behaviour=storm).start()
     try:
         src = write_input(tmp_path / "in.jsonl", 300)
-        report = await run_generate(config(src, tmp_path / "out", concurrency=8, max_attempts=30), targets=[server.target()])
+        report = await run_generate(
+            config(src, tmp_path / "out", concurrency=8, max_attempts=30), targets=[server.target()]
+        )
     finally:
         await server.stop()
     assert report.status == "complete" and report.failed == 0
@@ -206,11 +222,21 @@ async def test_failing_prompts_go_to_the_failures_file_and_are_retried_on_resume
     out = tmp_path / "out"
     try:
         report = await run_generate(config(src, out, max_attempts=3), targets=[server.target()])
-        assert report.status == "incomplete" and report.failed == 3 and report.committed == 17 and report.remaining == 3
+        assert (
+            report.status == "incomplete" and report.failed == 3 and report.committed == 17 and report.remaining == 3
+        )
         failures = {f["id"]: f for f in map(json.loads, (out / "failures.jsonl").read_text().splitlines())}
         assert set(failures) == {"p3", "p5", "p7"}
-        assert failures["p3"]["attempts"] == 1 and "HTTP 400" in failures["p3"]["error"] and not failures["p3"]["retryable"]
-        assert failures["p5"]["attempts"] == 3 and "HTTP 500: scripted 500" == failures["p5"]["error"] and failures["p5"]["line"] == 6
+        assert (
+            failures["p3"]["attempts"] == 1
+            and "HTTP 400" in failures["p3"]["error"]
+            and not failures["p3"]["retryable"]
+        )
+        assert (
+            failures["p5"]["attempts"] == 3
+            and "HTTP 500: scripted 500" == failures["p5"]["error"]
+            and failures["p5"]["line"] == 6
+        )
         broken["on"] = False
         again = await run_generate(config(src, out, max_attempts=3), targets=[server.target()])
     finally:
@@ -224,7 +250,9 @@ async def test_a_hung_server_is_found_by_probes_and_its_requests_go_elsewhere(tm
     hung, good = await FakeServer(hang=True, name="hung").start(), await FakeServer(delay_s=0.002, name="good").start()
     try:
         src = write_input(tmp_path / "in.jsonl", 200)
-        policy = HealthPolicy(probe_interval_s=0.3, probe_failures=1, probe_timeout_s=0.3, recover_timeout_s=0.5, retry_interval_s=0.1)
+        policy = HealthPolicy(
+            probe_interval_s=0.3, probe_failures=1, probe_timeout_s=0.3, recover_timeout_s=0.5, retry_interval_s=0.1
+        )
         cfg = config(src, tmp_path / "out", concurrency=4, health=policy, request_timeout_s=3600)
         report = await run_generate(cfg, targets=[hung.target(), good.target()])
     finally:
@@ -258,8 +286,11 @@ async def test_a_dead_managed_server_is_restarted_through_the_restarter_and_reus
     policy = HealthPolicy(failures_to_take_out=1, retry_interval_s=0.05)
     killer = asyncio.ensure_future(kill_after(100))
     try:
-        report = await run_generate(config(src, tmp_path / "out", concurrency=6, health=policy),
-                                    targets=[server.target(managed=True)], restarter=Restarter())
+        report = await run_generate(
+            config(src, tmp_path / "out", concurrency=6, health=policy),
+            targets=[server.target(managed=True)],
+            restarter=Restarter(),
+        )
     finally:
         killer.cancel()
         await server.stop()
@@ -283,7 +314,9 @@ async def test_stop_commits_what_is_answered_and_resume_finishes_exactly_once(tm
 
     try:
         stopper = asyncio.ensure_future(stop_after(120))
-        first = await run_generate(config(src, out, concurrency=8, shard_rows=1000), targets=[server.target()], stop=stop)
+        first = await run_generate(
+            config(src, out, concurrency=8, shard_rows=1000), targets=[server.target()], stop=stop
+        )
         await stopper
         assert first.status == "interrupted"
         assert first.committed == first.done >= 120  # the partial shard was committed on the way out
@@ -315,8 +348,18 @@ async def test_another_job_in_the_same_destination_is_refused_unless_forced(tmp_
 async def test_jsonl_output_with_token_ids_and_requests(tmp_path):
     server = await FakeServer().start()
     src = tmp_path / "in.jsonl"
-    src.write_text(json.dumps({"custom_id": "c1", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "hi"}]}}) + "\n"
-                   + json.dumps({"id": "c2", "prompt": "yo", "max_tokens": 2}) + "\n")
+    src.write_text(
+        json.dumps(
+            {
+                "custom_id": "c1",
+                "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": "hi"}]},
+            }
+        )
+        + "\n"
+        + json.dumps({"id": "c2", "prompt": "yo", "max_tokens": 2})
+        + "\n"
+    )
     try:
         params = JobParams(max_tokens=3, format="jsonl", token_ids=True, store_request=True)
         report = await run_generate(config(src, tmp_path / "out", params=params), targets=[server.target()])
@@ -326,7 +369,12 @@ async def test_jsonl_output_with_token_ids_and_requests(tmp_path):
     rows = {r["id"]: r for r in assert_exactly_once(tmp_path / "out", {"c1", "c2"})}
     assert rows["c1"]["text"] == "answer to hi" and rows["c1"]["token_ids"] == [0, 1, 2]
     assert json.loads(rows["c1"]["request"])["return_token_ids"] is True
-    assert json.loads(rows["c2"]["request"]) == {"prompt": "yo", "max_tokens": 2, "return_token_ids": True, "model": "fake-model"}
+    assert json.loads(rows["c2"]["request"]) == {
+        "prompt": "yo",
+        "max_tokens": 2,
+        "return_token_ids": True,
+        "model": "fake-model",
+    }
     assert rows["c2"]["completion_tokens"] == 2 and rows["c2"]["line"] == 2
 
 
@@ -385,7 +433,14 @@ class ResettingServer:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    ),
+                    0,
+                )
                 body = json.loads(await reader.readexactly(length)) if length else {}
                 n += 1
                 if stale and n == 2:
@@ -393,7 +448,9 @@ class ResettingServer:
                     if len(self._held) == self.stale:  # all stale ones at once: a burst of resets
                         for w in self._held:
                             sock = w.get_extra_info("socket")
-                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+                            sock.setsockopt(
+                                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                            )  # close = RST
                             w.transport.abort()
                             self.resets += 1
                     return
@@ -402,10 +459,17 @@ class ResettingServer:
                     out = json.dumps({"data": [{"id": "fake-model"}]}).encode()
                 else:
                     tokens = body.get("max_tokens", 4)
-                    out = json.dumps({"model": body.get("model"), "choices": [{"text": "ok", "finish_reason": "length"}],
-                                      "usage": {"prompt_tokens": 3, "completion_tokens": tokens}}).encode()
+                    out = json.dumps(
+                        {
+                            "model": body.get("model"),
+                            "choices": [{"text": "ok", "finish_reason": "length"}],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": tokens},
+                        }
+                    ).encode()
                     self.answered += 1
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(out) + out)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(out) + out
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
@@ -418,8 +482,10 @@ async def test_a_reset_pooled_connection_is_retried_at_once_and_costs_no_requeue
     server = await ResettingServer(stale=5).start()
     try:
         src = write_input(tmp_path / "in.jsonl", 300)
-        report = await run_generate(config(src, tmp_path / "out", concurrency=32),
-                                    targets=[Target("reset", server.url, "fake-model", None, False)])
+        report = await run_generate(
+            config(src, tmp_path / "out", concurrency=32),
+            targets=[Target("reset", server.url, "fake-model", None, False)],
+        )
     finally:
         await server.stop()
     assert server.resets == 5
@@ -437,8 +503,10 @@ async def test_connections_reset_all_at_once_take_the_server_out(tmp_path):
     try:
         src = write_input(tmp_path / "in.jsonl", 300)
         policy = HealthPolicy(recover_timeout_s=0.5, retry_interval_s=0.1)
-        report = await run_generate(config(src, tmp_path / "out", concurrency=16, health=policy),
-                                    targets=[Target("reset", server.url, "fake-model", None, False), good.target()])
+        report = await run_generate(
+            config(src, tmp_path / "out", concurrency=16, health=policy),
+            targets=[Target("reset", server.url, "fake-model", None, False), good.target()],
+        )
     finally:
         await server.stop()
         await good.stop()

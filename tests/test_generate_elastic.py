@@ -33,9 +33,11 @@ def fleet_file(tmp_path: Path, servers: dict[str, tuple[list[str], int | None]])
     text = '[fleet]\nname = "el"\ntimeout = 60\nstall = 30\n'
     for name, (args, count) in servers.items():
         port = free_port() if count is None else _free_run(count)
-        text += (f'\n[[servers]]\nname = "{name}"\nengine = "sim"\nmodel = "sim-7b"\nport = {port}\n'
-                 + (f"count = {count}\n" if count is not None else "")
-                 + f"args = {json.dumps([*FAST_SIM, '--max-running', '8', *args])}\n")
+        text += (
+            f'\n[[servers]]\nname = "{name}"\nengine = "sim"\nmodel = "sim-7b"\nport = {port}\n'
+            + (f"count = {count}\n" if count is not None else "")
+            + f"args = {json.dumps([*FAST_SIM, '--max-running', '8', *args])}\n"
+        )
     path.write_text(text)
     return path
 
@@ -83,8 +85,23 @@ def downs():
 def start_job(tmp_path: Path, fleet: Path, n: int, *extra: str) -> tuple[subprocess.Popen, Path]:
     src = write_prompts(tmp_path / "in.jsonl", n)
     out = tmp_path / "out"
-    argv = generate_argv(src, out, "--fleet", str(fleet), extra=("--concurrency", "4", "--shard-rows", "20", "--shard-seconds", "0.3",
-                                                                 "--watch-interval", "0.2", *extra))
+    argv = generate_argv(
+        src,
+        out,
+        "--fleet",
+        str(fleet),
+        extra=(
+            "--concurrency",
+            "4",
+            "--shard-rows",
+            "20",
+            "--shard-seconds",
+            "0.3",
+            "--watch-interval",
+            "0.2",
+            *extra,
+        ),
+    )
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until(lambda: shard_count(out) >= 1 or proc.poll() is not None, timeout=60, what="the job's first shard")
     assert proc.poll() is None, proc.communicate()
@@ -106,7 +123,15 @@ SLOW = ["--decode-ms", "30"]  # 200 prompts of 4 tokens at concurrency 4: ~6 s o
 
 
 def test_a_round_verifies_ready_strangers_and_replaces_only_dead_members_of_a_count() -> None:
-    states = {"w-0": "ready", "w-1": "dead", "w-2": "loading", "w-3": "not launched", "solo": "dead", "held": "ready", "mine": "ready"}
+    states = {
+        "w-0": "ready",
+        "w-1": "dead",
+        "w-2": "loading",
+        "w-3": "not launched",
+        "solo": "dead",
+        "held": "ready",
+        "mine": "ready",
+    }
     plan = plan_round(states, known={"mine"}, held={"held"}, counted={"w-0", "w-1", "w-2", "w-3"})
     assert plan.verify == ("w-0",)  # "mine" is in the job already, "held" was stopped by the user
     assert plan.replace == ("w-1", "w-3")  # "solo" is no template's: a dead one is left alone; a loading one waits
@@ -130,7 +155,9 @@ def test_a_handover_is_due_once_less_time_is_left_than_the_load_time_and_the_mar
     assert not due(None, 30.0, 60.0)  # no time limit (or not running): left alone
     assert not due(100.0, 30.0, 60.0) and due(89.0, 30.0, 60.0)
     assert due(59.0, None, 60.0)  # never measured: the margin alone
-    assert not due(10.0, 30.0, 60.0, limit_s=90.0)  # a whole limit within load time + margin: one handover after another
+    assert not due(
+        10.0, 30.0, 60.0, limit_s=90.0
+    )  # a whole limit within load time + margin: one handover after another
     assert [successor_name(n) for n in ("w-3", "w-3.h1", "w-3.h9", "a.b")] == ["w-3.h1", "w-3.h2", "w-3.h10", "a.b.h1"]
 
 
@@ -146,8 +173,14 @@ def test_a_counted_template_stands_for_its_servers(tmp_path: Path) -> None:
     assert spec.counted == ["w-0", "w-1", "w-2"]
 
 
-@pytest.mark.parametrize(("count", "message"), [("0", "count: must be at least 1, got 0"), ("-2", "count: must be at least 1, got -2"),
-                                                ('"4"', "count: must be a whole number of servers, got '4'")])
+@pytest.mark.parametrize(
+    ("count", "message"),
+    [
+        ("0", "count: must be at least 1, got 0"),
+        ("-2", "count: must be at least 1, got -2"),
+        ('"4"', "count: must be a whole number of servers, got '4'"),
+    ],
+)
 def test_a_bad_count_is_refused_before_anything_starts(tmp_path: Path, count: str, message: str) -> None:
     path = fleet_file(tmp_path, {"w": ([], 2)})
     path.write_text(path.read_text().replace("count = 2", f"count = {count}"))
@@ -166,27 +199,51 @@ def test_a_template_field_written_in_the_file_is_refused(tmp_path: Path) -> None
         load_fleet_file(path)
 
 
-def test_a_handover_margin_not_shorter_than_a_time_limit_is_refused_before_anything_is_submitted(tmp_path: Path) -> None:
+def test_a_handover_margin_not_shorter_than_a_time_limit_is_refused_before_anything_is_submitted(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "fleet.toml"
-    path.write_text(f'[hosts.minute]\nkind = "slurm"\nworkdir = "{tmp_path}"\ntime = "1"\n\n'
-                    '[[servers]]\nname = "w"\ncount = 2\nengine = "sim"\nmodel = "m"\nhost = "minute"\nport = 30000\n')
+    path.write_text(
+        f'[hosts.minute]\nkind = "slurm"\nworkdir = "{tmp_path}"\ntime = "1"\n\n'
+        '[[servers]]\nname = "w"\ncount = 2\nengine = "sim"\nmodel = "m"\nhost = "minute"\nport = 30000\n'
+    )
     hosts = load_fleet_file(path).hosts.values()
     assert margin_problem(59.0, hosts) is None
-    assert "--handover-margin 60s is not shorter than the time limit of [hosts.minute] (time = '1': 60s)" in (margin_problem(60.0, hosts) or "")
+    assert "--handover-margin 60s is not shorter than the time limit of [hosts.minute] (time = '1': 60s)" in (
+        margin_problem(60.0, hosts) or ""
+    )
     src = write_prompts(tmp_path / "in.jsonl", 3)
-    for margin, message in (("2m", "--handover-margin 120s is not shorter than the time limit of [hosts.minute]"),
-                            ("soon", "--handover-margin 'soon': expected a duration above 0")):
-        proc = subprocess.run(generate_argv(src, tmp_path / "out", "--fleet", str(path), extra=("--handover-margin", margin)),
-                              capture_output=True, text=True, timeout=60)
+    for margin, message in (
+        ("2m", "--handover-margin 120s is not shorter than the time limit of [hosts.minute]"),
+        ("soon", "--handover-margin 'soon': expected a duration above 0"),
+    ):
+        proc = subprocess.run(
+            generate_argv(src, tmp_path / "out", "--fleet", str(path), extra=("--handover-margin", margin)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 3 and message in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-    assert not (tmp_path / "out").exists() and not (tmp_path / ".servefleet").exists()  # nothing read, nothing submitted
+    assert (
+        not (tmp_path / "out").exists() and not (tmp_path / ".servefleet").exists()
+    )  # nothing read, nothing submitted
 
 
 @pytest.mark.parametrize("flag", ["--release-tail", "--down-after", "--handover-margin"])
 def test_stopping_flags_are_refused_for_url_servers(tmp_path: Path, flag: str) -> None:
     src = write_prompts(tmp_path / "in.jsonl", 3)
-    proc = subprocess.run(generate_argv(src, tmp_path / "out", "--url", "http://127.0.0.1:9", extra=(flag, "1m") if flag == "--handover-margin" else (flag,)),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        generate_argv(
+            src,
+            tmp_path / "out",
+            "--url",
+            "http://127.0.0.1:9",
+            extra=(flag, "1m") if flag == "--handover-margin" else (flag,),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert f"{flag}: only servers of a --fleet can be stopped" in proc.stdout + proc.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was read or written
@@ -234,14 +291,19 @@ def test_a_dead_member_of_a_count_is_replaced_and_joins(tmp_path: Path, downs) -
 
 
 def test_release_tail_and_down_after_leave_no_server_running(tmp_path: Path, downs) -> None:
-    """"slow" answers a request in ~2 s, "a" and "b" in ~20 ms: at the tail they would wait idle for
+    """ "slow" answers a request in ~2 s, "a" and "b" in ~20 ms: at the tail they would wait idle for
     "slow"'s last requests; they are released, and --down-after stops the rest once complete. (A tail
     longer than the timeline's 1 s sampling, so the report can tell what the release gave back.)"""
-    fleet = fleet_file(tmp_path, {"a": (["--decode-ms", "5"], None), "b": (["--decode-ms", "5"], None), "slow": (["--decode-ms", "500"], None)})
+    fleet = fleet_file(
+        tmp_path,
+        {"a": (["--decode-ms", "5"], None), "b": (["--decode-ms", "5"], None), "slow": (["--decode-ms", "500"], None)},
+    )
     downs(fleet)
     up = cli("up", str(fleet))
     assert up.returncode == 0, up.stdout + up.stderr
-    pgids = {n: json.loads((tmp_path / ".servefleet" / "el" / f"{n}.json").read_text())["pgid"] for n in ("a", "b", "slow")}
+    pgids = {
+        n: json.loads((tmp_path / ".servefleet" / "el" / f"{n}.json").read_text())["pgid"] for n in ("a", "b", "slow")
+    }
     proc, out = start_job(tmp_path, fleet, 400, "--release-tail", "--down-after")
     rc, report, err = finish(proc)
     assert rc == 0 and report["status"] == "complete", err[-3000:]
@@ -253,13 +315,21 @@ def test_release_tail_and_down_after_leave_no_server_running(tmp_path: Path, dow
     assert shown.returncode == 0, shown.stdout + shown.stderr
     tail = json.loads(shown.stdout)["tail"]
     assert tail["released"] == len(released) and tail["released_server_s"] > 0, tail
-    assert tail["per_server"]["slow"]["released_s"] == 0 and tail["job_s"] == pytest.approx(report["wall_s"], abs=2.0), tail
+    assert tail["per_server"]["slow"]["released_s"] == 0 and tail["job_s"] == pytest.approx(
+        report["wall_s"], abs=2.0
+    ), tail
     assert 'id="tail"' in (out / "report.html").read_text()
     assert sorted(committed_ids(out)) == sorted(f"p{i}" for i in range(400))
-    assert {n: s["state"] for n, s in statuses(fleet).items()} == {"a": "not launched", "b": "not launched", "slow": "not launched"}
+    assert {n: s["state"] for n, s in statuses(fleet).items()} == {
+        "a": "not launched",
+        "b": "not launched",
+        "slow": "not launched",
+    }
     from servefleet.hosts.local import LocalHost
 
-    assert not [n for n, pgid in pgids.items() if asyncio.run(LocalHost().group_alive(pgid))]  # no process left (zombies aside)
+    assert not [
+        n for n, pgid in pgids.items() if asyncio.run(LocalHost().group_alive(pgid))
+    ]  # no process left (zombies aside)
 
 
 # ---- what the job shows of it: progress, Prometheus, the report's timeline ----------------------
@@ -307,7 +377,11 @@ def test_prometheus_and_progress_show_the_membership() -> None:
         metrics.attach(stats)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics", timeout=5) as resp:
             text = resp.read().decode()
-    values = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    values = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     assert values[("servefleet_generate_servers_in_service", ())] == 3
     assert values[("servefleet_generate_membership_total", (("event", "joins"),))] == 2
     assert values[("servefleet_generate_membership_total", (("event", "replacements"),))] == 1
@@ -345,6 +419,9 @@ async def test_a_round_that_fails_is_an_event_and_the_rounds_go_on() -> None:
             while len(starts) < 3:
                 await asyncio.sleep(0.01)
         assert not watch.done()
-        assert any("this round's joins, replacements or handovers failed (OSError: sbatch: connection refused)" in e for e in stats.events)
+        assert any(
+            "this round's joins, replacements or handovers failed (OSError: sbatch: connection refused)" in e
+            for e in stats.events
+        )
     finally:
         watch.cancel()

@@ -18,14 +18,44 @@ from parquet_read import read_parquet
 def test_generate_against_transformers_serve(transformers_serve, tmp_path: Path) -> None:
     url, model = transformers_serve
     src = tmp_path / "in.jsonl"
-    src.write_text("\n".join([
-        json.dumps({"id": "c1", "prompt": "The capital of France is"}),
-        json.dumps({"id": "c2", "messages": [{"role": "user", "content": "Say hello."}]}),
-        json.dumps({"custom_id": "c3", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "Count to three."}]}}),
-        "{not json",
-    ]) + "\n")
-    argv = [sys.executable, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(tmp_path / "out"), "--url", url,
-            "--model", str(model), "--max-tokens", "6", "--temperature", "0", "--concurrency", "2", "--json"]
+    src.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "c1", "prompt": "The capital of France is"}),
+                json.dumps({"id": "c2", "messages": [{"role": "user", "content": "Say hello."}]}),
+                json.dumps(
+                    {
+                        "custom_id": "c3",
+                        "url": "/v1/chat/completions",
+                        "body": {"messages": [{"role": "user", "content": "Count to three."}]},
+                    }
+                ),
+                "{not json",
+            ]
+        )
+        + "\n"
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        str(tmp_path / "out"),
+        "--url",
+        url,
+        "--model",
+        str(model),
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--concurrency",
+        "2",
+        "--json",
+    ]
     first = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     report = json.loads(first.stdout or "{}")

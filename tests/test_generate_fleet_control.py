@@ -64,10 +64,16 @@ def test_a_server_in_a_crash_loop_is_taken_out_for_good_and_the_job_finishes_on_
     window existed every outage began again at "attempt 1/3" and it was restarted until the job
     ended (about 20 times here); now the second restart in the window is the last."""
     slow = ["--decode-ms", "20"]  # ~10 s of work: time for every restart the old code would have made
-    fleet = fleet_up(fleet_file(tmp_path, {"steady": slow, "crashy": [*slow, "--crash-after", "10", "--crash-mode", "kill"]}))
+    fleet = fleet_up(
+        fleet_file(tmp_path, {"steady": slow, "crashy": [*slow, "--crash-after", "10", "--crash-mode", "kill"]})
+    )
     src = write_prompts(tmp_path / "in.jsonl", 400)
-    rc, report, err = run_cli(generate_argv(src, tmp_path / "out", "--fleet", str(fleet), extra=("--max-restarts", "2", "--concurrency", "4")),
-                              timeout=240)
+    rc, report, err = run_cli(
+        generate_argv(
+            src, tmp_path / "out", "--fleet", str(fleet), extra=("--max-restarts", "2", "--concurrency", "4")
+        ),
+        timeout=240,
+    )
     assert rc == 0 and report["status"] == "complete", err[-3000:]
     servers = {s["name"]: s for s in report["servers"]}
     crashy = servers["crashy"]
@@ -84,8 +90,13 @@ def test_a_server_in_a_crash_loop_is_taken_out_for_good_and_the_job_finishes_on_
 def test_the_fleet_files_limit_applies_and_a_fleet_with_no_server_left_ends_stalled(tmp_path, fleet_up):
     """One server, crash loop, `max_restarts = 1` from the fleet file: the run ends (exit 2,
     "stalled", the reason in the human summary) instead of restarting it for ever."""
-    fleet = fleet_up(fleet_file(tmp_path, {"crashy": ["--crash-after", "10", "--crash-mode", "kill"]},
-                                extra="max_restarts = 1\nrestart_window = 3600"))
+    fleet = fleet_up(
+        fleet_file(
+            tmp_path,
+            {"crashy": ["--crash-after", "10", "--crash-mode", "kill"]},
+            extra="max_restarts = 1\nrestart_window = 3600",
+        )
+    )
     src = write_prompts(tmp_path / "in.jsonl", 200)
     argv = generate_argv(src, tmp_path / "out", "--fleet", str(fleet), extra=("--concurrency", "4"))
     proc = subprocess.run([a for a in argv if a != "--json"], capture_output=True, text=True, timeout=240)
@@ -115,7 +126,9 @@ def test_the_restart_window_slides() -> None:
 def start_job(tmp_path: Path, fleet: Path, n: int) -> tuple[subprocess.Popen, Path]:
     src = write_prompts(tmp_path / "in.jsonl", n)
     out = tmp_path / "out"
-    argv = generate_argv(src, out, "--fleet", str(fleet), extra=("--concurrency", "4", "--shard-rows", "20", "--shard-seconds", "0.3"))
+    argv = generate_argv(
+        src, out, "--fleet", str(fleet), extra=("--concurrency", "4", "--shard-rows", "20", "--shard-seconds", "0.3")
+    )
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until(lambda: shard_count(out) >= 2 or proc.poll() is not None, timeout=60, what="the job's first shards")
     assert proc.poll() is None, proc.communicate()
@@ -131,7 +144,9 @@ def finish(proc: subprocess.Popen) -> tuple[int, dict, str]:
 
 
 def statuses(fleet: Path) -> dict[str, str]:
-    proc = subprocess.run([*SERVEFLEET, "status", "--fleet", str(fleet), "--json"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*SERVEFLEET, "status", "--fleet", str(fleet), "--json"], capture_output=True, text=True, timeout=60
+    )
     return {s["name"]: s["state"] for s in json.loads(proc.stdout)["servers"]}
 
 
@@ -165,11 +180,20 @@ def test_down_while_a_job_runs_wins_the_job_does_not_restart_the_servers(tmp_pat
 def test_drain_one_server_lets_its_requests_finish_then_stops_it_and_the_job_goes_on(tmp_path, fleet_up):
     fleet = fleet_up(fleet_file(tmp_path, {"a": SLOW, "b": SLOW}))
     proc, out = start_job(tmp_path, fleet, 300)
-    early = subprocess.run([*SERVEFLEET, "drain", "a", "--timeout", "0", "--fleet", str(fleet)], capture_output=True, text=True, timeout=120)
-    assert early.returncode == 2 and f"a: still in use by generate pid {proc.pid}" in early.stdout, early.stdout + early.stderr
+    early = subprocess.run(
+        [*SERVEFLEET, "drain", "a", "--timeout", "0", "--fleet", str(fleet)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert early.returncode == 2 and f"a: still in use by generate pid {proc.pid}" in early.stdout, (
+        early.stdout + early.stderr
+    )
     assert f"a: waiting for generate pid {proc.pid} (output {out}) to finish its requests on it" in early.stderr
     assert statuses(fleet)["a"] == "ready"  # left running (and drained) when the job has not finished with it
-    drain = subprocess.run([*SERVEFLEET, "drain", "a", "--fleet", str(fleet)], capture_output=True, text=True, timeout=120)
+    drain = subprocess.run(
+        [*SERVEFLEET, "drain", "a", "--fleet", str(fleet)], capture_output=True, text=True, timeout=120
+    )
     assert drain.returncode == 0, drain.stdout + drain.stderr
     assert "a: drained; stopped" in drain.stdout, drain.stdout  # the job parked it meanwhile: nothing to wait for
     assert statuses(fleet)["a"] == "not launched"
@@ -186,24 +210,44 @@ def test_drain_one_server_lets_its_requests_finish_then_stops_it_and_the_job_goe
 
 def test_drain_keep_leaves_the_server_running_but_no_job_uses_it_until_up(tmp_path, fleet_up):
     fleet = fleet_up(fleet_file(tmp_path, {"a": [], "b": []}))
-    typo = subprocess.run([*SERVEFLEET, "drain", "c", "--fleet", str(fleet)], capture_output=True, text=True, timeout=60)
+    typo = subprocess.run(
+        [*SERVEFLEET, "drain", "c", "--fleet", str(fleet)], capture_output=True, text=True, timeout=60
+    )
     assert typo.returncode == 3 and "no server named 'c' (servers: a, b)" in typo.stderr, typo.stderr
     assert not (fleet.parent / ".servefleet" / "ctl" / "stopped").exists()  # nothing marked
-    drain = subprocess.run([*SERVEFLEET, "drain", "b", "--keep", "--fleet", str(fleet), "--json"], capture_output=True, text=True, timeout=60)
+    drain = subprocess.run(
+        [*SERVEFLEET, "drain", "b", "--keep", "--fleet", str(fleet), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert drain.returncode == 0, drain.stdout + drain.stderr
-    assert json.loads(drain.stdout)["servers"] == [{"name": "b", "ok": True, "jobs": [], "still_using": [], "stopped": False,
-                                                   "message": "drained; left running (--keep): no job sends to it until `servefleet up` of it"}]
+    assert json.loads(drain.stdout)["servers"] == [
+        {
+            "name": "b",
+            "ok": True,
+            "jobs": [],
+            "still_using": [],
+            "stopped": False,
+            "message": "drained; left running (--keep): no job sends to it until `servefleet up` of it",
+        }
+    ]
     assert statuses(fleet)["b"] == "ready"
     shown = subprocess.run([*SERVEFLEET, "status", "--fleet", str(fleet)], capture_output=True, text=True, timeout=60)
-    assert "b: drained by the user (servefleet drain at " in shown.stdout, shown.stdout  # why no job uses a ready server
+    assert "b: drained by the user (servefleet drain at " in shown.stdout, (
+        shown.stdout
+    )  # why no job uses a ready server
     src = write_prompts(tmp_path / "in.jsonl", 50)
     rc, report, err = run_cli(generate_argv(src, tmp_path / "out", "--fleet", str(fleet)))
     assert rc == 0, err[-3000:]
     b = next(s for s in report["servers"] if s["name"] == "b")
     assert b["requests"] == 0 and b["state"] == "stopped" and b["state_reason"].startswith("drained by the user")
     fleet_up(fleet)  # `up` lifts the drain (b is adopted, not relaunched)
-    assert not json.loads(subprocess.run([*SERVEFLEET, "status", "--fleet", str(fleet), "--json"], capture_output=True, text=True,
-                                         timeout=60).stdout)["servers"][1]["stopped_by_user"]
+    assert not json.loads(
+        subprocess.run(
+            [*SERVEFLEET, "status", "--fleet", str(fleet), "--json"], capture_output=True, text=True, timeout=60
+        ).stdout
+    )["servers"][1]["stopped_by_user"]
     rc, report, err = run_cli(generate_argv(src, tmp_path / "out2", "--fleet", str(fleet)))
     assert rc == 0 and next(s for s in report["servers"] if s["name"] == "b")["requests"] > 0, err[-3000:]
 
@@ -236,14 +280,18 @@ def test_the_record_of_a_job_that_died_is_stale_and_ignored(tmp_path) -> None:
     uses = JobUses(tmp_path)
     uses.save(JobUse(pid=dead.pid, host=socket.gethostname(), started=0.0, output="x", since=utcnow(), servers=["a"]))
     reused = JobUse(pid=os.getpid(), host=socket.gethostname(), started=1.0, output="y", since=utcnow(), servers=["a"])
-    uses.save(reused.model_copy(update={"pid": os.getppid()}))  # a live pid, but not the job's process (start time differs)
+    uses.save(
+        reused.model_copy(update={"pid": os.getppid()})
+    )  # a live pid, but not the job's process (start time differs)
     assert uses.live() == [] and not list((tmp_path / "jobs").glob("*.json"))
     with uses.recording("out", ["a", "b"]) as me:
         assert [u.pid for u in uses.live()] == [os.getpid()] and me.uses("a")
     assert uses.live() == []
 
 
-async def test_a_server_the_user_drains_while_it_hangs_is_parked_its_requests_requeued_without_an_outage(tmp_path) -> None:
+async def test_a_server_the_user_drains_while_it_hangs_is_parked_its_requests_requeued_without_an_outage(
+    tmp_path,
+) -> None:
     """In one process, a fake restarter: the user's drain lands while the server's 4 requests hang;
     it gets nothing new, and when it is taken out (probes) its requests are re-queued, no outage
     or attempt counted, no restart tried; the job finishes on the other server."""
@@ -268,7 +316,9 @@ async def test_a_server_the_user_drains_while_it_hangs_is_parked_its_requests_re
         src = write_input(tmp_path / "in.jsonl", 200)
         policy = HealthPolicy(probe_interval_s=0.3, probe_failures=1, probe_timeout_s=0.3, retry_interval_s=0.05)
         targets = [hung.target(managed=True), good.target(managed=True)]
-        report = await run_generate(config(src, tmp_path / "out", concurrency=4, health=policy), targets=targets, restarter=Restarter())
+        report = await run_generate(
+            config(src, tmp_path / "out", concurrency=4, health=policy), targets=targets, restarter=Restarter()
+        )
     finally:
         await hung.stop()
         await good.stop()

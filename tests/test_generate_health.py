@@ -16,15 +16,27 @@ from test_generate_dispatch import FakeServer, assert_exactly_once, config, writ
 
 # ---- the pure parts --------------------------------------------------------------------------------
 # (looks: (time, in flight, marks)), window, the verdict after each look
-@pytest.mark.parametrize(("looks", "expected"), [
-    ([(0, 4, (1, 1, 0)), (5, 4, (1, 1, 0)), (10, 4, (1, 1, 0))], [False, False, True]),  # nothing moves for 10 s
-    ([(0, 4, (1, 1, 0)), (5, 4, (2, 1, 0)), (10, 4, (2, 1, 0))], [False, False, False]),  # generated tokens moved at 5 s
-    ([(0, 4, (1, 1, 0)), (9, 4, (1, 2, 0)), (18, 4, (1, 2, 0))], [False, False, False]),  # prompt tokens (a prefill)
-    ([(0, 4, (None, None, 0)), (10, 4, (None, None, 0))], [False, True]),  # no metrics: our answers are the evidence
-    ([(0, 4, (None, None, 0)), (6, 4, (None, None, 1)), (12, 4, (None, None, 1))], [False, False, False]),
-    ([(0, 0, (1, 1, 0)), (20, 0, (1, 1, 0))], [False, False]),  # idle: nothing in flight is never a hang
-    ([(0, 0, (1, 1, 0)), (20, 3, (1, 1, 0)), (29, 3, (1, 1, 0)), (30, 3, (1, 1, 0))], [False, False, False, True]),
-])
+@pytest.mark.parametrize(
+    ("looks", "expected"),
+    [
+        ([(0, 4, (1, 1, 0)), (5, 4, (1, 1, 0)), (10, 4, (1, 1, 0))], [False, False, True]),  # nothing moves for 10 s
+        (
+            [(0, 4, (1, 1, 0)), (5, 4, (2, 1, 0)), (10, 4, (2, 1, 0))],
+            [False, False, False],
+        ),  # generated tokens moved at 5 s
+        (
+            [(0, 4, (1, 1, 0)), (9, 4, (1, 2, 0)), (18, 4, (1, 2, 0))],
+            [False, False, False],
+        ),  # prompt tokens (a prefill)
+        (
+            [(0, 4, (None, None, 0)), (10, 4, (None, None, 0))],
+            [False, True],
+        ),  # no metrics: our answers are the evidence
+        ([(0, 4, (None, None, 0)), (6, 4, (None, None, 1)), (12, 4, (None, None, 1))], [False, False, False]),
+        ([(0, 0, (1, 1, 0)), (20, 0, (1, 1, 0))], [False, False]),  # idle: nothing in flight is never a hang
+        ([(0, 0, (1, 1, 0)), (20, 3, (1, 1, 0)), (29, 3, (1, 1, 0)), (30, 3, (1, 1, 0))], [False, False, False, True]),
+    ],
+)
 def test_progress_watch(looks, expected) -> None:
     watch = ProgressWatch()
     assert [watch.update(t, n, marks, 10.0) for t, n, marks in looks] == expected
@@ -32,13 +44,17 @@ def test_progress_watch(looks, expected) -> None:
 
 def test_the_hang_window_grows_with_the_latency_observed() -> None:
     policy = HealthPolicy(hang_min_s=60, hang_latency_factor=3)
-    assert hang_window_s(policy, 0.0) == 60 and hang_window_s(policy, 5.0) == 60 and hang_window_s(policy, 100.0) == 300
+    assert (
+        hang_window_s(policy, 0.0) == 60 and hang_window_s(policy, 5.0) == 60 and hang_window_s(policy, 100.0) == 300
+    )
 
 
 def test_load_sample_reads_vllms_counters_and_gauges() -> None:
-    text = ("# HELP vllm:generation_tokens_total x\nvllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} 1234.0\n"
-            "vllm:prompt_tokens_total{engine=\"0\"} 99.0\nvllm:iteration_tokens_total_count{engine=\"0\"} 17.0\n"
-            "vllm:num_requests_running{engine=\"0\"} 64.0\nvllm:num_requests_waiting{engine=\"0\"} 3.0\n")
+    text = (
+        '# HELP vllm:generation_tokens_total x\nvllm:generation_tokens_total{engine="0",model_name="m"} 1234.0\n'
+        'vllm:prompt_tokens_total{engine="0"} 99.0\nvllm:iteration_tokens_total_count{engine="0"} 17.0\n'
+        'vllm:num_requests_running{engine="0"} 64.0\nvllm:num_requests_waiting{engine="0"} 3.0\n'
+    )
     s = sample_from_text(text, 1.0)
     assert (s.generation_tokens, s.prompt_tokens, s.steps, s.running, s.waiting) == (1234, 99, 17, 64, 3)
     assert sample_from_text("python_gc_objects_collected_total 3\n", 1.0) is None  # not an engine's metrics
@@ -79,8 +95,10 @@ class BusyServer(FakeServer):
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.steps += 1
-        return web.Response(text=f"vllm:generation_tokens_total 0.0\nvllm:iteration_tokens_total_count {self.steps}.0\n"
-                                 f"vllm:num_requests_running {self.in_flight}.0\nvllm:num_requests_waiting 0.0\n")
+        return web.Response(
+            text=f"vllm:generation_tokens_total 0.0\nvllm:iteration_tokens_total_count {self.steps}.0\n"
+            f"vllm:num_requests_running {self.in_flight}.0\nvllm:num_requests_waiting 0.0\n"
+        )
 
 
 async def test_a_server_that_answers_probes_but_never_finishes_is_taken_out_by_progress(tmp_path) -> None:
@@ -88,8 +106,12 @@ async def test_a_server_that_answers_probes_but_never_finishes_is_taken_out_by_p
     try:
         src = write_input(tmp_path / "in.jsonl", 300)
         # probes every 0.3 s: they all succeed (so the probe check alone would never take it out)
-        policy = HealthPolicy(hang_min_s=1.0, probe_interval_s=0.3, probe_timeout_s=0.3, recover_timeout_s=1.0, retry_interval_s=0.1)
-        report = await run(config(src, tmp_path / "out", concurrency=4, health=policy), [stuck.target(), good.target()])
+        policy = HealthPolicy(
+            hang_min_s=1.0, probe_interval_s=0.3, probe_timeout_s=0.3, recover_timeout_s=1.0, retry_interval_s=0.1
+        )
+        report = await run(
+            config(src, tmp_path / "out", concurrency=4, health=policy), [stuck.target(), good.target()]
+        )
     finally:
         await stuck.stop()
         await good.stop()
@@ -120,7 +142,9 @@ async def test_the_same_slow_requests_without_metrics_are_a_hang(tmp_path) -> No
     slow, good = await FakeServer(delay_s=4.5, name="slow").start(), await FakeServer(name="good").start()
     try:
         src = write_input(tmp_path / "in.jsonl", 40)
-        policy = HealthPolicy(hang_min_s=3.0, probe_interval_s=1000, probe_timeout_s=0.3, recover_timeout_s=0.5, retry_interval_s=0.1)
+        policy = HealthPolicy(
+            hang_min_s=3.0, probe_interval_s=1000, probe_timeout_s=0.3, recover_timeout_s=0.5, retry_interval_s=0.1
+        )
         report = await run(config(src, tmp_path / "out", concurrency=8, health=policy), [slow.target(), good.target()])
     finally:
         await slow.stop()
@@ -140,7 +164,13 @@ def test_a_window_of_scrapes_gives_the_servers_rate_its_lowest_queue_and_most_ru
     from servefleet.generate.server_load import LoadSample, LoadWatch
 
     watch = LoadWatch()
-    for t, gen, waiting, running in [(0.0, 0, 5, 60), (1.0, 900, 0, 64), (2.0, 2000, 3, 64), (3.0, 3000, 2, 62), (9.0, 9999, 0, 0)]:
+    for t, gen, waiting, running in [
+        (0.0, 0, 5, 60),
+        (1.0, 900, 0, 64),
+        (2.0, 2000, 3, 64),
+        (3.0, 3000, 2, 62),
+        (9.0, 9999, 0, 0),
+    ]:
         watch.samples.append(LoadSample(t, gen, 0.0, 0.0, running, waiting))
     tps, fewest_waiting, most_running = watch.window(0.5, 3.5)  # the scrapes at 1, 2 and 3 s
     assert (tps, fewest_waiting, most_running) == (1050.0, 0, 64)

@@ -30,7 +30,11 @@ SLOW_SIM = ("--load-time", "0", "--decode-ms", "20", "--decode-ms-per-running", 
 @pytest.fixture(scope="module")
 def slow_sim(tmp_path_factory: pytest.TempPathFactory):
     """About 100 answers a second: a job of a few thousand prompts is still running when the test acts."""
-    proc = SimProcess(*SLOW_SIM, "--max-running", "8", log_path=tmp_path_factory.mktemp("sim") / "sim.log").start().wait_ready()
+    proc = (
+        SimProcess(*SLOW_SIM, "--max-running", "8", log_path=tmp_path_factory.mktemp("sim") / "sim.log")
+        .start()
+        .wait_ready()
+    )
     yield proc
     proc.stop()
 
@@ -43,7 +47,19 @@ def write_prompts(path: Path, n: int) -> Path:
 
 
 def generate_argv(src: Path, out: Path, *extra: str) -> list[str]:
-    return [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--max-tokens", "4", *extra]
+    return [
+        PYTHON,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--max-tokens",
+        "4",
+        *extra,
+    ]
 
 
 def committed_ids(out: Path) -> list[str]:
@@ -80,7 +96,9 @@ class Terminal:
             os.setsid()
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-        proc = subprocess.Popen(argv, stdin=self.slave, stdout=self.slave, stderr=self.slave, preexec_fn=controlling_tty)
+        proc = subprocess.Popen(
+            argv, stdin=self.slave, stdout=self.slave, stderr=self.slave, preexec_fn=controlling_tty
+        )
         os.close(self.slave)
         self._reader.start()
         return proc
@@ -127,17 +145,27 @@ def test_a_detached_job_outlives_its_terminal_and_progress_follows_it_to_the_end
     out = tmp_path / "out"
     log = tmp_path / "job.log"
     terminal = Terminal()
-    parent = terminal.start(generate_argv(src, out, "--url", slow_sim.url, "--shard-rows", "50", "--detach", "--log", str(log), "--json"))
+    parent = terminal.start(
+        generate_argv(src, out, "--url", slow_sim.url, "--shard-rows", "50", "--detach", "--log", str(log), "--json")
+    )
     started: dict = {}
     try:
         assert parent.wait(timeout=60) == 0
         started = json.loads(bytes(terminal.output).decode().strip().splitlines()[-1])
         assert started["detached"] and started["log"] == str(log)
         terminal.hang_up()  # the terminal that started it is gone; the job is not
-        follow = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "progress", str(out), "-f", "--interval", "0.5"],
-                                capture_output=True, text=True, timeout=120)
+        follow = subprocess.run(
+            [PYTHON, "-m", "servefleet.cli.main", "progress", str(out), "-f", "--interval", "0.5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert follow.returncode == 0, follow.stdout[-2000:] + follow.stderr[-2000:]
-        wait_until(lambda: not os.path.exists(f"/proc/{started['pid']}") or _zombie(started["pid"]), timeout=30, what="the job to exit")
+        wait_until(
+            lambda: not os.path.exists(f"/proc/{started['pid']}") or _zombie(started["pid"]),
+            timeout=30,
+            what="the job to exit",
+        )
     except BaseException:  # the job may still be running: it is ours to end
         if started.get("pid"):
             with contextlib.suppress(ProcessLookupError):
@@ -156,8 +184,20 @@ def _zombie(pid: int) -> bool:
 
 
 def test_a_detached_job_that_ends_before_sending_gives_its_exit_code_and_why(tmp_path):
-    proc = subprocess.run(generate_argv(tmp_path / "missing.jsonl", tmp_path / "out", "--url", "http://127.0.0.1:9", "--detach",
-                                        "--log", str(tmp_path / "job.log")), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        generate_argv(
+            tmp_path / "missing.jsonl",
+            tmp_path / "out",
+            "--url",
+            "http://127.0.0.1:9",
+            "--detach",
+            "--log",
+            str(tmp_path / "job.log"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "missing.jsonl: no such file" in proc.stderr
 
@@ -211,8 +251,12 @@ def test_give_up_after_reads_durations(text, seconds):
 @pytest.mark.parametrize("bad", ["soon", "-5s", "0"])
 def test_a_bad_give_up_after_is_a_usage_error_naming_the_option(tmp_path, bad):
     src = write_prompts(tmp_path / "in.jsonl", 1)
-    proc = subprocess.run(generate_argv(src, tmp_path / "out", "--url", "http://127.0.0.1:9", "--give-up-after", bad),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        generate_argv(src, tmp_path / "out", "--url", "http://127.0.0.1:9", "--give-up-after", bad),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 3 and "--give-up-after" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -231,7 +275,12 @@ def small_disk(tmp_path):
     a real EFBIG). ``grow()`` gives room again (a bigger tmpfs, or no limit)."""
     folder = tmp_path / "disk"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(folder)], capture_output=True
+        ).returncode
+        == 0
+    )
     state = {"limit": not mounted}
 
     def limit_child() -> None:
@@ -254,7 +303,9 @@ def small_disk(tmp_path):
             subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def test_a_full_disk_ends_the_run_at_once_naming_the_path_and_what_was_lost_then_resume_completes(small_disk, tmp_path):
+def test_a_full_disk_ends_the_run_at_once_naming_the_path_and_what_was_lost_then_resume_completes(
+    small_disk, tmp_path
+):
     folder, limit_child, grow, strerror = small_disk
     sim = SimProcess(*FAST_SIM, "--max-running", "16", log_path=tmp_path / "sim.log").start().wait_ready()
     n = 3000
@@ -295,7 +346,10 @@ class _Ledger:
     def stage(self, buffer):
         from servefleet.generate.ledger import LedgerEntry, Staged
 
-        return Staged("/dest/.staging/tmp1.parquet", LedgerEntry("part-r-000001.parquet", "r", "sha", buffer.ids(), buffer.lines(), 0, 0))
+        return Staged(
+            "/dest/.staging/tmp1.parquet",
+            LedgerEntry("part-r-000001.parquet", "r", "sha", buffer.ids(), buffer.lines(), 0, 0),
+        )
 
     def publish(self, staged):
         self.publishes += 1
@@ -309,11 +363,28 @@ async def test_a_commit_error_that_waiting_does_not_mend_breaks_the_committer_at
     from servefleet.generate.stats import JobStats
 
     ledger = _Ledger(OSError(code, os.strerror(code)))
-    committer = Committer(ledger, ShardBuffer(shard_schema(False, False), ShardLimits(1, 1 << 20, 60)), JobStats(),  # type: ignore[arg-type]
-                          commit_attempts=2, retry_delay_s=0.01)
+    committer = Committer(
+        ledger,
+        ShardBuffer(shard_schema(False, False), ShardLimits(1, 1 << 20, 60)),
+        JobStats(),  # type: ignore[arg-type]
+        commit_attempts=2,
+        retry_delay_s=0.01,
+    )
     committer.start()
-    committer.add(OutputRow(id="a", line=1, text="x", finish_reason="stop", prompt_tokens=1, completion_tokens=1, model="m",
-                            server="s", attempts=1, latency_s=0.1))
+    committer.add(
+        OutputRow(
+            id="a",
+            line=1,
+            text="x",
+            finish_reason="stop",
+            prompt_tokens=1,
+            completion_tokens=1,
+            model="m",
+            server="s",
+            attempts=1,
+            latency_s=0.1,
+        )
+    )
     await asyncio.wait_for(committer.broken.wait(), 10)
     assert ledger.publishes == publishes and committer.error is ledger.error
     assert committer.failed_shard == "/dest/.staging/tmp1.parquet"

@@ -23,7 +23,11 @@ FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory):
-    proc = SimProcess(*FAST_SIM, "--max-running", "16", log_path=tmp_path_factory.mktemp("sim") / "sim.log").start().wait_ready()
+    proc = (
+        SimProcess(*FAST_SIM, "--max-running", "16", log_path=tmp_path_factory.mktemp("sim") / "sim.log")
+        .start()
+        .wait_ready()
+    )
     yield proc
     proc.stop()
 
@@ -34,12 +38,28 @@ def write_prompts(path, n: int):
 
 
 def argv(src, dest: str, url: str, *extra: str) -> list[str]:
-    return [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", dest, "--url", url, "--max-tokens", "4",
-            "--json", *extra]
+    return [
+        PYTHON,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        dest,
+        "--url",
+        url,
+        "--max-tokens",
+        "4",
+        "--json",
+        *extra,
+    ]
 
 
 async def run_cli(args: list[str], env: dict[str, str]) -> tuple[int, dict, str]:
-    proc = await asyncio.create_subprocess_exec(*args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     try:
         return proc.returncode or 0, json.loads(out), err.decode()
@@ -59,7 +79,9 @@ async def test_generate_to_s3_and_resume_without_writing_credentials(moto_url, s
     fs = s3fs_for(moto_url)
     fs.call_s3("create_bucket", Bucket="bucket")
     src = write_prompts(tmp_path / "in.jsonl", 120)
-    rc, report, err = await run_cli(argv(src, "s3://bucket/jobs/one", sim.url, "--shard-rows", "25", "--shard-seconds", "600"), s3_env(moto_url))
+    rc, report, err = await run_cli(
+        argv(src, "s3://bucket/jobs/one", sim.url, "--shard-rows", "25", "--shard-seconds", "600"), s3_env(moto_url)
+    )
     assert rc == 0 and report["status"] == "complete", err[-3000:]
     assert report["destination"] == "s3://bucket/jobs/one" and report["shards"] == 5
     names = {p.rsplit("/", 1)[-1] for p in fs.find("bucket/jobs/one")}
@@ -107,10 +129,20 @@ class StallProxy:
                 self.held_key = request.path.lstrip("/")
                 self.held.set()
                 await asyncio.sleep(3600)  # the client is killed while it waits for this answer
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length", "transfer-encoding")}
-        async with self.session.request(request.method, self.upstream + request.path_qs, headers=headers, data=body) as up:
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in ("host", "content-length", "transfer-encoding")
+        }
+        async with self.session.request(
+            request.method, self.upstream + request.path_qs, headers=headers, data=body
+        ) as up:
             data = await up.read()
-            out = {k: v for k, v in up.headers.items() if k.lower() not in ("content-length", "transfer-encoding", "content-encoding")}
+            out = {
+                k: v
+                for k, v in up.headers.items()
+                if k.lower() not in ("content-length", "transfer-encoding", "content-encoding")
+            }
             return web.Response(status=up.status, body=data, headers=out)
 
 
@@ -121,9 +153,12 @@ async def test_a_kill_during_a_shard_upload_leaves_no_partial_shard_and_resume_i
     proxy = StallProxy(moto_url, hold_nth=3)
     await proxy.start()
     try:
-        proc = await asyncio.create_subprocess_exec(*argv(src, "s3://bucket/jobs/two", sim.url, "--shard-rows", "20"),
-                                                    env=s3_env(proxy.url), stdout=asyncio.subprocess.DEVNULL,
-                                                    stderr=asyncio.subprocess.DEVNULL)
+        proc = await asyncio.create_subprocess_exec(
+            *argv(src, "s3://bucket/jobs/two", sim.url, "--shard-rows", "20"),
+            env=s3_env(proxy.url),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
         try:
             await asyncio.wait_for(proxy.held.wait(), 60)
         finally:
@@ -135,7 +170,9 @@ async def test_a_kill_during_a_shard_upload_leaves_no_partial_shard_and_resume_i
     # invisible until completed, and which the next run aborts. (Made here: the held upload is a single PUT.)
     bucket, key = "bucket", "jobs/two/shards/part-20260101T000000-dead-000001.parquet"
     mpu = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
-    fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=mpu["UploadId"], PartNumber=1, Body=b"PAR1 partial bytes")
+    fs.call_s3(
+        "upload_part", Bucket=bucket, Key=key, UploadId=mpu["UploadId"], PartNumber=1, Body=b"PAR1 partial bytes"
+    )
     visible = {p.split("/", 1)[1] for p in fs.find("bucket/jobs/two")}
     assert proxy.held_key.split("/", 1)[1] not in visible and key not in visible
     shards = sorted(p for p in visible if p.startswith("jobs/two/shards/"))

@@ -23,7 +23,16 @@ from conftest import PYTHON, SimProcess, free_port, wait_until
 from parquet_read import read_parquet
 
 FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
-INSTANT_SIM = ("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
+INSTANT_SIM = (
+    "--load-time",
+    "0",
+    "--decode-ms",
+    "0",
+    "--decode-ms-per-running",
+    "0",
+    "--prefill-ms-per-1k-tokens",
+    "0",
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +52,21 @@ def write_prompts(path: Path, n: int, *, pad: int = 0) -> Path:
 
 
 def generate_argv(src: Path, out: Path | str, *target: str, extra: tuple[str, ...] = ()) -> list[str]:
-    return [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), *target,
-            "--max-tokens", "4", "--json", *extra]
+    return [
+        PYTHON,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        *target,
+        "--max-tokens",
+        "4",
+        "--json",
+        *extra,
+    ]
 
 
 def run_cli(argv: list[str], *, timeout: float = 120, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
@@ -52,7 +74,9 @@ def run_cli(argv: list[str], *, timeout: float = 120, env: dict[str, str] | None
     try:
         report = json.loads(proc.stdout)
     except ValueError:
-        raise AssertionError(f"no JSON report (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}") from None
+        raise AssertionError(
+            f"no JSON report (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        ) from None
     return proc.returncode, report, proc.stderr
 
 
@@ -84,10 +108,16 @@ def test_sigkill_at_random_moments_then_resume_answers_every_id_exactly_once(sim
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if rng.random() < 0.3:
             # early: once the run is recorded, before (or while) anything is committed
-            wait_until(lambda proc=proc: (out / "job.json").exists() or proc.poll() is not None, timeout=60, what="job.json")
+            wait_until(
+                lambda proc=proc: (out / "job.json").exists() or proc.poll() is not None, timeout=60, what="job.json"
+            )
         else:
             goal = shard_count(out) + rng.randint(1, 6)
-            wait_until(lambda proc=proc, goal=goal: shard_count(out) >= goal or proc.poll() is not None, timeout=60, what=f"{goal} shards")
+            wait_until(
+                lambda proc=proc, goal=goal: shard_count(out) >= goal or proc.poll() is not None,
+                timeout=60,
+                what=f"{goal} shards",
+            )
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
@@ -147,11 +177,33 @@ args = {json.dumps([*FAST_SIM, "--max-running", "8", "--crash-after", "120", "--
 
 
 def test_429_and_500_storms_from_the_sim_are_retried(tmp_path):
-    storm = SimProcess(*FAST_SIM, "--max-running", "16", "--error-rate", "0.25", "--rate-limit-rate", "0.25", "--seed", "3",
-                       log_path=tmp_path / "storm.log").start().wait_ready()
+    storm = (
+        SimProcess(
+            *FAST_SIM,
+            "--max-running",
+            "16",
+            "--error-rate",
+            "0.25",
+            "--rate-limit-rate",
+            "0.25",
+            "--seed",
+            "3",
+            log_path=tmp_path / "storm.log",
+        )
+        .start()
+        .wait_ready()
+    )
     try:
         src = write_prompts(tmp_path / "in.jsonl", 300)
-        rc, report, err = run_cli(generate_argv(src, tmp_path / "out", "--url", storm.url, extra=("--max-attempts", "40", "--backoff-base", "0.01", "--backoff-max", "0.05")))
+        rc, report, err = run_cli(
+            generate_argv(
+                src,
+                tmp_path / "out",
+                "--url",
+                storm.url,
+                extra=("--max-attempts", "40", "--backoff-base", "0.01", "--backoff-max", "0.05"),
+            )
+        )
     finally:
         storm.stop()
     assert rc == 0 and report["status"] == "complete", err[-2000:]
@@ -173,9 +225,17 @@ def _requests_served(sim: SimProcess) -> float:
 
 def test_bad_lines_and_duplicates_go_to_the_rejects_file_and_strict_sends_nothing(sim, tmp_path):
     src = tmp_path / "in.jsonl"
-    lines = [json.dumps({"id": "a", "prompt": "one"}), "{broken", json.dumps({"id": "b"}), json.dumps({"id": "a", "prompt": "dup"}),
-             "", json.dumps({"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}]}}),
-             json.dumps(["not", "an", "object"])]
+    lines = [
+        json.dumps({"id": "a", "prompt": "one"}),
+        "{broken",
+        json.dumps({"id": "b"}),
+        json.dumps({"id": "a", "prompt": "dup"}),
+        "",
+        json.dumps(
+            {"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}]}}
+        ),
+        json.dumps(["not", "an", "object"]),
+    ]
     src.write_text("\n".join(lines) + "\n")
     before = _requests_served(sim)
     rc, report, _ = run_cli(generate_argv(src, tmp_path / "strict", "--url", sim.url, extra=("--strict",)))
@@ -189,7 +249,11 @@ def test_bad_lines_and_duplicates_go_to_the_rejects_file_and_strict_sends_nothin
     assert "4 of 6 input records rejected" in report["message"] and report["files"]["rejects"] in report["message"]
     rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert sorted((r["line"], r["reason"].split(":")[0].split(" (")[0]) for r in rejects) == [
-        (2, "invalid JSON"), (3, "no 'prompt' or 'messages'"), (4, "duplicate id"), (7, "a record must be a JSON object, not list")]
+        (2, "invalid JSON"),
+        (3, "no 'prompt' or 'messages'"),
+        (4, "duplicate id"),
+        (7, "a record must be a JSON object, not list"),
+    ]
     assert sorted(committed_ids(tmp_path / "out")) == ["a", "c"]
     # the same command again: nothing left to send, still not complete; the summary names the rejects
     argv = [a for a in generate_argv(src, tmp_path / "out", "--url", sim.url) if a != "--json"]
@@ -234,10 +298,15 @@ def test_a_200k_line_input_runs_in_bounded_memory(tmp_path):
         g.writelines(f.readline() for _ in range(1000))
     server = SimProcess(*INSTANT_SIM, "--max-running", "64", log_path=tmp_path / "sim.log").start().wait_ready()
     try:
-        rc, small_report, _ = run_cli(generate_argv(small, tmp_path / "small-out", "--url", server.url, extra=("--shard-rows", "5000")))
+        rc, small_report, _ = run_cli(
+            generate_argv(small, tmp_path / "small-out", "--url", server.url, extra=("--shard-rows", "5000"))
+        )
         assert rc == 0 and small_report["committed"] == 1000
-        proc = subprocess.Popen(generate_argv(src, out, "--url", server.url, extra=("--shard-rows", "5000")),
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            generate_argv(src, out, "--url", server.url, extra=("--shard-rows", "5000")),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         # From outside: RSS sampled while it runs (wait4's ru_maxrss would also count this test
         # process, which vfork+exec makes the child's starting point).
         watched = psutil.Process(proc.pid)
@@ -257,6 +326,8 @@ def test_a_200k_line_input_runs_in_bounded_memory(tmp_path):
     assert input_mb > 100
     assert 0 < sampled <= peak_mb + 1
     base_mb = small_report["peak_rss_mb"]
-    assert peak_mb - base_mb < 0.75 * input_mb, f"peak RSS {peak_mb:.0f} MB ({base_mb:.0f} MB for 1,000 lines) for a {input_mb:.0f} MB input"
+    assert peak_mb - base_mb < 0.75 * input_mb, (
+        f"peak RSS {peak_mb:.0f} MB ({base_mb:.0f} MB for 1,000 lines) for a {input_mb:.0f} MB input"
+    )
     ids = committed_ids(out)
     assert len(ids) == n and len(set(ids)) == n

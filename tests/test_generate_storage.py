@@ -23,8 +23,12 @@ def buffer_of(ids: list[str], start_line: int = 1) -> ShardBuffer:
 
 
 def manifest_of(*runs: str) -> JobManifest:
-    m = JobManifest(input=InputInfo(path="x", kind="jsonl", size=1, mtime_ns=1, sha256="sha", lines=9, valid=9, rejected=0,
-                                    duplicates=0), params=JobParams())
+    m = JobManifest(
+        input=InputInfo(
+            path="x", kind="jsonl", size=1, mtime_ns=1, sha256="sha", lines=9, valid=9, rejected=0, duplicates=0
+        ),
+        params=JobParams(),
+    )
     m.runs.extend(RunRecord(run_id=r, input_sha256="sha") for r in runs)
     return m
 
@@ -95,10 +99,22 @@ def test_plan_check_on_a_damaged_shard_names_the_shard_not_gpus(tmp_path):
 def test_a_killed_run_shows_what_is_committed_and_is_stale_not_running():
     from servefleet.generate.job_record import JobRecord, progress_of
 
-    manifest = {"input": {"valid": 3000, "rejected": 0}, "runs": [{"run_id": "r1", "status": "running", "finished": None}]}
+    manifest = {
+        "input": {"valid": 3000, "rejected": 0},
+        "runs": [{"run_id": "r1", "status": "running", "finished": None}],
+    }
     # answered 1,210, of which 1,000 are in committed shards when SIGKILL came
-    snap = {"run_id": "r1", "status": "running", "updated_unix": 0.0, "interval_s": 2.0, "done": 1210, "done_before": 0,
-            "done_this_run": 1210, "committed_this_run": 1000, "servers": []}
+    snap = {
+        "run_id": "r1",
+        "status": "running",
+        "updated_unix": 0.0,
+        "interval_s": 2.0,
+        "done": 1210,
+        "done_before": 0,
+        "done_this_run": 1210,
+        "committed_this_run": 1000,
+        "servers": [],
+    }
     live = progress_of(JobRecord("dest", manifest, progress=snap), now=1.0)
     assert (live["state"], live["done"], live["committed"]) == ("running", 1210, 1000)
     view = progress_of(JobRecord("dest", manifest, progress=snap), now=1e6)
@@ -163,8 +179,12 @@ def test_a_second_writer_on_s3_is_refused_naming_the_run_that_holds_the_lease(mo
     with first.lock():
         first.claim(RUN_A)
         assert fs.exists("bucket/jobs/x/.lease.json")
-        with pytest.raises(DestinationBusy, match=f"another `servefleet generate` is writing to s3://bucket/jobs/x \\(run {RUN_A}"), \
-                second.lock():
+        with (
+            pytest.raises(
+                DestinationBusy, match=f"another `servefleet generate` is writing to s3://bucket/jobs/x \\(run {RUN_A}"
+            ),
+            second.lock(),
+        ):
             pass
         first.write_bytes("job.json", b"{}")  # the holder still writes
     assert not fs.exists("bucket/jobs/x/.lease.json")  # released at the end
@@ -182,7 +202,9 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_stops_committing(moto
     fs.call_s3("create_bucket", Bucket="bucket")
     # the heartbeat is driven by hand here (renew), so nothing depends on timing
     stalled = _s3_sink(moto_url, monkeypatch, lease_heartbeat_s=3600)
-    newcomer = _s3_sink(moto_url, monkeypatch, lease_heartbeat_s=3600, lease_expires_s=0)  # any lease counts as expired
+    newcomer = _s3_sink(
+        moto_url, monkeypatch, lease_heartbeat_s=3600, lease_expires_s=0
+    )  # any lease counts as expired
     with stalled.lock():
         stalled.claim(RUN_A)
         with newcomer.lock():
@@ -207,20 +229,52 @@ def test_two_generate_runs_on_one_s3_destination_the_second_exits_3_and_every_id
     from parquet_read import read_parquet
 
     n = 300
-    sim = SimProcess("--load-time", "0", "--decode-ms", "5", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
-                     "--max-running", "4", log_path=tmp_path / "sim.log").start().wait_ready()
+    sim = (
+        SimProcess(
+            "--load-time",
+            "0",
+            "--decode-ms",
+            "5",
+            "--decode-ms-per-running",
+            "0",
+            "--prefill-ms-per-1k-tokens",
+            "0",
+            "--max-running",
+            "4",
+            log_path=tmp_path / "sim.log",
+        )
+        .start()
+        .wait_ready()
+    )
     fs = s3fs_for(moto_url)
     fs.call_s3("create_bucket", Bucket="bucket")
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(n)))
-    argv = [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", "s3://bucket/j", "--url", sim.url,
-            "--max-tokens", "8", "--concurrency", "4", "--json"]
+    argv = [
+        PYTHON,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        "s3://bucket/j",
+        "--url",
+        sim.url,
+        "--max-tokens",
+        "8",
+        "--concurrency",
+        "4",
+        "--json",
+    ]
     env = s3_env(moto_url)
     first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+
         def sending() -> bool:
             data = fs.cat_file("bucket/j/progress.json") if fs.exists("bucket/j/progress.json") else b"{}"
             return json.loads(data).get("done", 0) > 0
+
         wait_until(sending, timeout=60, interval=0.1, what="the first run to send")
         run_id = json.loads(fs.cat_file("bucket/j/job.json"))["runs"][-1]["run_id"]
         second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
@@ -253,22 +307,56 @@ def test_force_with_other_parameters_counts_the_ids_made_with_the_old_ones_and_r
     from conftest import PYTHON, SimProcess
 
     n = 40
-    sim = SimProcess("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
-                     log_path=tmp_path / "sim.log").start().wait_ready()
+    sim = (
+        SimProcess(
+            "--load-time",
+            "0",
+            "--decode-ms",
+            "0",
+            "--decode-ms-per-running",
+            "0",
+            "--prefill-ms-per-1k-tokens",
+            "0",
+            log_path=tmp_path / "sim.log",
+        )
+        .start()
+        .wait_ready()
+    )
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(n)))
     out = tmp_path / "out"
 
     def generate(*extra: str) -> dict:
-        res = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--url", sim.url,
-                              "--json", "--shard-rows", "10", *extra], capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "servefleet.cli.main",
+                "generate",
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                "--url",
+                sim.url,
+                "--json",
+                "--shard-rows",
+                "10",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         return json.loads(res.stdout)
 
     try:
         first = generate("--max-tokens", "4")
         forced = generate("--max-tokens", "6", "--force")
-        assert any(f"{n} committed ids were made with other parameters" in e for e in forced["events"]), forced["events"]
+        assert any(f"{n} committed ids were made with other parameters" in e for e in forced["events"]), forced[
+            "events"
+        ]
         assert forced["to_send"] == 0  # kept, as before, but said
         runs = json.loads((out / "job.json").read_text())["runs"]
         assert [r["params"]["max_tokens"] for r in runs] == [4, 6]  # each run's own parameters
@@ -307,27 +395,65 @@ def test_resume_after_a_shard_was_truncated_quarantines_it_and_answers_every_id_
     from parquet_read import read_parquet
 
     n = 30
-    sim = SimProcess("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
-                     log_path=tmp_path / "sim.log").start().wait_ready()
+    sim = (
+        SimProcess(
+            "--load-time",
+            "0",
+            "--decode-ms",
+            "0",
+            "--decode-ms-per-running",
+            "0",
+            "--prefill-ms-per-1k-tokens",
+            "0",
+            log_path=tmp_path / "sim.log",
+        )
+        .start()
+        .wait_ready()
+    )
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(n)))
     out = tmp_path / "out"
-    argv = [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--url", sim.url, "--json",
-            "--max-tokens", "4", "--shard-rows", "10"]
+    argv = [
+        PYTHON,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--url",
+        sim.url,
+        "--json",
+        "--max-tokens",
+        "4",
+        "--shard-rows",
+        "10",
+    ]
     try:
         assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
         bad = sorted((out / SHARDS_DIR).iterdir())[0]
         truncate(bad, bad.stat().st_size // 2)
-        progress = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "progress", str(out), "--json"], capture_output=True,
-                                  text=True, timeout=60)
+        progress = subprocess.run(
+            [PYTHON, "-m", "servefleet.cli.main", "progress", str(out), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert json.loads(progress.stdout)["state"] == "damaged"
         res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     finally:
         sim.stop()
     report = json.loads(res.stdout)
     assert res.returncode == 0 and report["status"] == "complete", res.stderr[-2000:]
-    assert report["to_send"] == 10 and any(bad.name in e and "quarantine/" in e for e in report["events"]), report["events"]
-    ids = [i for p in sorted((out / SHARDS_DIR).iterdir()) for i in read_parquet(p, columns=["id"]).column("id").to_pylist()]
+    assert report["to_send"] == 10 and any(bad.name in e and "quarantine/" in e for e in report["events"]), report[
+        "events"
+    ]
+    ids = [
+        i
+        for p in sorted((out / SHARDS_DIR).iterdir())
+        for i in read_parquet(p, columns=["id"]).column("id").to_pylist()
+    ]
     assert sorted(ids) == sorted(f"p{i}" for i in range(n))
     assert (out / QUARANTINE_DIR / bad.name).is_file()
 
@@ -344,16 +470,50 @@ def test_force_on_an_input_with_one_changed_prompt_names_that_id_and_reask_chang
     from conftest import PYTHON, SimProcess
 
     n = 30
-    sim = SimProcess("--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
-                     log_path=tmp_path / "sim.log").start().wait_ready()
+    sim = (
+        SimProcess(
+            "--load-time",
+            "0",
+            "--decode-ms",
+            "0",
+            "--decode-ms-per-running",
+            "0",
+            "--prefill-ms-per-1k-tokens",
+            "0",
+            log_path=tmp_path / "sim.log",
+        )
+        .start()
+        .wait_ready()
+    )
     src = tmp_path / "in.jsonl"
     records = [{"id": f"p{i}", "prompt": f"prompt {i}"} for i in range(n)]
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out"
 
     def generate(*extra: str) -> dict:
-        res = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--url", sim.url,
-                              "--json", "--shard-rows", "10", "--max-tokens", "4", *extra], capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "servefleet.cli.main",
+                "generate",
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                "--url",
+                sim.url,
+                "--json",
+                "--shard-rows",
+                "10",
+                "--max-tokens",
+                "4",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         return json.loads(res.stdout)
 
@@ -362,12 +522,16 @@ def test_force_on_an_input_with_one_changed_prompt_names_that_id_and_reask_chang
         records[7]["prompt"] = "prompt 7, now asked otherwise"
         src.write_text("".join(json.dumps(r) + "\n" for r in records))
         kept = generate("--force")
-        assert any("1 committed ids now have different content" in e and "kept" in e for e in kept["events"]), kept["events"]
+        assert any("1 committed ids now have different content" in e and "kept" in e for e in kept["events"]), kept[
+            "events"
+        ]
         assert kept["to_send"] == 0
         reasked = generate("--force", "--reask-changed")
     finally:
         sim.stop()
-    assert any("1 committed ids now have different content" in e and "superseded/" in e for e in reasked["events"]), reasked["events"]
+    assert any("1 committed ids now have different content" in e and "superseded/" in e for e in reasked["events"]), (
+        reasked["events"]
+    )
     assert 1 <= reasked["to_send"] <= 10  # the one shard that held p7, not the whole job
     rows = [(p.name, r["id"]) for p in sorted((out / "shards").iterdir()) for r in pq.read_table(p).to_pylist()]
     assert sorted(rid for _, rid in rows) == sorted(r["id"] for r in records)  # every id exactly once

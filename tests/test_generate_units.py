@@ -34,9 +34,15 @@ def parse(obj: object, defaults: RequestDefaults = D, line: int = 1) -> PromptRe
 
 
 def test_batch_format_url_picks_endpoint_and_defaults_fill_gaps():
-    rec = parse({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-                 "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}},
-                RequestDefaults(max_tokens=64, temperature=0.5, token_ids=True))
+    rec = parse(
+        {
+            "custom_id": "a",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        },
+        RequestDefaults(max_tokens=64, temperature=0.5, token_ids=True),
+    )
     assert isinstance(rec, PromptRecord)
     assert (rec.id, rec.endpoint) == ("a", "chat")
     assert rec.body["max_tokens"] == 64 and rec.body["temperature"] == 0.5 and rec.body["return_token_ids"] is True
@@ -44,9 +50,16 @@ def test_batch_format_url_picks_endpoint_and_defaults_fill_gaps():
 
 
 def test_record_values_win_over_defaults_and_prompt_goes_to_completions():
-    rec = parse({"id": 7, "prompt": "hello", "max_tokens": 3, "temperature": 0}, RequestDefaults(max_tokens=64, temperature=1.0))
+    rec = parse(
+        {"id": 7, "prompt": "hello", "max_tokens": 3, "temperature": 0},
+        RequestDefaults(max_tokens=64, temperature=1.0),
+    )
     assert isinstance(rec, PromptRecord)
-    assert (rec.id, rec.endpoint, rec.body) == ("7", "completions", {"prompt": "hello", "max_tokens": 3, "temperature": 0})
+    assert (rec.id, rec.endpoint, rec.body) == (
+        "7",
+        "completions",
+        {"prompt": "hello", "max_tokens": 3, "temperature": 0},
+    )
 
 
 def test_chat_mode_wraps_prompts_and_completions_mode_refuses_messages():
@@ -99,13 +112,27 @@ def write_jsonl(path: Path, lines: list[object]) -> None:
 
 def test_prepass_rejects_bad_lines_and_later_duplicates_with_line_numbers(tmp_path):
     src = tmp_path / "in.jsonl"
-    write_jsonl(src, [{"id": "a", "prompt": "1"}, b"oops", {"id": "b", "prompt": "2"}, b"", {"id": "a", "prompt": "again"},
-                      {"id": "c"}, {"id": "b", "prompt": "3"}])
+    write_jsonl(
+        src,
+        [
+            {"id": "a", "prompt": "1"},
+            b"oops",
+            {"id": "b", "prompt": "2"},
+            b"",
+            {"id": "a", "prompt": "again"},
+            {"id": "c"},
+            {"id": "b", "prompt": "3"},
+        ],
+    )
     rejects: list[Reject] = []
     pp = run_prepass(str(src), D, rejects.append)
     assert (pp.lines, pp.valid, pp.rejected, pp.duplicates) == (7, 2, 4, 2)
     assert sorted((r.line, r.reason.split(" (")[0]) for r in rejects) == [
-        (2, "invalid JSON: Expecting value: line 1 column 1"), (5, "duplicate id"), (6, "no 'prompt' or 'messages'"), (7, "duplicate id")]
+        (2, "invalid JSON: Expecting value: line 1 column 1"),
+        (5, "duplicate id"),
+        (6, "no 'prompt' or 'messages'"),
+        (7, "duplicate id"),
+    ]
     assert "first seen on line 1" in next(r.reason for r in rejects if r.line == 5)
     assert list(pp.plan()) == [SEND, SKIP, SEND, SKIP, SKIP, SKIP, SKIP]
     assert len(pp.sha256) == 64
@@ -115,7 +142,15 @@ def test_prepass_tells_hash_collisions_from_duplicates(tmp_path, monkeypatch):
     """Force every id onto one hash: distinct ids must survive, only the true duplicate goes."""
     monkeypatch.setattr(prepass_mod, "id_hash", lambda rid: 12345)
     src = tmp_path / "in.jsonl"
-    write_jsonl(src, [{"id": "a", "prompt": "1"}, {"id": "b", "prompt": "2"}, {"id": "a", "prompt": "3"}, {"id": "c", "prompt": "4"}])
+    write_jsonl(
+        src,
+        [
+            {"id": "a", "prompt": "1"},
+            {"id": "b", "prompt": "2"},
+            {"id": "a", "prompt": "3"},
+            {"id": "c", "prompt": "4"},
+        ],
+    )
     rejects: list[Reject] = []
     pp = run_prepass(str(src), D, rejects.append)
     assert (pp.valid, pp.duplicates) == (3, 1)
@@ -214,8 +249,12 @@ def test_scan_rebuilds_a_missing_entry_and_drops_an_entry_without_shard(tmp_path
     os.remove(tmp_path / "out" / LEDGER_DIR / (e1.shard.rsplit(".", 1)[0] + ".json"))
     # a shard someone deleted: its ids are not done any more
     os.remove(tmp_path / "out" / SHARDS_DIR / e2.shard)
-    manifest = JobManifest(input=InputInfo(path="x", kind="jsonl", size=1, mtime_ns=1, sha256="sha", lines=3, valid=3, rejected=0,
-                                           duplicates=0), params=JobParams())
+    manifest = JobManifest(
+        input=InputInfo(
+            path="x", kind="jsonl", size=1, mtime_ns=1, sha256="sha", lines=3, valid=3, rejected=0, duplicates=0
+        ),
+        params=JobParams(),
+    )
     manifest.runs.append(RunRecord(run_id="20260101T000000-abcd", input_sha256="sha"))
     done = Ledger(sink, "parquet", "20260101T000001-abcd", "sha").scan(manifest)
     assert (done.rows, done.rebuilt, done.dropped, done.by_line) == (2, 1, 1, True)
@@ -266,7 +305,9 @@ def test_local_sink_lock_is_exclusive_and_staging_leftovers_are_discarded(tmp_pa
 
 
 def test_manifest_mismatch_names_what_changed():
-    info = InputInfo(path="a", kind="jsonl", size=1, mtime_ns=1, sha256="a" * 64, lines=1, valid=1, rejected=0, duplicates=0)
+    info = InputInfo(
+        path="a", kind="jsonl", size=1, mtime_ns=1, sha256="a" * 64, lines=1, valid=1, rejected=0, duplicates=0
+    )
     m = JobManifest(input=info, params=JobParams(max_tokens=10))
     assert m.mismatch(info.model_copy(update={"path": "elsewhere"}), JobParams(max_tokens=10)) == []
     problems = m.mismatch(info.model_copy(update={"sha256": "b" * 64}), JobParams(max_tokens=20, format="jsonl"))
@@ -280,10 +321,20 @@ def test_a_failed_restart_is_described_with_its_diagnosis():
     from servefleet.generate.endpoints import describe_verdict
     from servefleet.verify.verdict import Evidence, Verdict
 
-    v = Verdict(state=State.FAILED, category=Category.GPU_OOM, evidence=Evidence(line_no=812, text="torch.OutOfMemoryError: CUDA out of memory"),
-                hint="lower --mem-fraction-static")
-    assert describe_verdict(v) == "failed [gpu_oom] log line 812: torch.OutOfMemoryError: CUDA out of memory -- lower --mem-fraction-static"
-    assert describe_verdict(Verdict(state=State.READY, message="GET /health answered 200")) == "ready (GET /health answered 200)"
+    v = Verdict(
+        state=State.FAILED,
+        category=Category.GPU_OOM,
+        evidence=Evidence(line_no=812, text="torch.OutOfMemoryError: CUDA out of memory"),
+        hint="lower --mem-fraction-static",
+    )
+    assert (
+        describe_verdict(v)
+        == "failed [gpu_oom] log line 812: torch.OutOfMemoryError: CUDA out of memory -- lower --mem-fraction-static"
+    )
+    assert (
+        describe_verdict(Verdict(state=State.READY, message="GET /health answered 200"))
+        == "ready (GET /health answered 200)"
+    )
 
 
 def test_rate_meter_counts_the_recent_window_only():

@@ -22,10 +22,30 @@ from servefleet.generate.stats import JobStats, ServerStats
 from servefleet.generate.timeline import Timeline
 
 # slow enough that a run of 200 prompts takes several seconds (4 in flight, ~6 tokens of ~25 ms each)
-SLOW_SIM = ("--load-time", "0", "--decode-ms", "5", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
-            "--max-running", "4")
-FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
-            "--max-running", "16")
+SLOW_SIM = (
+    "--load-time",
+    "0",
+    "--decode-ms",
+    "5",
+    "--decode-ms-per-running",
+    "0",
+    "--prefill-ms-per-1k-tokens",
+    "0",
+    "--max-running",
+    "4",
+)
+FAST_SIM = (
+    "--load-time",
+    "0",
+    "--decode-ms",
+    "1",
+    "--decode-ms-per-running",
+    "0",
+    "--prefill-ms-per-1k-tokens",
+    "0",
+    "--max-running",
+    "16",
+)
 
 
 @pytest.fixture
@@ -41,13 +61,34 @@ def write_prompts(path: Path, n: int) -> Path:
 
 
 def generate_argv(src: Path, dest: str, url: str, *extra: str) -> list[str]:
-    return [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", dest, "--url", url, "--max-tokens", "8",
-            "--concurrency", "4", "--json", *extra]
+    return [
+        PYTHON,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        dest,
+        "--url",
+        url,
+        "--max-tokens",
+        "8",
+        "--concurrency",
+        "4",
+        "--json",
+        *extra,
+    ]
 
 
 def progress_cli(dest: str, *extra: str, env: dict | None = None, timeout: float = 60) -> tuple[int, list[dict], str]:
-    proc = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "progress", dest, "--json", *extra], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    proc = subprocess.run(
+        [PYTHON, "-m", "servefleet.cli.main", "progress", dest, "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     try:
         return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines() if line.strip()], proc.stderr
     except ValueError:
@@ -57,7 +98,11 @@ def progress_cli(dest: str, *extra: str, env: dict | None = None, timeout: float
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 # ---- the time series: bounded, sums kept, state changes as events ---------------------------------
@@ -96,7 +141,11 @@ def test_an_outage_shorter_than_a_sample_is_still_an_outage():
     tl.sample(1.0, stats)
     server.outages, server.restarts = 1, 1  # taken out and restarted between two samples: "up" at both
     tl.sample(2.0, stats)
-    assert [(e["kind"], e["t"]) for e in tl.to_json()["events"]["items"]] == [("outage", 1.5), ("back", 2.0), ("restart", 2.0)]
+    assert [(e["kind"], e["t"]) for e in tl.to_json()["events"]["items"]] == [
+        ("outage", 1.5),
+        ("back", 2.0),
+        ("restart", 2.0),
+    ]
 
 
 def test_a_week_of_64_servers_fits_in_a_bounded_record():
@@ -121,19 +170,29 @@ def test_progress_and_metrics_while_a_real_generate_runs_and_after_it_ends(slow_
     src = write_prompts(tmp_path / "in.jsonl", n)
     out = tmp_path / "out"
     port = free_port()
-    proc = subprocess.Popen(generate_argv(src, str(out), slow_sim.url, "--metrics-port", str(port)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        generate_argv(src, str(out), slow_sim.url, "--metrics-port", str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     watcher = None
     try:
+
         def sending() -> bool:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             if not (out / "progress.json").exists():
                 return False
             snap = json.loads((out / "progress.json").read_text())
             return snap["status"] == "running" and 0 < snap["done"] < n
+
         wait_until(sending, timeout=60, interval=0.1, what="a progress.json of a run under way")
-        watcher = subprocess.Popen([PYTHON, "-m", "servefleet.cli.main", "progress", str(out), "--watch", "--json", "--interval", "0.3"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        watcher = subprocess.Popen(
+            [PYTHON, "-m", "servefleet.cli.main", "progress", str(out), "--watch", "--json", "--interval", "0.3"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         rc, views, err = progress_cli(str(out))
         assert rc == 0, err
         live = views[0]
@@ -150,8 +209,11 @@ def test_progress_and_metrics_while_a_real_generate_runs_and_after_it_ends(slow_
         assert metrics[("servefleet_generate_server_up", (("server", "url"),))] == 1
         assert metrics[("servefleet_generate_output_tokens_total", ())] > 0
         # counters only grow, scrape to scrape
-        wait_until(lambda: scrape(port)[("servefleet_generate_prompts_answered_total", ())] > answered, timeout=30,
-                   what="the answered counter to grow")
+        wait_until(
+            lambda: scrape(port)[("servefleet_generate_prompts_answered_total", ())] > answered,
+            timeout=30,
+            what="the answered counter to grow",
+        )
 
         stdout, stderr = proc.communicate(timeout=120)
         watched, watch_err = watcher.communicate(timeout=60)  # --watch ends by itself once the job has
@@ -186,10 +248,16 @@ def test_progress_and_metrics_while_a_real_generate_runs_and_after_it_ends(slow_
 def test_a_killed_run_shows_as_stale_and_a_taken_metrics_port_is_refused_before_anything_is_read(slow_sim, tmp_path):
     src = write_prompts(tmp_path / "in.jsonl", 400)
     out = tmp_path / "out"
-    proc = subprocess.Popen(generate_argv(src, str(out), slow_sim.url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        generate_argv(src, str(out), slow_sim.url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
-        wait_until(lambda: (out / "progress.json").exists() and json.loads((out / "progress.json").read_text())["done"] > 0,
-                   timeout=60, interval=0.1, what="progress.json")
+        wait_until(
+            lambda: (out / "progress.json").exists() and json.loads((out / "progress.json").read_text())["done"] > 0,
+            timeout=60,
+            interval=0.1,
+            what="progress.json",
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -205,8 +273,12 @@ def test_a_killed_run_shows_as_stale_and_a_taken_metrics_port_is_refused_before_
         taken.listen()
         port = taken.getsockname()[1]
         other = tmp_path / "other"
-        res = subprocess.run(generate_argv(src, str(other), slow_sim.url, "--metrics-port", str(port)), capture_output=True,
-                             text=True, timeout=60)
+        res = subprocess.run(
+            generate_argv(src, str(other), slow_sim.url, "--metrics-port", str(port)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert res.returncode == 3 and f"--metrics-port {port}" in json.loads(res.stdout)["error"]["message"]
     assert not other.exists()  # refused before the destination was touched
 
@@ -225,7 +297,9 @@ def test_progress_of_a_job_on_s3(moto_url, tmp_path):
         fs.call_s3("create_bucket", Bucket="bucket")
         src = write_prompts(tmp_path / "in.jsonl", 80)
         env = s3_env(moto_url)
-        res = subprocess.run(generate_argv(src, "s3://bucket/jobs/w", sim.url), capture_output=True, text=True, timeout=120, env=env)
+        res = subprocess.run(
+            generate_argv(src, "s3://bucket/jobs/w", sim.url), capture_output=True, text=True, timeout=120, env=env
+        )
         report = json.loads(res.stdout)
         assert res.returncode == 0 and report["status"] == "complete", res.stderr[-3000:]
     finally:
@@ -233,10 +307,26 @@ def test_progress_of_a_job_on_s3(moto_url, tmp_path):
     assert fs.exists("bucket/jobs/w/progress.json") and fs.ls("bucket/jobs/w/timeline")
     rc, views, err = progress_cli("s3://bucket/jobs/w", env=env)
     assert rc == 0, err
-    assert views[0]["state"] == "complete" and views[0]["done"] == 80 and views[0]["destination"] == "s3://bucket/jobs/w"
+    assert (
+        views[0]["state"] == "complete" and views[0]["done"] == 80 and views[0]["destination"] == "s3://bucket/jobs/w"
+    )
     assert views[0]["output_tokens"] == report["completion_tokens"]
-    res = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "report", "s3://bucket/jobs/w", "--out", str(tmp_path / "r.html"),
-                          "--json"], capture_output=True, text=True, timeout=60, env=env)
+    res = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "servefleet.cli.main",
+            "report",
+            "s3://bucket/jobs/w",
+            "--out",
+            str(tmp_path / "r.html"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     written = json.loads(res.stdout)
     assert res.returncode == 0 and written["runs"] == 1 and written["servers"] == ["url"], res.stderr[-2000:]
     assert 'data-chart="tps"' in (tmp_path / "r.html").read_text()
@@ -306,7 +396,9 @@ async def test_the_timeline_is_written_every_few_snapshots_and_less_often_when_i
         sink = RecordingSink(str(tmp_path / folder))
         rec = JobRecorder(sink, stats, run_id="r", interval_s=0.05, sample_s=0.05, timeline_every=3)
         rec.start()
-        await async_wait_until(lambda sink=sink: _async(sink.written.count("progress.json") >= 12), timeout=30, what="12 snapshots")
+        await async_wait_until(
+            lambda sink=sink: _async(sink.written.count("progress.json") >= 12), timeout=30, what="12 snapshots"
+        )
         await rec.finish("complete")
         snapshots, timelines = sink.written.count("progress.json"), sink.written.count("timeline/r.json")
         if folder == "roomy":
@@ -319,10 +411,20 @@ async def test_the_timeline_is_written_every_few_snapshots_and_less_often_when_i
 def test_a_run_that_has_not_started_sending_shows_what_the_run_before_left():
     from servefleet.generate.job_record import JobRecord
 
-    manifest = {"input": {"valid": 100, "rejected": 2}, "rows": 40, "runs": [
-        {"run_id": "r1", "status": "interrupted", "finished": "2026-12-01T10:00:00.000000Z", "done_before": 0, "done": 40},
-        {"run_id": "r2", "status": "running", "finished": None, "done_before": 0, "done": 0},  # in its pre-pass
-    ]}
+    manifest = {
+        "input": {"valid": 100, "rejected": 2},
+        "rows": 40,
+        "runs": [
+            {
+                "run_id": "r1",
+                "status": "interrupted",
+                "finished": "2026-12-01T10:00:00.000000Z",
+                "done_before": 0,
+                "done": 40,
+            },
+            {"run_id": "r2", "status": "running", "finished": None, "done_before": 0, "done": 0},  # in its pre-pass
+        ],
+    }
     snap_of_r1 = {"run_id": "r1", "status": "interrupted", "updated_unix": 0.0, "done": 40, "servers": [{"name": "a"}]}
     view = progress_of(JobRecord("dest", manifest, progress=snap_of_r1), now=1e9)
     assert view["state"] == "starting" and view["run_id"] == "r2" and view["done"] == 40 and view["remaining"] == 60

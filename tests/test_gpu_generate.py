@@ -53,17 +53,26 @@ def test_sglang_generate_imports_the_shared_helpers_in_its_run_folder(tmp_path: 
     (out / "pkg" / "sgl.tar.xz.part-00").write_bytes(b"")
     env = {**os.environ, "SGL_OUT": str(out), "SGL_CACHE": str(cache)}
     env.pop("SGL_REPACK", None)
-    subprocess.run(["bash", str(GPU / "sglang_prepare.sh")], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        ["bash", str(GPU / "sglang_prepare.sh")], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120
+    )
     run = out / "run"
-    code = ("import sglang_generate, h200_generate; "
-            "assert sglang_generate.count_answers is h200_generate.count_answers; "
-            "assert sglang_generate.write_prompts is h200_generate.write_prompts; print('ok')")
+    code = (
+        "import sglang_generate, h200_generate; "
+        "assert sglang_generate.count_answers is h200_generate.count_answers; "
+        "assert sglang_generate.write_prompts is h200_generate.write_prompts; print('ok')"
+    )
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, "-c", code], cwd=run, env=clean, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "ok"
-    helped = subprocess.run([sys.executable, str(run / "sglang_generate.py"), "--help"], env=clean, capture_output=True,
-                            text=True, timeout=60)
+    helped = subprocess.run(
+        [sys.executable, str(run / "sglang_generate.py"), "--help"],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert helped.returncode == 0, helped.stderr
     assert "--kill-after" in helped.stdout
 

@@ -30,9 +30,12 @@ def fake_nvidia_smi(folder: Path, apps: list[tuple[str, int, str, int]], *, fail
     folder.mkdir(parents=True, exist_ok=True)
     gpus = f"0, {UUID0}\n1, {UUID1}\n"
     listing = "".join(f"{u}, {p}, {n}, {m}\n" for u, p, n, m in apps)
-    body = ("echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9" if fail else
-            f"case \"$*\" in\n*--query-gpu=index,uuid*) printf '%s' '{gpus}';;\n"
-            f"*--query-compute-apps=gpu_uuid,pid,process_name,used_memory*) printf '%s' '{listing}';;\n*) exit 2;;\nesac")
+    body = (
+        "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9"
+        if fail
+        else f"case \"$*\" in\n*--query-gpu=index,uuid*) printf '%s' '{gpus}';;\n"
+        f"*--query-compute-apps=gpu_uuid,pid,process_name,used_memory*) printf '%s' '{listing}';;\n*) exit 2;;\nesac"
+    )
     script = folder / "nvidia-smi"
     script.write_text(f"#!/bin/sh\n{body}\n")
     script.chmod(0o755)
@@ -49,11 +52,16 @@ def stranger():
 
 
 def test_the_report_is_read_into_processes_with_their_gpu_index_and_group() -> None:
-    report = (f"gpu, 0, {UUID0}\ngpu, 1, {UUID1}\n"
-              f"app, {UUID0}, 4242, VLLM::EngineCore, 106496\napp, {UUID1}, 77, python3, a, b, [N/A]\n"
-              "pgid, 4242, 4200\nnonsense\n")
+    report = (
+        f"gpu, 0, {UUID0}\ngpu, 1, {UUID1}\n"
+        f"app, {UUID0}, 4242, VLLM::EngineCore, 106496\napp, {UUID1}, 77, python3, a, b, [N/A]\n"
+        "pgid, 4242, 4200\nnonsense\n"
+    )
     apps = parse_gpu_apps(report)
-    assert apps == [GpuApp(0, UUID0, 4242, "VLLM::EngineCore", 106496, 4200), GpuApp(1, UUID1, 77, "python3, a, b", None, None)]
+    assert apps == [
+        GpuApp(0, UUID0, 4242, "VLLM::EngineCore", 106496, 4200),
+        GpuApp(1, UUID1, 77, "python3, a, b", None, None),
+    ]
     assert describe_holder(apps[0]) == "GPU 0: 104 GiB held by pid 4242 VLLM::EngineCore, not in this fleet"
     assert describe_holder(apps[1]) == "GPU 1: memory (amount unknown) held by pid 77 python3, a, b, not in this fleet"
     # in the fleet: its group is a fleet server's; on another GPU: not this server's business
@@ -62,7 +70,9 @@ def test_the_report_is_read_into_processes_with_their_gpu_index_and_group() -> N
     assert foreign_holders(apps, set(), frozenset({UUID0})) == [apps[0]]
 
 
-async def test_a_host_without_nvidia_smi_or_a_driver_lists_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_host_without_nvidia_smi_or_a_driver_lists_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     binding = HostBinding("local", LocalHost(), str(tmp_path))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     assert await host_gpu_apps(binding) == []
@@ -73,19 +83,21 @@ async def test_a_host_without_nvidia_smi_or_a_driver_lists_nothing(tmp_path: Pat
 def write_fleet(tmp_path: Path, host: str = "") -> Path:
     path = tmp_path / "fleet.toml"
     path.write_text(
-        '[fleet]\nname = "g"\ntimeout = 60\nstall = 30\n' + host +
-        '[defaults]\nengine = "sim"\nmodel = "sim-m"\n'
+        '[fleet]\nname = "g"\ntimeout = 60\nstall = 30\n' + host + '[defaults]\nengine = "sim"\nmodel = "sim-m"\n'
         f'[[servers]]\nname = "oom"\nport = {free_port()}\ngpus = [0]\n'
-        'args = ["--style", "vllm", "--load-time", "0.3", "--fail-at-startup", "gpu_oom"]\n')
+        'args = ["--style", "vllm", "--load-time", "0.3", "--fail-at-startup", "gpu_oom"]\n'
+    )
     return path
 
 
 async def test_up_names_the_foreign_holder_of_its_gpu_before_launch_and_in_the_oom_verdict(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fleets, stranger) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fleets, stranger
+) -> None:
     ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     try:
-        bin_dir = fake_nvidia_smi(tmp_path / "bin", [(UUID0, stranger.pid, "VLLM::EngineCore", 106496),
-                                                     (UUID1, 99999, "python3", 2048)])  # GPU 1: not this server's
+        bin_dir = fake_nvidia_smi(
+            tmp_path / "bin", [(UUID0, stranger.pid, "VLLM::EngineCore", 106496), (UUID1, 99999, "python3", 2048)]
+        )  # GPU 1: not this server's
         monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
         fleet = fleets(Fleet.load(write_fleet(tmp_path)))
         outcomes = await fleet.start()
@@ -115,10 +127,22 @@ def test_up_cli_warns_before_the_server_loads(tmp_path: Path, stranger) -> None:
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     path = write_fleet(tmp_path)
     try:
-        run = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "up", str(path), "--json"],
-                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=90)
+        run = subprocess.run(
+            [sys.executable, "-m", "servefleet.cli.main", "up", str(path), "--json"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=90,
+        )
     finally:
-        subprocess.run([sys.executable, "-m", "servefleet.cli.main", "down", str(path)], capture_output=True, cwd=tmp_path, env=env, timeout=60)
+        subprocess.run(
+            [sys.executable, "-m", "servefleet.cli.main", "down", str(path)],
+            capture_output=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
     named = f"GPU 0: 104 GiB held by pid {stranger.pid} VLLM::EngineCore, not in this fleet"
     assert f"warning: oom: {named}" in run.stderr, run.stderr
     import json
@@ -142,7 +166,8 @@ def sshd_with_fake_gpu(tmp_path_factory: pytest.TempPathFactory):
 
 
 async def test_over_ssh_the_holders_come_in_the_one_adopt_check_batch(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fleets, stranger, sshd_with_fake_gpu) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fleets, stranger, sshd_with_fake_gpu
+) -> None:
     from test_ssh_fleet import write_fleet as write_ssh_fleet
 
     server, bin_dir = sshd_with_fake_gpu

@@ -41,16 +41,36 @@ from h200_stages import ab_ratio  # noqa: E402 - after the sys.path.insert above
 
 # `vllm bench serve` options of vLLM 0.26.0 (vllm/benchmarks/serve.py and datasets/datasets.py of the wheel).
 VLLM_026_BENCH_FLAGS = {
-    "--backend", "--base-url", "--endpoint", "--model", "--tokenizer", "--dataset-name", "--random-input-len",
-    "--random-output-len", "--num-prompts", "--max-concurrency", "--ignore-eos", "--temperature",
-    "--percentile-metrics", "--metric-percentiles", "--disable-tqdm", "--save-result", "--result-dir",
+    "--backend",
+    "--base-url",
+    "--endpoint",
+    "--model",
+    "--tokenizer",
+    "--dataset-name",
+    "--random-input-len",
+    "--random-output-len",
+    "--num-prompts",
+    "--max-concurrency",
+    "--ignore-eos",
+    "--temperature",
+    "--percentile-metrics",
+    "--metric-percentiles",
+    "--disable-tqdm",
+    "--save-result",
+    "--result-dir",
     "--result-filename",
 }
 
 
 def layout(tmp_path: Path, rehearse: bool) -> Layout:
-    return Layout(repo=str(ROOT), work=str(tmp_path), out=str(tmp_path / "out"), python="/opt/py/bin/python3",
-                  rehearse=rehearse, ports={n: 18000 + i for i, n in enumerate(PORT_NAMES)})
+    return Layout(
+        repo=str(ROOT),
+        work=str(tmp_path),
+        out=str(tmp_path / "out"),
+        python="/opt/py/bin/python3",
+        rehearse=rehearse,
+        ports={n: 18000 + i for i, n in enumerate(PORT_NAMES)},
+    )
 
 
 def resolved(path: Path) -> dict:
@@ -74,8 +94,12 @@ def test_real_fleet_is_two_vllm_servers_sharing_gpu0(tmp_path: Path) -> None:
     assert "--speculative-config" not in items["plain"].argv
     spec = items["ngram"].argv[items["ngram"].argv.index("--speculative-config") + 1]
     assert spec == NGRAM_CONFIG
-    assert json.loads(spec) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-                                "prompt_lookup_min": 2}
+    assert json.loads(spec) == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
 
 
 def test_real_failure_fleet_provokes_each_failure(tmp_path: Path) -> None:
@@ -125,11 +149,17 @@ def test_vllm_bench_serve_command_uses_026_flags(tmp_path: Path) -> None:
     assert value["--tokenizer"] == str(lay.model) and value["--dataset-name"] == "random"
 
 
-def _point(c: int, tps: float, *, client_bound: bool = False, running: float | None = None,
-           saturated: bool | None = None) -> dict:
-    return {"concurrency": c, "output_tokens_per_s": tps, "client_bound": client_bound,
-            "client": {"reasons": ["busy"] if client_bound else []}, "tpot_ms": {"p50": 4.0},
-            "server": {"running_mean": running, "saturated": saturated, "queued_mean": 0.0}}
+def _point(
+    c: int, tps: float, *, client_bound: bool = False, running: float | None = None, saturated: bool | None = None
+) -> dict:
+    return {
+        "concurrency": c,
+        "output_tokens_per_s": tps,
+        "client_bound": client_bound,
+        "client": {"reasons": ["busy"] if client_bound else []},
+        "tpot_ms": {"p50": 4.0},
+        "server": {"running_mean": running, "saturated": saturated, "queued_mean": 0.0},
+    }
 
 
 def test_plateau_names_the_side_that_limits() -> None:
@@ -147,22 +177,57 @@ def test_ab_ratio_and_evidence_cleanup() -> None:
     assert ab_ratio({"vllm": {"output_throughput": 0}}) is None
     line = "(EngineCore_DP0 pid=77) ERROR 11-30 04:06:38 [core.py:708] ValueError: No available memory for the cache blocks."
     assert evidence_substring(line) == "ValueError: No available memory for the cache blocks."
-    assert evidence_substring("(APIServer pid=5) OSError: [Errno 98] Address already in use") == \
-        "OSError: [Errno 98] Address already in use"
+    assert (
+        evidence_substring("(APIServer pid=5) OSError: [Errno 98] Address already in use")
+        == "OSError: [Errno 98] Address already in use"
+    )
     assert evidence_substring(None) is None
 
 
 def test_markdown_summary_has_each_table() -> None:
-    text = markdown({
-        "rehearsal": False, "timings": [{"stage": "up", "status": "ok", "seconds": 180.0}],
-        "up": {"plain": {"state": "ready", "time_to_ready_s": 98.1, "kv_cache_tokens": 1_390_112, "log_first_to_ready_s": 80}},
-        "sweep": {"plain": {"1": {"output_tok_s": 392.0, "tpot_p50_ms": 2.5}}},
-        "vllm_bench": [{"concurrency": 256, "requests": 512, "servefleet_tok_s": 12000.0, "vllm_tok_s": 12500.0, "ratio": 0.96}],
-        "failures": {"oom": {"expected": "gpu_oom", "got": "gpu_oom", "match": True, "diagnose": "gpu_oom", "evidence": "a|b"}},
-        "plan": {"8": [{"name": "plain", "best_concurrency": 256, "makespan_s": 7200.0, "gpu_hours": 16.0}]},
-    })
-    for needle in ("| up | ok | 180.0 |", "| plain | ready | 98.1 | 1390112 | 80 |", "| 1 | 392.0 | 2.50 |",
-                   "| 256 | 512 | 12000.0 | 12500.0 | 0.96 |", "gpu_oom ✓", "a\\|b", "Plan on 8 GPU(s): plain at concurrency 256, makespan 2.0 h"):
+    text = markdown(
+        {
+            "rehearsal": False,
+            "timings": [{"stage": "up", "status": "ok", "seconds": 180.0}],
+            "up": {
+                "plain": {
+                    "state": "ready",
+                    "time_to_ready_s": 98.1,
+                    "kv_cache_tokens": 1_390_112,
+                    "log_first_to_ready_s": 80,
+                }
+            },
+            "sweep": {"plain": {"1": {"output_tok_s": 392.0, "tpot_p50_ms": 2.5}}},
+            "vllm_bench": [
+                {
+                    "concurrency": 256,
+                    "requests": 512,
+                    "servefleet_tok_s": 12000.0,
+                    "vllm_tok_s": 12500.0,
+                    "ratio": 0.96,
+                }
+            ],
+            "failures": {
+                "oom": {
+                    "expected": "gpu_oom",
+                    "got": "gpu_oom",
+                    "match": True,
+                    "diagnose": "gpu_oom",
+                    "evidence": "a|b",
+                }
+            },
+            "plan": {"8": [{"name": "plain", "best_concurrency": 256, "makespan_s": 7200.0, "gpu_hours": 16.0}]},
+        }
+    )
+    for needle in (
+        "| up | ok | 180.0 |",
+        "| plain | ready | 98.1 | 1390112 | 80 |",
+        "| 1 | 392.0 | 2.50 |",
+        "| 256 | 512 | 12000.0 | 12500.0 | 0.96 |",
+        "gpu_oom ✓",
+        "a\\|b",
+        "Plan on 8 GPU(s): plain at concurrency 256, makespan 2.0 h",
+    ):
         assert needle in text
 
 
@@ -171,7 +236,9 @@ def test_budget_skips_stages_but_still_collects(tmp_path: Path, capsys: pytest.C
     out = tmp_path / "out"
     rc = h200.main(["--rehearse", "all", "--work", str(tmp_path / "w"), "--out", str(out), "--budget", "0.001"])
     assert rc == 0
-    assert {"h200-results.tar.gz", "summary.json", "summary.md", "timings.json", "driver.log"} <= {p.name for p in out.iterdir()}
+    assert {"h200-results.tar.gz", "summary.json", "summary.md", "timings.json", "driver.log"} <= {
+        p.name for p in out.iterdir()
+    }
     timings = {t["stage"]: t["status"] for t in json.loads((out / "timings.json").read_text())}
     assert timings["setup"] == timings["bench"] == timings["failures"] == "skipped (budget)"
     assert timings["down"] == "ok" and timings["collect"] == "ok"
@@ -195,18 +262,52 @@ def test_cpu_rehearsal_runs_every_stage(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("OUT", None)
     proc = subprocess.run(
-        ["bash", str(GPU / "run_h200.sh"), "--rehearse", *h200.ORDER[:-2], "generate", "down", "collect",
-         "--work", str(work), "--out", str(out), "--concurrency", "1,2", "--point-seconds", "0.3",
-         "--input-len", "16", "--output-len", "8", "--vllm-bench-concurrency", "2",
-         "--generate-prompts", "6000", "--generate-max-tokens", "32", "--generate-kill-after", "3"],
-        capture_output=True, text=True, env=env, timeout=400)
+        [
+            "bash",
+            str(GPU / "run_h200.sh"),
+            "--rehearse",
+            *h200.ORDER[:-2],
+            "generate",
+            "down",
+            "collect",
+            "--work",
+            str(work),
+            "--out",
+            str(out),
+            "--concurrency",
+            "1,2",
+            "--point-seconds",
+            "0.3",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--vllm-bench-concurrency",
+            "2",
+            "--generate-prompts",
+            "6000",
+            "--generate-max-tokens",
+            "32",
+            "--generate-kill-after",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert {n: s["state"] for n, s in summary["up"].items()} == {"plain": "ready", "ngram": "ready"}
     assert summary["up"]["plain"]["kv_cache_tokens"] == summary["up"]["ngram"]["kv_cache_tokens"] == 262144
     assert {n: f["got"] for n, f in summary["failures"].items()} == {
-        "oom": "gpu_oom", "missing": "model_not_found", "badarg": "config_error", "sigkill": "killed",
-        "portheld": "port_in_use", "portup": "port_in_use"}
+        "oom": "gpu_oom",
+        "missing": "model_not_found",
+        "badarg": "config_error",
+        "sigkill": "killed",
+        "portheld": "port_in_use",
+        "portup": "port_in_use",
+    }
     assert all(f["match"] for f in summary["failures"].values())
     assert {n: sorted(levels) for n, levels in summary["sweep"].items()} == {"plain": ["1", "2"], "ngram": ["1", "2"]}
     assert summary["sweep"]["ngram"]["2"]["output_tok_s"] > summary["sweep"]["plain"]["2"]["output_tok_s"]
@@ -244,14 +345,17 @@ def test_shared_fleet_names_gpu0_in_the_rehearsal_too(tmp_path: Path) -> None:
     fleet must say it as well, or the rehearsal would not exercise the ordering."""
     lay = layout(tmp_path, rehearse=True)
     lay.main_fleet.write_text(fleet_toml(lay, Settings(rehearse=True)))
-    assert 'gpus = [0]' in lay.main_fleet.read_text()
+    assert "gpus = [0]" in lay.main_fleet.read_text()
 
 
 def test_engine_core_pids_prefers_vllm_title_then_the_api_servers_child() -> None:
     pg = 100  # servefleet's sh wrapper leads the group; the API server is its child
-    base = {100: (1, pg, "sh", "sh -c ..."), 101: (100, pg, "python3", "python3 -m vllm.entrypoints.openai.api_server"),
-            102: (101, pg, "python3", "python3 -c from multiprocessing.resource_tracker import main;main(9)"),
-            999: (1, 7, "python3", "VLLM::EngineCore_DP0")}  # another server's engine
+    base = {
+        100: (1, pg, "sh", "sh -c ..."),
+        101: (100, pg, "python3", "python3 -m vllm.entrypoints.openai.api_server"),
+        102: (101, pg, "python3", "python3 -c from multiprocessing.resource_tracker import main;main(9)"),
+        999: (1, 7, "python3", "VLLM::EngineCore_DP0"),
+    }  # another server's engine
     titled = {**base, 103: (101, pg, "VLLM::EngineCor", "VLLM::EngineCore_DP0")}
     assert engine_core_pids(pg, titled) == ([103], "process title EngineCore")
     untitled = {**base, 104: (101, pg, "python3", "python3 -c from multiprocessing.spawn import spawn_main")}
@@ -265,21 +369,37 @@ def _vllm_log(path: Path, lines: list[tuple[str, str]]) -> Path:
 
 
 def test_start_order_compares_the_second_start_with_the_first_settling(tmp_path: Path) -> None:
-    first = _vllm_log(tmp_path / "plain.log", [("12:15:09", "vLLM API server version 0.26.0"),
-                                               ("12:16:20", "GPU KV cache size: 672,352 tokens"),
-                                               ("12:16:25", "Graph capturing finished in 4 secs, took 0.46 GiB")])
+    first = _vllm_log(
+        tmp_path / "plain.log",
+        [
+            ("12:15:09", "vLLM API server version 0.26.0"),
+            ("12:16:20", "GPU KV cache size: 672,352 tokens"),
+            ("12:16:25", "Graph capturing finished in 4 secs, took 0.46 GiB"),
+        ],
+    )
     late = _vllm_log(tmp_path / "ngram.log", [("12:16:59", "vLLM API server version 0.26.0")])
     early = _vllm_log(tmp_path / "ngram2.log", [("12:15:10", "vLLM API server version 0.26.0")])
-    assert start_order(first, late) == {"first_log_start": "12-01 12:15:09", "first_settled": "12-01 12:16:25",
-                                        "second_log_start": "12-01 12:16:59", "ordered": True}
+    assert start_order(first, late) == {
+        "first_log_start": "12-01 12:15:09",
+        "first_settled": "12-01 12:16:25",
+        "second_log_start": "12-01 12:16:59",
+        "ordered": True,
+    }
     assert start_order(first, early)["ordered"] is False
     assert start_order(first, tmp_path / "missing.log")["ordered"] is None
 
 
 def test_check_summary_reads_plan_check_json() -> None:
-    doc = {"configuration": "whole", "concurrency": 1024, "within_tolerance": True, "verdict": "within 10%: ...",
-           "metrics": {"makespan_s": {"predicted": 196.4, "measured": 204.6, "error_pct": -4.0},
-                       "output_tps_per_server": {"predicted": 26070.7, "measured": 25027.5, "error_pct": 4.2}}}
+    doc = {
+        "configuration": "whole",
+        "concurrency": 1024,
+        "within_tolerance": True,
+        "verdict": "within 10%: ...",
+        "metrics": {
+            "makespan_s": {"predicted": 196.4, "measured": 204.6, "error_pct": -4.0},
+            "output_tps_per_server": {"predicted": 26070.7, "measured": 25027.5, "error_pct": 4.2},
+        },
+    }
     got = check_summary(doc)
     assert got["makespan_error_pct"] == -4.0 and got["within_tolerance"] is True and got["tps_measured"] == 25027.5
     assert check_summary(None) == {} and check_summary({"error": "x"}) == {}
@@ -287,6 +407,7 @@ def test_check_summary_reads_plan_check_json() -> None:
 
 def test_rank_summary_compares_the_plans_order_with_the_jobs() -> None:
     from h200_rank import plan_order, rank_summary
+
     plan = {"plans": {"1": [{"name": "ngram", "makespan_s": 70.0}, {"name": "plain", "makespan_s": 60.0}]}}
     assert plan_order(plan) == ["plain", "ngram"] and plan_order(plan, "8") == [] and plan_order(None) == []
     agree = rank_summary(plan, {"plain": {"makespan_measured_s": 61.0}, "ngram": {"makespan_measured_s": 75.0}})
@@ -299,19 +420,32 @@ def test_rank_summary_compares_the_plans_order_with_the_jobs() -> None:
 
 def test_ab_ratios_compare_like_for_like_spans() -> None:
     from h200_stages import ab_point_ratios
-    point = {"servefleet": {"output_tokens_per_s": 20_000.0, "output_tokens_per_s_span": 19_000.0},
-             "vllm": {"output_throughput": 19_400.0}}
-    assert ab_point_ratios(point) == {"ratio_span": round(19_000 / 19_400, 4), "ratio_steady": round(20_000 / 19_400, 4)}
-    assert ab_point_ratios({"servefleet": point["servefleet"], "vllm": "skipped (rehearsal)"}) == {"ratio_span": None, "ratio_steady": None}
+
+    point = {
+        "servefleet": {"output_tokens_per_s": 20_000.0, "output_tokens_per_s_span": 19_000.0},
+        "vllm": {"output_throughput": 19_400.0},
+    }
+    assert ab_point_ratios(point) == {
+        "ratio_span": round(19_000 / 19_400, 4),
+        "ratio_steady": round(20_000 / 19_400, 4),
+    }
+    assert ab_point_ratios({"servefleet": point["servefleet"], "vllm": "skipped (rehearsal)"}) == {
+        "ratio_span": None,
+        "ratio_steady": None,
+    }
 
 
 def test_run2_groups_are_stages_of_the_driver(tmp_path: Path) -> None:
     assert h200.expand(["run2a"])[:2] == ["setup", "up-whole"] and h200.expand(["run2b"])[-1] == "collect"
-    assert "down" not in h200.expand(["run2c"]) and h200.expand(["run2d"])[-2:] == ["down", "collect"]  # servers kept up between
+    assert "down" not in h200.expand(["run2c"]) and h200.expand(["run2d"])[-2:] == [
+        "down",
+        "collect",
+    ]  # servers kept up between
     for group in GROUPS.values():
         assert set(group) <= set(h200.STAGES) | {"collect"}
-    rc = h200.main(["--rehearse", "run2b", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out"),
-                    "--budget", "0.001"])
+    rc = h200.main(
+        ["--rehearse", "run2b", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out"), "--budget", "0.001"]
+    )
     timings = {t["stage"]: t["status"] for t in json.loads((tmp_path / "out" / "timings.json").read_text())}
     assert rc == 0 and timings["faults"] == "skipped (budget)" and timings["down"] == "ok"
 
@@ -326,17 +460,56 @@ def test_cpu_rehearsal_of_run2(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("OUT", None)
     common = ["--work", str(work), "--out", str(out), "--input-len", "16", "--output-len", "16"]
-    a = subprocess.run(["bash", str(GPU / "run_h200.sh"), "--rehearse", "run2a", *common, "--nostream-concurrency", "8,32",
-                        "--nostream-point-seconds", "1", "--whole-prompts", "800", "--ab-stream-concurrency", "8",
-                        "--ab-stream-waves", "2"], capture_output=True, text=True, env=env, timeout=200)
+    a = subprocess.run(
+        [
+            "bash",
+            str(GPU / "run_h200.sh"),
+            "--rehearse",
+            "run2a",
+            *common,
+            "--nostream-concurrency",
+            "8,32",
+            "--nostream-point-seconds",
+            "1",
+            "--whole-prompts",
+            "800",
+            "--ab-stream-concurrency",
+            "8",
+            "--ab-stream-waves",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=200,
+    )
     assert a.returncode == 0, a.stdout[-3000:] + a.stderr[-3000:]
     res = work / "results"
     gen = json.loads((res / "generate_whole.json").read_text())
     assert gen["status"] == "complete" and gen["exactly_once"] and gen["fraction_of_bench_best"] > 0
     assert json.loads((res / "plan_check.json").read_text())["summary"]["makespan_error_pct"] is not None
-    b = subprocess.run(["bash", str(GPU / "run_h200.sh"), "--rehearse", "up-shared", "faults", "down", "collect", *common,
-                        "--kill-prompts", "6000", "--kill-after", "3", "--hang-after", "3"],
-                       capture_output=True, text=True, env=env, timeout=200)
+    b = subprocess.run(
+        [
+            "bash",
+            str(GPU / "run_h200.sh"),
+            "--rehearse",
+            "up-shared",
+            "faults",
+            "down",
+            "collect",
+            *common,
+            "--kill-prompts",
+            "6000",
+            "--kill-after",
+            "3",
+            "--hang-after",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=200,
+    )
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
     assert json.loads((res / "up_shared.json").read_text())["start_order"]["ordered"] is True
     faults = json.loads((res / "faults.json").read_text())
@@ -349,12 +522,14 @@ def test_cpu_rehearsal_of_run2(tmp_path: Path) -> None:
 # ---- several GPUs (issue 18: h200_multi.py) --------------------------------------------------------
 def test_fleet_sizes_double_up_to_the_gpu_count() -> None:
     from h200_multi import fleet_sizes
+
     assert fleet_sizes(8) == [1, 2, 4, 8] and fleet_sizes(4) == [1, 2, 4]
     assert fleet_sizes(3) == [1, 2, 3] and fleet_sizes(1) == [1] and fleet_sizes(0) == []
 
 
 def test_visible_gpus_prefers_cuda_visible_devices() -> None:
     from h200_multi import visible_gpus
+
     smi = [f"GPU {i}: NVIDIA H200 (UUID: GPU-{i})" for i in range(8)]
     assert visible_gpus({}, smi) == 8
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, smi) == 4
@@ -364,6 +539,7 @@ def test_visible_gpus_prefers_cuda_visible_devices() -> None:
 
 def test_throughput_dip_reads_the_jobs_timeline() -> None:
     from h200_multi import throughput_dip
+
     tokens = [1000] * 10 + [500, 600, 800, 950, 1000, 1000, 300]  # fault at 10 s; the last bucket is the tail
     dip = throughput_dip({"bucket_s": 1.0, "job": {"output_tokens": tokens}}, fault_at_s=10.0, window_s=8.0)
     assert dip["rate_before"] == 1000.0 and dip["min_after"] == 500.0 and dip["dip_fraction"] == 0.5
@@ -375,6 +551,7 @@ def test_throughput_dip_reads_the_jobs_timeline() -> None:
 
 def test_plan_rank_orders_by_makespan_and_cpu_share() -> None:
     from h200_multi import cpu_share, plan_rank
+
     doc = {"plans": {"2": [{"name": "tp2", "makespan_s": 90.0}, {"name": "gpu0", "makespan_s": 60.0}]}}
     assert plan_rank(doc, "2") == ["gpu0", "tp2"] and plan_rank(doc, "8") == [] and plan_rank(None, "2") == []
     assert cpu_share(1.5, 0.5, 4.0) == 0.5 and cpu_share(1.0, 0.0, 0.0) is None
@@ -383,6 +560,7 @@ def test_plan_rank_orders_by_makespan_and_cpu_share() -> None:
 def test_multi_fleets_put_one_server_on_each_gpu(tmp_path: Path) -> None:
     from h200_multi import multi_toml, server_names, tp_toml
     from h200_stages import Ctx
+
     lay = layout(tmp_path, rehearse=False)
     ctx = Ctx(lay, Settings(), None)  # type: ignore[arg-type]  # fleet files need no runner
     path = tmp_path / "multi.toml"
@@ -397,8 +575,9 @@ def test_multi_fleets_put_one_server_on_each_gpu(tmp_path: Path) -> None:
 
 
 def test_multi_group_checkpoints_past_the_budget(tmp_path: Path) -> None:
-    rc = h200.main(["--rehearse", "multi", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out"),
-                    "--budget", "0.001"])
+    rc = h200.main(
+        ["--rehearse", "multi", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out"), "--budget", "0.001"]
+    )
     timings = {t["stage"]: t["status"] for t in json.loads((tmp_path / "out" / "timings.json").read_text())}
     assert rc == 0 and timings["multi-scale"] == "skipped (budget)" and timings["multi-down"] == "ok"
     assert timings["multi-summary"] == "ok" and (tmp_path / "out" / "multi_summary.json").exists()
@@ -413,11 +592,39 @@ def test_cpu_rehearsal_of_multi(tmp_path: Path) -> None:
     work, out = tmp_path / "w", tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable}
     env.pop("OUT", None)
-    proc = subprocess.run(["bash", str(GPU / "run_h200.sh"), "--rehearse", "multi", "multi-tp", "--work", str(work),
-                           "--out", str(out), "--gpus", "3", "--input-len", "16", "--output-len", "16",
-                           "--multi-concurrency", "8,32", "--multi-point-seconds", "1", "--multi-prompts-per-gpu", "400",
-                           "--multi-kill-after", "3", "--multi-fault-prompts", "8000"],
-                          capture_output=True, text=True, env=env, timeout=220)
+    proc = subprocess.run(
+        [
+            "bash",
+            str(GPU / "run_h200.sh"),
+            "--rehearse",
+            "multi",
+            "multi-tp",
+            "--work",
+            str(work),
+            "--out",
+            str(out),
+            "--gpus",
+            "3",
+            "--input-len",
+            "16",
+            "--output-len",
+            "16",
+            "--multi-concurrency",
+            "8,32",
+            "--multi-point-seconds",
+            "1",
+            "--multi-prompts-per-gpu",
+            "400",
+            "--multi-kill-after",
+            "3",
+            "--multi-fault-prompts",
+            "8000",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "multi_summary.json").read_text())
     assert summary["gpus"] == 3 and set(summary["time_to_ready_s"]) == {"gpu0", "gpu1", "gpu2"}
@@ -443,12 +650,22 @@ def test_multi_scale_keeps_sizes_an_earlier_command_measured(tmp_path: Path) -> 
     from h200_exec import Runner
     from h200_multi import stage_multi_scale
     from h200_stages import Ctx
+
     lay = layout(tmp_path, rehearse=True)
     (lay.results / "multi").mkdir(parents=True)
     (lay.results / "multi" / "bench-gpu0.json").write_text("{}")
     done = {"status": "complete", "exactly_once": True, "output_tokens_per_s": 1000.0}
-    (lay.results / "multi" / "scale.json").write_text(json.dumps({"jobs": {
-        "1": done, "2": {**done, "output_tokens_per_s": 1900.0}, "4": {"status": "incomplete", "exactly_once": False}}}))
+    (lay.results / "multi" / "scale.json").write_text(
+        json.dumps(
+            {
+                "jobs": {
+                    "1": done,
+                    "2": {**done, "output_tokens_per_s": 1900.0},
+                    "4": {"status": "incomplete", "exactly_once": False},
+                }
+            }
+        )
+    )
     ctx = Ctx(lay, Settings(rehearse=True, gpus=4), Runner(lay.results, dict(os.environ), tmp_path))
     out = stage_multi_scale(ctx)
     assert out["jobs"]["1"] == done and out["speedup"] == {"1": 1.0, "2": 1.9}

@@ -20,11 +20,22 @@ def test_a_slurm_host_is_a_scheduler_and_a_local_host_is_not() -> None:
     assert batching_of(local) is None
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("1:00", 60.0), ("59", 3540.0), ("2:03:04", 7384.0), ("1-00:00:00", 86400.0), ("3-4:05:06", 273906.0),
-    ("1-2", 93600.0), ("1-2:30", 95400.0),  # sbatch's days-hours[:minutes]
-    ("UNLIMITED", None), ("INVALID", None), ("", None), ("NOT_SET", None),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1:00", 60.0),
+        ("59", 3540.0),
+        ("2:03:04", 7384.0),
+        ("1-00:00:00", 86400.0),
+        ("3-4:05:06", 273906.0),
+        ("1-2", 93600.0),
+        ("1-2:30", 95400.0),  # sbatch's days-hours[:minutes]
+        ("UNLIMITED", None),
+        ("INVALID", None),
+        ("", None),
+        ("NOT_SET", None),
+    ],
+)
 def test_slurm_durations(text: str, seconds: float | None) -> None:
     assert slurm_seconds(text) == seconds
 

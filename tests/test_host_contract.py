@@ -25,7 +25,14 @@ from servefleet.hosts.watch import WatchHost
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
 KINDS = ["local", "ssh", "slurm"]
-CAPABILITIES = {"Scheduler": Scheduler, "Connecting": Connecting, "Batching": Batching, "Answering": Answering, "UnitHost": UnitHost, "WatchHost": WatchHost}
+CAPABILITIES = {
+    "Scheduler": Scheduler,
+    "Connecting": Connecting,
+    "Batching": Batching,
+    "Answering": Answering,
+    "UnitHost": UnitHost,
+    "WatchHost": WatchHost,
+}
 DECLARED = {
     "local": {"WatchHost"},  # a polled watch stream (hosts/watch.poll_watch)
     "ssh": {"Connecting", "Batching", "UnitHost", "WatchHost"},
@@ -56,8 +63,14 @@ async def kind(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
         from servefleet.hosts.slurm import SlurmHost, SlurmSpec
 
         cluster = request.getfixturevalue("slurm")
-        spec = SlurmSpec(name="cluster", sbatch=("--time=5",), env={"SLURM_CONF": str(cluster.conf)}, poll_interval=0.2,
-                         python=sys.executable, fleet=FLEET)
+        spec = SlurmSpec(
+            name="cluster",
+            sbatch=("--time=5",),
+            env={"SLURM_CONF": str(cluster.conf)},
+            poll_interval=0.2,
+            python=sys.executable,
+            fleet=FLEET,
+        )
         host = SlurmHost(spec, LocalHost(), lambda _port: None)
     yield Kind(request.param, host, work)
     await host.close()
@@ -88,9 +101,15 @@ async def test_a_launched_server_is_owned_alive_and_stopped(kind: Kind) -> None:
     host, work = kind.host, kind.work
     log, status = str(work / "logs" / "a.log"), str(work / "run" / "a.status")
     (work / "run").mkdir()
-    launched = await host.launch(["sh", "-c", "echo serving; exec sleep 60"], log_path=log, status_path=status, marker="==== m ====")
+    launched = await host.launch(
+        ["sh", "-c", "echo serving; exec sleep 60"], log_path=log, status_path=status, marker="==== m ===="
+    )
     try:
-        assert (launched.state, launched.log_offset, launched.line_no) == ("alive", len(b"==== m ====\n"), 2)  # this attempt starts after its marker
+        assert (launched.state, launched.log_offset, launched.line_no) == (
+            "alive",
+            len(b"==== m ====\n"),
+            2,
+        )  # this attempt starts after its marker
         assert await host.group_alive(launched.pgid)
         await async_wait_until(lambda: _has(host, log, b"serving"), timeout=30, what="the server's first line")
         assert (await host.read_bytes(log)).startswith(b"==== m ====\n")

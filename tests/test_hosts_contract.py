@@ -78,7 +78,7 @@ def after_last_truncation(items: list[bytes | Truncated]) -> bytes | None:
 
 
 async def test_run_returns_output_and_codes(host: Host) -> None:
-    result = await host.run(["sh", "-c", 'echo out; echo err >&2; exit 0'])
+    result = await host.run(["sh", "-c", "echo out; echo err >&2; exit 0"])
     assert result.returncode == 0 and result.stdout == "out\n" and result.stderr == "err\n"
     failed = await host.run(["sh", "-c", "echo nope >&2; exit 7"], check=False)
     assert failed.returncode == 7 and "nope" in failed.stderr
@@ -148,7 +148,9 @@ async def test_sigkill_of_the_group_leaves_no_status(host: Host, work: Path) -> 
 
 async def test_exit_code_is_recorded(host: Host, work: Path) -> None:
     status = str(work / "e.status")
-    pgid = await host.spawn_detached(["sh", "-c", "echo bye; exit 3"], log_path=str(work / "e.log"), status_path=status)
+    pgid = await host.spawn_detached(
+        ["sh", "-c", "echo bye; exit 3"], log_path=str(work / "e.log"), status_path=status
+    )
     await async_wait_until(lambda: _exists(host, status), what="the status file")
     assert (await host.read_bytes(status)).strip() == b"3"
 
@@ -166,7 +168,13 @@ async def test_launch_marks_the_log_counts_its_lines_and_starts_the_server(host:
     status.parent.mkdir()
     status.write_text("9\n")  # the previous attempt's exit code: stale
     marker = f"==== launch {WEIRD} ===="
-    launched = await host.launch(["sh", "-c", 'echo "up $GREETING"; exec sleep 60'], log_path=str(log), status_path=str(status), marker=marker, env={"GREETING": "hi there"})
+    launched = await host.launch(
+        ["sh", "-c", 'echo "up $GREETING"; exec sleep 60'],
+        log_path=str(log),
+        status_path=str(status),
+        marker=marker,
+        env={"GREETING": "hi there"},
+    )
     try:
         before = f"earlier run\nits last line was cut\n{marker}\n".encode()
         assert launched.log_offset == len(before) and launched.line_no == 4  # the byte after the marker starts line 4
@@ -184,7 +192,9 @@ async def test_launch_marks_the_log_counts_its_lines_and_starts_the_server(host:
 
 async def test_launch_into_a_new_log_and_a_server_that_exits_at_once(host: Host, work: Path) -> None:
     log, status = work / "fresh" / "n.log", work / "fresh" / "n.status"
-    launched = await host.launch(["sh", "-c", "exit 5"], log_path=str(log), status_path=str(status), marker="==== m ====")
+    launched = await host.launch(
+        ["sh", "-c", "exit 5"], log_path=str(log), status_path=str(status), marker="==== m ===="
+    )
     assert launched.log_offset == len(b"==== m ====\n") and launched.line_no == 2
     assert log.stat().st_mode & 0o777 == 0o600 and (log.parent.stat().st_mode & 0o777) == 0o700
     await async_wait_until(lambda: _exists(host, str(status)), what="the status file")
@@ -198,7 +208,12 @@ async def test_launch_that_cannot_write_its_log_starts_nothing(host: Host, work:
     blocker = work / "not a folder"
     blocker.write_text("a file where the log's folder should be")
     with pytest.raises(Exception) as info:
-        await host.launch(["sh", "-c", f"touch {str(work / 'started')!r}"], log_path=str(blocker / "x.log"), status_path=str(work / "x.status"), marker="m")
+        await host.launch(
+            ["sh", "-c", f"touch {str(work / 'started')!r}"],
+            log_path=str(blocker / "x.log"),
+            status_path=str(work / "x.status"),
+            marker="m",
+        )
     assert isinstance(info.value, (HostError, OSError)), info.value
     assert not (work / "started").exists()
 
@@ -243,7 +258,9 @@ async def test_follow_streams_growth_from_an_offset(host: Host, work: Path) -> N
         items = await collect(agen, lambda xs: b"".join(x for x in xs if isinstance(x, bytes)) == b"line 1\n")
         with path.open("ab") as fh:
             fh.write(b"line 2\npartial")
-        await collect(agen, lambda xs: b"".join(x for x in xs if isinstance(x, bytes)).endswith(b"partial"), items=items)
+        await collect(
+            agen, lambda xs: b"".join(x for x in xs if isinstance(x, bytes)).endswith(b"partial"), items=items
+        )
         assert b"".join(x for x in items if isinstance(x, bytes)) == b"line 1\nline 2\npartial"
         assert not any(isinstance(x, Truncated) for x in items)
     finally:
@@ -363,7 +380,9 @@ async def test_pid_status_sees_a_child_die_while_its_group_lives(host: Host, wor
     # A plain child of a live shell shares the shell's group: the group outlives it (issue 12, item 5).
     log = str(work / "p.log")
     then = "wait; exec sleep 60" if reaped else "exec sleep 60"  # exec'd sleep never reaps: a zombie stays
-    pgid = await host.spawn_detached(["sh", "-c", f'sleep 60 & echo "child=$!"; {then}'], log_path=log, status_path=str(work / "p.status"))
+    pgid = await host.spawn_detached(
+        ["sh", "-c", f'sleep 60 & echo "child=$!"; {then}'], log_path=log, status_path=str(work / "p.status")
+    )
     try:
         child = await _child_pid(host, log)
         alive = await host.pid_status(child)

@@ -79,13 +79,18 @@ async def busy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 
 
 # ------------------------------------------------------------------ the real transport's taxonomy
-@pytest.mark.parametrize(("handler", "kind", "words"), [
-    (garbled, FailureKind.PROTOCOL, "not an HTTP answer"),
-    (cut_short, FailureKind.DISCONNECT, "not completed"),
-    (hangs_up, FailureKind.DISCONNECT, "server disconnected"),
-    (never_answers, FailureKind.TIMEOUT, "no answer within 0.3s"),
-])
-async def test_socket_failures_are_translated_once_into_the_taxonomy(handler: Handler, kind: FailureKind, words: str) -> None:
+@pytest.mark.parametrize(
+    ("handler", "kind", "words"),
+    [
+        (garbled, FailureKind.PROTOCOL, "not an HTTP answer"),
+        (cut_short, FailureKind.DISCONNECT, "not completed"),
+        (hangs_up, FailureKind.DISCONNECT, "server disconnected"),
+        (never_answers, FailureKind.TIMEOUT, "no answer within 0.3s"),
+    ],
+)
+async def test_socket_failures_are_translated_once_into_the_taxonomy(
+    handler: Handler, kind: FailureKind, words: str
+) -> None:
     async with raw_server(handler) as url, HttpClient() as client:
         with pytest.raises(TransportError) as caught:
             await client.get(url + "/health", timeout=Timeout(0.3))
@@ -115,16 +120,28 @@ async def test_a_stream_cut_mid_body_leaves_the_async_with_as_a_transport_error(
     assert caught.value.kind is FailureKind.DISCONNECT and b"".join(got) == b"abc"
 
 
-@pytest.mark.parametrize(("status", "name"), [(429, "rate_limited"), (400, "client_error"), (404, "client_error"),
-                                              (500, "server_error"), (503, "server_error")])
+@pytest.mark.parametrize(
+    ("status", "name"),
+    [
+        (429, "rate_limited"),
+        (400, "client_error"),
+        (404, "client_error"),
+        (500, "server_error"),
+        (503, "server_error"),
+    ],
+)
 def test_status_classes(status: int, name: str) -> None:
     assert status_class(status) == name
 
 
 # ------------------------------------------------------------------ best-effort reads, the fake
 async def test_get_json_is_none_on_anything_but_a_200_with_json() -> None:
-    answers = {"/ok": Response(200, b'{"a": 1}'), "/nan": Response(200, b'{"a": NaN}'), "/missing": Response(404, b"{}"),
-               "/garbage": Response(200, b"<html>")}
+    answers = {
+        "/ok": Response(200, b'{"a": 1}'),
+        "/nan": Response(200, b'{"a": NaN}'),
+        "/missing": Response(404, b"{}"),
+        "/garbage": Response(200, b"<html>"),
+    }
 
     def handler(request: Request) -> Response:
         if request.path == "/down":
@@ -134,9 +151,13 @@ async def test_get_json_is_none_on_anything_but_a_200_with_json() -> None:
     transport = MockTransport(handler)
     async with HttpClient(transport) as client:
         assert await client.get_json("http://x/ok") == {"a": 1}
-        assert (await client.get_json("http://x/nan"))["a"] != (await client.get_json("http://x/nan"))["a"]  # NaN, via the stdlib
+        assert (await client.get_json("http://x/nan"))["a"] != (await client.get_json("http://x/nan"))[
+            "a"
+        ]  # NaN, via the stdlib
         assert [await client.get_json(f"http://x/{p}") for p in ("missing", "garbage", "down")] == [None, None, None]
-        assert await client.get_text("http://x/missing") is None and await client.get_text("http://x/garbage") == "<html>"
+        assert (
+            await client.get_text("http://x/missing") is None and await client.get_text("http://x/garbage") == "<html>"
+        )
     assert transport.closed and [r.path for r in transport.requests][:2] == ["/ok", "/nan"]
 
 
@@ -146,7 +167,9 @@ def _sse(*events: dict) -> list[bytes]:
 
 
 async def _bench_send(handler: Callable[[Request], Response], stream: bool = True):
-    backend = OpenAIBackend(EndpointConfig("http://x", "/v1/completions", stream=stream, timeout_s=7), MockTransport(handler))
+    backend = OpenAIBackend(
+        EndpointConfig("http://x", "/v1/completions", stream=stream, timeout_s=7), MockTransport(handler)
+    )
     await backend.open(1)
     try:
         return await backend.send(PreparedRequest(index=0, body=b"{}", input_tokens=3, max_tokens=2))
@@ -155,28 +178,45 @@ async def _bench_send(handler: Callable[[Request], Response], stream: bool = Tru
 
 
 async def test_bench_reads_a_stream_from_the_fake_transport() -> None:
-    chunks = _sse({"choices": [{"text": "he"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
-                  {"choices": [{"text": "llo"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+    chunks = _sse(
+        {"choices": [{"text": "he"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+        {"choices": [{"text": "llo"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+    )
     rec = await _bench_send(lambda r: MockResponse.streamed(200, chunks))
     assert rec.ok and rec.completion_tokens == 2 and rec.prompt_tokens == 3 and len(rec.chunk_offsets) >= 1
 
 
-@pytest.mark.parametrize(("answer", "kind"), [
-    (lambda r: Response(429, b'{"error": {"message": "slow down"}}'), "rate_limited"),
-    (lambda r: Response(400, b'{"error": {"message": "bad"}}'), "client_error"),
-    (lambda r: Response(502, b"bad gateway"), "server_error"),
-    (lambda r: MockResponse.streamed(200, [b'data: {"choices": [{"text": "a"}]}\n\n'], fail_after=reset()), "disconnected"),
-    (lambda r: MockResponse.streamed(200, [b""]), "bad_response"),
-])
-async def test_bench_failures_are_records_with_their_stable_kind(answer: Callable[[Request], Response], kind: str) -> None:
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [
+        (lambda r: Response(429, b'{"error": {"message": "slow down"}}'), "rate_limited"),
+        (lambda r: Response(400, b'{"error": {"message": "bad"}}'), "client_error"),
+        (lambda r: Response(502, b"bad gateway"), "server_error"),
+        (
+            lambda r: MockResponse.streamed(200, [b'data: {"choices": [{"text": "a"}]}\n\n'], fail_after=reset()),
+            "disconnected",
+        ),
+        (lambda r: MockResponse.streamed(200, [b""]), "bad_response"),
+    ],
+)
+async def test_bench_failures_are_records_with_their_stable_kind(
+    answer: Callable[[Request], Response], kind: str
+) -> None:
     rec = await _bench_send(answer)
     assert not rec.ok and rec.error_kind == kind
 
 
-@pytest.mark.parametrize(("error", "kind", "message"), [
-    (refused, "connection", "refused"), (timed_out, "timeout", "no complete answer within 7s"), (reset, "disconnected", "disconnected"),
-])
-async def test_bench_transport_failures_keep_runjson_names(error: Callable[[], TransportError], kind: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("error", "kind", "message"),
+    [
+        (refused, "connection", "refused"),
+        (timed_out, "timeout", "no complete answer within 7s"),
+        (reset, "disconnected", "disconnected"),
+    ],
+)
+async def test_bench_transport_failures_keep_runjson_names(
+    error: Callable[[], TransportError], kind: str, message: str
+) -> None:
     def handler(request: Request) -> Response:
         raise error()
 
@@ -190,14 +230,22 @@ async def test_generate_client_classifies_through_the_one_taxonomy() -> None:
     def handler(request: Request) -> Response:
         if request.url.endswith("/v1/chat/completions"):
             return Response(503, b'{"error": {"message": "overloaded"}}', {"Retry-After": "2"})
-        return Response(200, b'{"choices": [{"text": "hi", "finish_reason": "length"}], "usage": {"completion_tokens": 1}}')
+        return Response(
+            200, b'{"choices": [{"text": "hi", "finish_reason": "length"}], "usage": {"completion_tokens": 1}}'
+        )
 
     async with Client(transport=MockTransport(handler)) as client:
         done = await client.complete("http://x", "completions", {"prompt": "a"})
         busy_ = await client.complete("http://x", "chat", {"messages": []})
     assert isinstance(done, Completion) and (done.text, done.completion_tokens) == ("hi", 1)
     assert isinstance(busy_, RequestFailure) and busy_.kind is FailureKind.HTTP
-    assert (busy_.status, busy_.retry_after_s, busy_.message, busy_.retryable, busy_.overload) == (503, 2.0, "overloaded", True, True)
+    assert (busy_.status, busy_.retry_after_s, busy_.message, busy_.retryable, busy_.overload) == (
+        503,
+        2.0,
+        "overloaded",
+        True,
+        True,
+    )
 
     def down(request: Request) -> Response:
         raise refused(request.url)
@@ -205,7 +253,11 @@ async def test_generate_client_classifies_through_the_one_taxonomy() -> None:
     async with Client(transport=MockTransport(down)) as client:
         failure = await client.complete("http://x", "completions", {"prompt": "a"})
         assert isinstance(failure, RequestFailure) and failure.kind is FailureKind.CONNECT and failure.server_fault
-        assert not await client.ping("http://x") and not await client.ready("http://x") and await client.models("http://x") is None
+        assert (
+            not await client.ping("http://x")
+            and not await client.ready("http://x")
+            and await client.models("http://x") is None
+        )
 
 
 # ------------------------------------------------------------------ one probe, one identity rule
@@ -228,16 +280,20 @@ def _answers(status: int, models: list[str] | None = None) -> MockTransport:
     return MockTransport(handler)
 
 
-@pytest.mark.parametrize(("status", "holder", "models", "outcome"), [
-    (200, 7, None, ProbeOutcome.OK),  # ours by its process group
-    (200, 9, None, ProbeOutcome.WRONG_IDENTITY),  # another group holds the port
-    (200, None, ["m"], ProbeOutcome.OK),  # owner unseen: the served name decides
-    (200, None, ["other"], ProbeOutcome.WRONG_IDENTITY),
-    (503, 7, None, ProbeOutcome.HTTP),  # ours, loading
-    (503, 9, None, ProbeOutcome.WRONG_IDENTITY),  # `status` names a foreign answer even when not ready
-])
-async def test_probe_once_applies_the_identity_rule_of_wait(status: int, holder: int | None, models: list[str] | None,
-                                                            outcome: ProbeOutcome) -> None:
+@pytest.mark.parametrize(
+    ("status", "holder", "models", "outcome"),
+    [
+        (200, 7, None, ProbeOutcome.OK),  # ours by its process group
+        (200, 9, None, ProbeOutcome.WRONG_IDENTITY),  # another group holds the port
+        (200, None, ["m"], ProbeOutcome.OK),  # owner unseen: the served name decides
+        (200, None, ["other"], ProbeOutcome.WRONG_IDENTITY),
+        (503, 7, None, ProbeOutcome.HTTP),  # ours, loading
+        (503, 9, None, ProbeOutcome.WRONG_IDENTITY),  # `status` names a foreign answer even when not ready
+    ],
+)
+async def test_probe_once_applies_the_identity_rule_of_wait(
+    status: int, holder: int | None, models: list[str] | None, outcome: ProbeOutcome
+) -> None:
     async with HttpClient(_answers(status, models)) as client:
         prober = Prober(client, "http://127.0.0.1:8000", _Holder(holder), pgid=7, port=8000, served_model="m")  # type: ignore[arg-type]
         try:
@@ -247,8 +303,10 @@ async def test_probe_once_applies_the_identity_rule_of_wait(status: int, holder:
     assert result.outcome is outcome, result
 
 
-@pytest.mark.parametrize(("error", "outcome"), [(refused, ProbeOutcome.REFUSED), (reset, ProbeOutcome.REFUSED),
-                                                (timed_out, ProbeOutcome.HTTP)])
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [(refused, ProbeOutcome.REFUSED), (reset, ProbeOutcome.REFUSED), (timed_out, ProbeOutcome.HTTP)],
+)
 async def test_probe_failures_map_to_outcomes(error: Callable[[], TransportError], outcome: ProbeOutcome) -> None:
     def handler(request: Request) -> Response:
         raise error()
@@ -262,7 +320,10 @@ async def test_probe_failures_map_to_outcomes(error: Callable[[], TransportError
 
 async def test_smoke_request_through_the_layer() -> None:
     def handler(request: Request) -> Response:
-        assert request.headers.get("Content-Type") == "application/json" and json.loads(request.body or b"")["max_tokens"] == 1
+        assert (
+            request.headers.get("Content-Type") == "application/json"
+            and json.loads(request.body or b"")["max_tokens"] == 1
+        )
         return Response(500, b'{"error": "head size 80 is not supported"}')
 
     async with HttpClient(MockTransport(handler)) as client:
@@ -272,22 +333,43 @@ async def test_smoke_request_through_the_layer() -> None:
 
 
 # ------------------------------------------------------------------ engine knowledge stays in profiles
-@pytest.mark.parametrize(("owner", "info", "metrics", "engine"), [
-    ("vllm", None, "", "vllm"), ("SGLang", None, "", "sglang"), ("llamacpp", None, "", "llamacpp"), ("tgi", None, "", "tgi"),
-    ("sglang", None, "vllm:num_requests_running 1", "sglang"),  # /v1/models' owner is trusted first
-    (None, {"max_total_num_tokens": 1000}, "vllm:x 1", "sglang"),  # then the info document
-    (None, None, "vllm:num_requests_running 1", "vllm"), (None, None, "llamacpp:tokens 1", "llamacpp"),
-    (None, None, "tgi_queue_size 0", "tgi"), ("someone", {"version": "1"}, "process_cpu 1", None),
-])
-def test_a_bare_server_is_recognised_by_the_profiles(owner: str | None, info: dict | None, metrics: str, engine: str | None) -> None:
+@pytest.mark.parametrize(
+    ("owner", "info", "metrics", "engine"),
+    [
+        ("vllm", None, "", "vllm"),
+        ("SGLang", None, "", "sglang"),
+        ("llamacpp", None, "", "llamacpp"),
+        ("tgi", None, "", "tgi"),
+        ("sglang", None, "vllm:num_requests_running 1", "sglang"),  # /v1/models' owner is trusted first
+        (None, {"max_total_num_tokens": 1000}, "vllm:x 1", "sglang"),  # then the info document
+        (None, None, "vllm:num_requests_running 1", "vllm"),
+        (None, None, "llamacpp:tokens 1", "llamacpp"),
+        (None, None, "tgi_queue_size 0", "tgi"),
+        ("someone", {"version": "1"}, "process_cpu 1", None),
+    ],
+)
+def test_a_bare_server_is_recognised_by_the_profiles(
+    owner: str | None, info: dict | None, metrics: str, engine: str | None
+) -> None:
     assert recognise(owner, info, metrics) == engine
 
 
-@pytest.mark.parametrize(("engine", "asked", "sent"), [
-    ("vllm", None, True), ("sglang", None, True), ("llamacpp", None, True), ("sim", None, True),
-    ("transformers", None, False), ("tgi", None, False), ("openai", None, False),
-    (None, None, True), ("not-an-engine", None, True), ("transformers", True, True), ("vllm", False, False),
-])
+@pytest.mark.parametrize(
+    ("engine", "asked", "sent"),
+    [
+        ("vllm", None, True),
+        ("sglang", None, True),
+        ("llamacpp", None, True),
+        ("sim", None, True),
+        ("transformers", None, False),
+        ("tgi", None, False),
+        ("openai", None, False),
+        (None, None, True),
+        ("not-an-engine", None, True),
+        ("transformers", True, True),
+        ("vllm", False, False),
+    ],
+)
 def test_ignore_eos_follows_the_profile_unless_asked(engine: str | None, asked: bool | None, sent: bool) -> None:
     config = BenchConfig(concurrency=[1], requests=1, input_len=8, output_len=8, ignore_eos=asked)
     assert wants_ignore_eos(config, engine) is sent

@@ -19,24 +19,47 @@ from servefleet.plan.planner import JobSpec
 from servefleet.validation import build, option_error
 
 
-@pytest.mark.parametrize(("factory", "fields", "fragment"), [
-    (JobSpec, {"prompts": -5, "output_tokens_mean": 100}, "--prompts must be greater than or equal to 1 (got -5)"),
-    (JobSpec, {"prompts": 5, "output_tokens_mean": -100}, "--output-tokens-mean must be greater than 0 (got -100)"),
-    (JobSpec, {"prompts": 5, "output_tokens_mean": float("nan")}, "--output-tokens-mean"),
-    (MemoryAssumptions, {"gpu_mem_bytes": 1 << 30, "tp": 0}, "--tp must be greater than or equal to 1 (got 0)"),
-    (MemoryAssumptions, {"gpu_mem_bytes": 1 << 30, "mem_fraction": 3}, "--mem-fraction must be less than or equal to 1 (got 3)"),
-    (MemoryAssumptions, {"gpu_mem_bytes": 1 << 30, "mem_fraction": 0}, "--mem-fraction must be greater than 0"),
-    (MemoryAssumptions, {"gpu_mem_bytes": 0}, "--gpu-mem must be greater than 0"),
-    (BenchConfig, {"input_len": -5}, "--input-len must be greater than or equal to 1 (got -5)"),
-    (BenchConfig, {"concurrency": [1, 0, 4]}, "--concurrency must be greater than or equal to 1 (got 0)"),
-    (BenchConfig, {"request_rates": [2.0, -1.0]}, "--request-rate"),
-    (BenchConfig, {"input_len_range": 1.5}, "--input-len-range must be less than 1"),
-    (GenerateConfig, {"input": "in.jsonl", "output": "out", "concurrency": 0}, "--concurrency must be greater than or equal to 1 (got 0)"),
-    (GenerateConfig, {"input": "in.jsonl", "output": "out", "params": {"max_tokens": 0}}, "--max-tokens must be greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    ("factory", "fields", "fragment"),
+    [
+        (JobSpec, {"prompts": -5, "output_tokens_mean": 100}, "--prompts must be greater than or equal to 1 (got -5)"),
+        (
+            JobSpec,
+            {"prompts": 5, "output_tokens_mean": -100},
+            "--output-tokens-mean must be greater than 0 (got -100)",
+        ),
+        (JobSpec, {"prompts": 5, "output_tokens_mean": float("nan")}, "--output-tokens-mean"),
+        (MemoryAssumptions, {"gpu_mem_bytes": 1 << 30, "tp": 0}, "--tp must be greater than or equal to 1 (got 0)"),
+        (
+            MemoryAssumptions,
+            {"gpu_mem_bytes": 1 << 30, "mem_fraction": 3},
+            "--mem-fraction must be less than or equal to 1 (got 3)",
+        ),
+        (MemoryAssumptions, {"gpu_mem_bytes": 1 << 30, "mem_fraction": 0}, "--mem-fraction must be greater than 0"),
+        (MemoryAssumptions, {"gpu_mem_bytes": 0}, "--gpu-mem must be greater than 0"),
+        (BenchConfig, {"input_len": -5}, "--input-len must be greater than or equal to 1 (got -5)"),
+        (BenchConfig, {"concurrency": [1, 0, 4]}, "--concurrency must be greater than or equal to 1 (got 0)"),
+        (BenchConfig, {"request_rates": [2.0, -1.0]}, "--request-rate"),
+        (BenchConfig, {"input_len_range": 1.5}, "--input-len-range must be less than 1"),
+        (
+            GenerateConfig,
+            {"input": "in.jsonl", "output": "out", "concurrency": 0},
+            "--concurrency must be greater than or equal to 1 (got 0)",
+        ),
+        (
+            GenerateConfig,
+            {"input": "in.jsonl", "output": "out", "params": {"max_tokens": 0}},
+            "--max-tokens must be greater than or equal to 1",
+        ),
+    ],
+)
 def test_models_refuse_out_of_range_values(factory, fields, fragment) -> None:
-    flags = {"mem_fraction": "--mem-fraction", "gpu_mem_bytes": "--gpu-mem", "request_rates": "--request-rate",
-             "params.max_tokens": "--max-tokens"}
+    flags = {
+        "mem_fraction": "--mem-fraction",
+        "gpu_mem_bytes": "--gpu-mem",
+        "request_rates": "--request-rate",
+        "params.max_tokens": "--max-tokens",
+    }
     with pytest.raises(ConfigError) as info:
         build(factory, flags, **fields)
     assert fragment in str(info.value)
@@ -58,17 +81,19 @@ def test_good_values_pass_unchanged() -> None:
 def test_server_named_like_the_state_index_is_refused(tmp_path: Path) -> None:
     # a server called "fleet" would write its record over the state folder's fleet.json
     path = tmp_path / "f.toml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         [[servers]]
         name = "fleet"
         engine = "vllm"
         model = "m"
         port = 30000
-    """))
+    """)
+    )
     with pytest.raises(ConfigError) as info:
         load_fleet_file(path)
     msg = str(info.value)
-    assert "f.toml" in msg and "\"fleet\" is reserved" in msg
+    assert "f.toml" in msg and '"fleet" is reserved' in msg
     assert StateStore.INDEX == "fleet.json"
 
 
@@ -85,18 +110,49 @@ def listener():
     sock.close()
 
 
-@pytest.mark.parametrize(("args", "fragment"), [
-    (["plan", "--bench", "RUN.json", "--prompts", "-5", "--output-tokens-mean", "10"], "--prompts must be greater than or equal to 1"),
-    (["plan", "--bench", "RUN.json", "--prompts", "5", "--output-tokens-mean", "-100"], "--output-tokens-mean must be greater than 0"),
-    (["plan", "--bench", "RUN.json", "--prompts", "5", "--output-tokens-mean", "100", "--gpus", "-4"], "--gpus must be"),
-    (["plan", "--bench", "RUN.json", "--prompts", "5", "--output-tokens-mean", "100", "--gpus-per-replica", "0"], "--gpus-per-replica"),
-    (["capacity", "--tp", "0", "--url", "URL"], "--tp"),
-    (["capacity", "--mem-fraction", "3", "--url", "URL"], "--mem-fraction must be less than or equal to 1"),
-    (["bench", "--url", "URL", "-c", "1", "-n", "4", "--input-len", "-5"], "--input-len must be greater than or equal to 1"),
-    (["bench", "--url", "URL", "-c", "1", "--duration", "-3"], "--duration must be greater than 0"),
-    (["generate", "--input", "IN", "--output", "OUT", "--url", "URL", "--concurrency", "0"], "--concurrency"),
-    (["generate", "--input", "IN", "--output", "OUT", "--url", "URL", "--max-tokens", "0"], "--max-tokens must be greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["plan", "--bench", "RUN.json", "--prompts", "-5", "--output-tokens-mean", "10"],
+            "--prompts must be greater than or equal to 1",
+        ),
+        (
+            ["plan", "--bench", "RUN.json", "--prompts", "5", "--output-tokens-mean", "-100"],
+            "--output-tokens-mean must be greater than 0",
+        ),
+        (
+            ["plan", "--bench", "RUN.json", "--prompts", "5", "--output-tokens-mean", "100", "--gpus", "-4"],
+            "--gpus must be",
+        ),
+        (
+            [
+                "plan",
+                "--bench",
+                "RUN.json",
+                "--prompts",
+                "5",
+                "--output-tokens-mean",
+                "100",
+                "--gpus-per-replica",
+                "0",
+            ],
+            "--gpus-per-replica",
+        ),
+        (["capacity", "--tp", "0", "--url", "URL"], "--tp"),
+        (["capacity", "--mem-fraction", "3", "--url", "URL"], "--mem-fraction must be less than or equal to 1"),
+        (
+            ["bench", "--url", "URL", "-c", "1", "-n", "4", "--input-len", "-5"],
+            "--input-len must be greater than or equal to 1",
+        ),
+        (["bench", "--url", "URL", "-c", "1", "--duration", "-3"], "--duration must be greater than 0"),
+        (["generate", "--input", "IN", "--output", "OUT", "--url", "URL", "--concurrency", "0"], "--concurrency"),
+        (
+            ["generate", "--input", "IN", "--output", "OUT", "--url", "URL", "--max-tokens", "0"],
+            "--max-tokens must be greater than or equal to 1",
+        ),
+    ],
+)
 def test_the_cli_refuses_bad_values_before_contacting_anything(args, fragment, listener, tmp_path: Path) -> None:
     import json
 

@@ -67,8 +67,11 @@ def test_only_the_cli_prints() -> None:
         rel = _rel(path)
         if rel.startswith("cli/") or rel in PRINT_ALLOWED:
             continue
-        lines = [node.lineno for node in ast.walk(ast.parse(path.read_text()))
-                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
+        lines = [
+            node.lineno
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+        ]
         if lines:
             offenders[rel] = lines
     assert offenders == {}, "print() outside the CLI: return data, and let the CLI render it"

@@ -71,6 +71,7 @@ def listener() -> Iterator[int]:
 @pytest.fixture
 def no_socket_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """psutil's socket table refused, as where it needs privileges (macOS, hardened kernels)."""
+
     def denied(*args: object, **kwargs: object) -> None:
         raise psutil.AccessDenied(msg="net_connections needs root here")
 
@@ -96,7 +97,9 @@ def test_without_proc_ss_answers(tmp_path: Path, listener: int) -> None:
     assert port_holder_fallback(free_port(), proc=str(tmp_path)) is None
 
 
-def test_without_proc_or_ss_a_bind_test_answers(tmp_path: Path, listener: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_proc_or_ss_a_bind_test_answers(
+    tmp_path: Path, listener: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(local_ports.shutil, "which", lambda name: None)
     holder = port_holder_fallback(listener, proc=str(tmp_path))
     assert holder is not None and holder.evidence == BIND_EVIDENCE and holder.pid is None
@@ -115,9 +118,13 @@ def test_the_bind_test_sees_an_ipv6_listener() -> None:
 
 
 # ---- what rests on it --------------------------------------------------------------------------
-async def test_prelaunch_check_still_refuses_a_taken_port(tmp_path: Path, no_socket_table: None, listener: int) -> None:
+async def test_prelaunch_check_still_refuses_a_taken_port(
+    tmp_path: Path, no_socket_table: None, listener: int
+) -> None:
     path = tmp_path / "fleet.toml"
-    path.write_text(f'[fleet]\nname = "t"\ntimeout = 30\n\n[[servers]]\nname = "a"\nengine = "sim"\nmodel = "m"\nport = {listener}\n')
+    path.write_text(
+        f'[fleet]\nname = "t"\ntimeout = 30\n\n[[servers]]\nname = "a"\nengine = "sim"\nmodel = "m"\nport = {listener}\n'
+    )
     fleet = Fleet.load(path)
     try:
         verdict = (await fleet.up())["a"]
@@ -169,9 +176,16 @@ def test_as_an_unprivileged_user_a_root_socket_still_counts() -> None:
     """Tests run as root; the child drops to `nobody` (the check runs in-process when already
     unprivileged). A listener of another (root's) process: taken, owner hidden. Its own: its pid.
     The other listener is a separate process, so the forked child does not inherit its socket."""
-    other = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\ns = socket.socket(); s.bind(('127.0.0.1', 0)); "
-                              "s.listen(); print(s.getsockname()[1], flush=True); time.sleep(120)"],
-                             stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys, time\ns = socket.socket(); s.bind(('127.0.0.1', 0)); "
+            "s.listen(); print(s.getsockname()[1], flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         root_port = int(other.stdout.readline())
         ctx = multiprocessing.get_context("fork")

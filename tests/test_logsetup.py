@@ -27,13 +27,16 @@ def _fresh_logger():
     logger.handlers[:], logger.level, logger.propagate = saved
 
 
-@pytest.mark.parametrize("text", [
-    "Authorization: Bearer sk-abc123",
-    'headers {"Authorization": "Bearer sk-abc123"}',
-    "argv vllm serve m --api-key sk-abc123 --port 1",
-    "url https://user:sk-abc123@example.invalid/v1",
-    "api_key=sk-abc123&x=1",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Authorization: Bearer sk-abc123",
+        'headers {"Authorization": "Bearer sk-abc123"}',
+        "argv vllm serve m --api-key sk-abc123 --port 1",
+        "url https://user:sk-abc123@example.invalid/v1",
+        "api_key=sk-abc123&x=1",
+    ],
+)
 def test_redact_blanks_credentials(text: str) -> None:
     out = logsetup.redact(text)
     assert "sk-abc123" not in out and "***" in out
@@ -44,7 +47,9 @@ def test_redact_leaves_ordinary_text() -> None:
     assert logsetup.redact(text) == text
 
 
-def test_level_comes_from_verbose_then_env(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_level_comes_from_verbose_then_env(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv(logsetup.ENV_VAR, raising=False)
     logsetup.configure()
     log = logging.getLogger("servefleet.some.module")
@@ -70,8 +75,9 @@ def test_bad_level_is_refused_with_the_choices(monkeypatch: pytest.MonkeyPatch) 
         logsetup.configure()
 
 
-def test_state_file_gets_debug_records_private_and_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_state_file_gets_debug_records_private_and_redacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv(logsetup.ENV_VAR, raising=False)
     logsetup.configure()
     path = logsetup.add_state_file(tmp_path / "state")
@@ -101,8 +107,14 @@ def test_a_second_fleet_replaces_the_first_state_file(tmp_path: Path) -> None:
 
 
 def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_cli_verbose_and_env_and_the_state_folder_log(tmp_path: Path) -> None:

@@ -25,21 +25,33 @@ from servefleet.verify.diagnose import diagnose_text
 REAL = Path(__file__).parent / "fixtures" / "logs" / "real"
 
 
-@pytest.mark.parametrize(("log", "phase"), [
-    ("vllm026_h200_gpu_util_too_low.log", KV_CACHE),  # check_enough_kv_cache_memory, after profiling
-    ("sglang0517_h200_mem_fraction_too_low.log", KV_CACHE),
-    ("sglang0517_h200_mem_fraction_shared_gpu.log", KV_CACHE),
-])
+@pytest.mark.parametrize(
+    ("log", "phase"),
+    [
+        ("vllm026_h200_gpu_util_too_low.log", KV_CACHE),  # check_enough_kv_cache_memory, after profiling
+        ("sglang0517_h200_mem_fraction_too_low.log", KV_CACHE),
+        ("sglang0517_h200_mem_fraction_shared_gpu.log", KV_CACHE),
+    ],
+)
 def test_the_recorded_h200_memory_failures_name_their_phase(log: str, phase: str) -> None:
     verdict = diagnose_text((REAL / log).read_text(errors="replace"))
     assert verdict.category is Category.GPU_OOM and verdict.phase == phase, (verdict.phase, verdict.progress)
 
 
-@pytest.mark.parametrize(("style", "variant", "phase"), [
-    ("sglang", 0, KV_CACHE), ("sglang", 1, AT_LOAD), ("vllm", 0, KV_CACHE), ("vllm", 1, AT_LOAD), ("vllm", 2, KV_CACHE),
-])
+@pytest.mark.parametrize(
+    ("style", "variant", "phase"),
+    [
+        ("sglang", 0, KV_CACHE),
+        ("sglang", 1, AT_LOAD),
+        ("vllm", 0, KV_CACHE),
+        ("vllm", 1, AT_LOAD),
+        ("vllm", 2, KV_CACHE),
+    ],
+)
 def test_the_sims_start_up_memory_failures_name_their_phase(style: str, variant: int, phase: str) -> None:
-    text = transcript(SimConfig(style=style, tp=2, load_time=0.5, fail_at_startup=Category.GPU_OOM, fail_variant=variant))
+    text = transcript(
+        SimConfig(style=style, tp=2, load_time=0.5, fail_at_startup=Category.GPU_OOM, fail_variant=variant)
+    )
     for engine in (style, "sim"):
         verdict = diagnose_text(text, get_engine(engine))
         assert verdict.category is Category.GPU_OOM and verdict.phase == phase, (engine, verdict.phase)
@@ -72,12 +84,16 @@ def test_up_says_an_sglang_warm_up_oom_happened_at_the_warm_up_request(tmp_path:
     """SGLang kills itself once its own warm-up request failed: the verdict is the warm-up's
     memory failure, with its phase, not `killed`."""
     path = tmp_path / "fleet.toml"
-    path.write_text('[fleet]\nname = "ph"\ntimeout = 60\nstall = 30\n[defaults]\nengine = "sim"\nmodel = "sim-m"\n'
-                    f'[[servers]]\nname = "sg"\nport = {free_port()}\n'
-                    'args = ["--style", "sglang", "--load-time", "0.3", "--fail-after-ready", "gpu_oom"]\n')
+    path.write_text(
+        '[fleet]\nname = "ph"\ntimeout = 60\nstall = 30\n[defaults]\nengine = "sim"\nmodel = "sim-m"\n'
+        f'[[servers]]\nname = "sg"\nport = {free_port()}\n'
+        'args = ["--style", "sglang", "--load-time", "0.3", "--fail-after-ready", "gpu_oom"]\n'
+    )
     cli = [sys.executable, "-m", "servefleet.cli.main"]
     try:
-        run = subprocess.run([*cli, "up", str(path), "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=90)
+        run = subprocess.run(
+            [*cli, "up", str(path), "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=90
+        )
     finally:
         subprocess.run([*cli, "down", str(path)], capture_output=True, cwd=tmp_path, timeout=60)
     (server,) = json.loads(run.stdout)["servers"]

@@ -20,7 +20,14 @@ from servefleet.modelgen import MARKER_FILE, TinyModelSpec, build_tiny_model, sp
 from servefleet.modelgen import builder as builder_module
 from servefleet.modelgen import tokenizer as tokenizer_module
 
-HF_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", MARKER_FILE}
+HF_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    MARKER_FILE,
+}
 
 
 def digests(folder: Path) -> dict[str, str]:
@@ -44,17 +51,42 @@ def qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---- the spec -------------------------------------------------------------------------------------
 def test_tiny_preset_is_the_documented_shape() -> None:
     spec = spec_from_preset("tiny")
-    assert (spec.hidden_size, spec.num_layers, spec.heads, spec.kv_heads, spec.head_dim, spec.vocab_size) == (128, 2, 4, 2, 32, 2048)
+    assert (spec.hidden_size, spec.num_layers, spec.heads, spec.kv_heads, spec.head_dim, spec.vocab_size) == (
+        128,
+        2,
+        4,
+        2,
+        32,
+        2048,
+    )
     assert spec.parameter_count() < 1_000_000
 
 
 def test_realistic_preset_config_shape_without_building() -> None:
     spec = spec_from_preset("realistic")
     config = spec.hf_config()
-    assert {k: config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                                   "head_dim", "intermediate_size", "vocab_size", "dtype")} == {
-        "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 8,
-        "head_dim": 128, "intermediate_size": 3072, "vocab_size": 32000, "dtype": "bfloat16"}
+    assert {
+        k: config[k]
+        for k in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+            "dtype",
+        )
+    } == {
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "vocab_size": 32000,
+        "dtype": "bfloat16",
+    }
     shapes = spec.tensor_shapes()
     assert shapes["model.layers.23.self_attn.q_proj.weight"] == (16 * 128, 1024)  # head_dim x heads != hidden
     assert shapes["model.layers.0.self_attn.k_proj.weight"] == (8 * 128, 1024)
@@ -67,12 +99,15 @@ def test_head_dim_override_rederives_the_heads() -> None:
     assert spec_from_preset("tiny", hidden_size=256).heads == 8
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"head_dim": 48}, "head dim must be one of"),
-    ({"num_heads": 4, "num_kv_heads": 3}, "must divide"),
-    ({"hidden_size": 100}, "not a multiple of head dim"),
-    ({"vocab_size": 100}, "vocab size must be at least"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"head_dim": 48}, "head dim must be one of"),
+        ({"num_heads": 4, "num_kv_heads": 3}, "must divide"),
+        ({"hidden_size": 100}, "not a multiple of head dim"),
+        ({"vocab_size": 100}, "vocab size must be at least"),
+    ],
+)
 def test_invalid_specs_are_refused(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TinyModelSpec(**fields)
@@ -144,7 +179,9 @@ def test_destination_rules(tmp_path: Path) -> None:
     assert json.loads((ours / MARKER_FILE).read_text())["spec"]["seed"] == 5
 
 
-def test_a_failed_build_leaves_the_old_folder_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_build_leaves_the_old_folder_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = spec_from_preset("tiny", vocab_size=300, num_layers=1)
     dest = tmp_path / "m"
     build_tiny_model(dest, spec)
@@ -176,8 +213,11 @@ def test_gguf_metadata_and_tensors(which: str, pre: str, request: pytest.Fixture
 
     path = request.getfixturevalue(which)
     reader = gguf.GGUFReader(path / "model.gguf")
-    fields = {name: field.contents() for name, field in reader.fields.items()
-              if name not in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")}
+    fields = {
+        name: field.contents()
+        for name, field in reader.fields.items()
+        if name not in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+    }
     assert fields["general.architecture"] == which
     assert fields[f"{which}.block_count"] == 2 and fields[f"{which}.embedding_length"] == 128
     assert fields[f"{which}.attention.key_length"] == (32 if which == "llama" else 64)
@@ -195,7 +235,10 @@ def test_gguf_computes_what_the_hf_folder_computes(llama: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf_tok, gguf_tok = AutoTokenizer.from_pretrained(llama), AutoTokenizer.from_pretrained(llama, gguf_file="model.gguf")
+    hf_tok, gguf_tok = (
+        AutoTokenizer.from_pretrained(llama),
+        AutoTokenizer.from_pretrained(llama, gguf_file="model.gguf"),
+    )
     text = "Hello world, the model server is ready. def foo(x): return 42"
     ids = hf_tok(text)["input_ids"]
     assert gguf_tok(text)["input_ids"] == ids
@@ -233,8 +276,12 @@ def test_llama_cpp_computes_what_transformers_computes(which: str, request: pyte
     python = engine_python("llamacpp")
     path = request.getfixturevalue(which)
     text = "Hello world, the model server is ready. def foo(x): return 42"
-    done = subprocess.run([str(python), "-c", _LLAMA_CPP_EVAL, str(path / "model.gguf"), text],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(python), "-c", _LLAMA_CPP_EVAL, str(path / "model.gguf"), text],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     ids = AutoTokenizer.from_pretrained(path)(text)["input_ids"]
@@ -247,7 +294,9 @@ def test_llama_cpp_computes_what_transformers_computes(which: str, request: pyte
 def test_bf16_gguf_is_written_as_bf16(tmp_path: Path) -> None:
     import gguf
 
-    build_tiny_model(tmp_path / "bf16", spec_from_preset("tiny", dtype="bfloat16", num_layers=1, vocab_size=300), gguf=True)
+    build_tiny_model(
+        tmp_path / "bf16", spec_from_preset("tiny", dtype="bfloat16", num_layers=1, vocab_size=300), gguf=True
+    )
     types = {t.name: t.tensor_type for t in gguf.GGUFReader(tmp_path / "bf16" / "model.gguf").tensors}
     assert types["blk.0.attn_q.weight"] == gguf.GGMLQuantizationType.BF16
     assert types["blk.0.attn_norm.weight"] == gguf.GGMLQuantizationType.F32  # 1-D tensors stay F32
@@ -255,18 +304,36 @@ def test_bf16_gguf_is_written_as_bf16(tmp_path: Path) -> None:
 
 # ---- the command ----------------------------------------------------------------------------------
 def test_cli_builds_and_reports_json(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["model", "tiny", str(tmp_path / "m"), "--arch", "qwen2", "--layers", "1",
-                                      "--vocab", "300", "--seed", "3", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "model",
+            "tiny",
+            str(tmp_path / "m"),
+            "--arch",
+            "qwen2",
+            "--layers",
+            "1",
+            "--vocab",
+            "300",
+            "--seed",
+            "3",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["arch"] == "qwen2" and report["seed"] == 3 and report["gguf_path"] is None
     assert set(report["files"]) == HF_FILES
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--head-dim", "48"], "head dim must be one of"),
-    (["--kv-heads", "3"], "must divide"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--head-dim", "48"], "head dim must be one of"),
+        (["--kv-heads", "3"], "must divide"),
+    ],
+)
 def test_cli_usage_errors_exit_3(tmp_path: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["model", "tiny", str(tmp_path / "m"), *args, "--json"])
     assert result.exit_code == 3

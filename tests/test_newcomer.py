@@ -48,11 +48,21 @@ def test_up_refuses_two_different_fleet_files(tmp_path: Path) -> None:
 
 def test_prepass_counts_records_without_max_tokens(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in [
-        {"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y", "max_tokens": 8},
-        {"id": "c", "messages": [{"role": "user", "content": "z"}], "max_completion_tokens": 4}, {"id": "d", "prompt": "w"}]))
+    path.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"id": "a", "prompt": "x"},
+                {"id": "b", "prompt": "y", "max_tokens": 8},
+                {"id": "c", "messages": [{"role": "user", "content": "z"}], "max_completion_tokens": 4},
+                {"id": "d", "prompt": "w"},
+            ]
+        )
+    )
     assert run_prepass(str(path), RequestDefaults(), lambda r: None).unbounded == 2
-    assert run_prepass(str(path), RequestDefaults(max_tokens=16), lambda r: None).unbounded == 0  # --max-tokens fills them
+    assert (
+        run_prepass(str(path), RequestDefaults(max_tokens=16), lambda r: None).unbounded == 0
+    )  # --max-tokens fills them
 
 
 def test_max_tokens_warning_names_the_count_and_the_option() -> None:
@@ -76,7 +86,9 @@ def _fake_non_root(tmp_path: Path) -> dict[str, str]:
 
 def _prereqs(env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    done = subprocess.run(["/bin/sh", str(ROOT / "scripts" / "test-prereqs.sh")], env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["/bin/sh", str(ROOT / "scripts" / "test-prereqs.sh")], env=env, capture_output=True, text=True, timeout=30
+    )
     return done, time.monotonic() - started
 
 

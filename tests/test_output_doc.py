@@ -24,14 +24,25 @@ def _first_column(section: str) -> list[str]:
 
 
 def test_every_shard_column_is_documented_in_order() -> None:
-    assert _first_column("One row per answered prompt") == shard_schema(token_ids=True, store_request=True, samples=True, logprobs_k=5,
-                                                                             prompt_logprobs_k=5).names
+    assert (
+        _first_column("One row per answered prompt")
+        == shard_schema(token_ids=True, store_request=True, samples=True, logprobs_k=5, prompt_logprobs_k=5).names
+    )
 
 
 def test_every_file_of_a_destination_is_documented() -> None:
     paths = _first_column("The destination")
     tops = {p.split("/")[0] for p in paths}
-    for name in (JOB_FILE, SHARDS_DIR, LEDGER_DIR, REJECTS_FILE, FAILURES_FILE, REPORT_FILE, PROGRESS_FILE, TIMELINE_DIR):
+    for name in (
+        JOB_FILE,
+        SHARDS_DIR,
+        LEDGER_DIR,
+        REJECTS_FILE,
+        FAILURES_FILE,
+        REPORT_FILE,
+        PROGRESS_FILE,
+        TIMELINE_DIR,
+    ):
         assert name in tops, name
 
 

@@ -15,11 +15,19 @@ TESTS = Path(__file__).resolve().parent
 
 def test_reading_files_folders_and_bytes_starts_no_arrow_thread(tmp_path: Path) -> None:
     # written by another interpreter: the reading one must not have Arrow's pools already started
-    subprocess.run([PYTHON, "-c", textwrap.dedent(f"""
+    subprocess.run(
+        [
+            PYTHON,
+            "-c",
+            textwrap.dedent(f"""
         import pyarrow as pa, pyarrow.parquet as pq
         pq.write_table(pa.table({{"id": ["a", "b"], "n": [1, 2]}}), {str(tmp_path / "part-0.parquet")!r})
         pq.write_table(pa.table({{"id": ["c"], "n": [3]}}), {str(tmp_path / "part-1.parquet")!r})
-        """)], check=True, timeout=120)
+        """),
+        ],
+        check=True,
+        timeout=120,
+    )
     (tmp_path / "part-0.json").write_text("{}")  # a sidecar: not Parquet, not read
     code = textwrap.dedent(f"""
         import os, sys
@@ -43,10 +51,18 @@ def test_the_clis_small_parquet_readers_start_no_arrow_thread(tmp_path: Path) ->
     """bench --dataset and plan's output sample read a Parquet file in the CLI's process, which Arrow's
     pool threads can abort at exit as they did plan --check's (test_plan_check)."""
     data = tmp_path / "data.parquet"
-    subprocess.run([PYTHON, "-c", textwrap.dedent(f"""
+    subprocess.run(
+        [
+            PYTHON,
+            "-c",
+            textwrap.dedent(f"""
         import pyarrow as pa, pyarrow.parquet as pq
         pq.write_table(pa.table({{"prompt": ["a b", "c d e"], "output_tokens": [10, 30]}}), {str(data)!r})
-        """)], check=True, timeout=120)
+        """),
+        ],
+        check=True,
+        timeout=120,
+    )
     code = textwrap.dedent(f"""
         import os
         from pathlib import Path

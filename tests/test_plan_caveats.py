@@ -21,8 +21,18 @@ runner = CliRunner()
 
 def _unsteady(path: Path, index: int) -> Path:
     run = load_run(path)
-    run.points[index] = run.points[index].model_copy(update={"steady": SteadyWindow(
-        start_s=5.0, end_s=5.0, output_tokens=0.0, output_tokens_per_s=0.0, steady=False, reason="point too short")})
+    run.points[index] = run.points[index].model_copy(
+        update={
+            "steady": SteadyWindow(
+                start_s=5.0,
+                end_s=5.0,
+                output_tokens=0.0,
+                output_tokens_per_s=0.0,
+                steady=False,
+                reason="point too short",
+            )
+        }
+    )
     save_run(run, path)
     return path
 
@@ -38,7 +48,9 @@ def _short(path: Path, index: int, requests: int) -> Path:
 def test_unsteady_points_are_a_caveat_in_text_and_json(tmp_path: Path) -> None:
     path = _unsteady(bench_run(tmp_path / "r.json", [(8, 100.0), (64, 600.0)]), 1)
     assert any("unsteady, at concurrency 64 (steady window 0.0 s)" in c for c in curve_from_run(path).caveats)
-    res = runner.invoke(app, ["plan", "--bench", str(path), "--prompts", "1000", "--output-tokens-mean", "100", "--json"])
+    res = runner.invoke(
+        app, ["plan", "--bench", str(path), "--prompts", "1000", "--output-tokens-mean", "100", "--json"]
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert any("unsteady" in c for c in out["caveats"]["r"])
@@ -61,7 +73,9 @@ def test_a_point_that_never_reached_its_concurrency_is_refused(tmp_path: Path) -
 
 
 def test_one_run_for_a_job_of_two_servers_says_what_it_assumed(tmp_path: Path) -> None:
-    job = make_job_dir(tmp_path / "out", valid=14, runs=[(0.0, 10.0, "complete")], rows={"a": [100] * 7, "b": [100] * 7})
+    job = make_job_dir(
+        tmp_path / "out", valid=14, runs=[(0.0, 10.0, "complete")], rows={"a": [100] * 7, "b": [100] * 7}
+    )
     path = bench_run(tmp_path / "cfg.json", [(1, 50.0), (8, 300.0)])
     meas = measure_job(job)
     res = check_plan(pick_config([(curve_from_run(path), "m")], meas), meas)

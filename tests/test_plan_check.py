@@ -32,16 +32,37 @@ def _ts(seconds: float) -> str:
     return (T0 + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def make_job_dir(root: Path, *, valid: int, runs: list[tuple[float, float | None, str]], rows: dict[str, list[int]],
-                 model: str = "m", fmt: str = "parquet", ledger_commit_s: float | None = None) -> Path:
+def make_job_dir(
+    root: Path,
+    *,
+    valid: int,
+    runs: list[tuple[float, float | None, str]],
+    rows: dict[str, list[int]],
+    model: str = "m",
+    fmt: str = "parquet",
+    ledger_commit_s: float | None = None,
+) -> Path:
     """A destination as generate leaves it: job.json with runs (start s, end s or None, status),
     one shard per server with rows of the given completion tokens."""
     root.mkdir(parents=True, exist_ok=True)
     run_ids = [f"20261130T0100{i:02d}-abc{i}" for i in range(len(runs))]
-    info = InputInfo(path="in.jsonl", kind="jsonl", size=1, mtime_ns=1, sha256="0" * 64, lines=valid, valid=valid,
-                     rejected=0, duplicates=0)
-    records = [RunRecord(run_id=rid, started=_ts(s), finished=_ts(e) if e is not None else None, status=st, input_sha256="0" * 64)
-               for rid, (s, e, st) in zip(run_ids, runs, strict=True)]
+    info = InputInfo(
+        path="in.jsonl",
+        kind="jsonl",
+        size=1,
+        mtime_ns=1,
+        sha256="0" * 64,
+        lines=valid,
+        valid=valid,
+        rejected=0,
+        duplicates=0,
+    )
+    records = [
+        RunRecord(
+            run_id=rid, started=_ts(s), finished=_ts(e) if e is not None else None, status=st, input_sha256="0" * 64
+        )
+        for rid, (s, e, st) in zip(run_ids, runs, strict=True)
+    ]
     manifest = JobManifest(input=info, params=JobParams(model=model, format=fmt), runs=records)
     (root / "job.json").write_bytes(manifest.to_bytes())
     (root / "shards").mkdir(exist_ok=True)
@@ -51,30 +72,73 @@ def make_job_dir(root: Path, *, valid: int, runs: list[tuple[float, float | None
         buf = ShardBuffer(shard_schema(False, False), ShardLimits())
         for n in tokens:
             line += 1
-            buf.add(OutputRow(id=f"p{line}", line=line, text="x", finish_reason="length", prompt_tokens=3, completion_tokens=n,
-                              model=model, server=server, attempts=1, latency_s=0.1))
+            buf.add(
+                OutputRow(
+                    id=f"p{line}",
+                    line=line,
+                    text="x",
+                    finish_reason="length",
+                    prompt_tokens=3,
+                    completion_tokens=n,
+                    model=model,
+                    server=server,
+                    attempts=1,
+                    latency_s=0.1,
+                )
+            )
         name = f"part-{run_ids[-1]}-{seq:06d}.{'parquet' if fmt == 'parquet' else 'jsonl'}"
         write_shard(buf, str(root / "shards" / name), fmt)
-        entry = {"shard": name, "run_id": run_ids[-1], "rows": len(tokens), "ids": [], "lines": [],
-                 "committed": _ts(ledger_commit_s if ledger_commit_s is not None else 0.0)}
+        entry = {
+            "shard": name,
+            "run_id": run_ids[-1],
+            "rows": len(tokens),
+            "ids": [],
+            "lines": [],
+            "committed": _ts(ledger_commit_s if ledger_commit_s is not None else 0.0),
+        }
         (root / "ledger" / name.replace(".parquet", ".json").replace(".jsonl", ".json")).write_text(json.dumps(entry))
     return root
 
 
-def bench_run(path: Path, curve: list[tuple[int, float]], *, model: str | None = "m", cap: int | None = None,
-              requests: int = 100_000, duration_s: float = 1000.0) -> Path:
+def bench_run(
+    path: Path,
+    curve: list[tuple[int, float]],
+    *,
+    model: str | None = "m",
+    cap: int | None = None,
+    requests: int = 100_000,
+    duration_s: float = 1000.0,
+) -> Path:
     """A RUN.json whose points are long (the end-of-point drain is negligible: the curve is as given)."""
     points = [
-        Point(concurrency=c, requests=requests, successful=requests, errors=0, duration_s=duration_s,
-              requests_per_s=requests / duration_s, input_tokens=requests, output_tokens=int(t * duration_s),
-              output_tokens_per_s=t, total_tokens_per_s=t, ttft_ms=Stat(), tpot_ms=Stat(), itl_ms=Stat(), e2e_ms=Stat(),
-              achieved_concurrency=float(c), client_bound=False)
+        Point(
+            concurrency=c,
+            requests=requests,
+            successful=requests,
+            errors=0,
+            duration_s=duration_s,
+            requests_per_s=requests / duration_s,
+            input_tokens=requests,
+            output_tokens=int(t * duration_s),
+            output_tokens_per_s=t,
+            total_tokens_per_s=t,
+            ttft_ms=Stat(),
+            tpot_ms=Stat(),
+            itl_ms=Stat(),
+            e2e_ms=Stat(),
+            achieved_concurrency=float(c),
+            client_bound=False,
+        )
         for c, t in curve
     ]
-    run = Run(created_at="2026-11-30T00:00:00Z", target=Target(label=path.stem, base_url="http://127.0.0.1:1", model=model),
-              config=BenchConfig(concurrency=[c for c, _ in curve]),
-              environment=Environment(servefleet_version="0", python="3.11", platform="linux", hostname="h"),
-              capacity=Capacity(max_running_requests=cap) if cap else None, points=points)
+    run = Run(
+        created_at="2026-11-30T00:00:00Z",
+        target=Target(label=path.stem, base_url="http://127.0.0.1:1", model=model),
+        config=BenchConfig(concurrency=[c for c, _ in curve]),
+        environment=Environment(servefleet_version="0", python="3.11", platform="linux", hostname="h"),
+        capacity=Capacity(max_running_requests=cap) if cap else None,
+        points=points,
+    )
     save_run(run, path)
     return path
 
@@ -99,14 +163,22 @@ def test_measure_reads_shards_a_few_at_a_time_and_counts_them_all(tmp_path, monk
     rows = {f"s{i}": [i + 1] * (i + 1) for i in range(5)}  # 5 shards, read 2 + 2 + 1
     job = make_job_dir(tmp_path / "out", valid=15, runs=[(0.0, 20.0, "complete")], rows=rows)
     m = measure_job(job)
-    assert [(s.name, s.requests, s.completion_tokens) for s in m.servers] == [(f"s{i}", i + 1, (i + 1) ** 2) for i in range(5)]
+    assert [(s.name, s.requests, s.completion_tokens) for s in m.servers] == [
+        (f"s{i}", i + 1, (i + 1) ** 2) for i in range(5)
+    ]
     assert m.complete and m.prompts_measured == 15
 
 
 def test_measure_resumed_job_sums_runs_and_times_a_killed_run_by_its_last_commit(tmp_path):
     # run 1 finished after 10 s; run 2 was killed (no end): its last ledger commit, 35 s after T0, ends it
-    job = make_job_dir(tmp_path / "out", valid=10, runs=[(0.0, 10.0, "interrupted"), (30.0, None, "running")],
-                       rows={"a": [5, 5, 5]}, fmt="jsonl", ledger_commit_s=35.0)
+    job = make_job_dir(
+        tmp_path / "out",
+        valid=10,
+        runs=[(0.0, 10.0, "interrupted"), (30.0, None, "running")],
+        rows={"a": [5, 5, 5]},
+        fmt="jsonl",
+        ledger_commit_s=35.0,
+    )
     m = measure_job(job)
     assert m.wall_s == pytest.approx(15.0)
     assert (m.prompts_measured, m.complete, m.runs) == (3, False, 2)
@@ -121,12 +193,15 @@ def test_measure_prefers_a_saved_report_for_a_single_run(tmp_path):
     assert measure_job(job).wall_s == 12.5
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing", "no such folder"),
-    ("no-manifest", "no job.json"),
-    ("no-shards", "no committed shards"),
-    ("bad-report", "no such report"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "no such folder"),
+        ("no-manifest", "no job.json"),
+        ("no-shards", "no committed shards"),
+        ("bad-report", "no such report"),
+    ],
+)
 def test_measure_errors_say_what_is_missing(tmp_path, case, message):
     job = tmp_path / "out"
     report = None
@@ -146,7 +221,9 @@ def test_measure_errors_say_what_is_missing(tmp_path, case, message):
 
 def test_check_complete_job_compares_with_the_planners_makespan(tmp_path):
     # 2 servers x 8 prompts of 100 tokens; the curve says 100 tok/s per replica at concurrency 4
-    job = make_job_dir(tmp_path / "out", valid=16, runs=[(0.0, 9.0, "complete")], rows={"a": [100] * 8, "b": [100] * 8})
+    job = make_job_dir(
+        tmp_path / "out", valid=16, runs=[(0.0, 9.0, "complete")], rows={"a": [100] * 8, "b": [100] * 8}
+    )
     curve = Curve((1, 4), (40.0, 100.0))
     cfg = ConfigCurve("c", curve, max_running=4)
     res = check_plan(cfg, measure_job(job))
@@ -164,11 +241,15 @@ def test_check_complete_job_compares_with_the_planners_makespan(tmp_path):
 
 def test_verdict_says_which_way_and_the_tolerance(tmp_path):
     # steady 100 tok/s x 2 replicas for 100,000 tokens: about 500 s predicted
-    job = make_job_dir(tmp_path / "out", valid=1000, runs=[(0.0, 800.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500})
+    job = make_job_dir(
+        tmp_path / "out", valid=1000, runs=[(0.0, 800.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500}
+    )
     cfg = ConfigCurve("c", Curve((1, 4), (40.0, 100.0)), max_running=4)
     slow = check_plan(cfg, measure_job(job))
     assert not slow.within and "optimistic" in slow.verdict() and "more than 10%" in slow.verdict()
-    job2 = make_job_dir(tmp_path / "out2", valid=1000, runs=[(0.0, 505.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500})
+    job2 = make_job_dir(
+        tmp_path / "out2", valid=1000, runs=[(0.0, 505.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500}
+    )
     ok = check_plan(cfg, measure_job(job2))
     assert ok.within and ok.verdict().startswith("within 10%")
     fast = check_plan(cfg, measure_job(job2), gpus=1)  # planned on one GPU: far too pessimistic
@@ -176,7 +257,9 @@ def test_verdict_says_which_way_and_the_tolerance(tmp_path):
 
 
 def test_partial_job_is_compared_without_a_tail_and_gets_an_eta(tmp_path):
-    job = make_job_dir(tmp_path / "out", valid=100, runs=[(0.0, None, "running")], rows={"a": [100] * 10}, ledger_commit_s=10.0)
+    job = make_job_dir(
+        tmp_path / "out", valid=100, runs=[(0.0, None, "running")], rows={"a": [100] * 10}, ledger_commit_s=10.0
+    )
     res = check_plan(ConfigCurve("c", Curve((4,), (100.0,))), measure_job(job))
     assert res.makespan.predicted == pytest.approx(10.0)  # 1000 tokens at 100 tok/s, no drain
     assert res.within
@@ -191,7 +274,11 @@ def test_pick_config_refuses_a_run_of_another_model(tmp_path):
     with pytest.raises(ConfigError, match="configuration mismatch"):
         pick_config([(a, "qwen")], meas)
     # `transformers serve` answers with "<model>@<revision>" where bench recorded the model it asked for
-    tf = measure_job(make_job_dir(tmp_path / "tf", valid=1, runs=[(0.0, 1.0, "complete")], rows={"a": [5]}, model="/d/tiny-llama@main"))
+    tf = measure_job(
+        make_job_dir(
+            tmp_path / "tf", valid=1, runs=[(0.0, 1.0, "complete")], rows={"a": [5]}, model="/d/tiny-llama@main"
+        )
+    )
     assert pick_config([(a, "/d/tiny-llama"), (b, "/d/other")], tf) is a
     # two runs of the model: each server of the job needs the run named after it ("a" has one, no "b" server)
     assert pick_config([(a, None), (b, "llama")], meas) == {"a": a}
@@ -203,16 +290,22 @@ def test_pick_config_refuses_a_run_of_another_model(tmp_path):
 def test_a_job_on_two_configurations_is_planned_per_server(tmp_path):
     """The demo's fleet: one server of each configuration. Each at its best point (a: 50 tok/s at
     c=1; b: 300 tok/s at c=8); the prompts shared by rate, the makespan the slower share's."""
-    job = make_job_dir(tmp_path / "out", valid=14, runs=[(0.0, 10.0, "complete")], rows={"a": [100] * 2, "b": [100] * 12})
+    job = make_job_dir(
+        tmp_path / "out", valid=14, runs=[(0.0, 10.0, "complete")], rows={"a": [100] * 2, "b": [100] * 12}
+    )
     a, b = ConfigCurve("a", Curve((1, 8), (50.0, 50.0))), ConfigCurve("b", Curve((1, 8), (60.0, 300.0)))
     meas = measure_job(job)
     picked = pick_config([(a, "m"), (b, "m")], meas)
     assert picked == {"a": a, "b": b}
     res = check_plan(picked, meas)
-    expected = max(simulate_makespan(a.curve, 1, 1, JobSpec(2, 100.0)), simulate_makespan(b.curve, 8, 1, JobSpec(12, 100.0)))
+    expected = max(
+        simulate_makespan(a.curve, 1, 1, JobSpec(2, 100.0)), simulate_makespan(b.curve, 8, 1, JobSpec(12, 100.0))
+    )
     assert res.makespan.predicted == pytest.approx(expected)
     assert (res.replicas, res.concurrency, res.configuration) == (2, 9, "a + b")
-    assert any("b (b): concurrency 8, 300 tok/s steady; planned 86% of the tokens, answered 86%" in n for n in res.notes)
+    assert any(
+        "b (b): concurrency 8, 300 tok/s steady; planned 86% of the tokens, answered 86%" in n for n in res.notes
+    )
     assert res.to_json()["verdict"]
     with pytest.raises(ConfigError, match="apply to a job of one configuration"):
         check_plan(picked, meas, concurrency=4)
@@ -244,7 +337,9 @@ def test_steady_curve_leaves_points_that_never_filled_and_never_lowers():
 
 
 def test_cli_check_json_and_table_and_errors(tmp_path):
-    job = make_job_dir(tmp_path / "out", valid=1000, runs=[(0.0, 505.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500})
+    job = make_job_dir(
+        tmp_path / "out", valid=1000, runs=[(0.0, 505.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500}
+    )
     run = bench_run(tmp_path / "run.json", [(1, 40.0), (4, 100.0)], cap=4)
     res = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(run), "--json"])
     assert res.exit_code == 0, res.output
@@ -256,7 +351,9 @@ def test_cli_check_json_and_table_and_errors(tmp_path):
     assert table.exit_code == 0 and "makespan" in table.output and "verdict" in table.output
     fast = bench_run(tmp_path / "fast.json", [(1, 80.0), (4, 200.0)], cap=4)  # promises twice what the job measured
     missed = runner.invoke(app, ["plan", "--check", str(job), "--bench", str(fast), "--json"])
-    assert missed.exit_code == 1, missed.output  # the check ran and the plan missed: exit 1, the payload says by how much
+    assert missed.exit_code == 1, (
+        missed.output
+    )  # the check ran and the plan missed: exit 1, the payload says by how much
     assert json.loads(missed.stdout)["within_tolerance"] is False
     assert runner.invoke(app, ["plan", "--check", str(job), "--bench", str(fast)]).exit_code == 1
     other = bench_run(tmp_path / "other.json", [(4, 100.0)], model="another-model")
@@ -272,25 +369,81 @@ def test_cli_check_json_and_table_and_errors(tmp_path):
 
 def test_bench_generate_then_check_on_a_sim(tmp_path):
     """The real chain: bench a sim, generate on it, check. Loose bound: CI shares 2 cores."""
-    sim = SimProcess("--load-time", "0", "--model", "sim-check", "--max-running", "8", "--decode-ms", "4",
-                     "--decode-ms-per-running", "0.2", "--prefill-ms-per-1k-tokens", "0", log_path=tmp_path / "sim.log").start()
+    sim = SimProcess(
+        "--load-time",
+        "0",
+        "--model",
+        "sim-check",
+        "--max-running",
+        "8",
+        "--decode-ms",
+        "4",
+        "--decode-ms-per-running",
+        "0.2",
+        "--prefill-ms-per-1k-tokens",
+        "0",
+        log_path=tmp_path / "sim.log",
+    ).start()
     try:
         sim.wait_ready()
         cli = [PYTHON, "-m", "servefleet.cli.main"]
         run = tmp_path / "run.json"
-        subprocess.run([*cli, "bench", "--url", sim.url, "-c", "1,8", "--duration", "1", "--input-len", "8", "--output-len", "16",
-                        "--api", "completions", "--no-stream", "--ignore-eos", "-o", str(run), "--json"],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                *cli,
+                "bench",
+                "--url",
+                sim.url,
+                "-c",
+                "1,8",
+                "--duration",
+                "1",
+                "--input-len",
+                "8",
+                "--output-len",
+                "16",
+                "--api",
+                "completions",
+                "--no-stream",
+                "--ignore-eos",
+                "-o",
+                str(run),
+                "--json",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         src = tmp_path / "in.jsonl"
-        src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"item {i}", "max_tokens": 16, "ignore_eos": True}) + "\n"
-                               for i in range(200)))
-        gen = subprocess.run([*cli, "generate", "-i", str(src), "-o", str(tmp_path / "out"), "--url", sim.url, "--json"],
-                             capture_output=True, text=True, timeout=120)
+        src.write_text(
+            "".join(
+                json.dumps({"id": f"p{i}", "prompt": f"item {i}", "max_tokens": 16, "ignore_eos": True}) + "\n"
+                for i in range(200)
+            )
+        )
+        gen = subprocess.run(
+            [*cli, "generate", "-i", str(src), "-o", str(tmp_path / "out"), "--url", sim.url, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert gen.returncode == 0, gen.stderr[-2000:]
         (tmp_path / "report.json").write_text(gen.stdout)
     finally:
         sim.stop()
-    res = runner.invoke(app, ["plan", "--check", str(tmp_path / "out"), "--bench", str(run), "--report", str(tmp_path / "report.json"), "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            "--check",
+            str(tmp_path / "out"),
+            "--bench",
+            str(run),
+            "--report",
+            str(tmp_path / "report.json"),
+            "--json",
+        ],
+    )
     out = json.loads(res.stdout)
     assert res.exit_code == (0 if out["within_tolerance"] else 1), res.output  # loose bound below: 2 shared cores
     assert out["complete"] and out["prompts_measured"] == 200 and out["output_tokens_mean"] == 16.0
@@ -302,8 +455,13 @@ def test_check_reads_a_destination_in_object_storage(tmp_path, moto_url):
     """The same destination uploaded to S3 (moto, the real protocol on loopback) gives the same check as
     the local folder, report.json included; a prefix with no job says so. The CLI runs in a subprocess
     with the credentials in its environment, as a user's would."""
-    job = make_job_dir(tmp_path / "out", valid=1000, runs=[(0.0, 505.0, "complete")], rows={"a": [100] * 500, "b": [100] * 500},
-                       ledger_commit_s=500.0)
+    job = make_job_dir(
+        tmp_path / "out",
+        valid=1000,
+        runs=[(0.0, 505.0, "complete")],
+        rows={"a": [100] * 500, "b": [100] * 500},
+        ledger_commit_s=500.0,
+    )
     (job / "report.json").write_text(json.dumps({"wall_s": 498.0}))
     run = bench_run(tmp_path / "run.json", [(1, 40.0), (4, 100.0)], cap=4)
     fs = s3fs_for(moto_url)
@@ -313,8 +471,13 @@ def test_check_reads_a_destination_in_object_storage(tmp_path, moto_url):
             fs.put_file(str(path), f"bucket/jobs/out/{path.relative_to(job).as_posix()}")
 
     def check(dest: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([PYTHON, "-m", "servefleet.cli.main", "plan", "--check", dest, "--bench", str(run), "--json"],
-                              capture_output=True, text=True, timeout=120, env=s3_env(moto_url))
+        return subprocess.run(
+            [PYTHON, "-m", "servefleet.cli.main", "plan", "--check", dest, "--bench", str(run), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=s3_env(moto_url),
+        )
 
     remote = check("s3://bucket/jobs/out")
     assert remote.returncode == 0, remote.stderr[-3000:]

@@ -12,23 +12,50 @@ from servefleet.errors import ConfigError
 from servefleet.plan.memory import GIB, MemoryAssumptions, estimate_memory, load_config, parse_bytes
 
 LLAMA3_8B = {  # meta-llama/Meta-Llama-3-8B config.json fields
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
-    "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
 }
 QWEN2_7B = {  # Qwen/Qwen2-7B: GQA 28/4, sliding_window present but disabled
-    "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-    "intermediate_size": 18944, "vocab_size": 152064, "sliding_window": 131072, "use_sliding_window": False,
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "sliding_window": 131072,
+    "use_sliding_window": False,
 }
 MISTRAL_7B_V01 = {  # every layer windowed to 4096
-    "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "intermediate_size": 14336, "vocab_size": 32000, "sliding_window": 4096,
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 32000,
+    "sliding_window": 4096,
 }
 JAMBA_MINI = {  # Jamba layout: attention at layers 4, 12, 20, 28 (period 8, offset 4), Mamba-1 elsewhere
-    "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "intermediate_size": 14336, "vocab_size": 65536, "attn_layer_period": 8, "attn_layer_offset": 4,
-    "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 16,
-    "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 65536,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "num_experts": 16,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
 }
 
 
@@ -91,11 +118,19 @@ def test_hybrid_mamba_attention_state_per_request():
 
 def test_qwen3_next_linear_attention_layers():
     cfg = {
-        "hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 2,
-        "head_dim": 256, "intermediate_size": 5120, "vocab_size": 151936,
+        "hidden_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "intermediate_size": 5120,
+        "vocab_size": 151936,
         "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
     }
     est = estimate_memory(cfg, _assume())
     assert est.kv_bytes_per_token == 1 * 2 * 256 * 2 * 2
@@ -129,7 +164,9 @@ def test_safetensors_header_sizes_are_used(tmp_path):
     assert est.assumptions.weight_source == "safetensors"
 
 
-@pytest.mark.parametrize("text,expected", [("96GiB", 96 * GIB), ("80GB", 80 * 10**9), ("141g", 141 * GIB), ("1024", 1024)])
+@pytest.mark.parametrize(
+    "text,expected", [("96GiB", 96 * GIB), ("80GB", 80 * 10**9), ("141g", 141 * GIB), ("1024", 1024)]
+)
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
 

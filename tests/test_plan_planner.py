@@ -85,7 +85,9 @@ def test_the_tail_model_ends_where_the_makespan_does_and_holds_every_replica_unt
     curve = Curve((1, 8, 32, 64), (50.0, 350.0, 1000.0, 1600.0))
     for prompts, c, replicas in ((100_000, 64, 8), (2000, 8, 16), (10, 4, 4)):
         big = JobSpec(prompts=prompts, output_tokens_mean=500)
-        assert tail_model(curve, c, replicas, big).makespan_s == pytest.approx(simulate_makespan(curve, c, replicas, big))
+        assert tail_model(curve, c, replicas, big).makespan_s == pytest.approx(
+            simulate_makespan(curve, c, replicas, big)
+        )
 
 
 def test_prompts_that_do_not_divide_evenly_leave_replicas_that_release_gives_back():

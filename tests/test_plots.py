@@ -8,16 +8,34 @@ from servefleet.cli.plots import latency_figure, plot_latency
 
 def _point(c: int, tps: float, itl_ms: float | None) -> Point:
     lat = Stat(mean=itl_ms, p50=itl_ms, n=10) if itl_ms is not None else Stat()  # Stat(): no request succeeded
-    return Point(concurrency=c, requests=10, successful=10 if itl_ms is not None else 0, errors=0 if itl_ms is not None else 10,
-                 duration_s=1.0, requests_per_s=10.0, input_tokens=1000, output_tokens=int(tps), output_tokens_per_s=tps,
-                 total_tokens_per_s=tps + 1000, ttft_ms=lat, tpot_ms=lat, itl_ms=lat, e2e_ms=lat, achieved_concurrency=float(c),
-                 client_bound=False)
+    return Point(
+        concurrency=c,
+        requests=10,
+        successful=10 if itl_ms is not None else 0,
+        errors=0 if itl_ms is not None else 10,
+        duration_s=1.0,
+        requests_per_s=10.0,
+        input_tokens=1000,
+        output_tokens=int(tps),
+        output_tokens_per_s=tps,
+        total_tokens_per_s=tps + 1000,
+        ttft_ms=lat,
+        tpot_ms=lat,
+        itl_ms=lat,
+        e2e_ms=lat,
+        achieved_concurrency=float(c),
+        client_bound=False,
+    )
 
 
 def _run(points: list[Point]) -> Run:
-    return Run(created_at="2026-12-01T00:00:00+00:00", target=Target(label="a", base_url="http://127.0.0.1:1", engine="sim"),
-               config=BenchConfig(concurrency=[p.concurrency for p in points], requests=10, input_len=10, output_len=10),
-               environment=Environment(servefleet_version="0", python="3", platform="x", hostname="h"), points=points)
+    return Run(
+        created_at="2026-12-01T00:00:00+00:00",
+        target=Target(label="a", base_url="http://127.0.0.1:1", engine="sim"),
+        config=BenchConfig(concurrency=[p.concurrency for p in points], requests=10, input_len=10, output_len=10),
+        environment=Environment(servefleet_version="0", python="3", platform="x", hostname="h"),
+        points=points,
+    )
 
 
 def test_latency_labels_stay_on_their_points_when_a_point_has_no_latency(tmp_path) -> None:

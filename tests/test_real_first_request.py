@@ -20,8 +20,17 @@ def test_up_fails_a_server_whose_first_request_fails(tmp_path: Path) -> None:
     sc = next(s for s in breadth("transformers") if s.server == "kv_cache_too_large")
     model = build_tiny_model(tmp_path / "tiny")
     with PortHolder() as holder:
-        run = run_fleet(tmp_path, "transformers", Path(sys.executable), model, (sc,), holder.port, TRANSFORMERS_ENV,
-                        TRANSFORMERS_ARGS, timeout_s=300)
+        run = run_fleet(
+            tmp_path,
+            "transformers",
+            Path(sys.executable),
+            model,
+            (sc,),
+            holder.port,
+            TRANSFORMERS_ENV,
+            TRANSFORMERS_ARGS,
+            timeout_s=300,
+        )
         try:
             verdict = run.report[sc.server]["verdict"]
             check_verdict(verdict, sc)

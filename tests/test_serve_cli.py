@@ -25,12 +25,15 @@ def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*SERVEFLEET, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (("--url", "http://127.0.0.1:9", "--host", "0.0.0.0"), "--api-key"),
-    (("--url", "http://127.0.0.1:9", "--host", "192.168.1.5", "--api-key", ""), "--api-key"),
-    (("--url", "http://127.0.0.1:9", "--api-key-file", "/nonexistent/keys"), "--api-key-file"),
-    ((), "--fleet FILE or --url"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--url", "http://127.0.0.1:9", "--host", "0.0.0.0"), "--api-key"),
+        (("--url", "http://127.0.0.1:9", "--host", "192.168.1.5", "--api-key", ""), "--api-key"),
+        (("--url", "http://127.0.0.1:9", "--api-key-file", "/nonexistent/keys"), "--api-key-file"),
+        ((), "--fleet FILE or --url"),
+    ],
+)
 def test_refusals_are_usage_errors_naming_the_option(args: tuple[str, ...], says: str) -> None:
     proc = run("serve", *args)
     assert proc.returncode == 3, proc.stdout + proc.stderr
@@ -49,8 +52,12 @@ class Serving:
     """`servefleet serve ... --json` in a subprocess: its URL from its first line."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([*SERVEFLEET, "serve", "--port", "0", "--json", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [*SERVEFLEET, "serve", "--port", "0", "--json", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if not line:
             raise AssertionError(f"serve exited {self.proc.wait()} before serving:\n{self.proc.stderr.read()}")
@@ -73,13 +80,21 @@ class Serving:
 
 
 def test_sigterm_lets_requests_in_flight_finish_then_exits_0(tmp_path: Path) -> None:
-    sim = SimProcess(*FAST_SIM, "--decode-ms", "25", "--max-running", "8", log_path=tmp_path / "sim.log").start().wait_ready()
+    sim = (
+        SimProcess(*FAST_SIM, "--decode-ms", "25", "--max-running", "8", log_path=tmp_path / "sim.log")
+        .start()
+        .wait_ready()
+    )
     try:
         gw = Serving("--url", sim.url, "--grace", "30")
         client = openai.OpenAI(base_url=gw.url, api_key="none", max_retries=0, timeout=60)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(client.completions.create, model=MODEL, prompt="p", max_tokens=60, extra_body={"ignore_eos": True})
-                       for _ in range(4)]  # ~1.5 s each
+            futures = [
+                pool.submit(
+                    client.completions.create, model=MODEL, prompt="p", max_tokens=60, extra_body={"ignore_eos": True}
+                )
+                for _ in range(4)
+            ]  # ~1.5 s each
 
             def all_in_flight() -> bool:
                 _, text = gw.get("/metrics")
@@ -100,16 +115,21 @@ def test_sigterm_lets_requests_in_flight_finish_then_exits_0(tmp_path: Path) -> 
 
 def requests_by_server(gw: Serving) -> dict[str, float]:
     _, metrics = gw.get("/metrics")
-    return {line.split('server="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-            for line in metrics.decode().splitlines() if line.startswith("servefleet_serve_server_requests_total")}
+    return {
+        line.split('server="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.decode().splitlines()
+        if line.startswith("servefleet_serve_server_requests_total")
+    }
 
 
 def fleet_file(tmp_path: Path, names: list[str]) -> Path:
     path = tmp_path / "fleet.toml"
     text = '[fleet]\nname = "gw"\ntimeout = 60\nstall = 30\nsmoke = false\n'
     for name in names:
-        text += (f'\n[[servers]]\nname = "{name}"\nengine = "sim"\nmodel = "sim-7b"\nport = {free_port()}\n'
-                 f'args = {json.dumps([*FAST_SIM, "--decode-ms", "3", "--max-running", "4"])}\n')
+        text += (
+            f'\n[[servers]]\nname = "{name}"\nengine = "sim"\nmodel = "sim-7b"\nport = {free_port()}\n'
+            f"args = {json.dumps([*FAST_SIM, '--decode-ms', '3', '--max-running', '4'])}\n"
+        )
     path.write_text(text)
     return path
 
@@ -131,9 +151,18 @@ def test_a_server_started_with_up_only_while_serving_is_admitted_used_and_can_be
             return status == 200 and servers.get("b") == "up"
 
         wait_until(serves_b, timeout=30, interval=0.1, what="b admitted")
-        with openai.OpenAI(base_url=gw.url, api_key="none", max_retries=0) as client, concurrent.futures.ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda _: client.completions.create(model="sim-7b", prompt="p", max_tokens=30,
-                                                                        extra_body={"ignore_eos": True}), range(32)))
+        with (
+            openai.OpenAI(base_url=gw.url, api_key="none", max_retries=0) as client,
+            concurrent.futures.ThreadPoolExecutor(8) as pool,
+        ):
+            answers = list(
+                pool.map(
+                    lambda _: client.completions.create(
+                        model="sim-7b", prompt="p", max_tokens=30, extra_body={"ignore_eos": True}
+                    ),
+                    range(32),
+                )
+            )
         assert len(answers) == 32
         served = requests_by_server(gw)
         assert served["b"] > 0 and served["a"] > 0, served

@@ -24,13 +24,28 @@ PROMPTS = [f"Write one line about the number {i}." for i in range(5)]
 def counter(url: str, name: str) -> float:
     """The sum of one Prometheus counter over its labels."""
     with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
-        return sum(float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in resp.read().decode().splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")
+        )
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:The 'default' attribute")  # distilabel 1.5's use of pydantic, thousands a run
-def test_a_distilabel_pipeline_gets_every_answer_through_the_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for var, value in {"HF_HOME": tmp_path / "hf", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-                       "DO_NOT_TRACK": "1", "DISTILABEL_CACHE_DIR": tmp_path / "distilabel", "OPENAI_API_KEY": "none"}.items():
+@pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore:The 'default' attribute"
+)  # distilabel 1.5's use of pydantic, thousands a run
+def test_a_distilabel_pipeline_gets_every_answer_through_the_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var, value in {
+        "HF_HOME": tmp_path / "hf",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "DO_NOT_TRACK": "1",
+        "DISTILABEL_CACHE_DIR": tmp_path / "distilabel",
+        "OPENAI_API_KEY": "none",
+    }.items():
         monkeypatch.setenv(var, str(value))
     from distilabel.models import OpenAILLM
     from distilabel.pipeline import Pipeline
@@ -42,8 +57,21 @@ def test_a_distilabel_pipeline_gets_every_answer_through_the_gateway(tmp_path: P
     try:
         for s in sims:
             s.wait_ready()
-        proc = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "serve", *(a for s in sims for a in ("--url", s.url)), "--port", "0", "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "servefleet.cli.main",
+                "serve",
+                *(a for s in sims for a in ("--url", s.url)),
+                "--port",
+                "0",
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout is not None and proc.stderr is not None
         line = proc.stdout.readline()
         assert line, proc.stderr.read()[-3000:]
@@ -51,17 +79,31 @@ def test_a_distilabel_pipeline_gets_every_answer_through_the_gateway(tmp_path: P
 
         with Pipeline(name="servefleet-serve", cache_dir=tmp_path / "distilabel") as pipeline:
             load = LoadDataFromDicts(data=[{"instruction": p} for p in PROMPTS])
-            generate = TextGeneration(llm=OpenAILLM(model=MODEL, base_url=url, api_key="none", max_retries=0, timeout=60,
-                                                    generation_kwargs={"max_new_tokens": 8}))
+            generate = TextGeneration(
+                llm=OpenAILLM(
+                    model=MODEL,
+                    base_url=url,
+                    api_key="none",
+                    max_retries=0,
+                    timeout=60,
+                    generation_kwargs={"max_new_tokens": 8},
+                )
+            )
             load >> generate
         distiset = pipeline.run(use_cache=False)
 
         rows = list(distiset["default"]["train"])
         assert sorted(r["instruction"] for r in rows) == sorted(PROMPTS)
-        assert all(r["generation"] and r["model_name"] == MODEL for r in rows), rows  # distilabel writes None for a request that failed
+        assert all(r["generation"] and r["model_name"] == MODEL for r in rows), (
+            rows
+        )  # distilabel writes None for a request that failed
         gateway = url.removesuffix("/v1")
-        assert counter(gateway, "servefleet_serve_server_requests_total") == len(PROMPTS)  # every answer came through the gateway
-        assert sum(counter(s.url, "vllm:request_success_total") for s in sims) == len(PROMPTS)  # and from the sims behind it
+        assert counter(gateway, "servefleet_serve_server_requests_total") == len(
+            PROMPTS
+        )  # every answer came through the gateway
+        assert sum(counter(s.url, "vllm:request_success_total") for s in sims) == len(
+            PROMPTS
+        )  # and from the sims behind it
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

@@ -22,11 +22,16 @@ from servefleet.fleet import Fleet, Liveness
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 SIGSTOPPED = FIXTURES / "serving" / "vllm026_h200_enginecore_sigstop.log"
-STALLED = ("(APIServer pid=589) INFO 12-01 14:52:29 [loggers.py:310] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
-           "Avg generation throughput: 0.0 tokens/s, Running: 256 reqs, Waiting: 26 reqs, GPU KV cache usage: 14.4%, "
-           "Prefix cache hit rate: 0.0%")
-MOVING = STALLED.replace("14:52:29", "14:52:39").replace("Avg prompt throughput: 0.0", "Avg prompt throughput: 19556.3") \
+STALLED = (
+    "(APIServer pid=589) INFO 12-01 14:52:29 [loggers.py:310] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+    "Avg generation throughput: 0.0 tokens/s, Running: 256 reqs, Waiting: 26 reqs, GPU KV cache usage: 14.4%, "
+    "Prefix cache hit rate: 0.0%"
+)
+MOVING = (
+    STALLED.replace("14:52:29", "14:52:39")
+    .replace("Avg prompt throughput: 0.0", "Avg prompt throughput: 19556.3")
     .replace("Avg generation throughput: 0.0", "Avg generation throughput: 18434.7")
+)
 IDLE = STALLED.replace("Running: 256 reqs, Waiting: 26 reqs", "Running: 0 reqs, Waiting: 0 reqs")
 
 
@@ -62,9 +67,10 @@ def _vllm_style_sim_fleet(tmp_path: Path) -> Path:
     path.write_text(
         '[fleet]\nname = "st"\ntimeout = 30\nstall = 15\n\n'
         f'[defaults]\nengine = "vllm"\nmodel = "sim-m"\n'
-        f'command = {json.dumps([sys.executable, "-m", "servefleet.sim", "--style", "vllm"])}\n'
+        f"command = {json.dumps([sys.executable, '-m', 'servefleet.sim', '--style', 'vllm'])}\n"
         'args = ["--load-time", "0.2"]\n\n'
-        f'[[servers]]\nname = "v"\nport = {free_port()}\n')
+        f'[[servers]]\nname = "v"\nport = {free_port()}\n'
+    )
     return path
 
 
@@ -102,7 +108,9 @@ def test_status_exits_2_for_a_hung_server(tmp_path: Path) -> None:
         log = Path(json.loads(up.stdout)["servers"][0]["log_path"])
         with log.open("a") as fh:
             fh.write(f"{STALLED}\n")
-        st = subprocess.run([*cli, "status", "--fleet", str(path), "--json"], capture_output=True, text=True, timeout=60)
+        st = subprocess.run(
+            [*cli, "status", "--fleet", str(path), "--json"], capture_output=True, text=True, timeout=60
+        )
         assert st.returncode == 2, st.stdout + st.stderr
         server = json.loads(st.stdout)["servers"][0]
         assert server["state"] == "hung" and "engine 000" in server["detail"]

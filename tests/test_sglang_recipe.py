@@ -18,15 +18,20 @@ STUBS = GPU / "sglang"
 
 
 def run_python(code: str, standins: str, extra_path: list[Path] = ()) -> subprocess.CompletedProcess:
-    env = {**os.environ, "STANDIN_MODULES": standins,
-           "PYTHONPATH": os.pathsep.join([str(STUBS), *map(str, extra_path), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=60)
+    env = {
+        **os.environ,
+        "STANDIN_MODULES": standins,
+        "PYTHONPATH": os.pathsep.join([str(STUBS), *map(str, extra_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_flashinfer_standin_serves_the_named_submodules_only() -> None:
     """What SGLang imports unguarded on CUDA resolves; what sgl_kernel probes in a try keeps failing."""
-    res = run_python("""
+    res = run_python(
+        """
         import importlib.util
         import flashinfer
         from flashinfer import bmm_fp8                      # quantization/fp8_utils.py
@@ -38,26 +43,32 @@ def test_flashinfer_standin_serves_the_named_submodules_only() -> None:
         except ImportError:
             print("norm missing")
         print("spec", importlib.util.find_spec("flashinfer") is not None)
-        """, "IPython=9.0.0,flashinfer/sampling+prefill=0.6.15.post1")
+        """,
+        "IPython=9.0.0,flashinfer/sampling+prefill=0.6.15.post1",
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split("\n")[:3] == ["version 0.6.15.post1", "norm missing", "spec True"]
 
 
 def test_whole_package_standin_answers_submodules_calls_and_subclassing() -> None:
-    res = run_python("""
+    res = run_python(
+        """
         from IPython.display import HTML, display
         import soundfile
         display(HTML("<b>x</b>"))
         class Sub(soundfile.SoundFile):
             pass
         print(type(Sub()).__name__, bool(soundfile.read("x")), list(soundfile.available_formats()))
-        """, "IPython=9.0.0,soundfile=0.13.1")
+        """,
+        "IPython=9.0.0,soundfile=0.13.1",
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "Sub False []"
 
 
 def test_unlisted_modules_are_untouched() -> None:
-    res = run_python("""
+    res = run_python(
+        """
         import json
         try:
             import no_such_module_xyz
@@ -67,7 +78,9 @@ def test_unlisted_modules_are_untouched() -> None:
             import IPythonX
         except ModuleNotFoundError:
             print("prefix missing")
-        """, "IPython=9.0.0")
+        """,
+        "IPython=9.0.0",
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["missing", "prefix", "missing"]
 
@@ -86,15 +99,16 @@ def test_driver_fleet_files_load_with_servefleet(tmp_path: Path) -> None:
     functions = []
     for name in ("fleet_main",):
         start = script.index(f"{name}() {{")
-        functions.append(script[start:script.index("\n}\n", start) + 3])
-    failures = script[script.index("stage_failures() {"):]
-    failures_toml = failures[failures.index("  cat > $W/fleet-fail.toml <<T"):failures.index("\nT\n") + 3]
+        functions.append(script[start : script.index("\n}\n", start) + 3])
+    failures = script[script.index("stage_failures() {") :]
+    failures_toml = failures[failures.index("  cat > $W/fleet-fail.toml <<T") : failures.index("\nT\n") + 3]
     prelude = textwrap.dedent(f"""
         W={tmp_path}; MODEL=$W/model; NAME=sf-realistic; P=python3; PYTHONPATH=/a:/b; STANDIN_MODULES=IPython=9.0.0
         BASE=(--attention-backend triton --sampling-backend pytorch --context-length 4096 --log-level info)
         """)
-    subprocess.run(["bash", "-c", prelude + "\n".join(functions) + "\nfleet_main\n" + failures_toml], check=True,
-                   timeout=30)
+    subprocess.run(
+        ["bash", "-c", prelude + "\n".join(functions) + "\nfleet_main\n" + failures_toml], check=True, timeout=30
+    )
     main = Fleet.load(tmp_path / "fleet-main.toml")
     plain, ngram = (main.spec.server(n) for n in ("plain", "ngram"))
     assert plain.engine == ngram.engine == "sglang"

@@ -30,8 +30,13 @@ FAST = ("--load-time", "0.3")
 # same Failure objects, in test_sim_signatures.py): a SGLang scheduler failure (it SIGKILLs its own
 # tree), a SGLang launcher failure (1), an argparse error (2), a vLLM engine-core failure (1, here
 # moved by --fail-delay), the OOM killer (SIGKILL, no text).
-CATEGORY_RUNS = [("sglang", Category.GPU_OOM), ("sglang", Category.MODEL_NOT_FOUND), ("vllm", Category.CONFIG_ERROR),
-                 ("vllm", Category.CUDA_DRIVER), ("sglang", Category.KILLED)]
+CATEGORY_RUNS = [
+    ("sglang", Category.GPU_OOM),
+    ("sglang", Category.MODEL_NOT_FOUND),
+    ("vllm", Category.CONFIG_ERROR),
+    ("vllm", Category.CUDA_DRIVER),
+    ("sglang", Category.KILLED),
+]
 HANG_ARGS = ("--style", "sglang", "--load-time", "0.5", "--hang-loading")
 SGLANG_MAIN_PROCESS = {Category.MODEL_NOT_FOUND, Category.PORT_IN_USE, Category.IMPORT_ERROR}
 
@@ -59,18 +64,33 @@ def procs(tmp_path_factory: pytest.TempPathFactory):
     held.bind(("127.0.0.1", 0))
     held.listen(1)
     taken = held.getsockname()[1]
-    specs: dict[str, tuple[str, ...]] = {f"{s}-{c.value}": ("--style", s, *FAST, "--fail-at-startup", c.value, "--tp", "2")
-                                         for s, c in CATEGORY_RUNS}
-    specs["vllm-cuda_driver"] = ("--style", "vllm", "--load-time", "30", "--fail-delay", "0.5", "--fail-at-startup", "cuda_driver", "--tp", "2")
-    specs.update({
-        "conflict-sglang": ("--style", "sglang", *FAST), "conflict-vllm": ("--style", "vllm", *FAST),
-        "hang": HANG_ARGS,
-        "after-ready-sglang": ("--style", "sglang", *FAST, "--fail-after-ready", "gpu_oom", "--fail-delay", "0.3"),
-        "after-ready-vllm": ("--style", "vllm", *FAST, "--fail-after-ready", "nccl_or_distributed"),
-        "crash-after": ("--style", "sglang", *FAST, "--crash-after", "3", "--decode-ms", "1"),
-        "first-request-vllm": ("--style", "vllm", *FAST, "--die-on-first-request"),
-        "sigterm": ("--style", "vllm", *FAST, "--children", "2"),
-    })
+    specs: dict[str, tuple[str, ...]] = {
+        f"{s}-{c.value}": ("--style", s, *FAST, "--fail-at-startup", c.value, "--tp", "2") for s, c in CATEGORY_RUNS
+    }
+    specs["vllm-cuda_driver"] = (
+        "--style",
+        "vllm",
+        "--load-time",
+        "30",
+        "--fail-delay",
+        "0.5",
+        "--fail-at-startup",
+        "cuda_driver",
+        "--tp",
+        "2",
+    )
+    specs.update(
+        {
+            "conflict-sglang": ("--style", "sglang", *FAST),
+            "conflict-vllm": ("--style", "vllm", *FAST),
+            "hang": HANG_ARGS,
+            "after-ready-sglang": ("--style", "sglang", *FAST, "--fail-after-ready", "gpu_oom", "--fail-delay", "0.3"),
+            "after-ready-vllm": ("--style", "vllm", *FAST, "--fail-after-ready", "nccl_or_distributed"),
+            "crash-after": ("--style", "sglang", *FAST, "--crash-after", "3", "--decode-ms", "1"),
+            "first-request-vllm": ("--style", "vllm", *FAST, "--die-on-first-request"),
+            "sigterm": ("--style", "vllm", *FAST, "--children", "2"),
+        }
+    )
     out: dict[str, SimProcess] = {}
     try:
         for name, args in specs.items():
@@ -101,7 +121,12 @@ def test_startup_failure_prints_engine_text_and_exits(procs, style: str, categor
     if style == "sglang" and _expected_status(style, category) == -signal.SIGKILL and category is not Category.KILLED:
         assert log.count("Scheduler hit an exception") in (0, 2)  # once per TP rank (--tp 2)
         assert log.rstrip().endswith("Received sigquit from a child process. It usually means the child failed.")
-    if style == "vllm" and category in (Category.GPU_OOM, Category.NCCL_OR_DISTRIBUTED, Category.CUDA_DRIVER, Category.OTHER):
+    if style == "vllm" and category in (
+        Category.GPU_OOM,
+        Category.NCCL_OR_DISTRIBUTED,
+        Category.CUDA_DRIVER,
+        Category.OTHER,
+    ):
         assert "RuntimeError: Engine core initialization failed. See root cause above." in log.splitlines()[-1]
 
 
@@ -112,8 +137,13 @@ def test_real_port_conflict_prints_each_engines_text(procs) -> None:
     assert "Loading safetensors" not in vllm.log()  # vLLM binds before loading anything
     text = sglang.log()
     # SGLang's uvicorn binds after loading: the capacity line and "startup complete" come before the error.
-    assert text.index("max_total_num_tokens=") < text.index("Application startup complete.") < text.index(
-        f"[Errno 98] error while attempting to bind on address ('127.0.0.1', {sglang.port}): address already in use")
+    assert (
+        text.index("max_total_num_tokens=")
+        < text.index("Application startup complete.")
+        < text.index(
+            f"[Errno 98] error while attempting to bind on address ('127.0.0.1', {sglang.port}): address already in use"
+        )
+    )
 
 
 def test_hang_loading_stays_alive_and_silent(procs) -> None:
@@ -142,7 +172,11 @@ def test_fail_after_ready_never_becomes_healthy(procs) -> None:
     assert "ready to roll" not in text
     assert vllm.wait_exit(timeout=90) == 0  # the API server shuts down cleanly after its engine died
     text = vllm.log()
-    assert text.index("Application startup complete.") < text.index("RuntimeError: NCCL error") < text.index("EngineDeadError")
+    assert (
+        text.index("Application startup complete.")
+        < text.index("RuntimeError: NCCL error")
+        < text.index("EngineDeadError")
+    )
 
 
 def test_fail_delay_moves_the_failure(procs) -> None:
@@ -171,7 +205,9 @@ def test_die_on_first_request(procs) -> None:
         _post(proc.url)
     assert proc.wait_exit(timeout=30) == 0  # vLLM's API server shuts down "cleanly" after its engine died
     text = proc.log()
-    assert text.index("Application startup complete.") < text.index("torch.AcceleratorError: CUDA error: an illegal memory access")
+    assert text.index("Application startup complete.") < text.index(
+        "torch.AcceleratorError: CUDA error: an illegal memory access"
+    )
     assert "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue." in text
 
 

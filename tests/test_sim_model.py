@@ -25,7 +25,9 @@ from servefleet.sim.tokens import TextBank, count_tokens, render_chat, token_ids
 def test_formula_matches_hand_computation() -> None:
     cfg = SimConfig(timing="knee", decode_ms=20, decode_ms_per_running=2, prefill_ms_per_1k_tokens=50, max_running=64)
     # C=8, P=200, N=30: S=30 steps of 20+2*8=36 ms, plus 8 prefills of 10 ms -> 1160 ms per 8 requests.
-    assert theoretical_output_tokens_per_s(cfg, 8, prompt_tokens=200, output_tokens=30) == pytest.approx(8 * 30 / 1.160)
+    assert theoretical_output_tokens_per_s(cfg, 8, prompt_tokens=200, output_tokens=30) == pytest.approx(
+        8 * 30 / 1.160
+    )
     s = steady_state(cfg, 1, prompt_tokens=200, output_tokens=30)
     assert s.batch == 1 and s.steps == 30 and s.step_ms == 22
     assert s.request_latency_s == pytest.approx((30 * 22 + 10) / 1000)
@@ -46,7 +48,9 @@ def test_speculative_steps_and_caps() -> None:
 
 
 def test_knee_per_request_falls_total_plateaus() -> None:
-    cfg = SimConfig(timing="knee", decode_ms=10, decode_ms_per_running=0.5, prefill_ms_per_1k_tokens=20, max_running=256)
+    cfg = SimConfig(
+        timing="knee", decode_ms=10, decode_ms_per_running=0.5, prefill_ms_per_1k_tokens=20, max_running=256
+    )
     states = [steady_state(cfg, c, prompt_tokens=128, output_tokens=256) for c in (1, 4, 16, 64, 256)]
     per_req = [s.per_request_tokens_per_s for s in states]
     totals = [s.output_tokens_per_s for s in states]
@@ -60,7 +64,10 @@ def test_realistic_throughput_peaks_below_max_running_and_declines() -> None:
     cfg = SimConfig()  # the default: realistic timing, max running 64, peak at half of it
     assert cfg.timing == "realistic" and cfg.resolved_peak_batch == 32
     assert best_concurrency(cfg, prompt_tokens=128, output_tokens=256) == 32 < cfg.max_running
-    tps = {c: theoretical_output_tokens_per_s(cfg, c, prompt_tokens=128, output_tokens=256) for c in (1, 8, 16, 32, 48, 64, 128)}
+    tps = {
+        c: theoretical_output_tokens_per_s(cfg, c, prompt_tokens=128, output_tokens=256)
+        for c in (1, 8, 16, 32, 48, 64, 128)
+    }
     assert tps[1] < tps[8] < tps[16] < tps[32] > tps[48] > tps[64] == tps[128]  # past max running: a queue, no gain
     assert tps[64] / tps[32] == pytest.approx(0.81, abs=0.02)  # decline_at_2x_peak (prefill moves it a little)
     steps = [cfg.steps.step_ms(b) for b in range(1, 129)]
@@ -120,8 +127,14 @@ def test_fractional_tokens_per_step_parse_and_count() -> None:
 
 
 async def test_fractional_tokens_per_step_alternate_in_the_loop() -> None:
-    cfg = SimConfig(timing="knee", decode_ms=1, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0, max_running=1,
-                    tokens_per_step=2.5)
+    cfg = SimConfig(
+        timing="knee",
+        decode_ms=1,
+        decode_ms_per_running=0,
+        prefill_ms_per_1k_tokens=0,
+        max_running=1,
+        tokens_per_step=2.5,
+    )
     stats = Stats()
     sched = Scheduler(cfg, stats)
     sched.start()
@@ -140,7 +153,9 @@ async def test_fractional_tokens_per_step_alternate_in_the_loop() -> None:
 async def test_api_process_paces_streamed_events_but_not_the_engine() -> None:
     """Realistic timing: streamed events leave the API process at most api_events_per_s a second; the
     engine finishes its work earlier, and non-streaming answers do not wait for the events."""
-    cfg = SimConfig(decode_ms=1, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0, max_running=16, api_events_per_s=200)
+    cfg = SimConfig(
+        decode_ms=1, decode_ms_per_running=0, prefill_ms_per_1k_tokens=0, max_running=16, api_events_per_s=200
+    )
     stats = Stats()
     sched = Scheduler(cfg, stats)
     loop = asyncio.get_running_loop()
@@ -178,8 +193,25 @@ def test_instant_mode_is_infinite() -> None:
 
 # ---- options ----------------------------------------------------------------------------------------
 def test_engine_flag_aliases_and_defaults() -> None:
-    cfg = parse_config(["--style", "vllm", "--max-num-seqs", "7", "--max-model-len", "4096", "--max-total-tokens", "9000",
-                        "--model-path", "/m", "--tp-size", "2", "--fail-at-startup", "gpu_oom", "--no-color"])
+    cfg = parse_config(
+        [
+            "--style",
+            "vllm",
+            "--max-num-seqs",
+            "7",
+            "--max-model-len",
+            "4096",
+            "--max-total-tokens",
+            "9000",
+            "--model-path",
+            "/m",
+            "--tp-size",
+            "2",
+            "--fail-at-startup",
+            "gpu_oom",
+            "--no-color",
+        ]
+    )
     assert (cfg.max_running, cfg.context_length, cfg.kv_tokens, cfg.model, cfg.tp) == (7, 4096, 9000, "/m", 2)
     assert cfg.fail_at_startup == "gpu_oom" and cfg.color is False
     assert (cfg.timing, cfg.decode_ms, cfg.decode_ms_per_running) == ("realistic", 1.0, 0.22)
@@ -234,8 +266,11 @@ def test_parse_job_lengths_and_errors() -> None:
     assert 1 <= early.target <= 50 and early.target == again.target  # deterministic
     assert early.finish_reason == ("stop" if early.target < 50 else "length")
     assert parse_job({"prompt": "x", "max_tokens": 50, "min_tokens": 50}, chat=False, cfg=cfg).target == 50
-    chat = parse_job({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4, "ignore_eos": True},
-                     chat=True, cfg=cfg)
+    chat = parse_job(
+        {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4, "ignore_eos": True},
+        chat=True,
+        cfg=cfg,
+    )
     assert chat.target == 4 and chat.prompt_tokens == count_tokens(render_chat([{"role": "user", "content": "hi"}]))
     with pytest.raises(ApiError, match="maximum context length is 100 tokens"):
         parse_job({"prompt": "a b", "max_tokens": 99}, chat=False, cfg=cfg)
@@ -339,7 +374,13 @@ def test_renderer_prefixes_and_colour() -> None:
     assert sg.render(Line("a\nb", "TP0")).endswith(" TP0] a\nb\n")  # a traceback continues bare
     vl = Renderer("vllm", color=True, pids={"APIServer": 7}, clock=clock)
     text = vl.render(Line("x\ny", "APIServer", level="ERROR", src="core.py:1"))
-    assert text.count("\x1b[1;36m(APIServer pid=7)\x1b[0;0m ") == 2 and "\x1b[31mERROR\x1b[0m" in text and "[core.py:1] y\n" in text
-    assert vl.render(uv("INFO:     Application startup complete.", "APIServer")).endswith("\x1b[32mINFO\x1b[0m:     Application startup complete.\n")
+    assert (
+        text.count("\x1b[1;36m(APIServer pid=7)\x1b[0;0m ") == 2
+        and "\x1b[31mERROR\x1b[0m" in text
+        and "[core.py:1] y\n" in text
+    )
+    assert vl.render(uv("INFO:     Application startup complete.", "APIServer")).endswith(
+        "\x1b[32mINFO\x1b[0m:     Application startup complete.\n"
+    )
     bar = Renderer("vllm").render(Line("100%", raw=True, redraws=("0%", "50%")))
     assert bar == "0%\r50%\r100%\n"

@@ -18,20 +18,74 @@ from servefleet.sim.tokens import count_tokens, render_chat
 pytestmark = pytest.mark.timeout(120)
 
 # A: SGLang style, timed; B: vLLM style, fast, speculative (3 tokens per step); C: instant, with request faults.
-A_ARGS = ("--style", "sglang", "--load-time", "0.2", "--decode-ms", "20", "--decode-ms-per-running", "2.5",
-          "--prefill-ms-per-1k-tokens", "50", "--max-running", "8", "--kv-tokens", "100000", "--context-length", "4096")
-B_ARGS = ("--style", "vllm", "--load-time", "0.2", "--decode-ms", "1", "--decode-ms-per-running", "0", "--tokens-per-step", "3",
-          "--served-model-name", "sim-b", "--max-running", "32")
-C_ARGS = ("--style", "vllm", "--load-time", "0", "--decode-ms", "0", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0",
-          "--tokens-per-step", "4", "--error-rate", "0.2", "--rate-limit-rate", "0.1", "--slow-rate", "0.05", "--slow-ms", "20", "--seed", "7")
+A_ARGS = (
+    "--style",
+    "sglang",
+    "--load-time",
+    "0.2",
+    "--decode-ms",
+    "20",
+    "--decode-ms-per-running",
+    "2.5",
+    "--prefill-ms-per-1k-tokens",
+    "50",
+    "--max-running",
+    "8",
+    "--kv-tokens",
+    "100000",
+    "--context-length",
+    "4096",
+)
+B_ARGS = (
+    "--style",
+    "vllm",
+    "--load-time",
+    "0.2",
+    "--decode-ms",
+    "1",
+    "--decode-ms-per-running",
+    "0",
+    "--tokens-per-step",
+    "3",
+    "--served-model-name",
+    "sim-b",
+    "--max-running",
+    "32",
+)
+C_ARGS = (
+    "--style",
+    "vllm",
+    "--load-time",
+    "0",
+    "--decode-ms",
+    "0",
+    "--decode-ms-per-running",
+    "0",
+    "--prefill-ms-per-1k-tokens",
+    "0",
+    "--tokens-per-step",
+    "4",
+    "--error-rate",
+    "0.2",
+    "--rate-limit-rate",
+    "0.1",
+    "--slow-rate",
+    "0.05",
+    "--slow-ms",
+    "20",
+    "--seed",
+    "7",
+)
 PROMPT = " ".join(["word"] * 200)  # 200 tokens
 
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("sims")
-    procs = {name: SimProcess(*args, log_path=folder / f"{name}.log").start()
-             for name, args in (("a", A_ARGS), ("b", B_ARGS), ("c", C_ARGS))}
+    procs = {
+        name: SimProcess(*args, log_path=folder / f"{name}.log").start()
+        for name, args in (("a", A_ARGS), ("b", B_ARGS), ("c", C_ARGS))
+    }
     try:
         for proc in procs.values():
             proc.wait_ready(timeout=90)
@@ -65,18 +119,27 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> list[
 async def test_completions_and_chat_with_usage(sims) -> None:
     url = sims["a"].url
     async with aiohttp.ClientSession() as s:
-        status, body = await _post(s, url + "/v1/completions", {"model": "sim-model", "prompt": "Hello there, sim!", "max_tokens": 7, "ignore_eos": True})
+        status, body = await _post(
+            s,
+            url + "/v1/completions",
+            {"model": "sim-model", "prompt": "Hello there, sim!", "max_tokens": 7, "ignore_eos": True},
+        )
         assert status == 200 and body["object"] == "text_completion"
         choice = body["choices"][0]
         assert choice["finish_reason"] == "length" and count_tokens(choice["text"]) == 7
         assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}
 
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
-        status, body = await _post(s, url + "/v1/chat/completions", {"messages": messages, "max_completion_tokens": 5, "ignore_eos": True})
+        status, body = await _post(
+            s, url + "/v1/chat/completions", {"messages": messages, "max_completion_tokens": 5, "ignore_eos": True}
+        )
         assert status == 200 and body["object"] == "chat.completion"
         assert body["choices"][0]["message"]["role"] == "assistant"
         assert count_tokens(body["choices"][0]["message"]["content"]) == 5
-        assert body["usage"]["prompt_tokens"] == count_tokens(render_chat(messages)) and body["usage"]["completion_tokens"] == 5
+        assert (
+            body["usage"]["prompt_tokens"] == count_tokens(render_chat(messages))
+            and body["usage"]["completion_tokens"] == 5
+        )
 
         status, body = await _post(s, url + "/v1/completions", {"prompt": "x", "max_tokens": 5000})
         assert status == 400 and "maximum context length is 4096" in body["message"]
@@ -88,7 +151,9 @@ async def test_prompt_logprobs_in_vllm_shape_and_refused_with_stream(sims) -> No
     url = sims["b"].url
     prompt = "the of and to in is was for"
     async with aiohttp.ClientSession() as s:
-        status, body = await _post(s, url + "/v1/completions", {"prompt": prompt, "max_tokens": 2, "n": 2, "prompt_logprobs": 3})
+        status, body = await _post(
+            s, url + "/v1/completions", {"prompt": prompt, "max_tokens": 2, "n": 2, "prompt_logprobs": 3}
+        )
         assert status == 200
         first, second = (c["prompt_logprobs"] for c in body["choices"])  # on completions: in each choice
         assert first == second and first[0] is None and len(first) == count_tokens(prompt)
@@ -96,12 +161,20 @@ async def test_prompt_logprobs_in_vllm_shape_and_refused_with_stream(sims) -> No
             keys = list(pos)
             assert keys[0] == str(tid)  # the prompt token first, then the top 3 by rank
             ranks = [v["rank"] for v in pos.values()]
-            assert sorted(ranks[1:]) == [1, 2, 3] if len(pos) == 4 else sorted(ranks) == [1, 2, 3]  # 4: the prompt token ranks below 3
+            assert (
+                sorted(ranks[1:]) == [1, 2, 3] if len(pos) == 4 else sorted(ranks) == [1, 2, 3]
+            )  # 4: the prompt token ranks below 3
         messages = [{"role": "user", "content": prompt}]
-        status, body = await _post(s, url + "/v1/chat/completions", {"messages": messages, "max_tokens": 2, "prompt_logprobs": 1})
+        status, body = await _post(
+            s, url + "/v1/chat/completions", {"messages": messages, "max_tokens": 2, "prompt_logprobs": 1}
+        )
         assert status == 200 and "prompt_logprobs" not in body["choices"][0]  # on chat: at the top
-        assert len(body["prompt_logprobs"]) == count_tokens(render_chat(messages)) and body["prompt_logprobs"][0] is None
-        status, body = await _post(s, url + "/v1/completions", {"prompt": prompt, "max_tokens": 2, "prompt_logprobs": 1, "stream": True})
+        assert (
+            len(body["prompt_logprobs"]) == count_tokens(render_chat(messages)) and body["prompt_logprobs"][0] is None
+        )
+        status, body = await _post(
+            s, url + "/v1/completions", {"prompt": prompt, "max_tokens": 2, "prompt_logprobs": 1, "stream": True}
+        )
         assert status == 400 and "prompt_logprobs" in body["message"]
         status, body = await _post(s, url + "/v1/completions", {"prompt": prompt, "max_tokens": 2})
         assert status == 200 and "prompt_logprobs" not in body["choices"][0]
@@ -109,17 +182,27 @@ async def test_prompt_logprobs_in_vllm_shape_and_refused_with_stream(sims) -> No
 
 async def test_streaming_chunks_one_per_step_with_usage(sims) -> None:
     async with aiohttp.ClientSession() as s:
-        events = await _stream(s, sims["a"].url + "/v1/completions",
-                               {"prompt": "count", "max_tokens": 6, "ignore_eos": True, "stream_options": {"include_usage": True}})
+        events = await _stream(
+            s,
+            sims["a"].url + "/v1/completions",
+            {"prompt": "count", "max_tokens": 6, "ignore_eos": True, "stream_options": {"include_usage": True}},
+        )
         assert events[-1] == "[DONE]"
         usage = events[-2]
-        assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 1, "completion_tokens": 6, "total_tokens": 7}
+        assert usage["choices"] == [] and usage["usage"] == {
+            "prompt_tokens": 1,
+            "completion_tokens": 6,
+            "total_tokens": 7,
+        }
         chunks = events[:-2]
         assert [count_tokens(c["choices"][0]["text"]) for c in chunks] == [1] * 6
         assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 5 + ["length"]
 
-        chat = await _stream(s, sims["a"].url + "/v1/chat/completions",
-                             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": True})
+        chat = await _stream(
+            s,
+            sims["a"].url + "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": True},
+        )
         assert chat[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert "".join(c["choices"][0]["delta"].get("content", "") for c in chat[1:-1]).count(" ") == 3
         assert chat[-1] == "[DONE]" and "usage" not in chat[-2]  # no include_usage: no usage chunk
@@ -128,7 +211,9 @@ async def test_streaming_chunks_one_per_step_with_usage(sims) -> None:
 async def test_speculative_steps_put_several_tokens_per_chunk(sims) -> None:
     url = sims["b"].url
     async with aiohttp.ClientSession() as s:
-        events = await _stream(s, url + "/v1/completions", {"model": "sim-b", "prompt": "go", "max_tokens": 10, "ignore_eos": True})
+        events = await _stream(
+            s, url + "/v1/completions", {"model": "sim-b", "prompt": "go", "max_tokens": 10, "ignore_eos": True}
+        )
         sizes = [count_tokens(e["choices"][0]["text"]) for e in events[:-1]]
         assert sizes == [1, 3, 3, 3]  # the prefill step's token, then 3 per step
         status, body = await _post(s, url + "/v1/completions", {"model": "not-served", "prompt": "go"})
@@ -156,7 +241,11 @@ async def test_eos_early_stop_is_deterministic(sims) -> None:
             assert first[1]["choices"][0]["finish_reason"] == ("stop" if n < 40 else "length")
             lengths[prompt] = n
         assert min(lengths.values()) < 40  # with --eos-rate 0.5 some stop early ...
-        exact = await _post(s, sims["b"].url + "/v1/completions", {"prompt": min(lengths, key=lengths.get), "max_tokens": 40, "ignore_eos": True})
+        exact = await _post(
+            s,
+            sims["b"].url + "/v1/completions",
+            {"prompt": min(lengths, key=lengths.get), "max_tokens": 40, "ignore_eos": True},
+        )
         assert exact[1]["usage"]["completion_tokens"] == 40  # ... and ignore_eos gives exactly max_tokens
 
 
@@ -170,7 +259,14 @@ def _parse_metrics(text: str) -> dict[str, float]:
         elif line and not line.startswith("#"):
             name_labels, value = line.rsplit(" ", 1)
             name = name_labels.split("{", 1)[0]
-            family = next((name[: -len(x)] for x in ("_bucket", "_sum", "_count") if name.endswith(x) and name[: -len(x)] in typed), name)
+            family = next(
+                (
+                    name[: -len(x)]
+                    for x in ("_bucket", "_sum", "_count")
+                    if name.endswith(x) and name[: -len(x)] in typed
+                ),
+                name,
+            )
             assert family in typed, f"sample {name} without a TYPE line"  # a histogram's samples: under its family
             values[name] = float(value)
     return values
@@ -179,10 +275,13 @@ def _parse_metrics(text: str) -> dict[str, float]:
 async def _closed_loop(url: str, concurrency: int, rounds: int, max_tokens: int) -> float:
     """Output tokens/s of ``concurrency`` clients each sending ``rounds`` requests back to back."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
         async def client() -> int:
             total = 0
             for _ in range(rounds):
-                status, body = await _post(s, url + "/v1/completions", {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True})
+                status, body = await _post(
+                    s, url + "/v1/completions", {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True}
+                )
                 assert status == 200
                 total += body["usage"]["completion_tokens"]
             return total
@@ -210,6 +309,7 @@ async def test_measured_throughput_agrees_with_theory(sims, concurrency: int) ->
 async def test_requests_beyond_max_running_queue(sims) -> None:
     url = sims["a"].url
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
         async def timed() -> float:
             t0 = time.perf_counter()
             status, _ = await _post(s, url + "/v1/completions", {"prompt": "q", "max_tokens": 50, "ignore_eos": True})
@@ -263,8 +363,11 @@ async def test_instant_mode_and_request_faults(sims) -> None:
     url = sims["c"].url
     statuses: dict[int, int] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+
         async def one(i: int) -> None:
-            status, body = await _post(s, url + "/v1/completions", {"prompt": f"p {i}", "max_tokens": 9, "ignore_eos": True})
+            status, body = await _post(
+                s, url + "/v1/completions", {"prompt": f"p {i}", "max_tokens": 9, "ignore_eos": True}
+            )
             statuses[status] = statuses.get(status, 0) + 1
             if status == 200:
                 assert body["usage"]["completion_tokens"] == 9 and count_tokens(body["choices"][0]["text"]) == 9
@@ -276,7 +379,9 @@ async def test_instant_mode_and_request_faults(sims) -> None:
         elapsed = time.perf_counter() - t0
         streamed = None
         while streamed is None:  # retry past injected errors
-            async with s.post(url + "/v1/completions", json={"prompt": "s", "max_tokens": 9, "ignore_eos": True, "stream": True}) as resp:
+            async with s.post(
+                url + "/v1/completions", json={"prompt": "s", "max_tokens": 9, "ignore_eos": True, "stream": True}
+            ) as resp:
                 if resp.status == 200:
                     streamed = (await resp.read()).decode()
     assert set(statuses) <= {200, 429, 500}

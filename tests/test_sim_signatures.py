@@ -59,10 +59,14 @@ def test_failure_text_is_complete_and_exits_like_the_engine(style: str, category
     else:
         expected = 1
     assert failure.exit_code == expected
-    if failure.exit_code is SIGKILL_SELF and category is not Category.KILLED:  # SGLang: the wrapper line after the cause
+    if (
+        failure.exit_code is SIGKILL_SELF and category is not Category.KILLED
+    ):  # SGLang: the wrapper line after the cause
         assert text.rstrip().endswith("Received sigquit from a child process. It usually means the child failed.")
     if style == "vllm" and "EngineCore failed to start." in text:
-        assert text.rstrip().endswith("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+        assert text.rstrip().endswith(
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+        )
 
 
 @pytest.mark.parametrize(("style", "category", "variant"), CASES, ids=IDS)
@@ -75,7 +79,11 @@ def test_classifier_finds_the_category(style: str, category: Category, variant: 
         if category is Category.KILLED:  # no text: only the exit by SIGKILL tells (the waiter's job)
             assert verdict.state is not State.FAILED, (who, verdict)
             continue
-        assert verdict.state is State.FAILED and verdict.category is category, (who, verdict.category, verdict.evidence)
+        assert verdict.state is State.FAILED and verdict.category is category, (
+            who,
+            verdict.category,
+            verdict.evidence,
+        )
         assert verdict.evidence is not None and "Received sigquit" not in verdict.evidence.text
         assert "Engine core initialization failed" not in verdict.evidence.text  # the root cause, not the wrapper
 
@@ -86,7 +94,9 @@ def test_classifier_after_ready_failures(style: str, category: Category) -> None
     diagnose_text, engines = _classifier()
     cfg = _config(style, fail_after_ready=category)
     text = transcript(cfg)
-    assert text.index("Application startup complete.") < text.rfind(_last_lines(after_ready_failure(cfg, category, cfg.bind_port).lines)[-1])
+    assert text.index("Application startup complete.") < text.rfind(
+        _last_lines(after_ready_failure(cfg, category, cfg.bind_port).lines)[-1]
+    )
     verdict = diagnose_text(text, engines[style])
     assert verdict.state is State.FAILED and verdict.category is category, verdict
 
@@ -100,8 +110,14 @@ def test_classifier_reads_capacity_and_ready_and_first_request_crash(style: str)
         verdict = diagnose_text(text, engine)
         # The sim profile reads uvicorn's "Application startup complete." the cautious SGLang way (not
         # ready: the probe decides); the style's own profile takes its ready line as the log's word.
-        assert verdict.state is (State.READY if engine is engines[style] or style == "sglang" else State.LOADING), verdict
-        assert (verdict.capacity.kv_cache_tokens, verdict.capacity.max_running_requests, verdict.capacity.context_length) == (123456, 48, 8192)
+        assert verdict.state is (State.READY if engine is engines[style] or style == "sglang" else State.LOADING), (
+            verdict
+        )
+        assert (
+            verdict.capacity.kv_cache_tokens,
+            verdict.capacity.max_running_requests,
+            verdict.capacity.context_length,
+        ) == (123456, 48, 8192)
     crash = first_request_crash(cfg, cfg.bind_port)
     renderer = Renderer(style, tp=cfg.tp)
     verdict = diagnose_text(text + "".join(renderer.render(line) for line in crash.lines), engines[style])

@@ -35,10 +35,23 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
         cluster.stop()
 
 
-SIM = ["--load-time", "0.3", "--max-running", "4", "--decode-ms", "20", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0"]
+SIM = [
+    "--load-time",
+    "0.3",
+    "--max-running",
+    "4",
+    "--decode-ms",
+    "20",
+    "--decode-ms-per-running",
+    "0",
+    "--prefill-ms-per-1k-tokens",
+    "0",
+]
 
 
-def counted_fleet(tmp_path: Path, cluster: SlurmCluster, count: int, *, host_extra: str = "", time: str = "10") -> Path:
+def counted_fleet(
+    tmp_path: Path, cluster: SlurmCluster, count: int, *, host_extra: str = "", time: str = "10"
+) -> Path:
     args = ", ".join(f'"{a}"' for a in SIM)
     path = tmp_path / "fleet.toml"
     path.write_text(
@@ -57,8 +70,28 @@ def our_jobs(cluster: SlurmCluster) -> list[str]:
 async def start_generate(tmp_path: Path, fleet: Path, n: int, *extra: str) -> tuple[asyncio.subprocess.Process, Path]:
     src = _prompts(tmp_path / "in.jsonl", n)
     out = tmp_path / "out"
-    argv = [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--fleet", str(fleet),
-            "--max-tokens", "4", "--concurrency", "4", "--shard-rows", "50", "--watch-interval", "0.3", "--json", *extra]
+    argv = [
+        PYTHON,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--fleet",
+        str(fleet),
+        "--max-tokens",
+        "4",
+        "--concurrency",
+        "4",
+        "--shard-rows",
+        "50",
+        "--watch-interval",
+        "0.3",
+        "--json",
+        *extra,
+    ]
     proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
 
     async def sending() -> bool:
@@ -90,8 +123,18 @@ def joined(out: Path) -> int:
 async def test_pending_jobs_join_the_running_job_when_they_start(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
     """Three jobs of 5 CPUs on a 16-CPU node where two other jobs hold 11: one runs, two wait
     PENDING (Resources). Each hold ended in turn lets one more run; both join; exactly once."""
-    hogs = [slurm.run("sbatch", "--parsable", f"--cpus-per-task={c}", "--job-name=cpu-hog", "--output=/dev/null", "--wrap", "sleep 300").stdout.strip()
-            for c in (6, 5)]
+    hogs = [
+        slurm.run(
+            "sbatch",
+            "--parsable",
+            f"--cpus-per-task={c}",
+            "--job-name=cpu-hog",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 300",
+        ).stdout.strip()
+        for c in (6, 5)
+    ]
     try:
         fleet = fleets(Fleet.load(counted_fleet(tmp_path, slurm, 3, host_extra="cpus = 5\n")))
         await fleet.start()
@@ -113,7 +156,9 @@ async def test_pending_jobs_join_the_running_job_when_they_start(slurm: SlurmClu
         report = await finish(proc)
         assert report["membership"]["joins"] == 2, report["events"]
         servers = {s["name"]: s for s in report["servers"]}
-        assert sorted(servers) == ["w-0", "w-1", "w-2"] and all(s["requests"] > 0 for s in servers.values()), report["servers"]
+        assert sorted(servers) == ["w-0", "w-1", "w-2"] and all(s["requests"] > 0 for s in servers.values()), report[
+            "servers"
+        ]
         assert sorted(_committed(out)) == sorted(f"p{i}" for i in range(900))  # exactly once
         await fleet.down()
         assert our_jobs(slurm) == []
@@ -122,7 +167,9 @@ async def test_pending_jobs_join_the_running_job_when_they_start(slurm: SlurmClu
             slurm.run("scancel", hog, check=False)
 
 
-async def test_a_cancelled_job_is_replaced_and_release_tail_with_down_after_leave_no_job(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
+async def test_a_cancelled_job_is_replaced_and_release_tail_with_down_after_leave_no_job(
+    slurm: SlurmCluster, tmp_path: Path, fleets
+) -> None:
     fleet = fleets(Fleet.load(counted_fleet(tmp_path, slurm, 2)))
     assert all(v.state == "ready" for v in (await fleet.up()).values())
     job = (await fleet.record("w-0")).pgid
@@ -139,7 +186,9 @@ async def test_a_cancelled_job_is_replaced_and_release_tail_with_down_after_leav
     assert our_jobs(slurm) == []  # none pending, running or completing
 
 
-async def test_a_server_near_its_time_limit_hands_over_to_a_successor_that_serves_first(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
+async def test_a_server_near_its_time_limit_hands_over_to_a_successor_that_serves_first(
+    slurm: SlurmCluster, tmp_path: Path, fleets
+) -> None:
     """A 1-minute job (Slurm's smallest limit) and a 50 s margin: a successor is submitted within
     seconds of the start, joins, and only then is the old job drained and cancelled (and so on: each
     successor is due ~7 s after it starts). Servers in service, sampled each second, never drop to 0."""
@@ -152,7 +201,11 @@ async def test_a_server_near_its_time_limit_hands_over_to_a_successor_that_serve
     events = report["events"]
     assert report["membership"]["handovers"] >= 1, events
     for old, new in (("w-0", "w-0.h1"), ("w-0.h1", "w-0.h2")):
-        drained = [i for i, e in enumerate(events) if f"{old}: handed over to {new} (its job's time limit is near): draining" in e]
+        drained = [
+            i
+            for i, e in enumerate(events)
+            if f"{old}: handed over to {new} (its job's time limit is near): draining" in e
+        ]
         if old == "w-0" or drained:
             joined = next(i for i, e in enumerate(events) if f"{new}: joined at" in e)
             assert joined < drained[0], events  # the successor served before the old one stopped taking requests

@@ -28,7 +28,14 @@ from slurm_rig import SlurmCluster
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
 
-def fleet_text(cluster: SlurmCluster, shared: Path, servers: dict[str, list[str]], *, host_extra: str = "", defaults_extra: str = "") -> str:
+def fleet_text(
+    cluster: SlurmCluster,
+    shared: Path,
+    servers: dict[str, list[str]],
+    *,
+    host_extra: str = "",
+    defaults_extra: str = "",
+) -> str:
     text = (
         f'[fleet]\nname = "sl"\ntimeout = 60\nstall = 20\n\n'
         f'[hosts.cluster]\nkind = "slurm"\nworkdir = "{shared}"\npoll_interval = 0.2\ntime = "10"\n'
@@ -67,7 +74,9 @@ async def test_servers_start_as_jobs_and_are_verified_ready(slurm: SlurmCluster,
     statuses = {s.name: s for s in await fleet.status()}
     assert {n: s.state for n, s in statuses.items()} == {"a": Liveness.READY, "b": Liveness.READY}
     async with aiohttp.ClientSession() as session:
-        async with session.post(statuses["a"].base_url + "/v1/completions", json={"model": "sim-m", "prompt": "hi", "max_tokens": 3}) as resp:
+        async with session.post(
+            statuses["a"].base_url + "/v1/completions", json={"model": "sim-m", "prompt": "hi", "max_tokens": 3}
+        ) as resp:
             assert resp.status == 200
             assert (await resp.json())["choices"]
     # up again adopts the running jobs instead of submitting new ones.
@@ -91,7 +100,9 @@ async def test_a_failure_is_diagnosed_from_the_jobs_log(slurm: SlurmCluster, tmp
     assert our_jobs(slurm) == []
 
 
-async def test_a_job_killed_by_the_scheduler_is_reported_with_its_end_state(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
+async def test_a_job_killed_by_the_scheduler_is_reported_with_its_end_state(
+    slurm: SlurmCluster, tmp_path: Path, fleets
+) -> None:
     """A server that never gets ready, its job cancelled: category killed, Slurm's word and hint."""
     fleet = fleets(Fleet.load(write_fleet(tmp_path, slurm, {"slow": ["--load-time", "60"]})))
     outcomes = await fleet.start()
@@ -113,7 +124,9 @@ async def test_a_job_killed_by_the_scheduler_is_reported_with_its_end_state(slur
 
 
 async def test_a_job_pending_for_gpus_is_pending_not_stalled(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
-    hog = slurm.run("sbatch", "--parsable", "--gres=gpu:2", "--job-name=gpu-hog", "--output=/dev/null", "--wrap", "sleep 300").stdout.strip()
+    hog = slurm.run(
+        "sbatch", "--parsable", "--gres=gpu:2", "--job-name=gpu-hog", "--output=/dev/null", "--wrap", "sleep 300"
+    ).stdout.strip()
     try:
         path = write_fleet(tmp_path, slurm, {"gpu": []}, host_extra='gres = "gpu:1"\n')
         fleet = fleets(Fleet.load(path))
@@ -157,12 +170,16 @@ async def test_login_node_path_over_ssh(slurm: SlurmCluster, sshd_server, tmp_pa
     the server is reached through an SSH forward."""
     if shutil.which("sbatch") is None:
         pytest.fail("sbatch is missing", pytrace=False)
-    host_extra = (f'ssh = "{sshd_server.destination}"\nport = {sshd_server.port}\nidentity_file = "{sshd_server.identity_file}"\n'
-                  f'known_hosts = "{sshd_server.known_hosts}"\npython = "{os.sys.executable}"\n'
-                  f'venv = "{Path(os.sys.executable).parent.parent}"\n')
+    host_extra = (
+        f'ssh = "{sshd_server.destination}"\nport = {sshd_server.port}\nidentity_file = "{sshd_server.identity_file}"\n'
+        f'known_hosts = "{sshd_server.known_hosts}"\npython = "{os.sys.executable}"\n'
+        f'venv = "{Path(os.sys.executable).parent.parent}"\n'
+    )
     path = write_fleet(tmp_path, slurm, {"remote": []}, host_extra=host_extra)
-    text = path.read_text().replace(f'env = {{ SLURM_CONF = "{slurm.conf}" }}',
-                                    f'env = {{ SLURM_CONF = "{slurm.conf}", PYTHONPATH = "{os.environ.get("PYTHONPATH", "")}" }}')
+    text = path.read_text().replace(
+        f'env = {{ SLURM_CONF = "{slurm.conf}" }}',
+        f'env = {{ SLURM_CONF = "{slurm.conf}", PYTHONPATH = "{os.environ.get("PYTHONPATH", "")}" }}',
+    )
     path.write_text(text)
     fleet = fleets(Fleet.load(path))
     verdict = (await fleet.up())["remote"]
@@ -183,13 +200,19 @@ def _prompts(path: Path, n: int) -> Path:
 
 
 def _committed(out: Path) -> list[str]:
-    return [i for shard in sorted((out / "shards").glob("part-*.parquet")) for i in read_parquet(shard, columns=["id"]).column("id").to_pylist()]
+    return [
+        i
+        for shard in sorted((out / "shards").glob("part-*.parquet"))
+        for i in read_parquet(shard, columns=["id"]).column("id").to_pylist()
+    ]
 
 
 def _two_host_fleet(slurm: SlurmCluster, tmp_path: Path, sim: list[str]) -> Path:
-    """"steady" on a host with a 10-minute limit, "short" on a second table of the same cluster
+    """ "steady" on a host with a 10-minute limit, "short" on a second table of the same cluster
     with a 1-minute one (Slurm's smallest)."""
-    text = fleet_text(slurm, tmp_path / "shared", {"steady": sim, "short": sim}).replace("timeout = 60", "timeout = 60\nsmoke = false")
+    text = fleet_text(slurm, tmp_path / "shared", {"steady": sim, "short": sim}).replace(
+        "timeout = 60", "timeout = 60\nsmoke = false"
+    )
     table = text.split("[hosts.cluster]\n", 1)[1].split("[defaults]")[0]
     text = text.replace("[defaults]", "[hosts.minute]\n" + table.replace('time = "10"', 'time = "1"') + "[defaults]")
     text = text.replace('name = "short"\n', 'name = "short"\nhost = "minute"\n')
@@ -202,8 +225,25 @@ async def _generate(path: Path, tmp_path: Path, n: int, *, during=None) -> dict:
     """generate over the fleet in a subprocess; ``during`` runs once a first shard is committed."""
     src = _prompts(tmp_path / "in.jsonl", n)
     out = tmp_path / "out"
-    argv = [PYTHON, "-m", "servefleet.cli.main", "generate", "-i", str(src), "-o", str(out), "--fleet", str(path),
-            "--max-tokens", "4", "--concurrency", "4", "--shard-rows", "50", "--json"]
+    argv = [
+        PYTHON,
+        "-m",
+        "servefleet.cli.main",
+        "generate",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--fleet",
+        str(path),
+        "--max-tokens",
+        "4",
+        "--concurrency",
+        "4",
+        "--shard-rows",
+        "50",
+        "--json",
+    ]
     proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         if during is not None:
@@ -244,18 +284,23 @@ async def test_generate_survives_a_cancelled_job(slurm: SlurmCluster, tmp_path: 
     assert our_jobs(slurm) == []
 
 
-async def test_generate_drains_a_server_on_its_jobs_advance_notice(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
+async def test_generate_drains_a_server_on_its_jobs_advance_notice(
+    slurm: SlurmCluster, tmp_path: Path, fleets
+) -> None:
     """The advance notice of a time limit (sbatch --signal=B:USR1@N, delivered here at once with
     scancel --batch --signal=USR1, as slurmctld delivers it): the server gets no new requests,
     is restarted once its last one is answered, and nothing is re-queued for it."""
     fleet = fleets(Fleet.load(_two_host_fleet(slurm, tmp_path, FAST)))
     assert all(v.state == State.READY for v in (await fleet.up()).values())
     job = (await fleet.record("steady")).pgid
-    report = await _generate(fleet.spec.path, tmp_path, 2500,
-                             during=lambda: slurm.run("scancel", "--batch", "--signal=USR1", str(job)))
+    report = await _generate(
+        fleet.spec.path, tmp_path, 2500, during=lambda: slurm.run("scancel", "--batch", "--signal=USR1", str(job))
+    )
     events = report["events"]
     assert any("steady: draining" in e for e in events), events
-    assert any("steady: taken out (drained before its announced end); 0 in-flight requests re-queued" in e for e in events), events
+    assert any(
+        "steady: taken out (drained before its announced end); 0 in-flight requests re-queued" in e for e in events
+    ), events
     assert report["requeued"] == 0 and report["retries"] == 0
     steady = {s["name"]: s for s in report["servers"]}["steady"]
     assert steady["restarts"] == 1 and steady["state"] == "up"
@@ -268,7 +313,16 @@ async def test_generate_drains_a_server_on_its_jobs_advance_notice(slurm: SlurmC
 async def test_generate_survives_a_time_limit(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
     """A server whose job hits its time limit mid-job (1 minute, Slurm's smallest; the controller
     enforces limits every 30 s, so it ends 60-90 s after it started: this test takes ~100 s)."""
-    slow = ["--max-running", "4", "--decode-ms", "60", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0"]
+    slow = [
+        "--max-running",
+        "4",
+        "--decode-ms",
+        "60",
+        "--decode-ms-per-running",
+        "0",
+        "--prefill-ms-per-1k-tokens",
+        "0",
+    ]
     fleet = fleets(Fleet.load(_two_host_fleet(slurm, tmp_path, slow)))
     assert all(v.state == State.READY for v in (await fleet.up()).values())
     job = (await fleet.record("short")).pgid

@@ -18,36 +18,62 @@ from servefleet.hosts.slurm_script import JOB, parse_submitted, sbatch_options
 
 
 def test_squeue_lines_are_parsed_and_odd_lines_skipped() -> None:
-    out = ("41|PENDING|Resources||2026-12-01T11:00:00|0:00|10:00|servefleet-f-a\n"
-           "42|RUNNING|None|gpu-07|2026-12-01T11:00:01|1:02|10:00|name|with|bars\n"
-           "garbage line\n"
-           "43|COMPLETING|NonZeroExitCode|gpu-07|2026-12-01T11:00:02|0:09|UNLIMITED|x\n")
+    out = (
+        "41|PENDING|Resources||2026-12-01T11:00:00|0:00|10:00|servefleet-f-a\n"
+        "42|RUNNING|None|gpu-07|2026-12-01T11:00:01|1:02|10:00|name|with|bars\n"
+        "garbage line\n"
+        "43|COMPLETING|NonZeroExitCode|gpu-07|2026-12-01T11:00:02|0:09|UNLIMITED|x\n"
+    )
     jobs = parse_squeue(out)
     assert set(jobs) == {"41", "42", "43"}
     assert jobs["41"].pending and jobs["41"].reason == "Resources" and jobs["41"].submitted.minute == 0
-    assert not jobs["42"].pending and jobs["42"].reason == "" and jobs["42"].nodes == "gpu-07" and jobs["42"].name == "name|with|bars"
+    assert (
+        not jobs["42"].pending
+        and jobs["42"].reason == ""
+        and jobs["42"].nodes == "gpu-07"
+        and jobs["42"].name == "name|with|bars"
+    )
     assert jobs["43"].state == "COMPLETING"
 
 
-@pytest.mark.parametrize(("state", "alive"), [
-    ("PENDING", True), ("RUNNING", True), ("COMPLETING", True), ("SUSPENDED", True), ("CONFIGURING", True),
-    ("COMPLETED", False), ("FAILED", False), ("TIMEOUT", False), ("CANCELLED", False), ("PREEMPTED", False),
-    ("NODE_FAIL", False), ("OUT_OF_MEMORY", False), ("BOOT_FAIL", False), ("DEADLINE", False),
-])
+@pytest.mark.parametrize(
+    ("state", "alive"),
+    [
+        ("PENDING", True),
+        ("RUNNING", True),
+        ("COMPLETING", True),
+        ("SUSPENDED", True),
+        ("CONFIGURING", True),
+        ("COMPLETED", False),
+        ("FAILED", False),
+        ("TIMEOUT", False),
+        ("CANCELLED", False),
+        ("PREEMPTED", False),
+        ("NODE_FAIL", False),
+        ("OUT_OF_MEMORY", False),
+        ("BOOT_FAIL", False),
+        ("DEADLINE", False),
+    ],
+)
 def test_job_states_alive_or_ended(state: str, alive: bool) -> None:
     assert is_alive(state) is alive
 
 
-@pytest.mark.parametrize(("state", "killed", "words", "hint_words"), [
-    ("TIMEOUT", True, "time limit of 1:00", "raise `time` in [hosts.c]"),
-    ("PREEMPTED", True, "preempted", "qos"),
-    ("NODE_FAIL", True, "on gpu-07: the node failed", "--exclude=gpu-07"),
-    ("OUT_OF_MEMORY", True, "memory allocation", "raise `mem`"),
-    ("CANCELLED", True, "cancelled", "sacct"),
-    ("FAILED", False, "ended FAILED (NonZeroExitCode)", None),
-    ("COMPLETED", False, "ended COMPLETED", None),
-])
-def test_end_states_map_to_killed_or_the_logs_own_diagnosis(state: str, killed: bool, words: str, hint_words: str | None) -> None:
+@pytest.mark.parametrize(
+    ("state", "killed", "words", "hint_words"),
+    [
+        ("TIMEOUT", True, "time limit of 1:00", "raise `time` in [hosts.c]"),
+        ("PREEMPTED", True, "preempted", "qos"),
+        ("NODE_FAIL", True, "on gpu-07: the node failed", "--exclude=gpu-07"),
+        ("OUT_OF_MEMORY", True, "memory allocation", "raise `mem`"),
+        ("CANCELLED", True, "cancelled", "sacct"),
+        ("FAILED", False, "ended FAILED (NonZeroExitCode)", None),
+        ("COMPLETED", False, "ended COMPLETED", None),
+    ],
+)
+def test_end_states_map_to_killed_or_the_logs_own_diagnosis(
+    state: str, killed: bool, words: str, hint_words: str | None
+) -> None:
     reason = "NonZeroExitCode" if state == "FAILED" else ""
     job = parse_squeue(f"7|{state}|{reason}|gpu-07|2026-12-01T11:00:00|1:00|1:00|x\n")["7"]
     report = end_report(job, "7", "c")
@@ -70,10 +96,29 @@ def test_squeue_asks_about_every_state_of_my_jobs_in_one_call() -> None:
 
 
 def test_sbatch_options_use_sbatchs_names_and_extra_args_come_last() -> None:
-    opts = {"partition": "gpu", "account": "p1", "qos": None, "time": "04:00:00", "gres": "gpu:h100:1", "gpus": None, "cpus": 8,
-            "mem": "64G", "constraint": "h100", "sbatch_args": ["--exclusive", "--time=01:00:00"]}
-    assert sbatch_options(opts) == ["--partition=gpu", "--account=p1", "--time=04:00:00", "--gres=gpu:h100:1", "--cpus-per-task=8",
-                                    "--mem=64G", "--constraint=h100", "--exclusive", "--time=01:00:00"]
+    opts = {
+        "partition": "gpu",
+        "account": "p1",
+        "qos": None,
+        "time": "04:00:00",
+        "gres": "gpu:h100:1",
+        "gpus": None,
+        "cpus": 8,
+        "mem": "64G",
+        "constraint": "h100",
+        "sbatch_args": ["--exclusive", "--time=01:00:00"],
+    }
+    assert sbatch_options(opts) == [
+        "--partition=gpu",
+        "--account=p1",
+        "--time=04:00:00",
+        "--gres=gpu:h100:1",
+        "--cpus-per-task=8",
+        "--mem=64G",
+        "--constraint=h100",
+        "--exclusive",
+        "--time=01:00:00",
+    ]
 
 
 def test_an_engine_writes_the_port_slot_where_its_port_goes_and_records_keep_the_port(tmp_path: Path) -> None:
@@ -89,10 +134,18 @@ def test_an_engine_writes_the_port_slot_where_its_port_goes_and_records_keep_the
     slotted = resolve_launch(server, HostBinding("c", LocalHost(), str(tmp_path), port_slot=True), "f.toml")
     assert plain.host_argv is None and "30000" in plain.argv
     assert slotted.host_argv is not None and slotted.host_argv.count(PORT_SLOT) == 1
-    assert slotted.host_argv[slotted.host_argv.index(PORT_SLOT) - 1] == "--port"  # not the equal-looking --max-model-len 30000
+    assert (
+        slotted.host_argv[slotted.host_argv.index(PORT_SLOT) - 1] == "--port"
+    )  # not the equal-looking --max-model-len 30000
     assert slotted.argv == plain.argv
-    fixed = resolve_launch(server.model_copy(update={"args": ("--port", "30000")}), HostBinding("c", LocalHost(), str(tmp_path), port_slot=True), "f.toml")
-    assert PORT_SLOT not in " ".join(fixed.host_argv or [])  # the port was fixed in the fleet file's args: nothing to replace
+    fixed = resolve_launch(
+        server.model_copy(update={"args": ("--port", "30000")}),
+        HostBinding("c", LocalHost(), str(tmp_path), port_slot=True),
+        "f.toml",
+    )
+    assert PORT_SLOT not in " ".join(
+        fixed.host_argv or []
+    )  # the port was fixed in the fleet file's args: nothing to replace
 
 
 def test_the_job_script_puts_its_port_in_the_slot(tmp_path: Path) -> None:
@@ -100,7 +153,22 @@ def test_the_job_script_puts_its_port_in_the_slot(tmp_path: Path) -> None:
     carries it, and where it runs is written to the .where file."""
     log, status, where = tmp_path / "s.log", tmp_path / "s.status", tmp_path / "s.where"
     server = ["sh", "-c", 'echo "$@"', "sh", "--len", "30000", f"--port={PORT_SLOT}", f"--metrics=:{PORT_SLOT}"]
-    argv = ["sh", "-c", JOB, "sh", str(log), str(status), str(where), "30000", PORT_SLOT, "25000", "1000", "python3", DETACH_SCRIPT, *server]
+    argv = [
+        "sh",
+        "-c",
+        JOB,
+        "sh",
+        str(log),
+        str(status),
+        str(where),
+        "30000",
+        PORT_SLOT,
+        "25000",
+        "1000",
+        "python3",
+        DETACH_SCRIPT,
+        *server,
+    ]
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "PICK": "import sys; print(25123)"}
     subprocess.run(argv, env=env, check=True, timeout=30)
     assert "port=25123" in where.read_text() and "job=7" in where.read_text()
@@ -111,7 +179,22 @@ def test_the_job_script_puts_its_port_in_the_slot(tmp_path: Path) -> None:
 def test_the_job_script_keeps_a_port_fixed_in_args(tmp_path: Path) -> None:
     log, status, where = tmp_path / "s.log", tmp_path / "s.status", tmp_path / "s.where"
     server = ["sh", "-c", 'echo "$@"', "sh", "--port", "8000"]
-    argv = ["sh", "-c", JOB, "sh", str(log), str(status), str(where), "8000", PORT_SLOT, "25000", "1000", "python3", DETACH_SCRIPT, *server]
+    argv = [
+        "sh",
+        "-c",
+        JOB,
+        "sh",
+        str(log),
+        str(status),
+        str(where),
+        "8000",
+        PORT_SLOT,
+        "25000",
+        "1000",
+        "python3",
+        DETACH_SCRIPT,
+        *server,
+    ]
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "PICK": "import sys; print(25123)"}
     subprocess.run(argv, env=env, check=True, timeout=30)
     assert "port=8000" in where.read_text() and "--port 8000" in log.read_text()
@@ -125,23 +208,30 @@ def test_a_submission_reports_its_job_id() -> None:
 
 def _fleet(tmp_path: Path, host: str) -> Path:
     path = tmp_path / "f.toml"
-    path.write_text(f'[hosts.c]\n{host}\n[[servers]]\nname = "a"\nengine = "sim"\nmodel = "m"\nport = 1234\nhost = "c"\n')
+    path.write_text(
+        f'[hosts.c]\n{host}\n[[servers]]\nname = "a"\nengine = "sim"\nmodel = "m"\nport = 1234\nhost = "c"\n'
+    )
     return path
 
 
 def test_the_fleet_file_takes_slurm_hosts(tmp_path: Path) -> None:
-    spec = load_fleet_file(_fleet(tmp_path, 'kind = "slurm"\npartition = "gpu"\ntime = 60\ngpus = 1\nsbatch_args = ["--exclusive"]'))
+    spec = load_fleet_file(
+        _fleet(tmp_path, 'kind = "slurm"\npartition = "gpu"\ntime = 60\ngpus = 1\nsbatch_args = ["--exclusive"]')
+    )
     host = spec.hosts["c"]
     assert host.kind == "slurm" and host.ssh is None and host.time == "60"
     assert sbatch_options(host.slurm_options()) == ["--partition=gpu", "--time=60", "--gpus=1", "--exclusive"]
 
 
-@pytest.mark.parametrize(("table", "message"), [
-    ('partition = "gpu"', "ssh: required field is missing"),  # an ssh host without its destination
-    ('kind = "slurm"\npartiton = "gpu"', "partiton"),  # a typo is not silently ignored
-    ('kind = "slurm"\nport_range = [80, 90]', "port_range"),
-    ('kind = "pbs"', "kind"),
-])
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('partition = "gpu"', "ssh: required field is missing"),  # an ssh host without its destination
+        ('kind = "slurm"\npartiton = "gpu"', "partiton"),  # a typo is not silently ignored
+        ('kind = "slurm"\nport_range = [80, 90]', "port_range"),
+        ('kind = "pbs"', "kind"),
+    ],
+)
 def test_bad_slurm_tables_are_refused(tmp_path: Path, table: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_fleet_file(_fleet(tmp_path, table))
@@ -245,7 +335,9 @@ async def test_a_controller_that_does_not_answer_is_host_unreachable() -> None:
 async def test_servers_asking_at_once_share_one_squeue() -> None:
     import asyncio
 
-    transport = _FakeTransport(0, "5|RUNNING|None|n1|2026-12-01T11:00:00|0:10|10:00|a\n6|PENDING|Priority||2026-12-01T11:00:00|0:00|10:00|b\n")
+    transport = _FakeTransport(
+        0, "5|RUNNING|None|n1|2026-12-01T11:00:00|0:10|10:00|a\n6|PENDING|Priority||2026-12-01T11:00:00|0:00|10:00|b\n"
+    )
     host = _host(transport)
     alive = await asyncio.gather(*(host.group_alive(j) for j in (5, 6, 7, 5, 6)))
     assert alive == [True, True, False, True, True]
@@ -335,31 +427,45 @@ async def test_watch_yields_the_whole_log_before_the_exit_when_the_follower_lags
     assert items[-1] == Exited(137, killed=False, note="Slurm job 7 ended COMPLETED")
 
 
-@pytest.mark.parametrize(("state", "body", "code", "category", "words"), [
-    # The CI flake: the job ended (COMPLETED, the launcher's SIGKILL of itself: 137) before the
-    # follower read the cause; the verdict must come from the log, not from the exit code.
-    ("COMPLETED", _OOM_LOG, "137", "gpu_oom", "Not enough memory"),
-    # A scheduler end state that alone means killed does not overrule the log's cause either.
-    ("CANCELLED", _OOM_LOG, None, "gpu_oom", "Not enough memory"),
-    # A log with no error: the scheduler's end state decides.
-    ("TIMEOUT", _LOADING_LOG, None, "killed", "Slurm job 7 ended TIMEOUT (TimeLimit): it reached its time limit"),
-])
+@pytest.mark.parametrize(
+    ("state", "body", "code", "category", "words"),
+    [
+        # The CI flake: the job ended (COMPLETED, the launcher's SIGKILL of itself: 137) before the
+        # follower read the cause; the verdict must come from the log, not from the exit code.
+        ("COMPLETED", _OOM_LOG, "137", "gpu_oom", "Not enough memory"),
+        # A scheduler end state that alone means killed does not overrule the log's cause either.
+        ("CANCELLED", _OOM_LOG, None, "gpu_oom", "Not enough memory"),
+        # A log with no error: the scheduler's end state decides.
+        ("TIMEOUT", _LOADING_LOG, None, "killed", "Slurm job 7 ended TIMEOUT (TimeLimit): it reached its time limit"),
+    ],
+)
 async def test_the_jobs_log_decides_the_category_even_when_the_end_is_seen_first(
-        tmp_path: Path, state: str, body: bytes, code: str | None, category: str, words: str) -> None:
+    tmp_path: Path, state: str, body: bytes, code: str | None, category: str, words: str
+) -> None:
     from conftest import free_port
     from servefleet.engines.registry import get_engine
     from servefleet.verify.waiter import WaitTarget, wait_for_server
 
     host, log, status = _ended_job(tmp_path, state, body, code)
-    target = WaitTarget(base_url=f"http://127.0.0.1:{free_port()}", engine=get_engine("sim"), host=host, log_path=log,
-                        log_offset=len(_MARKER), pgid=7, status_path=status, first_line_no=2)
+    target = WaitTarget(
+        base_url=f"http://127.0.0.1:{free_port()}",
+        engine=get_engine("sim"),
+        host=host,
+        log_path=log,
+        log_offset=len(_MARKER),
+        pgid=7,
+        status_path=status,
+        first_line_no=2,
+    )
     verdict = await wait_for_server(target, timeout_s=30, stall_s=30, smoke=False)
     assert verdict.state.value == "failed"
     assert verdict.category is not None and verdict.category.value == category, verdict
     assert words in ((verdict.evidence.text if verdict.evidence else "") + (verdict.message or ""))
 
 
-async def test_a_relay_that_cannot_resolve_its_target_closes_the_connection_and_logs_why(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_relay_that_cannot_resolve_its_target_closes_the_connection_and_logs_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     import asyncio
     import logging
 

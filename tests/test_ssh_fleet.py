@@ -41,8 +41,16 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
-def write_fleet(tmp_path: Path, server, servers: dict[str, list[str]], *, port: int | None = None, models: dict[str, str] | None = None,
-                timeout: float = 60, stall: float = 30) -> tuple[Path, dict[str, int]]:
+def write_fleet(
+    tmp_path: Path,
+    server,
+    servers: dict[str, list[str]],
+    *,
+    port: int | None = None,
+    models: dict[str, str] | None = None,
+    timeout: float = 60,
+    stall: float = 30,
+) -> tuple[Path, dict[str, int]]:
     """A fleet of sim servers on host "rig" (the sshd), remote work folder under tmp_path."""
     ports = {name: free_port() for name in servers}
     remote = tmp_path / "remote home"
@@ -67,7 +75,9 @@ def write_fleet(tmp_path: Path, server, servers: dict[str, list[str]], *, port: 
 
 
 def cli(*args: str, cwd: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
 
 
 async def test_remote_up_ready_adopt_from_a_new_machine_and_down(sshd_server, tmp_path: Path, fleets) -> None:
@@ -134,8 +144,23 @@ async def test_remote_failure_is_diagnosed_and_a_killed_server_detected(sshd_ser
     # `servefleet tunnel ok`: another process exposes the remote server on a chosen local port
     local = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servefleet.cli.main", "tunnel", "ok", "--json", "--local-port", str(local), "--fleet", str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        [
+            sys.executable,
+            "-m",
+            "servefleet.cli.main",
+            "tunnel",
+            "ok",
+            "--json",
+            "--local-port",
+            str(local),
+            "--fleet",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
@@ -221,12 +246,15 @@ async def test_two_hosts_one_in_its_own_network_namespace(sshd_server, tmp_path:
                 f'workdir = "{work}"\npython = "{sys.executable}"\nconnect_timeout = 5\n'
             )
         servers = "".join(
-            f'[[servers]]\nname = "on-{h}"\nhost = "{h}"\nport = {port}\nserved_model_name = "model-on-{h}"\n' for h in ("rig", "ns")
+            f'[[servers]]\nname = "on-{h}"\nhost = "{h}"\nport = {port}\nserved_model_name = "model-on-{h}"\n'
+            for h in ("rig", "ns")
         )
         path = tmp_path / "fleet.toml"
         path.write_text(
-            '[fleet]\nname = "two"\ntimeout = 60\nstall = 30\n\n' + "\n".join(hosts)
-            + '\n[defaults]\nengine = "sim"\nmodel = "sim-m"\nargs = ["--load-time", "0.3"]\n\n' + servers
+            '[fleet]\nname = "two"\ntimeout = 60\nstall = 30\n\n'
+            + "\n".join(hosts)
+            + '\n[defaults]\nengine = "sim"\nmodel = "sim-m"\nargs = ["--load-time", "0.3"]\n\n'
+            + servers
         )
         fleet = fleets(Fleet.load(path))
         verdicts = await fleet.up(smoke=False)
@@ -252,16 +280,24 @@ async def test_transformers_serve_on_the_ssh_host(sshd_server, tmp_path: Path, f
 
     model = tmp_path / "remote home" / "tiny model 'q'"
     build_tiny_model(model, spec_from_preset("tiny", seed=3))
-    path, _ = write_fleet(tmp_path, sshd_server, {"tf": ["--device", "cpu"]}, models={"tf": str(model)}, timeout=600, stall=300)
-    text = path.read_text().replace('engine = "sim"', 'engine = "transformers"').replace(
-        'args = ["--load-time", "0.3"]\n', 'env = { HF_HUB_OFFLINE = "1", OMP_NUM_THREADS = "1" }\n')
+    path, _ = write_fleet(
+        tmp_path, sshd_server, {"tf": ["--device", "cpu"]}, models={"tf": str(model)}, timeout=600, stall=300
+    )
+    text = (
+        path.read_text()
+        .replace('engine = "sim"', 'engine = "transformers"')
+        .replace('args = ["--load-time", "0.3"]\n', 'env = { HF_HUB_OFFLINE = "1", OMP_NUM_THREADS = "1" }\n')
+    )
     path.write_text(text)
     fleet = fleets(Fleet.load(path))
     verdict = (await fleet.up(smoke=True))["tf"]
     assert verdict.state == State.READY, verdict
     (endpoint,) = await fleet.ready_endpoints()
     body = {"model": str(model), "prompt": "The server is", "max_tokens": 4}
-    async with aiohttp.ClientSession() as session, session.post(f"{endpoint.base_url}/v1/completions", json=body) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{endpoint.base_url}/v1/completions", json=body) as resp,
+    ):
         answer = await resp.json()
     assert answer["choices"][0]["text"].strip() and 1 <= answer["usage"]["completion_tokens"] <= 4
     pgid = fleet.store.load("tf").pgid

@@ -59,7 +59,9 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("how", ["sigkill-master", "ssh-O-exit"])
-async def test_follow_resumes_after_the_link_drops_without_losing_a_line(host: SSHHost, tmp_path: Path, how: str) -> None:
+async def test_follow_resumes_after_the_link_drops_without_losing_a_line(
+    host: SSHHost, tmp_path: Path, how: str
+) -> None:
     log = str(tmp_path / "count.log")
     pgid = await host.spawn_detached(WRITER, log_path=log, status_path=str(tmp_path / "count.status"))
     agen = host.follow(log)
@@ -84,7 +86,9 @@ async def test_follow_resumes_after_the_link_drops_without_losing_a_line(host: S
 
 
 async def test_remote_process_survives_the_masters_death(host: SSHHost, tmp_path: Path) -> None:
-    pgid = await host.spawn_detached(["sleep", "60"], log_path=str(tmp_path / "s.log"), status_path=str(tmp_path / "s.status"))
+    pgid = await host.spawn_detached(
+        ["sleep", "60"], log_path=str(tmp_path / "s.log"), status_path=str(tmp_path / "s.status")
+    )
     for pid in host.pool.master_pids():
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not any(pid_alive(p) for p in host.pool.master_pids()), what="the master to die")
@@ -242,7 +246,9 @@ async def test_followers_beyond_max_sessions_open_more_masters(host: SSHHost, tm
 
 async def test_close_stops_the_masters_and_leaves_servers_running(sshd_server, tmp_path: Path) -> None:
     host = SSHHost(sshd_server.spec(workdir=str(tmp_path)))
-    pgid = await host.spawn_detached(["sleep", "60"], log_path=str(tmp_path / "c.log"), status_path=str(tmp_path / "c.status"))
+    pgid = await host.spawn_detached(
+        ["sleep", "60"], log_path=str(tmp_path / "c.log"), status_path=str(tmp_path / "c.status")
+    )
     masters = host.pool.master_pids()
     await host.close()
     wait_until(lambda: not any(pid_alive(p) for p in masters), what="the masters to exit")
@@ -271,7 +277,9 @@ async def test_model_path_with_shell_syntax_reaches_the_program_literally(host: 
     (model / "config.json").write_text("{}")
     log = tmp_path / "logs $(whoami)" / "server 'a'.log"
     status = tmp_path / "run" / "s;t.status"
-    pgid = await host.spawn_detached(["ls", "-d", "--", str(model)], log_path=str(log), status_path=str(status), cwd=str(tmp_path))
+    pgid = await host.spawn_detached(
+        ["ls", "-d", "--", str(model)], log_path=str(log), status_path=str(status), cwd=str(tmp_path)
+    )
     wait_until(status.exists, what="the status file")
     assert status.read_text().strip() == "0"
     assert log.read_text() == f"{model}\n"
@@ -287,7 +295,9 @@ async def test_secrets_in_env_never_reach_a_command_line(host: SSHHost, tmp_path
         env={"SF_SECRET_TOKEN": "tok-3141592653"},
     )
     try:
-        members = [int(p) for p in subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()]
+        members = [
+            int(p) for p in subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+        ]
         assert members
         for pid in members:
             assert b"tok-3141592653" not in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -311,7 +321,9 @@ async def test_tilde_paths_are_the_remote_home(sshd_server, tmp_path: Path) -> N
         home = Path(host.home)
         made = home / folder
         assert host.workdir == str(home / folder)
-        pgid = await host.spawn_detached(["pwd"], log_path=f"~/{folder}/logs/p.log", status_path=f"~/{folder}/p.status")
+        pgid = await host.spawn_detached(
+            ["pwd"], log_path=f"~/{folder}/logs/p.log", status_path=f"~/{folder}/p.status"
+        )
         wait_until((home / folder / "p.status").exists, what="the status file")
         assert (home / folder / "logs" / "p.log").read_text() == f"{home / folder}\n"  # cwd: the work folder
         assert await host.read_bytes(f"~/{folder}/logs/p.log") == f"{home / folder}\n".encode()
@@ -321,8 +333,15 @@ async def test_tilde_paths_are_the_remote_home(sshd_server, tmp_path: Path) -> N
             name = "fl"
             path = tmp_path / "fleet.toml"
 
-        spec = HostSpec(name="rig", ssh=sshd_server.destination, port=sshd_server.port, identity_file=sshd_server.identity_file,
-                        known_hosts=sshd_server.known_hosts, config_file=sshd_server.client_config(), workdir=f"~/{folder}")
+        spec = HostSpec(
+            name="rig",
+            ssh=sshd_server.destination,
+            port=sshd_server.port,
+            identity_file=sshd_server.identity_file,
+            known_hosts=sshd_server.known_hosts,
+            config_file=sshd_server.client_config(),
+            workdir=f"~/{folder}",
+        )
         binding = _connect_ssh(spec, FakeFleet)  # type: ignore[arg-type]  # a fake fleet stands in for the real one
         assert binding.log_path("s") == f"~/{folder}/fl/logs/s.log"  # not connected yet
         assert await binding.host.file_size(binding.log_path("s")) is None  # connects

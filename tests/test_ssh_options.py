@@ -16,7 +16,15 @@ from servefleet.errors import CommandError, ConfigError, HostError, HostUnreacha
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts.base import PortHolder
 from servefleet.hosts.ssh_follow import classify_tail_notice
-from servefleet.hosts.ssh_options import SSHSpec, classify_ssh_failure, control_dir, control_path, ssh_argv, ssh_error, ssh_options
+from servefleet.hosts.ssh_options import (
+    SSHSpec,
+    classify_ssh_failure,
+    control_dir,
+    control_path,
+    ssh_argv,
+    ssh_error,
+    ssh_options,
+)
 
 
 def opts_dict(argv: list[str]) -> dict[str, str]:
@@ -35,11 +43,21 @@ def test_master_client_and_direct_options() -> None:
     o = opts_dict(master)
     assert o["BatchMode"] == "yes" and o["StrictHostKeyChecking"] == "yes"
     assert o["ControlMaster"] == "auto" and o["ControlPath"] == "/tmp/sf/abc.0.%C" and o["ControlPersist"] == "300s"
-    assert o["ConnectTimeout"] == "7" and o["ServerAliveInterval"] == "4" and o["ServerAliveCountMax"] == "3"  # a silent link: ~16 s
+    assert (
+        o["ConnectTimeout"] == "7" and o["ServerAliveInterval"] == "4" and o["ServerAliveCountMax"] == "3"
+    )  # a silent link: ~16 s
     assert o["IdentitiesOnly"] == "yes"
-    assert master[master.index("-p") + 1] == "2222" and master[master.index("-J") + 1] == "bastion" and master[master.index("-i") + 1] == "/k/id"
+    assert (
+        master[master.index("-p") + 1] == "2222"
+        and master[master.index("-J") + 1] == "bastion"
+        and master[master.index("-i") + 1] == "/k/id"
+    )
     client = opts_dict(ssh_options(spec, "client", "/tmp/sf/abc.0.%C"))
-    assert client["ControlMaster"] == "no" and client["ControlPath"] == "/tmp/sf/abc.0.%C" and "ControlPersist" not in client
+    assert (
+        client["ControlMaster"] == "no"
+        and client["ControlPath"] == "/tmp/sf/abc.0.%C"
+        and "ControlPersist" not in client
+    )
     direct = opts_dict(ssh_options(spec, "direct"))
     assert direct["ControlMaster"] == "no" and direct["ControlPath"] == "none"
     with pytest.raises(ValueError):
@@ -56,7 +74,9 @@ def test_host_key_checking_is_on_and_accept_new_is_opt_in() -> None:
 
 
 def test_user_options_cannot_override_ours() -> None:
-    spec = SSHSpec(destination="h", options={"StrictHostKeyChecking": "no", "ControlPath": "/evil", "Compression": "yes"})
+    spec = SSHSpec(
+        destination="h", options={"StrictHostKeyChecking": "no", "ControlPath": "/evil", "Compression": "yes"}
+    )
     o = opts_dict(ssh_options(spec, "client", "/tmp/sf/x.0.%C"))
     assert o["StrictHostKeyChecking"] == "yes" and o["ControlPath"] == "/tmp/sf/x.0.%C" and o["Compression"] == "yes"
 
@@ -95,19 +115,35 @@ def test_invalid_specs_are_config_errors(field: str, value: object) -> None:
 # command itself failed (its exit code may well be 255).
 FAILURES = [
     (255, "ssh: connect to host 127.0.0.1 port 1: Connection refused\r\n", "connection refused"),
-    (255, "Connection timed out during banner exchange\r\nConnection to 10.1.1.1 port 22 timed out\r\n", "connection timed out"),
+    (
+        255,
+        "Connection timed out during banner exchange\r\nConnection to 10.1.1.1 port 22 timed out\r\n",
+        "connection timed out",
+    ),
     (255, "ssh: connect to host 10.9.9.9 port 22: Connection timed out\r\n", "connection timed out"),
     (255, "ssh: Could not resolve hostname gpu-box: Name or service not known\r\n", "name resolution failed"),
     (255, "ssh: connect to host 10.0.0.1 port 22: No route to host\r\n", "network unreachable"),
     (255, "ssh: connect to host 10.0.0.1 port 22: Network is unreachable\r\n", "network unreachable"),
     (255, "root@127.0.0.1: Permission denied (publickey).\r\n", "authentication failed"),
-    (255, "No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.\r\nHost key verification failed.\r\n", "host key verification failed"),
-    (255, "@@@@@@@\r\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\r\nHost key verification failed.\r\n", "host key verification failed"),
+    (
+        255,
+        "No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.\r\nHost key verification failed.\r\n",
+        "host key verification failed",
+    ),
+    (
+        255,
+        "@@@@@@@\r\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\r\nHost key verification failed.\r\n",
+        "host key verification failed",
+    ),
     (255, "kex_exchange_identification: read: Connection reset by peer\r\n", "connection closed"),
     (255, "Connection closed by 127.0.0.1 port 2222\r\n", "connection closed"),
     (255, "mux_client_request_session: read from master failed: Broken pipe\r\n", "connection closed"),
     (255, "Control socket connect(/tmp/sf/x): No such file or directory\r\n", "master connection lost"),
-    (255, "channel 0: open failed: connect failed: Connection refused\r\nstdio forwarding failed\r\n", "connection refused"),
+    (
+        255,
+        "channel 0: open failed: connect failed: Connection refused\r\nstdio forwarding failed\r\n",
+        "connection refused",
+    ),
     (255, "", None),  # the remote command exited 255 and said nothing
     (255, "my-tool: fatal: bad input\n", None),
     (1, "ssh: connect to host x port 22: Connection refused\n", None),  # not 255: the command's own words
@@ -172,7 +208,9 @@ def test_tail_notices(line: str, kind: str) -> None:
 def test_parsers() -> None:
     assert scripts.parse_follow_header(b"123 456\n") == (123, 456)
     assert scripts.parse_follow_header(b"- -\n") == (None, None)
-    assert scripts.parse_port_holder("LISTEN 0 5 127.0.0.1:8000 0.0.0.0:* users:((...))\nholder 42 40\n") == PortHolder(42, 40)
+    assert scripts.parse_port_holder(
+        "LISTEN 0 5 127.0.0.1:8000 0.0.0.0:* users:((...))\nholder 42 40\n"
+    ) == PortHolder(42, 40)
     assert scripts.parse_port_holder("holder - -\n") == PortHolder(None, None)
     assert scripts.parse_port_holder("") is None
     assert scripts.parse_probe("home=/home/me dir\ntailpid=1\n") == {"home": "/home/me dir", "tailpid": "1"}
@@ -243,7 +281,11 @@ def test_alive_timeout_from_the_fleet_file_sets_the_keep_alives(tmp_path) -> Non
     assert SSHSpec.alive_settings(15) == {"alive_interval": 4, "alive_count_max": 3}
     assert SSHSpec.alive_settings(3) == {"alive_interval": 1, "alive_count_max": 2}
     assert SSHSpec.alive_settings(1) == {"alive_interval": 1, "alive_count_max": 1}
-    assert SSHSpec(destination="h").alive_timeout == SSHSpec(destination="h", **SSHSpec.alive_settings(15)).alive_timeout == 16
+    assert (
+        SSHSpec(destination="h").alive_timeout
+        == SSHSpec(destination="h", **SSHSpec.alive_settings(15)).alive_timeout
+        == 16
+    )
     assert SSHSpec(destination="h", **SSHSpec.alive_settings(3)).alive_timeout == 3
     text = '[hosts.a]\nssh = "a"\n{extra}\n[[servers]]\nname = "s"\nengine = "sim"\nmodel = "m"\nhost = "a"\nport = 9000\n'
     for extra, interval, count in (("", "4", "3"), ("alive_timeout = 30", "8", "3")):

@@ -20,13 +20,17 @@ from test_ssh_watch import WAIT_COMMANDS, sshd_sessions
 
 
 @real_test(1500)
-async def test_a_vllm_start_over_ssh_costs_at_most_five_commands_for_its_wait(sshd_server, tmp_path: Path, fleets) -> None:
+async def test_a_vllm_start_over_ssh_costs_at_most_five_commands_for_its_wait(
+    sshd_server, tmp_path: Path, fleets
+) -> None:
     python = engine_python("vllm")
     model = build_tiny_model(tmp_path / "tiny-model")
     path, _ports = write_fleet(tmp_path, sshd_server, {"v": []}, timeout=900, stall=300)
     env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in VLLM_ENV.items())
-    defaults = (f'[defaults]\nengine = "vllm"\nmodel = {json.dumps(str(model))}\nhost = "rig"\n'
-                f'python = {json.dumps(str(python))}\nargs = {json.dumps(list(VLLM_ARGS))}\nenv = {{ {env} }}\n')
+    defaults = (
+        f'[defaults]\nengine = "vllm"\nmodel = {json.dumps(str(model))}\nhost = "rig"\n'
+        f"python = {json.dumps(str(python))}\nargs = {json.dumps(list(VLLM_ARGS))}\nenv = {{ {env} }}\n"
+    )
     text = path.read_text()
     sim_defaults = '[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "rig"\nargs = ["--load-time", "0.3"]\n'
     assert sim_defaults in text

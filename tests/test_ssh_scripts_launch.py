@@ -23,4 +23,6 @@ def test_parse_launch_refuses_an_answer_that_is_not_one(out: str) -> None:
 def test_mark_argv_runs_the_launcher_after_the_marker() -> None:
     launcher = scripts.launch_argv(["sh", "-c", "wrapper"], "/l og", "/st atus")
     argv = scripts.mark_argv(launcher, "/l og", "/st atus", "==== m $(x) ====")
-    assert argv[:7] == ["sh", "-c", scripts.MARK, "sh", "/l og", "/st atus", "==== m $(x) ===="] and argv[7:] == launcher
+    assert (
+        argv[:7] == ["sh", "-c", scripts.MARK, "sh", "/l og", "/st atus", "==== m $(x) ===="] and argv[7:] == launcher
+    )

@@ -41,8 +41,15 @@ def netns_sshd(tmp_path: Path):
 
 
 @pytest.mark.timeout(90)
-async def test_silent_link_is_unreachable_within_the_alive_timeout_and_quiet_sessions_live(netns_sshd, tmp_path: Path) -> None:
-    spec = netns_sshd.spec(workdir=str(tmp_path), options=netns_sshd.client_options(), connect_timeout=10, **SSHSpec.alive_settings(ALIVE_TIMEOUT))
+async def test_silent_link_is_unreachable_within_the_alive_timeout_and_quiet_sessions_live(
+    netns_sshd, tmp_path: Path
+) -> None:
+    spec = netns_sshd.spec(
+        workdir=str(tmp_path),
+        options=netns_sshd.client_options(),
+        connect_timeout=10,
+        **SSHSpec.alive_settings(ALIVE_TIMEOUT),
+    )
     assert spec.alive_timeout == ALIVE_TIMEOUT
     host = SSHHost(spec)
     log = tmp_path / "quiet.log"
@@ -93,18 +100,35 @@ async def test_a_wait_on_a_silent_link_is_unreachable_within_the_alive_timeout(n
 
     from servefleet.verify.waiter import WaitTarget, wait_for_server
 
-    spec = netns_sshd.spec(workdir=str(tmp_path), options=netns_sshd.client_options(), connect_timeout=10, **SSHSpec.alive_settings(ALIVE_TIMEOUT))
+    spec = netns_sshd.spec(
+        workdir=str(tmp_path),
+        options=netns_sshd.client_options(),
+        connect_timeout=10,
+        **SSHSpec.alive_settings(ALIVE_TIMEOUT),
+    )
     host = SSHHost(spec)
     log, status = tmp_path / "loading.log", tmp_path / "loading.status"
-    pgid = await host.spawn_detached(["sh", "-c", "echo Loading; exec sleep 120"], log_path=str(log), status_path=str(status))
+    pgid = await host.spawn_detached(
+        ["sh", "-c", "echo Loading; exec sleep 120"], log_path=str(log), status_path=str(status)
+    )
     try:
-        target = WaitTarget(base_url=await host.url_for(8), engine=None, host=host, log_path=str(log), pgid=pgid, status_path=str(status), port=8)
+        target = WaitTarget(
+            base_url=await host.url_for(8),
+            engine=None,
+            host=host,
+            log_path=str(log),
+            pgid=pgid,
+            status_path=str(status),
+            port=8,
+        )
         waiting = asyncio.ensure_future(wait_for_server(target, timeout_s=120, stall_s=120, smoke=False))
         deadline = time.monotonic() + 20
         while not (log.exists() and b"Loading" in log.read_bytes()):
             assert time.monotonic() < deadline, "the server never started"
             await asyncio.sleep(0.1)
-        await asyncio.sleep(1.5)  # the watcher's stream is up and has sent a heartbeat (not synchronisation of a result)
+        await asyncio.sleep(
+            1.5
+        )  # the watcher's stream is up and has sent a heartbeat (not synchronisation of a result)
         assert not waiting.done()
         commands = host.commands
         _link(netns_sshd.netns, "down")

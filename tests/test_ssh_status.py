@@ -29,13 +29,15 @@ pytestmark = pytest.mark.timeout(120)
 async def test_batch_answers_what_single_questions_answer(sshd_server, tmp_path: Path) -> None:
     host = SSHHost(sshd_server.spec(workdir=str(tmp_path)))
     try:
-        weird = tmp_path / "a dir 'q' $(touch pwned)" / "log \"x\".txt"
+        weird = tmp_path / "a dir 'q' $(touch pwned)" / 'log "x".txt'
         weird.parent.mkdir()
         # content with NULs, no final newline, and lines that look like batch framing
         content = b"\x00bin\xffary\n0123 0 end\nxx 1 data\nlast line without newline"
         weird.write_bytes(content)
         missing = str(tmp_path / "nope")
-        sleeper = await host.spawn_detached(["sleep", "60"], log_path=str(tmp_path / "s.log"), status_path=str(tmp_path / "s.st"))
+        sleeper = await host.spawn_detached(
+            ["sleep", "60"], log_path=str(tmp_path / "s.log"), status_path=str(tmp_path / "s.st")
+        )
         ops = [
             Read(str(weird)),
             Read(str(weird), 5, 7),
@@ -72,19 +74,40 @@ async def test_batch_answers_what_single_questions_answer(sshd_server, tmp_path:
         assert answers[Read(missing)] is None
         assert answers[Size(str(weird))] == len(content) == await host.file_size(str(weird))
         assert answers[Size(missing)] is None
-        assert answers[Exists(str(weird))] is True and answers[Exists(missing)] is False and answers[Exists("/dev/null")] is True
+        assert (
+            answers[Exists(str(weird))] is True
+            and answers[Exists(missing)] is False
+            and answers[Exists("/dev/null")] is True
+        )
         assert answers[Alive(sleeper)] is True and answers[Alive(2**22 - 3)] is False
-        assert answers[Owns(sleeper, str(tmp_path / "s.log"))] is True and answers[Owns(sleeper, str(tmp_path / "other.log"))] is False
-        assert await host.owns(sleeper, str(tmp_path / "s.log")) is True and await host.owns(sleeper, str(tmp_path / "other.log")) is False
-        for offset, limit in ((0, 16), (len(content) - 5, 16), (0, 10_000)):  # what status.read_tail says, in one batch
+        assert (
+            answers[Owns(sleeper, str(tmp_path / "s.log"))] is True
+            and answers[Owns(sleeper, str(tmp_path / "other.log"))] is False
+        )
+        assert (
+            await host.owns(sleeper, str(tmp_path / "s.log")) is True
+            and await host.owns(sleeper, str(tmp_path / "other.log")) is False
+        )
+        for offset, limit in (
+            (0, 16),
+            (len(content) - 5, 16),
+            (0, 10_000),
+        ):  # what status.read_tail says, in one batch
             single = await read_tail(host, str(weird), offset, limit)
             start = max(offset, len(content) - limit)
             assert answers[Tail(str(weird), offset, limit)] == (start, content[start:]) == single
         assert answers[Tail(missing, 0, 16)] is None and await read_tail(host, missing, 0, 16) is None
-        assert answers[Tail(str(weird), len(content), 16)] is None and await read_tail(host, str(weird), len(content), 16) is None
+        assert (
+            answers[Tail(str(weird), len(content), 16)] is None
+            and await read_tail(host, str(weird), len(content), 16) is None
+        )
         assert answers[Port(1)] is None
         assert answers[Port(port)] == listener_holder
-        assert listener_holder is not None and listener_holder.pid == os.getpid() and listener_holder.pgid == os.getpgid(0)
+        assert (
+            listener_holder is not None
+            and listener_holder.pid == os.getpid()
+            and listener_holder.pgid == os.getpgid(0)
+        )
         assert len(answers) == len(ops) - 1  # read_if_dead on a live group asks nothing
         assert not (tmp_path / "pwned").exists()
 
@@ -119,7 +142,9 @@ def _comparable(st, *, url: bool = True) -> dict:
 
 
 async def test_fleet_status_is_one_command_per_host_and_says_the_same(sshd_server, tmp_path: Path, fleets) -> None:
-    path, _ = write_fleet(tmp_path, sshd_server, {"ok1": [], "ok2": [], "oom": ["--fail-at-startup", "gpu_oom"], "never": []})
+    path, _ = write_fleet(
+        tmp_path, sshd_server, {"ok1": [], "ok2": [], "oom": ["--fail-at-startup", "gpu_oom"], "never": []}
+    )
     fleet = fleets(Fleet.load(path))
     verdicts = await fleet.up(["ok1", "ok2", "oom"], smoke=False)
     assert verdicts["oom"].category is not None and verdicts["ok1"].state.value == "ready"
@@ -132,7 +157,10 @@ async def test_fleet_status_is_one_command_per_host_and_says_the_same(sshd_serve
     assert isinstance(host, SSHHost)
     assert host.commands == 2, host.commands
     assert {n: s.state for n, s in statuses.items()} == {
-        "ok1": Liveness.READY, "ok2": Liveness.READY, "oom": Liveness.DEAD, "never": Liveness.NOT_LAUNCHED,
+        "ok1": Liveness.READY,
+        "ok2": Liveness.READY,
+        "oom": Liveness.DEAD,
+        "never": Liveness.NOT_LAUNCHED,
     }
     assert statuses["oom"].category == "gpu_oom" and statuses["oom"].exit_code not in (None, 0)
 
@@ -160,7 +188,9 @@ async def test_fleet_status_is_one_command_per_host_and_says_the_same(sshd_serve
     fresh = fleets(Fleet.load(path))
     rediscovered = {s.name: s for s in await fresh.status()}
     assert fresh.binding("rig").host.commands == 3
-    assert {n: _comparable(s, url=False) for n, s in rediscovered.items()} == {n: _comparable(s, url=False) for n, s in statuses.items()}
+    assert {n: _comparable(s, url=False) for n, s in rediscovered.items()} == {
+        n: _comparable(s, url=False) for n, s in statuses.items()
+    }
     assert fresh.store.load("ok1") is not None  # saved locally again
 
     # `up` again from a new invocation: the adopt checks of the whole fleet are one batch
@@ -185,14 +215,20 @@ async def test_a_hung_vllm_server_is_seen_through_the_one_batch(sshd_server, tmp
     """Servers under vLLM's profile (the sim printing vLLM's log): `status` also reads the end of each
     serving server's log for the engine's statistics (status.serving_stall), inside the same batch."""
     path, _ = write_fleet(tmp_path, sshd_server, {"v1": ["--style", "vllm"], "v2": ["--style", "vllm"]})
-    text = path.read_text().replace('engine = "sim"', f'engine = "vllm"\ncommand = {json.dumps([sys.executable, "-m", "servefleet.sim"])}')
+    text = path.read_text().replace(
+        'engine = "sim"', f'engine = "vllm"\ncommand = {json.dumps([sys.executable, "-m", "servefleet.sim"])}'
+    )
     path.write_text(text)
     fleet = fleets(Fleet.load(path))
     verdicts = await fleet.up(smoke=False)
     assert {n: v.state.value for n, v in verdicts.items()} == {"v1": "ready", "v2": "ready"}
     log = Path(fleet.store.load("v1").log_path)
     with log.open("a") as fh:  # the line vLLM logged on the H200 with its EngineCore SIGSTOPped
-        fh.write((Path(__file__).parent / "fixtures" / "logs" / "serving" / "vllm026_h200_enginecore_sigstop.log").read_text())
+        fh.write(
+            (
+                Path(__file__).parent / "fixtures" / "logs" / "serving" / "vllm026_h200_enginecore_sigstop.log"
+            ).read_text()
+        )
     await fleet.close()
 
     again = fleets(Fleet.load(path))
@@ -209,7 +245,9 @@ def test_status_table_shows_the_unit_only_when_some_server_has_one() -> None:
     from servefleet.fleet.status import ServerStatus
 
     plain = ServerStatus(name="a", host="rig", port=1, pid=11, state=Liveness.READY)
-    unit = ServerStatus(name="b", host="rig", port=2, pid=22, state=Liveness.READY, unit="servefleet-sd-b-1a2b.service")
+    unit = ServerStatus(
+        name="b", host="rig", port=2, pid=22, state=Liveness.READY, unit="servefleet-sd-b-1a2b.service"
+    )
 
     def columns(statuses: list[ServerStatus]) -> list[str]:
         return [str(c.header) for c in status_table("f", statuses).columns]

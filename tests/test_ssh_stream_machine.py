@@ -7,7 +7,17 @@ import pytest
 
 from servefleet.errors import HostError, HostUnreachable
 from servefleet.hosts.base import Truncated
-from servefleet.hosts.ssh_stream import EXIT_CATCHUP_S, Emit, Fail, Finish, Leave, Restart, Retry, StreamMachine, StreamSettings
+from servefleet.hosts.ssh_stream import (
+    EXIT_CATCHUP_S,
+    Emit,
+    Fail,
+    Finish,
+    Leave,
+    Restart,
+    Retry,
+    StreamMachine,
+    StreamSettings,
+)
 from servefleet.hosts.watch import Exited, LogAbsent
 
 TOKEN = "t0k"
@@ -20,7 +30,9 @@ def follow(offset: int = 0) -> StreamMachine:
 
 
 def watch(offset: int = 0, *, log: bool = True, silence_s: float = 15.0) -> StreamMachine:
-    m = StreamMachine(StreamSettings(host="gpu", what="/l.log", log=log, silence_s=silence_s, status_file=True), offset, now=0.0)
+    m = StreamMachine(
+        StreamSettings(host="gpu", what="/l.log", log=log, silence_s=silence_s, status_file=True), offset, now=0.0
+    )
     m.begin(TOKEN)
     return m
 
@@ -76,7 +88,9 @@ def test_exit_before_any_log_byte_waits_for_tail_then_reads_the_rest() -> None:
     assert m.stderr(exit_line("137", "50"), now=1.0) == []
     assert m.timeout(1.5) == pytest.approx(EXIT_CATCHUP_S - 0.5)
     assert m.stdout(b"first 20 bytes......") == [Emit(b"first 20 bytes......")]
-    assert m.quiet(link_alive=True, now=1.0 + EXIT_CATCHUP_S) == [Finish(Exited(137), rest_to=50)]  # tail lagged: read bytes 20..50
+    assert m.quiet(link_alive=True, now=1.0 + EXIT_CATCHUP_S) == [
+        Finish(Exited(137), rest_to=50)
+    ]  # tail lagged: read bytes 20..50
 
 
 def test_exit_is_given_once_tail_delivered_the_log_up_to_its_size() -> None:
@@ -113,7 +127,11 @@ def test_heartbeats_keep_a_watch_alive_and_a_silent_link_fails() -> None:
     assert m.stderr(f"{TOKEN} alive\n".encode(), now=10.0) == [] and m.timeout(10.0) == pytest.approx(15.0)
     assert m.quiet(link_alive=False, now=25.0) == [Leave(wait=False)]
     silent = m.ended(None, "", now=25.0)
-    assert isinstance(silent, Fail) and isinstance(silent.error, HostUnreachable) and silent.error.reason == "link went silent"
+    assert (
+        isinstance(silent, Fail)
+        and isinstance(silent.error, HostUnreachable)
+        and silent.error.reason == "link went silent"
+    )
 
 
 def test_a_mute_watcher_on_a_live_link_gets_a_grace_then_a_new_stream_then_gives_up() -> None:

@@ -50,8 +50,8 @@ def unescape(arg: str) -> str:
 
 
 def test_launch_argv_is_exact_and_survives_shell_quoting() -> None:
-    log = "/srv/my fleet/it's \"here\"/logs/a $(x).log"
-    status = "/srv/my fleet/it's \"here\"/run/a $(x).status"
+    log = '/srv/my fleet/it\'s "here"/logs/a $(x).log'
+    status = '/srv/my fleet/it\'s "here"/run/a $(x).status'
     server = ["python3", "-m", "srv", "--model", WEIRD, "--flag=${HOME}"]
     wrapper = detach_argv(server, log, status)
     unit = "servefleet-f-a-18c0ffee.service"
@@ -61,7 +61,12 @@ def test_launch_argv_is_exact_and_survives_shell_quoting() -> None:
     assert launch[3:9] == ["sh", unit, log, status, f"{status}.env", f"{status}.pid"]
     command = launch[9:]
     # the unit's command: every "$" doubled, so the manager's ${VAR}/$VAR expansion gives it back
-    assert all(unescape(a) == b for a, b in zip(command, ["sh", "-c", units.UNIT_PRELUDE, "sh", f"{status}.env", f"{status}.pid", *wrapper], strict=True))
+    assert all(
+        unescape(a) == b
+        for a, b in zip(
+            command, ["sh", "-c", units.UNIT_PRELUDE, "sh", f"{status}.env", f"{status}.pid", *wrapper], strict=True
+        )
+    )
     assert command[2] == units.UNIT_PRELUDE.replace("$", "$$")
     assert "$$(touch pwned) $$$$ $${HOME}" in command[-2] and command[-1] == "--flag=$${HOME}"
 
@@ -69,7 +74,9 @@ def test_launch_argv_is_exact_and_survives_shell_quoting() -> None:
     remote = scripts.with_prelude(launch, cwd="/srv/my fleet/it's", venv="/opt/v env")
     line = shlex.join(remote)
     assert shlex.split(line) == remote
-    assert remote[:6] == ["sh", "-c", scripts.PRELUDE, "sh", "/srv/my fleet/it's", "/opt/v env"] and remote[6:] == launch
+    assert (
+        remote[:6] == ["sh", "-c", scripts.PRELUDE, "sh", "/srv/my fleet/it's", "/opt/v env"] and remote[6:] == launch
+    )
 
 
 def test_stop_and_kill_argv() -> None:
@@ -88,13 +95,36 @@ def test_unit_names_are_unique_and_valid() -> None:
 @pytest.mark.parametrize(
     ("facts", "says", "advises_linger"),
     [
-        ({"user": "ann", "missing": "", "manager": "ok", "linger": "Linger=no"}, "lingering is not enabled for user ann", True),
-        ({"user": "ann", "missing": "", "manager": "Failed to connect to bus: No such file or directory", "linger": "Linger=no"}, "cannot reach a user service manager", True),
-        ({"user": "ann", "missing": "systemd-run systemctl loginctl"}, "systemd-run, systemctl, loginctl not found", False),
-        ({"user": "ann", "missing": "", "manager": "System has not been booted with systemd", "linger": "x"}, "cannot reach a user service manager", False),
+        (
+            {"user": "ann", "missing": "", "manager": "ok", "linger": "Linger=no"},
+            "lingering is not enabled for user ann",
+            True,
+        ),
+        (
+            {
+                "user": "ann",
+                "missing": "",
+                "manager": "Failed to connect to bus: No such file or directory",
+                "linger": "Linger=no",
+            },
+            "cannot reach a user service manager",
+            True,
+        ),
+        (
+            {"user": "ann", "missing": "systemd-run systemctl loginctl"},
+            "systemd-run, systemctl, loginctl not found",
+            False,
+        ),
+        (
+            {"user": "ann", "missing": "", "manager": "System has not been booted with systemd", "linger": "x"},
+            "cannot reach a user service manager",
+            False,
+        ),
     ],
 )
-def test_check_error_says_what_is_missing_and_what_to_do(facts: dict[str, str], says: str, advises_linger: bool) -> None:
+def test_check_error_says_what_is_missing_and_what_to_do(
+    facts: dict[str, str], says: str, advises_linger: bool
+) -> None:
     error = units.check_error("gpu1", "[hosts.gpu1]", facts)
     assert isinstance(error, LaunchError)
     text = str(error)
@@ -104,7 +134,10 @@ def test_check_error_says_what_is_missing_and_what_to_do(facts: dict[str, str], 
 
 
 def test_check_passes_with_a_lingering_user_manager() -> None:
-    assert units.check_error("h", "[hosts.h]", {"user": "ann", "missing": "", "manager": "ok", "linger": "Linger=yes"}) is None
+    assert (
+        units.check_error("h", "[hosts.h]", {"user": "ann", "missing": "", "manager": "ok", "linger": "Linger=yes"})
+        is None
+    )
 
 
 def test_launcher_option_is_validated(tmp_path: Path) -> None:
@@ -123,7 +156,7 @@ def test_launcher_option_is_validated(tmp_path: Path) -> None:
 
 # -- stand-ins for the systemd tools -----------------------------------------------------------
 
-_COMMON = r'''
+_COMMON = r"""
 import json, os, re, signal, subprocess, sys
 STATE = {state!r}
 # The environment a user manager gives its services: its own, not the SSH session's.
@@ -154,7 +187,7 @@ def group_alive(pid):
 def fail(msg, code=1):
     print(msg, file=sys.stderr)
     sys.exit(code)
-'''
+"""
 
 SYSTEMD_RUN = r'''
 """STAND-IN for systemd-run (tests only; NOT systemd): the subset servefleet uses. Starts the
@@ -280,7 +313,9 @@ def calls(tools: Path) -> list[list[str]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def write_fleet(tmp_path: Path, server, servers: dict[str, dict], *, venv: Path | None, launcher: str = "systemd-run") -> tuple[Path, dict[str, int]]:
+def write_fleet(
+    tmp_path: Path, server, servers: dict[str, dict], *, venv: Path | None, launcher: str = "systemd-run"
+) -> tuple[Path, dict[str, int]]:
     """Sim servers on host "rig" (the sshd) with the given launcher; ``venv`` = the stand-ins."""
     ports = {name: free_port() for name in servers}
     remote = tmp_path / "remote home"
@@ -293,7 +328,11 @@ def write_fleet(tmp_path: Path, server, servers: dict[str, dict], *, venv: Path 
         f'python = "{sys.executable}"\nconnect_timeout = 3\nlauncher = "{launcher}"\n'
         f'env = {{ HF_TOKEN = "{SECRET}" }}\n' + (f"venv = {json.dumps(str(venv))}\n" if venv else "")
     )
-    parts = ['[fleet]\nname = "sd"\ntimeout = 60\nstall = 30\n', host, '[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "rig"\n']
+    parts = [
+        '[fleet]\nname = "sd"\ntimeout = 60\nstall = 30\n',
+        host,
+        '[defaults]\nengine = "sim"\nmodel = "sim-m"\nhost = "rig"\n',
+    ]
     for name, extra in servers.items():
         fields = "".join(f"{k} = {json.dumps(v)}\n" for k, v in extra.items())
         parts.append(f'[[servers]]\nname = "{name}"\nport = {ports[name]}\n{fields}')
@@ -355,7 +394,9 @@ async def test_systemd_run_without_lingering_fails_before_launching(sshd_server,
     outcome = (await fleet.start())["a"]
     user = sshd_server.user
     assert outcome.action == Action.FAILED
-    assert f"lingering is not enabled for user {user} (`loginctl show-user {user} -p Linger` says Linger=no)" in (outcome.message or "")
+    assert f"lingering is not enabled for user {user} (`loginctl show-user {user} -p Linger` says Linger=no)" in (
+        outcome.message or ""
+    )
     assert f"sudo loginctl enable-linger {user}" in (outcome.message or "")
     assert [c[0] for c in calls(tools)] == ["systemctl", "loginctl"]  # the check only
     assert calls(tools)[1] == ["loginctl", "show-user", user, "-p", "Linger"]
@@ -375,7 +416,13 @@ async def test_launch_wait_and_down_through_systemd_run_standins(sshd_server, tm
     model_dir = tmp_path / "remote home" / WEIRD
     model_dir.mkdir(parents=True)
     path, ports = write_fleet(
-        tmp_path, sshd_server, {"w": {"model": str(model_dir), "args": ["--load-time", "0.3"]}, "oom": {"args": ["--fail-at-startup", "gpu_oom"]}}, venv=tools
+        tmp_path,
+        sshd_server,
+        {
+            "w": {"model": str(model_dir), "args": ["--load-time", "0.3"]},
+            "oom": {"args": ["--fail-at-startup", "gpu_oom"]},
+        },
+        venv=tools,
     )
     fleet = fleets(Fleet.load(path))
     verdicts = await fleet.up(smoke=True)
@@ -385,8 +432,15 @@ async def test_launch_wait_and_down_through_systemd_run_standins(sshd_server, tm
 
     work = tmp_path / "remote home" / "sd"
     record = fleet.store.load("w")
-    assert record is not None and record.unit and UNIT_RE.match(record.unit) and UNIT_RE.match(record.unit).group(1) == "w"
-    assert json.loads((work / "state" / "w.json").read_text())["unit"] == record.unit  # adoptable from the remote record
+    assert (
+        record is not None
+        and record.unit
+        and UNIT_RE.match(record.unit)
+        and UNIT_RE.match(record.unit).group(1) == "w"
+    )
+    assert (
+        json.loads((work / "state" / "w.json").read_text())["unit"] == record.unit
+    )  # adoptable from the remote record
     assert fleet.store.load("oom").unit != record.unit
 
     # what reached systemd-run, exactly (the check ran once for the host, then one call per server)
@@ -396,16 +450,32 @@ async def test_launch_wait_and_down_through_systemd_run_standins(sshd_server, tm
     status = record.status_path
     wrapper = detach_argv(record.argv, record.log_path, status)
     assert run[:8] == [
-        "systemd-run", "--user", "--quiet", "--collect", f"--unit={record.unit}",
-        f"--working-directory={tmp_path / 'remote home'}", "--property=KillMode=control-group", "--",
+        "systemd-run",
+        "--user",
+        "--quiet",
+        "--collect",
+        f"--unit={record.unit}",
+        f"--working-directory={tmp_path / 'remote home'}",
+        "--property=KillMode=control-group",
+        "--",
     ]
-    assert [unescape(a) for a in run[8:]] == ["sh", "-c", units.UNIT_PRELUDE, "sh", f"{status}.env", f"{status}.pid", *wrapper]
+    assert [unescape(a) for a in run[8:]] == [
+        "sh",
+        "-c",
+        units.UNIT_PRELUDE,
+        "sh",
+        f"{status}.env",
+        f"{status}.pid",
+        *wrapper,
+    ]
     assert not any(SECRET in arg for c in calls(tools) for arg in c)  # never on a command line
 
     # the unit's main process is the wrapper, session and group leader; the server runs under it
     unit_info = json.loads((tools / "state" / "units" / f"{record.unit}.json").read_text())
     assert unit_info["MainPID"] == record.pgid == os.getpgid(record.pgid) == os.getsid(record.pgid)
-    server = next(p for p in psutil.Process(record.pgid).children(recursive=True) if "servefleet.sim" in " ".join(p.cmdline()))
+    server = next(
+        p for p in psutil.Process(record.pgid).children(recursive=True) if "servefleet.sim" in " ".join(p.cmdline())
+    )
     env = server.environ()
     assert env["HF_TOKEN"] == SECRET and env["PATH"].startswith(f"{tools}/bin:")
     assert str(model_dir) in server.cmdline()  # literally: no shell, no systemd expansion
@@ -436,12 +506,16 @@ async def test_a_unit_that_cannot_start_is_a_launch_failure(sshd_server, tmp_pat
     """(Stand-ins.) systemd-run refusing the unit is reported as a failed launch with its words,
     and the environment file holding the secrets is removed."""
     tools = standin_tools(tmp_path / "standin")
-    (tools / "bin" / "systemd-run").write_text(f"#!{sys.executable}\nimport sys\nprint('Failed to start transient service unit: Access denied', file=sys.stderr)\nsys.exit(1)\n")
+    (tools / "bin" / "systemd-run").write_text(
+        f"#!{sys.executable}\nimport sys\nprint('Failed to start transient service unit: Access denied', file=sys.stderr)\nsys.exit(1)\n"
+    )
     path, _ = write_fleet(tmp_path, sshd_server, {"a": {}}, venv=tools)
     fleet = fleets(Fleet.load(path))
     outcome = (await fleet.start())["a"]
     assert outcome.action == Action.FAILED
-    assert "systemd-run --user failed: Failed to start transient service unit: Access denied" in (outcome.message or "")
+    assert "systemd-run --user failed: Failed to start transient service unit: Access denied" in (
+        outcome.message or ""
+    )
     assert list((tmp_path / "remote home" / "sd" / "run").glob("*.env")) == []
     assert fleet.store.load("a") is None
 

@@ -37,7 +37,9 @@ def sshd_sessions(server) -> int:
 
 def fleet_file(tmp_path: Path, server, servers: dict[str, list[str]]) -> Path:
     path, _ports = write_fleet(tmp_path, server, servers, timeout=120, stall=60)
-    text = path.read_text().replace("connect_timeout = 3\n", f"connect_timeout = 3\nalive_timeout = {ALIVE_TIMEOUT}\n", 1)
+    text = path.read_text().replace(
+        "connect_timeout = 3\n", f"connect_timeout = 3\nalive_timeout = {ALIVE_TIMEOUT}\n", 1
+    )
     path.write_text(text)
     return path
 
@@ -67,7 +69,9 @@ def watcher_processes(log_path: str) -> dict[str, list[psutil.Process]]:
 # -- the bound ----------------------------------------------------------------------------------
 
 
-async def test_a_slow_start_costs_at_most_five_remote_commands_for_its_wait(sshd_server, tmp_path: Path, fleets) -> None:
+async def test_a_slow_start_costs_at_most_five_remote_commands_for_its_wait(
+    sshd_server, tmp_path: Path, fleets
+) -> None:
     path = fleet_file(tmp_path, sshd_server, {"slow": ["--load-time", "6", "--shards", "12"]})
     fleet, outcomes, host = await start(fleets, path)
     commands, sessions = host.commands, sshd_sessions(sshd_server)
@@ -83,7 +87,9 @@ async def test_a_slow_start_costs_at_most_five_remote_commands_for_its_wait(sshd
     assert sshd_sessions(sshd_server) - sessions <= WAIT_COMMANDS, sshd_sessions(sshd_server) - sessions
 
 
-async def test_a_whole_start_costs_at_most_five_remote_commands_per_server(sshd_server, tmp_path: Path, fleets) -> None:
+async def test_a_whole_start_costs_at_most_five_remote_commands_per_server(
+    sshd_server, tmp_path: Path, fleets
+) -> None:
     """Launch and wait of four slow-loading servers on one host: at most 5 remote commands each
     (the launch, its record, the watcher, the identity check, the verdict's record) plus the
     host's own two (connect probe, adopt-check batch). The second start appends to the same logs:
@@ -137,9 +143,19 @@ async def test_an_exit_while_loading_reaches_the_verdict_with_its_code(sshd_serv
     host = SSHHost(sshd_server.spec(workdir=str(tmp_path / "remote")))
     try:
         log, status = tmp_path / "e.log", tmp_path / "e.status"
-        pgid = await host.spawn_detached(["sh", "-c", "echo starting up; sleep 3; exit 7"], log_path=str(log), status_path=str(status))
+        pgid = await host.spawn_detached(
+            ["sh", "-c", "echo starting up; sleep 3; exit 7"], log_path=str(log), status_path=str(status)
+        )
         port = free_port()  # nobody listens: the probe is refused throughout
-        target = WaitTarget(base_url=await host.url_for(port), engine=get_engine("sim"), host=host, log_path=str(log), pgid=pgid, status_path=str(status), port=port)
+        target = WaitTarget(
+            base_url=await host.url_for(port),
+            engine=get_engine("sim"),
+            host=host,
+            log_path=str(log),
+            pgid=pgid,
+            status_path=str(status),
+            port=port,
+        )
         commands, sessions = host.commands, sshd_sessions(sshd_server)
         verdict = await asyncio.wait_for(wait_for_server(target, timeout_s=60, stall_s=30, smoke=False), 30)
         assert verdict.state is State.FAILED and verdict.exit_code == 7, verdict
@@ -157,7 +173,9 @@ async def test_a_killed_server_is_reported_through_the_watcher(sshd_server, tmp_
     waiting = asyncio.ensure_future(fleet.wait(outcomes, smoke=False))
     log = Path(record.log_path)
     await async_wait_until(lambda: _loading(log), timeout=30, what="the server to start loading")
-    await async_wait_until(lambda: _has_watcher(record.log_path), timeout=30, interval=0.2, what="the remote watcher to run")
+    await async_wait_until(
+        lambda: _has_watcher(record.log_path), timeout=30, interval=0.2, what="the remote watcher to run"
+    )
     if what == "server":  # the engine dies, its wrapper records 128 + SIGKILL
         for pid in group_members(record.pgid):
             if pid != record.pgid:
@@ -171,7 +189,9 @@ async def test_a_killed_server_is_reported_through_the_watcher(sshd_server, tmp_
 
 
 @pytest.mark.parametrize("part", ["loop", "tail"])
-async def test_a_killed_watcher_is_replaced_and_the_wait_goes_on(sshd_server, tmp_path: Path, fleets, part: str) -> None:
+async def test_a_killed_watcher_is_replaced_and_the_wait_goes_on(
+    sshd_server, tmp_path: Path, fleets, part: str
+) -> None:
     """The watcher's loop killed: its heartbeat stops, the stream is restarted after
     alive_timeout. Its tail killed: the stream ends and is restarted. Either way the wait still
     sees the server die, and it does not hang."""
@@ -180,7 +200,9 @@ async def test_a_killed_watcher_is_replaced_and_the_wait_goes_on(sshd_server, tm
     record = outcomes["w"].record
     waiting = asyncio.ensure_future(fleet.wait(outcomes, smoke=False))
     await async_wait_until(lambda: _loading(Path(record.log_path)), timeout=30, what="the server to start loading")
-    await async_wait_until(lambda: _has_watcher(record.log_path), timeout=30, interval=0.2, what="the remote watcher to run")
+    await async_wait_until(
+        lambda: _has_watcher(record.log_path), timeout=30, interval=0.2, what="the remote watcher to run"
+    )
     first = watcher_processes(record.log_path)
     old = {p.pid for p in first["loop"] + first["tail"]}
     for proc in first[part]:
@@ -213,7 +235,11 @@ async def _has_watcher(log_path: str) -> bool:
 async def host(request: pytest.FixtureRequest, sshd_server, tmp_path: Path) -> AsyncIterator[SSHHost]:
     """Over the master connection, and without one (``multiplex = false``: one connection per
     command, so the watcher's stream is a connection of its own)."""
-    h = SSHHost(sshd_server.spec(workdir=str(tmp_path / "remote"), multiplex=request.param == "multiplexed", **_alive(ALIVE_TIMEOUT)))
+    h = SSHHost(
+        sshd_server.spec(
+            workdir=str(tmp_path / "remote"), multiplex=request.param == "multiplexed", **_alive(ALIVE_TIMEOUT)
+        )
+    )
     yield h
     await h.close()
 

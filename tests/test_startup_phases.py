@@ -39,17 +39,37 @@ def test_vllm_h200_start_up_phases_match_the_logs_own_timestamps() -> None:
     verdict = diagnose_text("\n".join(lines))
     assert verdict.state is State.READY and verdict.startup_clock == "log"
     took = dict(phase_totals(verdict.startup_phases))
-    assert took["compiling (torch.compile)"] == at(lines, "Initial profiling/warmup run took") - at(lines, "Dynamo bytecode transform time") == 9
-    assert took["loading weights"] + took["loading weight shards"] == at(lines, "Loading weights took") - at(lines, "Loading model from scratch")
+    assert (
+        took["compiling (torch.compile)"]
+        == at(lines, "Initial profiling/warmup run took") - at(lines, "Dynamo bytecode transform time")
+        == 9
+    )
+    assert took["loading weights"] + took["loading weight shards"] == at(lines, "Loading weights took") - at(
+        lines, "Loading model from scratch"
+    )
     # the capture's progress bar has no timestamp: it starts at the last stamped line before it
-    assert took["capturing CUDA graphs"] == at(lines, "Graph capturing finished") - at(lines, "Maximum concurrency for") == 2
-    assert took["CUDA graphs captured"] == at(lines, "init engine (profile, create kv cache") - at(lines, "Graph capturing finished") == 14
-    stamped = [line for line in lines[: next(i for i, x in enumerate(lines) if "Application startup complete" in x)]
-               if re.search(r"INFO \d\d-\d\d ", line)]
+    assert (
+        took["capturing CUDA graphs"]
+        == at(lines, "Graph capturing finished") - at(lines, "Maximum concurrency for")
+        == 2
+    )
+    assert (
+        took["CUDA graphs captured"]
+        == at(lines, "init engine (profile, create kv cache") - at(lines, "Graph capturing finished")
+        == 14
+    )
+    stamped = [
+        line
+        for line in lines[: next(i for i, x in enumerate(lines) if "Application startup complete" in x)]
+        if re.search(r"INFO \d\d-\d\d ", line)
+    ]
     assert sum(took.values()) == stamp(stamped[-1]) - at(lines, "non-default args") == 85
     for phase in verdict.startup_phases:  # each phase starts at its own mark line
         assert phase.line_no >= 1 and lines[phase.line_no - 1].strip()
-    assert "Dynamo bytecode transform time" in lines[next(p.line_no for p in verdict.startup_phases if p.phase.startswith("compiling")) - 1]
+    assert (
+        "Dynamo bytecode transform time"
+        in lines[next(p.line_no for p in verdict.startup_phases if p.phase.startswith("compiling")) - 1]
+    )
 
 
 def test_sglang_h200_start_up_phases_match_the_logs_own_timestamps() -> None:
@@ -60,7 +80,9 @@ def test_sglang_h200_start_up_phases_match_the_logs_own_timestamps() -> None:
     prefill = at(lines, "Capture target prefill CUDA graph end") - at(lines, "Capture target prefill CUDA graph begin")
     decode = at(lines, "Capture target decode CUDA graph end") - at(lines, "Capture target decode CUDA graph begin")
     assert took["capturing CUDA graphs"] == prefill + decode == 33  # the label comes back for the decode graphs
-    assert took["HTTP server up, warming up"] == at(lines, '"POST /generate HTTP/1.1" 200') - at(lines, "Uvicorn running on")
+    assert took["HTTP server up, warming up"] == at(lines, '"POST /generate HTTP/1.1" 200') - at(
+        lines, "Uvicorn running on"
+    )
     assert sum(took.values()) == at(lines, '"POST /generate HTTP/1.1" 200') - at(lines, "Init torch distributed begin")
 
 
@@ -73,15 +95,19 @@ def test_the_clock_is_the_engines_for_a_long_or_caught_up_start_and_servefleets_
     assert clock == "log" and [p.took_s for p in phases] == [10.0, 2.0]
     long_live = [Mark("a", 1, 100.0, 0.5), Mark("b", 2, 160.0, 61.2)]
     phases, clock = phase_times(long_live, None)
-    assert clock == "log" and phases[0].took_s == 60.0 and phases[-1].took_s is None  # not ready: the last phase is open
+    assert (
+        clock == "log" and phases[0].took_s == 60.0 and phases[-1].took_s is None
+    )  # not ready: the last phase is open
     assert phase_times([], None) == ([], None)
 
 
 async def test_up_gives_each_servers_time_per_phase_in_its_verdict_and_table(tmp_path: Path, fleets) -> None:
     load = 2.0
     path = tmp_path / "fleet.toml"
-    path.write_text('[fleet]\nname = "sp"\ntimeout = 60\nstall = 30\n[defaults]\nengine = "sim"\nmodel = "sim-m"\n'
-                    f'[[servers]]\nname = "v"\nport = {free_port()}\nargs = ["--style", "vllm", "--load-time", "{load}"]\n')
+    path.write_text(
+        '[fleet]\nname = "sp"\ntimeout = 60\nstall = 30\n[defaults]\nengine = "sim"\nmodel = "sim-m"\n'
+        f'[[servers]]\nname = "v"\nport = {free_port()}\nargs = ["--style", "vllm", "--load-time", "{load}"]\n'
+    )
     fleet = fleets(Fleet.load(path))
     outcomes = await fleet.start()
     verdict = (await fleet.wait(outcomes, smoke=False))["v"]

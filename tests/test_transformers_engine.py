@@ -47,14 +47,28 @@ def test_registry_returns_the_profile() -> None:
 def test_argv_runs_the_cli_module_with_the_model_preloaded() -> None:
     spec = LaunchSpec(model="/models/tiny", port=38401, extra_args=("--device", "cpu"), python="/venv/bin/python")
     argv = TransformersEngine().build_argv(spec)
-    assert argv == ["/venv/bin/python", "-m", SERVE_MODULE, "serve", "/models/tiny",
-                    "--host", "127.0.0.1", "--port", "38401", "--device", "cpu"]
+    assert argv == [
+        "/venv/bin/python",
+        "-m",
+        SERVE_MODULE,
+        "serve",
+        "/models/tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "38401",
+        "--device",
+        "cpu",
+    ]
 
 
-@pytest.mark.parametrize(("command", "head"), [
-    (("transformers",), ["transformers", "serve"]),
-    (("/opt/venv/bin/transformers", "serve"), ["/opt/venv/bin/transformers", "serve"]),
-])
+@pytest.mark.parametrize(
+    ("command", "head"),
+    [
+        (("transformers",), ["transformers", "serve"]),
+        (("/opt/venv/bin/transformers", "serve"), ["/opt/venv/bin/transformers", "serve"]),
+    ],
+)
 def test_command_override_gets_serve_once(command: tuple[str, ...], head: list[str]) -> None:
     argv = TransformersEngine().build_argv(LaunchSpec(model="m", port=1, command=command))
     assert argv[: len(head)] == head and argv.count("serve") == 1
@@ -72,12 +86,16 @@ def test_a_served_model_name_cannot_be_honoured() -> None:
 @pytest.mark.parametrize("flag", ["--port", "--host", "--port=9"])
 def test_a_host_or_port_in_the_args_that_disagrees_with_the_spec_is_refused(flag: str) -> None:
     with pytest.raises(EngineError, match="disagrees with"):
-        TransformersEngine().build_argv(LaunchSpec(model="m", port=1, extra_args=(flag, "9") if "=" not in flag else (flag,)))
+        TransformersEngine().build_argv(
+            LaunchSpec(model="m", port=1, extra_args=(flag, "9") if "=" not in flag else (flag,))
+        )
 
 
 def test_a_port_in_the_args_is_used_once() -> None:
     # the fleet loader fills port/bind from the args, so spec and args agree: the flag is not doubled
-    argv = TransformersEngine().build_argv(LaunchSpec(model="m", port=9, host="0.0.0.0", extra_args=("--port=9", "--host", "0.0.0.0")))
+    argv = TransformersEngine().build_argv(
+        LaunchSpec(model="m", port=9, host="0.0.0.0", extra_args=("--port=9", "--host", "0.0.0.0"))
+    )
     assert argv[-4:] == ["m", "--port=9", "--host", "0.0.0.0"]
     assert sum(a.startswith("--port") for a in argv) == 1
 
@@ -140,23 +158,50 @@ def test_ready_log_names_the_loaded_model() -> None:
 
 # (line, kind, category) from transformers 5.23 sources (cli/serve.py, cli/serving/*.py, click) and real runs
 ROWS = [
-    ("ImportError: Missing dependencies for serving. Install with `pip install transformers[serving]`", K.FATAL, C.IMPORT_ERROR),
+    (
+        "ImportError: Missing dependencies for serving. Install with `pip install transformers[serving]`",
+        K.FATAL,
+        C.IMPORT_ERROR,
+    ),
     ("Error: Invalid value for '--port': 'abc' is not a valid integer.", K.FATAL, C.CONFIG_ERROR),
     ("Error: Got unexpected extra argument (extra-arg)", K.FATAL, C.CONFIG_ERROR),
-    ("ValueError: Unsupported quantization method: 'gptq'. Must be 'bnb-4bit' or 'bnb-8bit'.", K.FATAL, C.CONFIG_ERROR),
-    ("ValueError: Unsupported attention implementation: 'fast'. Must be one of {'sdpa', 'eager'}", K.FATAL, C.CONFIG_ERROR),
-    ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to "
-     "allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)", K.FATAL, C.GPU_OOM),
-    ("OSError: /m is not a local folder and is not a valid model identifier listed on 'https://huggingface.co/models'",
-     K.FATAL, C.MODEL_NOT_FOUND),
+    (
+        "ValueError: Unsupported quantization method: 'gptq'. Must be 'bnb-4bit' or 'bnb-8bit'.",
+        K.FATAL,
+        C.CONFIG_ERROR,
+    ),
+    (
+        "ValueError: Unsupported attention implementation: 'fast'. Must be one of {'sdpa', 'eager'}",
+        K.FATAL,
+        C.CONFIG_ERROR,
+    ),
+    (
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)",
+        K.FATAL,
+        C.GPU_OOM,
+    ),
+    (
+        "OSError: /m is not a local folder and is not a valid model identifier listed on 'https://huggingface.co/models'",
+        K.FATAL,
+        C.MODEL_NOT_FOUND,
+    ),
     ("INFO:     Uvicorn running on http://127.0.0.1:38401 (Press CTRL+C to quit)", K.READY, None),
     ("[transformers] Loading /models/tiny@main", K.PROGRESS, None),
     ("Loading weights: 100%|##########| 21/21 [00:00<00:00, 9203.80it/s]", K.PROGRESS, None),
     ("INFO:     Application startup complete.", K.PROGRESS, None),
     # request-time noise of a healthy server, and the parts of a traceback that are not its cause
-    ("huggingface_hub.errors.CacheNotFound: Cache directory not found: /root/.cache/huggingface/hub. Please use "
-     "`cache_dir` argument or set `HF_HUB_CACHE` environment variable.", K.BENIGN, None),
-    ("[transformers] The following generation flags are not valid and may be ignored: ['temperature'].", K.BENIGN, None),
+    (
+        "huggingface_hub.errors.CacheNotFound: Cache directory not found: /root/.cache/huggingface/hub. Please use "
+        "`cache_dir` argument or set `HF_HUB_CACHE` environment variable.",
+        K.BENIGN,
+        None,
+    ),
+    (
+        "[transformers] The following generation flags are not valid and may be ignored: ['temperature'].",
+        K.BENIGN,
+        None,
+    ),
     ("raise HFValidationError(", K.BENIGN, None),
     ("KeyError: 'fancynet'", K.BENIGN, None),
 ]
@@ -183,7 +228,9 @@ def test_detect_claims_no_other_engines_log() -> None:
 
 # ---- one real engine end to end ---------------------------------------------------------------------
 def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _post(url: str, body: dict) -> dict:
@@ -223,7 +270,7 @@ port = {good}
 
 [[servers]]
 name = "missing"
-model = "{tmp_path / 'no-such-model'}"
+model = "{tmp_path / "no-such-model"}"
 port = {bad}
 """)
     up = _cli("up", str(fleet), "--json", timeout=700)
@@ -239,7 +286,10 @@ port = {bad}
         assert report["missing"]["after_failure"] in ("stopped", "exited"), report["missing"]
         assert not [p for p in psutil.process_iter() if _live_member(p, report["missing"]["pgid"])]
 
-        status = {s["name"]: s for s in json.loads(_cli("status", "--fleet", str(fleet), "--json", timeout=120).stdout)["servers"]}
+        status = {
+            s["name"]: s
+            for s in json.loads(_cli("status", "--fleet", str(fleet), "--json", timeout=120).stdout)["servers"]
+        }
         assert status["good"]["state"] == "ready"
         # capacity of the real server (it prints none): one request at a time without
         # --continuous-batching, the context from the built model's config.json
@@ -282,8 +332,9 @@ TINY_CONFIG = {"model_type": "llama", "max_position_embeddings": 2048, "num_hidd
 
 
 def _argv(*extra: str) -> list[str]:
-    return TransformersEngine().build_argv(LaunchSpec(model="/models/tiny", port=38401, extra_args=("--device", "cpu", *extra),
-                                                      python="/venv/bin/python"))
+    return TransformersEngine().build_argv(
+        LaunchSpec(model="/models/tiny", port=38401, extra_args=("--device", "cpu", *extra), python="/venv/bin/python")
+    )
 
 
 def test_sequential_serve_runs_one_request_at_a_time() -> None:
@@ -293,14 +344,17 @@ def test_sequential_serve_runs_one_request_at_a_time() -> None:
     assert "no --continuous-batching" in cap.source["max_running_requests"]
 
 
-@pytest.mark.parametrize(("extra", "kv", "running"), [
-    (("--continuous-batching",), None, CB_MAX_REQUESTS_PER_BATCH),  # cache sized from free memory: unknown
-    (("--continuous-batching", "--cb-num-blocks", "8"), 8 * CB_PAGE_SIZE, 8),
-    (("--continuous-batching", "--cb-num-blocks=64", "--cb-max-batch-tokens", "32"), 64 * CB_PAGE_SIZE, 32),
-    (("--continuous-batching", "--cb-num-blocks", "4", "--cb-block-size", "64"), 4 * 64, 4),
-    (("--continuous-batching", "--cb-max-batch-tokens", "512"), None, 512),
-    (("--continuous-batching", "--no-continuous-batching", "--cb-num-blocks", "8"), None, 1),  # the last one wins
-])
+@pytest.mark.parametrize(
+    ("extra", "kv", "running"),
+    [
+        (("--continuous-batching",), None, CB_MAX_REQUESTS_PER_BATCH),  # cache sized from free memory: unknown
+        (("--continuous-batching", "--cb-num-blocks", "8"), 8 * CB_PAGE_SIZE, 8),
+        (("--continuous-batching", "--cb-num-blocks=64", "--cb-max-batch-tokens", "32"), 64 * CB_PAGE_SIZE, 32),
+        (("--continuous-batching", "--cb-num-blocks", "4", "--cb-block-size", "64"), 4 * 64, 4),
+        (("--continuous-batching", "--cb-max-batch-tokens", "512"), None, 512),
+        (("--continuous-batching", "--no-continuous-batching", "--cb-num-blocks", "8"), None, 1),  # the last one wins
+    ],
+)
 def test_continuous_batching_capacity_follows_the_flags(extra: tuple[str, ...], kv: int | None, running: int) -> None:
     cap = TransformersEngine().capacity_from_launch(_argv(*extra), TINY_CONFIG)
     assert (cap.kv_cache_tokens, cap.max_running_requests, cap.context_length) == (kv, running, 2048)
@@ -316,7 +370,9 @@ def test_argv_reading_finds_the_force_model_and_ignores_a_bad_value() -> None:
 
 
 def test_context_length_of_a_multimodal_config_is_the_text_models() -> None:
-    cap = serve_capacity(read_serve_argv(_argv()), {"text_config": {"max_position_embeddings": 32768}, "vision_config": {}})
+    cap = serve_capacity(
+        read_serve_argv(_argv()), {"text_config": {"max_position_embeddings": 32768}, "vision_config": {}}
+    )
     assert cap.context_length == 32768
 
 
@@ -332,9 +388,23 @@ async def test_fleet_reads_the_models_config_relative_to_the_servers_folder(tmp_
     from servefleet.modelgen import build_tiny_model, spec_from_preset
 
     build_tiny_model(tmp_path / "models" / "tiny", spec_from_preset("tiny", seed=1))
-    argv = TransformersEngine().build_argv(LaunchSpec(model="models/tiny", port=1, extra_args=("--continuous-batching", "--cb-num-blocks", "16")))
-    record = ServerState(fleet="f", name="a", engine="transformers", host="local", port=1, pgid=1, argv=argv, cwd=str(tmp_path),
-                         log_path="x", status_path="y", launched_at=datetime.now(UTC), spec_hash="h")
+    argv = TransformersEngine().build_argv(
+        LaunchSpec(model="models/tiny", port=1, extra_args=("--continuous-batching", "--cb-num-blocks", "16"))
+    )
+    record = ServerState(
+        fleet="f",
+        name="a",
+        engine="transformers",
+        host="local",
+        port=1,
+        pgid=1,
+        argv=argv,
+        cwd=str(tmp_path),
+        log_path="x",
+        status_path="y",
+        launched_at=datetime.now(UTC),
+        spec_hash="h",
+    )
     binding = HostBinding(name="local", host=LocalHost(), work_dir=str(tmp_path), cwd=str(tmp_path))
     cap = await launch_capacity(record, binding)
     assert (cap.context_length, cap.kv_cache_tokens, cap.max_running_requests) == (2048, 16 * CB_PAGE_SIZE, 16)

@@ -24,17 +24,34 @@ from servefleet.tune import TuneRequest, prepare, run_tune
 from servefleet.tune.space import load_space
 
 # KV for ~36 short requests (20 words + 32 tokens) but only ~5 long ones (300 words + 128 tokens)
-SIM = ["--load-time", "0.2", "--style", "vllm", "--max-running-requests", "64", "--max-total-tokens", "2200",
-       "--prefill-ms-per-1k-tokens", "2"]
-SPEC = ["--tokens-per-step", "4", "--spec-ms-per-running", "1.0"]  # 4 tokens a step, each running request verified at a cost
-SETTINGS = '[tune]\npoint_requests = 16\n'
+SIM = [
+    "--load-time",
+    "0.2",
+    "--style",
+    "vllm",
+    "--max-running-requests",
+    "64",
+    "--max-total-tokens",
+    "2200",
+    "--prefill-ms-per-1k-tokens",
+    "2",
+]
+SPEC = [
+    "--tokens-per-step",
+    "4",
+    "--spec-ms-per-running",
+    "1.0",
+]  # 4 tokens a step, each running request verified at a cost
+SETTINGS = "[tune]\npoint_requests = 16\n"
 
 
 def base_fleet(tmp: Path, servers: int = 1, extra: str = "") -> Path:
     path = tmp / "base.toml"
     body = "".join(f'\n[[servers]]\nname = "s{i}"\nport = {free_port()}\n{extra}' for i in range(servers))
-    path.write_text(f'[fleet]\nname = "tb"\ntimeout = 60\nstall = 30\n\n[defaults]\nengine = "sim"\nmodel = "sim-7b"\n'
-                    f'python = {json.dumps(sys.executable)}\nargs = {json.dumps(SIM)}\n{body}')
+    path.write_text(
+        f'[fleet]\nname = "tb"\ntimeout = 60\nstall = 30\n\n[defaults]\nengine = "sim"\nmodel = "sim-7b"\n'
+        f"python = {json.dumps(sys.executable)}\nargs = {json.dumps(SIM)}\n{body}"
+    )
     return path
 
 
@@ -47,45 +64,86 @@ def space(tmp: Path, text: str) -> Path:
 def prompts(tmp: Path, n: int, words: tuple[int, int], max_tokens: int, name: str = "job.jsonl") -> Path:
     rng = random.Random(7)
     path = tmp / name
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": " ".join(["word"] * rng.randint(*words)), "max_tokens": max_tokens}) + "\n"
-                            for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "prompt": " ".join(["word"] * rng.randint(*words)), "max_tokens": max_tokens})
+            + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
-def tune(tmp: Path, fleet: Path, space_file: Path, job: Path, *extra: str, plot: bool = False) -> tuple[int, dict, str]:
-    result = CliRunner().invoke(app, ["tune", "--fleet", str(fleet), "--space", str(space_file), "--input", str(job),
-                                      "--sample", "100", "--out", str(tmp / "out"), "--plot" if plot else "--no-plot", "--json", *extra])
+def tune(
+    tmp: Path, fleet: Path, space_file: Path, job: Path, *extra: str, plot: bool = False
+) -> tuple[int, dict, str]:
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            "--fleet",
+            str(fleet),
+            "--space",
+            str(space_file),
+            "--input",
+            str(job),
+            "--sample",
+            "100",
+            "--out",
+            str(tmp / "out"),
+            "--plot" if plot else "--no-plot",
+            "--json",
+            *extra,
+        ],
+    )
     out = result.stdout
-    doc = json.loads(out[out.index("{"):]) if "{" in out else {}
+    doc = json.loads(out[out.index("{") :]) if "{" in out else {}
     return result.exit_code, doc, result.output
 
 
-PLAIN_VS_SPEC = SETTINGS + f'[[candidate]]\nname = "plain"\n\n[[candidate]]\nname = "spec"\nargs = {json.dumps(SPEC)}\n'
+PLAIN_VS_SPEC = (
+    SETTINGS + f'[[candidate]]\nname = "plain"\n\n[[candidate]]\nname = "spec"\nargs = {json.dumps(SPEC)}\n'
+)
 
 
 def test_the_sim_speculative_gain_fades_as_the_batch_grows() -> None:
     plain = SimConfig(max_running=64, kv_tokens=1 << 20, prefill_ms_per_1k_tokens=2)
-    spec = SimConfig(max_running=64, kv_tokens=1 << 20, prefill_ms_per_1k_tokens=2, tokens_per_step=4, spec_ms_per_running=1.0)
+    spec = SimConfig(
+        max_running=64, kv_tokens=1 << 20, prefill_ms_per_1k_tokens=2, tokens_per_step=4, spec_ms_per_running=1.0
+    )
     free = SimConfig(max_running=64, kv_tokens=1 << 20, prefill_ms_per_1k_tokens=2, tokens_per_step=4)
 
     def ratio(cfg: SimConfig, c: int) -> float:
-        return theoretical_output_tokens_per_s(cfg, c, output_tokens=128) / theoretical_output_tokens_per_s(plain, c, output_tokens=128)
+        return theoretical_output_tokens_per_s(cfg, c, output_tokens=128) / theoretical_output_tokens_per_s(
+            plain, c, output_tokens=128
+        )
 
     assert ratio(spec, 1) > 1.5 and ratio(spec, 32) < 0.9  # ahead alone, behind in a big batch
     assert ratio(free, 32) > 1.5  # without the verification cost it never falls behind
 
 
 @pytest.mark.parametrize(("words", "max_tokens", "winner"), [((10, 25), 32, "plain"), ((250, 330), 128, "spec")])
-def test_the_ranking_follows_the_jobs_prompt_lengths(tmp_path: Path, words: tuple[int, int], max_tokens: int, winner: str) -> None:
+def test_the_ranking_follows_the_jobs_prompt_lengths(
+    tmp_path: Path, words: tuple[int, int], max_tokens: int, winner: str
+) -> None:
     # short prompts: KV holds many requests, a big batch, where speculative decoding falls behind;
     # long ones: KV holds ~5, where it is ahead. Same two candidates, same fleet; only the job differs.
-    code, doc, text = tune(tmp_path, base_fleet(tmp_path), space(tmp_path, PLAIN_VS_SPEC), prompts(tmp_path, 3000, words, max_tokens),
-                           "--gpus", "1,4")
+    code, doc, text = tune(
+        tmp_path,
+        base_fleet(tmp_path),
+        space(tmp_path, PLAIN_VS_SPEC),
+        prompts(tmp_path, 3000, words, max_tokens),
+        "--gpus",
+        "1,4",
+    )
     assert code == 0, text
     assert doc["winner"] == winner
     rows = {r["name"]: r for r in doc["candidates"]}
     assert rows[winner]["outcome"] == "measured"
-    assert {r["outcome"] for r in rows.values()} <= {"measured", "stopped_early"}  # the loser may be stopped once clearly behind
+    assert {r["outcome"] for r in rows.values()} <= {
+        "measured",
+        "stopped_early",
+    }  # the loser may be stopped once clearly behind
     for row in rows.values():
         assert [p["gpus"] for p in row["predictions"]] == [1, 4]
         assert row["predictions"][1]["makespan_s"] < row["predictions"][0]["makespan_s"]
@@ -93,14 +151,18 @@ def test_the_ranking_follows_the_jobs_prompt_lengths(tmp_path: Path, words: tupl
         assert Path(row["run"]).is_file() and row["concurrencies"][0] == 8
     assert rows["spec"]["acceptance"] is not None and rows["plain"]["acceptance"] is None
     # the RUN.json is what plan takes
-    plan = CliRunner().invoke(app, ["plan", "--bench", rows[winner]["run"], "--prompts", "3000", "--output-tokens-mean", "30", "--json"])
+    plan = CliRunner().invoke(
+        app, ["plan", "--bench", rows[winner]["run"], "--prompts", "3000", "--output-tokens-mean", "30", "--json"]
+    )
     assert plan.exit_code == 0, plan.output
     assert "[[servers]]" in Path(doc["winner_fleet"]).read_text()
 
 
 def test_a_candidate_with_a_bad_flag_is_a_failed_row_and_the_rest_are_ranked(tmp_path: Path) -> None:
     text = SETTINGS + '[[candidate]]\nname = "typo"\nargs = ["--max-num-seqz", "8"]\n\n[[candidate]]\nname = "plain"\n'
-    code, doc, out = tune(tmp_path, base_fleet(tmp_path), space(tmp_path, text), prompts(tmp_path, 500, (10, 25), 32), plot=True)
+    code, doc, out = tune(
+        tmp_path, base_fleet(tmp_path), space(tmp_path, text), prompts(tmp_path, 500, (10, 25), 32), plot=True
+    )
     assert code == 0, out
     assert doc["winner"] == "plain"
     for png in ("tune-throughput.png", "tune-latency.png", "tune-makespan.png"):
@@ -112,9 +174,17 @@ def test_a_candidate_with_a_bad_flag_is_a_failed_row_and_the_rest_are_ranked(tmp
 
 
 def test_a_budget_cuts_the_search_and_the_output_says_so(tmp_path: Path) -> None:
-    three = SETTINGS + "".join(f'[[candidate]]\nname = "c{i}"\nargs = ["--max-running-requests", "{8 * (i + 1)}"]\n' for i in range(3))
-    request = TuneRequest(fleet=base_fleet(tmp_path), space=space(tmp_path, three), input=prompts(tmp_path, 500, (10, 25), 32),
-                          out=tmp_path / "out", sample=50, budget_s=150.0)
+    three = SETTINGS + "".join(
+        f'[[candidate]]\nname = "c{i}"\nargs = ["--max-running-requests", "{8 * (i + 1)}"]\n' for i in range(3)
+    )
+    request = TuneRequest(
+        fleet=base_fleet(tmp_path),
+        space=space(tmp_path, three),
+        input=prompts(tmp_path, 500, (10, 25), 32),
+        out=tmp_path / "out",
+        sample=50,
+        budget_s=150.0,
+    )
     # the budget's clock: each launch costs 100 s, so after the first candidate less is left than one takes
     clock = [0.0]
 
@@ -137,8 +207,15 @@ def test_a_budget_cuts_the_search_and_the_output_says_so(tmp_path: Path) -> None
 def test_then_generate_runs_the_job_once_and_the_plan_holds(tmp_path: Path) -> None:
     job = prompts(tmp_path, 800, (10, 25), 32)
     dest = tmp_path / "dest"
-    code, doc, out = tune(tmp_path, base_fleet(tmp_path), space(tmp_path, SETTINGS + '[[candidate]]\nname = "plain"\n'), job,
-                          "--then-generate", "--output", str(dest))
+    code, doc, out = tune(
+        tmp_path,
+        base_fleet(tmp_path),
+        space(tmp_path, SETTINGS + '[[candidate]]\nname = "plain"\n'),
+        job,
+        "--then-generate",
+        "--output",
+        str(dest),
+    )
     assert code == 0, out
     then = doc["then"]
     assert then["job"]["status"] == "complete" and then["servers"] == ["s0"]
@@ -149,16 +226,21 @@ def test_then_generate_runs_the_job_once_and_the_plan_holds(tmp_path: Path) -> N
 
 
 # ---- refused before anything is launched ------------------------------------------------------------
-@pytest.mark.parametrize(("text", "extra", "said"), [
-    ('[[candidate]]\nname = "a"\nargz = ["--x"]\n', (), 'candidate "a": argz: unknown key'),
-    ('[[candidate]]\nname = "p"\nargs = ["--port", "9"]\n', (), 'candidate "p": port:'),
-    ('[[candidate]]\nname = "tp2"\nargs = ["--tp", "2"]\n', (), 'candidate "tp2": gpus:'),
-    ("", (), "empty space"),
-    ('[grid]\n', (), "empty"),
-    ('[tune]\nstartup = 60\n[[candidate]]\nname = "a"\n', ("--budget", "30s"), "below one candidate's start-up"),
-    ('[tune]\nstartp = 60\n[[candidate]]\nname = "a"\n', (), "[tune]: startp: unknown key"),
-])
-def test_bad_input_is_refused_before_anything_is_launched(tmp_path: Path, text: str, extra: tuple[str, ...], said: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "extra", "said"),
+    [
+        ('[[candidate]]\nname = "a"\nargz = ["--x"]\n', (), 'candidate "a": argz: unknown key'),
+        ('[[candidate]]\nname = "p"\nargs = ["--port", "9"]\n', (), 'candidate "p": port:'),
+        ('[[candidate]]\nname = "tp2"\nargs = ["--tp", "2"]\n', (), 'candidate "tp2": gpus:'),
+        ("", (), "empty space"),
+        ("[grid]\n", (), "empty"),
+        ('[tune]\nstartup = 60\n[[candidate]]\nname = "a"\n', ("--budget", "30s"), "below one candidate's start-up"),
+        ('[tune]\nstartp = 60\n[[candidate]]\nname = "a"\n', (), "[tune]: startp: unknown key"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_launched(
+    tmp_path: Path, text: str, extra: tuple[str, ...], said: str
+) -> None:
     fleet = base_fleet(tmp_path, extra="gpus = [0]\n")
     code, doc, out = tune(tmp_path, fleet, space(tmp_path, text), prompts(tmp_path, 10, (3, 5), 8), *extra)
     assert code == 3, out
@@ -167,8 +249,13 @@ def test_bad_input_is_refused_before_anything_is_launched(tmp_path: Path, text: 
 
 
 def test_a_grid_is_the_product_of_its_axes(tmp_path: Path) -> None:
-    got = load_space(space(tmp_path, '[grid]\nspec = { plain = [], ngram = ["--speculative-config", "{}"] }\n'
-                                     '"--max-num-seqs" = [256, 1024]\n"--enforce-eager" = [true, false]\n'))
+    got = load_space(
+        space(
+            tmp_path,
+            '[grid]\nspec = { plain = [], ngram = ["--speculative-config", "{}"] }\n'
+            '"--max-num-seqs" = [256, 1024]\n"--enforce-eager" = [true, false]\n',
+        )
+    )
     names = [c.name for c in got.candidates]
     assert len(names) == 8 and len(set(names)) == 8
     ngram = next(c for c in got.candidates if c.name == "ngram_max-num-seqs-1024_enforce-eager")
@@ -180,12 +267,20 @@ def test_a_grid_is_the_product_of_its_axes(tmp_path: Path) -> None:
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tune"
 
 
-@pytest.mark.parametrize(("base", "space_file", "names"), [
-    ("sglang-base.toml", "sglang-mtp-vs-plain.space.toml", ["plain", "mtp", "mtp-wide"]),
-    ("vllm-base.toml", "vllm-ngram-vs-plain.space.toml", ["plain_max-num-seqs-256", "plain_max-num-seqs-1024",
-                                                          "ngram_max-num-seqs-256", "ngram_max-num-seqs-1024"]),
-])
-def test_the_example_spaces_are_valid_against_their_bases(tmp_path: Path, base: str, space_file: str, names: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("base", "space_file", "names"),
+    [
+        ("sglang-base.toml", "sglang-mtp-vs-plain.space.toml", ["plain", "mtp", "mtp-wide"]),
+        (
+            "vllm-base.toml",
+            "vllm-ngram-vs-plain.space.toml",
+            ["plain_max-num-seqs-256", "plain_max-num-seqs-1024", "ngram_max-num-seqs-256", "ngram_max-num-seqs-1024"],
+        ),
+    ],
+)
+def test_the_example_spaces_are_valid_against_their_bases(
+    tmp_path: Path, base: str, space_file: str, names: list[str]
+) -> None:
     from servefleet.tune.candidates import candidate_fleets, load_base
 
     fleets = candidate_fleets(load_base(EXAMPLES / base, None), load_space(EXAMPLES / space_file).candidates, tmp_path)
@@ -204,7 +299,7 @@ def test_the_optimistic_curve_grows_as_the_last_doubling_did() -> None:
         return [Point.model_construct(concurrency=c, output_tokens_per_s=t) for c, t in pairs]
 
     growing = _optimistic(pts((8, 1000.0), (16, 1100.0)), cap=64, max_concurrency=4096)
-    assert growing.total(64) == pytest.approx(1100 * 1.1 ** 2)  # two more doublings at +10 % each
+    assert growing.total(64) == pytest.approx(1100 * 1.1**2)  # two more doublings at +10 % each
     falling = _optimistic(pts((8, 1000.0), (16, 900.0)), cap=64, max_concurrency=4096)
     assert falling.total(64) == pytest.approx(900.0)  # never below flat
 
@@ -221,13 +316,23 @@ def test_the_h200_driver_space_is_valid_against_its_base(tmp_path: Path) -> None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     for rehearse in (False, True):
-        args = argparse.Namespace(rehearse=rehearse, seconds=100.0, sim_load_time=2.0, out=str(tmp_path / f"out{rehearse}"), work=str(tmp_path / f"w{rehearse}"),
-                                  python=sys.executable)
+        args = argparse.Namespace(
+            rehearse=rehearse,
+            seconds=100.0,
+            sim_load_time=2.0,
+            out=str(tmp_path / f"out{rehearse}"),
+            work=str(tmp_path / f"w{rehearse}"),
+            python=sys.executable,
+        )
         driver = module.Driver(args)
-        fleets = candidate_fleets(load_base(driver.base_fleet(), None), load_space(driver.space()).candidates, tmp_path / f"t{rehearse}")
+        fleets = candidate_fleets(
+            load_base(driver.base_fleet(), None), load_space(driver.space()).candidates, tmp_path / f"t{rehearse}"
+        )
         names = [f.candidate.name for f in fleets]
         seqs = ("32", "128") if rehearse else ("256", "1024")
-        assert names == [f"max-num-seqs-{n}_{s}" for n in seqs for s in ("plain", "ngram")]  # plain and ngram first at the small cap
+        assert names == [
+            f"max-num-seqs-{n}_{s}" for n in seqs for s in ("plain", "ngram")
+        ]  # plain and ngram first at the small cap
         assert all(f.spec.servers[0].gpus == (0,) for f in fleets)
         if not rehearse:
             ngram = fleets[1].spec.servers[0].args
@@ -236,7 +341,12 @@ def test_the_h200_driver_space_is_valid_against_its_base(tmp_path: Path) -> None
 
 def test_candidates_on_gpus_of_their_own_are_measured_at_the_same_time(tmp_path: Path) -> None:
     text = SETTINGS + f'[[candidate]]\nname = "g0"\n\n[[candidate]]\nname = "g1"\ngpus = [1]\nport = {free_port()}\n'
-    code, doc, out = tune(tmp_path, base_fleet(tmp_path, extra="gpus = [0]\n"), space(tmp_path, text), prompts(tmp_path, 300, (10, 25), 32))
+    code, doc, out = tune(
+        tmp_path,
+        base_fleet(tmp_path, extra="gpus = [0]\n"),
+        space(tmp_path, text),
+        prompts(tmp_path, 300, (10, 25), 32),
+    )
     assert code == 0, out
     a, b = sorted(doc["candidates"], key=lambda r: r["name"])
     assert a["outcome"] == b["outcome"] == "measured"
@@ -246,6 +356,8 @@ def test_candidates_on_gpus_of_their_own_are_measured_at_the_same_time(tmp_path:
 
 def test_candidates_measured_at_the_same_time_need_ports_of_their_own(tmp_path: Path) -> None:
     text = '[[candidate]]\nname = "g0"\n\n[[candidate]]\nname = "g1"\ngpus = [1]\n'
-    code, doc, out = tune(tmp_path, base_fleet(tmp_path, extra="gpus = [0]\n"), space(tmp_path, text), prompts(tmp_path, 10, (3, 5), 8))
+    code, doc, out = tune(
+        tmp_path, base_fleet(tmp_path, extra="gpus = [0]\n"), space(tmp_path, text), prompts(tmp_path, 10, (3, 5), 8)
+    )
     assert code == 3, out
     assert 'candidate "g1": port:' in doc["error"]["message"] and 'candidate "g0"' in doc["error"]["message"]

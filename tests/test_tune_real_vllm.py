@@ -20,25 +20,53 @@ def test_tune_ranks_two_real_vllm_candidates(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "tiny")
     fleet = tmp_path / "base.toml"
     env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in VLLM_ENV.items())
-    fleet.write_text(f'[fleet]\nname = "tune-real"\ntimeout = 600\nstall = 300\n\n[defaults]\nengine = "vllm"\n'
-                     f"python = {json.dumps(str(python))}\nargs = {json.dumps([*VLLM_ARGS, '--served-model-name', 'tiny'])}\n"
-                     f"env = {{ {env} }}\n\n[[servers]]\nname = \"base\"\nport = {free_port()}\nmodel = {json.dumps(str(model))}\n")
+    fleet.write_text(
+        f'[fleet]\nname = "tune-real"\ntimeout = 600\nstall = 300\n\n[defaults]\nengine = "vllm"\n'
+        f"python = {json.dumps(str(python))}\nargs = {json.dumps([*VLLM_ARGS, '--served-model-name', 'tiny'])}\n"
+        f'env = {{ {env} }}\n\n[[servers]]\nname = "base"\nport = {free_port()}\nmodel = {json.dumps(str(model))}\n'
+    )
     space = tmp_path / "space.toml"
-    space.write_text('[tune]\nstart_concurrency = 2\npoint_requests = 8\nmax_concurrency = 2\n\n'
-                     '[[candidate]]\nname = "plain"\n\n[[candidate]]\nname = "two"\nargs = ["--max-num-seqs", "2"]\n')
+    space.write_text(
+        "[tune]\nstart_concurrency = 2\npoint_requests = 8\nmax_concurrency = 2\n\n"
+        '[[candidate]]\nname = "plain"\n\n[[candidate]]\nname = "two"\nargs = ["--max-num-seqs", "2"]\n'
+    )
     job = tmp_path / "job.jsonl"
-    job.write_text("".join(json.dumps({"id": i, "prompt": f"Say {i} " * (1 + i % 5), "max_tokens": 4 + i % 5}) + "\n" for i in range(200)))
+    job.write_text(
+        "".join(
+            json.dumps({"id": i, "prompt": f"Say {i} " * (1 + i % 5), "max_tokens": 4 + i % 5}) + "\n"
+            for i in range(200)
+        )
+    )
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["tune", "--fleet", str(fleet), "--space", str(space), "--input", str(job), "--sample", "16",
-                                      "--out", str(out), "--no-plot", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            "--fleet",
+            str(fleet),
+            "--space",
+            str(space),
+            "--input",
+            str(job),
+            "--sample",
+            "16",
+            "--out",
+            str(out),
+            "--no-plot",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout[result.stdout.index("{"):])
+    doc = json.loads(result.stdout[result.stdout.index("{") :])
     rows = {r["name"]: r for r in doc["candidates"]}
     assert set(rows) == {"plain", "two"} and doc["winner"] in rows
     for row in rows.values():
         assert row["outcome"] in ("measured", "stopped_early"), row
         assert row["predictions"][0]["makespan_s"] > 0 and row["kv_tokens"] and row["time_to_ready_s"] > 0
         assert json.loads(Path(row["run"]).read_text())["target"]["engine"] == "vllm"
-    assert rows["two"]["max_running"] == 2 and rows["plain"]["max_running"] in (None, 256)  # vLLM names its cap only when given
+    assert rows["two"]["max_running"] == 2 and rows["plain"]["max_running"] in (
+        None,
+        256,
+    )  # vLLM names its cap only when given
     assert [r["concurrencies"] for r in rows.values()] == [[2], [2]]  # one point each: the cap, and max_concurrency
     assert StateStore(out / "state").names() == []  # every candidate stopped

@@ -19,15 +19,41 @@ CLOSED = "http://127.0.0.1:9"  # discard port: nothing listens; a command that a
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    proc = SimProcess("--load-time", "0", "--model", "ctx", "--style", "vllm", "--max-model-len", "64",
-                      log_path=tmp_path_factory.mktemp("sim") / "sim.log").start()
+    proc = SimProcess(
+        "--load-time",
+        "0",
+        "--model",
+        "ctx",
+        "--style",
+        "vllm",
+        "--max-model-len",
+        "64",
+        log_path=tmp_path_factory.mktemp("sim") / "sim.log",
+    ).start()
     yield proc.wait_ready(timeout=180)
     proc.stop()
 
 
 def _bench(url: str, *extra: str):
-    return runner.invoke(app, ["bench", "--url", url, "-c", "2", "-n", "4", "--input-len", "10", "--output-len", "8",
-                               "--api", "completions", *extra])
+    return runner.invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            url,
+            "-c",
+            "2",
+            "-n",
+            "4",
+            "--input-len",
+            "10",
+            "--output-len",
+            "8",
+            "--api",
+            "completions",
+            *extra,
+        ],
+    )
 
 
 def test_a_tokenizer_that_is_not_there_is_named_before_the_server_is_asked() -> None:
@@ -53,15 +79,37 @@ def test_an_out_folder_that_cannot_be_written_is_refused_first(tmp_path: Path) -
     res = _bench(CLOSED, "--out", str(folder / "RUN.json"))
     assert res.exit_code == 3, res.output
     assert f"--out {folder / 'RUN.json'}: cannot write in {folder}" in res.output
-    unmakeable = _bench(CLOSED, "--out", str(folder / "no" / "RUN.json"))  # a run's folder is made, unless it cannot be
-    assert unmakeable.exit_code == 3 and f"cannot make the folder {folder / 'no'}" in unmakeable.output, unmakeable.output
+    unmakeable = _bench(
+        CLOSED, "--out", str(folder / "no" / "RUN.json")
+    )  # a run's folder is made, unless it cannot be
+    assert unmakeable.exit_code == 3 and f"cannot make the folder {folder / 'no'}" in unmakeable.output, (
+        unmakeable.output
+    )
 
 
 def test_prompts_longer_than_the_servers_context_are_refused_before_any_point(sim) -> None:
-    res = runner.invoke(app, ["bench", "--url", sim.url, "-c", "2", "-n", "4", "--input-len", "60", "--output-len", "16",
-                              "--api", "completions"])
+    res = runner.invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            sim.url,
+            "-c",
+            "2",
+            "-n",
+            "4",
+            "--input-len",
+            "60",
+            "--output-len",
+            "16",
+            "--api",
+            "completions",
+        ],
+    )
     assert res.exit_code == 3, res.output
-    assert "do not fit the context" in res.output and "(64 tokens)" in res.output and "60 input + 16 output" in res.output
+    assert (
+        "do not fit the context" in res.output and "(64 tokens)" in res.output and "60 input + 16 output" in res.output
+    )
     assert "ignore_eos" not in res.output and "concurrency 2:" not in res.output  # no point ran
 
 

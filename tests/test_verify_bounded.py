@@ -42,7 +42,9 @@ def test_bounded_verdict_is_the_whole_files(tmp_path: Path, where: str, chunk: i
     got = bounded(log.path, Bounds(cap=SMALL.cap, head=SMALL.head, tail=SMALL.tail, chunk=chunk))
     want = whole(log.path)
     same(got, want)
-    assert got.skipped is not None and got.skipped.startswith("read ") and f" of {human_bytes(log.size)}: " in got.skipped
+    assert (
+        got.skipped is not None and got.skipped.startswith("read ") and f" of {human_bytes(log.size)}: " in got.skipped
+    )
     if where in ("middle", "end"):
         assert got.state is State.FAILED and got.category is Category.GPU_OOM
         assert log.fatal_line is not None and got.evidence.line_no > log.fatal_line
@@ -76,7 +78,9 @@ def test_repeated_error_lines_do_not_spend_the_budget(tmp_path: Path) -> None:
     # A request error repeated thousands of times (only its numbers change) is one kind of line:
     # a crash in the middle after them is still found (a 1 GB log once lost it this way).
     log = write_log(tmp_path / "big.log", 8 * 1024 * 1024, "middle")  # ~40 request errors before the crash
-    tight = Bounds(cap=SMALL.cap, head=SMALL.head, tail=SMALL.tail, chunk=SMALL.chunk, max_hits=40)  # > the kinds of marker lines
+    tight = Bounds(
+        cap=SMALL.cap, head=SMALL.head, tail=SMALL.tail, chunk=SMALL.chunk, max_hits=40
+    )  # > the kinds of marker lines
     got = bounded(log.path, tight)
     same(got, whole(log.path))
     assert got.category is Category.GPU_OOM and "first fatal block" in got.skipped
@@ -87,12 +91,27 @@ def test_hit_budget_is_said_and_a_fatal_block_at_the_end_still_counts(tmp_path: 
     # ready and launch lines are looked for in the middle, and the verdict says so; the tail is read whole.
     path = tmp_path / "noisy.log"
     unit = steady_unit(n=1000)
-    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima"]
+    words = [
+        "alpha",
+        "bravo",
+        "charlie",
+        "delta",
+        "echo",
+        "foxtrot",
+        "golf",
+        "hotel",
+        "india",
+        "juliet",
+        "kilo",
+        "lima",
+    ]
     with path.open("wb") as fh:
         fh.write(b"".join(startup()))
         for i in range(60):
             fh.write(unit)
-            fh.write(f"(APIServer pid=1) ERROR 11-30 02:41:01 [serving.py:1] Error in request handler {words[i % len(words)]}\n".encode())
+            fh.write(
+                f"(APIServer pid=1) ERROR 11-30 02:41:01 [serving.py:1] Error in request handler {words[i % len(words)]}\n".encode()
+            )
         fh.write(b"".join(fatal_block()))
     tight = Bounds(cap=SMALL.cap, head=SMALL.head, tail=SMALL.tail, chunk=SMALL.chunk, max_hits=10)
     got = bounded(path, tight)
@@ -136,13 +155,20 @@ def test_fatal_block_in_the_middle_without_a_launch_marker_before_it(tmp_path: P
 
 def test_cli_diagnose_json_on_a_big_log(tmp_path: Path) -> None:
     log = write_log(tmp_path / "big.log", 6 * 1024 * 1024, "middle")  # above the default 4 MB cap
-    res = subprocess.run([sys.executable, "-m", "servefleet.cli.main", "diagnose", str(log.path), "--json"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "servefleet.cli.main", "diagnose", str(log.path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 1, res.stderr
     out = json.loads(res.stdout)
     assert out["state"] == "failed" and out["category"] == "gpu_oom"
     assert out["evidence"]["line_no"] == whole(log.path).evidence.line_no
     said = out["skipped"]
-    assert said.startswith("read 1.") and said.split()[2] == "MB" and f"of {human_bytes(log.size)}:" in said  # 1 MB head + 512 KB tail + the block
+    assert (
+        said.startswith("read 1.") and said.split()[2] == "MB" and f"of {human_bytes(log.size)}:" in said
+    )  # 1 MB head + 512 KB tail + the block
     assert "start-up (" in said and "first fatal block (" in said and "end (512 KB, from line " in said
 
 
@@ -154,8 +180,12 @@ async def test_wait_catches_up_on_a_big_log_then_follows_it(tmp_path: Path) -> N
 
     log = write_log(tmp_path / "live.log", 3 * 1024 * 1024, "none")
     updates = []
-    target = WaitTarget(base_url=f"http://127.0.0.1:{free_port()}", engine=None, log_path=str(log.path), log_bounds=SMALL)
-    task = asyncio.create_task(wait_for_server(target, timeout_s=60, stall_s=60, smoke=False, on_update=updates.append))
+    target = WaitTarget(
+        base_url=f"http://127.0.0.1:{free_port()}", engine=None, log_path=str(log.path), log_bounds=SMALL
+    )
+    task = asyncio.create_task(
+        wait_for_server(target, timeout_s=60, stall_s=60, smoke=False, on_update=updates.append)
+    )
 
     async def caught_up() -> bool:
         return any(u.skipped for u in updates)

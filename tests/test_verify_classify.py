@@ -23,46 +23,116 @@ def diag(text: str):
 
 # (name, log text, state, category, evidence line number or None, text the evidence must contain)
 CASES = [
-    ("oom after loading",
-     "toy-engine v1\nLoad weight begin\n" + OOM + "\n", State.FAILED, Category.GPU_OOM, 3, "Not enough memory"),
-    ("root cause before wrapper lines",
-     "Load weight begin\nTraceback (most recent call last):\n  File x\n" + OOM + "\nRank 0 scheduler is dead.\n"
-     "RuntimeError: Engine core initialization failed. See root cause above.\n", State.FAILED, Category.GPU_OOM, 4, "Not enough memory"),
-    ("wrapper printed before the cause is flushed",
-     "Load weight begin\nRank 0 scheduler is dead.\nTraceback:\nOSError: [Errno 98] Address already in use\n",
-     State.FAILED, Category.PORT_IN_USE, 4, "Address already in use"),
-    ("per-rank duplicates keep the first cause",
-     "[2026-11-30 10:00:00 TP0] " + OOM + "\n[2026-11-30 10:00:00 TP1] " + OOM + "\n"
-     "[2026-11-30 10:00:00 TP1] OSError: Address already in use\n", State.FAILED, Category.GPU_OOM, 1, "TP0"),
-    ("ANSI colours and vLLM prefixes",
-     "\x1b[1;36m(EngineCore_DP0 pid=12)\x1b[0;0m ERROR 11-30 10:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory.\n",
-     State.FAILED, Category.GPU_OOM, 1, "(EngineCore_DP0 pid=12) ERROR"),
-    ("CRLF line endings keep line numbers",
-     "a\r\nb\r\nc\r\nModuleNotFoundError: No module named 'flashinfer'\r\n", State.FAILED, Category.IMPORT_ERROR, 4, "flashinfer"),
-    ("partial last line still counts",
-     "Load weight begin\nOSError: [Errno 98] Address already in use", State.FAILED, Category.PORT_IN_USE, 2, "Errno 98"),
-    ("benign warnings are not failures",
-     "WARNING: No module named 'vllm_flash_attn', falling back\nIgnore import error when loading sglang.srt.models.x: No module named 'y'\n"
-     "Load weight begin\n", State.LOADING, None, None, None),
-    ("ready line is the log's word for ready",
-     "Load weight begin\nThe server is fired up and ready to roll!\n", State.READY, None, 2, "ready to roll"),
-    ("a fatal after the ready line (uvicorn before the error) fails",
-     "Uvicorn running\nThe server is fired up and ready to roll!\nOSError: [Errno 98] Address already in use\n",
-     State.FAILED, Category.PORT_IN_USE, 3, "Errno 98"),
-    ("a ready line after a failure is a later, successful attempt",
-     OOM + "\nLoad weight begin\nThe server is fired up and ready to roll!\n", State.READY, None, 3, "ready to roll"),
-    ("a shell's Killed line",
-     "Load weight begin\nKilled\n", State.FAILED, Category.KILLED, 2, "Killed"),
-    ("wrapper without a recognised cause: nearest error line is the evidence",
-     "Load weight begin\nTraceback (most recent call last):\nValueError: head_dim 80 unsupported\nRank 0 scheduler is dead.\n",
-     State.FAILED, Category.OTHER, 3, "head_dim 80"),
-    ("still loading",
-     "toy-engine v1\nLoad weight begin\nCapture cuda graph begin\n", State.LOADING, None, None, None),
+    (
+        "oom after loading",
+        "toy-engine v1\nLoad weight begin\n" + OOM + "\n",
+        State.FAILED,
+        Category.GPU_OOM,
+        3,
+        "Not enough memory",
+    ),
+    (
+        "root cause before wrapper lines",
+        "Load weight begin\nTraceback (most recent call last):\n  File x\n" + OOM + "\nRank 0 scheduler is dead.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n",
+        State.FAILED,
+        Category.GPU_OOM,
+        4,
+        "Not enough memory",
+    ),
+    (
+        "wrapper printed before the cause is flushed",
+        "Load weight begin\nRank 0 scheduler is dead.\nTraceback:\nOSError: [Errno 98] Address already in use\n",
+        State.FAILED,
+        Category.PORT_IN_USE,
+        4,
+        "Address already in use",
+    ),
+    (
+        "per-rank duplicates keep the first cause",
+        "[2026-11-30 10:00:00 TP0] " + OOM + "\n[2026-11-30 10:00:00 TP1] " + OOM + "\n"
+        "[2026-11-30 10:00:00 TP1] OSError: Address already in use\n",
+        State.FAILED,
+        Category.GPU_OOM,
+        1,
+        "TP0",
+    ),
+    (
+        "ANSI colours and vLLM prefixes",
+        "\x1b[1;36m(EngineCore_DP0 pid=12)\x1b[0;0m ERROR 11-30 10:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory.\n",
+        State.FAILED,
+        Category.GPU_OOM,
+        1,
+        "(EngineCore_DP0 pid=12) ERROR",
+    ),
+    (
+        "CRLF line endings keep line numbers",
+        "a\r\nb\r\nc\r\nModuleNotFoundError: No module named 'flashinfer'\r\n",
+        State.FAILED,
+        Category.IMPORT_ERROR,
+        4,
+        "flashinfer",
+    ),
+    (
+        "partial last line still counts",
+        "Load weight begin\nOSError: [Errno 98] Address already in use",
+        State.FAILED,
+        Category.PORT_IN_USE,
+        2,
+        "Errno 98",
+    ),
+    (
+        "benign warnings are not failures",
+        "WARNING: No module named 'vllm_flash_attn', falling back\nIgnore import error when loading sglang.srt.models.x: No module named 'y'\n"
+        "Load weight begin\n",
+        State.LOADING,
+        None,
+        None,
+        None,
+    ),
+    (
+        "ready line is the log's word for ready",
+        "Load weight begin\nThe server is fired up and ready to roll!\n",
+        State.READY,
+        None,
+        2,
+        "ready to roll",
+    ),
+    (
+        "a fatal after the ready line (uvicorn before the error) fails",
+        "Uvicorn running\nThe server is fired up and ready to roll!\nOSError: [Errno 98] Address already in use\n",
+        State.FAILED,
+        Category.PORT_IN_USE,
+        3,
+        "Errno 98",
+    ),
+    (
+        "a ready line after a failure is a later, successful attempt",
+        OOM + "\nLoad weight begin\nThe server is fired up and ready to roll!\n",
+        State.READY,
+        None,
+        3,
+        "ready to roll",
+    ),
+    ("a shell's Killed line", "Load weight begin\nKilled\n", State.FAILED, Category.KILLED, 2, "Killed"),
+    (
+        "wrapper without a recognised cause: nearest error line is the evidence",
+        "Load weight begin\nTraceback (most recent call last):\nValueError: head_dim 80 unsupported\nRank 0 scheduler is dead.\n",
+        State.FAILED,
+        Category.OTHER,
+        3,
+        "head_dim 80",
+    ),
+    ("still loading", "toy-engine v1\nLoad weight begin\nCapture cuda graph begin\n", State.LOADING, None, None, None),
 ]
 
 
-@pytest.mark.parametrize(("name", "text", "state", "category", "line_no", "contains"), CASES, ids=[c[0] for c in CASES])
-def test_diagnose_table(name: str, text: str, state: State, category: Category | None, line_no: int | None, contains: str | None) -> None:
+@pytest.mark.parametrize(
+    ("name", "text", "state", "category", "line_no", "contains"), CASES, ids=[c[0] for c in CASES]
+)
+def test_diagnose_table(
+    name: str, text: str, state: State, category: Category | None, line_no: int | None, contains: str | None
+) -> None:
     verdict = diag(text)
     assert verdict.state is state, verdict
     assert verdict.category == category
@@ -112,8 +182,10 @@ def test_empty_log_is_said_plainly(text: str) -> None:
 
 
 def test_only_the_last_launch_attempt_counts() -> None:
-    text = ("==== servefleet launch 2026-11-30T10:00:00 ====\n" + OOM + "\n"
-            "==== servefleet launch 2026-11-30T10:05:00 ====\nLoad weight begin\n")
+    text = (
+        "==== servefleet launch 2026-11-30T10:00:00 ====\n" + OOM + "\n"
+        "==== servefleet launch 2026-11-30T10:05:00 ====\nLoad weight begin\n"
+    )
     verdict = diag(text)
     assert verdict.state is State.LOADING and verdict.progress == "loading weights"
     assert last_attempt_start(split_lines(text)) == 3
@@ -169,10 +241,21 @@ def test_shape_matcher_answers_as_match_signature_on_every_fixture_line() -> Non
     from servefleet.verify.logtext import match_text
 
     logs = Path(__file__).resolve().parent / "fixtures" / "logs"
-    texts = [match_text(line) for p in sorted(logs.rglob("*.log")) for line in p.read_bytes().decode("utf-8", "replace").splitlines()]
+    texts = [
+        match_text(line)
+        for p in sorted(logs.rglob("*.log"))
+        for line in p.read_bytes().decode("utf-8", "replace").splitlines()
+    ]
     rnd = random.Random(7)
     varied = [re.sub(r"\d", lambda _: str(rnd.randint(0, 9)), t) for t in texts]
-    varied += ["Exit code: -9", "Exit code: -1", "[Errno 98] Address in use", "[Errno 97] Address in use", "signal 9", "signal 7"]
+    varied += [
+        "Exit code: -9",
+        "Exit code: -1",
+        "[Errno 98] Address in use",
+        "[Errno 97] Address in use",
+        "signal 9",
+        "signal 7",
+    ]
     for profile in [*available_engines(), AnyEngine()]:
         matcher = ShapeMatcher(profile.signatures)
         for text in texts + varied + texts:
@@ -180,7 +263,9 @@ def test_shape_matcher_answers_as_match_signature_on_every_fixture_line() -> Non
     assert len(texts) > 1000
 
 
-def test_a_capacity_parser_that_raises_leaves_a_log_record_and_the_classifier_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_capacity_parser_that_raises_leaves_a_log_record_and_the_classifier_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     class BrokenParser(ToyEngine):
         def capacity_from_line(self, line: str) -> Capacity | None:
             raise IndexError("no such group")

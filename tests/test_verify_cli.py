@@ -31,7 +31,9 @@ SGLANG_OOM_LOG = (
 def servefleet(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """The real console entry point in a subprocess (exit codes and streams as a script sees them)."""
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.cli.main", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def servefleet_inproc(*args: str) -> subprocess.CompletedProcess[str]:
@@ -105,7 +107,9 @@ def toy(tmp_path: Path):
         port = free_port()
         log = tmp_path / f"{mode}.log"
         fh = log.open("wb")
-        proc = subprocess.Popen(toy_server_argv(tmp_path, mode, port), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            toy_server_argv(tmp_path, mode, port), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
         procs.append(proc)
         return port, proc.pid, log
 
@@ -120,7 +124,9 @@ def toy(tmp_path: Path):
 
 def test_wait_ready_json(toy) -> None:
     port, pid, log = toy("ready")
-    res = servefleet("wait", "--url", f"http://127.0.0.1:{port}", "--log", str(log), "--pid", str(pid), "--timeout", "30", "--json")
+    res = servefleet(
+        "wait", "--url", f"http://127.0.0.1:{port}", "--log", str(log), "--pid", str(pid), "--timeout", "30", "--json"
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     out = json.loads(res.stdout)
     assert out["state"] == "ready" and out["category"] is None
@@ -128,7 +134,19 @@ def test_wait_ready_json(toy) -> None:
 
 def test_wait_failed_exit_one(toy) -> None:
     port, pid, log = toy("fatal_exit")
-    res = servefleet("wait", "--url", f"http://127.0.0.1:{port}", "--log", str(log), "--pid", str(pid), "--engine", "sglang", "--timeout", "30")
+    res = servefleet(
+        "wait",
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--log",
+        str(log),
+        "--pid",
+        str(pid),
+        "--engine",
+        "sglang",
+        "--timeout",
+        "30",
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     assert "failed: gpu_oom" in res.stdout and "evidence, line 5:" in res.stdout
 
@@ -136,10 +154,14 @@ def test_wait_failed_exit_one(toy) -> None:
 def test_wait_stalled_exit_two(toy) -> None:
     port, pid, log = toy("hang")
     wait_until(lambda: log.exists() and log.stat().st_size > 0, what="toy log")
-    res = servefleet_inproc("wait", "--url", f"http://127.0.0.1:{port}", "--log", str(log), "--pid", str(pid), "--stall", "1", "--json")
+    res = servefleet_inproc(
+        "wait", "--url", f"http://127.0.0.1:{port}", "--log", str(log), "--pid", str(pid), "--stall", "1", "--json"
+    )
     assert res.returncode == 2
     assert json.loads(res.stdout)["state"] == "stalled"
-    res = servefleet_inproc("wait", "--url", f"http://127.0.0.1:{port}", "--log", str(log), "--pid", str(pid), "--stall", "1")
+    res = servefleet_inproc(
+        "wait", "--url", f"http://127.0.0.1:{port}", "--log", str(log), "--pid", str(pid), "--stall", "1"
+    )
     assert res.returncode == 2
     assert "loading · loading weights" in res.stderr  # plain status lines when not on a terminal
     assert "stalled" in res.stdout and "no change of the HTTP probe for 1s" in res.stdout.replace("\n", "")
@@ -147,7 +169,9 @@ def test_wait_stalled_exit_two(toy) -> None:
 
 def test_wait_missing_log_says_so(tmp_path: Path) -> None:
     missing = tmp_path / "x.log"
-    res = servefleet_inproc("wait", "--url", f"http://127.0.0.1:{free_port()}", "--log", str(missing), "--stall", "1", "--timeout", "5")
+    res = servefleet_inproc(
+        "wait", "--url", f"http://127.0.0.1:{free_port()}", "--log", str(missing), "--stall", "1", "--timeout", "5"
+    )
     assert res.returncode == 2
     said = f"log file {missing} does not exist (is the path right?)"
     assert said in res.stderr.replace("\n", "")
@@ -167,26 +191,58 @@ def test_wait_pid_of_a_shell_child_killed_while_loading_is_killed(tmp_path: Path
     and said `stalled` at the timeout; the pid's death is the server's death."""
     port = free_port()
     log = tmp_path / "sim.log"
-    sim = shlex.join([sys.executable, "-m", "servefleet.sim", "--style", "vllm", "--port", str(port), "--load-time", "120"])
+    sim = shlex.join(
+        [sys.executable, "-m", "servefleet.sim", "--style", "vllm", "--port", str(port), "--load-time", "120"]
+    )
     # Only the server's output goes to the log (the shell's own "Killed" report would be evidence);
     # the shell lives on after it, like a terminal's, and so does its process group.
-    shell = subprocess.Popen(["bash", "-c", f'{sim} > {shlex.quote(str(log))} 2>&1 & echo "$!"; wait; exec sleep 300'],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    shell = subprocess.Popen(
+        ["bash", "-c", f'{sim} > {shlex.quote(str(log))} 2>&1 & echo "$!"; wait; exec sleep 300'],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         server = int(shell.stdout.readline())
         assert os.getpgid(server) == shell.pid != server  # not a group leader: the shell leads the group
-        wait_until(lambda: log.exists() and b"Initializing a V1 LLM engine" in log.read_bytes(), timeout=60, what="the sim to start loading")
-        waiter = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", "wait", "--url", f"http://127.0.0.1:{port}", "--log", str(log),
-                                   "--pid", str(server), "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"})
+        wait_until(
+            lambda: log.exists() and b"Initializing a V1 LLM engine" in log.read_bytes(),
+            timeout=60,
+            what="the sim to start loading",
+        )
+        waiter = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "servefleet.cli.main",
+                "wait",
+                "--url",
+                f"http://127.0.0.1:{port}",
+                "--log",
+                str(log),
+                "--pid",
+                str(server),
+                "--timeout",
+                "60",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"},
+        )
         first = waiter.stderr.readline()  # the first status line: the watchers are running
         assert "loading" in first, first + waiter.stderr.read()
         os.kill(server, signal.SIGKILL)
         out, err = waiter.communicate(timeout=60)
         assert shell.poll() is None  # the shell (and so the group) is still alive
         out = " ".join(out.split())
-        assert waiter.returncode == 1 and out.startswith("failed: killed"), out + err  # not `stalled` after the timeout
-        assert f"pid {server} is not a child of servefleet: only its parent (pid {shell.pid}) could read its exit code" in out
+        assert waiter.returncode == 1 and out.startswith("failed: killed"), (
+            out + err
+        )  # not `stalled` after the timeout
+        assert (
+            f"pid {server} is not a child of servefleet: only its parent (pid {shell.pid}) could read its exit code"
+            in out
+        )
         assert "the process is gone (exit code unknown)" in out  # no code is made up
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -44,7 +44,9 @@ def test_diagnose_auto_detects_engine(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_diagnose_with_explicit_engine(name: str) -> None:
     want = EXPECTED[name]
-    _check(diagnose_text((LOGS / name).read_bytes().decode("utf-8", errors="replace"), get_engine(want["engine"])), want)
+    _check(
+        diagnose_text((LOGS / name).read_bytes().decode("utf-8", errors="replace"), get_engine(want["engine"])), want
+    )
 
 
 @pytest.mark.parametrize("chunk", [7, 4096])

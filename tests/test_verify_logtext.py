@@ -11,16 +11,26 @@ from servefleet.verify.logtext import MAX_DISPLAY, LineSplitter, display_text, m
     ("raw", "display", "match"),
     [
         # vLLM V1 process prefixes, coloured as on a terminal; the level header stays
-        ("\x1b[1;36m(EngineCore_DP0 pid=123)\x1b[0;0m ERROR 11-30 10:00:00 [core.py:12] boom",
-         "(EngineCore_DP0 pid=123) ERROR 11-30 10:00:00 [core.py:12] boom", "ERROR 11-30 10:00:00 [core.py:12] boom"),
-        ("(APIServer pid=1) INFO 11-30 10:00:00 [api_server.py:1] Starting", "(APIServer pid=1) INFO 11-30 10:00:00 [api_server.py:1] Starting",
-         "INFO 11-30 10:00:00 [api_server.py:1] Starting"),
+        (
+            "\x1b[1;36m(EngineCore_DP0 pid=123)\x1b[0;0m ERROR 11-30 10:00:00 [core.py:12] boom",
+            "(EngineCore_DP0 pid=123) ERROR 11-30 10:00:00 [core.py:12] boom",
+            "ERROR 11-30 10:00:00 [core.py:12] boom",
+        ),
+        (
+            "(APIServer pid=1) INFO 11-30 10:00:00 [api_server.py:1] Starting",
+            "(APIServer pid=1) INFO 11-30 10:00:00 [api_server.py:1] Starting",
+            "INFO 11-30 10:00:00 [api_server.py:1] Starting",
+        ),
         ("(VllmWorker rank=0 pid=5) INFO x", "(VllmWorker rank=0 pid=5) INFO x", "INFO x"),
         ("(RayWorkerWrapper pid=77, ip=10.0.0.2) hello", "(RayWorkerWrapper pid=77, ip=10.0.0.2) hello", "hello"),
         # stacked prefixes
         ("(APIServer pid=1) (EngineCore_DP0 pid=2) text", "(APIServer pid=1) (EngineCore_DP0 pid=2) text", "text"),
         # SGLang: timestamp + ranks, main process timestamp only, bare rank
-        ("[2026-11-30 10:00:00 TP1] Load weight begin.", "[2026-11-30 10:00:00 TP1] Load weight begin.", "Load weight begin."),
+        (
+            "[2026-11-30 10:00:00 TP1] Load weight begin.",
+            "[2026-11-30 10:00:00 TP1] Load weight begin.",
+            "Load weight begin.",
+        ),
         ("[2026-11-30 10:00:00 DP0 TP3 EP3] x", "[2026-11-30 10:00:00 DP0 TP3 EP3] x", "x"),
         ("[2026-11-30 10:00:00] main says", "[2026-11-30 10:00:00] main says", "main says"),
         ("[TP0] rank says", "[TP0] rank says", "rank says"),
@@ -30,8 +40,11 @@ from servefleet.verify.logtext import MAX_DISPLAY, LineSplitter, display_text, m
         # line endings and progress bars redrawn with bare \r: the last frame
         ("plain line\r", "plain line", "plain line"),
         ("Loading 10%\rLoading 50%\rLoading 100%\r", "Loading 100%", "Loading 100%"),
-        ("\x1b[32mINFO\x1b[0m:     Uvicorn running on http://127.0.0.1:8000", "INFO:     Uvicorn running on http://127.0.0.1:8000",
-         "INFO:     Uvicorn running on http://127.0.0.1:8000"),
+        (
+            "\x1b[32mINFO\x1b[0m:     Uvicorn running on http://127.0.0.1:8000",
+            "INFO:     Uvicorn running on http://127.0.0.1:8000",
+            "INFO:     Uvicorn running on http://127.0.0.1:8000",
+        ),
         ("", "", ""),
     ],
 )

@@ -16,24 +16,44 @@ from servefleet.verify.events import (
     SmokeResult,
     Tick,
 )
-from servefleet.verify.machine import SMOKE_GRACE_S, WRAPPER_GRACE_S, WRAPPER_MAX_S, ReadinessMachine, describe_exit, message_shape
+from servefleet.verify.machine import (
+    SMOKE_GRACE_S,
+    WRAPPER_GRACE_S,
+    WRAPPER_MAX_S,
+    ReadinessMachine,
+    describe_exit,
+    message_shape,
+)
 from test_verify_support import OtherToyEngine, ToyEngine
 
 OOM = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
 REFUSED = ProbeResult(ProbeOutcome.REFUSED, detail="connection refused")
 LOADING_503 = ProbeResult(ProbeOutcome.HTTP, 503, "/health", "GET /health -> 503")
 OK = ProbeResult(ProbeOutcome.OK, 200, "/health", "GET /health -> 200")
-WRONG = ProbeResult(ProbeOutcome.WRONG_IDENTITY, 200, "/health", "port 9 is held by pid 1 (process group 1), not by process group 5")
+WRONG = ProbeResult(
+    ProbeOutcome.WRONG_IDENTITY, 200, "/health", "port 9 is held by pid 1 (process group 1), not by process group 5"
+)
 
 
 def lines(*text: str) -> LogLines:
     return LogLines(tuple(text))
 
 
-def run(events, *, smoke=False, engine=None, stall_s=300.0, timeout_s=1800.0, log_path="/tmp/x.log", pgid=5, **kw) -> ReadinessMachine:
+def run(
+    events, *, smoke=False, engine=None, stall_s=300.0, timeout_s=1800.0, log_path="/tmp/x.log", pgid=5, **kw
+) -> ReadinessMachine:
     """Feed (time, event) pairs; stop at the first terminal state like the waiter does."""
-    m = ReadinessMachine(engine if engine is not None else ToyEngine(), now=0.0, smoke=smoke, stall_s=stall_s,
-                         timeout_s=timeout_s, log_path=log_path, pgid=pgid, port=9, **kw)
+    m = ReadinessMachine(
+        engine if engine is not None else ToyEngine(),
+        now=0.0,
+        smoke=smoke,
+        stall_s=stall_s,
+        timeout_s=timeout_s,
+        log_path=log_path,
+        pgid=pgid,
+        port=9,
+        **kw,
+    )
     for t, event in events:
         m.feed(event, t)
         if m.wants_smoke:
@@ -45,49 +65,225 @@ def run(events, *, smoke=False, engine=None, stall_s=300.0, timeout_s=1800.0, lo
 
 # (name, events, smoke, state, category, evidence line or None, exit code)
 TABLE = [
-    ("ready by probe", [(0.1, lines("Load weight begin")), (0.2, REFUSED), (0.3, OK)], False, State.READY, None, None, None),
-    ("ready line alone is not ready", [(0.1, lines("Load weight begin", "The server is fired up and ready to roll!")), (0.2, REFUSED)],
-     False, State.LOADING, None, None, None),
-    ("fatal line fails at once", [(0.1, lines("Load weight begin", OOM)), (0.2, REFUSED)], False, State.FAILED, Category.GPU_OOM, 2, None),
-    ("fatal line wins over a later OK probe", [(0.1, lines(OOM)), (0.2, OK)], False, State.FAILED, Category.GPU_OOM, 1, None),
-    ("ready line before fatal (uvicorn trap)",
-     [(0.1, lines("Uvicorn running", "The server is fired up and ready to roll!", "OSError: Address already in use"))],
-     False, State.FAILED, Category.PORT_IN_USE, 3, None),
-    ("exit 0 after a fatal line is failed", [(0.1, lines(OOM)), (0.2, ProcessExit(0))], False, State.FAILED, Category.GPU_OOM, 1, None),
-    ("exit 137 without a line is killed", [(0.1, lines("Load weight begin")), (0.5, ProcessExit(137))], False, State.FAILED, Category.KILLED, None, 137),
+    (
+        "ready by probe",
+        [(0.1, lines("Load weight begin")), (0.2, REFUSED), (0.3, OK)],
+        False,
+        State.READY,
+        None,
+        None,
+        None,
+    ),
+    (
+        "ready line alone is not ready",
+        [(0.1, lines("Load weight begin", "The server is fired up and ready to roll!")), (0.2, REFUSED)],
+        False,
+        State.LOADING,
+        None,
+        None,
+        None,
+    ),
+    (
+        "fatal line fails at once",
+        [(0.1, lines("Load weight begin", OOM)), (0.2, REFUSED)],
+        False,
+        State.FAILED,
+        Category.GPU_OOM,
+        2,
+        None,
+    ),
+    (
+        "fatal line wins over a later OK probe",
+        [(0.1, lines(OOM)), (0.2, OK)],
+        False,
+        State.FAILED,
+        Category.GPU_OOM,
+        1,
+        None,
+    ),
+    (
+        "ready line before fatal (uvicorn trap)",
+        [
+            (
+                0.1,
+                lines(
+                    "Uvicorn running", "The server is fired up and ready to roll!", "OSError: Address already in use"
+                ),
+            )
+        ],
+        False,
+        State.FAILED,
+        Category.PORT_IN_USE,
+        3,
+        None,
+    ),
+    (
+        "exit 0 after a fatal line is failed",
+        [(0.1, lines(OOM)), (0.2, ProcessExit(0))],
+        False,
+        State.FAILED,
+        Category.GPU_OOM,
+        1,
+        None,
+    ),
+    (
+        "exit 137 without a line is killed",
+        [(0.1, lines("Load weight begin")), (0.5, ProcessExit(137))],
+        False,
+        State.FAILED,
+        Category.KILLED,
+        None,
+        137,
+    ),
     ("exit -9 is killed", [(0.5, ProcessExit(-9))], False, State.FAILED, Category.KILLED, None, -9),
-    ("group gone without a status file is killed", [(0.5, ProcessExit(None, killed=True))], False, State.FAILED, Category.KILLED, None, None),
-    ("Killed line then exit 1", [(0.1, lines("Load weight begin", "Killed")), (0.2, ProcessExit(1))], False, State.FAILED, Category.KILLED, 2, None),
-    ("pid gone, code unknown, silent log is killed", [(0.1, lines("Load weight begin")), (0.5, ProcessExit(None, note="pid 7 is not a child"))],
-     False, State.FAILED, Category.KILLED, None, None),
-    ("pid gone, code unknown, an error line is other", [(0.1, lines("Load weight begin", "KeyError: 'rope'")), (0.5, ProcessExit(None))],
-     False, State.FAILED, Category.OTHER, 2, None),
-    ("exit 1 without signature is other", [(0.1, lines("Load weight begin")), (0.2, ProcessExit(1))], False, State.FAILED, Category.OTHER, None, 1),
-    ("exit without signature uses the last error line", [(0.1, lines("Load weight begin", "KeyError: 'rope'")), (0.2, ProcessExit(1))],
-     False, State.FAILED, Category.OTHER, 2, 1),
+    (
+        "group gone without a status file is killed",
+        [(0.5, ProcessExit(None, killed=True))],
+        False,
+        State.FAILED,
+        Category.KILLED,
+        None,
+        None,
+    ),
+    (
+        "Killed line then exit 1",
+        [(0.1, lines("Load weight begin", "Killed")), (0.2, ProcessExit(1))],
+        False,
+        State.FAILED,
+        Category.KILLED,
+        2,
+        None,
+    ),
+    (
+        "pid gone, code unknown, silent log is killed",
+        [(0.1, lines("Load weight begin")), (0.5, ProcessExit(None, note="pid 7 is not a child"))],
+        False,
+        State.FAILED,
+        Category.KILLED,
+        None,
+        None,
+    ),
+    (
+        "pid gone, code unknown, an error line is other",
+        [(0.1, lines("Load weight begin", "KeyError: 'rope'")), (0.5, ProcessExit(None))],
+        False,
+        State.FAILED,
+        Category.OTHER,
+        2,
+        None,
+    ),
+    (
+        "exit 1 without signature is other",
+        [(0.1, lines("Load weight begin")), (0.2, ProcessExit(1))],
+        False,
+        State.FAILED,
+        Category.OTHER,
+        None,
+        1,
+    ),
+    (
+        "exit without signature uses the last error line",
+        [(0.1, lines("Load weight begin", "KeyError: 'rope'")), (0.2, ProcessExit(1))],
+        False,
+        State.FAILED,
+        Category.OTHER,
+        2,
+        1,
+    ),
     ("exit 0 before ready is a failure", [(0.2, ProcessExit(0))], False, State.FAILED, Category.OTHER, None, 0),
-    ("wrong identity then our exit is port_in_use", [(0.1, WRONG), (0.2, ProcessExit(1))], False, State.FAILED, Category.PORT_IN_USE, None, 1),
+    (
+        "wrong identity then our exit is port_in_use",
+        [(0.1, WRONG), (0.2, ProcessExit(1))],
+        False,
+        State.FAILED,
+        Category.PORT_IN_USE,
+        None,
+        1,
+    ),
     ("wrong identity while alive keeps waiting", [(0.1, WRONG), (0.2, WRONG)], False, State.LOADING, None, None, None),
-    ("smoke ok makes ready", [(0.1, OK), (0.2, SmokeResult(True, "POST /v1/completions -> 200"))], True, State.READY, None, None, None),
+    (
+        "smoke ok makes ready",
+        [(0.1, OK), (0.2, SmokeResult(True, "POST /v1/completions -> 200"))],
+        True,
+        State.READY,
+        None,
+        None,
+        None,
+    ),
     ("probe ok waits for the smoke", [(0.1, OK), (0.2, OK)], True, State.LOADING, None, None, None),
-    ("smoke failure then fatal line: the line is the cause",
-     [(0.1, OK), (0.2, SmokeResult(False, "server disconnected")), (0.25, lines("RuntimeError: CUDA out of memory"))],
-     True, State.FAILED, Category.GPU_OOM, 1, None),
-    ("smoke failure then exit without a line", [(0.1, OK), (0.2, SmokeResult(False, "HTTP 500")), (0.3, ProcessExit(1))],
-     True, State.FAILED, Category.OTHER, None, 1),
-    ("smoke failure alone fails after the grace", [(0.1, OK), (0.2, SmokeResult(False, "HTTP 500")), (0.2 + SMOKE_GRACE_S, Tick())],
-     True, State.FAILED, Category.OTHER, None, None),
-    ("wrapper waits for a cause from a child", [(0.1, lines("Rank 0 scheduler is dead.")), (0.15, lines("[TP1] " + OOM))],
-     False, State.FAILED, Category.GPU_OOM, 2, None),
-    ("wrapper alone fails after the grace", [(0.1, lines("Rank 0 scheduler is dead.")), (0.1 + WRAPPER_GRACE_S, Tick())],
-     False, State.FAILED, Category.OTHER, None, None),
-    ("wrapper blocks a ready probe", [(0.1, lines("Rank 0 scheduler is dead.")), (0.15, OK)], False, State.LOADING, None, None, None),
-    ("wrapper then exit 137 is not killed: a child failed", [(0.1, lines("ValueError: bad", "Rank 0 scheduler is dead.")), (0.15, ProcessExit(137))],
-     False, State.FAILED, Category.OTHER, 1, 137),
+    (
+        "smoke failure then fatal line: the line is the cause",
+        [
+            (0.1, OK),
+            (0.2, SmokeResult(False, "server disconnected")),
+            (0.25, lines("RuntimeError: CUDA out of memory")),
+        ],
+        True,
+        State.FAILED,
+        Category.GPU_OOM,
+        1,
+        None,
+    ),
+    (
+        "smoke failure then exit without a line",
+        [(0.1, OK), (0.2, SmokeResult(False, "HTTP 500")), (0.3, ProcessExit(1))],
+        True,
+        State.FAILED,
+        Category.OTHER,
+        None,
+        1,
+    ),
+    (
+        "smoke failure alone fails after the grace",
+        [(0.1, OK), (0.2, SmokeResult(False, "HTTP 500")), (0.2 + SMOKE_GRACE_S, Tick())],
+        True,
+        State.FAILED,
+        Category.OTHER,
+        None,
+        None,
+    ),
+    (
+        "wrapper waits for a cause from a child",
+        [(0.1, lines("Rank 0 scheduler is dead.")), (0.15, lines("[TP1] " + OOM))],
+        False,
+        State.FAILED,
+        Category.GPU_OOM,
+        2,
+        None,
+    ),
+    (
+        "wrapper alone fails after the grace",
+        [(0.1, lines("Rank 0 scheduler is dead.")), (0.1 + WRAPPER_GRACE_S, Tick())],
+        False,
+        State.FAILED,
+        Category.OTHER,
+        None,
+        None,
+    ),
+    (
+        "wrapper blocks a ready probe",
+        [(0.1, lines("Rank 0 scheduler is dead.")), (0.15, OK)],
+        False,
+        State.LOADING,
+        None,
+        None,
+        None,
+    ),
+    (
+        "wrapper then exit 137 is not killed: a child failed",
+        [(0.1, lines("ValueError: bad", "Rank 0 scheduler is dead.")), (0.15, ProcessExit(137))],
+        False,
+        State.FAILED,
+        Category.OTHER,
+        1,
+        137,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("name", "events", "smoke", "state", "category", "line_no", "exit_code"), TABLE, ids=[t[0] for t in TABLE])
+@pytest.mark.parametrize(
+    ("name", "events", "smoke", "state", "category", "line_no", "exit_code"), TABLE, ids=[t[0] for t in TABLE]
+)
 def test_machine_table(name, events, smoke, state, category, line_no, exit_code) -> None:
     m = run(events, smoke=smoke)
     v = m.verdict(events[-1][0])
@@ -119,7 +315,9 @@ def test_stall_when_neither_log_nor_probe_moves() -> None:
     assert m.state is State.LOADING  # the first probe answer (0.2 s) was the last change
     m.feed(Tick(), 10.2)
     v = m.verdict(10.2)
-    assert v.state is State.STALLED and v.message.startswith("stalled: no log output and no change of the HTTP probe for 10s")
+    assert v.state is State.STALLED and v.message.startswith(
+        "stalled: no log output and no change of the HTTP probe for 10s"
+    )
     assert v.progress == "loading weights"
 
 
@@ -199,11 +397,18 @@ def test_lines_after_the_cause_fill_the_excerpt() -> None:
     assert v.elapsed_s == 0.1  # the verdict's time is the cause's
 
 
-@pytest.mark.parametrize(("code", "killed", "words"), [
-    (1, False, "exited with code 1"), (0, False, "exited with code 0"), (137, False, "SIGKILL (exit code 137)"),
-    (143, False, "SIGTERM (exit code 143)"), (-11, False, "SIGSEGV (exit code -11)"), (None, True, "killed (SIGKILL"),
-    (None, False, "exit code unknown"),
-])
+@pytest.mark.parametrize(
+    ("code", "killed", "words"),
+    [
+        (1, False, "exited with code 1"),
+        (0, False, "exited with code 0"),
+        (137, False, "SIGKILL (exit code 137)"),
+        (143, False, "SIGTERM (exit code 143)"),
+        (-11, False, "SIGSEGV (exit code -11)"),
+        (None, True, "killed (SIGKILL"),
+        (None, False, "exit code unknown"),
+    ],
+)
 def test_describe_exit(code, killed, words) -> None:
     assert words in describe_exit(code, killed)
 
@@ -232,5 +437,13 @@ def test_a_terminal_verdict_does_not_carry_a_stale_live_message() -> None:
 
 
 def test_a_smoke_answer_after_a_wrapper_line_is_not_ready() -> None:
-    m = run([(0.1, OK), (0.15, lines("Rank 0 scheduler is dead.")), (0.2, SmokeResult(True, "200")), (0.2 + WRAPPER_GRACE_S, Tick())], smoke=True)
+    m = run(
+        [
+            (0.1, OK),
+            (0.15, lines("Rank 0 scheduler is dead.")),
+            (0.2, SmokeResult(True, "200")),
+            (0.2 + WRAPPER_GRACE_S, Tick()),
+        ],
+        smoke=True,
+    )
     assert m.verdict(0.5).state is State.FAILED

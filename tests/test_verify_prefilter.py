@@ -14,17 +14,20 @@ from servefleet.verify.prefilter import may_match, required_literals
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 
 
-@pytest.mark.parametrize(("regex", "flags", "expected"), [
-    (r"\b\w+ hit an exception", 0, {" hit an exception"}),
-    (r"ready to roll", 0, {"ready to roll"}),
-    (r"CUDA out of memory|HIP out of memory", 0, {"cuda out of memory", "hip out of memory"}),
-    (r"Not Enough", re.I, {"not enough"}),
-    (r"(?:abcdef)?wxyz+", 0, {"wxy"}),  # an optional group gives nothing, even when longer
-    (r"(?:hello)+ wo", 0, {"hello"}),  # a repeat of at least one counts (and is the longest here)
-    (r"a|bc", 0, None),  # a branch too short to filter on
-    (r"\d+", 0, None),
-    (r"(?i)model type `?[\w.-]+`? (?:is )?not supported", 0, {"not supported"}),
-])
+@pytest.mark.parametrize(
+    ("regex", "flags", "expected"),
+    [
+        (r"\b\w+ hit an exception", 0, {" hit an exception"}),
+        (r"ready to roll", 0, {"ready to roll"}),
+        (r"CUDA out of memory|HIP out of memory", 0, {"cuda out of memory", "hip out of memory"}),
+        (r"Not Enough", re.I, {"not enough"}),
+        (r"(?:abcdef)?wxyz+", 0, {"wxy"}),  # an optional group gives nothing, even when longer
+        (r"(?:hello)+ wo", 0, {"hello"}),  # a repeat of at least one counts (and is the longest here)
+        (r"a|bc", 0, None),  # a branch too short to filter on
+        (r"\d+", 0, None),
+        (r"(?i)model type `?[\w.-]+`? (?:is )?not supported", 0, {"not supported"}),
+    ],
+)
 def test_required_literals(regex: str, flags: int, expected: set[str] | None) -> None:
     found = required_literals(re.compile(regex, flags))
     assert (set(found) if found is not None else None) == expected
@@ -52,7 +55,9 @@ def test_never_hides_a_match_on_real_logs() -> None:
     matches, the pre-filter lets it through."""
     lines = _corpus()
     assert lines, "no fixture logs"
-    patterns = {s.pattern for e in available_engines() for s in e.signatures} | {p for e in available_engines() for p in e.detect}
+    patterns = {s.pattern for e in available_engines() for s in e.signatures} | {
+        p for e in available_engines() for p in e.detect
+    }
     checked = 0
     for pat in patterns:
         for line in lines:

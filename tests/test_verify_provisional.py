@@ -49,14 +49,20 @@ def test_an_unrecognised_exception_alone_fails_after_the_grace_or_at_exit() -> N
         assert machine.verdict(1.0).state is not State.FAILED
         machine.feed(Tick() if end == "tick" else ProcessExit(1), 1.0 + WRAPPER_GRACE_S + 0.01)
         verdict = machine.verdict(1.0 + WRAPPER_GRACE_S + 0.01)
-        assert verdict.state is State.FAILED and verdict.category is Category.OTHER and FIRST in verdict.evidence.text, end
+        assert (
+            verdict.state is State.FAILED and verdict.category is Category.OTHER and FIRST in verdict.evidence.text
+        ), end
 
 
 def test_no_replacement_across_a_wrapper_or_from_far_away() -> None:
     vllm = get_engine("vllm")
-    wrapped = diagnose_text("\n".join([FIRST, "RuntimeError: Engine core initialization failed. See root cause above.", NAMED]), vllm)
+    wrapped = diagnose_text(
+        "\n".join([FIRST, "RuntimeError: Engine core initialization failed. See root cause above.", NAMED]), vllm
+    )
     assert wrapped.evidence is not None and wrapped.evidence.text == FIRST
-    far = diagnose_text("\n".join([FIRST, *(["  File \"x.py\", line 1, in f"] * PROVISIONAL_LINES), NAMED]), vllm)
+    far = diagnose_text("\n".join([FIRST, *(['  File "x.py", line 1, in f'] * PROVISIONAL_LINES), NAMED]), vllm)
     assert far.evidence is not None and far.evidence.text == FIRST
-    near = diagnose_text("\n".join([FIRST, "", "During handling of the above exception, another exception occurred:", NAMED]), vllm)
+    near = diagnose_text(
+        "\n".join([FIRST, "", "During handling of the above exception, another exception occurred:", NAMED]), vllm
+    )
     assert near.category is Category.MODEL_NOT_FOUND and near.evidence is not None and near.evidence.text == NAMED

@@ -27,11 +27,29 @@ def sim(tmp_path: Path):
     async def start(style: str, *args: str, engine: str | None = "sim") -> WaitTarget:
         port = free_port()
         log, status = tmp_path / f"{port}.log", tmp_path / f"{port}.status"
-        argv = [sys.executable, "-m", "servefleet.sim", "--style", style, "--port", str(port), "--model", "sim-model", *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "servefleet.sim",
+            "--style",
+            style,
+            "--port",
+            str(port),
+            "--model",
+            "sim-model",
+            *args,
+        ]
         pgid = await host.spawn_detached(argv, log_path=str(log), status_path=str(status))
         pgids.append(pgid)
-        return WaitTarget(base_url=f"http://127.0.0.1:{port}", engine=get_engine(engine) if engine else None, host=host,
-                          log_path=str(log), pgid=pgid, status_path=str(status), served_model="sim-model")
+        return WaitTarget(
+            base_url=f"http://127.0.0.1:{port}",
+            engine=get_engine(engine) if engine else None,
+            host=host,
+            log_path=str(log),
+            pgid=pgid,
+            status_path=str(status),
+            served_model="sim-model",
+        )
 
     yield start
     for pgid in pgids:
@@ -50,9 +68,14 @@ async def test_sim_ready_with_capacity(sim, style: str) -> None:
     assert verdict.capacity.kv_cache_tokens == 50000
 
 
-@pytest.mark.parametrize(("style", "category"), [
-    ("sglang", "gpu_oom"), ("vllm", "config_error"), ("sglang", "killed"),
-])
+@pytest.mark.parametrize(
+    ("style", "category"),
+    [
+        ("sglang", "gpu_oom"),
+        ("vllm", "config_error"),
+        ("sglang", "killed"),
+    ],
+)
 async def test_sim_startup_failure_category(sim, style: str, category: str) -> None:
     target = await sim(style, "--load-time", "0.3", "--fail-at-startup", category)
     verdict = await wait_for_server(target, timeout_s=60, stall_s=30)

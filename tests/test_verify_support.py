@@ -54,7 +54,7 @@ class OtherToyEngine(EngineProfile):
 
 # A stdlib server with scripted behaviours. Lines are flushed at once (like `python -u`).
 TOY_SERVER = textwrap.dedent(
-    r'''
+    r"""
     import http.server, json, os, sys, time, threading
 
     mode, port = sys.argv[1], int(sys.argv[2])
@@ -116,7 +116,7 @@ TOY_SERVER = textwrap.dedent(
     say("Uvicorn running on http://127.0.0.1:%d" % port)
     say("The server is fired up and ready to roll!")
     srv.serve_forever()
-    '''
+    """
 )
 
 

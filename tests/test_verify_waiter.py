@@ -30,10 +30,18 @@ class Launcher:
     async def start(self, mode: str, port: int, name: str = "srv", env: dict[str, str] | None = None) -> WaitTarget:
         log = self.tmp_path / f"{name}.log"
         status = self.tmp_path / f"{name}.status"
-        pgid = await self.host.spawn_detached(toy_server_argv(self.tmp_path, mode, port), log_path=str(log), status_path=str(status), env=env)
+        pgid = await self.host.spawn_detached(
+            toy_server_argv(self.tmp_path, mode, port), log_path=str(log), status_path=str(status), env=env
+        )
         self.pgids.append(pgid)
-        return WaitTarget(base_url=f"http://127.0.0.1:{port}", engine=ToyEngine(), host=self.host, log_path=str(log),
-                          pgid=pgid, status_path=str(status))
+        return WaitTarget(
+            base_url=f"http://127.0.0.1:{port}",
+            engine=ToyEngine(),
+            host=self.host,
+            log_path=str(log),
+            pgid=pgid,
+            status_path=str(status),
+        )
 
     def cleanup(self) -> None:
         for pgid in self.pgids:
@@ -98,7 +106,9 @@ async def test_silent_sigkill_is_killed(launcher: Launcher, port: int, whole_gro
     target = await launcher.start("silent_kill", port)
     task = asyncio.create_task(wait_for_server(target, timeout_s=20, stall_s=10))
     log = Path(target.log_path)
-    await async_wait_until(lambda: _async(log.exists() and b"Load weight begin" in log.read_bytes()), what="server log")
+    await async_wait_until(
+        lambda: _async(log.exists() and b"Load weight begin" in log.read_bytes()), what="server log"
+    )
     if whole_group:  # the wrapper dies too: no status file is ever written
         os.killpg(target.pgid, signal.SIGKILL)
     else:  # only the server: the wrapper records 137
@@ -178,7 +188,9 @@ async def test_truncated_log_restarts_numbering_and_offset_keeps_file_numbers(tm
     log = tmp_path / "server.log"
     log.write_text("old attempt\nRuntimeError: Not enough memory. old\n==== launch ====\n")
     offset = log.stat().st_size
-    target = WaitTarget(base_url=f"http://127.0.0.1:{free_port()}", engine=ToyEngine(), log_path=str(log), log_offset=offset)
+    target = WaitTarget(
+        base_url=f"http://127.0.0.1:{free_port()}", engine=ToyEngine(), log_path=str(log), log_offset=offset
+    )
     task = asyncio.create_task(wait_for_server(target, timeout_s=20, stall_s=10))
     with log.open("a") as fh:
         fh.write("Load weight begin\nOSError: [Errno 98] Address already in use\n")
@@ -188,8 +200,11 @@ async def test_truncated_log_restarts_numbering_and_offset_keeps_file_numbers(tm
     log.write_text("".join(f"loading line {i}\n" for i in range(20)))
     loading = asyncio.Event()
     target = WaitTarget(base_url=f"http://127.0.0.1:{free_port()}", engine=ToyEngine(), log_path=str(log))
-    task = asyncio.create_task(wait_for_server(target, timeout_s=20, stall_s=10,
-                                               on_update=lambda v: loading.set() if v.state is State.LOADING else None))
+    task = asyncio.create_task(
+        wait_for_server(
+            target, timeout_s=20, stall_s=10, on_update=lambda v: loading.set() if v.state is State.LOADING else None
+        )
+    )
     await asyncio.wait_for(loading.wait(), 10)  # the first lines were read
     log.write_text("x\nModuleNotFoundError: No module named 'fa'\n")  # truncated in place (smaller)
     verdict = await task
@@ -201,7 +216,14 @@ async def test_partial_fatal_line_at_exit_is_read(tmp_path: Path, port: int) -> 
     log, status = tmp_path / "p.log", tmp_path / "p.status"
     argv = ["sh", "-c", "printf 'Load weight begin\\nOSError: [Errno 98] Address already in use'; sleep 0.3; exit 1"]
     pgid = await host.spawn_detached(argv, log_path=str(log), status_path=str(status))
-    target = WaitTarget(base_url=f"http://127.0.0.1:{port}", engine=ToyEngine(), host=host, log_path=str(log), pgid=pgid, status_path=str(status))
+    target = WaitTarget(
+        base_url=f"http://127.0.0.1:{port}",
+        engine=ToyEngine(),
+        host=host,
+        log_path=str(log),
+        pgid=pgid,
+        status_path=str(status),
+    )
     verdict = await wait_for_server(target, timeout_s=20, stall_s=10)
     assert verdict.category is Category.PORT_IN_USE and verdict.evidence.line_no == 2
 
@@ -214,14 +236,24 @@ class _LaggingFollower(LocalHost):
         yield b""  # pragma: no cover - never reached
 
 
-async def test_the_log_is_read_to_its_end_when_the_exit_is_seen_before_the_follower_read_it(tmp_path: Path, port: int) -> None:
+async def test_the_log_is_read_to_its_end_when_the_exit_is_seen_before_the_follower_read_it(
+    tmp_path: Path, port: int
+) -> None:
     """The exit (a SIGKILL code, as SGLang's launcher kills itself after its child's error) is
     applied only after the rest of the log: the fatal line there decides, not the code."""
     log, status = tmp_path / "k.log", tmp_path / "k.status"
-    log.write_bytes(b"Load weight begin\nRuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\nKilled\n")
+    log.write_bytes(
+        b"Load weight begin\nRuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\nKilled\n"
+    )
     status.write_text("137\n")
-    target = WaitTarget(base_url=f"http://127.0.0.1:{port}", engine=ToyEngine(), host=_LaggingFollower(), log_path=str(log),
-                        status_path=str(status), first_line_no=1)
+    target = WaitTarget(
+        base_url=f"http://127.0.0.1:{port}",
+        engine=ToyEngine(),
+        host=_LaggingFollower(),
+        log_path=str(log),
+        status_path=str(status),
+        first_line_no=1,
+    )
     verdict = await wait_for_server(target, timeout_s=20, stall_s=10)
     assert verdict.category is Category.GPU_OOM and verdict.evidence.line_no == 2, verdict
 
@@ -261,8 +293,12 @@ async def test_cancelling_the_wait_cancels_every_watcher(tmp_path: Path) -> None
     log = tmp_path / "server.log"
     log.write_text("Load weight begin\n")
     seen = asyncio.Event()
-    target = WaitTarget(base_url=f"http://127.0.0.1:{free_port()}", engine=ToyEngine(), log_path=str(log), pgid=os.getpgid(0))
-    task = asyncio.create_task(wait_for_server(target, timeout_s=30, stall_s=30, on_update=lambda v: seen.set() if v.progress else None))
+    target = WaitTarget(
+        base_url=f"http://127.0.0.1:{free_port()}", engine=ToyEngine(), log_path=str(log), pgid=os.getpgid(0)
+    )
+    task = asyncio.create_task(
+        wait_for_server(target, timeout_s=30, stall_s=30, on_update=lambda v: seen.set() if v.progress else None)
+    )
     await asyncio.wait_for(seen.wait(), 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -43,7 +43,9 @@ class Log:
         return self.content[offset:]
 
 
-async def exits_after(gate: asyncio.Event, *before: Pending | LogAbsent, code: int | None = 0) -> AsyncIterator[Pending | LogAbsent | Exited]:
+async def exits_after(
+    gate: asyncio.Event, *before: Pending | LogAbsent, code: int | None = 0
+) -> AsyncIterator[Pending | LogAbsent | Exited]:
     for item in before:
         yield item
     await gate.wait()
@@ -91,7 +93,9 @@ async def test_pending_and_absent_pass_through_in_order_and_the_exit_comes_last(
     log = Log(b"")
     gate = asyncio.Event()
     gate.set()
-    items = await collect(until_exit(log.follow(), exits_after(gate, Pending("Resources", 3.0, "7"), LogAbsent()), 0, log.rest))
+    items = await collect(
+        until_exit(log.follow(), exits_after(gate, Pending("Resources", 3.0, "7"), LogAbsent()), 0, log.rest)
+    )
     assert items == [Pending("Resources", 3.0, "7"), LogAbsent(), Exited(0)]  # an empty rest yields nothing
 
 
@@ -121,7 +125,11 @@ async def test_local_host_watch_reports_a_missing_log_its_bytes_and_the_exit(tmp
     host = LocalHost()
     log, status = tmp_path / "s.log", tmp_path / "s.status"
     gate = tmp_path / "go"  # the log is written only once the watch has seen it absent
-    argv = ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done; printf 'starting\\n' >> {log}; printf 'fatal: no GPU' >> {log}; exit 3"]
+    argv = [
+        "sh",
+        "-c",
+        f"while [ ! -e {gate} ]; do sleep 0.01; done; printf 'starting\\n' >> {log}; printf 'fatal: no GPU' >> {log}; exit 3",
+    ]
     pgid = await host.spawn_detached(argv, log_path=str(tmp_path / "wrapper.log"), status_path=str(status))
     stream = host.watch(str(log), 0, pgid=pgid, status_path=str(status))
     assert await anext(stream) == LogAbsent()

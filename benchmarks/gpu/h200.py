@@ -46,9 +46,19 @@ from stages import Blocked, Stage, run_stages
 
 # Most valuable first: if --budget runs out, what is skipped is the A/B against vllm bench serve.
 ORDER = ("setup", "up", "bench", "plan", "failures", "vllm-bench", "down", "collect")
-STAGES = {"setup": stage_setup, "up": stage_up, "bench": stage_bench, "vllm-bench": stage_vllm_bench,
-          "failures": stage_failures, "plan": stage_plan, "down": stage_down, "generate": stage_generate,
-          **STAGES2, **STAGES_RANK, **STAGES_MULTI}
+STAGES = {
+    "setup": stage_setup,
+    "up": stage_up,
+    "bench": stage_bench,
+    "vllm-bench": stage_vllm_bench,
+    "failures": stage_failures,
+    "plan": stage_plan,
+    "down": stage_down,
+    "generate": stage_generate,
+    **STAGES2,
+    **STAGES_RANK,
+    **STAGES_MULTI,
+}
 GROUPS = {**GROUPS, **GROUPS_MULTI}
 ALWAYS = ("down", "down-whole", "multi-down", "tp-down", "multi-summary", "collect")  # run even past the budget
 
@@ -59,13 +69,13 @@ def estimate_s(stage: str, st: Settings) -> float:
         return 5.0
     points = len(st.levels())
     return {
-        "setup": 120.0,                                   # wheels, editable install, model build
-        "up": 200.0 if st.stagger == "kv" else 240.0,     # ~100 s per vLLM start, second one staggered
+        "setup": 120.0,  # wheels, editable install, model build
+        "up": 200.0 if st.stagger == "kv" else 240.0,  # ~100 s per vLLM start, second one staggered
         "bench": 2 * points * (st.point_seconds + 6) + 20,
-        "vllm-bench": 60.0,                               # at least one level (the stage checks each level)
-        "failures": 200.0,                                # the cases one after another on GPU 0 (servefleet orders them): 159 s
+        "vllm-bench": 60.0,  # at least one level (the stage checks each level)
+        "failures": 200.0,  # the cases one after another on GPU 0 (servefleet orders them): 159 s
         "plan": 15.0,
-        "generate": st.generate_kill_after + 240.0,       # the rest of the job plus a ~100 s restart
+        "generate": st.generate_kill_after + 240.0,  # the rest of the job plus a ~100 s restart
         **ESTIMATES2,
         **ESTIMATES_RANK,
         **estimates_multi(st),
@@ -75,11 +85,15 @@ def estimate_s(stage: str, st: Settings) -> float:
 def stage_list(ctx: Ctx, names: list[str]) -> list[Stage]:
     """The named stages for the shared runner (stages.py): estimates, the ones that always run, and a
     setup that found no vLLM, servefleet or model blocking every stage after it."""
+
     def setup(_timings: list[dict]) -> dict:
         result = stage_setup(ctx)
         if not result.get("ready"):
-            raise Blocked("not ready", "setup not ready: vLLM, servefleet or the model is missing "
-                                       "(was the first device command run on this same machine?)")
+            raise Blocked(
+                "not ready",
+                "setup not ready: vLLM, servefleet or the model is missing "
+                "(was the first device command run on this same machine?)",
+            )
         return result
 
     def stage(name: str) -> Stage:
@@ -101,12 +115,18 @@ def expand(names: list[str]) -> list[str]:
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     p = argparse.ArgumentParser(prog="h200.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("stages", nargs="+", choices=[*ORDER, "generate", *STAGES2, *STAGES_RANK, *STAGES_MULTI, "all", *GROUPS],
-                   help="stages to run, in the given order (generate is not part of all); all = the first run, "
-                        "run2a / run2b = the second run's two device commands (h200_run2.py), "
-                        "multi = several GPUs of one host (h200_multi.py)")
+    p.add_argument(
+        "stages",
+        nargs="+",
+        choices=[*ORDER, "generate", *STAGES2, *STAGES_RANK, *STAGES_MULTI, "all", *GROUPS],
+        help="stages to run, in the given order (generate is not part of all); all = the first run, "
+        "run2a / run2b = the second run's two device commands (h200_run2.py), "
+        "multi = several GPUs of one host (h200_multi.py)",
+    )
     p.add_argument("--rehearse", action="store_true", help="CPU rehearsal: the sim in vLLM style instead of vLLM")
-    p.add_argument("--work", type=Path, default=None, help="work folder (default /tmp/sf-h200; rehearsal: a temp folder)")
+    p.add_argument(
+        "--work", type=Path, default=None, help="work folder (default /tmp/sf-h200; rehearsal: a temp folder)"
+    )
     p.add_argument("--out", type=Path, default=None, help="folder for what comes back (default $OUT, else WORK/out)")
     d = Settings()
     p.add_argument("--concurrency", default=d.concurrency)
@@ -143,20 +163,42 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Settings]:
     p.add_argument("--multi-fault-prompts", type=int, default=d.multi_fault_prompts)
     p.add_argument("--budget", type=float, default=None, help="seconds: skip stages that would end past this")
     a = p.parse_args(argv)
-    st = Settings(rehearse=a.rehearse, concurrency=a.concurrency, point_seconds=a.point_seconds, input_len=a.input_len,
-                  output_len=a.output_len, vllm_bench_concurrency=a.vllm_bench_concurrency,
-                  vllm_bench_waves=a.vllm_bench_waves, stagger=a.stagger, up_timeout=a.up_timeout,
-                  failure_timeout=a.failure_timeout, budget_s=a.budget, generate_prompts=a.generate_prompts,
-                  generate_max_tokens=a.generate_max_tokens, generate_kill_after=a.generate_kill_after,
-                  kill_after=a.kill_after, hang_stop_after=a.hang_stop_after, hang_after=a.hang_after,
-                  whole_prompts=a.whole_prompts, kill_prompts=a.kill_prompts, hang_prompts=a.hang_prompts,
-                  nostream_concurrency=a.nostream_concurrency, nostream_point_seconds=a.nostream_point_seconds,
-                  ab_stream_concurrency=a.ab_stream_concurrency, ab_stream_waves=a.ab_stream_waves,
-                  ab_shared_concurrency=a.ab_shared_concurrency, ab_min_requests=a.ab_min_requests,
-                  faults_prompts=a.faults_prompts, rank_prompts=a.rank_prompts,
-                  gpus=a.gpus, multi_concurrency=a.multi_concurrency, multi_point_seconds=a.multi_point_seconds,
-                  multi_prompts_per_gpu=a.multi_prompts_per_gpu, multi_kill_after=a.multi_kill_after,
-                  multi_fault_prompts=a.multi_fault_prompts)
+    st = Settings(
+        rehearse=a.rehearse,
+        concurrency=a.concurrency,
+        point_seconds=a.point_seconds,
+        input_len=a.input_len,
+        output_len=a.output_len,
+        vllm_bench_concurrency=a.vllm_bench_concurrency,
+        vllm_bench_waves=a.vllm_bench_waves,
+        stagger=a.stagger,
+        up_timeout=a.up_timeout,
+        failure_timeout=a.failure_timeout,
+        budget_s=a.budget,
+        generate_prompts=a.generate_prompts,
+        generate_max_tokens=a.generate_max_tokens,
+        generate_kill_after=a.generate_kill_after,
+        kill_after=a.kill_after,
+        hang_stop_after=a.hang_stop_after,
+        hang_after=a.hang_after,
+        whole_prompts=a.whole_prompts,
+        kill_prompts=a.kill_prompts,
+        hang_prompts=a.hang_prompts,
+        nostream_concurrency=a.nostream_concurrency,
+        nostream_point_seconds=a.nostream_point_seconds,
+        ab_stream_concurrency=a.ab_stream_concurrency,
+        ab_stream_waves=a.ab_stream_waves,
+        ab_shared_concurrency=a.ab_shared_concurrency,
+        ab_min_requests=a.ab_min_requests,
+        faults_prompts=a.faults_prompts,
+        rank_prompts=a.rank_prompts,
+        gpus=a.gpus,
+        multi_concurrency=a.multi_concurrency,
+        multi_point_seconds=a.multi_point_seconds,
+        multi_prompts_per_gpu=a.multi_prompts_per_gpu,
+        multi_kill_after=a.multi_kill_after,
+        multi_fault_prompts=a.multi_fault_prompts,
+    )
     return a, st
 
 
@@ -171,10 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Ctx(layout, st, runner)
     stages = expand(a.stages)
     grouped = any(n == "all" or n in GROUPS for n in a.stages)
-    runner.say(f"h200 driver: stages {' '.join(stages)}; work {layout.work}; out {layout.out}"
-               f"{'; REHEARSAL (sim in vLLM style)' if st.rehearse else ''}")
-    _, failed = run_stages(stage_list(ctx, stages), say=runner.say, budget_s=st.budget_s, t0=T0,
-                           checkpoint=(lambda timings: stage_collect(ctx, timings)) if grouped and "collect" in stages else None)
+    runner.say(
+        f"h200 driver: stages {' '.join(stages)}; work {layout.work}; out {layout.out}"
+        f"{'; REHEARSAL (sim in vLLM style)' if st.rehearse else ''}"
+    )
+    _, failed = run_stages(
+        stage_list(ctx, stages),
+        say=runner.say,
+        budget_s=st.budget_s,
+        t0=T0,
+        checkpoint=(lambda timings: stage_collect(ctx, timings)) if grouped and "collect" in stages else None,
+    )
     summary = layout.results / "summary.md"
     if summary.exists() and "collect" in stages:
         print(summary.read_text())

@@ -60,8 +60,13 @@ class Runner:
         self._log.write(line + "\n")
 
     def _record(self, name: str, result: Result) -> None:
-        entry = {"name": name, "argv": shlex.join(result.argv), "rc": result.rc, "seconds": round(result.seconds, 2),
-                 "timed_out": result.timed_out}
+        entry = {
+            "name": name,
+            "argv": shlex.join(result.argv),
+            "rc": result.rc,
+            "seconds": round(result.seconds, 2),
+            "timed_out": result.timed_out,
+        }
         with open(self.results / "commands.jsonl", "a") as fh:
             fh.write(json.dumps(entry) + "\n")
 
@@ -72,8 +77,15 @@ class Runner:
         if not quiet:
             self.say(f"$ {shlex.join(argv)}")
         try:
-            proc = subprocess.run(argv, env=self.env, cwd=self.cwd, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                argv,
+                env=self.env,
+                cwd=self.cwd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
             result = Result(argv, proc.returncode, time.monotonic() - start, proc.stdout, proc.stderr[-4000:])
             err = proc.stderr
         except subprocess.TimeoutExpired as exc:
@@ -99,8 +111,16 @@ class Runner:
         out = open(self.results / "cmd" / f"{safe}.out", "w")
         err = open(self.results / "cmd" / f"{safe}.err", "w")
         proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        return Started(self, name, argv, proc, time.monotonic(), self.results / "cmd" / f"{safe}.out",
-                       self.results / "cmd" / f"{safe}.err", (out, err))
+        return Started(
+            self,
+            name,
+            argv,
+            proc,
+            time.monotonic(),
+            self.results / "cmd" / f"{safe}.out",
+            self.results / "cmd" / f"{safe}.err",
+            (out, err),
+        )
 
 
 @dataclass
@@ -124,8 +144,14 @@ class Started:
             self.proc.wait()
         for fh in self.files:
             fh.close()
-        result = Result(self.argv, None if timed_out else self.proc.returncode, time.monotonic() - self.t0,
-                        self.out_path.read_text(), self.err_path.read_text()[-4000:], timed_out)
+        result = Result(
+            self.argv,
+            None if timed_out else self.proc.returncode,
+            time.monotonic() - self.t0,
+            self.out_path.read_text(),
+            self.err_path.read_text()[-4000:],
+            timed_out,
+        )
         self.runner._record(self.name, result)
         if not quiet:
             status = "timed out" if timed_out else f"rc={result.rc}"
@@ -133,8 +159,9 @@ class Started:
         return result
 
 
-def wait_for_line(path: Path, pattern: str, timeout: float, alive: subprocess.Popen | None = None,
-                  poll: float = 0.2) -> str | None:
+def wait_for_line(
+    path: Path, pattern: str, timeout: float, alive: subprocess.Popen | None = None, poll: float = 0.2
+) -> str | None:
     """The first line of ``path`` matching ``pattern`` within ``timeout`` s (None: none came, or
     ``alive`` exited first). Polls the file: these logs are written by other processes."""
     regex = re.compile(pattern)

@@ -27,7 +27,9 @@ __all__ = ["stage_failures", "LOADING", "expected_entry", "evidence_substring"]
 LOADING = r"Starting to load model|Loading weights|Loading safetensors|Loading model|Model loading took"
 
 
-_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
+_PREFIX = re.compile(
+    r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?"
+)
 
 
 def evidence_substring(text: str | None) -> str | None:
@@ -42,11 +44,18 @@ def expected_entry(entry: dict, scenario: str, argv: list[str] | None) -> dict:
     whether auto-detection finds the engine, and (as a record) what up/wait said live."""
     diag, auto, live = entry.get("diagnose_vllm") or {}, entry.get("diagnose_auto") or {}, entry.get("verdict") or {}
     return {
-        "state": diag.get("state"), "category": diag.get("category"),
+        "state": diag.get("state"),
+        "category": diag.get("category"),
         "evidence_substring": evidence_substring((diag.get("evidence") or {}).get("text")),
-        "detect": auto.get("engine") == "vllm", "engine": "vllm", "scenario": scenario,
-        "live_verdict": {"state": live.get("state"), "category": live.get("category"),
-                         "evidence": (live.get("evidence") or {}).get("text"), "exit_code": live.get("exit_code")},
+        "detect": auto.get("engine") == "vllm",
+        "engine": "vllm",
+        "scenario": scenario,
+        "live_verdict": {
+            "state": live.get("state"),
+            "category": live.get("category"),
+            "evidence": (live.get("evidence") or {}).get("text"),
+            "exit_code": live.get("exit_code"),
+        },
         "argv": argv,
     }
 
@@ -90,11 +99,34 @@ def stage_failures(ctx: Ctx) -> dict:
         # ---- by hand onto a held port, watched by `servefleet wait`
         manual_log = lay.path("manual-portheld.log")
         with open(manual_log, "wb") as fh:
-            manual = subprocess.Popen(manual_argv(lay, by_name["portheld"]), stdout=fh, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=run.env, cwd=lay.work, start_new_session=True)
-        waiter = run.start("failures-wait-portheld", ctx.sf(
-            "wait", "--url", lay.url("portheld"), "--log", str(manual_log), "--pid", str(manual.pid),
-            "--engine", "vllm", "--timeout", f"{limit:.0f}", "--stall", "180", "--json"))
+            manual = subprocess.Popen(
+                manual_argv(lay, by_name["portheld"]),
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=run.env,
+                cwd=lay.work,
+                start_new_session=True,
+            )
+        waiter = run.start(
+            "failures-wait-portheld",
+            ctx.sf(
+                "wait",
+                "--url",
+                lay.url("portheld"),
+                "--log",
+                str(manual_log),
+                "--pid",
+                str(manual.pid),
+                "--engine",
+                "vllm",
+                "--timeout",
+                f"{limit:.0f}",
+                "--stall",
+                "180",
+                "--json",
+            ),
+        )
         # ---- servefleet up onto a held port: refused before launch
         blocked = run.run("failures-up-blocked", ctx.sf("up", str(lay.port_fleet), "--json"), timeout=120)
         # ---- SIGKILL while loading
@@ -140,34 +172,54 @@ def stage_failures(ctx: Ctx) -> dict:
         if log is not None and fixture and log.exists():
             shutil.copy(log, fixtures / fixture)
             for mode in MODES[lay.rehearse]:
-                pending[(case.name, mode)] = run.start(f"diagnose-{case.name}-{mode}", ctx.sf(
-                    "diagnose", str(fixtures / fixture), "--engine", mode, "--json"), quiet=True)
+                pending[(case.name, mode)] = run.start(
+                    f"diagnose-{case.name}-{mode}",
+                    ctx.sf("diagnose", str(fixtures / fixture), "--engine", mode, "--json"),
+                    quiet=True,
+                )
     diagnosed = {key: started.finish(120, quiet=True) for key, started in pending.items()}
     expected = read_json(fixtures / "EXPECTED.json") or {}
     for case in cases:
         verdict, log = logs[case.name]
-        entry: dict = {"expected": case.expected, "how": case.how, "via": case.via, "args": list(case.args),
-                       "verdict": verdict, "category": (verdict or {}).get("category"),
-                       "state": (verdict or {}).get("state")}
+        entry: dict = {
+            "expected": case.expected,
+            "how": case.how,
+            "via": case.via,
+            "args": list(case.args),
+            "verdict": verdict,
+            "category": (verdict or {}).get("category"),
+            "state": (verdict or {}).get("state"),
+        }
         entry["match"] = entry["category"] == case.expected
         if (case.name, "vllm") in diagnosed:
             entry["fixture"] = case.fixture_name(lay.rehearse)
             for mode in MODES[lay.rehearse]:
                 diag = diagnosed[(case.name, mode)]
                 d = diag.json() or {}
-                entry[f"diagnose_{mode}"] = {"state": d.get("state"), "category": d.get("category"),
-                                             "engine": d.get("engine"), "evidence": d.get("evidence"),
-                                             "hint": d.get("hint"), "rc": diag.rc}
-            argv = manual_argv(lay, case) if case.via == "wait" else \
-                (read_json(lay.path("state", "failures", f"{case.name}.json")) or {}).get("argv")
+                entry[f"diagnose_{mode}"] = {
+                    "state": d.get("state"),
+                    "category": d.get("category"),
+                    "engine": d.get("engine"),
+                    "evidence": d.get("evidence"),
+                    "hint": d.get("hint"),
+                    "rc": diag.rc,
+                }
+            argv = (
+                manual_argv(lay, case)
+                if case.via == "wait"
+                else (read_json(lay.path("state", "failures", f"{case.name}.json")) or {}).get("argv")
+            )
             expected[entry["fixture"]] = expected_entry(entry, case.how, argv)
         out["cases"][case.name] = entry
-        run.say(f"  {case.name:9s} expected {case.expected:16s} got {entry['category']!s:16s} "
-                f"{'OK' if entry['match'] else 'MISMATCH'}  "
-                f"{((verdict or {}).get('evidence') or {}).get('text', (verdict or {}).get('message', ''))!s:.100}")
+        run.say(
+            f"  {case.name:9s} expected {case.expected:16s} got {entry['category']!s:16s} "
+            f"{'OK' if entry['match'] else 'MISMATCH'}  "
+            f"{((verdict or {}).get('evidence') or {}).get('text', (verdict or {}).get('message', ''))!s:.100}"
+        )
     write_json(fixtures / "EXPECTED.json", expected)
-    down = run.run("down-failures", ctx.sf("down", "--fleet", str(lay.failures_fleet), "--grace", "5", "--json"),
-                   timeout=120)
+    down = run.run(
+        "down-failures", ctx.sf("down", "--fleet", str(lay.failures_fleet), "--grace", "5", "--json"), timeout=120
+    )
     out["down_rc"] = down.rc
     out["all_match"] = all(c["match"] for c in out["cases"].values())
     write_json(lay.results / "failures.json", out)

@@ -24,8 +24,10 @@ __all__ = ["stage_generate", "write_prompts", "count_answers", "wait_until_sendi
 
 PROGRESS_FILE = "progress.json"  # what a running generate job writes beside its shards (servefleet.generate.recorder)
 
-WORDS = ("the server model token batch cache graph kernel memory request prompt answer fleet stage "
-         "queue shard retry engine decode prefill latency throughput speculative draft accept").split()
+WORDS = (
+    "the server model token batch cache graph kernel memory request prompt answer fleet stage "
+    "queue shard retry engine decode prefill latency throughput speculative draft accept"
+).split()
 
 
 def write_prompts(path: Path, n: int, max_tokens: int, seed: int = 0) -> None:
@@ -67,8 +69,11 @@ def wait_until_sending(job: Started, dest: Path, seconds: float, limit_s: float 
 
 def stage_generate(ctx: Ctx) -> dict:
     lay, st, run = ctx.layout, ctx.settings, ctx.runner
-    out: dict = {"prompts": st.generate_prompts, "max_tokens": st.generate_max_tokens,
-                 "kill_after_s": st.generate_kill_after}
+    out: dict = {
+        "prompts": st.generate_prompts,
+        "max_tokens": st.generate_max_tokens,
+        "kill_after_s": st.generate_kill_after,
+    }
     ready = ready_servers(ctx)
     if set(ready) != {"plain", "ngram"}:
         out["skipped"] = f"both main servers must be ready (ready: {ready})"
@@ -77,9 +82,26 @@ def stage_generate(ctx: Ctx) -> dict:
     gen = lay.path("generate")
     prompts, dest = gen / "prompts.jsonl", gen / f"out-{int(time.time())}"
     write_prompts(prompts, st.generate_prompts, st.generate_max_tokens)
-    job = run.start("generate", ctx.sf("generate", "--input", str(prompts), "--output", str(dest),
-                                       "--fleet", str(lay.main_fleet), "--completions", "--temperature", "0",
-                                       "--format", "jsonl", "--shard-rows", "1000", "--json"))
+    job = run.start(
+        "generate",
+        ctx.sf(
+            "generate",
+            "--input",
+            str(prompts),
+            "--output",
+            str(dest),
+            "--fleet",
+            str(lay.main_fleet),
+            "--completions",
+            "--temperature",
+            "0",
+            "--format",
+            "jsonl",
+            "--shard-rows",
+            "1000",
+            "--json",
+        ),
+    )
     wait_until_sending(job, dest, st.generate_kill_after)
     record = read_json(lay.path("state", "main", "ngram.json")) or {}
     if job.proc.poll() is None and record.get("pgid"):
@@ -93,19 +115,32 @@ def stage_generate(ctx: Ctx) -> dict:
     report = res.json() or {}
     ids = count_answers(dest)
     bench = read_json(lay.results / "bench.json") or {}
-    best = {r.get("label"): r.get("best_output_tokens_per_s") for r in ((bench.get("compare") or {}).get("runs") or [])}
+    best = {
+        r.get("label"): r.get("best_output_tokens_per_s") for r in ((bench.get("compare") or {}).get("runs") or [])
+    }
     ceiling = sum(v for v in best.values() if v)
-    out.update({
-        "rc": res.rc, "status": report.get("status"), "wall_s": report.get("wall_s"),
-        "output_tokens_per_s": report.get("output_tokens_per_s"), "completion_tokens": report.get("completion_tokens"),
-        "events": report.get("events"), "servers": report.get("servers"),
-        "unique_ids": len(ids), "duplicates": sum(c - 1 for c in ids.values() if c > 1),
-        "exactly_once": len(ids) == st.generate_prompts and all(c == 1 for c in ids.values()),
-        "restarts": sum((s or {}).get("restarts", 0) for s in report.get("servers") or []),
-        "best_bench_tok_s": best, "fraction_of_bench_sum": round(report["output_tokens_per_s"] / ceiling, 3)
-        if ceiling and report.get("output_tokens_per_s") else None,
-    })
-    run.say(f"  generate: {out['status']}, {out['unique_ids']} ids, {out['duplicates']} duplicates, "
-            f"{out['restarts']} restart(s), {out['output_tokens_per_s']} tok/s = {out['fraction_of_bench_sum']} of the bench sum")
+    out.update(
+        {
+            "rc": res.rc,
+            "status": report.get("status"),
+            "wall_s": report.get("wall_s"),
+            "output_tokens_per_s": report.get("output_tokens_per_s"),
+            "completion_tokens": report.get("completion_tokens"),
+            "events": report.get("events"),
+            "servers": report.get("servers"),
+            "unique_ids": len(ids),
+            "duplicates": sum(c - 1 for c in ids.values() if c > 1),
+            "exactly_once": len(ids) == st.generate_prompts and all(c == 1 for c in ids.values()),
+            "restarts": sum((s or {}).get("restarts", 0) for s in report.get("servers") or []),
+            "best_bench_tok_s": best,
+            "fraction_of_bench_sum": round(report["output_tokens_per_s"] / ceiling, 3)
+            if ceiling and report.get("output_tokens_per_s")
+            else None,
+        }
+    )
+    run.say(
+        f"  generate: {out['status']}, {out['unique_ids']} ids, {out['duplicates']} duplicates, "
+        f"{out['restarts']} restart(s), {out['output_tokens_per_s']} tok/s = {out['fraction_of_bench_sum']} of the bench sum"
+    )
     write_json(lay.results / "generate.json", out)
     return out

@@ -16,16 +16,29 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "Layout", "Settings", "FailureCase", "PORT_NAMES", "whole_toml", "NGRAM_CONFIG", "JOB_PROMPTS", "JOB_OUTPUT_TOKENS", "PLAN_GPUS",
-    "free_port", "fleet_toml", "failures_toml", "failure_cases", "vllm_bench_argv", "servefleet_argv",
+    "Layout",
+    "Settings",
+    "FailureCase",
+    "PORT_NAMES",
+    "whole_toml",
+    "NGRAM_CONFIG",
+    "JOB_PROMPTS",
+    "JOB_OUTPUT_TOKENS",
+    "PLAN_GPUS",
+    "free_port",
+    "fleet_toml",
+    "failures_toml",
+    "failure_cases",
+    "vllm_bench_argv",
+    "servefleet_argv",
 ]
 
 # The speculative configuration of the issue: n-gram prompt lookup, 4 draft tokens.
 NGRAM_CONFIG = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}'
-JOB_PROMPTS = 902_087          # the real job the plan is for
-JOB_OUTPUT_TOKENS = 1_800      # mean output tokens per prompt of that job
+JOB_PROMPTS = 902_087  # the real job the plan is for
+JOB_OUTPUT_TOKENS = 1_800  # mean output tokens per prompt of that job
 PLAN_GPUS = "1,8,64"
-SERVED_NAME = "sf-realistic"   # what /v1/models lists on both servers
+SERVED_NAME = "sf-realistic"  # what /v1/models lists on both servers
 # Environment the vLLM servers get on top of gpu-setup.sh's exports (flashinfer is not installed).
 VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 
@@ -46,48 +59,48 @@ class Settings:
 
     rehearse: bool = False
     concurrency: str = "1,4,16,64,256"
-    point_seconds: float = 6.0            # per bench point (closed loop; in-flight requests drain after it)
+    point_seconds: float = 6.0  # per bench point (closed loop; in-flight requests drain after it)
     input_len: int = 256
     output_len: int = 256
-    vllm_bench_concurrency: str = "256,64"       # first = most important (the plateau point)
-    vllm_bench_waves: int = 2             # requests per A/B point = max(waves x concurrency, 256)
+    vllm_bench_concurrency: str = "256,64"  # first = most important (the plateau point)
+    vllm_bench_waves: int = 2  # requests per A/B point = max(waves x concurrency, 256)
     max_model_len: int = 4096
     max_num_seqs: int = 256
     gpu_util: float = 0.45
-    stagger: str = "kv"                   # kv | serial | none: when the second server starts
+    stagger: str = "kv"  # kv | serial | none: when the second server starts
     up_timeout: float = 600.0
     failure_timeout: float = 300.0
-    budget_s: float | None = None         # stop starting stages past this many seconds
-    generate_prompts: int = 20_000        # the generate stage (a third command, not in `all`)
+    budget_s: float | None = None  # stop starting stages past this many seconds
+    generate_prompts: int = 20_000  # the generate stage (a third command, not in `all`)
     generate_max_tokens: int = 256
-    generate_kill_after: float = 60.0     # seconds into the job: SIGKILL the ngram server
+    generate_kill_after: float = 60.0  # seconds into the job: SIGKILL the ngram server
     generate_timeout: float = 900.0
     # ---- run 2 (issue 17 step 2, h200_run2.py) ----
-    whole_util: float = 0.90              # the server given the whole GPU
+    whole_util: float = 0.90  # the server given the whole GPU
     whole_max_seqs: int = 1024
-    nostream_concurrency: str = "256,512,1024"   # bench in the job's mode on the whole-GPU server
+    nostream_concurrency: str = "256,512,1024"  # bench in the job's mode on the whole-GPU server
     nostream_point_seconds: float = 15.0
-    whole_prompts: int = 20_000           # generate on the whole-GPU server (same workload as the bench)
-    shared_point_seconds: float = 8.0    # bench-shared: one non-streaming point per shared server
-    kill_prompts: int = 34_000            # generate over the shared fleet, ngram SIGKILLed after kill_after
+    whole_prompts: int = 20_000  # generate on the whole-GPU server (same workload as the bench)
+    shared_point_seconds: float = 8.0  # bench-shared: one non-streaming point per shared server
+    kill_prompts: int = 34_000  # generate over the shared fleet, ngram SIGKILLed after kill_after
     kill_after: float = 20.0
-    hang_prompts: int = 25_000            # generate over the shared fleet, plain's EngineCore SIGSTOPped
+    hang_prompts: int = 25_000  # generate over the shared fleet, plain's EngineCore SIGSTOPped
     hang_stop_after: float = 25.0
-    hang_after: float = 20.0              # generate --hang-after
-    hang_gap: float = 5.0                 # faults: seconds between ngram answering again and the SIGSTOP
+    hang_after: float = 20.0  # generate --hang-after
+    hang_gap: float = 5.0  # faults: seconds between ngram answering again and the SIGSTOP
     ab_stream_concurrency: str = "256,512"  # streaming A/B against vllm bench serve on the whole-GPU server
-    ab_stream_waves: int = 8              # requests per A/B point = waves x concurrency
+    ab_stream_waves: int = 8  # requests per A/B point = waves x concurrency
     ab_shared_concurrency: str = "256,64"  # the same A/B on the shared plain server (the first run's levels)
-    ab_min_requests: int = 1024           # ... with at least this many requests per point
-    faults_prompts: int = 28_000          # faults: one job, ngram SIGKILLed then plain's EngineCore SIGSTOPped
-    rank_prompts: int = 6_000             # rank-jobs: one job per shared server, each alone, to check the plan's order
+    ab_min_requests: int = 1024  # ... with at least this many requests per point
+    faults_prompts: int = 28_000  # faults: one job, ngram SIGKILLed then plain's EngineCore SIGSTOPped
+    rank_prompts: int = 6_000  # rank-jobs: one job per shared server, each alone, to check the plan's order
     # ---- several GPUs (issue 18, h200_multi.py) ----
-    gpus: int | None = None               # servers / GPUs of the multi group (None: all visible; rehearsal 3)
-    multi_concurrency: str = "512,1024"   # the non-streaming bench of one of them
+    gpus: int | None = None  # servers / GPUs of the multi group (None: all visible; rehearsal 3)
+    multi_concurrency: str = "512,1024"  # the non-streaming bench of one of them
     multi_point_seconds: float = 15.0
-    multi_prompts_per_gpu: int = 12_000   # generate: the same job over 1, 2, 4 (8) servers (~2-3 min each)
-    multi_kill_after: float = 40.0        # the fault job: SIGKILL the last server this many s in
-    multi_fault_prompts: int = 0          # the fault job's prompts (0: twice the largest scale job's)
+    multi_prompts_per_gpu: int = 12_000  # generate: the same job over 1, 2, 4 (8) servers (~2-3 min each)
+    multi_kill_after: float = 40.0  # the fault job: SIGKILL the last server this many s in
+    multi_fault_prompts: int = 0  # the fault job's prompts (0: twice the largest scale job's)
 
     def levels(self) -> list[int]:
         return [int(x) for x in self.concurrency.split(",") if x.strip()]
@@ -131,8 +144,14 @@ class Layout:
                     layout.ports.setdefault(name, free_port())
                 layout.save()
                 return layout
-        layout = cls(repo=str(repo), work=str(work), out=str(out), python=sys.executable, rehearse=rehearse,
-                     ports={name: free_port() for name in PORT_NAMES})
+        layout = cls(
+            repo=str(repo),
+            work=str(work),
+            out=str(out),
+            python=sys.executable,
+            rehearse=rehearse,
+            ports={name: free_port() for name in PORT_NAMES},
+        )
         layout.save()
         return layout
 
@@ -219,8 +238,14 @@ def _sim_timing() -> list[str]:
 
 def fleet_toml(layout: Layout, settings: Settings) -> str:
     """The main fleet: plain and n-gram speculative vLLM sharing GPU 0 at --gpu-memory-utilization 0.45 each."""
-    shared = ["--gpu-memory-utilization", str(settings.gpu_util), "--max-model-len", str(settings.max_model_len),
-              "--max-num-seqs", str(settings.max_num_seqs)]
+    shared = [
+        "--gpu-memory-utilization",
+        str(settings.gpu_util),
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--max-num-seqs",
+        str(settings.max_num_seqs),
+    ]
     if layout.rehearse:
         shared += _sim_timing()
         ngram = ["--tokens-per-step", "3", "--speculative-algorithm", "ngram"]
@@ -229,24 +254,42 @@ def fleet_toml(layout: Layout, settings: Settings) -> str:
     # gpus in the rehearsal too: servefleet orders servers that share a GPU by the fleet file, so the
     # rehearsal exercises that ordering (the sim ignores CUDA_VISIBLE_DEVICES).
     defaults = {**_engine_defaults(layout, settings), "args": shared, "gpus": [0]}
-    header = {"name": "main", "state_dir": str(layout.path("state", "main")), "timeout": settings.up_timeout,
-              "stall": 240, "smoke": True}
-    servers = [{"name": "plain", "port": layout.ports["plain"]},
-               {"name": "ngram", "port": layout.ports["ngram"], "args": ngram}]
+    header = {
+        "name": "main",
+        "state_dir": str(layout.path("state", "main")),
+        "timeout": settings.up_timeout,
+        "stall": 240,
+        "smoke": True,
+    }
+    servers = [
+        {"name": "plain", "port": layout.ports["plain"]},
+        {"name": "ngram", "port": layout.ports["ngram"], "args": ngram},
+    ]
     return _render(header, defaults, servers)
 
 
 def whole_toml(layout: Layout, settings: Settings) -> str:
     """Run 2's fleet of one plain vLLM server given the whole of GPU 0 (0.90, up to 1,024 running)."""
-    args = ["--gpu-memory-utilization", str(settings.whole_util), "--max-model-len", str(settings.max_model_len),
-            "--max-num-seqs", str(settings.whole_max_seqs)]
+    args = [
+        "--gpu-memory-utilization",
+        str(settings.whole_util),
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--max-num-seqs",
+        str(settings.whole_max_seqs),
+    ]
     if layout.rehearse:
         args += _sim_timing()
     defaults = {**_engine_defaults(layout, settings), "args": args}
     if not layout.rehearse:
         defaults["gpus"] = [0]
-    header = {"name": "whole", "state_dir": str(layout.path("state", "whole")), "timeout": settings.up_timeout,
-              "stall": 240, "smoke": True}
+    header = {
+        "name": "whole",
+        "state_dir": str(layout.path("state", "whole")),
+        "timeout": settings.up_timeout,
+        "stall": 240,
+        "smoke": True,
+    }
     return _render(header, defaults, [{"name": "whole", "port": layout.ports["whole"]}])
 
 
@@ -255,12 +298,12 @@ class FailureCase:
     """One real failure: how it is provoked and which category servefleet must name."""
 
     name: str
-    expected: str                       # servefleet category
-    how: str                            # in words, for the report
-    via: str                            # "up" (fleet server), "wait" (launched by hand), "up-blocked"
+    expected: str  # servefleet category
+    how: str  # in words, for the report
+    via: str  # "up" (fleet server), "wait" (launched by hand), "up-blocked"
     args: tuple[str, ...] = ()
     model: str | None = None
-    fixture: str | None = None          # scenario part of the kept log's name (None: no log)
+    fixture: str | None = None  # scenario part of the kept log's name (None: no log)
 
     def fixture_name(self, rehearse: bool) -> str | None:
         """tests/fixtures/logs/real naming: engine+version, machine, scenario."""
@@ -275,21 +318,54 @@ def failure_cases(layout: Layout) -> list[FailureCase]:
     eager = () if layout.rehearse else ("--enforce-eager",)  # fails or is killed sooner: no torch.compile
     sim = layout.rehearse
     return [
-        FailureCase("oom", "gpu_oom", "--gpu-memory-utilization 0.01: too little memory for the KV cache", "up",
-                    ("--gpu-memory-utilization", "0.01", *eager)
-                    + (("--fail-at-startup", "gpu_oom") if sim else ()), fixture="gpu_util_too_low"),
-        FailureCase("missing", "model_not_found", f"--model {missing} (no such folder)", "up",
-                    ("--gpu-memory-utilization", "0.05") + (("--fail-at-startup", "model_not_found") if sim else ()),
-                    model=missing, fixture="missing_model"),
-        FailureCase("badarg", "config_error", "--gpu-memory-utilization abc (not a number)", "up",
-                    ("--gpu-memory-utilization", "abc"), fixture="bad_argument"),
-        FailureCase("sigkill", "killed", "SIGKILL to the server's process group while it loads", "up",
-                    ("--gpu-memory-utilization", "0.05", *eager) + (("--load-time", "30") if sim else ()),
-                    fixture="killed_loading"),
-        FailureCase("portheld", "port_in_use", "vLLM started by hand on a port another process listens on", "wait",
-                    ("--gpu-memory-utilization", "0.05"), fixture="port_in_use"),
-        FailureCase("portup", "port_in_use", "servefleet up onto a port another process listens on", "up-blocked",
-                    ("--gpu-memory-utilization", "0.05")),
+        FailureCase(
+            "oom",
+            "gpu_oom",
+            "--gpu-memory-utilization 0.01: too little memory for the KV cache",
+            "up",
+            ("--gpu-memory-utilization", "0.01", *eager) + (("--fail-at-startup", "gpu_oom") if sim else ()),
+            fixture="gpu_util_too_low",
+        ),
+        FailureCase(
+            "missing",
+            "model_not_found",
+            f"--model {missing} (no such folder)",
+            "up",
+            ("--gpu-memory-utilization", "0.05") + (("--fail-at-startup", "model_not_found") if sim else ()),
+            model=missing,
+            fixture="missing_model",
+        ),
+        FailureCase(
+            "badarg",
+            "config_error",
+            "--gpu-memory-utilization abc (not a number)",
+            "up",
+            ("--gpu-memory-utilization", "abc"),
+            fixture="bad_argument",
+        ),
+        FailureCase(
+            "sigkill",
+            "killed",
+            "SIGKILL to the server's process group while it loads",
+            "up",
+            ("--gpu-memory-utilization", "0.05", *eager) + (("--load-time", "30") if sim else ()),
+            fixture="killed_loading",
+        ),
+        FailureCase(
+            "portheld",
+            "port_in_use",
+            "vLLM started by hand on a port another process listens on",
+            "wait",
+            ("--gpu-memory-utilization", "0.05"),
+            fixture="port_in_use",
+        ),
+        FailureCase(
+            "portup",
+            "port_in_use",
+            "servefleet up onto a port another process listens on",
+            "up-blocked",
+            ("--gpu-memory-utilization", "0.05"),
+        ),
     ]
 
 
@@ -299,8 +375,13 @@ def failures_toml(layout: Layout, settings: Settings, cases: list[FailureCase]) 
     defaults["args"] = ["--max-model-len", str(settings.max_model_len)]
     if not layout.rehearse:
         defaults["gpus"] = [0]
-    header = {"name": "failures", "state_dir": str(layout.path("state", "failures")),
-              "timeout": settings.failure_timeout, "stall": 180, "smoke": True}
+    header = {
+        "name": "failures",
+        "state_dir": str(layout.path("state", "failures")),
+        "timeout": settings.failure_timeout,
+        "stall": 180,
+        "smoke": True,
+    }
     servers = []
     for case in cases:
         if case.via != "up":
@@ -326,8 +407,18 @@ def manual_argv(layout: Layout, case: FailureCase) -> list[str]:
         head = [layout.python, "-m", "servefleet.sim", "--style", "vllm"]
     else:
         head = [layout.python, "-m", "vllm.entrypoints.openai.api_server"]
-    return [*head, "--model", str(layout.model), "--served-model-name", SERVED_NAME, "--host", "127.0.0.1",
-            "--port", port, *case.args]
+    return [
+        *head,
+        "--model",
+        str(layout.model),
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        port,
+        *case.args,
+    ]
 
 
 # ---- other tools' command lines ---------------------------------------------------------------------
@@ -336,20 +427,57 @@ def servefleet_argv(layout: Layout, *args: str) -> list[str]:
     return [layout.python, "-m", "servefleet.cli.main", *args]
 
 
-def vllm_bench_argv(layout: Layout, settings: Settings, concurrency: int, prompts: int, result_dir: Path,
-                    filename: str, server: str = "plain") -> list[str]:
+def vllm_bench_argv(
+    layout: Layout,
+    settings: Settings,
+    concurrency: int,
+    prompts: int,
+    result_dir: Path,
+    filename: str,
+    server: str = "plain",
+) -> list[str]:
     """``vllm bench serve`` (vLLM 0.26 flags) against the plain server: the same random 256/256
     workload, ignore_eos, greedy, closed loop at ``concurrency``; the JSON goes to result_dir/filename.
     Module form, because /tmp/site has no ``vllm`` console script."""
     return [
-        layout.python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
-        "--backend", "openai", "--base-url", layout.url(server), "--endpoint", "/v1/completions",
-        "--model", SERVED_NAME, "--tokenizer", str(layout.model),
-        "--dataset-name", "random", "--random-input-len", str(settings.input_len),
-        "--random-output-len", str(settings.output_len), "--num-prompts", str(prompts),
-        "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-        "--disable-tqdm", "--save-result", "--result-dir", str(result_dir), "--result-filename", filename,
+        layout.python,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        layout.url(server),
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        SERVED_NAME,
+        "--tokenizer",
+        str(layout.model),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(settings.input_len),
+        "--random-output-len",
+        str(settings.output_len),
+        "--num-prompts",
+        str(prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        filename,
     ]
 
 

@@ -32,8 +32,18 @@ from h200_layout import _engine_defaults, _render, _sim_timing, free_port
 from h200_run2 import _job, _plan, _recovery, _up, _words_for, check_summary
 from h200_stages import Ctx, _bench_common, read_json, write_json
 
-__all__ = ["STAGES_MULTI", "GROUPS_MULTI", "estimates_multi", "fleet_sizes", "visible_gpus", "throughput_dip",
-           "plan_rank", "multi_toml", "tp_toml", "cpu_share"]
+__all__ = [
+    "STAGES_MULTI",
+    "GROUPS_MULTI",
+    "estimates_multi",
+    "fleet_sizes",
+    "visible_gpus",
+    "throughput_dip",
+    "plan_rank",
+    "multi_toml",
+    "tp_toml",
+    "cpu_share",
+]
 
 MULTI, TP = "multi", "tp"
 
@@ -71,10 +81,17 @@ def throughput_dip(timeline: dict, fault_at_s: float, window_s: float = 30.0, re
     series = [(round(i * width, 1), t / width) for i, t in enumerate(tokens)]
     before = [r for t, r in series if fault_at_s - window_s <= t < fault_at_s - width]
     after = [(t, r) for t, r in series if t >= fault_at_s]
-    out: dict = {"bucket_s": width, "fault_at_s": round(fault_at_s, 1),
-                 "rate_before": round(sum(before) / len(before), 1) if before else None,
-                 "min_after": None, "min_at_s": None, "dip_fraction": None, "recovered_at_s": None,
-                 "recovery_s": None, "series": [[t, round(r, 1)] for t, r in series]}
+    out: dict = {
+        "bucket_s": width,
+        "fault_at_s": round(fault_at_s, 1),
+        "rate_before": round(sum(before) / len(before), 1) if before else None,
+        "min_after": None,
+        "min_at_s": None,
+        "dip_fraction": None,
+        "recovered_at_s": None,
+        "recovery_s": None,
+        "series": [[t, round(r, 1)] for t, r in series],
+    }
     if not after or not out["rate_before"]:
         return out
     low_t, low = min(after, key=lambda p: p[1])
@@ -94,8 +111,14 @@ def plan_rank(plan_doc: dict | None, gpus: str) -> list[str]:
 # ---- fleet files --------------------------------------------------------------------------------
 def _server_args(ctx: Ctx) -> list[str]:
     st = ctx.settings
-    args = ["--gpu-memory-utilization", str(st.whole_util), "--max-model-len", str(st.max_model_len),
-            "--max-num-seqs", str(st.whole_max_seqs)]
+    args = [
+        "--gpu-memory-utilization",
+        str(st.whole_util),
+        "--max-model-len",
+        str(st.max_model_len),
+        "--max-num-seqs",
+        str(st.whole_max_seqs),
+    ]
     return args + _sim_timing() if ctx.layout.rehearse else args
 
 
@@ -114,8 +137,13 @@ def server_names(n: int) -> list[str]:
 def multi_toml(ctx: Ctx, names: list[str]) -> str:
     """The multi fleet, or a subset of it (same name and state folder: the same running servers)."""
     lay, st = ctx.layout, ctx.settings
-    header = {"name": MULTI, "state_dir": str(lay.path("state", MULTI)), "timeout": st.up_timeout, "stall": 240,
-              "smoke": True}
+    header = {
+        "name": MULTI,
+        "state_dir": str(lay.path("state", MULTI)),
+        "timeout": st.up_timeout,
+        "stall": 240,
+        "smoke": True,
+    }
     defaults = {**_engine_defaults(lay, st), "args": _server_args(ctx)}
     servers = [{"name": n, "port": _port(ctx, n), "gpus": [int(n[3:])]} for n in names]
     return _render(header, defaults, servers)
@@ -124,8 +152,13 @@ def multi_toml(ctx: Ctx, names: list[str]) -> str:
 def tp_toml(ctx: Ctx) -> str:
     """One server over GPUs 0 and 1 with --tensor-parallel-size 2."""
     lay, st = ctx.layout, ctx.settings
-    header = {"name": TP, "state_dir": str(lay.path("state", TP)), "timeout": st.up_timeout, "stall": 240,
-              "smoke": True}
+    header = {
+        "name": TP,
+        "state_dir": str(lay.path("state", TP)),
+        "timeout": st.up_timeout,
+        "stall": 240,
+        "smoke": True,
+    }
     defaults = {**_engine_defaults(lay, st), "args": [*_server_args(ctx), "--tensor-parallel-size", "2"]}
     return _render(header, defaults, [{"name": "tp2", "port": _port(ctx, "tp2"), "gpus": [0, 1]}])
 
@@ -150,8 +183,12 @@ def _n(ctx: Ctx) -> int:
 def _ready(ctx: Ctx, fleet: Path) -> list[str]:
     if not fleet.exists():
         return []
-    doc = ctx.runner.run(f"status-{fleet.stem}", ctx.sf("status", "--fleet", str(fleet), "--json"), timeout=120,
-                         quiet=True).json() or {}
+    doc = (
+        ctx.runner.run(
+            f"status-{fleet.stem}", ctx.sf("status", "--fleet", str(fleet), "--json"), timeout=120, quiet=True
+        ).json()
+        or {}
+    )
     return [s["name"] for s in doc.get("servers", []) if s.get("state") == "ready"]
 
 
@@ -169,8 +206,10 @@ def stage_multi_up(ctx: Ctx) -> dict:
     out["time_to_ready_s"] = {k: s.get("time_to_ready_s") for k, s in out["servers"].items()}
     out["fleet_ready_s"] = max((t for t in ttr if t is not None), default=None)  # the slowest server's
     out["all_ready"] = sorted(out["ready"]) == sorted(names)
-    ctx.runner.say(f"  multi-up: {len(out['ready'])}/{n} ready; fleet ready in {out['fleet_ready_s']} s "
-                   f"(up wall {out['wall_s']} s)")
+    ctx.runner.say(
+        f"  multi-up: {len(out['ready'])}/{n} ready; fleet ready in {out['fleet_ready_s']} s "
+        f"(up wall {out['wall_s']} s)"
+    )
     write_json(_res(ctx, "up.json"), out)
     return out
 
@@ -180,19 +219,46 @@ def _bench_one(ctx: Ctx, fleet: Path, server: str, path: Path, name: str) -> dic
     st = ctx.settings
     path.parent.mkdir(parents=True, exist_ok=True)
     levels = st.multi_levels()
-    res = ctx.runner.run(name, ctx.sf("bench", "--fleet", str(fleet), "--servers", server, "-c", st.multi_concurrency,
-                                      "--duration", str(st.multi_point_seconds), "--no-stream", *_bench_common(ctx),
-                                      "--out", str(path), "--json"),
-                         timeout=ctx.cap(len(levels) * (st.multi_point_seconds + 45) + 90))
+    res = ctx.runner.run(
+        name,
+        ctx.sf(
+            "bench",
+            "--fleet",
+            str(fleet),
+            "--servers",
+            server,
+            "-c",
+            st.multi_concurrency,
+            "--duration",
+            str(st.multi_point_seconds),
+            "--no-stream",
+            *_bench_common(ctx),
+            "--out",
+            str(path),
+            "--json",
+        ),
+        timeout=ctx.cap(len(levels) * (st.multi_point_seconds + 45) + 90),
+    )
     if not path.exists():  # a fleet run may name its file after the server
         alt = sorted(path.parent.glob(f"{path.stem}*.json"))
         if alt:
             alt[0].replace(path)
     doc = read_json(path) or {}
-    points = [{"concurrency": p.get("concurrency"), "output_tokens_per_s": p.get("output_tokens_per_s"),
-               "errors": p.get("errors")} for p in doc.get("points") or []]
-    return {"rc": res.rc, "seconds": round(res.seconds, 1), "run": str(path) if doc else None, "points": points,
-            "best": max(points, key=lambda p: p.get("output_tokens_per_s") or 0, default=None)}
+    points = [
+        {
+            "concurrency": p.get("concurrency"),
+            "output_tokens_per_s": p.get("output_tokens_per_s"),
+            "errors": p.get("errors"),
+        }
+        for p in doc.get("points") or []
+    ]
+    return {
+        "rc": res.rc,
+        "seconds": round(res.seconds, 1),
+        "run": str(path) if doc else None,
+        "points": points,
+        "best": max(points, key=lambda p: p.get("output_tokens_per_s") or 0, default=None),
+    }
 
 
 def _single_run(ctx: Ctx) -> Path:
@@ -221,8 +287,14 @@ def stage_multi_plan(ctx: Ctx) -> dict:
     if not _single_run(ctx).exists():
         out["skipped"] = "no bench run of gpu0"
     else:
-        out["largest_job"] = _plan(ctx, "multi-plan", [_single_run(ctx)], _job_prompts(ctx, sizes[-1]), st.output_len,
-                                   ",".join(map(str, sizes)))
+        out["largest_job"] = _plan(
+            ctx,
+            "multi-plan",
+            [_single_run(ctx)],
+            _job_prompts(ctx, sizes[-1]),
+            st.output_len,
+            ",".join(map(str, sizes)),
+        )
     write_json(_res(ctx, "plan.json"), out)
     return out
 
@@ -233,13 +305,19 @@ def _timed_job(ctx: Ctx, name: str, fleet: Path, prompts: int, **kw) -> dict:
     out = _job(ctx, name, fleet, prompts, _words_for(ctx.settings.input_len), [], bench=_single_run(ctx), **kw)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     user, sys_ = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
-    out["coordinator_cpu"] = {"user_s": round(user, 2), "sys_s": round(sys_, 2), "wall_s": out.get("seconds"),
-                              "cores": cpu_share(user, sys_, out.get("seconds") or 0.0)}
+    out["coordinator_cpu"] = {
+        "user_s": round(user, 2),
+        "sys_s": round(sys_, 2),
+        "wall_s": out.get("seconds"),
+        "cores": cpu_share(user, sys_, out.get("seconds") or 0.0),
+    }
     return out
 
 
 def _check(ctx: Ctx, name: str, dest: str) -> dict:
-    res = ctx.runner.run(name, ctx.sf("plan", "--bench", str(_single_run(ctx)), "--check", dest, "--json"), timeout=300)
+    res = ctx.runner.run(
+        name, ctx.sf("plan", "--bench", str(_single_run(ctx)), "--check", dest, "--json"), timeout=300
+    )
     return {"rc": res.rc, "summary": check_summary(res.json()), "check": res.json()}
 
 
@@ -278,9 +356,11 @@ def stage_multi_scale(ctx: Ctx) -> dict:
         job["check"] = _check(ctx, f"multi-check-{k}", job["dest"])["summary"] if job.get("dest") else {}
         job.pop("report", None)
         out["jobs"][str(k)] = job
-        run.say(f"  multi-scale {k}: {job['status']}, {job['output_tokens_per_s']} tok/s, exactly once "
-                f"{job['exactly_once']}, makespan error {job['check'].get('makespan_error_pct')} %, coordinator "
-                f"{job['coordinator_cpu']['cores']} cores")
+        run.say(
+            f"  multi-scale {k}: {job['status']}, {job['output_tokens_per_s']} tok/s, exactly once "
+            f"{job['exactly_once']}, makespan error {job['check'].get('makespan_error_pct')} %, coordinator "
+            f"{job['coordinator_cpu']['cores']} cores"
+        )
         write_json(_res(ctx, "scale.json"), out)
     tps = {k: j.get("output_tokens_per_s") for k, j in out["jobs"].items() if j.get("output_tokens_per_s")}
     if "1" in tps:
@@ -331,8 +411,7 @@ def stage_multi_fault(ctx: Ctx) -> dict:
         return {"signal": "SIGKILL", "server": victim, "pgid": record["pgid"], "after_s": st.multi_kill_after}
 
     prompts = st.multi_fault_prompts or 2 * _job_prompts(ctx, n)
-    out = _timed_job(ctx, "multi-fault", _fleet(ctx), prompts, fault=kill,
-                     fault_after=st.multi_kill_after)
+    out = _timed_job(ctx, "multi-fault", _fleet(ctx), prompts, fault=kill, fault_after=st.multi_kill_after)
     out.update(_recovery(out.get("events") or [], victim))
     out["restarted_on"] = _gpu_of_record(ctx, victim)
     out["restarts"] = sum((s or {}).get("restarts", 0) for s in (out.get("report") or {}).get("servers") or [])
@@ -342,9 +421,11 @@ def stage_multi_fault(ctx: Ctx) -> dict:
         out["dip"] = throughput_dip(tl, killed_at["unix"] - float(tl.get("started") or 0))
         down = ((tl.get("servers") or {}).get(victim) or {}).get("down_s") or []
         out["victim_down_s"] = round(sum(down), 1)
-    ctx.runner.say(f"  multi-fault: {out['status']}, exactly once {out['exactly_once']}, back in service "
-                   f"{out['back_in_service']}, dip {(out.get('dip') or {}).get('dip_fraction')}, recovered after "
-                   f"{(out.get('dip') or {}).get('recovery_s')} s")
+    ctx.runner.say(
+        f"  multi-fault: {out['status']}, exactly once {out['exactly_once']}, back in service "
+        f"{out['back_in_service']}, dip {(out.get('dip') or {}).get('dip_fraction')}, recovered after "
+        f"{(out.get('dip') or {}).get('recovery_s')} s"
+    )
     write_json(_res(ctx, "fault.json"), out)
     return out
 
@@ -352,8 +433,12 @@ def stage_multi_fault(ctx: Ctx) -> dict:
 def stage_multi_down(ctx: Ctx) -> dict:
     out = {}
     if _fleet(ctx).exists():
-        out = ctx.runner.run("multi-down", ctx.sf("down", "--fleet", str(_fleet(ctx)), "--grace", "10", "--json"),
-                             timeout=180).json() or {}
+        out = (
+            ctx.runner.run(
+                "multi-down", ctx.sf("down", "--fleet", str(_fleet(ctx)), "--grace", "10", "--json"), timeout=180
+            ).json()
+            or {}
+        )
     write_json(_res(ctx, "down.json"), out)
     return out
 
@@ -383,8 +468,9 @@ def stage_tp_bench(ctx: Ctx) -> dict:
     else:
         out = _bench_one(ctx, _tp_fleet(ctx), "tp2", _tp_run(ctx), "tp-bench")
         if _single_run(ctx).exists() and _tp_run(ctx).exists():
-            out["plan"] = _plan(ctx, "tp-plan", [_single_run(ctx), Path(f"{_tp_run(ctx)}:2")], _job_prompts(ctx, 2),
-                                st.output_len, "2")
+            out["plan"] = _plan(
+                ctx, "tp-plan", [_single_run(ctx), Path(f"{_tp_run(ctx)}:2")], _job_prompts(ctx, 2), st.output_len, "2"
+            )
             out["plan_rank"] = plan_rank((out["plan"] or {}).get("plan"), "2")
     write_json(_res(ctx, "tp_bench.json"), out)
     return out
@@ -396,8 +482,9 @@ def stage_tp_generate(ctx: Ctx) -> dict:
         out: dict = {"skipped": "the TP=2 server is not ready"}
         write_json(_res(ctx, "tp_generate.json"), out)
         return out
-    out = _job(ctx, "tp-gen", _tp_fleet(ctx), _job_prompts(ctx, 2), _words_for(ctx.settings.input_len), [],
-               bench=_tp_run(ctx))
+    out = _job(
+        ctx, "tp-gen", _tp_fleet(ctx), _job_prompts(ctx, 2), _words_for(ctx.settings.input_len), [], bench=_tp_run(ctx)
+    )
     out.pop("report", None)
     two = ((read_json(_res(ctx, "scale.json")) or {}).get("jobs") or {}).get("2") or {}
     tp_bench = read_json(_res(ctx, "tp_bench.json")) or {}
@@ -408,8 +495,10 @@ def stage_tp_generate(ctx: Ctx) -> dict:
         rank = tp_bench.get("plan_rank") or []
         out["plan_rank"] = rank
         out["plan_ranks_as_jobs"] = [r for r in rank if r in measured] == out["jobs_rank"] if rank else None
-    ctx.runner.say(f"  tp-generate: {out['status']}, makespans {measured}, plan ranks as the jobs: "
-                   f"{out.get('plan_ranks_as_jobs')}")
+    ctx.runner.say(
+        f"  tp-generate: {out['status']}, makespans {measured}, plan ranks as the jobs: "
+        f"{out.get('plan_ranks_as_jobs')}"
+    )
     write_json(_res(ctx, "tp_generate.json"), out)
     return out
 
@@ -417,8 +506,12 @@ def stage_tp_generate(ctx: Ctx) -> dict:
 def stage_tp_down(ctx: Ctx) -> dict:
     out = {}
     if _tp_fleet(ctx).exists():
-        out = ctx.runner.run("tp-down", ctx.sf("down", "--fleet", str(_tp_fleet(ctx)), "--grace", "10", "--json"),
-                             timeout=180).json() or {}
+        out = (
+            ctx.runner.run(
+                "tp-down", ctx.sf("down", "--fleet", str(_tp_fleet(ctx)), "--grace", "10", "--json"), timeout=180
+            ).json()
+            or {}
+        )
     write_json(_res(ctx, "tp_down.json"), out)
     return out
 
@@ -428,34 +521,68 @@ def stage_multi_summary(ctx: Ctx) -> dict:
     """results/multi/summary.json and summary.md: the figures of the issue, from the stages' JSON."""
     up, scale = read_json(_res(ctx, "up.json")) or {}, read_json(_res(ctx, "scale.json")) or {}
     fault, tp = read_json(_res(ctx, "fault.json")) or {}, read_json(_res(ctx, "tp_generate.json")) or {}
-    out = {"rehearsal": ctx.layout.rehearse, "gpus": up.get("gpus"), "time_to_ready_s": up.get("time_to_ready_s"),
-           "fleet_ready_s": up.get("fleet_ready_s"), "up_wall_s": up.get("wall_s"),
-           "scale": {k: {"prompts": j.get("prompts"), "output_tokens_per_s": j.get("output_tokens_per_s"),
-                         "seconds": j.get("seconds"), "exactly_once": j.get("exactly_once"),
-                         "makespan_error_pct": (j.get("check") or {}).get("makespan_error_pct"),
-                         "within_tolerance": (j.get("check") or {}).get("within_tolerance"),
-                         "coordinator_cores": (j.get("coordinator_cpu") or {}).get("cores"), "skipped": j.get("skipped")}
-                     for k, j in (scale.get("jobs") or {}).items()},
-           "speedup": scale.get("speedup"),
-           "fault": {k: fault.get(k) for k in ("status", "exactly_once", "duplicates", "restarts", "back_in_service",
-                                               "victim_down_s", "restarted_on", "skipped")}
-           | {k: (fault.get("dip") or {}).get(k) for k in ("rate_before", "min_after", "dip_fraction", "recovery_s")},
-           "tp": {k: tp.get(k) for k in ("makespan_s", "jobs_rank", "plan_rank", "plan_ranks_as_jobs", "skipped")}}
-    lines = [f"# Several GPUs (issue 18){' — CPU rehearsal (sim)' if out['rehearsal'] else ''}", "",
-             f"{out['gpus']} servers; fleet ready in {out['fleet_ready_s']} s (up wall {out['up_wall_s']} s); "
-             f"per server: {out['time_to_ready_s']}", "",
-             "| servers | prompts | tok/s | speedup | wall s | exactly once | makespan error % | coordinator cores |",
-             "|---|---|---|---|---|---|---|---|"]
+    out = {
+        "rehearsal": ctx.layout.rehearse,
+        "gpus": up.get("gpus"),
+        "time_to_ready_s": up.get("time_to_ready_s"),
+        "fleet_ready_s": up.get("fleet_ready_s"),
+        "up_wall_s": up.get("wall_s"),
+        "scale": {
+            k: {
+                "prompts": j.get("prompts"),
+                "output_tokens_per_s": j.get("output_tokens_per_s"),
+                "seconds": j.get("seconds"),
+                "exactly_once": j.get("exactly_once"),
+                "makespan_error_pct": (j.get("check") or {}).get("makespan_error_pct"),
+                "within_tolerance": (j.get("check") or {}).get("within_tolerance"),
+                "coordinator_cores": (j.get("coordinator_cpu") or {}).get("cores"),
+                "skipped": j.get("skipped"),
+            }
+            for k, j in (scale.get("jobs") or {}).items()
+        },
+        "speedup": scale.get("speedup"),
+        "fault": {
+            k: fault.get(k)
+            for k in (
+                "status",
+                "exactly_once",
+                "duplicates",
+                "restarts",
+                "back_in_service",
+                "victim_down_s",
+                "restarted_on",
+                "skipped",
+            )
+        }
+        | {k: (fault.get("dip") or {}).get(k) for k in ("rate_before", "min_after", "dip_fraction", "recovery_s")},
+        "tp": {k: tp.get(k) for k in ("makespan_s", "jobs_rank", "plan_rank", "plan_ranks_as_jobs", "skipped")},
+    }
+    lines = [
+        f"# Several GPUs (issue 18){' — CPU rehearsal (sim)' if out['rehearsal'] else ''}",
+        "",
+        f"{out['gpus']} servers; fleet ready in {out['fleet_ready_s']} s (up wall {out['up_wall_s']} s); "
+        f"per server: {out['time_to_ready_s']}",
+        "",
+        "| servers | prompts | tok/s | speedup | wall s | exactly once | makespan error % | coordinator cores |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for k, j in out["scale"].items():
-        lines.append(f"| {k} | {j['prompts']} | {j['output_tokens_per_s']} | {(out['speedup'] or {}).get(k)} | "
-                     f"{j['seconds']} | {j['exactly_once']} | {j['makespan_error_pct']} | {j['coordinator_cores']} |"
-                     if not j.get("skipped") else f"| {k} | skipped: {j['skipped']} ||||||")
+        lines.append(
+            f"| {k} | {j['prompts']} | {j['output_tokens_per_s']} | {(out['speedup'] or {}).get(k)} | "
+            f"{j['seconds']} | {j['exactly_once']} | {j['makespan_error_pct']} | {j['coordinator_cores']} |"
+            if not j.get("skipped")
+            else f"| {k} | skipped: {j['skipped']} ||||||"
+        )
     f = out["fault"]
-    lines += ["", f"Fault: {f['status']}, exactly once {f['exactly_once']}, restarts {f['restarts']}, back in service "
-                  f"{f['back_in_service']}; rate {f['rate_before']} -> min {f['min_after']} tok/s (dip {f['dip_fraction']}), "
-                  f"recovered after {f['recovery_s']} s",
-              "", f"TP=2 vs 2 replicas: makespans {out['tp']['makespan_s']}; jobs rank {out['tp']['jobs_rank']}, "
-                  f"plan ranks {out['tp']['plan_rank']}: same order {out['tp']['plan_ranks_as_jobs']}"]
+    lines += [
+        "",
+        f"Fault: {f['status']}, exactly once {f['exactly_once']}, restarts {f['restarts']}, back in service "
+        f"{f['back_in_service']}; rate {f['rate_before']} -> min {f['min_after']} tok/s (dip {f['dip_fraction']}), "
+        f"recovered after {f['recovery_s']} s",
+        "",
+        f"TP=2 vs 2 replicas: makespans {out['tp']['makespan_s']}; jobs rank {out['tp']['jobs_rank']}, "
+        f"plan ranks {out['tp']['plan_rank']}: same order {out['tp']['plan_ranks_as_jobs']}",
+    ]
     write_json(_res(ctx, "summary.json"), out)
     _res(ctx, "summary.md").write_text("\n".join(lines) + "\n")
     out_dir = Path(ctx.layout.out)
@@ -465,16 +592,34 @@ def stage_multi_summary(ctx: Ctx) -> dict:
     return out
 
 
-STAGES_MULTI = {"multi-up": stage_multi_up, "multi-bench": stage_multi_bench, "multi-plan": stage_multi_plan,
-                "multi-scale": stage_multi_scale, "multi-fault": stage_multi_fault, "multi-down": stage_multi_down,
-                "tp-up": stage_tp_up, "tp-bench": stage_tp_bench, "tp-generate": stage_tp_generate,
-                "tp-down": stage_tp_down, "multi-summary": stage_multi_summary}
+STAGES_MULTI = {
+    "multi-up": stage_multi_up,
+    "multi-bench": stage_multi_bench,
+    "multi-plan": stage_multi_plan,
+    "multi-scale": stage_multi_scale,
+    "multi-fault": stage_multi_fault,
+    "multi-down": stage_multi_down,
+    "tp-up": stage_tp_up,
+    "tp-bench": stage_tp_bench,
+    "tp-generate": stage_tp_generate,
+    "tp-down": stage_tp_down,
+    "multi-summary": stage_multi_summary,
+}
 
 # One device command is at most 10 minutes: multi-a and multi-b are ``multi`` in two (multi-b's
 # multi-scale resumes the sizes multi-a's budget left out); ``multi`` whole is for the rehearsal.
 GROUPS_MULTI = {
-    "multi": ("setup", "multi-up", "multi-bench", "multi-plan", "multi-scale", "multi-fault", "multi-down",
-              "multi-summary", "collect"),
+    "multi": (
+        "setup",
+        "multi-up",
+        "multi-bench",
+        "multi-plan",
+        "multi-scale",
+        "multi-fault",
+        "multi-down",
+        "multi-summary",
+        "collect",
+    ),
     "multi-a": ("setup", "multi-up", "multi-bench", "multi-plan", "multi-scale", "multi-summary", "collect"),
     "multi-b": ("multi-scale", "multi-fault", "multi-down", "multi-summary", "collect"),
     "multi-tp": ("setup", "tp-up", "tp-bench", "tp-generate", "tp-down", "multi-summary", "collect"),
@@ -485,7 +630,16 @@ def estimates_multi(st) -> dict[str, float]:
     """Seconds on H200s (run 2's figures: a cold start ~105 s, ~30k tok/s per server non-streaming)."""
     per_job = st.multi_prompts_per_gpu * st.output_len / 30_000 + 40
     points = len(st.multi_levels()) * (st.multi_point_seconds + 20) + 30
-    return {"multi-up": 240.0, "multi-bench": points, "multi-plan": 15.0,
-            "multi-scale": per_job + 60,  # one size at least; the stage checks the budget before each size
-            "multi-fault": 2 * per_job + 120, "multi-down": 30.0, "tp-up": 240.0, "tp-bench": points,
-            "tp-generate": 2 * per_job, "tp-down": 20.0, "multi-summary": 5.0}
+    return {
+        "multi-up": 240.0,
+        "multi-bench": points,
+        "multi-plan": 15.0,
+        "multi-scale": per_job + 60,  # one size at least; the stage checks the budget before each size
+        "multi-fault": 2 * per_job + 120,
+        "multi-down": 30.0,
+        "tp-up": 240.0,
+        "tp-bench": points,
+        "tp-generate": 2 * per_job,
+        "tp-down": 20.0,
+        "multi-summary": 5.0,
+    }

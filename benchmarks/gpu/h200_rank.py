@@ -29,9 +29,12 @@ def rank_summary(plan: dict | None, checks: dict[str, dict]) -> dict:
     planned = plan_order(plan)
     timed = {n: c.get("makespan_measured_s") for n, c in checks.items() if c.get("makespan_measured_s")}
     measured = sorted(timed, key=lambda n: timed[n])
-    return {"plan_order": planned, "measured_order": measured,
-            "measured_makespan_s": timed,
-            "first_agrees": bool(planned and measured and planned[0] == measured[0]) if len(measured) > 1 else None}
+    return {
+        "plan_order": planned,
+        "measured_order": measured,
+        "measured_makespan_s": timed,
+        "first_agrees": bool(planned and measured and planned[0] == measured[0]) if len(measured) > 1 else None,
+    }
 
 
 def stage_rank_jobs(ctx: Ctx) -> dict:
@@ -41,7 +44,9 @@ def stage_rank_jobs(ctx: Ctx) -> dict:
     ready = _ready(ctx, lay.main_fleet)
     out: dict = {"prompts": st.rank_prompts, "max_tokens": st.output_len}
     if set(runs) != set(SHARED) or not set(SHARED) <= set(ready):
-        out["skipped"] = f"needs both shared servers ready (ready: {ready}) and bench-shared's runs (have: {sorted(runs)})"
+        out["skipped"] = (
+            f"needs both shared servers ready (ready: {ready}) and bench-shared's runs (have: {sorted(runs)})"
+        )
         write_json(lay.results / "rank_jobs.json", out)
         return out
     out["plan"] = _plan(ctx, "plan-rank", [runs[n] for n in SHARED], st.rank_prompts, st.output_len, "1")
@@ -49,14 +54,30 @@ def stage_rank_jobs(ctx: Ctx) -> dict:
     checks: dict = {}
     for name in SHARED:
         job = _job(ctx, f"rank-{name}", lay.url(name), st.rank_prompts, _words_for(st.input_len), [], bench=runs[name])
-        res = run.run(f"plan-check-rank-{name}", ctx.sf("plan", "--bench", str(runs[name]), "--check", job["dest"], "--json"),
-                      timeout=300)
+        res = run.run(
+            f"plan-check-rank-{name}",
+            ctx.sf("plan", "--bench", str(runs[name]), "--check", job["dest"], "--json"),
+            timeout=300,
+        )
         checks[name] = check_summary(res.json())
-        jobs[name] = {k: job.get(k) for k in ("status", "rc", "seconds", "output_tokens_per_s", "unique_ids", "duplicates",
-                                              "exactly_once", "dest")}
+        jobs[name] = {
+            k: job.get(k)
+            for k in (
+                "status",
+                "rc",
+                "seconds",
+                "output_tokens_per_s",
+                "unique_ids",
+                "duplicates",
+                "exactly_once",
+                "dest",
+            )
+        }
         jobs[name]["check"] = checks[name]
-        run.say(f"  rank-{name}: {job.get('status')}, {job.get('output_tokens_per_s')} tok/s, "
-                f"makespan error {checks[name].get('makespan_error_pct')} %")
+        run.say(
+            f"  rank-{name}: {job.get('status')}, {job.get('output_tokens_per_s')} tok/s, "
+            f"makespan error {checks[name].get('makespan_error_pct')} %"
+        )
         write_json(lay.results / "rank_jobs.json", {**out, "jobs": jobs})
     out["jobs"] = jobs
     out["ranking"] = rank_summary((out["plan"] or {}).get("plan"), checks)

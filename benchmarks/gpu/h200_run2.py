@@ -38,15 +38,27 @@ from h200_stages import (
     write_json,
 )
 
-__all__ = ["STAGES2", "ESTIMATES2", "engine_core_pids", "api_server_pids", "same_workload_prompts", "check_summary", "start_order"]
+__all__ = [
+    "STAGES2",
+    "ESTIMATES2",
+    "engine_core_pids",
+    "api_server_pids",
+    "same_workload_prompts",
+    "check_summary",
+    "start_order",
+]
 
 WHOLE = "whole"
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
 def _status(ctx: Ctx, fleet: Path) -> dict:
-    return ctx.runner.run(f"status-{fleet.stem}", ctx.sf("status", "--fleet", str(fleet), "--json"),
-                          timeout=120, quiet=True).json() or {}
+    return (
+        ctx.runner.run(
+            f"status-{fleet.stem}", ctx.sf("status", "--fleet", str(fleet), "--json"), timeout=120, quiet=True
+        ).json()
+        or {}
+    )
 
 
 def _ready(ctx: Ctx, fleet: Path) -> list[str]:
@@ -67,9 +79,12 @@ def _up(ctx: Ctx, fleet: Path, text: str, name: str) -> dict:
     servers = {}
     for entry in _status(ctx, fleet).get("servers", []):
         servers[entry.get("name")] = {
-            "state": entry.get("state"), "category": entry.get("category"),
-            "time_to_ready_s": entry.get("time_to_ready_s"), "capacity": entry.get("capacity"),
-            "base_url": entry.get("base_url"), "log_path": entry.get("log_path"),
+            "state": entry.get("state"),
+            "category": entry.get("category"),
+            "time_to_ready_s": entry.get("time_to_ready_s"),
+            "capacity": entry.get("capacity"),
+            "base_url": entry.get("base_url"),
+            "log_path": entry.get("log_path"),
             "server_log": _server_log_facts(Path(entry.get("log_path") or "/nonexistent")),
         }
     for entry in (out["up"] or {}).get("servers", []):
@@ -130,7 +145,9 @@ def same_workload_prompts(path: Path, n: int, max_tokens: int, words: int, seed:
     with open(path, "w") as fh:
         for i in range(n):
             prompt = " ".join(f"w{rng.randrange(997)}" for _ in range(words))
-            fh.write(json.dumps({"id": f"p{i:06d}", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}) + "\n")
+            fh.write(
+                json.dumps({"id": f"p{i:06d}", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}) + "\n"
+            )
 
 
 def _proc_table() -> dict[int, tuple[int, int, str, str]]:
@@ -145,8 +162,8 @@ def _proc_table() -> dict[int, tuple[int, int, str, str]]:
         except OSError:
             continue
         rparen = stat.rfind(")")
-        comm = stat[stat.find("(") + 1:rparen]
-        fields = stat[rparen + 2:].split()
+        comm = stat[stat.find("(") + 1 : rparen]
+        fields = stat[rparen + 2 :].split()
         table[int(entry)] = (int(fields[1]), int(fields[2]), comm, cmd)
     return table
 
@@ -175,9 +192,18 @@ def api_server_pids(pgid: int, table: dict[int, tuple[int, int, str, str]] | Non
     return sorted(pid for pid, row in table.items() if row[1] == pgid and row[0] == pgid)
 
 
-def _job(ctx: Ctx, name: str, fleet: Path | str, prompts: int, words: int, extra: list[str],
-         fault: Callable[[], dict] | None = None, fault_after: float = 0.0, bench: Path | None = None,
-         holder: dict | None = None) -> dict:
+def _job(
+    ctx: Ctx,
+    name: str,
+    fleet: Path | str,
+    prompts: int,
+    words: int,
+    extra: list[str],
+    fault: Callable[[], dict] | None = None,
+    fault_after: float = 0.0,
+    bench: Path | None = None,
+    holder: dict | None = None,
+) -> dict:
     """``servefleet generate`` over a fleet (or one server's URL: a str), optionally with ``fault()``
     called ``fault_after`` s in; counts the ids of the JSONL shards (every prompt exactly once)."""
     lay, st, run = ctx.layout, ctx.settings, ctx.runner
@@ -185,12 +211,32 @@ def _job(ctx: Ctx, name: str, fleet: Path | str, prompts: int, words: int, extra
     src, dest = gen / "prompts.jsonl", gen / f"out-{int(time.time())}"
     same_workload_prompts(src, prompts, st.output_len, words)
     target = ["--url", fleet] if isinstance(fleet, str) else ["--fleet", str(fleet)]
-    argv = ctx.sf("generate", "--input", str(src), "--output", str(dest), *target, "--completions",
-                  "--temperature", "0", "--format", "jsonl", "--shard-rows", "1000", *extra, "--json")
+    argv = ctx.sf(
+        "generate",
+        "--input",
+        str(src),
+        "--output",
+        str(dest),
+        *target,
+        "--completions",
+        "--temperature",
+        "0",
+        "--format",
+        "jsonl",
+        "--shard-rows",
+        "1000",
+        *extra,
+        "--json",
+    )
     if bench is not None and bench.exists():
         argv[-1:-1] = ["--bench", str(bench)]
-    out: dict = {"prompts": prompts, "words_per_prompt": words, "max_tokens": st.output_len, "dest": str(dest),
-                 "argv": argv}
+    out: dict = {
+        "prompts": prompts,
+        "words_per_prompt": words,
+        "max_tokens": st.output_len,
+        "dest": str(dest),
+        "argv": argv,
+    }
     job = run.start(name, argv)
     if holder is not None:
         holder["job"] = job
@@ -202,13 +248,20 @@ def _job(ctx: Ctx, name: str, fleet: Path | str, prompts: int, words: int, extra
     report = res.json() or {}
     ids = count_answers(dest)
     events = report.get("events") or []
-    out.update({
-        "rc": res.rc, "timed_out": res.timed_out, "seconds": round(res.seconds, 1), "report": report,
-        "status": report.get("status"), "output_tokens_per_s": report.get("output_tokens_per_s"),
-        "unique_ids": len(ids), "duplicates": sum(c - 1 for c in ids.values() if c > 1),
-        "exactly_once": len(ids) == prompts and all(c == 1 for c in ids.values()),
-        "events": events,
-    })
+    out.update(
+        {
+            "rc": res.rc,
+            "timed_out": res.timed_out,
+            "seconds": round(res.seconds, 1),
+            "report": report,
+            "status": report.get("status"),
+            "output_tokens_per_s": report.get("output_tokens_per_s"),
+            "unique_ids": len(ids),
+            "duplicates": sum(c - 1 for c in ids.values() if c > 1),
+            "exactly_once": len(ids) == prompts and all(c == 1 for c in ids.values()),
+            "events": events,
+        }
+    )
     return out
 
 
@@ -221,8 +274,9 @@ def stage_up_whole(ctx: Ctx) -> dict:
     lay = ctx.layout
     for other in (lay.main_fleet,):  # the whole GPU: the shared servers go down first
         if other.exists():
-            ctx.runner.run("down-shared-first", ctx.sf("down", "--fleet", str(other), "--grace", "10", "--json"),
-                           timeout=180)
+            ctx.runner.run(
+                "down-shared-first", ctx.sf("down", "--fleet", str(other), "--grace", "10", "--json"), timeout=180
+            )
     out = _up(ctx, lay.whole_fleet, whole_toml(lay, ctx.settings), "up-whole")
     write_json(lay.results / "up_whole.json", out)
     return out
@@ -243,34 +297,69 @@ def stage_bench_nostream(ctx: Ctx) -> dict:
     path = _nostream_run(lay)
     path.parent.mkdir(parents=True, exist_ok=True)
     levels = st.nostream_levels()
-    res = run.run("bench-nostream", ctx.sf("bench", "--fleet", str(lay.whole_fleet), "--servers", WHOLE,
-                                           "-c", st.nostream_concurrency, "--duration", str(st.nostream_point_seconds),
-                                           "--no-stream", *_bench_common(ctx), "--out", str(path), "--json"),
-                  timeout=ctx.cap(len(levels) * (st.nostream_point_seconds + 45) + 90, reserve=60.0))
+    res = run.run(
+        "bench-nostream",
+        ctx.sf(
+            "bench",
+            "--fleet",
+            str(lay.whole_fleet),
+            "--servers",
+            WHOLE,
+            "-c",
+            st.nostream_concurrency,
+            "--duration",
+            str(st.nostream_point_seconds),
+            "--no-stream",
+            *_bench_common(ctx),
+            "--out",
+            str(path),
+            "--json",
+        ),
+        timeout=ctx.cap(len(levels) * (st.nostream_point_seconds + 45) + 90, reserve=60.0),
+    )
     if not path.exists():  # a fleet run may name its file after the server
         alt = sorted(path.parent.glob("nostream-whole*.json"))
         if alt:
             alt[0].replace(path)
     doc = read_json(path) or {}
-    out.update({"rc": res.rc, "seconds": round(res.seconds, 1), "run": str(path) if doc else None,
-                "points": [{"concurrency": p.get("concurrency"), "output_tokens_per_s": p.get("output_tokens_per_s"),
-                            "duration_s": p.get("duration_s"), "errors": p.get("errors"),
-                            "client_bound": p.get("client_bound")} for p in doc.get("points") or []]})
+    out.update(
+        {
+            "rc": res.rc,
+            "seconds": round(res.seconds, 1),
+            "run": str(path) if doc else None,
+            "points": [
+                {
+                    "concurrency": p.get("concurrency"),
+                    "output_tokens_per_s": p.get("output_tokens_per_s"),
+                    "duration_s": p.get("duration_s"),
+                    "errors": p.get("errors"),
+                    "client_bound": p.get("client_bound"),
+                }
+                for p in doc.get("points") or []
+            ],
+        }
+    )
     best = max(out["points"], key=lambda p: p.get("output_tokens_per_s") or 0, default=None)
     out["best"] = best
     write_json(lay.results / "bench_nostream.json", out)
     return out
 
 
-def _plan(ctx: Ctx, name: str, runs: list[Path], prompts: int, tokens: float, gpus: str,
-          plot: Path | None = None) -> dict:
+def _plan(
+    ctx: Ctx, name: str, runs: list[Path], prompts: int, tokens: float, gpus: str, plot: Path | None = None
+) -> dict:
     args: list[str] = []
     for p in runs:
         args += ["--bench", str(p)]
     if plot is not None:
         args += ["--plot", str(plot)]
-    res = ctx.runner.run(name, ctx.sf("plan", *args, "--prompts", str(prompts), "--output-tokens-mean", str(tokens),
-                                      "--gpus", gpus, "--json"), timeout=300)
+    res = ctx.runner.run(
+        name,
+        ctx.sf(
+            "plan", *args, "--prompts", str(prompts), "--output-tokens-mean", str(tokens), "--gpus", gpus, "--json"
+        ),
+        timeout=300,
+    )
     return {"rc": res.rc, "plan": res.json(), "stderr": res.stderr_tail[-800:] if res.rc else None}
 
 
@@ -283,8 +372,15 @@ def stage_plan2(ctx: Ctx) -> dict:
     if not run_path.exists():
         out["skipped"] = "no non-streaming bench run"
     else:
-        out["job"] = _plan(ctx, "plan-job", [run_path], JOB_PROMPTS, JOB_OUTPUT_TOKENS, PLAN_GPUS,
-                           lay.results / "plan2" / "plan-job.png")
+        out["job"] = _plan(
+            ctx,
+            "plan-job",
+            [run_path],
+            JOB_PROMPTS,
+            JOB_OUTPUT_TOKENS,
+            PLAN_GPUS,
+            lay.results / "plan2" / "plan-job.png",
+        )
         out["whole_job"] = _plan(ctx, "plan-whole-job", [run_path], st.whole_prompts, st.output_len, "1")
     write_json(lay.results / "plan2.json", out)
     return out
@@ -297,14 +393,23 @@ def stage_generate_whole(ctx: Ctx) -> dict:
     if WHOLE not in _ready(ctx, lay.whole_fleet):
         out = {"skipped": "the whole-GPU server is not ready"}
     else:
-        out = _job(ctx, "generate-whole", lay.whole_fleet, st.whole_prompts, _words_for(st.input_len), [],
-                   bench=_nostream_run(lay))
+        out = _job(
+            ctx,
+            "generate-whole",
+            lay.whole_fleet,
+            st.whole_prompts,
+            _words_for(st.input_len),
+            [],
+            bench=_nostream_run(lay),
+        )
         best = ((read_json(lay.results / "bench_nostream.json") or {}).get("best") or {}).get("output_tokens_per_s")
         out["bench_best_tok_s"] = best
         tps = out.get("output_tokens_per_s")
         out["fraction_of_bench_best"] = round(tps / best, 3) if tps and best else None
-        ctx.runner.say(f"  generate-whole: {out['status']}, {out['unique_ids']} ids, {tps} tok/s = "
-                       f"{out['fraction_of_bench_best']} of the bench's best ({best})")
+        ctx.runner.say(
+            f"  generate-whole: {out['status']}, {out['unique_ids']} ids, {tps} tok/s = "
+            f"{out['fraction_of_bench_best']} of the bench's best ({best})"
+        )
     write_json(lay.results / "generate_whole.json", out)
     return out
 
@@ -323,11 +428,17 @@ def check_summary(doc: dict | None) -> dict:
         return {}
     span = doc["metrics"].get("makespan_s") or {}
     tps = doc["metrics"].get("output_tps_per_server") or {}
-    return {"configuration": doc.get("configuration"), "concurrency": doc.get("concurrency"),
-            "makespan_predicted_s": span.get("predicted"), "makespan_measured_s": span.get("measured"),
-            "makespan_error_pct": span.get("error_pct"), "tps_predicted": tps.get("predicted"),
-            "tps_measured": tps.get("measured"), "within_tolerance": doc.get("within_tolerance"),
-            "verdict": doc.get("verdict")}
+    return {
+        "configuration": doc.get("configuration"),
+        "concurrency": doc.get("concurrency"),
+        "makespan_predicted_s": span.get("predicted"),
+        "makespan_measured_s": span.get("measured"),
+        "makespan_error_pct": span.get("error_pct"),
+        "tps_predicted": tps.get("predicted"),
+        "tps_measured": tps.get("measured"),
+        "within_tolerance": doc.get("within_tolerance"),
+        "verdict": doc.get("verdict"),
+    }
 
 
 def stage_plan_check(ctx: Ctx) -> dict:
@@ -337,10 +448,17 @@ def stage_plan_check(ctx: Ctx) -> dict:
     if not gen.get("dest") or not _nostream_run(lay).exists():
         out["skipped"] = "no generate job or no bench run"
     else:
-        res = ctx.runner.run("plan-check-whole", ctx.sf("plan", "--bench", str(_nostream_run(lay)), "--check",
-                                                        gen["dest"], "--json"), timeout=300)
-        out = {"rc": res.rc, "check": res.json(), "summary": check_summary(res.json()),
-               "stderr": res.stderr_tail[-800:] if res.rc else None}
+        res = ctx.runner.run(
+            "plan-check-whole",
+            ctx.sf("plan", "--bench", str(_nostream_run(lay)), "--check", gen["dest"], "--json"),
+            timeout=300,
+        )
+        out = {
+            "rc": res.rc,
+            "check": res.json(),
+            "summary": check_summary(res.json()),
+            "stderr": res.stderr_tail[-800:] if res.rc else None,
+        }
     write_json(lay.results / "plan_check.json", out)
     return out
 
@@ -352,20 +470,28 @@ def stage_ab_stream(ctx: Ctx) -> dict:
     """Streaming: servefleet bench and ``vllm bench serve`` on the whole-GPU server at the same
     concurrency and request count, back to back (rehearsal: the servefleet half only)."""
     st = ctx.settings
-    return _ab_stream(ctx, ctx.layout.whole_fleet, WHOLE, "ab_stream", st.ab_stream_levels(),
-                      lambda c: c * st.ab_stream_waves)
+    return _ab_stream(
+        ctx, ctx.layout.whole_fleet, WHOLE, "ab_stream", st.ab_stream_levels(), lambda c: c * st.ab_stream_waves
+    )
 
 
 def stage_ab_stream_shared(ctx: Ctx) -> dict:
     """The same A/B on the shared plain server (ngram idle beside it), at the first run's levels
     (256 and 64), each with at least ``ab_min_requests`` requests so that start and tail weigh little."""
     st = ctx.settings
-    return _ab_stream(ctx, ctx.layout.main_fleet, "plain", "ab_stream_shared", st.ab_shared_levels(),
-                      lambda c: max(c * st.ab_stream_waves, st.ab_min_requests))
+    return _ab_stream(
+        ctx,
+        ctx.layout.main_fleet,
+        "plain",
+        "ab_stream_shared",
+        st.ab_shared_levels(),
+        lambda c: max(c * st.ab_stream_waves, st.ab_min_requests),
+    )
 
 
-def _ab_stream(ctx: Ctx, fleet: Path, server: str, stem: str, levels: list[int],
-               requests_at: Callable[[int], int]) -> dict:
+def _ab_stream(
+    ctx: Ctx, fleet: Path, server: str, stem: str, levels: list[int], requests_at: Callable[[int], int]
+) -> dict:
     lay, st, run = ctx.layout, ctx.settings, ctx.runner
     out: dict = {"server": server, "points": []}
     if server not in _ready(ctx, fleet):
@@ -394,8 +520,12 @@ def stage_down_whole(ctx: Ctx) -> dict:
     lay = ctx.layout
     out = {}
     if lay.whole_fleet.exists():
-        out = ctx.runner.run("down-whole", ctx.sf("down", "--fleet", str(lay.whole_fleet), "--grace", "10", "--json"),
-                             timeout=180).json() or {}
+        out = (
+            ctx.runner.run(
+                "down-whole", ctx.sf("down", "--fleet", str(lay.whole_fleet), "--grace", "10", "--json"), timeout=180
+            ).json()
+            or {}
+        )
     write_json(lay.results / "down_whole.json", out)
     return out
 
@@ -425,14 +555,41 @@ def stage_bench_shared(ctx: Ctx) -> dict:
     else:
         folder = lay.results / "bench2"
         folder.mkdir(parents=True, exist_ok=True)
-        res = run.run("bench-shared", ctx.sf("bench", "--fleet", str(lay.main_fleet), "--servers", ",".join(names),
-                                             "-c", str(st.max_num_seqs), "--duration", str(st.shared_point_seconds),
-                                             "--no-stream", *_bench_common(ctx), "--out", str(folder / "shared.json"),
-                                             "--json"), timeout=ctx.cap(len(names) * (st.shared_point_seconds + 45) + 60))
+        res = run.run(
+            "bench-shared",
+            ctx.sf(
+                "bench",
+                "--fleet",
+                str(lay.main_fleet),
+                "--servers",
+                ",".join(names),
+                "-c",
+                str(st.max_num_seqs),
+                "--duration",
+                str(st.shared_point_seconds),
+                "--no-stream",
+                *_bench_common(ctx),
+                "--out",
+                str(folder / "shared.json"),
+                "--json",
+            ),
+            timeout=ctx.cap(len(names) * (st.shared_point_seconds + 45) + 60),
+        )
         runs = {n: folder / f"shared-{n}.json" for n in names if (folder / f"shared-{n}.json").exists()}
-        out.update({"rc": res.rc, "seconds": round(res.seconds, 1), "runs": {n: str(p) for n, p in runs.items()},
-                    "points": {n: [(q.get("concurrency"), q.get("output_tokens_per_s"))
-                                   for q in (read_json(p) or {}).get("points") or []] for n, p in runs.items()}})
+        out.update(
+            {
+                "rc": res.rc,
+                "seconds": round(res.seconds, 1),
+                "runs": {n: str(p) for n, p in runs.items()},
+                "points": {
+                    n: [
+                        (q.get("concurrency"), q.get("output_tokens_per_s"))
+                        for q in (read_json(p) or {}).get("points") or []
+                    ]
+                    for n, p in runs.items()
+                },
+            }
+        )
         if runs:
             out["plan_job"] = _plan(ctx, "plan-shared-job", list(runs.values()), JOB_PROMPTS, JOB_OUTPUT_TOKENS, "1")
     write_json(lay.results / "bench_shared.json", out)
@@ -450,17 +607,29 @@ def stage_generate_kill(ctx: Ctx) -> dict:
     if set(_ready(ctx, lay.main_fleet)) != {"plain", "ngram"}:
         out: dict = {"skipped": "both shared servers must be ready"}
     else:
+
         def kill() -> dict:
             pgid = _pgid(ctx, "ngram")
             if not pgid:
                 return {"error": "no process group in ngram's record"}
             os.killpg(pgid, signal.SIGKILL)
             return {"signal": "SIGKILL", "server": "ngram", "pgid": pgid, "after_s": st.kill_after}
-        out = _job(ctx, "generate-kill", lay.main_fleet, st.kill_prompts, _words_for(st.input_len), [],
-                   fault=kill, fault_after=st.kill_after)
+
+        out = _job(
+            ctx,
+            "generate-kill",
+            lay.main_fleet,
+            st.kill_prompts,
+            _words_for(st.input_len),
+            [],
+            fault=kill,
+            fault_after=st.kill_after,
+        )
         out.update(_recovery(out.get("events") or [], "ngram"))
-        ctx.runner.say(f"  generate-kill: {out['status']}, exactly once {out['exactly_once']}, "
-                       f"back in service {out['back_in_service']}")
+        ctx.runner.say(
+            f"  generate-kill: {out['status']}, exactly once {out['exactly_once']}, "
+            f"back in service {out['back_in_service']}"
+        )
     write_json(lay.results / "generate_kill.json", out)
     return out
 
@@ -486,6 +655,7 @@ def stage_hang(ctx: Ctx) -> dict:
     if set(_ready(ctx, lay.main_fleet)) != {"plain", "ngram"}:
         out: dict = {"skipped": "both shared servers must be ready"}
     else:
+
         def stop() -> dict:
             pgid = _pgid(ctx, "plain")
             if not pgid:
@@ -496,14 +666,31 @@ def stage_hang(ctx: Ctx) -> dict:
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
                 stopped.append(pid)
-            return {"signal": "SIGSTOP", "server": "plain", "pgid": pgid, "pids": pids, "found_by": how,
-                    "after_s": st.hang_stop_after}
-        out = _job(ctx, "generate-hang", lay.main_fleet, st.hang_prompts, _words_for(st.input_len),
-                   ["--hang-after", str(st.hang_after)], fault=stop, fault_after=st.hang_stop_after)
+            return {
+                "signal": "SIGSTOP",
+                "server": "plain",
+                "pgid": pgid,
+                "pids": pids,
+                "found_by": how,
+                "after_s": st.hang_stop_after,
+            }
+
+        out = _job(
+            ctx,
+            "generate-hang",
+            lay.main_fleet,
+            st.hang_prompts,
+            _words_for(st.input_len),
+            ["--hang-after", str(st.hang_after)],
+            fault=stop,
+            fault_after=st.hang_stop_after,
+        )
         out.update(_recovery(out.get("events") or [], "plain"))
         out["detected_as_hang"] = bool(out.get("taken_out") and "hung" in out["taken_out"])
-        ctx.runner.say(f"  hang: {out['status']}, detected as hang {out['detected_as_hang']}, "
-                       f"back in service {out['back_in_service']}, exactly once {out['exactly_once']}")
+        ctx.runner.say(
+            f"  hang: {out['status']}, detected as hang {out['detected_as_hang']}, "
+            f"back in service {out['back_in_service']}, exactly once {out['exactly_once']}"
+        )
     for pid in stopped:  # a stopped process left over (restart failed): let down's signals reach it
         try:
             os.kill(pid, signal.SIGCONT)
@@ -515,6 +702,7 @@ def stage_hang(ctx: Ctx) -> dict:
 
 def _answers_health(url: str, timeout: float = 2.0) -> bool:
     import urllib.request
+
     try:
         with urllib.request.urlopen(url + "/health", timeout=timeout) as resp:
             return resp.status == 200
@@ -541,8 +729,12 @@ def stage_faults(ctx: Ctx) -> dict:
         if not pgid:
             return {"error": "no process group in ngram's record"}
         os.killpg(pgid, signal.SIGKILL)
-        done["kill"] = {"signal": "SIGKILL", "server": "ngram", "pgid": pgid,
-                        "at_s": round(time.monotonic() - t_job, 1)}
+        done["kill"] = {
+            "signal": "SIGKILL",
+            "server": "ngram",
+            "pgid": pgid,
+            "at_s": round(time.monotonic() - t_job, 1),
+        }
         run.say(f"  faults: SIGKILL to ngram's process group {pgid}")
         deadline = time.monotonic() + st.generate_timeout
         time.sleep(2.0)
@@ -560,8 +752,14 @@ def stage_faults(ctx: Ctx) -> dict:
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
-        done["stop"] = {"signal": "SIGSTOP", "server": "plain", "pgid": pgid, "pids": pids, "found_by": how,
-                        "at_s": round(time.monotonic() - t_job, 1)}
+        done["stop"] = {
+            "signal": "SIGSTOP",
+            "server": "plain",
+            "pgid": pgid,
+            "pids": pids,
+            "found_by": how,
+            "at_s": round(time.monotonic() - t_job, 1),
+        }
         run.say(f"  faults: SIGSTOP to plain's {pids} ({how})")
         return done
 
@@ -570,14 +768,25 @@ def stage_faults(ctx: Ctx) -> dict:
     def job_alive() -> bool:
         return holder["job"].proc.poll() is None
 
-    out = _job(ctx, "generate-faults", lay.main_fleet, st.faults_prompts, _words_for(st.input_len),
-               ["--hang-after", str(st.hang_after)], fault=faults, fault_after=st.kill_after, holder=holder)
+    out = _job(
+        ctx,
+        "generate-faults",
+        lay.main_fleet,
+        st.faults_prompts,
+        _words_for(st.input_len),
+        ["--hang-after", str(st.hang_after)],
+        fault=faults,
+        fault_after=st.kill_after,
+        holder=holder,
+    )
     events = out.get("events") or []
     out["ngram"] = _recovery(events, "ngram")
     out["plain"] = _recovery(events, "plain")
     out["hang_detected"] = bool(out["plain"].get("taken_out") and "hung" in out["plain"]["taken_out"])
-    run.say(f"  faults: {out['status']}, exactly once {out['exactly_once']}; ngram back {out['ngram']['back_in_service']}; "
-            f"plain hang detected {out['hang_detected']}, back {out['plain']['back_in_service']}")
+    run.say(
+        f"  faults: {out['status']}, exactly once {out['exactly_once']}; ngram back {out['ngram']['back_in_service']}; "
+        f"plain hang detected {out['hang_detected']}, back {out['plain']['back_in_service']}"
+    )
     for pid in stopped:
         try:
             os.kill(pid, signal.SIGCONT)
@@ -587,21 +796,52 @@ def stage_faults(ctx: Ctx) -> dict:
     return out
 
 
-STAGES2 = {"up-whole": stage_up_whole, "bench-nostream": stage_bench_nostream, "plan2": stage_plan2,
-           "generate-whole": stage_generate_whole, "plan-check": stage_plan_check, "ab-stream": stage_ab_stream,
-           "ab-stream-shared": stage_ab_stream_shared,
-           "down-whole": stage_down_whole, "up-shared": stage_up_shared, "bench-shared": stage_bench_shared, "generate-kill": stage_generate_kill,
-           "hang": stage_hang, "faults": stage_faults}
+STAGES2 = {
+    "up-whole": stage_up_whole,
+    "bench-nostream": stage_bench_nostream,
+    "plan2": stage_plan2,
+    "generate-whole": stage_generate_whole,
+    "plan-check": stage_plan_check,
+    "ab-stream": stage_ab_stream,
+    "ab-stream-shared": stage_ab_stream_shared,
+    "down-whole": stage_down_whole,
+    "up-shared": stage_up_shared,
+    "bench-shared": stage_bench_shared,
+    "generate-kill": stage_generate_kill,
+    "hang": stage_hang,
+    "faults": stage_faults,
+}
 
 # Seconds on the H200 (run 1's figures: a start ~105 s cold / ~50 s warm, ~30k tok/s for one server
 # without streaming, ~56k tok/s over both shared servers).
-ESTIMATES2 = {"up-whole": 150.0, "bench-nostream": 110.0, "plan2": 15.0, "generate-whole": 200.0,
-              "plan-check": 10.0, "ab-stream": AB2_LEVEL_S, "ab-stream-shared": AB2_LEVEL_S, "down-whole": 20.0, "up-shared": 200.0, "bench-shared": 70.0,
-              "generate-kill": 170.0, "hang": 150.0, "faults": 280.0}
+ESTIMATES2 = {
+    "up-whole": 150.0,
+    "bench-nostream": 110.0,
+    "plan2": 15.0,
+    "generate-whole": 200.0,
+    "plan-check": 10.0,
+    "ab-stream": AB2_LEVEL_S,
+    "ab-stream-shared": AB2_LEVEL_S,
+    "down-whole": 20.0,
+    "up-shared": 200.0,
+    "bench-shared": 70.0,
+    "generate-kill": 170.0,
+    "hang": 150.0,
+    "faults": 280.0,
+}
 
 GROUPS = {
-    "run2a": ("setup", "up-whole", "bench-nostream", "plan2", "generate-whole", "plan-check", "ab-stream",
-              "down-whole", "collect"),
+    "run2a": (
+        "setup",
+        "up-whole",
+        "bench-nostream",
+        "plan2",
+        "generate-whole",
+        "plan-check",
+        "ab-stream",
+        "down-whole",
+        "collect",
+    ),
     "run2b": ("setup", "up-shared", "bench-shared", "faults", "failures", "down", "collect"),
     # what run2b's budget left out, in two commands on one machine: the shared servers stay up between them
     "run2c": ("setup", "up-shared", "bench-shared", "ab-stream-shared", "failures", "collect"),

@@ -28,8 +28,17 @@ from h200_layout import (
     vllm_bench_argv,
 )
 
-__all__ = ["Ctx", "stage_setup", "stage_up", "stage_bench", "stage_vllm_bench", "stage_plan", "stage_down",
-           "write_json", "read_json"]
+__all__ = [
+    "Ctx",
+    "stage_setup",
+    "stage_up",
+    "stage_bench",
+    "stage_vllm_bench",
+    "stage_plan",
+    "stage_down",
+    "write_json",
+    "read_json",
+]
 
 KV_LINE = r"KV cache size:|Maximum concurrency for|Application startup complete"
 VLLM_TS = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG) (\d\d-\d\d \d\d:\d\d:\d\d)")
@@ -73,37 +82,79 @@ def stage_setup(ctx: Ctx) -> dict:
     if not lay.rehearse:
         wheels = sorted((repo / ".gpu" / "servefleet-wheels").glob("*.whl"))
         if wheels and not Path("/tmp/sf-site/typer").exists():
-            res = run.run("pip-wheels", [lay.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                                         "--no-compile", "--no-cache-dir", "--target", "/tmp/sf-site",
-                                         *map(str, wheels)], timeout=300)
+            res = run.run(
+                "pip-wheels",
+                [
+                    lay.python,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--no-deps",
+                    "--no-compile",
+                    "--no-cache-dir",
+                    "--target",
+                    "/tmp/sf-site",
+                    *map(str, wheels),
+                ],
+                timeout=300,
+            )
             out["wheels"] = {"count": len(wheels), "rc": res.rc}
         if Path("/tmp/sf-site").is_dir() and "/tmp/sf-site" not in run.env.get("PYTHONPATH", ""):
             run.env["PYTHONPATH"] = "/tmp/sf-site:" + run.env.get("PYTHONPATH", "")  # now, for this process's children
-        probe = run.run("import-servefleet", [lay.python, "-c", "import servefleet, sys; print(servefleet.__file__)"],
-                        timeout=60)
+        probe = run.run(
+            "import-servefleet", [lay.python, "-c", "import servefleet, sys; print(servefleet.__file__)"], timeout=60
+        )
         if probe.rc != 0 or str(repo) not in probe.stdout:
-            res = run.run("pip-editable", [lay.python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                                           "--no-build-isolation", "-e", str(repo)], timeout=300)
+            res = run.run(
+                "pip-editable",
+                [
+                    lay.python,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-deps",
+                    "--no-index",
+                    "--no-build-isolation",
+                    "-e",
+                    str(repo),
+                ],
+                timeout=300,
+            )
             out["editable_install_rc"] = res.rc
             if res.rc != 0:  # the image's setuptools could not build it: run from the source tree instead
                 lay.path("use-src-path").write_text("editable install failed; src/ is put on PYTHONPATH\n")
                 run.env["PYTHONPATH"] = str(repo / "src") + ":" + run.env.get("PYTHONPATH", "")
     check = run.run("servefleet-version", ctx.sf("--help"), timeout=120)
     out["servefleet_cli_ok"] = check.rc == 0
-    versions = run.run("versions", [lay.python, "-c", (
-        "import importlib.metadata as m, json\n"
-        "out = {}\n"
-        "for n in ('servefleet','typer','rich','pydantic','aiohttp','torch','transformers','tokenizers','vllm'):\n"
-        "    try: out[n] = m.version(n)\n"
-        "    except Exception as e: out[n] = None\n"
-        "print(json.dumps(out))")], timeout=120)
+    versions = run.run(
+        "versions",
+        [
+            lay.python,
+            "-c",
+            (
+                "import importlib.metadata as m, json\n"
+                "out = {}\n"
+                "for n in ('servefleet','typer','rich','pydantic','aiohttp','torch','transformers','tokenizers','vllm'):\n"
+                "    try: out[n] = m.version(n)\n"
+                "    except Exception as e: out[n] = None\n"
+                "print(json.dumps(out))"
+            ),
+        ],
+        timeout=120,
+    )
     out["versions"] = versions.json()
     if not lay.rehearse:
         vllm = run.run("import-vllm", [lay.python, "-c", "import vllm; print(vllm.__version__)"], timeout=300)
         out["vllm_import"] = vllm.stdout.strip() if vllm.rc == 0 else f"failed: {vllm.stderr_tail[-300:]}"
         out["vllm_ok"] = vllm.rc == 0
-        smi = run.run("nvidia-smi", ["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version",
-                                     "--format=csv,noheader"], timeout=60)
+        smi = run.run(
+            "nvidia-smi",
+            ["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version", "--format=csv,noheader"],
+            timeout=60,
+        )
         out["gpu"] = smi.stdout.strip()
         out["cpu_count"] = os.cpu_count()
     if lay.rehearse:  # the sim loads nothing and the rehearsal's bench counts with /tokenize
@@ -130,13 +181,16 @@ def _server_log_facts(log: Path) -> dict:
     for line in log.read_text(errors="replace").splitlines():
         if m := VLLM_TS.match(line):
             stamps.append(m.group(1))
-        for key, pattern in (("kv_cache_line", r"KV cache size: .*"), ("concurrency_line", r"Maximum concurrency for .*"),
-                             ("init_engine_line", r"init engine \(profile.*took .*"),
-                             ("available_kv_line", r"Available KV cache memory: .*"),
-                             ("compile_line", r"torch\.compile take.*|torch\.compile took.*"),
-                             ("graphs_line", r"Graph capturing finished.*"),
-                             ("spec_line", r"[Ss]peculative.*ngram.*"),
-                             ("startup_complete", r"Application startup complete.*")):
+        for key, pattern in (
+            ("kv_cache_line", r"KV cache size: .*"),
+            ("concurrency_line", r"Maximum concurrency for .*"),
+            ("init_engine_line", r"init engine \(profile.*took .*"),
+            ("available_kv_line", r"Available KV cache memory: .*"),
+            ("compile_line", r"torch\.compile take.*|torch\.compile took.*"),
+            ("graphs_line", r"Graph capturing finished.*"),
+            ("spec_line", r"[Ss]peculative.*ngram.*"),
+            ("startup_complete", r"Application startup complete.*"),
+        ):
             if key not in facts and (m2 := re.search(pattern, line)):
                 facts[key] = m2.group(0)[:300]
     if stamps:
@@ -168,8 +222,10 @@ def stage_up(ctx: Ctx) -> dict:
         res = run.run("up-main", ctx.sf("up", fleet, *wait, "--json"), timeout=limit + 60)
         out["up"] = [res.json()]
     elif st.stagger == "serial":
-        out["up"] = [run.run(f"up-{n}", ctx.sf("up", fleet, "--only", n, *wait, "--json"), timeout=limit + 60).json()
-                     for n in ("plain", "ngram")]
+        out["up"] = [
+            run.run(f"up-{n}", ctx.sf("up", fleet, "--only", n, *wait, "--json"), timeout=limit + 60).json()
+            for n in ("plain", "ngram")
+        ]
     else:
         first = run.start("up-plain", ctx.sf("up", fleet, "--only", "plain", *wait, "--json"))
         line = wait_for_line(lay.log_of("main", "plain"), KV_LINE, timeout=limit, alive=first.proc)
@@ -183,9 +239,12 @@ def stage_up(ctx: Ctx) -> dict:
     for entry in status.get("servers", []):
         name = entry.get("name")
         servers[name] = {
-            "state": entry.get("state"), "category": entry.get("category"),
-            "time_to_ready_s": entry.get("time_to_ready_s"), "capacity": entry.get("capacity"),
-            "base_url": entry.get("base_url"), "log_path": entry.get("log_path"),
+            "state": entry.get("state"),
+            "category": entry.get("category"),
+            "time_to_ready_s": entry.get("time_to_ready_s"),
+            "capacity": entry.get("capacity"),
+            "base_url": entry.get("base_url"),
+            "log_path": entry.get("log_path"),
             "server_log": _server_log_facts(Path(entry.get("log_path") or "/nonexistent")),
         }
     for doc in out["up"]:
@@ -213,23 +272,41 @@ def _keep_ready_logs(ctx: Ctx, servers: dict) -> None:
             continue
         fixture = f"{'sim_rehearsal' if lay.rehearse else 'vllm026_h200'}_ready_{name}.log"
         shutil.copy(log, fixtures / fixture)
-        diag = ctx.runner.run(f"diagnose-ready-{name}", ctx.sf("diagnose", str(fixtures / fixture), "--engine", "vllm",
-                                                               "--json"), timeout=120, quiet=True).json() or {}
+        diag = (
+            ctx.runner.run(
+                f"diagnose-ready-{name}",
+                ctx.sf("diagnose", str(fixtures / fixture), "--engine", "vllm", "--json"),
+                timeout=120,
+                quiet=True,
+            ).json()
+            or {}
+        )
         info["diagnose"] = {"state": diag.get("state"), "capacity": diag.get("capacity")}
         cap = diag.get("capacity") or {}
         expected[fixture] = {
-            "state": diag.get("state"), "category": diag.get("category"), "evidence_substring": None,
-            "detect": True, "engine": "vllm", "scenario": f"healthy start-up of the {name} server (main fleet)",
-            "capacity": {k: cap.get(k) for k in ("kv_cache_tokens", "context_length", "max_running_requests")
-                         if cap.get(k) is not None},
+            "state": diag.get("state"),
+            "category": diag.get("category"),
+            "evidence_substring": None,
+            "detect": True,
+            "engine": "vllm",
+            "scenario": f"healthy start-up of the {name} server (main fleet)",
+            "capacity": {
+                k: cap.get(k)
+                for k in ("kv_cache_tokens", "context_length", "max_running_requests")
+                if cap.get(k) is not None
+            },
             "live_verdict": {"state": info["state"], "time_to_ready_s": info.get("time_to_ready_s")},
         }
     write_json(fixtures / "EXPECTED.json", expected)
 
 
 def ready_servers(ctx: Ctx) -> list[str]:
-    status = ctx.runner.run("status-check", ctx.sf("status", "--fleet", str(ctx.layout.main_fleet), "--json"),
-                            timeout=120, quiet=True).json() or {}
+    status = (
+        ctx.runner.run(
+            "status-check", ctx.sf("status", "--fleet", str(ctx.layout.main_fleet), "--json"), timeout=120, quiet=True
+        ).json()
+        or {}
+    )
     return [s["name"] for s in status.get("servers", []) if s.get("state") == "ready"]
 
 
@@ -238,8 +315,16 @@ def _bench_common(ctx: Ctx) -> list[str]:
     """Random prompts of exact token lengths (the model's own tokenizer; the rehearsal counts with the
     server's /tokenize instead, sparing a transformers import per bench), completions API, greedy."""
     st = ctx.settings
-    args = ["--input-len", str(st.input_len), "--output-len", str(st.output_len), "--api", "completions",
-            "--temperature", "0"]
+    args = [
+        "--input-len",
+        str(st.input_len),
+        "--output-len",
+        str(st.output_len),
+        "--api",
+        "completions",
+        "--temperature",
+        "0",
+    ]
     return args if ctx.layout.rehearse else [*args, "--tokenizer", str(ctx.layout.model)]
 
 
@@ -256,10 +341,25 @@ def stage_bench(ctx: Ctx) -> dict:
     bench_dir.mkdir(parents=True, exist_ok=True)
     levels = st.levels()
     per_point = st.point_seconds + 30  # generous: drain of a 256-token request at 256-way concurrency
-    res = run.run("bench", ctx.sf("bench", "--fleet", str(lay.main_fleet), "--servers", ",".join(names),
-                                  "-c", st.concurrency, "--duration", str(st.point_seconds), *_bench_common(ctx),
-                                  "--out", str(bench_dir / "run.json"), "--json"),
-                  timeout=ctx.cap(len(names) * len(levels) * per_point + 120, reserve=120.0))
+    res = run.run(
+        "bench",
+        ctx.sf(
+            "bench",
+            "--fleet",
+            str(lay.main_fleet),
+            "--servers",
+            ",".join(names),
+            "-c",
+            st.concurrency,
+            "--duration",
+            str(st.point_seconds),
+            *_bench_common(ctx),
+            "--out",
+            str(bench_dir / "run.json"),
+            "--json",
+        ),
+        timeout=ctx.cap(len(names) * len(levels) * per_point + 120, reserve=120.0),
+    )
     out["rc"] = res.rc
     out["seconds"] = round(res.seconds, 1)
     runs = {n: str(bench_dir / f"run-{n}.json") for n in names if (bench_dir / f"run-{n}.json").exists()}
@@ -310,28 +410,63 @@ def ab_point(ctx: Ctx, server: str, concurrency: int, requests: int, folder: Pat
     lay, st, run = ctx.layout, ctx.settings, ctx.runner
     point: dict = {}
     sf_path = folder / f"servefleet-c{concurrency}.json"
-    res = run.run(f"{stem}-servefleet-c{concurrency}", ctx.sf(
-        "bench", "--url", lay.url(server), "--label", f"{server}-c{concurrency}", "-c", str(concurrency),
-        "--requests", str(requests), "--stream", *_bench_common(ctx), "--out", str(sf_path), "--json"), timeout=ctx.cap(300.0))
+    res = run.run(
+        f"{stem}-servefleet-c{concurrency}",
+        ctx.sf(
+            "bench",
+            "--url",
+            lay.url(server),
+            "--label",
+            f"{server}-c{concurrency}",
+            "-c",
+            str(concurrency),
+            "--requests",
+            str(requests),
+            "--stream",
+            *_bench_common(ctx),
+            "--out",
+            str(sf_path),
+            "--json",
+        ),
+        timeout=ctx.cap(300.0),
+    )
     doc = read_json(sf_path)
     if doc and doc.get("points"):
         p = doc["points"][0]
-        point["servefleet"] = {"output_tokens_per_s": round(p["output_tokens_per_s"], 1),
-                               "output_tokens_per_s_span": p.get("output_tokens_per_s_span"),
-                               "duration_s": p.get("duration_s"), "tpot_p50_ms": (p.get("tpot_ms") or {}).get("p50"),
-                               "ttft_p50_ms": (p.get("ttft_ms") or {}).get("p50"),
-                               "client_bound": p.get("client_bound"), "errors": p.get("errors"),
-                               "seconds": round(res.seconds, 1)}
+        point["servefleet"] = {
+            "output_tokens_per_s": round(p["output_tokens_per_s"], 1),
+            "output_tokens_per_s_span": p.get("output_tokens_per_s_span"),
+            "duration_s": p.get("duration_s"),
+            "tpot_p50_ms": (p.get("tpot_ms") or {}).get("p50"),
+            "ttft_p50_ms": (p.get("ttft_ms") or {}).get("p50"),
+            "client_bound": p.get("client_bound"),
+            "errors": p.get("errors"),
+            "seconds": round(res.seconds, 1),
+        }
     if lay.rehearse:
         point["vllm"] = "skipped (rehearsal: no vLLM here)"
     else:
         name = f"vllm-c{concurrency}.json"
-        vres = run.run(f"{stem}-vllm-c{concurrency}", vllm_bench_argv(lay, st, concurrency, requests, folder, name, server=server),
-                       timeout=ctx.cap(300.0))
+        vres = run.run(
+            f"{stem}-vllm-c{concurrency}",
+            vllm_bench_argv(lay, st, concurrency, requests, folder, name, server=server),
+            timeout=ctx.cap(300.0),
+        )
         vdoc = read_json(folder / name)
         if vdoc:
-            point["vllm"] = {k: vdoc.get(k) for k in ("output_throughput", "total_token_throughput", "completed", "failed",
-                                                      "duration", "median_tpot_ms", "median_ttft_ms", "max_concurrency")}
+            point["vllm"] = {
+                k: vdoc.get(k)
+                for k in (
+                    "output_throughput",
+                    "total_token_throughput",
+                    "completed",
+                    "failed",
+                    "duration",
+                    "median_tpot_ms",
+                    "median_ttft_ms",
+                    "max_concurrency",
+                )
+            }
             point["vllm"]["seconds"] = round(vres.seconds, 1)
         else:
             point["vllm"] = {"error": f"rc={vres.rc}", "stderr": vres.stderr_tail[-1500:]}
@@ -349,8 +484,10 @@ def ab_point_ratios(point: dict) -> dict:
         return {"ratio_span": None, "ratio_steady": None}
     ref = vl["output_throughput"]
     span = sf.get("output_tokens_per_s_span")
-    return {"ratio_span": round(span / ref, 4) if span else None,
-            "ratio_steady": round(sf["output_tokens_per_s"] / ref, 4)}
+    return {
+        "ratio_span": round(span / ref, 4) if span else None,
+        "ratio_steady": round(sf["output_tokens_per_s"] / ref, 4),
+    }
 
 
 def ab_ratio(point: dict) -> float | None:
@@ -374,9 +511,23 @@ def stage_plan(ctx: Ctx) -> dict:
     args = []
     for path in runs:
         args += ["--bench", path]
-    res = run.run("plan", ctx.sf("plan", *args, "--prompts", str(JOB_PROMPTS), "--output-tokens-mean",
-                                 str(JOB_OUTPUT_TOKENS), "--gpus", PLAN_GPUS, "--plot",
-                                 str(lay.results / "plan" / "plan.png"), "--json"), timeout=300)
+    res = run.run(
+        "plan",
+        ctx.sf(
+            "plan",
+            *args,
+            "--prompts",
+            str(JOB_PROMPTS),
+            "--output-tokens-mean",
+            str(JOB_OUTPUT_TOKENS),
+            "--gpus",
+            PLAN_GPUS,
+            "--plot",
+            str(lay.results / "plan" / "plan.png"),
+            "--json",
+        ),
+        timeout=300,
+    )
     out["rc"] = res.rc
     out["plan"] = res.json()
     write_json(lay.results / "plan.json", out)
@@ -388,8 +539,12 @@ def stage_down(ctx: Ctx) -> dict:
     """Stop every fleet this run started and keep the servers' logs in results/logs/."""
     lay, run = ctx.layout, ctx.runner
     out: dict = {}
-    for name, path in (("main", lay.main_fleet), ("whole", lay.whole_fleet), ("failures", lay.failures_fleet),
-                       ("portheld", lay.port_fleet)):
+    for name, path in (
+        ("main", lay.main_fleet),
+        ("whole", lay.whole_fleet),
+        ("failures", lay.failures_fleet),
+        ("portheld", lay.port_fleet),
+    ):
         if path.exists():
             res = run.run(f"down-{name}", ctx.sf("down", "--fleet", str(path), "--grace", "10", "--json"), timeout=180)
             out[name] = res.json()

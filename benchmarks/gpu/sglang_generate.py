@@ -52,11 +52,32 @@ def main() -> int:
     record_path = Path(a.state_dir) / f"{a.kill}.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     port = int(record.get("port") or 0)
-    out: dict = {"prompts": a.prompts, "max_tokens": a.max_tokens, "kill": a.kill, "kill_after_s": a.kill_after,
-                 "deadline_s": a.deadline, "killed": None, "health": []}
-    argv = a.sf.split() + ["generate", "--input", str(prompts), "--output", str(dest), "--fleet", a.fleet,
-                           "--completions", "--temperature", "0", "--format", "jsonl", "--shard-rows", "1000",
-                           "--json"]
+    out: dict = {
+        "prompts": a.prompts,
+        "max_tokens": a.max_tokens,
+        "kill": a.kill,
+        "kill_after_s": a.kill_after,
+        "deadline_s": a.deadline,
+        "killed": None,
+        "health": [],
+    }
+    argv = a.sf.split() + [
+        "generate",
+        "--input",
+        str(prompts),
+        "--output",
+        str(dest),
+        "--fleet",
+        a.fleet,
+        "--completions",
+        "--temperature",
+        "0",
+        "--format",
+        "jsonl",
+        "--shard-rows",
+        "1000",
+        "--json",
+    ]
     out["command"] = " ".join(argv)
     t0 = time.monotonic()
     with open(work / "generate.stdout", "w") as so, open(work / "generate.stderr", "w") as se:
@@ -95,28 +116,56 @@ def main() -> int:
     servers = report.get("servers") or []
     ids = count_answers(dest)
     expected = {f"p{i:06d}" for i in range(a.prompts)}
-    out.update({
-        "status": report.get("status"), "wall_s": report.get("wall_s"), "startup_s": report.get("startup_s"),
-        "output_tokens_per_s": report.get("output_tokens_per_s"), "completion_tokens": report.get("completion_tokens"),
-        "done": report.get("done"), "committed": report.get("committed"), "failed": report.get("failed"),
-        "retries": report.get("retries"), "requeued": report.get("requeued"), "remaining": report.get("remaining"),
-        "events": report.get("events"),
-        "servers": [{k: s.get(k) for k in ("name", "state", "requests", "errors", "completion_tokens",
-                                            "output_tokens_per_s", "final_concurrency", "limit_source", "outages",
-                                            "restarts")} for s in servers],
-        "restarts": sum(int(s.get("restarts") or 0) for s in servers),
-        "unique_ids": len(ids), "duplicates": sum(c - 1 for c in ids.values() if c > 1),
-        "missing": len(expected - set(ids)), "unexpected": len(set(ids) - expected),
-        "exactly_once": set(ids) == expected and all(c == 1 for c in ids.values()),
-        "back_in_service": any("back in service" in e for e in report.get("events") or []),
-    })
+    out.update(
+        {
+            "status": report.get("status"),
+            "wall_s": report.get("wall_s"),
+            "startup_s": report.get("startup_s"),
+            "output_tokens_per_s": report.get("output_tokens_per_s"),
+            "completion_tokens": report.get("completion_tokens"),
+            "done": report.get("done"),
+            "committed": report.get("committed"),
+            "failed": report.get("failed"),
+            "retries": report.get("retries"),
+            "requeued": report.get("requeued"),
+            "remaining": report.get("remaining"),
+            "events": report.get("events"),
+            "servers": [
+                {
+                    k: s.get(k)
+                    for k in (
+                        "name",
+                        "state",
+                        "requests",
+                        "errors",
+                        "completion_tokens",
+                        "output_tokens_per_s",
+                        "final_concurrency",
+                        "limit_source",
+                        "outages",
+                        "restarts",
+                    )
+                }
+                for s in servers
+            ],
+            "restarts": sum(int(s.get("restarts") or 0) for s in servers),
+            "unique_ids": len(ids),
+            "duplicates": sum(c - 1 for c in ids.values() if c > 1),
+            "missing": len(expected - set(ids)),
+            "unexpected": len(set(ids) - expected),
+            "exactly_once": set(ids) == expected and all(c == 1 for c in ids.values()),
+            "back_in_service": any("back in service" in e for e in report.get("events") or []),
+        }
+    )
     if "error" in report:
         out["report_error"] = report["error"]
     Path(a.out).write_text(json.dumps(out, indent=1))
-    print(f"generate: {out['status']} rc={out['rc']} in {out['wall_s']} s, {out['unique_ids']} ids, "
-          f"{out['duplicates']} duplicates, {out['missing']} missing, exactly_once={out['exactly_once']}, "
-          f"{out['restarts']} restart(s), back_in_service={out['back_in_service']}, "
-          f"{out['output_tokens_per_s']} out tok/s")
+    print(
+        f"generate: {out['status']} rc={out['rc']} in {out['wall_s']} s, {out['unique_ids']} ids, "
+        f"{out['duplicates']} duplicates, {out['missing']} missing, exactly_once={out['exactly_once']}, "
+        f"{out['restarts']} restart(s), back_in_service={out['back_in_service']}, "
+        f"{out['output_tokens_per_s']} out tok/s"
+    )
     for e in out["events"] or []:
         print("  event:", e)
     return 0

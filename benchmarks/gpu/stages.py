@@ -47,14 +47,22 @@ class Blocked(Exception):  # a stage's outcome, not an error of the runner
 @dataclass(frozen=True)
 class Stage:
     name: str
-    run: Callable[[list[dict]], object]  # given the timings so far (its own entry last); a dict may say "skipped" or "status"
+    run: Callable[
+        [list[dict]], object
+    ]  # given the timings so far (its own entry last); a dict may say "skipped" or "status"
     estimate_s: float = 10.0
     always: bool = False  # runs past the budget and after a Blocked stage
 
 
-def run_stages(stages: Sequence[Stage], *, say: Callable[[str], object], budget_s: float | None = None,
-               t0: float | None = None, checkpoint: Callable[[list[dict]], object] | None = None,
-               summary_path: Path | None = None) -> tuple[list[dict], bool]:
+def run_stages(
+    stages: Sequence[Stage],
+    *,
+    say: Callable[[str], object],
+    budget_s: float | None = None,
+    t0: float | None = None,
+    checkpoint: Callable[[list[dict]], object] | None = None,
+    summary_path: Path | None = None,
+) -> tuple[list[dict], bool]:
     """Run ``stages`` in order; returns the timings (stage, status, seconds) and whether one failed.
     While a stage runs its own entry reads "ok", so a checkpoint it takes itself (collect) records it."""
     start = time.monotonic() if t0 is None else t0
@@ -69,8 +77,10 @@ def run_stages(stages: Sequence[Stage], *, say: Callable[[str], object], budget_
             _write(summary_path, timings, failed)
             continue
         if budget_s and not stage.always and elapsed + stage.estimate_s > budget_s:
-            say(f"== {stage.name}: SKIPPED (budget: {elapsed:.0f} s used, ~{stage.estimate_s:.0f} s needed, "
-                f"{budget_s:.0f} s allowed)")
+            say(
+                f"== {stage.name}: SKIPPED (budget: {elapsed:.0f} s used, ~{stage.estimate_s:.0f} s needed, "
+                f"{budget_s:.0f} s allowed)"
+            )
             timings.append({"stage": stage.name, "status": "skipped (budget)", "seconds": 0.0})
             _write(summary_path, timings, failed)
             continue
@@ -87,7 +97,7 @@ def run_stages(stages: Sequence[Stage], *, say: Callable[[str], object], budget_
                 status = str(result["status"])
         except Blocked as exc:
             status = exc.status
-            if any(not s.always for s in stages[i + 1:]):  # nothing after it can work
+            if any(not s.always for s in stages[i + 1 :]):  # nothing after it can work
                 blocked = exc.reason
                 failed = True
         except Exception as exc:  # keep going: later stages (down, collect) must still run
@@ -120,19 +130,29 @@ def _shell_stage(script: str, name: str, budget_s: float | None, start: float) -
         if budget_s:
             argv += ["--budget", str(max(1, int(budget_s - (time.monotonic() - start))))]
         rc = subprocess.run(argv).returncode
-        return {"status": f"rc={rc}"} if rc else None  # a shell stage's rc is recorded; only a blocking one's stops the run
+        return (
+            {"status": f"rc={rc}"} if rc else None
+        )  # a shell stage's rc is recorded; only a blocking one's stops the run
 
     return Stage(name, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="stages.py", description="Run a shell driver's stages with the shared stage runner.")
+    p = argparse.ArgumentParser(
+        prog="stages.py", description="Run a shell driver's stages with the shared stage runner."
+    )
     p.add_argument("stages", nargs="+")
-    p.add_argument("--script", required=True, help="the shell driver: `bash SCRIPT --stage NAME [--budget LEFT]` runs one stage")
+    p.add_argument(
+        "--script", required=True, help="the shell driver: `bash SCRIPT --stage NAME [--budget LEFT]` runs one stage"
+    )
     p.add_argument("--budget", type=float, default=None, help="seconds for all the stages")
     # 30 s: sglang_h200.sh's own rule before it used this runner ("fewer than 30 s left: skip the stage")
-    p.add_argument("--estimate", type=float, default=30.0, help="seconds a stage needs at least (skipped past the budget)")
-    p.add_argument("--always", action="append", default=[], help="a stage that runs past the budget and after a blocking one")
+    p.add_argument(
+        "--estimate", type=float, default=30.0, help="seconds a stage needs at least (skipped past the budget)"
+    )
+    p.add_argument(
+        "--always", action="append", default=[], help="a stage that runs past the budget and after a blocking one"
+    )
     p.add_argument("--blocking", action="append", default=[], help="a stage whose failure stops the later ones")
     p.add_argument("--checkpoint", default=None, help="a shell command run after every stage and at the end")
     p.add_argument("--summary", type=Path, default=None, help="JSON file of the stages' timings, written after each")
@@ -150,19 +170,27 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.stages:
         base = _shell_stage(a.script, name, a.budget, start)
         if name in a.blocking:
+
             def run(timings: list[dict], base: Stage = base) -> object:
                 result = base.run(timings)
                 if isinstance(result, dict) and result.get("status"):
                     raise Blocked(f"failed ({result['status']})", f"{base.name} failed")
                 return result
+
             base = Stage(name, run)
         stages.append(Stage(name, base.run, estimate_s=a.estimate, always=name in a.always))
 
     def checkpoint(_timings: list[dict]) -> None:
         subprocess.run(["bash", "-c", a.checkpoint], check=True)
 
-    _, failed = run_stages(stages, say=say, budget_s=a.budget, t0=start, summary_path=a.summary,
-                           checkpoint=checkpoint if a.checkpoint else None)
+    _, failed = run_stages(
+        stages,
+        say=say,
+        budget_s=a.budget,
+        t0=start,
+        summary_path=a.summary,
+        checkpoint=checkpoint if a.checkpoint else None,
+    )
     if a.checkpoint:
         subprocess.run(["bash", "-c", a.checkpoint])
     return 1 if failed else 0

@@ -79,7 +79,9 @@ def configure(verbose: bool = False) -> logging.Logger:
         logger.addHandler(stderr)
     stderr.setLevel(level)
     has_state_file = any(getattr(h, "servefleet_state_file", False) for h in logger.handlers)
-    logger.setLevel(logging.DEBUG if has_state_file else level)  # a foreign handler (a test's capture) does not lower it
+    logger.setLevel(
+        logging.DEBUG if has_state_file else level
+    )  # a foreign handler (a test's capture) does not lower it
     logger.propagate = False
     return logger
 
@@ -99,7 +101,9 @@ def add_state_file(state_dir: str | Path) -> Path | None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.close(fd)
-        from logging.handlers import RotatingFileHandler  # here, not at import: diagnose's start-up does not pay for it
+        from logging.handlers import (
+            RotatingFileHandler,
+        )  # here, not at import: diagnose's start-up does not pay for it
 
         handler = RotatingFileHandler(path, maxBytes=5 << 20, backupCount=1)
     except OSError:

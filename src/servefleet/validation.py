@@ -48,7 +48,7 @@ def _wording(error: Mapping[str, Any]) -> str:
     msg = str(error.get("msg", "is invalid"))
     for prefix in ("Input should be ", "Value error, "):
         if msg.startswith(prefix):
-            msg = ("must be " if prefix.startswith("Input") else "") + msg[len(prefix):]
+            msg = ("must be " if prefix.startswith("Input") else "") + msg[len(prefix) :]
             break
     return msg
 

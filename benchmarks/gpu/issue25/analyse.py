@@ -2,6 +2,7 @@
 token, re-queue share. Steady rate: the engine counter's rate from 30 % to 80 % of the time the
 counter moved (ramp and drain left out). Time to 90 %: the first moment the rate over the
 preceding 2 s reaches 90 % of it. Usage: analyse.py SAMPLES.json JOB.json -> one JSON line"""
+
 import json
 import sys
 

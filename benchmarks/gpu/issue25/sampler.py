@@ -1,6 +1,7 @@
 """Sample a server's /metrics every 0.5 s: (seconds since start, generation tokens, running, waiting),
 until STOP_FILE exists. The engine's own counter, so time-to-90 % is not blurred by non-streamed
 answers arriving in lumps. Usage: sampler.py URL OUT.json STOP_FILE"""
+
 import json
 import os
 import sys

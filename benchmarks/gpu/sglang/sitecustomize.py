@@ -101,7 +101,8 @@ if _names:
 # chain to the image's own sitecustomize, if there is one further along the path
 _here = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.machinery.PathFinder.find_spec(
-    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here]
+)
 if _spec is not None and _spec.loader is not None:
     _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)

@@ -44,8 +44,15 @@ class Driver:
         if self.work.exists():
             shutil.rmtree(self.work)
         self.work.mkdir(parents=True)
-        self.summary: dict[str, Any] = {"rehearsal": args.rehearse, "seconds": args.seconds, "steps": [], "jobs": [],
-                                        "notes": ["SGLang plain is not in this run: its recipe needs an extra setup stage (~2 min of device time)"]}
+        self.summary: dict[str, Any] = {
+            "rehearsal": args.rehearse,
+            "seconds": args.seconds,
+            "steps": [],
+            "jobs": [],
+            "notes": [
+                "SGLang plain is not in this run: its recipe needs an extra setup stage (~2 min of device time)"
+            ],
+        }
         self.log = (self.out / "driver.log").open("a")
         self.python = args.python or sys.executable
 
@@ -75,14 +82,17 @@ class Driver:
             code, out, err = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as exc:
             code, out, err = 124, exc.stdout or "", exc.stderr or ""
-            out, err = (out.decode() if isinstance(out, bytes) else out), (err.decode() if isinstance(err, bytes) else err)
+            out, err = (
+                (out.decode() if isinstance(out, bytes) else out),
+                (err.decode() if isinstance(err, bytes) else err),
+            )
         (self.work / f"{name}.json").write_text(out)
         (self.work / f"{name}.err").write_text(err[-20000:])
         seconds = round(time.monotonic() - t, 1)
         self.summary["steps"].append({"step": name, "rc": code, "seconds": seconds})
         self.say(f"{name}: rc={code} in {seconds} s")
         try:
-            doc = json.loads(out[out.index("{"):]) if "{" in out else None
+            doc = json.loads(out[out.index("{") :]) if "{" in out else None
         except json.JSONDecodeError:
             doc = None
         self.save()
@@ -98,33 +108,61 @@ class Driver:
         with path.open("w") as fh:
             for i in range(n):
                 words = rng.randint(20, 400)
-                fh.write(json.dumps({"id": f"v{i}", "prompt": " ".join(f"w{(i * 13 + j) % 991}" for j in range(words)),
-                                     "max_tokens": rng.randint(lo, hi), "temperature": 0, "ignore_eos": True}) + "\n")
+                fh.write(
+                    json.dumps(
+                        {
+                            "id": f"v{i}",
+                            "prompt": " ".join(f"w{(i * 13 + j) % 991}" for j in range(words)),
+                            "max_tokens": rng.randint(lo, hi),
+                            "temperature": 0,
+                            "ignore_eos": True,
+                        }
+                    )
+                    + "\n"
+                )
         return path
 
     def base_fleet(self) -> Path:
         path = self.work / "base.toml"
         if self.args.rehearse:
             engine = f'engine = "sim"\nmodel = "sim-h200"\npython = {json.dumps(self.python)}\n'
-            args = ["--style", "vllm", "--load-time", str(self.args.sim_load_time), "--max-total-tokens", "400000", "--prefill-ms-per-1k-tokens", "2",
-                    "--served-model-name", "ck"]
+            args = [
+                "--style",
+                "vllm",
+                "--load-time",
+                str(self.args.sim_load_time),
+                "--max-total-tokens",
+                "400000",
+                "--prefill-ms-per-1k-tokens",
+                "2",
+                "--served-model-name",
+                "ck",
+            ]
             env = ""
         else:
-            engine = f'engine = "vllm"\nmodel = "{MODEL}"\n'  # python3 on PATH, as in issue 25's runs (gpu-setup.sh's vLLM)
+            engine = (
+                f'engine = "vllm"\nmodel = "{MODEL}"\n'  # python3 on PATH, as in issue 25's runs (gpu-setup.sh's vLLM)
+            )
             args = ["--served-model-name", "ck", "--gpu-memory-utilization", "0.90", "--max-model-len", "4096"]
             env = 'env = { VLLM_USE_FLASHINFER_SAMPLER = "0", HF_HUB_OFFLINE = "1" }\n'
-        path.write_text(f'[fleet]\nname = "tune-h200"\nstate_dir = "{self.work / "base-state"}"\ntimeout = 300\nstall = 200\n\n'
-                        f"[defaults]\n{engine}args = {json.dumps(args)}\n{env}\n"
-                        f'[[servers]]\nname = "g0"\nport = {PORT}\ngpus = [0]\n')
+        path.write_text(
+            f'[fleet]\nname = "tune-h200"\nstate_dir = "{self.work / "base-state"}"\ntimeout = 300\nstall = 200\n\n'
+            f"[defaults]\n{engine}args = {json.dumps(args)}\n{env}\n"
+            f'[[servers]]\nname = "g0"\nport = {PORT}\ngpus = [0]\n'
+        )
         return path
 
     def space(self) -> Path:
         if not self.args.rehearse:
             return HERE / "space.toml"
-        path = self.work / "space.toml"  # the same grid, the sim's flags: a speculative step of 2.5 tokens, a cost per running request
-        path.write_text('[tune]\nstart_concurrency = 16\npoint_requests = 64\nper_concurrency = 2\n\n[grid]\n'
-                        '"--max-num-seqs" = [32, 128]\n'
-                        'spec = { plain = [], ngram = ["--tokens-per-step", "2.5", "--spec-ms-per-running", "0.3"] }\n')
+        path = (
+            self.work / "space.toml"
+        )  # the same grid, the sim's flags: a speculative step of 2.5 tokens, a cost per running request
+        path.write_text(
+            "[tune]\nstart_concurrency = 16\npoint_requests = 64\nper_concurrency = 2\n\n[grid]\n"
+            '"--max-num-seqs" = [32, 128]\n'
+            'spec = { plain = [], ngram = ["--tokens-per-step", "2.5", "--spec-ms-per-running", "0.3"] }\n'
+        )
         return path
 
     # ---- the run ---------------------------------------------------------------------------------
@@ -136,8 +174,25 @@ class Driver:
         budget = max(60.0, min(a.tune_budget, self.left() - a.reserve))
         self.summary["tune_budget_s"] = budget
         self.say(f"tune: budget {budget:.0f} s of {self.left():.0f} s left")
-        code, doc = self.sf("tune", "tune", "--fleet", str(base), "--space", str(space), "--input", str(job), "--sample", str(a.sample),
-                            "--gpus", "1,8", "--budget", f"{budget:.0f}s", "--out", str(tune_out), timeout=budget + 120)
+        code, doc = self.sf(
+            "tune",
+            "tune",
+            "--fleet",
+            str(base),
+            "--space",
+            str(space),
+            "--input",
+            str(job),
+            "--sample",
+            str(a.sample),
+            "--gpus",
+            "1,8",
+            "--budget",
+            f"{budget:.0f}s",
+            "--out",
+            str(tune_out),
+            timeout=budget + 120,
+        )
         self.summary["tune"] = _tune_summary(doc)
         self.save()
         if not doc or not doc.get("candidates"):
@@ -147,8 +202,10 @@ class Driver:
         top = ranked[:2]
         n = self.prompts_that_fit(top, doc)
         self.summary["job_prompts"] = n
-        self.summary["notes"].append(f"the real jobs: {n:,} prompts each (the first {n:,} of the job file), "
-                                     f"{f'all {a.job_prompts:,} asked for' if n >= a.job_prompts else 'as many as the device time left allowed'}")
+        self.summary["notes"].append(
+            f"the real jobs: {n:,} prompts each (the first {n:,} of the job file), "
+            f"{f'all {a.job_prompts:,} asked for' if n >= a.job_prompts else 'as many as the device time left allowed'}"
+        )
         self.save()
         if n < 100:
             self.say("no time left for the real jobs")
@@ -168,8 +225,12 @@ class Driver:
         """Prompts per job so that both jobs (a relaunch each, the job, the check, a stop) end before the deadline."""
         mean_out = doc["job"]["output_tokens_mean"] or 416.0
         # a relaunch of a configuration the tune just started is faster (warm caches: 52 s against 104 s cold on the H200)
-        fixed = sum(0.75 * (c["time_to_ready_s"] or 100.0) + 25.0 for c in top)  # relaunch, generate's start, check, down
-        rate = sum(1.0 / (0.8 * c["output_tps"]) for c in top if c["output_tps"])  # s per output token, both jobs, 20 % margin
+        fixed = sum(
+            0.75 * (c["time_to_ready_s"] or 100.0) + 25.0 for c in top
+        )  # relaunch, generate's start, check, down
+        rate = sum(
+            1.0 / (0.8 * c["output_tps"]) for c in top if c["output_tps"]
+        )  # s per output token, both jobs, 20 % margin
         spare = self.left() - fixed - 15.0
         n = int(spare / (rate * mean_out)) if rate > 0 and spare > 0 else 0
         return max(0, min(self.args.job_prompts, n))
@@ -186,8 +247,19 @@ class Driver:
             entry["up_rc"] = code
             if code != 0:
                 return
-            code, gen = self.sf(f"generate-{name}", "generate", "--fleet", str(fleet), "--input", str(job), "--output", str(dest),
-                                "--bench", str(run), timeout=max(30.0, self.left() - 40))
+            code, gen = self.sf(
+                f"generate-{name}",
+                "generate",
+                "--fleet",
+                str(fleet),
+                "--input",
+                str(job),
+                "--output",
+                str(dest),
+                "--bench",
+                str(run),
+                timeout=max(30.0, self.left() - 40),
+            )
             entry["generate_rc"] = code
             if gen:
                 entry["status"] = gen.get("status")
@@ -195,8 +267,15 @@ class Driver:
             code, check = self.sf(f"check-{name}", "plan", "--check", str(dest), "--bench", str(run), timeout=60)
             if check:
                 mk = (check.get("metrics") or {}).get("makespan_s") or {}
-                entry.update({"predicted_makespan_s": mk.get("predicted"), "measured_makespan_s": mk.get("measured"),
-                              "error_pct": mk.get("error_pct"), "within_10pct": check.get("within_tolerance"), "verdict": check.get("verdict")})
+                entry.update(
+                    {
+                        "predicted_makespan_s": mk.get("predicted"),
+                        "measured_makespan_s": mk.get("measured"),
+                        "error_pct": mk.get("error_pct"),
+                        "within_10pct": check.get("within_tolerance"),
+                        "verdict": check.get("verdict"),
+                    }
+                )
         finally:
             self.sf(f"down-{name}", "down", "--fleet", str(fleet), timeout=60)
             self.save()
@@ -213,8 +292,12 @@ class Driver:
     def collect(self) -> None:
         with tarfile.open(self.out / "tune-h200.tar.gz", "w:gz") as tar:
             for path in sorted(self.work.rglob("*")):
-                if path.is_file() and path.suffix in (".json", ".err", ".toml", ".png", ".log") and path.stat().st_size < 4 << 20 \
-                        and "shards" not in path.parts:
+                if (
+                    path.is_file()
+                    and path.suffix in (".json", ".err", ".toml", ".png", ".log")
+                    and path.stat().st_size < 4 << 20
+                    and "shards" not in path.parts
+                ):
                     tar.add(path, arcname=str(path.relative_to(self.work)))
         self.save()
 
@@ -222,20 +305,55 @@ class Driver:
 def _tune_summary(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     if not doc:
         return None
-    keep = ("name", "outcome", "reason", "category", "evidence", "time_to_ready_s", "kv_tokens", "max_running", "best_concurrency",
-            "output_tps", "acceptance", "accept_length", "concurrencies", "predictions", "measured_s")
-    return {"winner": doc.get("winner"), "wall_s": doc.get("wall_s"), "measured_s": doc.get("measured_s"),
-            "overhead_share": doc.get("overhead_share"), "ran": doc.get("ran"), "skipped": doc.get("skipped"), "job": doc.get("job"),
-            "candidates": [{k: c.get(k) for k in keep} for c in doc.get("candidates", [])], "notes": doc.get("notes")}
+    keep = (
+        "name",
+        "outcome",
+        "reason",
+        "category",
+        "evidence",
+        "time_to_ready_s",
+        "kv_tokens",
+        "max_running",
+        "best_concurrency",
+        "output_tps",
+        "acceptance",
+        "accept_length",
+        "concurrencies",
+        "predictions",
+        "measured_s",
+    )
+    return {
+        "winner": doc.get("winner"),
+        "wall_s": doc.get("wall_s"),
+        "measured_s": doc.get("measured_s"),
+        "overhead_share": doc.get("overhead_share"),
+        "ran": doc.get("ran"),
+        "skipped": doc.get("skipped"),
+        "job": doc.get("job"),
+        "candidates": [{k: c.get(k) for k in keep} for c in doc.get("candidates", [])],
+        "notes": doc.get("notes"),
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rehearse", action="store_true", help="on the CPU, the sim as the engine")
-    p.add_argument("--seconds", type=float, default=500.0, help="the whole driver's wall time (the device command's limit less setup)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=500.0,
+        help="the whole driver's wall time (the device command's limit less setup)",
+    )
     p.add_argument("--tune-budget", type=float, default=300.0, help="the tune's --budget at most")
-    p.add_argument("--reserve", type=float, default=190.0, help="seconds kept for the real jobs when the tune's budget is set")
-    p.add_argument("--sim-load-time", type=float, default=2.0, help="--rehearse: the sim's start-up seconds (the H200's vLLM: 50-100)")
+    p.add_argument(
+        "--reserve", type=float, default=190.0, help="seconds kept for the real jobs when the tune's budget is set"
+    )
+    p.add_argument(
+        "--sim-load-time",
+        type=float,
+        default=2.0,
+        help="--rehearse: the sim's start-up seconds (the H200's vLLM: 50-100)",
+    )
     p.add_argument("--sample", type=int, default=1000)
     p.add_argument("--job-prompts", type=int, default=10000)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tune-h200-out"))

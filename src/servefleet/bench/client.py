@@ -15,7 +15,17 @@ from time import perf_counter
 from typing import Protocol
 
 from servefleet.bench.sse import SSESplitter, error_message, extract_text, scan_arrival, scan_body, scan_payload
-from servefleet.http import FailureKind, HttpClient, Pool, RequestFailure, StreamResponse, Timeout, Transport, TransportError, status_class
+from servefleet.http import (
+    FailureKind,
+    HttpClient,
+    Pool,
+    RequestFailure,
+    StreamResponse,
+    Timeout,
+    Transport,
+    TransportError,
+    status_class,
+)
 
 __all__ = [
     "PreparedRequest",
@@ -131,7 +141,8 @@ class OpenAIBackend:
         # per-request session (sglang's bench_serving opens one per request). ``connections`` 0
         # means no cap (open-loop load without an in-flight limit). Headers ride on the session.
         self._http = HttpClient(
-            self._transport, pool=Pool(limit=max(connections, 0), decompress=False, user_agent=False),
+            self._transport,
+            pool=Pool(limit=max(connections, 0), decompress=False, user_agent=False),
             headers={"Content-Type": "application/json", **dict(self.config.headers)},
             timeout=Timeout(self.config.timeout_s, 30),
         )
@@ -145,8 +156,12 @@ class OpenAIBackend:
         if self._http is None:
             raise RuntimeError("OpenAIBackend.open() first")
         rec = RequestRecord(
-            index=request.index, ok=False, start=perf_counter(), end=0.0,
-            input_tokens=request.input_tokens, max_tokens=request.max_tokens,
+            index=request.index,
+            ok=False,
+            start=perf_counter(),
+            end=0.0,
+            input_tokens=request.input_tokens,
+            max_tokens=request.max_tokens,
         )
         try:
             async with self._http.stream("POST", self._url, body=request.body) as resp:

@@ -69,8 +69,11 @@ def compare_runs(runs: list[Run], paths: list[str] | None = None) -> Comparison:
                 bound.append(lv)
         best = run.best_point()
         s = RunSummary(
-            label=run.target.label, engine=run.target.engine, path=(paths[i] if paths else None),
-            output_tokens_per_s=tp, client_bound_levels=bound,
+            label=run.target.label,
+            engine=run.target.engine,
+            path=(paths[i] if paths else None),
+            output_tokens_per_s=tp,
+            client_bound_levels=bound,
             max_running_requests=run.capacity.max_running_requests if run.capacity else None,
         )
         if best is not None:

@@ -26,9 +26,22 @@ log = logging.getLogger(__name__)
 
 _TIMEOUT = Timeout(10.0)
 
-_INFO_KEPT = ("version", "model_path", "served_model_name", "max_total_num_tokens", "max_running_requests",
-              "context_length", "speculative_algorithm", "speculative_num_steps", "speculative_num_draft_tokens",
-              "tp_size", "dp_size", "chunked_prefill_size", "mem_fraction_static", "internal_states")
+_INFO_KEPT = (
+    "version",
+    "model_path",
+    "served_model_name",
+    "max_total_num_tokens",
+    "max_running_requests",
+    "context_length",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_num_draft_tokens",
+    "tp_size",
+    "dp_size",
+    "chunked_prefill_size",
+    "mem_fraction_static",
+    "internal_states",
+)
 
 
 @dataclass

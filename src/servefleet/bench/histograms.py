@@ -37,8 +37,12 @@ class Histogram:
         if earlier is None or earlier.count > self.count:
             return self
         before = dict(earlier.buckets)
-        return Histogram(self.name, tuple((le, n - before.get(le, 0.0)) for le, n in self.buckets),
-                         self.sum - earlier.sum, self.count - earlier.count)
+        return Histogram(
+            self.name,
+            tuple((le, n - before.get(le, 0.0)) for le, n in self.buckets),
+            self.sum - earlier.sum,
+            self.count - earlier.count,
+        )
 
     def quantile(self, q: float) -> float | None:
         found = self.quantile_in_bucket(q)
@@ -88,7 +92,7 @@ def histogram(metrics: dict[str, float], name: str) -> Histogram | None:
     for key, value in metrics.items():
         if not key.startswith(prefix):
             continue
-        m = _LE.search(key[len(prefix):-1])
+        m = _LE.search(key[len(prefix) : -1])
         if m is None:
             continue
         try:

@@ -61,8 +61,9 @@ async def warm_up(backend: Backend, requests: Sequence[PreparedRequest], concurr
     return ok
 
 
-async def _closed(backend: Backend, it: Iterator[PreparedRequest], users: int, deadline: float | None,
-                  records: list[RequestRecord]) -> None:
+async def _closed(
+    backend: Backend, it: Iterator[PreparedRequest], users: int, deadline: float | None, records: list[RequestRecord]
+) -> None:
     async def user() -> None:
         send = backend.send
         append = records.append
@@ -74,8 +75,15 @@ async def _closed(backend: Backend, it: Iterator[PreparedRequest], users: int, d
     await asyncio.gather(*(user() for _ in range(users)))
 
 
-async def _open(backend: Backend, it: Iterator[PreparedRequest], rate: float, cap: int | None,
-                deadline: float | None, seed: int, records: list[RequestRecord]) -> None:
+async def _open(
+    backend: Backend,
+    it: Iterator[PreparedRequest],
+    rate: float,
+    cap: int | None,
+    deadline: float | None,
+    seed: int,
+    records: list[RequestRecord],
+) -> None:
     rng = random.Random(seed)
     sem = asyncio.Semaphore(cap) if cap else None
     tasks: set[asyncio.Task] = set()
@@ -105,8 +113,9 @@ async def _open(backend: Backend, it: Iterator[PreparedRequest], rate: float, ca
         await asyncio.gather(*tasks)
 
 
-async def run_share(backend: Backend, requests: Sequence[PreparedRequest], job: ShareJob,
-                    start_at: float | None = None) -> tuple[list[RequestRecord], WorkerLoad]:
+async def run_share(
+    backend: Backend, requests: Sequence[PreparedRequest], job: ShareJob, start_at: float | None = None
+) -> tuple[list[RequestRecord], WorkerLoad]:
     """Run the measured part of one share; returns its records and the self-check."""
     if start_at is not None:
         delay = start_at - perf_counter()

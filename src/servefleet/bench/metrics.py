@@ -37,8 +37,13 @@ def stat(values: Sequence[float] | np.ndarray, scale: float = 1000.0) -> Stat:
     arr = arr * scale
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
     return Stat(
-        mean=float(arr.mean()), p50=float(p50), p90=float(p90), p99=float(p99),
-        min=float(arr.min()), max=float(arr.max()), n=int(arr.size),
+        mean=float(arr.mean()),
+        p50=float(p50),
+        p90=float(p90),
+        p99=float(p99),
+        min=float(arr.min()),
+        max=float(arr.max()),
+        n=int(arr.size),
     )
 
 

@@ -56,8 +56,9 @@ def requested_options(config: BenchConfig, engine: str | None) -> dict[str, Any]
     return options
 
 
-async def negotiate(endpoint: EndpointConfig, body: dict[str, Any], options: dict[str, Any],
-                    note: Callable[[str], None]) -> Negotiated:
+async def negotiate(
+    endpoint: EndpointConfig, body: dict[str, Any], options: dict[str, Any], note: Callable[[str], None]
+) -> Negotiated:
     """Send one short request, dropping options the server refuses; returns the accepted options."""
     opts = dict(options)
     drops = list(_DROPS)
@@ -66,7 +67,9 @@ async def negotiate(endpoint: EndpointConfig, body: dict[str, Any], options: dic
     transient = 0
     try:
         while True:
-            req = PreparedRequest(index=-1, body=json.dumps({**body, **opts}).encode(), input_tokens=None, max_tokens=body["max_tokens"])
+            req = PreparedRequest(
+                index=-1, body=json.dumps({**body, **opts}).encode(), input_tokens=None, max_tokens=body["max_tokens"]
+            )
             rec = await backend.send(req)
             if rec.ok:
                 return Negotiated(opts, rec)

@@ -46,8 +46,11 @@ class Runner(Protocol):
 
     async def start(self) -> None: ...
 
-    async def run_point(self, shares: Sequence[Share], on_warm: Callable[[], Awaitable[None]] | None = None,
-                        ) -> tuple[list[RequestRecord], list[WorkerLoad]]: ...
+    async def run_point(
+        self,
+        shares: Sequence[Share],
+        on_warm: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[list[RequestRecord], list[WorkerLoad]]: ...
 
     async def close(self) -> None: ...
 
@@ -80,8 +83,11 @@ class InProcessRunner:
     async def start(self) -> None:
         await self.backend.open(self.connections)
 
-    async def run_point(self, shares: Sequence[Share], on_warm: Callable[[], Awaitable[None]] | None = None,
-                        ) -> tuple[list[RequestRecord], list[WorkerLoad]]:
+    async def run_point(
+        self,
+        shares: Sequence[Share],
+        on_warm: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[list[RequestRecord], list[WorkerLoad]]:
         """Warm up, call ``on_warm`` (a scrape between warm-up and measurement), then measure."""
         if len(shares) != 1:
             raise ValueError("InProcessRunner runs exactly one share")
@@ -155,16 +161,23 @@ class ProcessRunner:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process with a running loop
         for i in range(self.workers):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(child, self.endpoint, self.connections),
-                               name=f"servefleet-bench-{i}", daemon=True)
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(child, self.endpoint, self.connections),
+                name=f"servefleet-bench-{i}",
+                daemon=True,
+            )
             proc.start()
             child.close()
             self._procs.append(proc)
             self._conns.append(parent)
         await asyncio.gather(*(self._recv(i) for i in range(self.workers)))
 
-    async def run_point(self, shares: Sequence[Share], on_warm: Callable[[], Awaitable[None]] | None = None,
-                        ) -> tuple[list[RequestRecord], list[WorkerLoad]]:
+    async def run_point(
+        self,
+        shares: Sequence[Share],
+        on_warm: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[list[RequestRecord], list[WorkerLoad]]:
         if len(shares) > self.workers:
             raise ValueError(f"{len(shares)} shares for {self.workers} workers")
         used = range(len(shares))

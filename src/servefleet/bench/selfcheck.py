@@ -89,6 +89,7 @@ def judge(loads: list[WorkerLoad], host_cpu_percent: float | None = None) -> Cli
     """Combine the workers' self-measurements into a verdict with reasons."""
     from servefleet.bench.metrics import stat  # see the TYPE_CHECKING note
     from servefleet.bench.result import ClientCheck
+
     lags = [x for load in loads for x in load.lags_s]
     lag = stat(lags)
     cpu = [load.cpu_percent for load in loads]
@@ -105,11 +106,12 @@ def judge(loads: list[WorkerLoad], host_cpu_percent: float | None = None) -> Cli
         if busiest < 50.0 and host_cpu_percent is not None and host_cpu_percent >= 90.0:
             # Not busy itself, yet late: other processes (the server on the same machine?) took
             # the CPU. Its timestamps are late all the same, so the point is still flagged.
-            lag_text += (f" while using only {busiest:.0f}% of a core: starved of CPU by other processes "
-                         f"(machine {host_cpu_percent:.0f}% busy), so latencies include that wait")
+            lag_text += (
+                f" while using only {busiest:.0f}% of a core: starved of CPU by other processes "
+                f"(machine {host_cpu_percent:.0f}% busy), so latencies include that wait"
+            )
         reasons.append(lag_text)
-    if (host_cpu_percent is not None and host_cpu_percent >= HOST_LIMIT and sum(cpu) >= 50.0
-            and busiest >= 50.0):
+    if host_cpu_percent is not None and host_cpu_percent >= HOST_LIMIT and sum(cpu) >= 50.0 and busiest >= 50.0:
         reasons.append(
             f"machine CPU {host_cpu_percent:.0f}% busy and the client used {sum(cpu):.0f}% of a core: "
             "client and server compete for the same cores"

@@ -94,7 +94,9 @@ class Snapshot:
 class ServerWatcher:
     """Scrapes one server before, during and after a point. Never raises on a scrape failure."""
 
-    def __init__(self, base_url: str, client: HttpClient, interval_s: float = 0.25, info_paths: Sequence[str] = ()) -> None:
+    def __init__(
+        self, base_url: str, client: HttpClient, interval_s: float = 0.25, info_paths: Sequence[str] = ()
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.client = client
         self.interval_s = interval_s
@@ -212,7 +214,11 @@ def summarize_server(
 
     stats.generation_tokens = delta(names.generation_tokens)
     stats.preemptions = delta(names.preemptions)
-    drafts, draft_tokens, accepted = delta(names.spec_drafts), delta(names.spec_draft_tokens), delta(names.spec_accepted_tokens)
+    drafts, draft_tokens, accepted = (
+        delta(names.spec_drafts),
+        delta(names.spec_draft_tokens),
+        delta(names.spec_accepted_tokens),
+    )
     if draft_tokens and accepted is not None:
         stats.spec_acceptance_rate = accepted / draft_tokens
     if drafts and accepted is not None:
@@ -232,7 +238,11 @@ def summarize_server(
     # steps is counted as queued for an instant even on an idle server, so a queue alone is not
     # saturation.) Without it: on average at least one request queued.
     saturated = None
-    pairs = [(r, q) for r, q in ((first_present(s, names.running), first_present(s, names.queued)) for s in series) if r is not None and q is not None]
+    pairs = [
+        (r, q)
+        for r, q in ((first_present(s, names.running), first_present(s, names.queued)) for s in series)
+        if r is not None and q is not None
+    ]
     if pairs and max_running:
         saturated = any(r >= max_running and q > 0 for r, q in pairs)
     elif queued:

@@ -18,7 +18,14 @@ import re
 from typing import NamedTuple
 
 __all__ = [
-    "SSESplitter", "Scan", "Arrival", "scan_payload", "scan_arrival", "scan_body", "int_after", "extract_text",
+    "SSESplitter",
+    "Scan",
+    "Arrival",
+    "scan_payload",
+    "scan_arrival",
+    "scan_body",
+    "int_after",
+    "extract_text",
     "error_message",
 ]
 
@@ -213,6 +220,11 @@ def scan_arrival(buf: bytes, need_text: bool = True) -> Arrival:
                 text_events += len(values) - values.count(b"")
                 text_bytes += sum(map(len, values))
     return Arrival(
-        text_bytes=text_bytes, text_events=text_events, usage_events=usage,
-        completion_tokens=completion, prompt_tokens=prompt, events=events, error=_ERROR in buf,
+        text_bytes=text_bytes,
+        text_events=text_events,
+        usage_events=usage,
+        completion_tokens=completion,
+        prompt_tokens=prompt,
+        events=events,
+        error=_ERROR in buf,
     )

@@ -40,18 +40,36 @@ def steady_window(spans: Sequence[tuple[float, float, int]], concurrency: int | 
         ramp_end = t0 + median_life
     drain_start = float(starts.max())
     if drain_start <= ramp_end:
-        return SteadyWindow(start_s=ramp_end - t0, end_s=drain_start - t0, output_tokens=0.0, output_tokens_per_s=0.0,
-                            steady=False, reason="no steady part: the point ended its ramp after its last request "
-                            "started (give more requests or a longer --duration)")
+        return SteadyWindow(
+            start_s=ramp_end - t0,
+            end_s=drain_start - t0,
+            output_tokens=0.0,
+            output_tokens_per_s=0.0,
+            steady=False,
+            reason="no steady part: the point ended its ramp after its last request "
+            "started (give more requests or a longer --duration)",
+        )
     overlap = np.clip(np.minimum(ends, drain_start) - np.maximum(starts, ramp_end), 0.0, None)
     share = np.divide(overlap, life, out=np.zeros_like(overlap), where=life > 0)
     in_window = float((tokens * share).sum())
     seconds = drain_start - ramp_end
     steady = seconds >= MIN_LIFETIMES * median_life
-    reason = None if steady else (f"steady part {seconds:.1f} s is under {MIN_LIFETIMES:g} request lifetimes "
-                                  f"({median_life:.1f} s each): make the point longer")
-    return SteadyWindow(start_s=ramp_end - t0, end_s=drain_start - t0, output_tokens=in_window,
-                        output_tokens_per_s=in_window / seconds, steady=steady, reason=reason)
+    reason = (
+        None
+        if steady
+        else (
+            f"steady part {seconds:.1f} s is under {MIN_LIFETIMES:g} request lifetimes "
+            f"({median_life:.1f} s each): make the point longer"
+        )
+    )
+    return SteadyWindow(
+        start_s=ramp_end - t0,
+        end_s=drain_start - t0,
+        output_tokens=in_window,
+        output_tokens_per_s=in_window / seconds,
+        steady=steady,
+        reason=reason,
+    )
 
 
 def counter_rate(samples: Sequence[tuple[float, float]], start: float, end: float) -> float | None:

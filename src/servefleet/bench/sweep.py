@@ -61,7 +61,15 @@ from servefleet.engines.registry import info_paths, serving_metrics
 from servefleet.errors import ConfigError, ServefleetError
 from servefleet.http import HttpClient
 
-__all__ = ["BenchTarget", "BenchError", "ServerUnreachable", "run_bench", "auto_workers", "MIN_PER_WORKER", "MAX_PROMPTS"]
+__all__ = [
+    "BenchTarget",
+    "BenchError",
+    "ServerUnreachable",
+    "run_bench",
+    "auto_workers",
+    "MIN_PER_WORKER",
+    "MAX_PROMPTS",
+]
 
 MIN_PER_WORKER = 32  # fewer concurrent requests than this per worker process is not worth a process
 PER_WORKER = 64  # auto mode: one worker process per this many concurrent requests (one process
@@ -95,14 +103,24 @@ def _now() -> str:
 def _environment() -> Environment:
     factory = loop_factory()
     return Environment(
-        servefleet_version=__version__, python=platform.python_version(), platform=platform.platform(),
-        hostname=socket.gethostname(), cpu_count=os.cpu_count(), aiohttp_version=importlib.metadata.version("aiohttp"),
+        servefleet_version=__version__,
+        python=platform.python_version(),
+        platform=platform.platform(),
+        hostname=socket.gethostname(),
+        cpu_count=os.cpu_count(),
+        aiohttp_version=importlib.metadata.version("aiohttp"),
         event_loop="uvloop" if factory else "asyncio",
     )
 
 
-def _shares(config: BenchConfig, level: int | float, workers: int, requests: list[PreparedRequest],
-            warmup: list[PreparedRequest], point_index: int) -> list[Share]:
+def _shares(
+    config: BenchConfig,
+    level: int | float,
+    workers: int,
+    requests: list[PreparedRequest],
+    warmup: list[PreparedRequest],
+    point_index: int,
+) -> list[Share]:
     rate_mode = config.mode == "rate"
     load = (config.max_concurrency or 256) if rate_mode else int(level)
     k = max(1, min(workers, load // MIN_PER_WORKER if load >= MIN_PER_WORKER else 1))
@@ -113,12 +131,21 @@ def _shares(config: BenchConfig, level: int | float, workers: int, requests: lis
     w0 = 0
     for i in range(k):
         job = ShareJob(
-            concurrency=conc[i], rate=(float(level) / k) if rate_mode else None, requests=counts[i],
-            duration_s=config.duration_s, seed=config.seed * 1000 + point_index * 16 + i,
+            concurrency=conc[i],
+            rate=(float(level) / k) if rate_mode else None,
+            requests=counts[i],
+            duration_s=config.duration_s,
+            seed=config.seed * 1000 + point_index * 16 + i,
         )
         nwarm = warm_counts[i] or 0
-        shares.append(Share(job=job, requests=requests[i::k], warmup=warmup[w0:w0 + nwarm],
-                            warmup_concurrency=max(1, conc[i] or nwarm or 1)))
+        shares.append(
+            Share(
+                job=job,
+                requests=requests[i::k],
+                warmup=warmup[w0 : w0 + nwarm],
+                warmup_concurrency=max(1, conc[i] or nwarm or 1),
+            )
+        )
         w0 += nwarm
     return shares
 
@@ -159,8 +186,12 @@ class _Sweep:
 
 
 async def run_bench(
-    target: BenchTarget, config: BenchConfig, *, tokenizer: str | None = None,
-    on_point: Callable[[Point], None] | None = None, on_note: Callable[[str], None] | None = None,
+    target: BenchTarget,
+    config: BenchConfig,
+    *,
+    tokenizer: str | None = None,
+    on_point: Callable[[Point], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> Run:
     """Run every point of ``config`` against ``target``; returns the whole run (not yet saved)."""
     note = _Notes(on_note)
@@ -190,8 +221,16 @@ def _headers(target: BenchTarget) -> dict[str, str]:
     return headers
 
 
-async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig, levels: Sequence[int | float],
-                   headers: dict[str, str], server: ServerFacts, tokenizer: str | None, note: _Notes) -> _Sweep:
+async def _prepare(
+    client: HttpClient,
+    target: BenchTarget,
+    config: BenchConfig,
+    levels: Sequence[int | float],
+    headers: dict[str, str],
+    server: ServerFacts,
+    tokenizer: str | None,
+    note: _Notes,
+) -> _Sweep:
     """The workload and what the server accepts: prompts, the negotiated options, encoded bodies."""
     base = target.base_url.rstrip("/")
     counter = await _token_counter(client, base, server.model, server.engine, tokenizer, note)
@@ -201,10 +240,12 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
     _check_context(prompts, server.capacity.context_length if server.capacity else None, base)
 
     api_path = "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
-    endpoint = EndpointConfig(base_url=base, path=api_path, stream=config.stream,
-                              headers=tuple(headers.items()), timeout_s=config.timeout_s)
-    probe_body = encode_bodies(prompts[:1], api=config.api, model=server.model, stream=config.stream, options={},
-                               max_tokens=4)[0]
+    endpoint = EndpointConfig(
+        base_url=base, path=api_path, stream=config.stream, headers=tuple(headers.items()), timeout_s=config.timeout_s
+    )
+    probe_body = encode_bodies(
+        prompts[:1], api=config.api, model=server.model, stream=config.stream, options={}, max_tokens=4
+    )[0]
     accepted = await negotiate(endpoint, json.loads(probe_body.body), requested_options(config, server.engine), note)
     if accepted.probe.completion_tokens is None:
         note("the server reports no token usage: output tokens are counted from the text after each point")
@@ -213,9 +254,17 @@ async def _prepare(client: HttpClient, target: BenchTarget, config: BenchConfig,
         note("no per-chunk usage in streams: tokens per chunk are shared out by text size (totals stay exact)")
     options = accepted.options
     sweep = _Sweep(
-        config=config.model_copy(update={"ignore_eos": "ignore_eos" in options}), levels=levels,
-        per_point=per_point, warm_counts=warm_counts, base=base, server=server, counter=counter, prompts=prompts,
-        endpoint=endpoint, options=options, note=note,
+        config=config.model_copy(update={"ignore_eos": "ignore_eos" in options}),
+        levels=levels,
+        per_point=per_point,
+        warm_counts=warm_counts,
+        base=base,
+        server=server,
+        counter=counter,
+        prompts=prompts,
+        endpoint=endpoint,
+        options=options,
+        note=note,
         bodies=encode_bodies(prompts, api=config.api, model=server.model, stream=config.stream, options=options),
         latency_names=_latency_metrics(server.engine),
     )
@@ -231,13 +280,16 @@ def _check_context(prompts: list[Prompt], context: int | None, base: str) -> Non
     over = [p for p in prompts if p.input_tokens is not None and p.input_tokens + p.output_tokens > context]
     if over:
         worst = max(over, key=lambda p: (p.input_tokens or 0) + p.output_tokens)
-        raise ConfigError(f"{len(over):,} of {len(prompts):,} prompts do not fit the context of {base} ({context:,} tokens): "
-                          f"up to {worst.input_tokens:,} input + {worst.output_tokens:,} output tokens; lower --input-len "
-                          "or --output-len (with their --*-len-range) so that their sum stays within it")
+        raise ConfigError(
+            f"{len(over):,} of {len(prompts):,} prompts do not fit the context of {base} ({context:,} tokens): "
+            f"up to {worst.input_tokens:,} input + {worst.output_tokens:,} output tokens; lower --input-len "
+            "or --output-len (with their --*-len-range) so that their sum stays within it"
+        )
 
 
-async def _token_counter(client: HttpClient, base: str, model: str | None, engine: str | None,
-                         tokenizer: str | None, note: _Notes) -> TokenCounter:
+async def _token_counter(
+    client: HttpClient, base: str, model: str | None, engine: str | None, tokenizer: str | None, note: _Notes
+) -> TokenCounter:
     counter: TokenCounter
     if tokenizer:
         counter = LocalTokenizer(tokenizer)
@@ -253,21 +305,34 @@ async def _prompts(config: BenchConfig, want: int, counter: TokenCounter) -> lis
         return load_dataset(config.dataset, want, config.output_len, seed=config.seed)
     if not (config.input_len and config.output_len):
         raise BenchError("give --dataset, or --input-len and --output-len")
-    return await random_prompts(want, config.input_len, config.output_len, counter,
-                                input_range=config.input_len_range, output_range=config.output_len_range,
-                                seed=config.seed)
+    return await random_prompts(
+        want,
+        config.input_len,
+        config.output_len,
+        counter,
+        input_range=config.input_len_range,
+        output_range=config.output_len_range,
+        seed=config.seed,
+    )
 
 
 def _plan_latency_sample(sweep: _Sweep) -> None:
     """A non-streaming run on an engine without known latency histograms measures TTFT/TPOT from
     a few streamed requests sent one at a time beside each point's load."""
     config = sweep.config
-    sweep.sample_bodies = encode_bodies(sweep.prompts[:SAMPLE_REQUESTS], api=config.api, model=sweep.server.model,
-                                        stream=True, options={**sweep.options, "stream_options": {"include_usage": True}})
+    sweep.sample_bodies = encode_bodies(
+        sweep.prompts[:SAMPLE_REQUESTS],
+        api=config.api,
+        model=sweep.server.model,
+        stream=True,
+        options={**sweep.options, "stream_options": {"include_usage": True}},
+    )
     sweep.use_sample = not config.stream and sweep.latency_names is None
     if sweep.use_sample:
-        sweep.note(f"engine {sweep.server.engine or 'unknown'} publishes no latency histograms servefleet knows: TTFT/TPOT of each "
-                   f"point from {SAMPLE_REQUESTS} streamed requests sent one at a time beside its load")
+        sweep.note(
+            f"engine {sweep.server.engine or 'unknown'} publishes no latency histograms servefleet knows: TTFT/TPOT of each "
+            f"point from {SAMPLE_REQUESTS} streamed requests sent one at a time beside its load"
+        )
 
 
 def _runner(sweep: _Sweep) -> Runner:
@@ -281,8 +346,7 @@ def _runner(sweep: _Sweep) -> Runner:
     return ProcessRunner(sweep.endpoint, math.ceil(max_load / workers) + 1 if max_load else 0, workers)
 
 
-async def _run_points(sweep: _Sweep, watcher: ServerWatcher,
-                      on_point: Callable[[Point], None] | None) -> list[Point]:
+async def _run_points(sweep: _Sweep, watcher: ServerWatcher, on_point: Callable[[Point], None] | None) -> list[Point]:
     """Every point in order, each on its own slice of the encoded bodies."""
     runner = _runner(sweep)
     points: list[Point] = []
@@ -293,8 +357,15 @@ async def _run_points(sweep: _Sweep, watcher: ServerWatcher,
             warm_n = sweep.warm_counts[index]
             chunk = [sweep.bodies[(start + j) % len(sweep.bodies)] for j in range(sweep.per_point + warm_n)]
             start += sweep.per_point + warm_n
-            point = await _measure_point(sweep, runner, watcher, index, level,
-                                         warm=[_shorten(r) for r in chunk[:warm_n]], measured=chunk[warm_n:])
+            point = await _measure_point(
+                sweep,
+                runner,
+                watcher,
+                index,
+                level,
+                warm=[_shorten(r) for r in chunk[:warm_n]],
+                measured=chunk[warm_n:],
+            )
             points.append(point)
             if on_point:
                 on_point(point)
@@ -318,19 +389,31 @@ class _Measured:
     sampled: list[RequestRecord]  # the streamed latency sample beside the load
 
 
-async def _measure_point(sweep: _Sweep, runner: Runner, watcher: ServerWatcher, index: int, level: int | float,
-                         *, warm: list[PreparedRequest], measured: list[PreparedRequest]) -> Point:
+async def _measure_point(
+    sweep: _Sweep,
+    runner: Runner,
+    watcher: ServerWatcher,
+    index: int,
+    level: int | float,
+    *,
+    warm: list[PreparedRequest],
+    measured: list[PreparedRequest],
+) -> Point:
     """One point: scrape, warm up, scrape the histograms, run the load, scrape again, aggregate. A
     point of ``--duration`` whose steady part was under :data:`MIN_LIFETIMES` request lifetimes runs
     again, longer (at most :data:`LENGTHEN_CAP` x ``--duration``), and a note says so."""
-    got = await _load_point(sweep, runner, watcher, _shares(sweep.config, level, runner.workers, measured, warm, index))
+    got = await _load_point(
+        sweep, runner, watcher, _shares(sweep.config, level, runner.workers, measured, warm, index)
+    )
     point = await _aggregate(sweep, level, got)
     longer = longer_duration(sweep.config, point)
     if longer is None:
         return point
     reason = point.steady.reason if point.steady is not None else "no steady part"
-    sweep.note(f"C={point.concurrency}: {reason}: ran it again for {longer:.0f} s instead of {sweep.config.duration_s:g} s "
-               f"(at most {LENGTHEN_CAP:g}x --duration)")
+    sweep.note(
+        f"C={point.concurrency}: {reason}: ran it again for {longer:.0f} s instead of {sweep.config.duration_s:g} s "
+        f"(at most {LENGTHEN_CAP:g}x --duration)"
+    )
     config = sweep.config.model_copy(update={"duration_s": longer})
     got = await _load_point(sweep, runner, watcher, _shares(config, level, runner.workers, measured, [], index))
     return await _aggregate(sweep, level, got)
@@ -374,36 +457,56 @@ async def _aggregate(sweep: _Sweep, level: int | float, got: _Measured) -> Point
     """The point's numbers: client-side metrics, the server's counters and histograms, the self-check."""
     config, records = sweep.config, got.records
     counted = await _count_texts(records, sweep.counter) if sweep.endpoint.keep_text and sweep.counter.exact else {}
-    metrics = summarize(records, counted=(lambda r: counted.get(id(r))) if counted else None,
-                        concurrency=None if config.mode == "rate" else int(level))
+    metrics = summarize(
+        records,
+        counted=(lambda r: counted.get(id(r))) if counted else None,
+        concurrency=None if config.mode == "rate" else int(level),
+    )
     capacity = sweep.server.capacity
     server = summarize_server(got.before, got.after, got.samples, capacity.max_running_requests if capacity else None)
     fields = metrics.fields()
     window = fields["steady"]
     if window is not None and records:
         t0 = min((r.start for r in records if r.ok and not r.warmup), default=0.0)  # as steady_window's
-        gen = [(t, v) for t, v in zip(got.sample_times, (_gen_tokens(s) for s in got.samples), strict=True) if v is not None]
+        gen = [
+            (t, v)
+            for t, v in zip(got.sample_times, (_gen_tokens(s) for s in got.samples), strict=True)
+            if v is not None
+        ]
         window.server_output_tokens_per_s = counter_rate(gen, t0 + window.start_s, t0 + window.end_s)
     server_latency = _server_latency(sweep.latency_names, got.warm_metrics, got.after.metrics)
-    fields.update(_latencies(fields, server_latency, streamed=config.stream,
-                             sample=summarize(got.sampled).fields() if got.sampled else None))
+    fields.update(
+        _latencies(
+            fields,
+            server_latency,
+            streamed=config.stream,
+            sample=summarize(got.sampled).fields() if got.sampled else None,
+        )
+    )
     if not config.stream and server_latency is None and not sweep.use_sample:
         sweep.use_sample = True  # the profile names histograms this server does not publish
-        sweep.note(f"no latency histograms on {sweep.base}/metrics: TTFT/TPOT of the next points from "
-                   f"{SAMPLE_REQUESTS} streamed requests beside the load")
+        sweep.note(
+            f"no latency histograms on {sweep.base}/metrics: TTFT/TPOT of the next points from "
+            f"{SAMPLE_REQUESTS} streamed requests beside the load"
+        )
     coarse = _coarse(server_latency)
     if not config.stream and coarse and not sweep.use_sample and not sweep.said_coarse:
         # Not a streamed sample beside the load here: its requests would land in the same histograms and
         # counters, and the point's means and throughput would no longer be the measured requests' alone.
         sweep.said_coarse = True
-        sweep.note(f"the engine's {', '.join(coarse)} histogram buckets are too coarse for their percentiles (they fell in "
-                   "the first or the open last bucket): means stay exact (sum/count), percentiles are shown as their "
-                   "bucket (<10, >2,500); --stream times every request on the client")
+        sweep.note(
+            f"the engine's {', '.join(coarse)} histogram buckets are too coarse for their percentiles (they fell in "
+            "the first or the open last bucket): means stay exact (sum/count), percentiles are shown as their "
+            "bucket (<10, >2,500); --stream times every request on the client"
+        )
     check = judge(got.loads, got.host_cpu)
     return Point(
         concurrency=(config.max_concurrency if config.mode == "rate" else int(level)),
         request_rate=float(level) if config.mode == "rate" else None,
-        client_bound=bool(check.reasons), client=check, server=server, server_latency=server_latency,
+        client_bound=bool(check.reasons),
+        client=check,
+        server=server,
+        server_latency=server_latency,
         **fields,
     )
 
@@ -412,8 +515,13 @@ def _assemble(target: BenchTarget, sweep: _Sweep, points: list[Point]) -> Run:
     server, prompts = sweep.server, sweep.prompts
     return Run(
         created_at=_now(),
-        target=Target(label=target.label or _label(sweep.base, server.model), base_url=sweep.base, model=server.model,
-                      engine=server.engine, engine_version=server.version),
+        target=Target(
+            label=target.label or _label(sweep.base, server.model),
+            base_url=sweep.base,
+            model=server.model,
+            engine=server.engine,
+            engine_version=server.version,
+        ),
         config=sweep.config.model_copy(update={"workers": max(1, sweep.config.workers)}),
         capacity=server.capacity,
         server_info=server.trimmed_info(),
@@ -451,7 +559,9 @@ def _gen_tokens(sample: dict[str, float]) -> float | None:
     return None
 
 
-def _server_latency(names: LatencyMetrics | None, warm: dict[str, float], after: dict[str, float]) -> ServerLatency | None:
+def _server_latency(
+    names: LatencyMetrics | None, warm: dict[str, float], after: dict[str, float]
+) -> ServerLatency | None:
     """The engine's latency histograms over the measured requests (after warm-up .. after the point)."""
     if names is None or not after:
         return None
@@ -471,11 +581,16 @@ def _coarse(server: ServerLatency | None) -> list[str]:
     """The latencies whose percentiles the engine's histogram buckets could not place."""
     if server is None:
         return []
-    return [key.upper() for key in ("ttft", "tpot", "itl") if (got := getattr(server, f"{key}_ms")) is not None and got.coarse]
+    return [
+        key.upper()
+        for key in ("ttft", "tpot", "itl")
+        if (got := getattr(server, f"{key}_ms")) is not None and got.coarse
+    ]
 
 
-def _latencies(fields: dict[str, Any], server: ServerLatency | None, *, streamed: bool,
-               sample: dict[str, Any] | None = None) -> dict[str, Any]:
+def _latencies(
+    fields: dict[str, Any], server: ServerLatency | None, *, streamed: bool, sample: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """TTFT/TPOT/ITL of a point and where each came from: the client's own timing when it streamed,
     else the engine's histograms (TPOT from ITL's mean when the engine has no per-request TPOT;
     percentiles its buckets were too coarse for from the streamed sample when there is one), else a
@@ -498,7 +613,9 @@ def _latencies(fields: dict[str, Any], server: ServerLatency | None, *, streamed
         timed: Stat | None = sample[f"{key}_ms"] if sample is not None else None
         if got is not None and got.coarse and timed is not None and timed.n:
             # the exact mean from the engine; the percentiles its buckets could not place, from client timing
-            out[f"{key}_ms"] = got.model_copy(update={"p50": timed.p50, "p90": timed.p90, "p99": timed.p99, "resolution_ms": {}})
+            out[f"{key}_ms"] = got.model_copy(
+                update={"p50": timed.p50, "p90": timed.p90, "p99": timed.p99, "resolution_ms": {}}
+            )
             source[key] = f"server:{metric} (mean); client:streamed sample of {sample['successful']} (percentiles)"  # type: ignore[index]
         elif got is not None:
             out[f"{key}_ms"] = got
@@ -521,8 +638,12 @@ def _shorten(req: PreparedRequest) -> PreparedRequest:
     """A warm-up copy of a request with a small max_tokens: opens connections, costs little."""
     body = json.loads(req.body)
     body["max_tokens"] = min(body.get("max_tokens", WARMUP_MAX_TOKENS), WARMUP_MAX_TOKENS)
-    return PreparedRequest(index=-1 - req.index, body=json.dumps(body, separators=(",", ":")).encode(),
-                           input_tokens=req.input_tokens, max_tokens=body["max_tokens"])
+    return PreparedRequest(
+        index=-1 - req.index,
+        body=json.dumps(body, separators=(",", ":")).encode(),
+        input_tokens=req.input_tokens,
+        max_tokens=body["max_tokens"],
+    )
 
 
 async def _count_texts(records: list[RequestRecord], counter: TokenCounter) -> dict[int, int]:

@@ -94,12 +94,16 @@ class LocalTokenizer:
             raise ConfigError("--tokenizer needs the 'serve' extra (transformers)") from exc
         self.name = f"tokenizer:{path}"
         if not Path(path).exists():
-            raise ConfigError(f"--tokenizer {path}: no such folder (give a local tokenizer folder, with its tokenizer.json "
-                              "or tokenizer_config.json; nothing is downloaded)")
+            raise ConfigError(
+                f"--tokenizer {path}: no such folder (give a local tokenizer folder, with its tokenizer.json "
+                "or tokenizer_config.json; nothing is downloaded)"
+            )
         try:
             self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as exc:  # a folder without tokenizer files, a damaged one
-            raise ConfigError(f"--tokenizer {path}: not a tokenizer folder ({str(exc).splitlines()[0][:200]})") from None
+            raise ConfigError(
+                f"--tokenizer {path}: not a tokenizer folder ({str(exc).splitlines()[0][:200]})"
+            ) from None
 
     async def count(self, texts: Sequence[str]) -> list[int]:
         return [len(self._tok.encode(t, add_special_tokens=False)) for t in texts]
@@ -110,8 +114,9 @@ class ServerTokenizer:
 
     exact = True
 
-    def __init__(self, client: HttpClient, base_url: str, model: str | None, endpoint: TokenizeEndpoint,
-                 parallel: int = 16) -> None:
+    def __init__(
+        self, client: HttpClient, base_url: str, model: str | None, endpoint: TokenizeEndpoint, parallel: int = 16
+    ) -> None:
         self.client = client
         self.url = base_url.rstrip("/") + endpoint.path
         self.model = model
@@ -130,8 +135,9 @@ class ServerTokenizer:
         return list(await asyncio.gather(*(self._one(t) for t in texts)))
 
 
-async def find_server_tokenizer(client: HttpClient, base_url: str, model: str | None,
-                                engine: str | None) -> ServerTokenizer | None:
+async def find_server_tokenizer(
+    client: HttpClient, base_url: str, model: str | None, engine: str | None
+) -> ServerTokenizer | None:
     """The first token-counting request of ``engine`` (``engines.registry.tokenize_endpoints``: every
     known engine's when it is None) the server answers sensibly, or None."""
     for endpoint in tokenize_endpoints(engine):
@@ -153,8 +159,15 @@ def _length(rng: random.Random, target: int, spread: float) -> int:
 
 
 async def random_prompts(
-    n: int, input_len: int, output_len: int, counter: TokenCounter, *,
-    input_range: float = 0.0, output_range: float = 0.0, seed: int = 0, rounds: int = 4,
+    n: int,
+    input_len: int,
+    output_len: int,
+    counter: TokenCounter,
+    *,
+    input_range: float = 0.0,
+    output_range: float = 0.0,
+    seed: int = 0,
+    rounds: int = 4,
 ) -> list[Prompt]:
     """``n`` distinct prompts of (about) ``input_len`` tokens, counted by ``counter``.
 
@@ -181,7 +194,7 @@ async def random_prompts(
                 words[i].extend(rng.choice(_WORDS) for _ in range(diff))
                 still.append(i)
             elif diff < 0 and len(words[i]) > 1:
-                del words[i][max(1, len(words[i]) + diff):]
+                del words[i][max(1, len(words[i]) + diff) :]
                 still.append(i)
         todo = still
         if not counter.exact:
@@ -191,7 +204,8 @@ async def random_prompts(
         for i, c in zip(todo, measured, strict=True):
             counts[i] = c
     return [
-        Prompt(text=" ".join(w), input_tokens=c, output_tokens=o) for w, c, o in zip(words, counts, outputs, strict=True)
+        Prompt(text=" ".join(w), input_tokens=c, output_tokens=o)
+        for w, c, o in zip(words, counts, outputs, strict=True)
     ]
 
 
@@ -226,9 +240,14 @@ def load_dataset(path: str | Path, n: int, output_len: int | None, seed: int = 0
         out = row.get("max_tokens") or row.get("output_len") or row.get("output_tokens") or output_len
         if not out:
             raise ConfigError(f"{path}: row {i + 1} has no output length; give --output-len")
-        prompts.append(Prompt(text=text if isinstance(text, str) else None,
-                              messages=messages if isinstance(messages, list) else None,
-                              input_tokens=row.get("input_tokens"), output_tokens=int(out)))
+        prompts.append(
+            Prompt(
+                text=text if isinstance(text, str) else None,
+                messages=messages if isinstance(messages, list) else None,
+                input_tokens=row.get("input_tokens"),
+                output_tokens=int(out),
+            )
+        )
     if not prompts:
         raise ConfigError(f"{path}: no prompts")
     rng = random.Random(seed)
@@ -237,8 +256,14 @@ def load_dataset(path: str | Path, n: int, output_len: int | None, seed: int = 0
 
 
 def encode_bodies(
-    prompts: Sequence[Prompt], *, api: str, model: str | None, stream: bool, options: dict[str, Any],
-    start_index: int = 0, max_tokens: int | None = None,
+    prompts: Sequence[Prompt],
+    *,
+    api: str,
+    model: str | None,
+    stream: bool,
+    options: dict[str, Any],
+    start_index: int = 0,
+    max_tokens: int | None = None,
 ) -> list[PreparedRequest]:
     """JSON bodies, encoded once before any point runs (``options``: ignore_eos, stream_options,
     temperature and any ``--extra-body``). ``max_tokens`` overrides the prompts' (warm-up)."""
@@ -256,8 +281,14 @@ def encode_bodies(
         if stream:
             body["stream"] = True
         body.update(options)
-        out.append(PreparedRequest(index=start_index + i, body=json.dumps(body, separators=(",", ":")).encode(),
-                                   input_tokens=p.input_tokens, max_tokens=tokens))
+        out.append(
+            PreparedRequest(
+                index=start_index + i,
+                body=json.dumps(body, separators=(",", ":")).encode(),
+                input_tokens=p.input_tokens,
+                max_tokens=tokens,
+            )
+        )
     return out
 
 

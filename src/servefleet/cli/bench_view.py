@@ -71,8 +71,10 @@ def _rate(p: Point) -> str:
 def run_table(run: Run) -> Table:
     """The per-point table of one run."""
     t = run.target
-    title = (f"{t.label} — {t.engine or 'unknown engine'}{' ' + t.engine_version if t.engine_version else ''} — "
-             f"{run.measured_mode} (out tok/s: steady part; latency: {_sources(run)})")
+    title = (
+        f"{t.label} — {t.engine or 'unknown engine'}{' ' + t.engine_version if t.engine_version else ''} — "
+        f"{run.measured_mode} (out tok/s: steady part; latency: {_sources(run)})"
+    )
     rate_mode = run.config.mode == "rate"
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("rate/s" if rate_mode else "conc", justify="right")
@@ -93,11 +95,20 @@ def run_table(run: Run) -> Table:
         level = fmt(p.request_rate, 2) if rate_mode else str(p.concurrency)
         client = "[red]client-bound[/]" if p.client_bound else "ok"
         table.add_row(
-            level, str(p.requests), _errors(p), _rate(p), fmt(p.total_tokens_per_s),
-            fmt(p.requests_per_s, 2), fmt(p.output_tokens_per_s_per_request.mean),
-            f"{_ms(p.ttft_ms)}/{_ms(p.ttft_ms, 'p99')}", f"{_ms(p.tpot_ms, 'mean')}/{_ms(p.tpot_ms)}",
-            f"{_ms(p.itl_ms, 'p50')}/{_ms(p.itl_ms, 'p99')}", _ms(p.e2e_ms), fmt(p.achieved_concurrency),
-            _server(p), client,
+            level,
+            str(p.requests),
+            _errors(p),
+            _rate(p),
+            fmt(p.total_tokens_per_s),
+            fmt(p.requests_per_s, 2),
+            fmt(p.output_tokens_per_s_per_request.mean),
+            f"{_ms(p.ttft_ms)}/{_ms(p.ttft_ms, 'p99')}",
+            f"{_ms(p.tpot_ms, 'mean')}/{_ms(p.tpot_ms)}",
+            f"{_ms(p.itl_ms, 'p50')}/{_ms(p.itl_ms, 'p99')}",
+            _ms(p.e2e_ms),
+            fmt(p.achieved_concurrency),
+            _server(p),
+            client,
         )
     return table
 
@@ -109,14 +120,19 @@ def point_line(p: Point) -> str:
     errs = f", {p.errors} errors" if p.errors else ""
     if p.steady is not None and not p.steady.steady and p.steady.reason:
         flag += f" [yellow]{p.steady.reason}[/]"
-    return (f"{level}: {fmt(p.output_tokens_per_s)} out tok/s, {fmt(p.requests_per_s, 2)} req/s, "
-            f"TTFT p50 {_ms(p.ttft_ms)} ms, ITL mean {_ms(p.itl_ms, 'mean')} p50 {_ms(p.itl_ms)} ms ({p.requests} requests{errs}){flag}")
+    return (
+        f"{level}: {fmt(p.output_tokens_per_s)} out tok/s, {fmt(p.requests_per_s, 2)} req/s, "
+        f"TTFT p50 {_ms(p.ttft_ms)} ms, ITL mean {_ms(p.itl_ms, 'mean')} p50 {_ms(p.itl_ms)} ms ({p.requests} requests{errs}){flag}"
+    )
 
 
 def compare_table(comp: Comparison) -> Table:
     """Rows: configurations. Columns: output tok/s at each level (ratio to the first run), best point."""
-    table = Table(title="output tokens/s by " + ("request rate" if comp.level_kind == "rate" else "concurrency"),
-                  title_justify="left", header_style="bold")
+    table = Table(
+        title="output tokens/s by " + ("request rate" if comp.level_kind == "rate" else "concurrency"),
+        title_justify="left",
+        header_style="bold",
+    )
     table.add_column("configuration")
     for lv in comp.levels:
         table.add_column(("rate " if comp.level_kind == "rate" else "c=") + lv, justify="right")
@@ -138,8 +154,12 @@ def compare_table(comp: Comparison) -> Table:
                 text += " [red]*[/]"
             cells.append(text)
         table.add_row(
-            s.label, *cells, fmt(s.best_output_tokens_per_s), s.best_level or "-",
-            fmt(s.best_per_request_tokens_per_s), "1.00x" if i == 0 else (f"{s.ratio_best:.2f}x" if s.ratio_best else "-"),
+            s.label,
+            *cells,
+            fmt(s.best_output_tokens_per_s),
+            s.best_level or "-",
+            fmt(s.best_per_request_tokens_per_s),
+            "1.00x" if i == 0 else (f"{s.ratio_best:.2f}x" if s.ratio_best else "-"),
         )
     if any(s.client_bound_levels for s in comp.runs):
         table.caption = "[red]*[/] the client, not the server, was the limit at that point"

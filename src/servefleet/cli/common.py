@@ -36,7 +36,9 @@ def run_coroutine(make: Callable[[], Coroutine[Any, Any, T]], *, quiet_interrupt
     except KeyboardInterrupt:
         if quiet_interrupt:  # `logs -f`: Ctrl-C is how it ends
             raise typer.Exit(ExitCode.OK) from None
-        Console(stderr=True).print("interrupted; launched servers keep running (`servefleet status`, `servefleet down`)")
+        Console(stderr=True).print(
+            "interrupted; launched servers keep running (`servefleet status`, `servefleet down`)"
+        )
         raise typer.Exit(ExitCode.INTERRUPTED) from None
 
 

@@ -43,9 +43,15 @@ def detach(args: list[str], log: str) -> Detached:
     read_fd, write_fd = os.pipe()
     try:
         with open(log, "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "servefleet.cli.main", *args], stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(write_fd,),
-                                    env={**os.environ, READY_FD_ENV: str(write_fd)})
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "servefleet.cli.main", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(write_fd,),
+                env={**os.environ, READY_FD_ENV: str(write_fd)},
+            )
     finally:
         os.close(write_fd)
     with os.fdopen(read_fd, "rb") as ready:

@@ -19,8 +19,16 @@ SHORT = "Drain servers: running generate jobs send them nothing new and finish t
 def drain(
     names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Servers to drain.")],
     fleet_file: FleetOpt = None,
-    keep: Annotated[bool, typer.Option("--keep", help="Leave the servers running once drained; no job sends to them until `servefleet up`/`restart` of them.")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.0, help="Seconds to wait for the jobs' in-flight requests to finish.")] = 600.0,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep",
+            help="Leave the servers running once drained; no job sends to them until `servefleet up`/`restart` of them.",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.0, help="Seconds to wait for the jobs' in-flight requests to finish.")
+    ] = 600.0,
     grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")] = 15.0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -34,11 +42,15 @@ def drain(
 
     def waiting(using: dict[str, list[str]]) -> None:
         for name, jobs in using.items():
-            err.print(f"{name}: waiting for {', '.join(jobs)} to finish its requests on it", markup=False, soft_wrap=True)
+            err.print(
+                f"{name}: waiting for {', '.join(jobs)} to finish its requests on it", markup=False, soft_wrap=True
+            )
 
     async def go():
         async with open_fleet(fleet_file) as fleet:
-            return await drain_servers(fleet, list(dict.fromkeys(names)), keep=keep, timeout_s=timeout, grace_s=grace, on_wait=waiting)
+            return await drain_servers(
+                fleet, list(dict.fromkeys(names)), keep=keep, timeout_s=timeout, grace_s=grace, on_wait=waiting
+            )
 
     results = run_coroutine(go)
     rows = []
@@ -49,8 +61,16 @@ def drain(
             outcome = "drained; left running (--keep): no job sends to it until `servefleet up` of it"
         else:
             outcome = f"drained; {r.stopped.message}"
-        rows.append({"name": name, "ok": r.ok, "jobs": r.jobs, "still_using": r.still_using, "stopped": r.stopped is not None and r.stopped.ok,
-                     "message": outcome})
+        rows.append(
+            {
+                "name": name,
+                "ok": r.ok,
+                "jobs": r.jobs,
+                "still_using": r.still_using,
+                "stopped": r.stopped is not None and r.stopped.ok,
+                "message": outcome,
+            }
+        )
     if as_json:
         sys.stdout.write(json.dumps({"servers": rows}, indent=2) + "\n")
     else:

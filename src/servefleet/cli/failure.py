@@ -33,8 +33,15 @@ from servefleet.errors import (
     StateError,
 )
 
-__all__ = ["ErrorKind", "CliFailure", "failure_from_exception", "kind_for_exit_code", "error_document", "outcome_document",
-           "report_failure"]
+__all__ = [
+    "ErrorKind",
+    "CliFailure",
+    "failure_from_exception",
+    "kind_for_exit_code",
+    "error_document",
+    "outcome_document",
+    "report_failure",
+]
 
 
 class ErrorKind(StrEnum):
@@ -66,8 +73,12 @@ EXIT_CODES: dict[ErrorKind, ExitCode] = {
 
 def kind_for_exit_code(code: int) -> ErrorKind:
     """The plain kind of an exit code, for a command that only knows the code it wants."""
-    plain: dict[int, ErrorKind] = {ExitCode.USAGE: ErrorKind.USAGE, ExitCode.UNREACHABLE: ErrorKind.UNREACHABLE,
-             ExitCode.TIMEOUT: ErrorKind.TIMEOUT, ExitCode.INTERRUPTED: ErrorKind.INTERRUPTED}
+    plain: dict[int, ErrorKind] = {
+        ExitCode.USAGE: ErrorKind.USAGE,
+        ExitCode.UNREACHABLE: ErrorKind.UNREACHABLE,
+        ExitCode.TIMEOUT: ErrorKind.TIMEOUT,
+        ExitCode.INTERRUPTED: ErrorKind.INTERRUPTED,
+    }
     return plain.get(code, ErrorKind.FAILED)  # an int that is not one of these codes: failed
 
 
@@ -116,8 +127,12 @@ def failure_from_exception(exc: BaseException) -> CliFailure | None:
 
 
 def error_document(failure: CliFailure, command: str | None = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"kind": failure.kind.value, "message": failure.message, "hint": failure.hint,
-                             "exit_code": failure.exit_code}
+    error: dict[str, Any] = {
+        "kind": failure.kind.value,
+        "message": failure.message,
+        "hint": failure.hint,
+        "exit_code": failure.exit_code,
+    }
     if command:
         error["command"] = command
     if failure.details:
@@ -137,7 +152,9 @@ def outcome_document(payload: dict[str, Any], *, exit_code: int, message: str, c
     return {**document, **payload}
 
 
-def report_failure(failure: CliFailure, *, as_json: bool, command: str | None = None, stderr_text: bool = True) -> None:
+def report_failure(
+    failure: CliFailure, *, as_json: bool, command: str | None = None, stderr_text: bool = True
+) -> None:
     """Print the failure: the JSON document on stdout when ``as_json``, the words on stderr."""
     if as_json:
         sys.stdout.write(json.dumps(error_document(failure, command), default=str) + "\n")

@@ -22,17 +22,37 @@ from servefleet.catalog import State
 from servefleet.cli.common import FleetOpt, JsonOpt, open_fleet, run_coroutine
 from servefleet.cli.exitcodes import ExitCode
 from servefleet.cli.failure import outcome_document
-from servefleet.cli.fleet_view import UpProgress, down_table, failure_notes, status_notes, status_table, up_json, up_table
+from servefleet.cli.fleet_view import (
+    UpProgress,
+    down_table,
+    failure_notes,
+    status_notes,
+    status_table,
+    up_json,
+    up_table,
+)
 from servefleet.errors import ConfigError, ServefleetError
 from servefleet.fleet import Fleet, Liveness, ServerStatus, StartOutcome
 from servefleet.verify.verdict import Verdict
 
-TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Overall cap in seconds (default: the fleet file's).")]
-StallOpt = Annotated[float | None, typer.Option("--stall", help="Seconds without log or probe progress before a server counts as stalled.")]
-NoSmokeOpt = Annotated[bool, typer.Option("--no-smoke", help="Skip the one-token request before calling a server ready.")]
+TimeoutOpt = Annotated[
+    float | None, typer.Option("--timeout", help="Overall cap in seconds (default: the fleet file's).")
+]
+StallOpt = Annotated[
+    float | None,
+    typer.Option("--stall", help="Seconds without log or probe progress before a server counts as stalled."),
+]
+NoSmokeOpt = Annotated[
+    bool, typer.Option("--no-smoke", help="Skip the one-token request before calling a server ready.")
+]
 GraceOpt = Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")]
-KeepFailedOpt = Annotated[bool, typer.Option(
-    "--keep-failed", help="Leave a server found failed running (to inspect it); by default its whole process group is stopped.")]
+KeepFailedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-failed",
+        help="Leave a server found failed running (to inspect it); by default its whole process group is stopped.",
+    ),
+]
 
 
 def _console() -> Console:
@@ -78,13 +98,26 @@ def _print_outcome(data: dict[str, Any], code: int, message: str, command: str) 
 
 
 def _not_ready(verdicts: dict[str, Verdict]) -> str:
-    bad = [f"{n} ({v.state.value}{': ' + v.category.value if v.category else ''})" for n, v in verdicts.items() if v.state is not State.READY]
+    bad = [
+        f"{n} ({v.state.value}{': ' + v.category.value if v.category else ''})"
+        for n, v in verdicts.items()
+        if v.state is not State.READY
+    ]
     return "not ready: " + ", ".join(bad) if bad else "ready"
 
 
 async def _up_and_render(
-    fleet: Fleet, names: list[str] | None, *, timeout: float | None, stall: float | None, smoke: bool | None, wait: bool, as_json: bool,
-    restart: str | None = None, grace: float = 15.0, keep_failed: bool = False,
+    fleet: Fleet,
+    names: list[str] | None,
+    *,
+    timeout: float | None,
+    stall: float | None,
+    smoke: bool | None,
+    wait: bool,
+    as_json: bool,
+    restart: str | None = None,
+    grace: float = 15.0,
+    keep_failed: bool = False,
 ) -> ExitCode:
     """Shared by `up` and `restart`: start, wait with live output, render the end table."""
     console = _console()
@@ -112,15 +145,25 @@ async def _up_and_render(
                 where = f" (pgid {o.record.pgid}, log {o.record.log_path})" if o.record and o.verdict is None else ""
                 console.print(f"{name}: {o.action.value}{where}{': ' + o.message if o.message else ''}", markup=False)
         if not wait:
-            verdicts = {n: (o.verdict or Verdict(state=State.LAUNCHING, message=o.message)) for n, o in outcomes.items()}
+            verdicts = {
+                n: (o.verdict or Verdict(state=State.LAUNCHING, message=o.message)) for n, o in outcomes.items()
+            }
             blocked = any(o.verdict is not None for o in outcomes.values())
             code = ExitCode.FAILED if blocked else ExitCode.OK
             if as_json:
                 _print_outcome(up_json(fleet.name, outcomes, verdicts, engines), code, _not_ready(verdicts), "up")
             return code
 
-        progress = UpProgress(Console(stderr=True, highlight=False) if as_json else console, outcomes, engines, plain=plain)
-        kwargs: dict[str, Any] = {"timeout_s": timeout, "stall_s": stall, "smoke": smoke, "keep_failed": keep_failed, "grace_s": grace}
+        progress = UpProgress(
+            Console(stderr=True, highlight=False) if as_json else console, outcomes, engines, plain=plain
+        )
+        kwargs: dict[str, Any] = {
+            "timeout_s": timeout,
+            "stall_s": stall,
+            "smoke": smoke,
+            "keep_failed": keep_failed,
+            "grace_s": grace,
+        }
         if plain:  # JSON mode: progress lines go to stderr, stdout carries only the document
             verdicts = await fleet.wait(outcomes, on_update=progress.on_update, **kwargs)
         else:
@@ -128,7 +171,12 @@ async def _up_and_render(
                 verdicts = await fleet.wait(outcomes, on_update=progress.on_update, **kwargs)
         code = _exit_code(verdicts)
         if as_json:
-            _print_outcome(up_json(fleet.name, outcomes, verdicts, engines), code, _not_ready(verdicts), "restart" if restart else "up")
+            _print_outcome(
+                up_json(fleet.name, outcomes, verdicts, engines),
+                code,
+                _not_ready(verdicts),
+                "restart" if restart else "up",
+            )
         else:
             console.print(up_table(outcomes, verdicts, engines))
             console.print(failure_notes(outcomes, verdicts))
@@ -136,14 +184,23 @@ async def _up_and_render(
 
 
 def up(
-    fleet_file: Annotated[Path | None, typer.Argument(metavar="FLEET.toml", help="Fleet file (default: ./servefleet.toml); or --fleet.")] = None,
+    fleet_file: Annotated[
+        Path | None, typer.Argument(metavar="FLEET.toml", help="Fleet file (default: ./servefleet.toml); or --fleet.")
+    ] = None,
     fleet_opt: FleetOpt = None,
-    only: Annotated[list[str] | None, typer.Option("--only", help="Only these servers (repeat, or comma-separated).")] = None,
+    only: Annotated[
+        list[str] | None, typer.Option("--only", help="Only these servers (repeat, or comma-separated).")
+    ] = None,
     timeout: TimeoutOpt = None,
     stall: StallOpt = None,
     no_smoke: NoSmokeOpt = False,
-    no_wait: Annotated[bool, typer.Option(
-        "--no-wait", help="Launch (or adopt) and return without waiting for readiness (servers sharing a GPU are still launched in turn).")] = False,
+    no_wait: Annotated[
+        bool,
+        typer.Option(
+            "--no-wait",
+            help="Launch (or adopt) and return without waiting for readiness (servers sharing a GPU are still launched in turn).",
+        ),
+    ] = False,
     keep_failed: KeepFailedOpt = False,
     grace: GraceOpt = 15.0,
     as_json: JsonOpt = False,
@@ -158,9 +215,19 @@ def up(
         raise ConfigError(f"up: two fleet files given, {fleet_file} and --fleet {fleet_opt}: pass one")
     given = fleet_opt if fleet_opt is not None else fleet_file  # positional or --fleet, like every other command
     smoke = False if no_smoke else None
-    code = run_coroutine(lambda: _up_and_render(
-        open_fleet(given), _split_names(only), timeout=timeout, stall=stall, smoke=smoke, wait=not no_wait, as_json=as_json,
-        grace=grace, keep_failed=keep_failed))
+    code = run_coroutine(
+        lambda: _up_and_render(
+            open_fleet(given),
+            _split_names(only),
+            timeout=timeout,
+            stall=stall,
+            smoke=smoke,
+            wait=not no_wait,
+            as_json=as_json,
+            grace=grace,
+            keep_failed=keep_failed,
+        )
+    )
     raise typer.Exit(code)
 
 
@@ -179,14 +246,27 @@ def restart(
     If a server sharing its GPU is still starting, it starts once that one's memory has settled (as in `up`). Found failed, it is stopped unless --keep-failed.
     """
     smoke = False if no_smoke else None
-    code = run_coroutine(lambda: _up_and_render(
-        open_fleet(fleet_file), None, timeout=timeout, stall=stall, smoke=smoke, wait=True, as_json=as_json, restart=name, grace=grace,
-        keep_failed=keep_failed))
+    code = run_coroutine(
+        lambda: _up_and_render(
+            open_fleet(fleet_file),
+            None,
+            timeout=timeout,
+            stall=stall,
+            smoke=smoke,
+            wait=True,
+            as_json=as_json,
+            restart=name,
+            grace=grace,
+            keep_failed=keep_failed,
+        )
+    )
     raise typer.Exit(code)
 
 
 def down(
-    names: Annotated[list[str] | None, typer.Argument(metavar="[NAME]...", help="Servers to stop (default: all).")] = None,
+    names: Annotated[
+        list[str] | None, typer.Argument(metavar="[NAME]...", help="Servers to stop (default: all).")
+    ] = None,
     fleet_file: FleetOpt = None,
     grace: GraceOpt = 15.0,
     as_json: JsonOpt = False,
@@ -206,21 +286,46 @@ def down(
     code = ExitCode.OK if all(r.ok for r in results.values()) else ExitCode.FAILED
     if as_json:
         failed = ", ".join(f"{n} ({r.message})" for n, r in results.items() if not r.ok)
-        _print_outcome({"servers": [{"name": n, "was_running": r.was_running, "signal": r.signal, "port_free": r.port_free,
-                                     "port_holder_pid": r.port_holder_pid, "ok": r.ok, "message": r.message} for n, r in results.items()],
-                        "jobs": [{"pid": j.pid, "host": j.host, "output": j.output, "servers": [n for n in results if j.uses(n)]} for j in jobs]},
-                       code, f"not stopped: {failed}", "down")
+        _print_outcome(
+            {
+                "servers": [
+                    {
+                        "name": n,
+                        "was_running": r.was_running,
+                        "signal": r.signal,
+                        "port_free": r.port_free,
+                        "port_holder_pid": r.port_holder_pid,
+                        "ok": r.ok,
+                        "message": r.message,
+                    }
+                    for n, r in results.items()
+                ],
+                "jobs": [
+                    {"pid": j.pid, "host": j.host, "output": j.output, "servers": [n for n in results if j.uses(n)]}
+                    for j in jobs
+                ],
+            },
+            code,
+            f"not stopped: {failed}",
+            "down",
+        )
     else:
         console = _console()
         console.print(down_table(results))
         for job in jobs:
             used = ", ".join(n for n in results if job.uses(n))
-            console.print(f"in use by {job.describe()}: {used} -- it re-queues their requests and does not restart them", markup=False, soft_wrap=True)
+            console.print(
+                f"in use by {job.describe()}: {used} -- it re-queues their requests and does not restart them",
+                markup=False,
+                soft_wrap=True,
+            )
     raise typer.Exit(code)
 
 
 def status(
-    names: Annotated[list[str] | None, typer.Argument(metavar="[NAME]...", help="Servers to show (default: all).")] = None,
+    names: Annotated[
+        list[str] | None, typer.Argument(metavar="[NAME]...", help="Servers to show (default: all).")
+    ] = None,
     fleet_file: FleetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -236,14 +341,22 @@ def status(
     code = _status_exit_code(statuses)
     if as_json:
         bad = ", ".join(f"{s.name} ({s.state.value})" for s in statuses if s.state is not Liveness.READY)
-        _print_outcome({"fleet": name, "servers": [{**s.to_json(), "stopped_by_user": marks.get(s.name)} for s in statuses]},
-                       code, f"not ready: {bad}", "status")
+        _print_outcome(
+            {"fleet": name, "servers": [{**s.to_json(), "stopped_by_user": marks.get(s.name)} for s in statuses]},
+            code,
+            f"not ready: {bad}",
+            "status",
+        )
     else:
         console = _console()
         console.print(status_table(name, statuses))
         console.print(status_notes(statuses))
         for server, why in marks.items():  # a drained server may still be ready: say why no job uses it
-            console.print(f"{server}: {why}; no generate job uses it until `servefleet up` or `restart` of it", markup=False, soft_wrap=True)
+            console.print(
+                f"{server}: {why}; no generate job uses it until `servefleet up` or `restart` of it",
+                markup=False,
+                soft_wrap=True,
+            )
     raise typer.Exit(code)
 
 
@@ -269,7 +382,9 @@ def logs(
                 path, tail, size = await fleet.tail(name, lines)
             except FileNotFoundError:
                 _, path = await fleet.log_location(name)
-                raise ConfigError(f"{name}: no log yet at {path} (the server was never launched: `servefleet up`)") from None
+                raise ConfigError(
+                    f"{name}: no log yet at {path} (the server was never launched: `servefleet up`)"
+                ) from None
             for line in tail:
                 emit(line)
             if follow:

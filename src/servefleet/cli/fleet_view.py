@@ -60,7 +60,9 @@ def _verdict_note(verdict: Verdict) -> str:
 class UpProgress:
     """Collects live verdicts of ``up``; renders a table on a terminal, plain lines elsewhere."""
 
-    def __init__(self, console: Console, outcomes: dict[str, StartOutcome], engines: dict[str, str], plain: bool) -> None:
+    def __init__(
+        self, console: Console, outcomes: dict[str, StartOutcome], engines: dict[str, str], plain: bool
+    ) -> None:
         self.console = console
         self.outcomes = outcomes
         self.engines = engines
@@ -80,7 +82,11 @@ class UpProgress:
         elapsed = time.monotonic() - self.started
         note = _verdict_note(verdict)
         cat = f" ({verdict.category.value})" if verdict.category else ""
-        self.console.print(f"[{elapsed:7.1f}s] {name}: {verdict.state.value}{cat}{': ' + note if note else ''}", markup=False, highlight=False)
+        self.console.print(
+            f"[{elapsed:7.1f}s] {name}: {verdict.state.value}{cat}{': ' + note if note else ''}",
+            markup=False,
+            highlight=False,
+        )
 
     def __rich__(self) -> Table:
         table = Table(title="servefleet up", title_justify="left", expand=False)
@@ -91,14 +97,28 @@ class UpProgress:
             verdict = self.latest.get(name)
             state = verdict.state.value if verdict else "launching"
             note = _verdict_note(verdict) if verdict else (outcome.message or "")
-            shown = elapsed if state not in ("ready", "failed", "stalled") else fmt_secs(verdict.elapsed_s if verdict else None)
+            shown = (
+                elapsed
+                if state not in ("ready", "failed", "stalled")
+                else fmt_secs(verdict.elapsed_s if verdict else None)
+            )
             table.add_row(name, self.engines.get(name, "?"), outcome.action.value, _state(state), shown, note[:100])
         return table
 
 
 def up_table(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], engines: dict[str, str]) -> Table:
     table = Table(title="fleet", title_justify="left")
-    for col in ("server", "engine", "state", "time to ready", "start-up phases", "KV tokens", "max running", "context", "log"):
+    for col in (
+        "server",
+        "engine",
+        "state",
+        "time to ready",
+        "start-up phases",
+        "KV tokens",
+        "max running",
+        "context",
+        "log",
+    ):
         table.add_column(col, no_wrap=col not in ("log", "start-up phases"), overflow="fold")
     for name, verdict in verdicts.items():
         outcome = outcomes[name]
@@ -112,14 +132,21 @@ def up_table(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], en
             ttr = "-"
         log = outcome.record.log_path if outcome.record else "-"
         table.add_row(
-            name, engines.get(name, "?"), _state(state), ttr, startup_phases_text(verdict),
-            fmt_int(cap.kv_cache_tokens), fmt_int(cap.max_running_requests), fmt_int(cap.context_length), log,
+            name,
+            engines.get(name, "?"),
+            _state(state),
+            ttr,
+            startup_phases_text(verdict),
+            fmt_int(cap.kv_cache_tokens),
+            fmt_int(cap.max_running_requests),
+            fmt_int(cap.context_length),
+            log,
         )
     return table
 
 
 def startup_phases_text(verdict: Verdict) -> str:
-    """"loading weights 2.5s, compiling (torch.compile) 15.6s, ...": seconds per progress label
+    """ "loading weights 2.5s, compiling (torch.compile) 15.6s, ...": seconds per progress label
     (startup_phases.phase_totals; under 0.05 s left out)."""
     shown = [f"{label} {fmt_secs(took)}" for label, took in phase_totals(verdict.startup_phases) if took >= 0.05]
     return ", ".join(shown) if shown else "-"
@@ -133,8 +160,14 @@ def failure_notes(outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict
         outcome = outcomes[name]
         if verdict.state != State.READY:
             head = Text(f"{name}: ", style="bold")
-            category = f"{verdict.category.value} {verdict.phase}" if verdict.category and verdict.phase else (verdict.category.value if verdict.category else "")
-            head.append(verdict.state.value + (f" ({category})" if category else ""), style=_STYLE.get(verdict.state.value, ""))
+            category = (
+                f"{verdict.category.value} {verdict.phase}"
+                if verdict.category and verdict.phase
+                else (verdict.category.value if verdict.category else "")
+            )
+            head.append(
+                verdict.state.value + (f" ({category})" if category else ""), style=_STYLE.get(verdict.state.value, "")
+            )
             if verdict.exit_code is not None:
                 head.append(f", exit code {verdict.exit_code}")
             lines.append(head)
@@ -165,26 +198,32 @@ def _started_after(outcome: StartOutcome) -> list[dict[str, Any]]:
     return [s.to_json() for s in outcome.started_after]
 
 
-def up_json(fleet: str, outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], engines: dict[str, str]) -> dict[str, Any]:
+def up_json(
+    fleet: str, outcomes: dict[str, StartOutcome], verdicts: dict[str, Verdict], engines: dict[str, str]
+) -> dict[str, Any]:
     servers = []
     for name, verdict in verdicts.items():
         outcome = outcomes[name]
         rec = outcome.record
-        servers.append({
-            "name": name,
-            "engine": engines.get(name),
-            "action": outcome.action.value,
-            "message": outcome.message,
-            "spec_changed": outcome.spec_changed,
-            "pgid": rec.pgid if rec else None,
-            "port": rec.port if rec else None,
-            "log_path": rec.log_path if rec else None,
-            "time_to_ready_s": verdict.elapsed_s if verdict.state == State.READY and outcome.action == Action.LAUNCHED else None,
-            "after_failure": outcome.after_failure,  # failed: "stopped" | "kept running (--keep-failed)" | "exited" | ...
-            "started_after": _started_after(outcome),  # the siblings on its GPU it waited for
-            "gpu_holders": list(outcome.gpu_holders),  # before launch: processes outside the fleet on its GPUs
-            "verdict": verdict.to_json(),
-        })
+        servers.append(
+            {
+                "name": name,
+                "engine": engines.get(name),
+                "action": outcome.action.value,
+                "message": outcome.message,
+                "spec_changed": outcome.spec_changed,
+                "pgid": rec.pgid if rec else None,
+                "port": rec.port if rec else None,
+                "log_path": rec.log_path if rec else None,
+                "time_to_ready_s": verdict.elapsed_s
+                if verdict.state == State.READY and outcome.action == Action.LAUNCHED
+                else None,
+                "after_failure": outcome.after_failure,  # failed: "stopped" | "kept running (--keep-failed)" | "exited" | ...
+                "started_after": _started_after(outcome),  # the siblings on its GPU it waited for
+                "gpu_holders": list(outcome.gpu_holders),  # before launch: processes outside the fleet on its GPUs
+                "verdict": verdict.to_json(),
+            }
+        )
     return {"fleet": fleet, "servers": servers}
 
 
@@ -194,7 +233,20 @@ def status_table(fleet: str, statuses: list[ServerStatus]) -> Table:
     units = any(st.unit for st in statuses)
     table = Table(title=f"fleet {fleet}", title_justify="left")
     # pgid: the detach wrapper's pid, leader of the group the engine runs in (not the engine's own pid)
-    cols = ["server", "engine", "host", "port", "pgid", *(["unit"] if units else []), "state", "uptime", "KV tokens", "max running", "context", "log"]
+    cols = [
+        "server",
+        "engine",
+        "host",
+        "port",
+        "pgid",
+        *(["unit"] if units else []),
+        "state",
+        "uptime",
+        "KV tokens",
+        "max running",
+        "context",
+        "log",
+    ]
     for col in cols:
         table.add_column(col, no_wrap=col != "log", overflow="fold")
     for st in statuses:
@@ -207,8 +259,18 @@ def status_table(fleet: str, statuses: list[ServerStatus]) -> Table:
         cap = st.capacity
         unit = [st.unit or "-"] if units else []
         table.add_row(
-            name, st.engine or "-", st.host, str(st.port or "-"), str(st.pid or "-"), *unit, _state(state), fmt_secs(st.uptime_s),
-            fmt_int(cap.kv_cache_tokens), fmt_int(cap.max_running_requests), fmt_int(cap.context_length), st.log_path or "-",
+            name,
+            st.engine or "-",
+            st.host,
+            str(st.port or "-"),
+            str(st.pid or "-"),
+            *unit,
+            _state(state),
+            fmt_secs(st.uptime_s),
+            fmt_int(cap.kv_cache_tokens),
+            fmt_int(cap.max_running_requests),
+            fmt_int(cap.context_length),
+            st.log_path or "-",
         )
     return table
 
@@ -219,7 +281,12 @@ def status_notes(statuses: list[ServerStatus]) -> Group:
         if st.detail and st.state != Liveness.READY:
             lines.append(Text(f"{st.name}: {st.detail}"))
         if st.spec_changed:
-            lines.append(Text(f"{st.name}: the fleet file changed since launch; `servefleet restart {st.name}` applies it", style="yellow"))
+            lines.append(
+                Text(
+                    f"{st.name}: the fleet file changed since launch; `servefleet restart {st.name}` applies it",
+                    style="yellow",
+                )
+            )
     return Group(*lines)
 
 
@@ -229,5 +296,10 @@ def down_table(results: dict[str, StopResult]) -> Table:
         table.add_column(col)
     for name, res in results.items():
         style = "green" if res.ok else "bold red"
-        table.add_row(name, Text(res.message, style=style if res.was_running or not res.ok else "dim"), res.signal or "-", "yes" if res.port_free else "NO")
+        table.add_row(
+            name,
+            Text(res.message, style=style if res.was_running or not res.ok else "dim"),
+            res.signal or "-",
+            "yes" if res.port_free else "NO",
+        )
     return table

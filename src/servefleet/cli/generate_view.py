@@ -45,7 +45,9 @@ def format_eta(seconds: float | None) -> str:
 class ProgressView:
     """Start with :meth:`start` once the job knows its totals; :meth:`phase` before that."""
 
-    def __init__(self, console: Console | None = None, *, refresh_per_s: float = 4.0, plain_interval_s: float = 10.0) -> None:
+    def __init__(
+        self, console: Console | None = None, *, refresh_per_s: float = 4.0, plain_interval_s: float = 10.0
+    ) -> None:
         self.console = console or Console(stderr=True)
         self.refresh_per_s = refresh_per_s
         self.plain_interval_s = plain_interval_s
@@ -60,7 +62,9 @@ class ProgressView:
     def start(self, stats: JobStats) -> None:
         self._stats = stats
         if self.console.is_terminal:
-            self._live = Live(self.render(), console=self.console, refresh_per_second=self.refresh_per_s, transient=False)
+            self._live = Live(
+                self.render(), console=self.console, refresh_per_second=self.refresh_per_s, transient=False
+            )
             self._live.start()
         self._task = asyncio.ensure_future(self._loop())
 
@@ -96,10 +100,14 @@ class ProgressView:
     def plain_line(self) -> str:
         st = self._stats
         assert st is not None
-        servers = "; ".join(f"{s.name} {s.state} {s.in_flight}/{s.limit} ({s.limit_source})" for s in st.servers.values())
-        return (f"generate: {st.done_before + st.done:,}/{st.total:,} done, {st.instant_tps():,.0f} tok/s now, "
-                f"{st.avg_tps():,.0f} avg, ETA {format_eta(st.eta_s())}, retries {st.retries:,}, failed {st.failed:,}"
-                + (f" | {servers}" if servers else ""))
+        servers = "; ".join(
+            f"{s.name} {s.state} {s.in_flight}/{s.limit} ({s.limit_source})" for s in st.servers.values()
+        )
+        return (
+            f"generate: {st.done_before + st.done:,}/{st.total:,} done, {st.instant_tps():,.0f} tok/s now, "
+            f"{st.avg_tps():,.0f} avg, ETA {format_eta(st.eta_s())}, retries {st.retries:,}, failed {st.failed:,}"
+            + (f" | {servers}" if servers else "")
+        )
 
     def render(self) -> Group:
         st = self._stats
@@ -107,8 +115,10 @@ class ProgressView:
         done = st.done_before + st.done
         bar = ProgressBar(total=max(1, st.total), completed=done, width=40)
         head = Text.assemble(
-            (f"{done:,}/{st.total:,}", "bold"), f"  {100 * done / max(1, st.total):5.1f}%   ",
-            (f"{st.instant_tps():,.0f} tok/s", "cyan"), f" now, {st.avg_tps():,.0f} avg   ",
+            (f"{done:,}/{st.total:,}", "bold"),
+            f"  {100 * done / max(1, st.total):5.1f}%   ",
+            (f"{st.instant_tps():,.0f} tok/s", "cyan"),
+            f" now, {st.avg_tps():,.0f} avg   ",
             f"ETA {format_eta(st.eta_s())}   retries {st.retries:,}   ",
             (f"failed {st.failed:,}", "red" if st.failed else ""),
             f"   shards {st.shards:,}",
@@ -120,12 +130,25 @@ class ProgressView:
         for s in st.servers.values():
             style = {"up": "green", "down": "yellow", "gone": "red"}.get(s.state, "")
             why = f"{s.limit_source}: {s.limit_reason}" if s.limit_reason else s.limit_source
-            table.add_row(s.name, Text(s.state, style=style), f"{s.in_flight}/{s.limit}", f"{s.meter.rate():,.0f}",
-                          f"{s.requests:,}", f"{s.errors:,}", Text(why, style="dim", overflow="ellipsis", no_wrap=True))
+            table.add_row(
+                s.name,
+                Text(s.state, style=style),
+                f"{s.in_flight}/{s.limit}",
+                f"{s.meter.rate():,.0f}",
+                f"{s.requests:,}",
+                f"{s.errors:,}",
+                Text(why, style="dim", overflow="ellipsis", no_wrap=True),
+            )
         return Group(Group(bar, head), table)
 
 
-_STYLE = {"complete": "bold green", "incomplete": "bold yellow", "interrupted": "bold yellow", "stalled": "bold red", "rejected": "bold red"}
+_STYLE = {
+    "complete": "bold green",
+    "incomplete": "bold yellow",
+    "interrupted": "bold yellow",
+    "stalled": "bold red",
+    "rejected": "bold red",
+}
 
 
 def membership_text(width: int | None, counts: dict[str, int]) -> str:
@@ -140,15 +163,30 @@ def render_report(report: JobReport, console: Console) -> None:
         (f"{report.status}", _STYLE.get(report.status, "bold")),
         f"  {report.done_before + report.committed:,}/{records:,} input records committed",
         f" ({report.committed:,} in this run, {report.done_before:,} before)",
-        (f", {report.rejected:,} rejected ({report.files.get('rejects', 'rejects.jsonl')})" if report.rejected else "", "red"),
+        (
+            f", {report.rejected:,} rejected ({report.files.get('rejects', 'rejects.jsonl')})"
+            if report.rejected
+            else "",
+            "red",
+        ),
     )
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="dim")
     summary.add_column()
     summary.add_row("destination", report.destination)
-    summary.add_row("output tokens", f"{report.completion_tokens:,}  ({report.output_tokens_per_s:,.1f} tok/s over {report.wall_s:,.1f}s)")
-    summary.add_row("failed / retries", f"{report.failed:,} / {report.retries:,}" + (f"  (re-queued from dead servers: {report.requeued:,})" if report.requeued else ""))
-    summary.add_row("rejected input", f"{report.rejected:,}" + (f" ({report.duplicates:,} duplicate ids)" if report.duplicates else ""))
+    summary.add_row(
+        "output tokens",
+        f"{report.completion_tokens:,}  ({report.output_tokens_per_s:,.1f} tok/s over {report.wall_s:,.1f}s)",
+    )
+    summary.add_row(
+        "failed / retries",
+        f"{report.failed:,} / {report.retries:,}"
+        + (f"  (re-queued from dead servers: {report.requeued:,})" if report.requeued else ""),
+    )
+    summary.add_row(
+        "rejected input",
+        f"{report.rejected:,}" + (f" ({report.duplicates:,} duplicate ids)" if report.duplicates else ""),
+    )
     summary.add_row("remaining", f"{report.remaining:,}")
     summary.add_row("shards", f"{report.shards:,} committed in this run")
     if report.membership:
@@ -161,12 +199,34 @@ def render_report(report: JobReport, console: Console) -> None:
         if s.state_reason:
             summary.add_row(s.name, f"{s.state}: {s.state_reason}")
     table = Table(title="servers", title_justify="left", expand=False)
-    for col in ("server", "state", "requests", "errors", "tok/s", "latency", "limit", "outages", "restarts", "limit: why"):
-        table.add_column(col, justify="left" if col in ("server", "state", "limit: why") else "right", no_wrap=col != "limit: why")
+    for col in (
+        "server",
+        "state",
+        "requests",
+        "errors",
+        "tok/s",
+        "latency",
+        "limit",
+        "outages",
+        "restarts",
+        "limit: why",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("server", "state", "limit: why") else "right", no_wrap=col != "limit: why"
+        )
     for s in report.servers:
-        table.add_row(s.name, s.state, f"{s.requests:,}", f"{s.errors:,}", f"{s.output_tokens_per_s:,.1f}",
-                      f"{s.mean_latency_s:.2f}s", str(s.final_concurrency), str(s.outages), str(s.restarts),
-                      f"{s.limit_source}: {s.limit_reason}" if s.limit_reason else s.limit_source)
+        table.add_row(
+            s.name,
+            s.state,
+            f"{s.requests:,}",
+            f"{s.errors:,}",
+            f"{s.output_tokens_per_s:,.1f}",
+            f"{s.mean_latency_s:.2f}s",
+            str(s.final_concurrency),
+            str(s.outages),
+            str(s.restarts),
+            f"{s.limit_source}: {s.limit_reason}" if s.limit_reason else s.limit_source,
+        )
     parts: list[Any] = [head, summary]
     if report.servers:
         parts.append(table)
@@ -178,13 +238,21 @@ def render_preview(report, console: Console) -> None:
     import json as _json
 
     failed = sum(1 for r in report.rows if r.error)
-    console.print(Text.assemble((report.status, "bold red" if failed else "bold green"),
-                                f"  {len(report.rows)} records sent, {failed} failed; nothing committed"))
+    console.print(
+        Text.assemble(
+            (report.status, "bold red" if failed else "bold green"),
+            f"  {len(report.rows)} records sent, {failed} failed; nothing committed",
+        )
+    )
     for r in report.rows:
         console.print(Text(f"--- id {r.id} (line {r.line}) -> {r.server} /{r.endpoint}", style="bold"))
         console.print(Text("request: " + _json.dumps(r.request, ensure_ascii=False)[:1000], style="dim"))
         if r.error:
             console.print(Text(f"error: {r.error}", style="red"))
         else:
-            console.print(Text(f"finish_reason={r.finish_reason} prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens}"))
+            console.print(
+                Text(
+                    f"finish_reason={r.finish_reason} prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens}"
+                )
+            )
             console.print(Text(r.text or ""))

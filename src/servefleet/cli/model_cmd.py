@@ -49,22 +49,41 @@ def _fail(message: str, as_json: bool) -> None:
 
 @model_app.command("tiny")
 def tiny(
-    path: Annotated[Path, typer.Argument(help="Folder to write (created; must be empty or a folder built by this command with --force).")],
-    preset: Annotated[Preset, typer.Option(help="Size preset: tiny (~1M parameters, loads in a second on a CPU), small, "
-                                                "realistic (~0.4B, bf16, head dim 128: for GPUs).")] = Preset.tiny,
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="Folder to write (created; must be empty or a folder built by this command with --force)."
+        ),
+    ],
+    preset: Annotated[
+        Preset,
+        typer.Option(
+            help="Size preset: tiny (~1M parameters, loads in a second on a CPU), small, "
+            "realistic (~0.4B, bf16, head dim 128: for GPUs)."
+        ),
+    ] = Preset.tiny,
     arch: Annotated[ArchChoice, typer.Option(help="Architecture: Llama or Qwen2 (q/k/v biases).")] = ArchChoice.llama,
-    head_dim: Annotated[int | None, typer.Option("--head-dim", help="Attention head size (vLLM's CPU backend: 32, 64, 80, 96, 112, 128, 256).")] = None,
+    head_dim: Annotated[
+        int | None,
+        typer.Option("--head-dim", help="Attention head size (vLLM's CPU backend: 32, 64, 80, 96, 112, 128, 256)."),
+    ] = None,
     layers: Annotated[int | None, typer.Option(help="Number of decoder layers.")] = None,
     hidden: Annotated[int | None, typer.Option(help="Hidden size.")] = None,
     heads: Annotated[int | None, typer.Option(help="Attention heads (default: hidden / head dim).")] = None,
-    kv_heads: Annotated[int | None, typer.Option("--kv-heads", help="Key/value heads (default: half the heads).")] = None,
+    kv_heads: Annotated[
+        int | None, typer.Option("--kv-heads", help="Key/value heads (default: half the heads).")
+    ] = None,
     intermediate: Annotated[int | None, typer.Option(help="MLP intermediate size (default: 3 x hidden).")] = None,
-    vocab: Annotated[int | None, typer.Option(help="Vocabulary size (the tokenizer is trained to exactly this size).")] = None,
+    vocab: Annotated[
+        int | None, typer.Option(help="Vocabulary size (the tokenizer is trained to exactly this size).")
+    ] = None,
     context: Annotated[int | None, typer.Option(help="max_position_embeddings (context length).")] = None,
     dtype: Annotated[DTypeChoice | None, typer.Option(help="Weight dtype (default: the preset's).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the random weights (the same seed gives the same files).")] = 0,
     gguf: Annotated[bool, typer.Option("--gguf", help="Also write model.gguf for llama.cpp.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace PATH if it holds a model built by this command.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace PATH if it holds a model built by this command.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Build a random-weight Llama/Qwen2 model with a locally trained BPE tokenizer and chat template."""
@@ -104,8 +123,11 @@ def tiny(
     table = Table(title=f"built {result.path}", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("architecture", f"{spec.architecture} ({spec.num_layers} layers, hidden {spec.hidden_size}, "
-                                  f"{spec.heads} heads / {spec.kv_heads} KV heads of {spec.head_dim})")
+    table.add_row(
+        "architecture",
+        f"{spec.architecture} ({spec.num_layers} layers, hidden {spec.hidden_size}, "
+        f"{spec.heads} heads / {spec.kv_heads} KV heads of {spec.head_dim})",
+    )
     table.add_row("parameters", f"{result.parameters:,} ({result.dtype})")
     table.add_row("vocabulary", f"{result.vocab_size:,} (byte-level BPE trained here, ChatML template)")
     table.add_row("context", f"{spec.max_position_embeddings:,} tokens")

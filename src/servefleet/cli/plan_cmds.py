@@ -45,23 +45,47 @@ async def _live_capacity(url: str, engine: str) -> dict:
             await client.get(url.rstrip("/") + "/", timeout=Timeout(10.0))
         except TransportError as exc:
             if exc.kind is not FailureKind.PROTOCOL:  # refused, dropped, timed out: nobody answers HTTP there
-                raise CliFailure(ErrorKind.UNREACHABLE, f"--url {url}: no answer ({exc.failure.message})",
-                                 hint="is the server running, and on that port?") from None
+                raise CliFailure(
+                    ErrorKind.UNREACHABLE,
+                    f"--url {url}: no answer ({exc.failure.message})",
+                    hint="is the server running, and on that port?",
+                ) from None
         cap = await get_engine(engine).capacity_from_server(client, url.rstrip("/"))
     return cap.model_dump(exclude_defaults=True)
 
 
 def capacity(
-    model: Annotated[Path | None, typer.Option("--model", help="Local model folder or its config.json (nothing is downloaded).")] = None,
+    model: Annotated[
+        Path | None, typer.Option("--model", help="Local model folder or its config.json (nothing is downloaded).")
+    ] = None,
     gpu_mem: Annotated[str, typer.Option("--gpu-mem", help="Memory of one GPU, e.g. 80GiB, 141GiB.")] = "80GiB",
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel GPUs per server.")] = 1,
-    mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM).")] = 0.9,
-    context_len: Annotated[int, typer.Option("--context-len", min=1, help="Tokens per request (prompt + output) for max running requests.")] = 4096,
-    spec: Annotated[str | None, typer.Option("--spec", help="Speculative draft: mtp[:N], draft:PATH, eagle:PATH or ngram.")] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Weight dtype (default: the model's torch_dtype from config.json, else bfloat16).")] = None,
-    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="KV-cache dtype (default: the weight dtype), e.g. fp8.")] = None,
-    overhead: Annotated[str, typer.Option("--overhead", help="Per-GPU memory outside the fraction's budget (CUDA context, activations).")] = "1GiB",
-    url: Annotated[str | None, typer.Option("--url", help="A running server: also show what its engine reports.")] = None,
+    mem_fraction: Annotated[
+        float, typer.Option("--mem-fraction", help="--mem-fraction-static (SGLang) / --gpu-memory-utilization (vLLM).")
+    ] = 0.9,
+    context_len: Annotated[
+        int,
+        typer.Option("--context-len", min=1, help="Tokens per request (prompt + output) for max running requests."),
+    ] = 4096,
+    spec: Annotated[
+        str | None, typer.Option("--spec", help="Speculative draft: mtp[:N], draft:PATH, eagle:PATH or ngram.")
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype", help="Weight dtype (default: the model's torch_dtype from config.json, else bfloat16)."
+        ),
+    ] = None,
+    kv_dtype: Annotated[
+        str | None, typer.Option("--kv-dtype", help="KV-cache dtype (default: the weight dtype), e.g. fp8.")
+    ] = None,
+    overhead: Annotated[
+        str,
+        typer.Option("--overhead", help="Per-GPU memory outside the fraction's budget (CUDA context, activations)."),
+    ] = "1GiB",
+    url: Annotated[
+        str | None, typer.Option("--url", help="A running server: also show what its engine reports.")
+    ] = None,
     engine: Annotated[str, typer.Option("--engine", help="Engine of --url.")] = "sglang",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -76,18 +100,26 @@ def capacity(
     try:
         # every option is checked (the model's ranges) before a server is asked or a file read
         assumptions = build(
-            MemoryAssumptions, None,
-            gpu_mem_bytes=parse_bytes(gpu_mem), tp=tp, mem_fraction=mem_fraction,
-            overhead_bytes_per_gpu=parse_bytes(overhead), weight_dtype=dtype or "bfloat16", kv_dtype=kv_dtype or dtype or "bfloat16",
-            state_dtype=dtype or "bfloat16", context_len=context_len, spec=spec,
+            MemoryAssumptions,
+            None,
+            gpu_mem_bytes=parse_bytes(gpu_mem),
+            tp=tp,
+            mem_fraction=mem_fraction,
+            overhead_bytes_per_gpu=parse_bytes(overhead),
+            weight_dtype=dtype or "bfloat16",
+            kv_dtype=kv_dtype or dtype or "bfloat16",
+            state_dtype=dtype or "bfloat16",
+            context_len=context_len,
+            spec=spec,
         )
         est = None
         if model is not None:
             cfg, folder = load_config(model)
             declared = model_dtype(cfg) if dtype is None else None
             if declared is not None:  # a float32 model's weights and cache take twice bfloat16's bytes
-                assumptions = assumptions.model_copy(update={"weight_dtype": declared, "kv_dtype": kv_dtype or declared,
-                                                             "state_dtype": declared})
+                assumptions = assumptions.model_copy(
+                    update={"weight_dtype": declared, "kv_dtype": kv_dtype or declared, "state_dtype": declared}
+                )
             est = estimate_memory(cfg, assumptions, folder)
         reported = asyncio.run(_live_capacity(url, engine)) if url else None
     except ServefleetError as exc:
@@ -105,26 +137,64 @@ def capacity(
         for note in est.notes:
             console.print(f"  note: {note}")
         a = est.assumptions
-        console.print(f"  assumptions: {a.gpu_mem_bytes / 2**30:.0f} GiB x fraction {a.mem_fraction}, tp {a.tp}, weights {a.weight_dtype} "
-                      f"(from {a.weight_source}), KV {a.kv_dtype}, {a.overhead_bytes_per_gpu / 2**30:.2f} GiB overhead per GPU")
+        console.print(
+            f"  assumptions: {a.gpu_mem_bytes / 2**30:.0f} GiB x fraction {a.mem_fraction}, tp {a.tp}, weights {a.weight_dtype} "
+            f"(from {a.weight_source}), KV {a.kv_dtype}, {a.overhead_bytes_per_gpu / 2**30:.2f} GiB overhead per GPU"
+        )
     elif reported is not None:
         console.print_json(data=reported)
 
 
 def plan(
-    bench: Annotated[list[str], typer.Option("--bench", help="A bench RUN.json per configuration; RUN.json:G for G GPUs per replica.")],
+    bench: Annotated[
+        list[str],
+        typer.Option("--bench", help="A bench RUN.json per configuration; RUN.json:G for G GPUs per replica."),
+    ],
     prompts: Annotated[int | None, typer.Option("--prompts", help="Prompts in the job.")] = None,
-    output_tokens_mean: Annotated[float | None, typer.Option("--output-tokens-mean", help="Mean output tokens per prompt.")] = None,
-    sample: Annotated[Path | None, typer.Option("--sample", help="JSONL/Parquet of real outputs to take the mean output length from.")] = None,
-    gpus: Annotated[str | None, typer.Option("--gpus", help="GPU counts to plan for, comma-separated (the first is ranked); default 1, with --check the job's servers.")] = None,
-    gpus_per_replica: Annotated[int, typer.Option("--gpus-per-replica", min=1, help="GPUs per server unless RUN.json:G says otherwise.")] = 1,
-    max_running: Annotated[int | None, typer.Option("--max-running", min=1, help="Override the cap read from the runs' capacity facts.")] = None,
-    gpu_hour_cost: Annotated[float | None, typer.Option("--gpu-hour-cost", min=0.0, help="Price of one GPU-hour.")] = None,
+    output_tokens_mean: Annotated[
+        float | None, typer.Option("--output-tokens-mean", help="Mean output tokens per prompt.")
+    ] = None,
+    sample: Annotated[
+        Path | None,
+        typer.Option("--sample", help="JSONL/Parquet of real outputs to take the mean output length from."),
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="GPU counts to plan for, comma-separated (the first is ranked); default 1, with --check the job's servers.",
+        ),
+    ] = None,
+    gpus_per_replica: Annotated[
+        int, typer.Option("--gpus-per-replica", min=1, help="GPUs per server unless RUN.json:G says otherwise.")
+    ] = 1,
+    max_running: Annotated[
+        int | None, typer.Option("--max-running", min=1, help="Override the cap read from the runs' capacity facts.")
+    ] = None,
+    gpu_hour_cost: Annotated[
+        float | None, typer.Option("--gpu-hour-cost", min=0.0, help="Price of one GPU-hour.")
+    ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of makespan against GPUs.")] = None,
-    check: Annotated[str | None, typer.Option(
-        "--check", metavar="DEST", help="A `generate` destination (a folder or s3://bucket/prefix): compare the plan with what it measured.")] = None,
-    report: Annotated[Path | None, typer.Option("--report", help="With --check: a saved `generate --json` report (times the sending alone).")] = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="With --check: the concurrency the job ran at (default: the planner's choice).")] = None,
+    check: Annotated[
+        str | None,
+        typer.Option(
+            "--check",
+            metavar="DEST",
+            help="A `generate` destination (a folder or s3://bucket/prefix): compare the plan with what it measured.",
+        ),
+    ] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option("--report", help="With --check: a saved `generate --json` report (times the sending alone)."),
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            min=1,
+            help="With --check: the concurrency the job ran at (default: the planner's choice).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Which measured configuration, at what concurrency, finishes the job soonest on G GPUs, with an ETA.
@@ -166,20 +236,31 @@ def plan(
         return tail_model(curves[r.name], r.best_concurrency, r.replicas, job) if math.isfinite(r.makespan_s) else None
 
     if as_json:
+
         def row(r):
             t = tail(r)
-            return {**r.__dict__, "makespan_s": r.makespan_s if math.isfinite(r.makespan_s) else None,
-                    "gpu_hours": r.gpu_hours if math.isfinite(r.gpu_hours) else None, "measured_mode": modes.get(r.name),
-                    "tail": t.to_json() if t is not None else None}
-        print(json.dumps({
-            "job": {"prompts": prompts, "output_tokens_mean": output_tokens_mean},
-            "plans": {str(g): [row(r) for r in rows] for g, rows in results.items()},
-            "recommendation": recommendation(results[counts[0]]),
-            "plot": str(plot_path) if plot_path else None,
-            "notes": notes,
-            "warnings": warnings,
-            "caveats": {c.name: list(c.caveats) for c in configs if c.caveats},
-        }, indent=2))
+            return {
+                **r.__dict__,
+                "makespan_s": r.makespan_s if math.isfinite(r.makespan_s) else None,
+                "gpu_hours": r.gpu_hours if math.isfinite(r.gpu_hours) else None,
+                "measured_mode": modes.get(r.name),
+                "tail": t.to_json() if t is not None else None,
+            }
+
+        print(
+            json.dumps(
+                {
+                    "job": {"prompts": prompts, "output_tokens_mean": output_tokens_mean},
+                    "plans": {str(g): [row(r) for r in rows] for g, rows in results.items()},
+                    "recommendation": recommendation(results[counts[0]]),
+                    "plot": str(plot_path) if plot_path else None,
+                    "notes": notes,
+                    "warnings": warnings,
+                    "caveats": {c.name: list(c.caveats) for c in configs if c.caveats},
+                },
+                indent=2,
+            )
+        )
         return
     for warning in warnings:
         console.print(f"[bold yellow]warning:[/] {warning}")
@@ -212,8 +293,16 @@ def _gpu_counts(text: str) -> list[int]:
     return counts
 
 
-def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, gpus_per_replica: int,
-           max_running: int | None, concurrency: int | None, as_json: bool) -> None:
+def _check(
+    bench: list[str],
+    dest: str,
+    report: Path | None,
+    gpus: str | None,
+    gpus_per_replica: int,
+    max_running: int | None,
+    concurrency: int | None,
+    as_json: bool,
+) -> None:
     from servefleet.cli.plan_view import check_table
     from servefleet.plan.check import check_plan, measure_job, pick_config
     from servefleet.plan.runs import curve_from_run, mode_warnings, model_of_run, parse_bench_arg
@@ -227,13 +316,24 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
         g = _gpu_counts(gpus)[0] if gpus else None
         result = check_plan(pick_config(configs, measured), measured, gpus=g, concurrency=concurrency)
         warnings = mode_warnings([c for c, _ in configs])
-    except ServefleetError as exc:  # a ConfigError (a missing or bad file) is config, as in every command; no catch-all ValueError
+    except (
+        ServefleetError
+    ) as exc:  # a ConfigError (a missing or bad file) is config, as in every command; no catch-all ValueError
         raise failure_from_exception(exc) or _fail(str(exc)) from None
     if as_json:
         from servefleet.cli.failure import outcome_document
 
-        print(json.dumps(outcome_document({**result.to_json(), "warnings": warnings}, exit_code=0 if result.within else int(ExitCode.FAILED),
-                                          message=result.verdict(), command="plan"), indent=2))
+        print(
+            json.dumps(
+                outcome_document(
+                    {**result.to_json(), "warnings": warnings},
+                    exit_code=0 if result.within else int(ExitCode.FAILED),
+                    message=result.verdict(),
+                    command="plan",
+                ),
+                indent=2,
+            )
+        )
     else:
         for warning in warnings:
             console.print(f"[bold yellow]warning:[/] {warning}")
@@ -249,5 +349,11 @@ def _check(bench: list[str], dest: str, report: Path | None, gpus: str | None, g
 
 
 def register(app: typer.Typer) -> None:
-    app.command("capacity", short_help="Predict KV-cache tokens and max running requests from a model's config.json; with --url, compare with the engine.")(capacity)
-    app.command("plan", short_help="Which measured configuration, at what concurrency, finishes the job soonest on G GPUs; --check compares with a run.")(plan)
+    app.command(
+        "capacity",
+        short_help="Predict KV-cache tokens and max running requests from a model's config.json; with --url, compare with the engine.",
+    )(capacity)
+    app.command(
+        "plan",
+        short_help="Which measured configuration, at what concurrency, finishes the job soonest on G GPUs; --check compares with a run.",
+    )(plan)

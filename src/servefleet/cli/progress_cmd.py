@@ -31,21 +31,46 @@ Remaining: prompts not answered yet (while running, the failed ones are not coun
 Exit code: 0, or 3 when DEST holds no job. With --watch: refresh until the job ends, then
 exit as generate did (0 complete, 1 incomplete, stale or damaged, 2 stalled, 130 interrupted)."""
 
-_ENDED = {"complete": ExitCode.OK, "incomplete": ExitCode.FAILED, "error": ExitCode.FAILED, "stale": ExitCode.FAILED,
-          "damaged": ExitCode.FAILED, "stalled": ExitCode.TIMEOUT, "interrupted": ExitCode.INTERRUPTED, "rejected": ExitCode.FAILED}
-_STYLE = {"running": "bold cyan", "starting": "bold", "complete": "bold green", "stale": "bold red", "damaged": "bold red", "stalled": "bold red",
-          "error": "bold red", "incomplete": "bold yellow", "interrupted": "bold yellow"}
+_ENDED = {
+    "complete": ExitCode.OK,
+    "incomplete": ExitCode.FAILED,
+    "error": ExitCode.FAILED,
+    "stale": ExitCode.FAILED,
+    "damaged": ExitCode.FAILED,
+    "stalled": ExitCode.TIMEOUT,
+    "interrupted": ExitCode.INTERRUPTED,
+    "rejected": ExitCode.FAILED,
+}
+_STYLE = {
+    "running": "bold cyan",
+    "starting": "bold",
+    "complete": "bold green",
+    "stale": "bold red",
+    "damaged": "bold red",
+    "stalled": "bold red",
+    "error": "bold red",
+    "incomplete": "bold yellow",
+    "interrupted": "bold yellow",
+}
 
 
 def register(app: typer.Typer) -> None:
-    app.command("progress", help=HELP, short_help="Done/remaining, rate, ETA and per-server state of a generate job, from its destination (any terminal).")(progress)
+    app.command(
+        "progress",
+        help=HELP,
+        short_help="Done/remaining, rate, ETA and per-server state of a generate job, from its destination (any terminal).",
+    )(progress)
 
 
 def progress(
     dest: Annotated[str, typer.Argument(help="the job's --output: a folder or s3://bucket/prefix")],
     watch: Annotated[bool, typer.Option("--watch", "-f", help="refresh until the job ends")] = False,
-    interval: Annotated[float, typer.Option("--interval", min=0.2, help="seconds between refreshes with --watch")] = 2.0,
-    json_out: Annotated[bool, typer.Option("--json", help="print JSON (with --watch: one object per line, per refresh)")] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.2, help="seconds between refreshes with --watch")
+    ] = 2.0,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print JSON (with --watch: one object per line, per refresh)")
+    ] = False,
 ) -> None:
     from servefleet.errors import ConfigError
     from servefleet.generate.job_record import progress_of, read_job
@@ -106,7 +131,8 @@ def render(view: dict[str, Any]) -> Group:
     done = int(view.get("done") or 0)
     state = view["state"]
     head = Text.assemble(
-        (state, _STYLE.get(state, "bold")), f"  {done:,}/{total:,} done  {100 * done / max(1, total):5.1f}%   ",
+        (state, _STYLE.get(state, "bold")),
+        f"  {done:,}/{total:,} done  {100 * done / max(1, total):5.1f}%   ",
         f"committed {int(view['committed']):,}   " if view.get("committed") not in (None, done) else "",
         f"remaining {int(view.get('remaining') or 0):,}   ",
         *_rates(view),
@@ -130,9 +156,16 @@ def render(view: dict[str, Any]) -> Group:
             table.add_column(col, justify="left" if col in ("server", "state", "limit: why") else "right")
         for s in view["servers"]:
             why = f"{s['limit_source']}: {s['limit_reason']}" if s.get("limit_reason") else s.get("limit_source", "")
-            table.add_row(s["name"], Text(s["state"], style={"up": "green", "down": "yellow", "gone": "red"}.get(s["state"], "")),
-                          f"{s['in_flight']}/{s['limit']}", f"{s['output_tokens_per_s']:,.0f}", f"{s['requests']:,}",
-                          f"{s['errors']:,}", str(s["restarts"]), Text(why, style="dim", overflow="ellipsis", no_wrap=True))
+            table.add_row(
+                s["name"],
+                Text(s["state"], style={"up": "green", "down": "yellow", "gone": "red"}.get(s["state"], "")),
+                f"{s['in_flight']}/{s['limit']}",
+                f"{s['output_tokens_per_s']:,.0f}",
+                f"{s['requests']:,}",
+                f"{s['errors']:,}",
+                str(s["restarts"]),
+                Text(why, style="dim", overflow="ellipsis", no_wrap=True),
+            )
         parts.append(table)
     for e in (view.get("events") or [])[-8:]:
         parts.append(Text(e, style="yellow"))

@@ -30,15 +30,28 @@ Exit code: 0 written, 3 bad input (not a job, not a bench run)."""
 
 
 def register(app: typer.Typer) -> None:
-    app.command("report", help=HELP, short_help="One self-contained HTML report of a generate job (DEST) or of bench runs (RUN.json ...).")(report)
+    app.command(
+        "report",
+        help=HELP,
+        short_help="One self-contained HTML report of a generate job (DEST) or of bench runs (RUN.json ...).",
+    )(report)
 
 
 def report(
-    sources: Annotated[list[str], typer.Argument(help="a generate destination (folder or s3://...), or bench RUN.json files")],
+    sources: Annotated[
+        list[str], typer.Argument(help="a generate destination (folder or s3://...), or bench RUN.json files")
+    ],
     out: Annotated[Path | None, typer.Option("--out", "-o", help="the HTML file to write")] = None,
-    bench: Annotated[list[Path] | None, typer.Option(
-        "--bench", help="with DEST: the bench run of the configuration that ran the job (its plan is checked against the run)")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="print where the report was written (and what it holds) as JSON")] = False,
+    bench: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--bench",
+            help="with DEST: the bench run of the configuration that ran the job (its plan is checked against the run)",
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print where the report was written (and what it holds) as JSON")
+    ] = False,
 ) -> None:
     from servefleet.errors import ServefleetError
 
@@ -61,7 +74,9 @@ def report(
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(path)
     if json_out:
-        sys.stdout.write(json.dumps({"status": "ok", "out": str(path.resolve()), "bytes": len(html.encode()), **summary}) + "\n")
+        sys.stdout.write(
+            json.dumps({"status": "ok", "out": str(path.resolve()), "bytes": len(html.encode()), **summary}) + "\n"
+        )
     else:
         Console().print(f"report: {path} ({len(html.encode()) / 1024:,.0f} KB)", highlight=False)
         for note in summary.get("notes", []):
@@ -92,12 +107,22 @@ def _job(dest: str, bench: list[Path]) -> tuple[str, dict[str, Any], Path]:
     else:
         plan_note = "no plan known: give --bench RUN.json (the bench run of the configuration that ran the job)"
     tail = _tail(record.timelines)
-    html = job_html(series, view, plan=plan, plan_note=plan_note, failures=record.failures, manifest=record.manifest, tail=tail)
+    html = job_html(
+        series, view, plan=plan, plan_note=plan_note, failures=record.failures, manifest=record.manifest, tail=tail
+    )
     local = "://" not in dest or dest.startswith("file://")
     default = Path(dest.removeprefix("file://")).expanduser() / "report.html" if local else Path("report.html")
-    summary = {"kind": "generate", "destination": record.destination, "state": view["state"], "runs": len(series["runs"]),
-               "servers": sorted(series["servers"]), "plan": plan is not None, "tail": tail, "notes": notes,
-               "provenance": provenance_of((record.manifest or {}).get("runs") or [])}
+    summary = {
+        "kind": "generate",
+        "destination": record.destination,
+        "state": view["state"],
+        "runs": len(series["runs"]),
+        "servers": sorted(series["servers"]),
+        "plan": plan is not None,
+        "tail": tail,
+        "notes": notes,
+        "provenance": provenance_of((record.manifest or {}).get("runs") or []),
+    }
     return html, summary, default
 
 
@@ -163,12 +188,29 @@ def _bench_data(run: Any, path: str) -> dict[str, Any]:
         server = getattr(p.server_latency, name, None) if p.server_latency is not None else None
         return getattr(server, q) if server is not None else None
 
-    points = [{
-        "concurrency": p.concurrency, "output_tokens_per_s": p.output_tokens_per_s, "requests_per_s": p.requests_per_s,
-        "ttft_p50_ms": stat(p, "ttft_ms", "p50"), "tpot_p50_ms": stat(p, "tpot_ms", "p50"),
-        "tpot_mean_ms": stat(p, "tpot_ms", "mean"), "e2e_p50_ms": stat(p, "e2e_ms", "p50"),
-        "e2e_p99_ms": stat(p, "e2e_ms", "p99"), "errors": p.errors, "client_bound": p.client_bound,
-    } for p in sorted(run.points, key=lambda p: p.concurrency or 0) if p.concurrency]
+    points = [
+        {
+            "concurrency": p.concurrency,
+            "output_tokens_per_s": p.output_tokens_per_s,
+            "requests_per_s": p.requests_per_s,
+            "ttft_p50_ms": stat(p, "ttft_ms", "p50"),
+            "tpot_p50_ms": stat(p, "tpot_ms", "p50"),
+            "tpot_mean_ms": stat(p, "tpot_ms", "mean"),
+            "e2e_p50_ms": stat(p, "e2e_ms", "p50"),
+            "e2e_p99_ms": stat(p, "e2e_ms", "p99"),
+            "errors": p.errors,
+            "client_bound": p.client_bound,
+        }
+        for p in sorted(run.points, key=lambda p: p.concurrency or 0)
+        if p.concurrency
+    ]
     best = run.best_point()
-    return {"label": run.label, "path": path, "mode": run.measured_mode, "model": run.target.model, "points": points,
-            "best_tps": best.output_tokens_per_s if best else 0.0, "best_concurrency": best.concurrency if best else None}
+    return {
+        "label": run.label,
+        "path": path,
+        "mode": run.measured_mode,
+        "model": run.target.model,
+        "points": points,
+        "best_tps": best.output_tokens_per_s if best else 0.0,
+        "best_concurrency": best.concurrency if best else None,
+    }

@@ -20,26 +20,46 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-_HELP = ("Run the simulated OpenAI-compatible engine: a real SGLang/vLLM start-up log, continuous batching "
-         "(realistic timing by default: a throughput peak below max running, streaming capped by the API process; "
-         "--timing knee for the old model), and fault injection. Options: `servefleet sim --help`.")
+_HELP = (
+    "Run the simulated OpenAI-compatible engine: a real SGLang/vLLM start-up log, continuous batching "
+    "(realistic timing by default: a throughput peak below max running, streaming capped by the API process; "
+    "--timing knee for the old model), and fault injection. Options: `servefleet sim --help`."
+)
 
 
 def _table(report: dict) -> Table:
     from rich.table import Table
 
     cfg = report["config"]
-    table = Table(title=f"sim ({cfg['style']}): prompt {report['prompt_tokens']} + output {report['output_tokens']} tokens per request")
-    for col in ("concurrency", "batch", "step ms", "TTFT s", "latency s", "tok/s per request", "tok/s total", "streaming tok/s"):
+    table = Table(
+        title=f"sim ({cfg['style']}): prompt {report['prompt_tokens']} + output {report['output_tokens']} tokens per request"
+    )
+    for col in (
+        "concurrency",
+        "batch",
+        "step ms",
+        "TTFT s",
+        "latency s",
+        "tok/s per request",
+        "tok/s total",
+        "streaming tok/s",
+    ):
         table.add_column(col, justify="right")
 
     def num(v: float | None, fmt: str) -> str:
         return "inf" if v is None else format(v, fmt)
 
     for s in report["curve"]:
-        table.add_row(str(s["concurrency"]), str(s["batch"]), f"{s['step_ms']:.2f}", num(s["ttft_s"], ".3f"),
-                      num(s["request_latency_s"], ".3f"), num(s["per_request_tokens_per_s"], ",.1f"),
-                      num(s["output_tokens_per_s"], ",.1f"), num(s["streaming_output_tokens_per_s"], ",.1f"))
+        table.add_row(
+            str(s["concurrency"]),
+            str(s["batch"]),
+            f"{s['step_ms']:.2f}",
+            num(s["ttft_s"], ".3f"),
+            num(s["request_latency_s"], ".3f"),
+            num(s["per_request_tokens_per_s"], ",.1f"),
+            num(s["output_tokens_per_s"], ",.1f"),
+            num(s["streaming_output_tokens_per_s"], ",.1f"),
+        )
     return table
 
 
@@ -59,8 +79,11 @@ def register(app: typer.Typer) -> None:
         except SystemExit as exc:  # argparse: --help (0), or bad options (2, its message already on stderr)
             if exc.code in (0, None):
                 raise
-            raise CliFailure(ErrorKind.USAGE, "the sim options were refused (argparse's message above)",
-                             hint="see `servefleet sim --help`") from None
+            raise CliFailure(
+                ErrorKind.USAGE,
+                "the sim options were refused (argparse's message above)",
+                hint="see `servefleet sim --help`",
+            ) from None
         if flags.dry_run:
             from servefleet.sim.theory import dry_run_report
 

@@ -17,7 +17,18 @@ from typing import Any
 
 __all__ = ["Series", "Band", "Mark", "line_chart", "bar_pairs", "nice_max", "PALETTE"]
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
+PALETTE = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+)
 W, H = 920, 250
 LEFT, RIGHT, TOP, BOTTOM = 70, 20, 16, 40
 
@@ -93,9 +104,20 @@ def _time_ticks(x_max: float) -> list[float]:
     return [i * step for i in range(int(x_max // step) + 1)]
 
 
-def line_chart(chart_id: str, *, series: list[Series], x_max: float, y_label: str, x_label: str = "time",
-               bands: Sequence[Band] = (), marks: Sequence[Mark] = (), x_log2: bool = False, x_min: float = 0.0,
-               y_max: float | None = None, time_axis: bool = True) -> str:
+def line_chart(
+    chart_id: str,
+    *,
+    series: list[Series],
+    x_max: float,
+    y_label: str,
+    x_label: str = "time",
+    bands: Sequence[Band] = (),
+    marks: Sequence[Mark] = (),
+    x_log2: bool = False,
+    x_min: float = 0.0,
+    y_max: float | None = None,
+    time_axis: bool = True,
+) -> str:
     pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
     ys = [y for s in series for y in s.ys if y is not None]
     top = nice_max(max(ys, default=0.0) * 1.05) if y_max is None else y_max
@@ -107,23 +129,31 @@ def line_chart(chart_id: str, *, series: list[Series], x_max: float, y_label: st
         def px(x: float) -> float:
             return LEFT + (math.log2(max(x, 1e-9)) - lo) / span * pw
     else:
+
         def px(x: float) -> float:
             return LEFT + (x - x_min) / (x_max - x_min) * pw
 
     def py(y: float) -> float:
         return TOP + ph - (y / top) * ph
 
-    out = [f'<svg class="chart" data-chart="{_esc(chart_id)}" data-ymax="{top:g}" data-xmax="{x_max:g}" data-xmin="{x_min:g}" '
-           f'data-xlog2="{int(x_log2)}" data-plot="{LEFT},{TOP},{pw},{ph}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
-           f'role="img" aria-label="{_esc(y_label)} over {_esc(x_label)}">']
+    out = [
+        f'<svg class="chart" data-chart="{_esc(chart_id)}" data-ymax="{top:g}" data-xmax="{x_max:g}" data-xmin="{x_min:g}" '
+        f'data-xlog2="{int(x_log2)}" data-plot="{LEFT},{TOP},{pw},{ph}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
+        f'role="img" aria-label="{_esc(y_label)} over {_esc(x_label)}">'
+    ]
     # grid and axes
     for i in range(6):
         v = top * i / 5
         gy = py(v)
         out.append(f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{gy:.1f}" y2="{gy:.1f}" stroke="#e6e6e6"/>')
         out.append(f'<text x="{LEFT - 6}" y="{gy + 4:.1f}" text-anchor="end" class="tick">{_fmt(v)}</text>')
-    xticks = ([2 ** k for k in range(int(math.floor(math.log2(max(x_min, 1e-9)))), int(math.ceil(math.log2(x_max))) + 1)]
-              if x_log2 else _time_ticks(x_max - x_min) if time_axis else [x_min + (x_max - x_min) * i / 8 for i in range(9)])
+    xticks = (
+        [2**k for k in range(int(math.floor(math.log2(max(x_min, 1e-9)))), int(math.ceil(math.log2(x_max))) + 1)]
+        if x_log2
+        else _time_ticks(x_max - x_min)
+        if time_axis
+        else [x_min + (x_max - x_min) * i / 8 for i in range(9)]
+    )
     for xv in xticks:
         if x_min <= xv <= x_max:
             tx = px(xv)
@@ -131,18 +161,24 @@ def line_chart(chart_id: str, *, series: list[Series], x_max: float, y_label: st
             label = _fmt_time(xv) if time_axis and not x_log2 else _fmt(xv)
             out.append(f'<text x="{tx:.1f}" y="{TOP + ph + 16}" text-anchor="middle" class="tick">{label}</text>')
     out.append(f'<text x="{LEFT + pw / 2}" y="{H - 4}" text-anchor="middle" class="axis">{_esc(x_label)}</text>')
-    out.append(f'<text x="14" y="{TOP + ph / 2}" text-anchor="middle" class="axis" transform="rotate(-90 14 {TOP + ph / 2})">'
-               f'{_esc(y_label)}</text>')
+    out.append(
+        f'<text x="14" y="{TOP + ph / 2}" text-anchor="middle" class="axis" transform="rotate(-90 14 {TOP + ph / 2})">'
+        f"{_esc(y_label)}</text>"
+    )
     for b in bands:
         x0, x1 = px(b.x0), px(max(b.x1, b.x0))
         extra = "".join(f' {k}="{_esc(v)}"' for k, v in b.attrs.items())
-        out.append(f'<rect class="{b.cls}"{extra} x="{x0:.1f}" y="{TOP}" width="{max(1.5, x1 - x0):.1f}" height="{ph}" '
-                   f'fill="{b.color}" fill-opacity="0.14"><title>{_esc(b.label)}</title></rect>')
+        out.append(
+            f'<rect class="{b.cls}"{extra} x="{x0:.1f}" y="{TOP}" width="{max(1.5, x1 - x0):.1f}" height="{ph}" '
+            f'fill="{b.color}" fill-opacity="0.14"><title>{_esc(b.label)}</title></rect>'
+        )
     for s in series:
         values = [None if y is None else round(float(y), 4) for y in s.ys]
         xs = [None if x is None else round(float(x), 4) for x in s.xs]
-        out.append(f'<g class="series" data-series="{_esc(s.name)}" data-key="{_esc(s.key or s.name)}" data-values="{_esc(json.dumps(values))}" '
-                   f'data-x="{_esc(json.dumps(xs))}">')
+        out.append(
+            f'<g class="series" data-series="{_esc(s.name)}" data-key="{_esc(s.key or s.name)}" data-values="{_esc(json.dumps(values))}" '
+            f'data-x="{_esc(json.dumps(xs))}">'
+        )
         run: list[str] = []
         dots: list[str] = []
         for x, y in zip(s.xs, s.ys, strict=True):
@@ -153,8 +189,10 @@ def line_chart(chart_id: str, *, series: list[Series], x_max: float, y_label: st
                 continue
             run.append(f"{px(x):.2f},{py(y):.2f}")
             if s.points:
-                dots.append(f'<circle cx="{px(x):.2f}" cy="{py(y):.2f}" r="3" fill="{s.color}">'
-                            f'<title>{_esc(s.name)}: {_fmt(x)} -> {y:,.1f}</title></circle>')
+                dots.append(
+                    f'<circle cx="{px(x):.2f}" cy="{py(y):.2f}" r="3" fill="{s.color}">'
+                    f"<title>{_esc(s.name)}: {_fmt(x)} -> {y:,.1f}</title></circle>"
+                )
         if run:
             out.append(_polyline(run, s))
         out.extend(dots)
@@ -170,9 +208,11 @@ def line_chart(chart_id: str, *, series: list[Series], x_max: float, y_label: st
         row = next(r for r in range(8) if rows.get((m.bottom, r), -1e9) < start - 4)  # the first row with room
         rows[(m.bottom, row)] = start + width
         ty = TOP + ph - 5 - 12 * row if m.bottom else TOP + 11 + 12 * row
-        out.append(f'<g class="{m.cls}"{extra}><line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + ph}" stroke="{m.color}" '
-                   f'stroke-width="1.5" stroke-dasharray="3,3"/><text x="{tx:.1f}" y="{ty}" text-anchor="{anchor}" class="mark" '
-                   f'fill="{m.color}">{_esc(m.label)}</text><title>{_esc(m.label)} at {_fmt_time(m.x)}</title></g>')
+        out.append(
+            f'<g class="{m.cls}"{extra}><line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + ph}" stroke="{m.color}" '
+            f'stroke-width="1.5" stroke-dasharray="3,3"/><text x="{tx:.1f}" y="{ty}" text-anchor="{anchor}" class="mark" '
+            f'fill="{m.color}">{_esc(m.label)}</text><title>{_esc(m.label)} at {_fmt_time(m.x)}</title></g>'
+        )
     out.append(f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
     out.append("</svg>")
     return "".join(out)
@@ -183,8 +223,10 @@ def _polyline(points: list[str], s: Series) -> str:
     if len(points) == 1:  # one value: a dot, still a polyline so its number can be read back
         x, y = points[0].split(",")
         points = [points[0], f"{float(x) + 0.01:.2f},{y}"]
-    return (f'<polyline points="{" ".join(points)}" fill="none" stroke="{s.color}" stroke-width="{s.width}"{dash} '
-            f'stroke-linejoin="round"/>')
+    return (
+        f'<polyline points="{" ".join(points)}" fill="none" stroke="{s.color}" stroke-width="{s.width}"{dash} '
+        f'stroke-linejoin="round"/>'
+    )
 
 
 def bar_pairs(chart_id: str, rows: list[tuple[str, float, str]], unit: str) -> str:
@@ -192,13 +234,17 @@ def bar_pairs(chart_id: str, rows: list[tuple[str, float, str]], unit: str) -> s
     h = 34 * len(rows) + 30
     top = nice_max(max((v for _, v, _ in rows), default=1.0) * 1.05)
     pw = W - 220 - RIGHT
-    out = [f'<svg class="chart" data-chart="{_esc(chart_id)}" data-ymax="{top:g}" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img">']
+    out = [
+        f'<svg class="chart" data-chart="{_esc(chart_id)}" data-ymax="{top:g}" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img">'
+    ]
     for i, (label, value, color) in enumerate(rows):
         y = 10 + 34 * i
         width = value / top * pw
         out.append(f'<text x="210" y="{y + 17}" text-anchor="end" class="axis">{_esc(label)}</text>')
-        out.append(f'<rect class="bar" data-label="{_esc(label)}" data-value="{value:g}" x="220" y="{y}" width="{width:.1f}" '
-                   f'height="24" fill="{color}"/>')
+        out.append(
+            f'<rect class="bar" data-label="{_esc(label)}" data-value="{value:g}" x="220" y="{y}" width="{width:.1f}" '
+            f'height="24" fill="{color}"/>'
+        )
         out.append(f'<text x="{224 + width:.1f}" y="{y + 17}" class="tick">{value:,.1f} {_esc(unit)}</text>')
     out.append("</svg>")
     return "".join(out)

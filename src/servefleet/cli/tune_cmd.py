@@ -22,20 +22,72 @@ def _usage(msg: str) -> CliFailure:
 
 
 def tune(
-    fleet: Annotated[Path, typer.Option("--fleet", help="Base fleet file: its server (--server, default the first) is what each candidate varies.")],
-    space: Annotated[Path, typer.Option("--space", help="Space file (TOML): [[candidate]] tables and/or a [grid] of engine-native args.")],
-    input: Annotated[Path, typer.Option("--input", "-i", help="The job's prompts (JSONL or Parquet, as for generate).")],
-    sample: Annotated[int, typer.Option("--sample", min=1, help="Prompts drawn from --input to measure on (their real lengths and max_tokens).")] = 1000,
-    gpus: Annotated[str, typer.Option("--gpus", help="GPU counts to predict the whole job's makespan for, comma-separated (the first ranks).")] = "1",
-    budget: Annotated[str | None, typer.Option("--budget", metavar="DURATION", help="Wall time of the search (90s, 30m, 1h); what does not fit is skipped, and said.")] = None,
-    server: Annotated[str | None, typer.Option("--server", help="The base server of --fleet (default: its first).")] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="max_tokens of records without one (the job's default, as for generate).")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the sample, each candidate's fleet file and RUN.json, the winner's fleet file, plots.")] = Path("tune-out"),
+    fleet: Annotated[
+        Path,
+        typer.Option(
+            "--fleet", help="Base fleet file: its server (--server, default the first) is what each candidate varies."
+        ),
+    ],
+    space: Annotated[
+        Path,
+        typer.Option("--space", help="Space file (TOML): [[candidate]] tables and/or a [grid] of engine-native args."),
+    ],
+    input: Annotated[
+        Path, typer.Option("--input", "-i", help="The job's prompts (JSONL or Parquet, as for generate).")
+    ],
+    sample: Annotated[
+        int,
+        typer.Option(
+            "--sample", min=1, help="Prompts drawn from --input to measure on (their real lengths and max_tokens)."
+        ),
+    ] = 1000,
+    gpus: Annotated[
+        str,
+        typer.Option(
+            "--gpus", help="GPU counts to predict the whole job's makespan for, comma-separated (the first ranks)."
+        ),
+    ] = "1",
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            "--budget",
+            metavar="DURATION",
+            help="Wall time of the search (90s, 30m, 1h); what does not fit is skipped, and said.",
+        ),
+    ] = None,
+    server: Annotated[
+        str | None, typer.Option("--server", help="The base server of --fleet (default: its first).")
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens", min=1, help="max_tokens of records without one (the job's default, as for generate)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder for the sample, each candidate's fleet file and RUN.json, the winner's fleet file, plots.",
+        ),
+    ] = Path("tune-out"),
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample and of the bench points.")] = 0,
-    plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write throughput, latency and makespan plots (PNG) into --out.")] = True,
-    then_generate: Annotated[bool, typer.Option("--then-generate", help="Then relaunch the winner on every server of --fleet, run the job to --output "
-                                                                         "(starting at the tune's best point) and check the plan against it.")] = False,
-    output: Annotated[str | None, typer.Option("--output", help="With --then-generate: the job's destination (a folder or s3://bucket/prefix).")] = None,
+    plot: Annotated[
+        bool, typer.Option("--plot/--no-plot", help="Write throughput, latency and makespan plots (PNG) into --out.")
+    ] = True,
+    then_generate: Annotated[
+        bool,
+        typer.Option(
+            "--then-generate",
+            help="Then relaunch the winner on every server of --fleet, run the job to --output "
+            "(starting at the tune's best point) and check the plan against it.",
+        ),
+    ] = False,
+    output: Annotated[
+        str | None,
+        typer.Option("--output", help="With --then-generate: the job's destination (a folder or s3://bucket/prefix)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Which engine configuration finishes this job soonest on these GPUs: each candidate launched as a
@@ -59,8 +111,18 @@ def tune(
     if output and not then_generate:
         raise _usage("--output is the job's destination: give it with --then-generate")
     counts = tuple(_gpu_counts(gpus))
-    request = TuneRequest(fleet=fleet, space=space, input=input, out=out, sample=sample, gpus=counts, budget_s=budget_s,
-                          server=server, max_tokens=max_tokens, seed=seed)
+    request = TuneRequest(
+        fleet=fleet,
+        space=space,
+        input=input,
+        out=out,
+        sample=sample,
+        gpus=counts,
+        budget_s=budget_s,
+        server=server,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
     try:
         prep = prepare(request)  # every refusal (exit 3) before anything is launched
         result = asyncio.run(run_tune(prep, on_event=lambda m: err.print(f"[dim]tune:[/] {m}")))
@@ -73,8 +135,17 @@ def tune(
 
         gpr = next(cf.gpus_per_replica for cf in prep.fleets if cf.candidate.name == result.winner.name)
         try:
-            then = asyncio.run(run_then(Path(result.winner_fleet), Path(result.winner.run or ""), gpr, input=input, output=output or "",
-                                        max_tokens=max_tokens, on_event=lambda m: err.print(f"[dim]tune:[/] {m}")))
+            then = asyncio.run(
+                run_then(
+                    Path(result.winner_fleet),
+                    Path(result.winner.run or ""),
+                    gpr,
+                    input=input,
+                    output=output or "",
+                    max_tokens=max_tokens,
+                    on_event=lambda m: err.print(f"[dim]tune:[/] {m}"),
+                )
+            )
         except ServefleetError as exc:
             raise failure_from_exception(exc) or CliFailure(ErrorKind.FAILED, str(exc)) from None
     code = _exit_code(result, then, then_generate)
@@ -100,7 +171,11 @@ def _finish(prep, result, plot: bool) -> None:
     winner = result.winner
     if winner is not None:
         cand = next(cf.candidate for cf in prep.fleets if cf.candidate.name == winner.name)
-        result.winner_fleet = str(winner_fleet(prep.base, cand, prep.request.out / "winner.toml", prep.request.out.resolve() / "winner-state"))
+        result.winner_fleet = str(
+            winner_fleet(
+                prep.base, cand, prep.request.out / "winner.toml", prep.request.out.resolve() / "winner-state"
+            )
+        )
     runs = [r.run for r in result.rows if r.run]
     if plot and runs:
         try:
@@ -116,8 +191,12 @@ def _finish(prep, result, plot: bool) -> None:
 
                 gpr = {cf.candidate.name: cf.gpus_per_replica for cf in prep.fleets}
                 curves = [curve_from_run(Path(r.run), gpr[r.name]) for r in result.rows if r.run]
-                plot_makespan(curves, JobSpec(prompts=result.prompts, output_tokens_mean=result.output_tokens_mean), result.gpus,
-                              prep.request.out / "tune-makespan.png")
+                plot_makespan(
+                    curves,
+                    JobSpec(prompts=result.prompts, output_tokens_mean=result.output_tokens_mean),
+                    result.gpus,
+                    prep.request.out / "tune-makespan.png",
+                )
         except ImportError as exc:  # matplotlib is optional
             result.notes.append(f"no plots: {exc}")
 
@@ -148,11 +227,23 @@ def _render(result, then, console) -> None:
 
     from servefleet.cli.plan_view import fmt_duration
 
-    title = (f"{result.prompts:,} prompts (measured on {result.sample:,})"
-             + (f", {result.output_tokens_mean:,.0f} output tokens each on average" if result.output_tokens_mean else ""))
+    title = f"{result.prompts:,} prompts (measured on {result.sample:,})" + (
+        f", {result.output_tokens_mean:,.0f} output tokens each on average" if result.output_tokens_mean else ""
+    )
     table = Table(title=title)
-    for col in ("rank", "candidate", *[f"makespan {g} GPU" for g in result.gpus], f"GPU-h ({result.gpus[0]})", "tok/s",
-                "best conc.", "ready", "KV tokens", "max running", "accept.", "outcome"):
+    for col in (
+        "rank",
+        "candidate",
+        *[f"makespan {g} GPU" for g in result.gpus],
+        f"GPU-h ({result.gpus[0]})",
+        "tok/s",
+        "best conc.",
+        "ready",
+        "KV tokens",
+        "max running",
+        "accept.",
+        "outcome",
+    ):
         table.add_column(col, justify="left" if col in ("candidate", "outcome") else "right")
     for i, r in enumerate(result.rows, 1):
         spans = {p.gpus: p for p in r.predictions}
@@ -163,21 +254,35 @@ def _render(result, then, console) -> None:
             what = f"{r.outcome.replace('_', ' ')}: {r.reason}"
         else:
             what = "measured"
-        accept = f"{r.acceptance:.2f}" if r.acceptance is not None else (f"{r.accept_length:.2f} tok/step" if r.accept_length else "-")
+        accept = (
+            f"{r.acceptance:.2f}"
+            if r.acceptance is not None
+            else (f"{r.accept_length:.2f} tok/step" if r.accept_length else "-")
+        )
         table.add_row(
-            str(i), r.name, *[fmt_duration(spans[g].makespan_s) if g in spans else "-" for g in result.gpus],
+            str(i),
+            r.name,
+            *[fmt_duration(spans[g].makespan_s) if g in spans else "-" for g in result.gpus],
             f"{first.gpu_hours:,.2f}" if first and math.isfinite(first.gpu_hours) else "-",
-            f"{r.output_tps:,.0f}" if r.output_tps else "-", str(r.best_concurrency or "-"),
+            f"{r.output_tps:,.0f}" if r.output_tps else "-",
+            str(r.best_concurrency or "-"),
             f"{r.time_to_ready_s:.1f} s" if r.time_to_ready_s is not None else "-",
-            f"{r.kv_tokens:,}" if r.kv_tokens else "-", str(r.max_running or "-"), accept, what,
+            f"{r.kv_tokens:,}" if r.kv_tokens else "-",
+            str(r.max_running or "-"),
+            accept,
+            what,
         )
     console.print(table)
     ran = [r.name for r in result.rows if r.outcome != "skipped"]
     skipped = [r.name for r in result.rows if r.outcome == "skipped"]
     console.print(f"ran: {', '.join(ran) or 'none'}" + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
-    console.print(f"wall {result.wall_s:.1f} s, of which measuring {result.measured_s:.1f} s (overhead {100 * result.overhead_share:.0f} %)")
+    console.print(
+        f"wall {result.wall_s:.1f} s, of which measuring {result.measured_s:.1f} s (overhead {100 * result.overhead_share:.0f} %)"
+    )
     if result.winner is not None:
-        console.print(f"[bold]winner:[/] {result.winner.name}  fleet file: {result.winner_fleet}  RUN.json: {result.winner.run}")
+        console.print(
+            f"[bold]winner:[/] {result.winner.name}  fleet file: {result.winner_fleet}  RUN.json: {result.winner.run}"
+        )
     for note in result.notes:
         console.print(f"  note: {note}")
     if then is not None:
@@ -190,4 +295,7 @@ def _render(result, then, console) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("tune", short_help="Measure engine configurations on the job's own prompts and rank them by predicted makespan; --then-generate runs the job.")(tune)
+    app.command(
+        "tune",
+        short_help="Measure engine configurations on the job's own prompts and rank them by predicted makespan; --then-generate runs the job.",
+    )(tune)

@@ -19,7 +19,9 @@ from servefleet.stopping import until_stopped
 
 def tunnel(
     name: Annotated[str, typer.Argument(help="The server to expose.")],
-    local_port: Annotated[int | None, typer.Option("--local-port", help="Local port to listen on (default: a free one).")] = None,
+    local_port: Annotated[
+        int | None, typer.Option("--local-port", help="Local port to listen on (default: a free one).")
+    ] = None,
     fleet_file: FleetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -41,14 +43,18 @@ def tunnel(
             if as_json:
                 sys.stdout.write(json.dumps(t.to_json()) + "\n")
             else:
-                Console(highlight=False).print(f"{t.name}: {t.url} -> {t.remote} on {t.host}  (Ctrl-C to close)", soft_wrap=True)
+                Console(highlight=False).print(
+                    f"{t.name}: {t.url} -> {t.remote} on {t.host}  (Ctrl-C to close)", soft_wrap=True
+                )
             sys.stdout.flush()
             await until_stopped(keep_open(fleet, t), stop)
         finally:
             try:
                 await asyncio.wait_for(fleet.close(), CLOSE_TIMEOUT_S)
             except TimeoutError:
-                Console(stderr=True).print(f"closing the SSH connection took over {CLOSE_TIMEOUT_S:.0f}s; left to ssh's own timeouts")
+                Console(stderr=True).print(
+                    f"closing the SSH connection took over {CLOSE_TIMEOUT_S:.0f}s; left to ssh's own timeouts"
+                )
 
     run_coroutine(go)
 
@@ -57,4 +63,6 @@ CLOSE_TIMEOUT_S = 20.0  # close() cancels forwards and exits masters, 10 s bound
 
 
 def register(app: typer.Typer) -> None:
-    app.command("tunnel", short_help="Forward a local port to a fleet server over its host's SSH connection, until Ctrl-C.")(tunnel)
+    app.command(
+        "tunnel", short_help="Forward a local port to a fleet server over its host's SSH connection, until Ctrl-C."
+    )(tunnel)

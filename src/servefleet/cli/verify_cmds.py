@@ -32,7 +32,14 @@ if TYPE_CHECKING:  # imported where used: `diagnose --json` loads neither rich n
 
 __all__ = ["register", "render_verdict", "exit_code_for", "capacity_text"]
 
-_STYLE = {State.READY: "bold green", State.FAILED: "bold red", State.STALLED: "bold yellow", State.LOADING: "cyan", State.LAUNCHING: "cyan", State.UNKNOWN: "bold yellow"}
+_STYLE = {
+    State.READY: "bold green",
+    State.FAILED: "bold red",
+    State.STALLED: "bold yellow",
+    State.LOADING: "cyan",
+    State.LAUNCHING: "cyan",
+    State.UNKNOWN: "bold yellow",
+}
 
 
 def exit_code_for(verdict: Verdict) -> ExitCode:
@@ -191,13 +198,23 @@ def register(app: typer.Typer) -> None:
     def wait(
         url: str = typer.Option(..., "--url", help="base URL of the server, e.g. http://127.0.0.1:30000"),
         log: Path | None = typer.Option(None, "--log", help="the server's log file, followed as it grows"),
-        pid: int | None = typer.Option(None, "--pid", help="the server's pid: its death is the server's death (even when its group, e.g. a shell's, lives on); its process group "
-                                                           "must hold the port"),
+        pid: int | None = typer.Option(
+            None,
+            "--pid",
+            help="the server's pid: its death is the server's death (even when its group, e.g. a shell's, lives on); its process group "
+            "must hold the port",
+        ),
         engine: str = typer.Option("auto", "--engine", help=f"{engines_help} (auto: detect from the log)"),
-        model: str | None = typer.Option(None, "--model", help="served model name /v1/models must list (identity without --pid)"),
+        model: str | None = typer.Option(
+            None, "--model", help="served model name /v1/models must list (identity without --pid)"
+        ),
         timeout: float = typer.Option(1800.0, "--timeout", min=0.0, help="overall cap in seconds"),
-        stall: float = typer.Option(300.0, "--stall", min=0.0, help="fail when neither the log nor the probe moved for this long"),
-        no_smoke: bool = typer.Option(False, "--no-smoke", help="do not send the one-token smoke request before calling it ready"),
+        stall: float = typer.Option(
+            300.0, "--stall", min=0.0, help="fail when neither the log nor the probe moved for this long"
+        ),
+        no_smoke: bool = typer.Option(
+            False, "--no-smoke", help="do not send the one-token smoke request before calling it ready"
+        ),
         json_out: bool = typer.Option(False, "--json", help="print the verdict as JSON"),
     ) -> None:
         """Wait for a server started by anything: ready (0), failed (1), or stalled / timed out (2)."""
@@ -214,7 +231,9 @@ def register(app: typer.Typer) -> None:
                 pgid = os.getpgid(pid)
             except ProcessLookupError:
                 _fail_usage(f"no process with pid {pid} (has it exited already?)", json_out)
-        target = WaitTarget(base_url=url, engine=profile, log_path=str(log) if log else None, pgid=pgid, pid=pid, served_model=model)
+        target = WaitTarget(
+            base_url=url, engine=profile, log_path=str(log) if log else None, pgid=pgid, pid=pid, served_model=model
+        )
         err = None if json_out else _rich_console(stderr=True)  # --json: rich is never imported (start-up)
         live_line = _LiveLine(time.monotonic())
         use_live = err is not None and err.is_terminal
@@ -234,7 +253,9 @@ def register(app: typer.Typer) -> None:
         import asyncio
 
         async def run() -> Verdict:
-            return await wait_for_server(target, timeout_s=timeout, stall_s=stall, smoke=not no_smoke, on_update=on_update)
+            return await wait_for_server(
+                target, timeout_s=timeout, stall_s=stall, smoke=not no_smoke, on_update=on_update
+            )
 
         try:
             if use_live:

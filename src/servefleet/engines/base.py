@@ -23,9 +23,26 @@ if TYPE_CHECKING:
     from servefleet.http import HttpClient
 
 __all__ = [
-    "SignalKind", "Signature", "LaunchSpec", "EngineProfile", "LatencyMetrics", "ServingMetrics", "Probe", "TokenizeEndpoint",
-    "MemoryPhases", "AT_LOAD", "PROFILING", "KV_CACHE", "WARMING_UP", "CUDA_GRAPHS", "SAMPLER_WARMUP", "DUMMY_RUN",
-    "WARMUP_REQUEST", "FIRST_REQUEST", "seconds_in_year", "PORT_SLOT",
+    "SignalKind",
+    "Signature",
+    "LaunchSpec",
+    "EngineProfile",
+    "LatencyMetrics",
+    "ServingMetrics",
+    "Probe",
+    "TokenizeEndpoint",
+    "MemoryPhases",
+    "AT_LOAD",
+    "PROFILING",
+    "KV_CACHE",
+    "WARMING_UP",
+    "CUDA_GRAPHS",
+    "SAMPLER_WARMUP",
+    "DUMMY_RUN",
+    "WARMUP_REQUEST",
+    "FIRST_REQUEST",
+    "seconds_in_year",
+    "PORT_SLOT",
 ]
 
 # Where a launch's port goes when the host picks it only when the server starts (a Slurm job picks a
@@ -260,12 +277,19 @@ class EngineProfile:
         """The native args of a launch; a value that disagrees with the spec is an EngineError (the
         fleet loader reports such conflicts first, naming the fleet file's field)."""
         native = self.native_args(spec.extra_args, spec.command)
-        for name, ours in (("model", spec.model or None), ("port", spec.port), ("host", spec.host),
-                           ("served_model_name", spec.served_model_name)):
+        for name, ours in (
+            ("model", spec.model or None),
+            ("port", spec.port),
+            ("host", spec.host),
+            ("served_model_name", spec.served_model_name),
+        ):
             theirs = native.values.get(name)
             if ours is not None and theirs is not None and str(theirs) != str(ours):
-                raise EngineError(f"{native.spelled[name]!r} in args disagrees with {name} {ours!r}; set it in one place")
+                raise EngineError(
+                    f"{native.spelled[name]!r} in args disagrees with {name} {ours!r}; set it in one place"
+                )
         return native
+
     latency_metrics: ClassVar[LatencyMetrics | None] = None  # None: no latency histograms on /metrics
     serving_metrics: ClassVar[ServingMetrics] = ServingMetrics()  # empty: no load series on /metrics
     # The server's info document (GET, JSON object), newest path first: bench records it and reads
@@ -287,7 +311,9 @@ class EngineProfile:
     def served_name(self, spec: LaunchSpec) -> str:
         """The model name the server lists in /v1/models (used for identity checks and requests):
         the fleet file's ``served_model_name``, else the engine-native flag in the args, else the model."""
-        return spec.served_model_name or self.native_args(spec.extra_args, spec.command).served_model_name or spec.model
+        return (
+            spec.served_model_name or self.native_args(spec.extra_args, spec.command).served_model_name or spec.model
+        )
 
     def probe_for(self, spec: LaunchSpec | None) -> Probe:
         return self.probe

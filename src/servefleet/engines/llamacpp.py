@@ -41,25 +41,25 @@ S = Signature
 
 HINTS = {
     C.GPU_OOM: "lower -ngl/--n-gpu-layers (keep some layers on the CPU), -c/--ctx-size or -np/--parallel, "
-               "or use a smaller quantization",
+    "or use a smaller quantization",
     C.PORT_IN_USE: "choose another --port, or stop the process that holds it (often an older llama-server)",
     C.CONFIG_ERROR: "a llama.cpp server argument is invalid or was removed; read the evidence line and `llama-server --help` "
-                    "(llama-cpp-python: `python -m llama_cpp.server --help`)",
+    "(llama-cpp-python: `python -m llama_cpp.server --help`)",
     C.MODEL_NOT_FOUND: "check the -m/--model path: it must be a readable, complete .gguf file (the GGUF carries its tokenizer)",
     C.UNSUPPORTED_MODEL: "this llama.cpp build does not know the model architecture (the GGUF's general.architecture); "
-                         "update llama.cpp (or llama-cpp-python) or re-convert the GGUF",
+    "update llama.cpp (or llama-cpp-python) or re-convert the GGUF",
     C.IMPORT_ERROR: "llama-server is not on PATH (set command in the fleet file) or llama-cpp-python is not installed",
     # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
     "corrupt_weights": "the .gguf file is truncated or damaged (a partial download?): download or convert it again",
     "native_library": "llama-cpp-python could not load libllama.so or a libggml*.so it links against: unset "
-                      "LLAMA_CPP_LIB_PATH or point it at a folder with all of llama_cpp/lib, or reinstall llama-cpp-python",
+    "LLAMA_CPP_LIB_PATH or point it at a folder with all of llama_cpp/lib, or reinstall llama-cpp-python",
     "cuda_on_cpu_build": "this llama.cpp build is CPU-only: drop -ngl/--n-gpu-layers (--n_gpu_layers) or install a CUDA build",
     "host_ram": "host RAM (or the memory limit of the process) ran out: lower -c/--ctx-size (--n_ctx) or use "
-                "--mmap so the weights are not copied",
+    "--mmap so the weights are not copied",
     "tp_too_large": "-mg/--main-gpu or -ts/--tensor-split names more GPUs than this process can see: fix them, or widen "
-                    "CUDA_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "llama.cpp died of an illegal instruction: the build uses CPU instructions (AVX-512, AMX) this "
-                           "CPU lacks; rebuild with GGML_NATIVE=OFF or install a portable wheel",
+    "CPU lacks; rebuild with GGML_NATIVE=OFF or install a portable wheel",
 }
 
 OWN_SIGNATURES = (
@@ -86,47 +86,80 @@ OWN_SIGNATURES = (
     S.fatal(r"couldn't bind HTTP server socket", C.PORT_IN_USE),
     # ggml-cpu: the first line of a KV cache (or weights) too large for the memory the process may use,
     # above "failed to allocate CPU buffer of size N" / "failed to allocate buffer for kv cache" (real, 0.3.36).
-    S.fatal(r"ggml_aligned_malloc: insufficient memory|failed to allocate buffer for kv cache", C.GPU_OOM,
-            "the KV cache (or the weights) does not fit in memory: lower -c/--ctx-size (--n_ctx), -np/--parallel, "
-            "or use a smaller quantization"),
-    S.fatal(r"cudaMalloc failed: out of memory|failed to allocate \w+ buffer|unable to allocate \w+ buffer"
-            r"|ggml_backend_\w+_buffer_type_alloc_buffer: allocating .* failed|out of device memory"
-            r"|ErrorOutOfDeviceMemory|hipMalloc failed", C.GPU_OOM),
+    S.fatal(
+        r"ggml_aligned_malloc: insufficient memory|failed to allocate buffer for kv cache",
+        C.GPU_OOM,
+        "the KV cache (or the weights) does not fit in memory: lower -c/--ctx-size (--n_ctx), -np/--parallel, "
+        "or use a smaller quantization",
+    ),
+    S.fatal(
+        r"cudaMalloc failed: out of memory|failed to allocate \w+ buffer|unable to allocate \w+ buffer"
+        r"|ggml_backend_\w+_buffer_type_alloc_buffer: allocating .* failed|out of device memory"
+        r"|ErrorOutOfDeviceMemory|hipMalloc failed",
+        C.GPU_OOM,
+    ),
     # llama-cpp-python's loader (llama_cpp/_ctypes_extensions.py), LLAMA_CPP_LIB_PATH naming a folder
     # without libllama ("FileNotFoundError: Shared library with base name 'llama' not found") or with one
     # that does not load ("RuntimeError: Failed to load shared library '...': libggml.so.0: cannot open ...")
-    S.fatal(r"Shared library with base name '\w+' not found|Failed to load shared library '", C.IMPORT_ERROR,
-            HINTS["native_library"]),
+    S.fatal(
+        r"Shared library with base name '\w+' not found|Failed to load shared library '",
+        C.IMPORT_ERROR,
+        HINTS["native_library"],
+    ),
     # a folder (or an empty file) where a .gguf file is expected: "gguf_init_from_reader: failed to read magic"
-    S.fatal(r"gguf_init_from_\w+: failed to read magic", C.MODEL_NOT_FOUND,
-            "llama.cpp found no GGUF header there: --model (-m) must name a complete .gguf file, not a folder"),
+    S.fatal(
+        r"gguf_init_from_\w+: failed to read magic",
+        C.MODEL_NOT_FOUND,
+        "llama.cpp found no GGUF header there: --model (-m) must name a complete .gguf file, not a folder",
+    ),
     # llama-cpp-python server (server/model.py): a chat format that needs a second setting
-    S.fatal(r"must be set for hf-autotokenizer|must be set for hf-tokenizer-config", C.CONFIG_ERROR,
-            "--chat_format hf-autotokenizer needs --hf_pretrained_model_name_or_path (hf-tokenizer-config needs "
-            "--hf_tokenizer_config_path): pass it, or choose another --chat_format"),
-    S.fatal(r"failed to open GGUF file|gguf_init_from_file: failed to|llama_load_model_from_file: failed to load model"
-            r"|Model path does not exist|Failed to load model from file", C.MODEL_NOT_FOUND),
-    S.fatal(r"unknown model architecture|error loading model architecture|unknown pre-tokenizer type", C.UNSUPPORTED_MODEL),
+    S.fatal(
+        r"must be set for hf-autotokenizer|must be set for hf-tokenizer-config",
+        C.CONFIG_ERROR,
+        "--chat_format hf-autotokenizer needs --hf_pretrained_model_name_or_path (hf-tokenizer-config needs "
+        "--hf_tokenizer_config_path): pass it, or choose another --chat_format",
+    ),
+    S.fatal(
+        r"failed to open GGUF file|gguf_init_from_file: failed to|llama_load_model_from_file: failed to load model"
+        r"|Model path does not exist|Failed to load model from file",
+        C.MODEL_NOT_FOUND,
+    ),
+    S.fatal(
+        r"unknown model architecture|error loading model architecture|unknown pre-tokenizer type", C.UNSUPPORTED_MODEL
+    ),
     # boundary: a truncated or damaged file is model_not_found (README); it must come before the
     # llama-cpp-python "Failed to load model from file" line it precedes
-    S.fatal(r"model is corrupted or incomplete|data is not within the file bounds|invalid magic characters"
-            r"|tensor '.*' has wrong shape|failed to read tensor (?:info|data)|failed to read key-value pairs", C.MODEL_NOT_FOUND,
-            "the GGUF file is truncated, corrupted or for another converter version; re-download or re-convert it"),
-    S.fatal(r"(?:^|\s)error: invalid argument: |error while handling argument|(?:^|\s)error: unknown argument: "
-            r"|(?:^|\s)error: failed to parse|quantized V cache requires flash_attn|Unsupported cache type", C.CONFIG_ERROR),
+    S.fatal(
+        r"model is corrupted or incomplete|data is not within the file bounds|invalid magic characters"
+        r"|tensor '.*' has wrong shape|failed to read tensor (?:info|data)|failed to read key-value pairs",
+        C.MODEL_NOT_FOUND,
+        "the GGUF file is truncated, corrupted or for another converter version; re-download or re-convert it",
+    ),
+    S.fatal(
+        r"(?:^|\s)error: invalid argument: |error while handling argument|(?:^|\s)error: unknown argument: "
+        r"|(?:^|\s)error: failed to parse|quantized V cache requires flash_attn|Unsupported cache type",
+        C.CONFIG_ERROR,
+    ),
     S.fatal(r"error loading model: ", C.OTHER, "llama.cpp could not load the model; read the evidence line"),
     # ---- progress, in start-up order
     S.progress(r"HTTP server is listening, hostname|binding port", "HTTP server up, loading model"),
-    S.progress(r"main: loading model|load_model: loading model|llama_model_loader: loaded meta data"
-               r"|llama_model_load_from_file", "loading model"),
+    S.progress(
+        r"main: loading model|load_model: loading model|llama_model_loader: loaded meta data"
+        r"|llama_model_load_from_file",
+        "loading model",
+    ),
     S.progress(r"load_tensors: |llm_load_tensors: |loading model tensors", "loading weights"),
-    S.progress(r"llama_context: |llama_new_context_with_model: |llama_kv_cache|llama_init_from_model",
-               "allocating KV cache"),
+    S.progress(
+        r"llama_context: |llama_new_context_with_model: |llama_kv_cache|llama_init_from_model", "allocating KV cache"
+    ),
     S.progress(r"warming up the model", "warming up"),
     S.progress(r"initializing slots|new slot", "initialising slots"),
     S.progress(r"main: model loaded|llama_server: model loaded|chat template", "model loaded"),
     # llama-cpp-python (uvicorn): startup complete is printed before the port is bound
-    S.progress(r"Application startup complete\.|Started server process|Waiting for application startup", "HTTP server starting"),
+    S.progress(
+        r"Application startup complete\.|Started server process|Waiting for application startup",
+        "HTTP server starting",
+    ),
 )
 
 # Flags whose values servefleet needs. Native llama-server (common/arg.cpp): -c is the context of
@@ -160,8 +193,10 @@ _CTX_SEQ = re.compile(r"\bllama_context: n_ctx_seq\s+= (\d+)")
 _SEQ_MAX = re.compile(r"\bllama_context: n_seq_max\s+= (\d+)")
 _KV_SIZE = re.compile(r"llama_kv_cache\w*: +size = +([\d.]+) MiB \( *(\d+) cells")
 # "build: 6895 (4341dc8bc) with cc ...", "version: 5678 (4df29be)", "version: 0.1.0-dev (build 1, commit 4df29be)"
-_BUILD = re.compile(r"(?:^|\s)(?:build|version): (?P<n>\d+) \((?P<c>[0-9a-f]+)\)"
-                    r"|^version: \S+ \(build (?P<n2>\d+), commit (?P<c2>[0-9a-f]+)\)")
+_BUILD = re.compile(
+    r"(?:^|\s)(?:build|version): (?P<n>\d+) \((?P<c>[0-9a-f]+)\)"
+    r"|^version: \S+ \(build (?P<n2>\d+), commit (?P<c2>[0-9a-f]+)\)"
+)
 _PARALLEL = re.compile(r"n_parallel is set to auto, using n_parallel = (\d+)")
 
 
@@ -240,7 +275,9 @@ class LlamaCppEngine(EngineProfile):
         if match := _SLOT_CTX.search(line):
             return log_capacity(context_length=int(match.group(1)))  # per slot
         if match := _KV_SIZE.search(line):
-            return log_capacity(kv_cache_tokens=int(match.group(2)), kv_cache_gib=round(float(match.group(1)) / 1024, 4))
+            return log_capacity(
+                kv_cache_tokens=int(match.group(2)), kv_cache_gib=round(float(match.group(1)) / 1024, 4)
+            )
         if match := _CTX.search(line):
             return log_capacity(kv_cache_tokens=int(match.group(1)))  # n_ctx = KV cells over all slots
         if match := _CTX_SEQ.search(line):
@@ -289,4 +326,3 @@ def is_python_server(command: list[str]) -> bool:
     if "llama_cpp.server" in command:
         return True
     return len(command) == 1 and re.fullmatch(r"python(?:\d+(?:\.\d+)?)?", PurePath(command[0]).name) is not None
-

@@ -64,7 +64,7 @@ def to_json_object(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
     if not isinstance(value, dict):
-        raise ValueError("must be a JSON object, e.g. '{\"method\": \"ngram\"}'")
+        raise ValueError('must be a JSON object, e.g. \'{"method": "ngram"}\'')
     return value
 
 

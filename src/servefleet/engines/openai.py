@@ -31,8 +31,10 @@ OWN_SIGNATURES = (
     # uvicorn (FastAPI servers): "Uvicorn running on http://..." is printed after the socket is
     # bound; "Application startup complete." before it (a port conflict follows it).
     S.ready(r"Uvicorn running on (?:http|unix|socket)"),
-    S.progress(r"Application startup complete\.|Waiting for application startup|Started server process",
-               "HTTP server starting"),
+    S.progress(
+        r"Application startup complete\.|Waiting for application startup|Started server process",
+        "HTTP server starting",
+    ),
 )
 
 # The spellings most OpenAI-compatible servers share (vLLM's, SGLang's, uvicorn apps').

@@ -12,7 +12,14 @@ from servefleet.engines.base import EngineProfile, ServingMetrics, TokenizeEndpo
 from servefleet.errors import EngineError
 
 __all__ = [
-    "ENGINES", "get_engine", "engine_names", "all_engines", "recognise", "info_paths", "tokenize_endpoints", "serving_metrics",
+    "ENGINES",
+    "get_engine",
+    "engine_names",
+    "all_engines",
+    "recognise",
+    "info_paths",
+    "tokenize_endpoints",
+    "serving_metrics",
 ]
 
 _REGISTRY: dict[str, str] = {

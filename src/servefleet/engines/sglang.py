@@ -52,29 +52,29 @@ S = Signature
 
 HINTS = {
     C.GPU_OOM: "lower --mem-fraction-static (CUDA graphs/activations ran out), --cuda-graph-max-bs, "
-               "--context-length or --max-running-requests, or add GPUs with --tp-size",
+    "--context-length or --max-running-requests, or add GPUs with --tp-size",
     C.PORT_IN_USE: "choose another --port, or stop the process that holds it (SGLang also opens nearby "
-                   "ports for NCCL/ZMQ, so leave a gap between servers)",
+    "ports for NCCL/ZMQ, so leave a gap between servers)",
     C.CONFIG_ERROR: "an SGLang argument is invalid; read the evidence line and `python -m sglang.launch_server --help`",
     C.NCCL_OR_DISTRIBUTED: "check GPU visibility and --tp-size, NCCL_DEBUG=INFO; try --disable-custom-all-reduce "
-                           "or NCCL_P2P_DISABLE=1 on PCIe boxes",
+    "or NCCL_P2P_DISABLE=1 on PCIe boxes",
     C.MODEL_NOT_FOUND: "check --model-path: a local folder must hold config.json, the *.safetensors weights and the "
-                       "tokenizer files (or give a Hub repo id, with HF_TOKEN for a gated one)",
+    "tokenizer files (or give a Hub repo id, with HF_TOKEN for a gated one)",
     C.UNSUPPORTED_MODEL: "this SGLang version does not support the architecture; upgrade sglang (and transformers) "
-                         "or try --model-impl transformers",
+    "or try --model-impl transformers",
     # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
     "corrupt_weights": "a *.safetensors file of --model-path is truncated or damaged (a partial download?): download "
-                       "the model again",
+    "the model again",
     "native_library": "a native library of sglang's kernels (sgl_kernel, flashinfer) or torch is missing or not "
-                      "loadable: reinstall sglang with the kernels built for this torch and CUDA",
+    "loadable: reinstall sglang with the kernels built for this torch and CUDA",
     "cuda_on_cpu_build": "this torch build has no CUDA (SGLang needs a GPU build): install the CUDA build of torch "
-                         "that sglang pins, or pass --device cpu on an SGLang CPU build",
+    "that sglang pins, or pass --device cpu on an SGLang CPU build",
     "host_ram": "host RAM ran out (weights are staged in host memory while loading): use --load-format with less "
-                "staging, fewer --tokenizer-worker-num, or a host with more memory",
+    "staging, fewer --tokenizer-worker-num, or a host with more memory",
     "tp_too_large": "--tp-size (times --dp-size, from --base-gpu-id) is larger than the GPUs this process can see: "
-                    "lower --tp-size, or widen CUDA_VISIBLE_DEVICES",
+    "lower --tp-size, or widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a kernel died of an illegal instruction (SIGILL): try --attention-backend triton or "
-                           "--sampling-backend pytorch, or another sglang build",
+    "--sampling-backend pytorch, or another sglang build",
 }
 
 OWN_SIGNATURES = (
@@ -102,34 +102,54 @@ OWN_SIGNATURES = (
     S.wrapper(r"Child process unexpectedly failed with an? exit code"),
     # ---- fatal, SGLang's own words
     # model_runner.py: raised when the KV pool would get <= 0 tokens (weights left no room at this fraction)
-    S.fatal(r"Not enough memory\. Please try to increase --mem-fraction-static", C.GPU_OOM,
-            "raise --mem-fraction-static (the weights left no room for the KV cache), or add GPUs with "
-            "--tp-size, or use a smaller/quantized model"),
+    S.fatal(
+        r"Not enough memory\. Please try to increase --mem-fraction-static",
+        C.GPU_OOM,
+        "raise --mem-fraction-static (the weights left no room for the KV cache), or add GPUs with "
+        "--tp-size, or use a smaller/quantized model",
+    ),
     # kv_cache_configurator.py (v0.5.1x): the static budget is a fraction of the memory free at start-up,
     # and the loaded weights already exceed it
-    S.fatal(r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static", C.GPU_OOM,
-            "raise --mem-fraction-static above the value the message suggests (it is a fraction of the GPU "
-            "memory free when this server starts, so other servers on the GPU count against it), or add GPUs "
-            "with --tp-size"),
-    S.fatal(r"Capture cuda graph failed:.*(?:out of memory|OutOfMemoryError)", C.GPU_OOM,
-            "lower --mem-fraction-static or --cuda-graph-max-bs (or --disable-cuda-graph, slow)"),
+    S.fatal(
+        r"Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static",
+        C.GPU_OOM,
+        "raise --mem-fraction-static above the value the message suggests (it is a fraction of the GPU "
+        "memory free when this server starts, so other servers on the GPU count against it), or add GPUs "
+        "with --tp-size",
+    ),
+    S.fatal(
+        r"Capture cuda graph failed:.*(?:out of memory|OutOfMemoryError)",
+        C.GPU_OOM,
+        "lower --mem-fraction-static or --cuda-graph-max-bs (or --disable-cuda-graph, slow)",
+    ),
     # server_args.py check_server_args: two flags that do not go together
-    S.fatal(r"Please pass --[\w-]+ when using --[\w-]+|tp_size must be divisible by number of nodes"
-            r"|is not compatible with overlap schedule", C.CONFIG_ERROR),
-    S.fatal(r"User-specified context_length .* is greater than the derived context_length", C.CONFIG_ERROR,
-            "lower --context-length to the model's limit (or set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)"),
+    S.fatal(
+        r"Please pass --[\w-]+ when using --[\w-]+|tp_size must be divisible by number of nodes"
+        r"|is not compatible with overlap schedule",
+        C.CONFIG_ERROR,
+    ),
+    S.fatal(
+        r"User-specified context_length .* is greater than the derived context_length",
+        C.CONFIG_ERROR,
+        "lower --context-length to the model's limit (or set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)",
+    ),
     S.fatal(r"SGLang only supports sm\d+ and above", C.CUDA_DRIVER, "this GPU is too old for this SGLang build"),
     S.fatal(r"Failed to get weights iterator: .*(?:not found|does not exist)", C.MODEL_NOT_FOUND),
     # ---- progress, in start-up order
     S.progress(r"Init torch distributed begin", "initialising torch.distributed"),
     S.progress(r"Load weight begin", "loading weights"),
-    S.progress(r"(?:Loading safetensors checkpoint shards|Multi-thread loading shards|Loading pt checkpoint shards)",
-               "loading weight shards"),
+    S.progress(
+        r"(?:Loading safetensors checkpoint shards|Multi-thread loading shards|Loading pt checkpoint shards)",
+        "loading weight shards",
+    ),
     S.progress(r"Load weight end", "weights loaded"),
     S.progress(r"(?:KV|Mamba) Cache is allocated|Memory pool end", "allocating KV cache"),
     # 0.5.17: "Capture target prefill CUDA graph begin." / "Capturing num tokens (...)" / "... end."
-    S.progress(r"Capture (?:target (?:prefill |decode )?)?(?:cuda|CUDA) graph begin|Capturing batches|Capture cuda graph bs"
-               r"|Capturing num tokens", "capturing CUDA graphs"),
+    S.progress(
+        r"Capture (?:target (?:prefill |decode )?)?(?:cuda|CUDA) graph begin|Capturing batches|Capture cuda graph bs"
+        r"|Capturing num tokens",
+        "capturing CUDA graphs",
+    ),
     S.progress(r"Capture (?:target (?:prefill |decode )?)?(?:cuda|CUDA) graph end", "CUDA graphs captured"),
     S.progress(r"Compiling num tokens|torch\.compile|Compiling a graph|Capture piecewise CUDA graph", "compiling"),
     S.progress(r"max_total_num_tokens=", "scheduler started"),
@@ -140,12 +160,16 @@ OWN_SIGNATURES = (
 
 _KV_TOKENS = re.compile(r"KV Cache is allocated\..*?#tokens: ([\d,]+)")
 _KV_SIZES = re.compile(r"\b(K|V|KV|Cache) size: ([\d.]+) ?GB")
-_SCHED_KEY = re.compile(r"\b(max_total_num_tokens|chunked_prefill_size|max_prefill_tokens|max_running_requests|"
-                        r"context_len|available_gpu_mem)=(-?[\d,.]+)")
+_SCHED_KEY = re.compile(
+    r"\b(max_total_num_tokens|chunked_prefill_size|max_prefill_tokens|max_running_requests|"
+    r"context_len|available_gpu_mem)=(-?[\d,.]+)"
+)
 _MAMBA_SIZE = re.compile(r"max_mamba_cache_size: (\d+)")
 _MAMBA_PART = re.compile(r"(\w+) size: ([\d.]+) ?GB")
-_SPEC_ARG = re.compile(r"\b(speculative_(?:algorithm|num_steps|eagle_topk|num_draft_tokens|draft_model_path))="
-                       r"('[^']*'|[\w.]+)")
+_SPEC_ARG = re.compile(
+    r"\b(speculative_(?:algorithm|num_steps|eagle_topk|num_draft_tokens|draft_model_path))="
+    r"('[^']*'|[\w.]+)"
+)
 _SERVED = re.compile(r"\bserved_model_name='([^']*)'")
 
 # Flags whose values servefleet needs (server_args.py); the speculative keys are server_args' names,
@@ -163,11 +187,20 @@ ARGS = na.ArgTable(
     na.Flag(("--speculative-num-steps",), "speculative", na.to_int, key="speculative_num_steps"),
     na.Flag(("--speculative-eagle-topk",), "speculative", na.to_int, key="speculative_eagle_topk"),
     na.Flag(("--speculative-num-draft-tokens",), "speculative", na.to_int, key="speculative_num_draft_tokens"),
-    na.Flag(("--speculative-draft-model-path", "--speculative-draft-model"), "speculative", key="speculative_draft_model_path"),
+    na.Flag(
+        ("--speculative-draft-model-path", "--speculative-draft-model"),
+        "speculative",
+        key="speculative_draft_model_path",
+    ),
 )
 
-_SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-              "speculative_num_draft_tokens", "speculative_draft_model_path")
+_SPEC_KEYS = (
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_draft_model_path",
+)
 
 
 # Request latency histograms of SGLang's /metrics (python/sglang/srt/metrics/collector.py; served
@@ -196,7 +229,9 @@ SERVING_METRICS = ServingMetrics(
 # internal_states (avg_spec_accept_length, memory_usage...), version.
 INFO_PATHS = ("/server_info", "/get_server_info")
 # POST /tokenize: {"model", "prompt", "add_special_tokens"} -> {"tokens", "count", "max_model_len"} (vLLM's shape).
-TOKENIZE = TokenizeEndpoint("sglang", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count")
+TOKENIZE = TokenizeEndpoint(
+    "sglang", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count"
+)
 
 
 # A memory failure's phase: load_model (weights), init_memory_pool / profile_max_num_token (the KV
@@ -210,11 +245,16 @@ MEMORY_PHASES = MemoryPhases.of(
         (r"in (?:load_model|load_weights|load_weights_and_postprocess)\b", phase.AT_LOAD),
     ),
     progress=(
-        ("initialising torch.distributed", phase.AT_LOAD), ("downloading model", phase.AT_LOAD),
-        ("loading weights", phase.AT_LOAD), ("loading weight shards", phase.AT_LOAD),
-        ("weights loaded", phase.KV_CACHE), ("allocating KV cache", phase.KV_CACHE),
-        ("capturing CUDA graphs", phase.CUDA_GRAPHS), ("compiling", phase.WARMING_UP),
-        ("CUDA graphs captured", phase.WARMING_UP), ("scheduler started", phase.WARMING_UP),
+        ("initialising torch.distributed", phase.AT_LOAD),
+        ("downloading model", phase.AT_LOAD),
+        ("loading weights", phase.AT_LOAD),
+        ("loading weight shards", phase.AT_LOAD),
+        ("weights loaded", phase.KV_CACHE),
+        ("allocating KV cache", phase.KV_CACHE),
+        ("capturing CUDA graphs", phase.CUDA_GRAPHS),
+        ("compiling", phase.WARMING_UP),
+        ("CUDA graphs captured", phase.WARMING_UP),
+        ("scheduler started", phase.WARMING_UP),
         ("HTTP server up, warming up", phase.WARMUP_REQUEST),
     ),
 )
@@ -281,7 +321,9 @@ class SGLangEngine(EngineProfile):
     def capacity_from_line(self, line: str) -> Capacity | None:
         if "max_total_num_tokens=" in line:
             kv = dict(_SCHED_KEY.findall(line))
-            extra: dict[str, float | None] = {k: to_int(kv[k]) for k in ("chunked_prefill_size", "max_prefill_tokens") if k in kv}
+            extra: dict[str, float | None] = {
+                k: to_int(kv[k]) for k in ("chunked_prefill_size", "max_prefill_tokens") if k in kv
+            }
             if "available_gpu_mem" in kv:
                 extra["available_gpu_mem_gib"] = to_float(kv["available_gpu_mem"])
             return log_capacity(
@@ -308,8 +350,10 @@ class SGLangEngine(EngineProfile):
             spec = {k: _literal(v) for k, v in _SPEC_ARG.findall(line)}
             spec = {k: v for k, v in spec.items() if v is not None}
             served = _SERVED.search(line)
-            return log_capacity(speculative=spec if spec.get("speculative_algorithm") else {},
-                                served_model=served.group(1) if served else None)
+            return log_capacity(
+                speculative=spec if spec.get("speculative_algorithm") else {},
+                served_model=served.group(1) if served else None,
+            )
         return None
 
     # ---- endpoints --------------------------------------------------------------------------------
@@ -351,8 +395,11 @@ def parse_server_info(info: dict[str, Any]) -> dict[str, Any]:
     memory: dict[str, Any] = state["memory_usage"] if isinstance(state.get("memory_usage"), dict) else {}
     facts: dict[str, Any] = {}
 
-    kv = (as_int(info.get("max_total_num_tokens")) or as_int(state.get("max_total_num_tokens"))
-          or as_int(memory.get("token_capacity")))
+    kv = (
+        as_int(info.get("max_total_num_tokens"))
+        or as_int(state.get("max_total_num_tokens"))
+        or as_int(memory.get("token_capacity"))
+    )
     if kv:
         facts["kv_cache_tokens"] = kv
     dp = as_int(info.get("dp_size")) or 1
@@ -371,7 +418,9 @@ def parse_server_info(info: dict[str, Any]) -> dict[str, Any]:
         facts["kv_cache_gib"] = float(kv_gib)
     algo = info.get("speculative_algorithm") or state.get("speculative_algorithm")
     if algo:
-        facts["speculative"] = {k: info.get(k, state.get(k)) for k in _SPEC_KEYS if info.get(k, state.get(k)) is not None}
+        facts["speculative"] = {
+            k: info.get(k, state.get(k)) for k in _SPEC_KEYS if info.get(k, state.get(k)) is not None
+        }
     mamba = {k: v for k, v in {**info, **state}.items() if k == "max_mamba_cache_size" and v is not None}
     mamba.update({f"memory_usage.{k}": v for k, v in memory.items() if "mamba" in k})
     if mamba:
@@ -380,8 +429,11 @@ def parse_server_info(info: dict[str, Any]) -> dict[str, Any]:
         facts["engine_version"] = info["version"]
     if isinstance(info.get("served_model_name"), str):
         facts["served_model"] = info["served_model_name"]
-    extra = {k: info[k] for k in ("tp_size", "dp_size", "max_req_input_len", "chunked_prefill_size", "max_prefill_tokens")
-             if info.get(k) is not None}
+    extra = {
+        k: info[k]
+        for k in ("tp_size", "dp_size", "max_req_input_len", "chunked_prefill_size", "max_prefill_tokens")
+        if info.get(k) is not None
+    }
     if per_dp:
         extra["max_running_requests_per_dp"] = per_dp
     if extra:

@@ -61,10 +61,14 @@ class SimEngine(EngineProfile):
     )
     detect: ClassVar[tuple[re.Pattern[str], ...]] = (re.compile(r"\bservefleet[. ]sim\b"),)
     memory_flag: ClassVar[str | None] = "--kv-tokens"
-    memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = sglang.SGLangEngine.memory_settled + vllm.VLLMEngine.memory_settled
+    memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = (
+        sglang.SGLangEngine.memory_settled + vllm.VLLMEngine.memory_settled
+    )
     # both engines' phases; where a progress label means another phase in each, SGLang's (its lines win above too)
     memory_phases: ClassVar[MemoryPhases] = MemoryPhases(
-        sglang.MEMORY_PHASES.frames + vllm.MEMORY_PHASES.frames, vllm.MEMORY_PHASES.progress + sglang.MEMORY_PHASES.progress)
+        sglang.MEMORY_PHASES.frames + vllm.MEMORY_PHASES.frames,
+        vllm.MEMORY_PHASES.progress + sglang.MEMORY_PHASES.progress,
+    )
     supports_ignore_eos: ClassVar[bool] = True
     arg_table: ClassVar[na.ArgTable] = ARGS
     # The sim publishes both families; vLLM's names first (they include per-request TPOT).
@@ -77,7 +81,10 @@ class SimEngine(EngineProfile):
     # Both families' load series (servefleet.sim.info), vLLM's first; it has no preemptions, engine
     # steps or acceptance rate to publish.
     serving_metrics: ClassVar[ServingMetrics] = replace(
-        ServingMetrics.union(vllm.SERVING_METRICS, sglang.SERVING_METRICS), preemptions=(), steps=(), spec_accept_rate=()
+        ServingMetrics.union(vllm.SERVING_METRICS, sglang.SERVING_METRICS),
+        preemptions=(),
+        steps=(),
+        spec_accept_rate=(),
     )
     # It serves SGLang's info document and answers /tokenize in vLLM's shape (servefleet.sim.server).
     info_paths: ClassVar[tuple[str, ...]] = sglang.INFO_PATHS

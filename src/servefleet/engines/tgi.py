@@ -32,57 +32,80 @@ S = Signature
 
 HINTS = {
     C.GPU_OOM: "lower --max-batch-prefill-tokens / --max-total-tokens / --max-input-tokens, or "
-               "--cuda-memory-fraction, or add GPUs with --num-shard",
+    "--cuda-memory-fraction, or add GPUs with --num-shard",
     C.PORT_IN_USE: "choose another --port (and --master-port / --shard-uds-path if two launchers share a host)",
     C.CONFIG_ERROR: "a launcher argument is invalid; read the evidence line and `text-generation-launcher --help`",
     C.IMPORT_ERROR: "text-generation-server / text-generation-router is not installed in the launcher's PATH",
     C.MODEL_NOT_FOUND: "check --model-id: a Hub repo id (HF_TOKEN for a private or gated one) or a local folder the "
-                       "launcher can read",
+    "launcher can read",
     # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
     "corrupt_weights": "a *.safetensors file of --model-id is truncated or damaged (a partial download?): remove it "
-                       "from HUGGINGFACE_HUB_CACHE and let the launcher download it again",
+    "from HUGGINGFACE_HUB_CACHE and let the launcher download it again",
     "native_library": "a kernel library of the shard (flash-attn, exllama, vllm kernels) is missing or not loadable: "
-                      "use the TGI image built for this GPU",
+    "use the TGI image built for this GPU",
     "cuda_on_cpu_build": "this TGI/torch build has no CUDA: run the CUDA image, or the CPU image without GPU flags",
     "host_ram": "host RAM ran out while a shard loaded the weights: give the container more memory, or use more "
-                "shards (--num-shard) so each loads less",
+    "shards (--num-shard) so each loads less",
     "tp_too_large": "--num-shard is larger than the GPUs the launcher can see: lower --num-shard, or widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a shard died of an illegal instruction (SIGILL): the image's kernels need a newer CPU/GPU; "
-                           "use another image",
+    "use another image",
 }
 
 OWN_SIGNATURES = (
     # ---- ready (evidence; /health decides)
     S.ready(r"text_generation_router(?:::server)?:.*\bConnected\s*$"),
     # ---- wrappers: the cause is in the shard's stderr dump / the traceback around them
-    S.wrapper(r"Shard complete standard error output|Shard \d+ failed to start|Error when initializing model"
-              r"|Shard \d+ crashed|Webserver Crashed|Shard status channel disconnected"),
-    S.wrapper(r"^Error: (?:ShardCannotStart|ShardFailed|ShardDisconnected|WebserverFailed|WebserverCannotStart|DownloadError)"),
+    S.wrapper(
+        r"Shard complete standard error output|Shard \d+ failed to start|Error when initializing model"
+        r"|Shard \d+ crashed|Webserver Crashed|Shard status channel disconnected"
+    ),
+    S.wrapper(
+        r"^Error: (?:ShardCannotStart|ShardFailed|ShardDisconnected|WebserverFailed|WebserverCannotStart|DownloadError)"
+    ),
     S.wrapper(r"Download encountered an error|Unable to warmup the Python model shards"),
     # ---- fatal, TGI's own words
     S.fatal(r"Not enough memory to handle", C.GPU_OOM),
     S.fatal(r"Failed to bind to ", C.PORT_IN_USE),
-    S.fatal(r"Shard process was signaled to shutdown with signal 9|Download process was signaled to shutdown with signal 9",
-            C.KILLED),
+    S.fatal(
+        r"Shard process was signaled to shutdown with signal 9|Download process was signaled to shutdown with signal 9",
+        C.KILLED,
+    ),
     # other signals of a shard: SIGSEGV (11) and SIGBUS (7: a /dev/shm too small for NCCL in a container);
     # SIGILL (4) is the shared illegal-instruction rule (generic)
-    S.fatal(r"signaled to shutdown with signal 7\b", C.OTHER,
-            "a shard died of SIGBUS: in a container /dev/shm is usually too small for NCCL: run with --shm-size 1g "
-            "(or NCCL_SHM_DISABLE=1)"),
-    S.fatal(r"signaled to shutdown with signal 11\b", C.OTHER,
-            "a shard crashed in native code (SIGSEGV): try another TGI image or --dtype / --quantize setting"),
+    S.fatal(
+        r"signaled to shutdown with signal 7\b",
+        C.OTHER,
+        "a shard died of SIGBUS: in a container /dev/shm is usually too small for NCCL: run with --shm-size 1g "
+        "(or NCCL_SHM_DISABLE=1)",
+    ),
+    S.fatal(
+        r"signaled to shutdown with signal 11\b",
+        C.OTHER,
+        "a shard crashed in native code (SIGSEGV): try another TGI image or --dtype / --quantize setting",
+    ),
     S.fatal(r"text-generation-(?:server|router) not found in PATH", C.IMPORT_ERROR),
-    S.fatal(r"Unsupported model type |requires Flash Attention enabled models|quantization is not supported for AutoModel",
-            C.UNSUPPORTED_MODEL, "TGI cannot serve this model (type, quantization, or no flash-attention kernel for "
-            "this GPU); try another engine"),
-    S.fatal(r"sharded is not supported for|Sharding is currently not supported", C.CONFIG_ERROR,
-            "this model cannot be sharded by TGI: use --num-shard 1 (one GPU)"),
-    S.fatal(r"not enough cuda devices|NotEnoughCUDADevices", C.CONFIG_ERROR,
-            "--num-shard is larger than the visible GPUs; set CUDA_VISIBLE_DEVICES or lower --num-shard"),
+    S.fatal(
+        r"Unsupported model type |requires Flash Attention enabled models|quantization is not supported for AutoModel",
+        C.UNSUPPORTED_MODEL,
+        "TGI cannot serve this model (type, quantization, or no flash-attention kernel for "
+        "this GPU); try another engine",
+    ),
+    S.fatal(
+        r"sharded is not supported for|Sharding is currently not supported",
+        C.CONFIG_ERROR,
+        "this model cannot be sharded by TGI: use --num-shard 1 (one GPU)",
+    ),
+    S.fatal(
+        r"not enough cuda devices|NotEnoughCUDADevices",
+        C.CONFIG_ERROR,
+        "--num-shard is larger than the visible GPUs; set CUDA_VISIBLE_DEVICES or lower --num-shard",
+    ),
     S.fatal(r"^Error: ArgumentValidation\(|Invalid argument: ", C.CONFIG_ERROR),
     # ---- progress, in start-up order
-    S.progress(r"Starting check and download process|Starting download process|Download file:|Downloaded ",
-               "downloading model"),
+    S.progress(
+        r"Starting check and download process|Starting download process|Download file:|Downloaded ",
+        "downloading model",
+    ),
     S.progress(r"Successfully downloaded weights", "weights downloaded"),
     S.progress(r"Starting shard|Waiting for shard to be ready", "loading weights"),
     S.progress(r"Shard ready in", "shards ready"),
@@ -165,8 +188,18 @@ class TGIEngine(EngineProfile):
             facts["engine_version"] = info["version"]
         if isinstance(info.get("model_id"), str):
             facts["served_model"] = info["model_id"]
-        extra = {k: info[k] for k in ("max_input_tokens", "max_input_length", "max_batch_prefill_tokens",
-                                      "max_waiting_tokens", "model_dtype", "model_device_type") if info.get(k) is not None}
+        extra = {
+            k: info[k]
+            for k in (
+                "max_input_tokens",
+                "max_input_length",
+                "max_batch_prefill_tokens",
+                "max_waiting_tokens",
+                "model_dtype",
+                "model_device_type",
+            )
+            if info.get(k) is not None
+        }
         if extra:
             facts["extra"] = extra
         return Capacity(**facts, source={k: "endpoint:/info" for k in facts}) if facts else Capacity()

@@ -52,7 +52,7 @@ SERVE_MODULE = "transformers.cli.transformers"
 
 HINTS = {
     C.GPU_OOM: "the model does not fit: use --dtype bfloat16 (or float16), --quantization bnb-4bit on a GPU, or a smaller "
-               "model; with --continuous-batching lower --cb-max-memory-percent or --cb-num-blocks",
+    "model; with --continuous-batching lower --cb-max-memory-percent or --cb-num-blocks",
     C.PORT_IN_USE: "choose another --port, or stop the process that holds it (the model loaded, then the bind failed)",
     C.CONFIG_ERROR: "a `transformers serve` argument is invalid; read the evidence line and `transformers serve --help`",
     C.MODEL_NOT_FOUND: "check the model argument: a local folder must exist and hold config.json, the weights and the tokenizer files",
@@ -61,14 +61,14 @@ HINTS = {
     C.CUDA_DRIVER: "no usable CUDA device for this torch build: pass --device cpu, or install a CUDA build of torch",
     # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
     "corrupt_weights": "a *.safetensors file of the model folder is truncated or damaged (a partial download?): "
-                       "download the model again",
+    "download the model again",
     "native_library": "a native library of torch, tokenizers or safetensors is missing or not loadable: reinstall "
-                      "'transformers[serving]' and torch in the server's environment",
+    "'transformers[serving]' and torch in the server's environment",
     "cuda_on_cpu_build": "this torch build has no CUDA: pass --device cpu, or install a CUDA build of torch",
     "host_ram": "host RAM is exhausted (the model is loaded on the CPU): use --dtype bfloat16, a smaller model, a "
-                "smaller --cb-num-blocks with --continuous-batching, or a machine with more memory",
+    "smaller --cb-num-blocks with --continuous-batching, or a machine with more memory",
     "tp_too_large": "--device names a GPU this process cannot see (e.g. cuda:3 on a 2-GPU host): pick one that exists, or "
-                    "widen CUDA_VISIBLE_DEVICES",
+    "widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a torch kernel died of an illegal instruction (SIGILL): pass --dtype float32, or another torch build",
 }
 
@@ -98,33 +98,50 @@ OWN_SIGNATURES = (
     # click/typer usage errors (huggingface_hub's CLI framework): "Error: No such option '--bogus-flag'.",
     # "Error: Invalid value for '--port': 'abc' is not a valid integer.", "Error: Got unexpected extra
     # argument (x)", "Error: Missing argument ...", "Error: Option '--port' requires an argument."
-    S.fatal(r"^Error: (?:No such option|Invalid value for|Got unexpected extra argument|Missing argument"
-            r"|Missing option|Option '[^']+' requires|No such command)", C.CONFIG_ERROR),
+    S.fatal(
+        r"^Error: (?:No such option|Invalid value for|Got unexpected extra argument|Missing argument"
+        r"|Missing option|Option '[^']+' requires|No such command)",
+        C.CONFIG_ERROR,
+    ),
     # cli/serving/model_manager.py _resolve_dtype / _validate_args
-    S.fatal(r"Unsupported dtype: '[^']*'\. Must be 'auto' or a valid torch dtype"
-            r"|Unsupported quantization method: '[^']*'\. Must be|Unsupported attention implementation: '[^']*'"
-            r"|--chat-template-kwargs must be a JSON object", C.CONFIG_ERROR),
+    S.fatal(
+        r"Unsupported dtype: '[^']*'\. Must be 'auto' or a valid torch dtype"
+        r"|Unsupported quantization method: '[^']*'\. Must be|Unsupported attention implementation: '[^']*'"
+        r"|--chat-template-kwargs must be a JSON object",
+        C.CONFIG_ERROR,
+    ),
     # cli/serve.py parses --chat-template-kwargs with json.loads: a value that is not JSON ends in a bare
     # JSONDecodeError whose traceback quotes this source line -- the line that names the argument
-    S.fatal(r"chat_template_kwargs = json\.loads\(chat_template_kwargs\)", C.CONFIG_ERROR,
-            "--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'"),
+    S.fatal(
+        r"chat_template_kwargs = json\.loads\(chat_template_kwargs\)",
+        C.CONFIG_ERROR,
+        "--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'",
+    ),
     # cli/serving/model_manager.py looks the class named by config.json's `architectures` up in the
     # transformers module: "AttributeError: module transformers has no attribute FancyNetForCausalLM"
-    S.fatal(r"module transformers has no attribute \w+", C.UNSUPPORTED_MODEL,
-            "config.json's architectures names a class this transformers does not have: fix architectures (e.g. "
-            "LlamaForCausalLM) or upgrade transformers"),
+    S.fatal(
+        r"module transformers has no attribute \w+",
+        C.UNSUPPORTED_MODEL,
+        "config.json's architectures names a class this transformers does not have: fix architectures (e.g. "
+        "LlamaForCausalLM) or upgrade transformers",
+    ),
     # transformers/models/auto/processing_auto.py: a folder without tokenizer files
-    S.fatal(r"Unrecognized processing class in .*Can't instantiate a processor, a tokenizer", C.MODEL_NOT_FOUND,
-            "the model folder has no tokenizer files (tokenizer.json / tokenizer_config.json), or is empty: copy them next "
-            "to config.json and the weights"),
+    S.fatal(
+        r"Unrecognized processing class in .*Can't instantiate a processor, a tokenizer",
+        C.MODEL_NOT_FOUND,
+        "the model folder has no tokenizer files (tokenizer.json / tokenizer_config.json), or is empty: copy them next "
+        "to config.json and the weights",
+    ),
     # ---- progress, in start-up order
     # cli/serving/model_manager.py load_model_and_processor: logger.warning(f"Loading {model}@{revision}")
     S.progress(r"(?:^|\s)Loading \S+@\S+\s*$", "loading model"),
     # transformers 5 core_model_loading ("Loading weights: 100%|...| 21/21") and 4.x sharded checkpoints
     S.progress(r"Loading weights:|Loading checkpoint shards:", "loading weights"),
     # uvicorn, after the model is loaded; "Application startup complete." prints before the bind
-    S.progress(r"Started server process \[\d+\]|Waiting for application startup\.|Application startup complete\.",
-               "starting HTTP server"),
+    S.progress(
+        r"Started server process \[\d+\]|Waiting for application startup\.|Application startup complete\.",
+        "starting HTTP server",
+    ),
 )
 
 # Flags whose values servefleet needs (cli/serve.py, typer options). There is no served-name flag:
@@ -153,7 +170,11 @@ SEQUENTIAL_MAX_RUNNING = 1
 CB_PAGE_SIZE = 256
 CB_MAX_REQUESTS_PER_BATCH = 1024
 CB_MAX_BATCH_TOKENS = 8192
-_CB_INT_FLAGS = {"--cb-num-blocks": "num_blocks", "--cb-block-size": "page_size", "--cb-max-batch-tokens": "max_batch_tokens"}
+_CB_INT_FLAGS = {
+    "--cb-num-blocks": "num_blocks",
+    "--cb-block-size": "page_size",
+    "--cb-max-batch-tokens": "max_batch_tokens",
+}
 
 
 @dataclass(frozen=True)
@@ -234,10 +255,14 @@ class TransformersEngine(EngineProfile):
     probe: ClassVar[Probe] = Probe(("/health",))
     signatures: ClassVar[tuple[Signature, ...]] = build_signatures(OWN_SIGNATURES, HINTS)
     detect: ClassVar[tuple[re.Pattern[str], ...]] = (
-        re.compile(r"^\[transformers\] (?:Loading \S+@|\[Request received\] Model: |Scanning the cache directory for LLMs)"),
+        re.compile(
+            r"^\[transformers\] (?:Loading \S+@|\[Request received\] Model: |Scanning the cache directory for LLMs)"
+        ),
         re.compile(r"transformers/cli/serv(?:e|ing/)|transformers\.cli\.transformers|\btransformers serve\b"),
     )
-    memory_flag: ClassVar[str | None] = None  # no memory fraction unless --continuous-batching (--cb-max-memory-percent)
+    memory_flag: ClassVar[str | None] = (
+        None  # no memory fraction unless --continuous-batching (--cb-max-memory-percent)
+    )
     # Weights load before the server answers and the cache grows per request: readiness is the
     # memory-settled signal.
     memory_settled: ClassVar[tuple[re.Pattern[str], ...]] = ()

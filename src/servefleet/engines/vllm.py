@@ -53,35 +53,40 @@ __all__ = ["VLLMEngine"]
 C = Category
 S = Signature
 
-_OOM = ("lower --max-model-len or --max-num-seqs, raise --gpu-memory-utilization (if nothing else uses the GPU), "
-        "or add GPUs with --tensor-parallel-size")
+_OOM = (
+    "lower --max-model-len or --max-num-seqs, raise --gpu-memory-utilization (if nothing else uses the GPU), "
+    "or add GPUs with --tensor-parallel-size"
+)
 HINTS = {
     C.GPU_OOM: _OOM,
     C.PORT_IN_USE: "choose another --port, or stop the process that holds it",
     C.CONFIG_ERROR: "a vLLM argument is invalid; read the evidence line and `vllm serve --help`",
     C.NCCL_OR_DISTRIBUTED: "check GPU visibility and --tensor-parallel-size; NCCL_DEBUG=INFO; on PCIe boxes try "
-                           "NCCL_P2P_DISABLE=1 or --disable-custom-all-reduce",
+    "NCCL_P2P_DISABLE=1 or --disable-custom-all-reduce",
     C.UNSUPPORTED_MODEL: "this vLLM version does not support the architecture; upgrade vllm or try --model-impl transformers",
     C.IMPORT_ERROR: "vllm or one of its kernels is missing or built for another torch/CUDA; install a matching vllm wheel",
     # the boundary cases (README "Failure categories"; generic.BOUNDARY_HINTS)
     "corrupt_weights": "a *.safetensors file of the --model folder is truncated or damaged (a partial download?): "
-                       "download the model again",
+    "download the model again",
     "native_library": "a native library of vllm or torch is missing or not loadable (vllm/_C*.so, libtorch): reinstall "
-                      "the vllm wheel built for this torch",
+    "the vllm wheel built for this torch",
     "cuda_on_cpu_build": "this vllm build has no CUDA: drop the CUDA-only option (--attention-backend, a CUDA "
-                         "quantization), or install the CUDA build of vllm",
+    "quantization), or install the CUDA build of vllm",
     "host_ram": "host RAM (or the process's memory limit) ran out: lower VLLM_CPU_KVCACHE_SPACE or "
-                "--kv-cache-memory-bytes (the CPU KV cache), or --max-model-len, or raise the limit",
+    "--kv-cache-memory-bytes (the CPU KV cache), or --max-model-len, or raise the limit",
     "tp_too_large": "--tensor-parallel-size is larger than the GPUs this process can see (CPU build: than its NUMA "
-                    "nodes and cores): lower it, or widen CUDA_VISIBLE_DEVICES",
+    "nodes and cores): lower it, or widen CUDA_VISIBLE_DEVICES",
     "illegal_instruction": "a vLLM CPU kernel died of an illegal instruction (SIGILL): serve with --dtype float32 "
-                           "(bfloat16 picks the AMX kernels), or another vllm-cpu build",
+    "(bfloat16 picks the AMX kernels), or another vllm-cpu build",
 }
 
 OWN_SIGNATURES = (
     # ---- benign: CUDA-graph mode fallbacks and notices of healthy start-ups
-    S.benign(r"setting cudagraph_mode=|Skipping CUDA graph capture|Cudagraph is disabled|CUDA graph is not supported"
-             r"|falling back to (?:eager|PIECEWISE)", re.I),
+    S.benign(
+        r"setting cudagraph_mode=|Skipping CUDA graph capture|Cudagraph is disabled|CUDA graph is not supported"
+        r"|falling back to (?:eager|PIECEWISE)",
+        re.I,
+    ),
     S.benign(r"Failed to import from vllm\._C with"),
     # Source lines quoted in a traceback name an exception class but are code: a real missing-model
     # start-up (0.32) quotes huggingface_hub's "    raise HFValidationError(" two lines above the
@@ -94,76 +99,129 @@ OWN_SIGNATURES = (
     # bfloat16 on an AMX CPU, on the first request)
     S.fatal(r"died unexpectedly \(exit code: -4\)", C.OTHER, HINTS["illegal_instruction"]),
     S.fatal(r"died unexpectedly \(exit code: -9\)", C.KILLED),
-    S.fatal(r"died unexpectedly \(exit code: -(?:11|7|6)\)", C.OTHER,
-            "a vLLM worker crashed in native code (SIGSEGV/SIGBUS/SIGABRT): try --dtype float32, --enforce-eager, or another build"),
+    S.fatal(
+        r"died unexpectedly \(exit code: -(?:11|7|6)\)",
+        C.OTHER,
+        "a vLLM worker crashed in native code (SIGSEGV/SIGBUS/SIGABRT): try --dtype float32, --enforce-eager, or another build",
+    ),
     # ---- wrappers: the cause is above (another process) or in the traceback below
     S.wrapper(r"Engine core initialization failed\. See root cause above"),
     # V1 before 0.8: "RuntimeError: Engine process failed to start. See stack trace for the root cause."
     S.wrapper(r"Engine process failed to start"),
     S.wrapper(r"EngineCore failed to start|EngineCore encountered (?:a fatal error|an issue)|\bEngineDeadError\b"),
     S.wrapper(r"WorkerProc (?:failed to start|hit an exception|initialization failed)"),
-    S.wrapper(r"Engine core proc \S+ died unexpectedly|Worker proc \S+ died unexpectedly|died unexpectedly, shutting down"),
+    S.wrapper(
+        r"Engine core proc \S+ died unexpectedly|Worker proc \S+ died unexpectedly|died unexpectedly, shutting down"
+    ),
     S.wrapper(r"Rank \d+ scheduler is dead"),
     # ---- fatal, vLLM's own words
-    S.fatal(r"No available memory for the cache blocks", C.GPU_OOM,
-            "raise --gpu-memory-utilization (or free the GPU: other processes use it), or use a smaller/quantized model"),
-    S.fatal(r"is larger than the maximum number of tokens that can be stored in KV cache"
-            r"|KV cache is needed, which is larger than the available KV cache memory", C.GPU_OOM,
-            "lower --max-model-len (the log's 'estimated maximum model length' fits), or raise "
-            "--gpu-memory-utilization / add GPUs with --tensor-parallel-size"),
+    S.fatal(
+        r"No available memory for the cache blocks",
+        C.GPU_OOM,
+        "raise --gpu-memory-utilization (or free the GPU: other processes use it), or use a smaller/quantized model",
+    ),
+    S.fatal(
+        r"is larger than the maximum number of tokens that can be stored in KV cache"
+        r"|KV cache is needed, which is larger than the available KV cache memory",
+        C.GPU_OOM,
+        "lower --max-model-len (the log's 'estimated maximum model length' fits), or raise "
+        "--gpu-memory-utilization / add GPUs with --tensor-parallel-size",
+    ),
     # CPU backend (v1/worker/cpu_worker.py): the KV cache asked for (VLLM_CPU_KVCACHE_SPACE or
     # --kv-cache-memory-bytes) is more than the NUMA node has free
-    S.fatal(r"on kv cache allocation is less than requested memory for kv", C.GPU_OOM,
-            "the CPU KV cache asked for does not fit in free memory: lower VLLM_CPU_KVCACHE_SPACE (GiB) or "
-            "--kv-cache-memory-bytes, or free memory"),
+    S.fatal(
+        r"on kv cache allocation is less than requested memory for kv",
+        C.GPU_OOM,
+        "the CPU KV cache asked for does not fit in free memory: lower VLLM_CPU_KVCACHE_SPACE (GiB) or "
+        "--kv-cache-memory-bytes, or free memory",
+    ),
     # CPU backend (platforms/cpu.py, cpu_worker.py): each TP/PP/DP rank binds its OpenMP threads to a NUMA node
-    S.fatal(r"Not enough allowed NUMA nodes to bind threads of \d+ local CPUWorkers", C.CONFIG_ERROR,
-            HINTS["tp_too_large"]),
+    S.fatal(
+        r"Not enough allowed NUMA nodes to bind threads of \d+ local CPUWorkers", C.CONFIG_ERROR, HINTS["tp_too_large"]
+    ),
     # v1/worker/gpu_model_runner.py _dummy_sampler_run / _dummy_pooler_run re-raise a warm-up OOM in
     # these words, which also hold "warming up" (a progress label): named here, before the progress lines
-    S.fatal(r"CUDA out of memory occurred when warming up (?:sampler|pooler)", C.GPU_OOM,
-            "lower --max-num-seqs or --gpu-memory-utilization (the sampler's warm-up allocates logits for max-num-seqs requests)"),
-    S.fatal(r"Free memory on device .* is less than desired GPU memory utilization", C.GPU_OOM,
-            "another process holds GPU memory: free it, or lower --gpu-memory-utilization"),
-    S.fatal(r"Failed to infer device type", C.CUDA_DRIVER,
-            "vLLM found no usable accelerator: check CUDA_VISIBLE_DEVICES and nvidia-smi, and that the vllm build "
-            "(CUDA/ROCm/CPU) matches the machine"),
+    S.fatal(
+        r"CUDA out of memory occurred when warming up (?:sampler|pooler)",
+        C.GPU_OOM,
+        "lower --max-num-seqs or --gpu-memory-utilization (the sampler's warm-up allocates logits for max-num-seqs requests)",
+    ),
+    S.fatal(
+        r"Free memory on device .* is less than desired GPU memory utilization",
+        C.GPU_OOM,
+        "another process holds GPU memory: free it, or lower --gpu-memory-utilization",
+    ),
+    S.fatal(
+        r"Failed to infer device type",
+        C.CUDA_DRIVER,
+        "vLLM found no usable accelerator: check CUDA_VISIBLE_DEVICES and nvidia-smi, and that the vllm build "
+        "(CUDA/ROCm/CPU) matches the machine",
+    ),
     # model_loader/default_loader.py: a folder with config.json but no *.safetensors / *.bin / *.pt
-    S.fatal(r"Cannot find any model weights with", C.MODEL_NOT_FOUND,
-            "the --model folder holds no weight files (*.safetensors or *.bin): copy them in, or check --load-format"),
-    S.fatal(r"Invalid repository ID or local directory specified", C.MODEL_NOT_FOUND,
-            "the model is neither a Hub repo id nor a local folder with config.json (check the path; a narrow "
-            "mount of an HF cache snapshot breaks its symlinks)"),
-    S.fatal(r"Model architectures \[.*\] failed to be inspected", C.UNSUPPORTED_MODEL,
-            "vLLM could not import the model class; the error above it says why (often a missing dependency "
-            "or a transformers too old for the architecture)"),
-    S.fatal(r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len", C.CONFIG_ERROR,
-            "lower --max-model-len to the model's limit (or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 knowingly)"),
-    S.fatal(r"max_tokens_per_mm_item .* is larger than max_num_batched_tokens", C.CONFIG_ERROR,
-            "raise --max-num-batched-tokens (multimodal items need a larger prefill budget)"),
+    S.fatal(
+        r"Cannot find any model weights with",
+        C.MODEL_NOT_FOUND,
+        "the --model folder holds no weight files (*.safetensors or *.bin): copy them in, or check --load-format",
+    ),
+    S.fatal(
+        r"Invalid repository ID or local directory specified",
+        C.MODEL_NOT_FOUND,
+        "the model is neither a Hub repo id nor a local folder with config.json (check the path; a narrow "
+        "mount of an HF cache snapshot breaks its symlinks)",
+    ),
+    S.fatal(
+        r"Model architectures \[.*\] failed to be inspected",
+        C.UNSUPPORTED_MODEL,
+        "vLLM could not import the model class; the error above it says why (often a missing dependency "
+        "or a transformers too old for the architecture)",
+    ),
+    S.fatal(
+        r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len",
+        C.CONFIG_ERROR,
+        "lower --max-model-len to the model's limit (or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 knowingly)",
+    ),
+    S.fatal(
+        r"max_tokens_per_mm_item .* is larger than max_num_batched_tokens",
+        C.CONFIG_ERROR,
+        "raise --max-num-batched-tokens (multimodal items need a larger prefill budget)",
+    ),
     # ---- progress, in start-up order
-    S.progress(r"vLLM API server version|Automatically detected platform|Initializing a V\d LLM engine"
-               r"|Initializing an LLM engine|non-default args: |Resolved architecture: ", "starting"),
+    S.progress(
+        r"vLLM API server version|Automatically detected platform|Initializing a V\d LLM engine"
+        r"|Initializing an LLM engine|non-default args: |Resolved architecture: ",
+        "starting",
+    ),
     S.progress(r"Starting to load model|Loading model from scratch", "loading weights"),
     S.progress(r"Time spent downloading weights|Downloading|Using model weights format", "downloading model"),
     S.progress(r"Loading safetensors checkpoint shards|Loading pt checkpoint shards", "loading weight shards"),
     S.progress(r"Loading weights took|Model loading took|Loading model weights took", "weights loaded"),
-    S.progress(r"Dynamo bytecode transform time|Compiling a graph for (?:dynamic|compile range)|torch\.compile take"
-               r"|torch\.compile took|Directly load the compiled graph|Compiling .*graph", "compiling (torch.compile)"),
+    S.progress(
+        r"Dynamo bytecode transform time|Compiling a graph for (?:dynamic|compile range)|torch\.compile take"
+        r"|torch\.compile took|Directly load the compiled graph|Compiling .*graph",
+        "compiling (torch.compile)",
+    ),
     S.progress(r"Memory profiling takes|Available KV cache memory|profiling", "profiling memory"),
-    S.progress(r"(?:GPU|CPU) KV cache size:|# (?:GPU|CPU|cpu|gpu) blocks:|Maximum concurrency for", "allocating KV cache"),
-    S.progress(r"Capturing CUDA graphs?|Capturing cudagraphs|Capturing CUDA graph shapes|Profiling CUDA graph memory",
-               "capturing CUDA graphs"),
+    S.progress(
+        r"(?:GPU|CPU) KV cache size:|# (?:GPU|CPU|cpu|gpu) blocks:|Maximum concurrency for", "allocating KV cache"
+    ),
+    S.progress(
+        r"Capturing CUDA graphs?|Capturing cudagraphs|Capturing CUDA graph shapes|Profiling CUDA graph memory",
+        "capturing CUDA graphs",
+    ),
     S.progress(r"Graph capturing finished", "CUDA graphs captured"),
     S.progress(r"init engine \(profile, create kv cache, warmup model\) took|warming up|Warming up", "warming up"),
-    S.progress(r"Starting vLLM (?:API )?server|Available routes are|Waiting for application startup", "starting HTTP server"),
+    S.progress(
+        r"Starting vLLM (?:API )?server|Available routes are|Waiting for application startup", "starting HTTP server"
+    ),
 )
 
 # The engine's periodic statistics line (vllm/v1/metrics/loggers.py, every VLLM_LOG_STATS_INTERVAL s,
 # 10 by default; an idle engine's repeats are not logged): "Engine 000: Avg prompt throughput: 0.0
 # tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 256 reqs, Waiting: 26 reqs, ...".
-_STATS = re.compile(r"(?:(\d\d-\d\d \d\d:\d\d:\d\d).*?)?Engine (\d+): Avg prompt throughput: ([\d.]+) tokens/s, "
-                    r"Avg generation throughput: ([\d.]+) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs")
+_STATS = re.compile(
+    r"(?:(\d\d-\d\d \d\d:\d\d:\d\d).*?)?Engine (\d+): Avg prompt throughput: ([\d.]+) tokens/s, "
+    r"Avg generation throughput: ([\d.]+) tokens/s, Running: (\d+) reqs, Waiting: (\d+) reqs"
+)
 _KV_TOKENS = re.compile(r"\b(GPU|CPU) KV cache size: ([\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum (?:[\w ]+ )?concurrency for ([\d,]+) tokens per request: ([\d,.]+)x")
 _KV_GIB = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
@@ -175,7 +233,9 @@ _GRAPH_MAX = re.compile(r"'max_cudagraph_capture_size': (\d+)")
 _ARG_INT = re.compile(r"\b'?(max_num_seqs|max_model_len)'?(?:=|: )(\d+)")
 _ARG_NAME = re.compile(r"\b'?served_model_name'?(?:=|: )\[?'([^']+)'")
 # engine config line: "speculative_config=SpeculativeConfig(method='ngram', model=None, num_spec_tokens=4)"
-_SPEC_CONFIG = re.compile(r"speculative_config=SpeculativeConfig\(method='([^']*)', model=(?:'([^']*)'|None), num_spec_tokens=(\d+)\)")
+_SPEC_CONFIG = re.compile(
+    r"speculative_config=SpeculativeConfig\(method='([^']*)', model=(?:'([^']*)'|None), num_spec_tokens=(\d+)\)"
+)
 _HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 _HUMAN_SCALE = {"": 1, "k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
 
@@ -243,7 +303,9 @@ SERVING_METRICS = ServingMetrics(
 
 
 # POST /tokenize: {"model", "prompt", "add_special_tokens"} -> {"count", "max_model_len", "tokens"} (TokenizeResponse).
-TOKENIZE = TokenizeEndpoint("vllm", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count")
+TOKENIZE = TokenizeEndpoint(
+    "vllm", "prompt", fixed=(("add_special_tokens", False),), model_field="model", answer="count"
+)
 
 
 # A memory failure's phase from the V1 worker's traceback frames (vllm/v1/worker/gpu_worker.py:
@@ -259,16 +321,25 @@ MEMORY_PHASES = MemoryPhases.of(
         (r"warming up (?:sampler|pooler)|in _dummy_(?:sampler|pooler)_run\b", phase.SAMPLER_WARMUP),
         (r"in _dummy_run\b", phase.DUMMY_RUN),
         (r"in compile_or_warm_up_model\b", phase.WARMING_UP),
-        (r"in (?:initialize_kv_cache|initialize_from_config|initialize_kv_cache_tensors|_allocate_kv_cache_tensors"
-         r"|get_kv_cache_configs?|check_enough_kv_cache_memory)\b", phase.KV_CACHE),
+        (
+            r"in (?:initialize_kv_cache|initialize_from_config|initialize_kv_cache_tensors|_allocate_kv_cache_tensors"
+            r"|get_kv_cache_configs?|check_enough_kv_cache_memory)\b",
+            phase.KV_CACHE,
+        ),
         (r"in (?:load_model|load_weights)\b", phase.AT_LOAD),
     ),
     progress=(
-        ("starting", phase.AT_LOAD), ("loading weights", phase.AT_LOAD), ("downloading model", phase.AT_LOAD),
-        ("loading weight shards", phase.AT_LOAD), ("weights loaded", phase.PROFILING),
-        ("compiling (torch.compile)", phase.PROFILING), ("profiling memory", phase.PROFILING),
-        ("allocating KV cache", phase.KV_CACHE), ("capturing CUDA graphs", phase.CUDA_GRAPHS),
-        ("CUDA graphs captured", phase.WARMING_UP), ("warming up", phase.WARMING_UP),
+        ("starting", phase.AT_LOAD),
+        ("loading weights", phase.AT_LOAD),
+        ("downloading model", phase.AT_LOAD),
+        ("loading weight shards", phase.AT_LOAD),
+        ("weights loaded", phase.PROFILING),
+        ("compiling (torch.compile)", phase.PROFILING),
+        ("profiling memory", phase.PROFILING),
+        ("allocating KV cache", phase.KV_CACHE),
+        ("capturing CUDA graphs", phase.CUDA_GRAPHS),
+        ("CUDA graphs captured", phase.WARMING_UP),
+        ("warming up", phase.WARMING_UP),
     ),
 )
 
@@ -360,11 +431,18 @@ class VLLMEngine(EngineProfile):
             facts["engine_version"] = match.group(1) or match.group(2)
         if match := _MAX_LEN.search(line):
             facts["context_length"] = int(match.group(1))
-        if (match := _GRAPH_MAX.search(line)) and "enforce_eager=True" not in line and "CUDAGraphMode.NONE" not in line:
+        if (
+            (match := _GRAPH_MAX.search(line))
+            and "enforce_eager=True" not in line
+            and "CUDAGraphMode.NONE" not in line
+        ):
             facts["graph_batch_max"] = int(match.group(1))
         if match := _SPEC_CONFIG.search(line):
-            facts["speculative"] = {"method": match.group(1), "num_speculative_tokens": int(match.group(3)),
-                                    **({"draft_model": match.group(2)} if match.group(2) else {})}
+            facts["speculative"] = {
+                "method": match.group(1),
+                "num_speculative_tokens": int(match.group(3)),
+                **({"draft_model": match.group(2)} if match.group(2) else {}),
+            }
         if "args: " in line or "non-default args" in line:  # "args: Namespace(...)" / "non-default args: {...}"
             for key, value in _ARG_INT.findall(line):
                 facts["max_running_requests" if key == "max_num_seqs" else "context_length"] = int(value)
@@ -381,11 +459,18 @@ class VLLMEngine(EngineProfile):
         for match in _STATS.finditer(text):
             last[match.group(2)] = match
         for engine, m in sorted(last.items()):
-            prompt, generated, running, waiting = float(m.group(3)), float(m.group(4)), int(m.group(5)), int(m.group(6))
+            prompt, generated, running, waiting = (
+                float(m.group(3)),
+                float(m.group(4)),
+                int(m.group(5)),
+                int(m.group(6)),
+            )
             if prompt == 0 and generated == 0 and running > 0:
                 when = f" at {m.group(1)}" if m.group(1) else ""
-                return (f"engine {engine} generated nothing over its last statistics interval{when} with {running} "
-                        f"requests running and {waiting} waiting (its API still answers): the engine core is stopped or stuck")
+                return (
+                    f"engine {engine} generated nothing over its last statistics interval{when} with {running} "
+                    f"requests running and {waiting} waiting (its API still answers): the engine core is stopped or stuck"
+                )
         return None
 
     # ---- endpoints --------------------------------------------------------------------------------
@@ -403,7 +488,10 @@ class VLLMEngine(EngineProfile):
             if isinstance(model.get("id"), str):
                 facts["served_model"], sources["served_model"] = model["id"], "endpoint:/v1/models"
             if as_int(model.get("max_model_len")):
-                facts["context_length"], sources["context_length"] = as_int(model["max_model_len"]), "endpoint:/v1/models"
+                facts["context_length"], sources["context_length"] = (
+                    as_int(model["max_model_len"]),
+                    "endpoint:/v1/models",
+                )
         metrics = await client.get_text(base + "/metrics")
         kv = kv_tokens_from_metrics(metrics) if metrics else None
         if kv:

@@ -175,7 +175,14 @@ class Fleet:
         host = self.spec.server(name).host if name in self.spec.names else LOCAL
         return await load_record(self.store, self.binding(host), name)
 
-    def _target(self, record: ServerState, binding: HostBinding, base_url: str, follow_log: bool = True, first_line_no: int | None = None) -> WaitTarget:
+    def _target(
+        self,
+        record: ServerState,
+        binding: HostBinding,
+        base_url: str,
+        follow_log: bool = True,
+        first_line_no: int | None = None,
+    ) -> WaitTarget:
         return WaitTarget(
             base_url=base_url,
             engine=get_engine(record.engine),
@@ -194,9 +201,14 @@ class Fleet:
     def resolve(self, names: Iterable[str] | None = None) -> list[Launchable]:
         """Resolve every selected server (argv, env, host) before anything is launched, so a
         configuration error stops ``up`` with nothing half-started."""
-        return [resolve_launch(self.spec.server(n), self.binding(self.spec.server(n).host), self.label) for n in self._select(names)]
+        return [
+            resolve_launch(self.spec.server(n), self.binding(self.spec.server(n).host), self.label)
+            for n in self._select(names)
+        ]
 
-    async def start(self, names: Iterable[str] | None = None, *, honour_stops: bool = False) -> dict[str, StartOutcome]:
+    async def start(
+        self, names: Iterable[str] | None = None, *, honour_stops: bool = False
+    ) -> dict[str, StartOutcome]:
         """Adopt, refuse (port taken) or launch each server; do not wait for readiness. A server
         sharing a GPU with one still starting is QUEUED (see start_order.py): ``wait`` (or
         ``launch_queued``) launches it when its turn comes. The user's start: a stop mark of the
@@ -207,8 +219,15 @@ class Fleet:
             if honour_stops:
                 held = {i.name: m for i in items if (m := self.store.stop_mark(i.name)) is not None}
                 if held:
-                    return {n: StartOutcome(n, Action.HELD, verdict=Verdict(state=State.FAILED, message=m.describe()), message=m.describe())
-                            for n, m in held.items()}
+                    return {
+                        n: StartOutcome(
+                            n,
+                            Action.HELD,
+                            verdict=Verdict(state=State.FAILED, message=m.describe()),
+                            message=m.describe(),
+                        )
+                        for n, m in held.items()
+                    }
             else:
                 for item in items:
                     self.store.clear_stop_mark(item.name)
@@ -227,9 +246,16 @@ class Fleet:
                 if item.name in adopted:
                     return adopted[item.name]
                 if queue is not None and queue.waits.get(item.name):
-                    return StartOutcome(item.name, Action.QUEUED, waits_for=tuple(queue.waits_for(item.name)), item=item,
-                                        message=f"starts after {', '.join(queue.waits_for(item.name))} (same GPU) settle")
-                return await launch_server(view, self.store, self.name, previous=record, port_checked=True)  # _refuse_held_ports
+                    return StartOutcome(
+                        item.name,
+                        Action.QUEUED,
+                        waits_for=tuple(queue.waits_for(item.name)),
+                        item=item,
+                        message=f"starts after {', '.join(queue.waits_for(item.name))} (same GPU) settle",
+                    )
+                return await launch_server(
+                    view, self.store, self.name, previous=record, port_checked=True
+                )  # _refuse_held_ports
 
             started = await asyncio.gather(*(first(i, v, r) for i, v, r in zip(items, viewed, records, strict=True)))
         outcomes = [dataclasses.replace(o, queue=queue, gpu_holders=tuple(holders.get(o.name, ()))) for o in started]
@@ -240,7 +266,9 @@ class Fleet:
                 queue.mark_done(outcome.name, "not launched")
         return {o.name: o for o in outcomes}
 
-    async def _gpu_holders(self, items: list[Launchable], records: Iterable[ServerState | None]) -> dict[str, list[str]]:
+    async def _gpu_holders(
+        self, items: list[Launchable], records: Iterable[ServerState | None]
+    ) -> dict[str, list[str]]:
         """Per server about to launch: the processes outside this fleet that hold memory on the
         GPUs it may use (gpu_holders.py), asked once per host (over SSH: answered by the batch)."""
         if not items:
@@ -255,7 +283,9 @@ class Fleet:
             out[item.name] = holder_notes(apps, pgids, visible_gpus(item.server, item.binding.env), item.binding.name)
         return out
 
-    async def _plan_order(self, items: list[Launchable], adopted: dict[str, StartOutcome], views: dict[str, HostBinding] | None = None) -> StartQueue | None:
+    async def _plan_order(
+        self, items: list[Launchable], adopted: dict[str, StartOutcome], views: dict[str, HostBinding] | None = None
+    ) -> StartQueue | None:
         """Who waits for whom among servers sharing a GPU (None: ``start_shared_gpu = "together"``).
         ``views``: the hosts as the adopt-check batch saw them (it answers the GPU question)."""
         if self.spec.start_shared_gpu != "ordered":
@@ -286,7 +316,9 @@ class Fleet:
                 if other.name == item.name or other.host != item.server.host:
                     continue
                 binding = self.binding(other.host)
-                unrestricted = visible_gpus(item.server, item.binding.env) is None or visible_gpus(other, binding.env) is None
+                unrestricted = (
+                    visible_gpus(item.server, item.binding.env) is None or visible_gpus(other, binding.env) is None
+                )
                 on_gpu_host = await gpu_host(binding) if unrestricted else False
                 if not shares_gpu(item.server, other, item.binding.env, binding.env, gpu_host=on_gpu_host):
                     continue
@@ -301,12 +333,16 @@ class Fleet:
                 else:  # not started by this call: a `restart`, or `up --only`, while it loads
                     record = await still_starting(other.name, binding)
                     if record is not None:
-                        siblings.append(Sibling(other.name, binding, get_engine(record.engine), in_batch=False, record=record))
+                        siblings.append(
+                            Sibling(other.name, binding, get_engine(record.engine), in_batch=False, record=record)
+                        )
             if siblings:
                 waits[item.name] = siblings
         return StartQueue(self.store, waits, batch)
 
-    async def _take_turn(self, outcome: StartOutcome, *, timeout_s: float, waited: bool, on_update: UpdateCallback | None) -> StartOutcome:
+    async def _take_turn(
+        self, outcome: StartOutcome, *, timeout_s: float, waited: bool, on_update: UpdateCallback | None
+    ) -> StartOutcome:
         """Launch a QUEUED server once the siblings it waits for have settled; the new outcome is
         the launch's (or an adoption's, when another process launched it meanwhile)."""
         queue, item = outcome.queue, outcome.item
@@ -317,11 +353,19 @@ class Fleet:
         async with self.store.lock():
             record = await load_record(self.store, item.binding, item.name)
             new = await adopt_running(item, record) or await launch_server(
-                item, self.store, self.name, previous=record, started_after=[s.to_json() for s in settled])
+                item, self.store, self.name, previous=record, started_after=[s.to_json() for s in settled]
+            )
         after = "after " + ", ".join(s.describe() for s in settled)
-        turned = dataclasses.replace(outcome, action=new.action, record=new.record, verdict=new.verdict, spec_changed=new.spec_changed,
-                                     log_line_no=new.log_line_no, started_after=tuple(settled),
-                                     message=f"{new.message}; {after}" if new.message else after)
+        turned = dataclasses.replace(
+            outcome,
+            action=new.action,
+            record=new.record,
+            verdict=new.verdict,
+            spec_changed=new.spec_changed,
+            log_line_no=new.log_line_no,
+            started_after=tuple(settled),
+            message=f"{new.message}; {after}" if new.message else after,
+        )
         if new.action in (Action.LAUNCHED, Action.ADOPTED):
             queue.mark_launched(outcome.name, new.record)
             if on_update:
@@ -335,7 +379,9 @@ class Fleet:
         readiness (a sibling's turn then ends at its memory line, its exit or ``timeout_s``)."""
         timeout_s = self.spec.timeout if timeout_s is None else timeout_s
         queued = [o for o in outcomes.values() if o.action == Action.QUEUED]
-        for turned in await asyncio.gather(*(self._take_turn(o, timeout_s=timeout_s, waited=False, on_update=None) for o in queued)):
+        for turned in await asyncio.gather(
+            *(self._take_turn(o, timeout_s=timeout_s, waited=False, on_update=None) for o in queued)
+        ):
             outcomes[turned.name] = turned
 
     async def wait(
@@ -362,7 +408,9 @@ class Fleet:
             final, detail = "not launched", None
             try:
                 if outcome.action == Action.QUEUED:
-                    outcome = outcomes[outcome.name] = await self._take_turn(outcome, timeout_s=timeout_s, waited=True, on_update=on_update)
+                    outcome = outcomes[outcome.name] = await self._take_turn(
+                        outcome, timeout_s=timeout_s, waited=True, on_update=on_update
+                    )
                 if outcome.verdict is not None or outcome.record is None:
                     verdict = outcome.verdict or Verdict(state=State.FAILED, message=outcome.message)
                     if on_update:
@@ -379,15 +427,21 @@ class Fleet:
                 launched_now = outcome.log_line_no if outcome.action == Action.LAUNCHED else None
                 target = self._target(record, binding, base_url, follow_log=follow, first_line_no=launched_now)
                 callback = (lambda v: on_update(record.name, v)) if on_update else None
-                verdict = await wait_for_server(target, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=callback)
+                verdict = await wait_for_server(
+                    target, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=callback
+                )
                 if last.get("capacity"):
-                    verdict = verdict.model_copy(update={"capacity": verdict.capacity.merge(Capacity(**last["capacity"]))})
+                    verdict = verdict.model_copy(
+                        update={"capacity": verdict.capacity.merge(Capacity(**last["capacity"]))}
+                    )
                 if verdict.state == State.READY:
                     launched = await launch_capacity(record, binding)
                     verdict = verdict.model_copy(update={"capacity": verdict.capacity.merge(launched)})
                 if verdict.state == State.FAILED and verdict.category == Category.GPU_OOM and outcome.gpu_holders:
                     named = "; ".join(outcome.gpu_holders)
-                    verdict = verdict.model_copy(update={"message": f"{verdict.message}; {named}" if verdict.message else named})
+                    verdict = verdict.model_copy(
+                        update={"message": f"{verdict.message}; {named}" if verdict.message else named}
+                    )
                 after_failure = None
                 if verdict.state == State.FAILED:
                     after_failure = await self._after_failure(record, binding, keep_failed, grace_s)
@@ -402,7 +456,9 @@ class Fleet:
         verdicts = await asyncio.gather(*(one(o) for o in list(outcomes.values())))
         return dict(zip(outcomes, verdicts, strict=True))
 
-    async def _after_failure(self, record: ServerState, binding: HostBinding, keep_failed: bool, grace_s: float) -> str:
+    async def _after_failure(
+        self, record: ServerState, binding: HostBinding, keep_failed: bool, grace_s: float
+    ) -> str:
         """Stop a server ``up`` found failed (a failed server may keep its port, its GPU memory and
         a half-working API: `status` would call it ready), unless the user keeps it to look at."""
         if keep_failed:
@@ -414,7 +470,9 @@ class Fleet:
             return f"could not be stopped: {result.message}"
         return "stopped"
 
-    async def _remember(self, record: ServerState, binding: HostBinding, verdict: Verdict, after_failure: str | None = None) -> None:
+    async def _remember(
+        self, record: ServerState, binding: HostBinding, verdict: Verdict, after_failure: str | None = None
+    ) -> None:
         current = self.store.load(record.name)
         if current is None or current.pgid != record.pgid:
             return  # stopped (or relaunched by someone else) while we waited
@@ -443,8 +501,15 @@ class Fleet:
             await self.launch_queued(outcomes, timeout_s=timeout_s)
             launching = Verdict(state=State.LAUNCHING)
             return {n: (o.verdict or launching) for n, o in outcomes.items()}
-        return await self.wait(outcomes, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=on_update,
-                               keep_failed=keep_failed, grace_s=grace_s)
+        return await self.wait(
+            outcomes,
+            timeout_s=timeout_s,
+            stall_s=stall_s,
+            smoke=smoke,
+            on_update=on_update,
+            keep_failed=keep_failed,
+            grace_s=grace_s,
+        )
 
     # ---- down / restart -------------------------------------------------------------------------
     def recorded_names(self) -> list[str]:
@@ -453,8 +518,14 @@ class Fleet:
         names += [n for n in self.store.names() if n not in names]
         return names
 
-    async def down(self, names: Iterable[str] | None = None, *, grace_s: float = 15.0, by_user: str | None = None,
-                   keep: bool = False) -> dict[str, StopResult]:
+    async def down(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        grace_s: float = 15.0,
+        by_user: str | None = None,
+        keep: bool = False,
+    ) -> dict[str, StopResult]:
         """Stop servers (all with a record when ``names`` is empty) and remove their records.
         ``by_user`` ("down", "drain"): the user's command; each server gets a stop mark first, so
         that a running job neither counts the stop as an outage nor restarts it (``keep``: mark
@@ -482,7 +553,10 @@ class Fleet:
                 for name in wanted:
                     self.store.mark_stopped(StopMark(name=name, command=by_user, at=utcnow(), keep=keep))
                 if keep:
-                    return {n: StopResult(n, was_running=True, message="left running (--keep); no job sends to it") for n in wanted}
+                    return {
+                        n: StopResult(n, was_running=True, message="left running (--keep); no job sends to it")
+                        for n in wanted
+                    }
             results = await asyncio.gather(*(one(n) for n in wanted))
         return dict(zip(wanted, results, strict=True))
 
@@ -496,7 +570,9 @@ class Fleet:
         holder = await self.binding(server.host).host.port_holder(server.port)
         if holder is not None:
             result.port_free, result.port_holder_pid = False, holder.pid
-            result.message = f"not launched; its port {server.port} is held by another process (pid {holder.pid}), not signalled"
+            result.message = (
+                f"not launched; its port {server.port} is held by another process (pid {holder.pid}), not signalled"
+            )
         return result
 
     async def restart(
@@ -519,8 +595,15 @@ class Fleet:
         relaunch = await self.relaunch(name, grace_s=grace_s, honour_stops=honour_stops)
         if relaunch.failure is not None:
             return Verdict(state=State.FAILED, message=relaunch.failure)
-        verdicts = await self.wait(relaunch.outcomes, timeout_s=timeout_s, stall_s=stall_s, smoke=smoke, on_update=on_update,
-                                   keep_failed=keep_failed, grace_s=grace_s)
+        verdicts = await self.wait(
+            relaunch.outcomes,
+            timeout_s=timeout_s,
+            stall_s=stall_s,
+            smoke=smoke,
+            on_update=on_update,
+            keep_failed=keep_failed,
+            grace_s=grace_s,
+        )
         return verdicts[name]
 
     async def relaunch(self, name: str, *, grace_s: float = 15.0, honour_stops: bool = False) -> Relaunch:
@@ -580,13 +663,16 @@ class Fleet:
         return endpoints
 
 
-async def _refuse_held_ports(viewed: list[Launchable], records: list[ServerState | None],
-                             adopted: dict[str, StartOutcome]) -> dict[str, StartOutcome] | None:
+async def _refuse_held_ports(
+    viewed: list[Launchable], records: list[ServerState | None], adopted: dict[str, StartOutcome]
+) -> dict[str, StartOutcome] | None:
     """Every server to launch whose port another process holds, asked before any launch: if one is,
     none is launched (the held ones say who holds the port; the rest, why they waited), adopted ones
     stay adopted. None when every port is free."""
     todo = [(v, r) for v, r in zip(viewed, records, strict=True) if v.name not in adopted]
-    holders = await asyncio.gather(*(ask(v.binding.host, questions.port(v.server.port)) for v, _ in todo))  # from the adopt checks' batch
+    holders = await asyncio.gather(
+        *(ask(v.binding.host, questions.port(v.server.port)) for v, _ in todo)
+    )  # from the adopt checks' batch
     held = {v.name: (v, r, h) for (v, r), h in zip(todo, holders, strict=True) if h is not None}
     if not held:
         return None

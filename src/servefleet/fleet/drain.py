@@ -37,8 +37,16 @@ class DrainResult:
         return not self.still_using and (self.stopped is None or self.stopped.ok)
 
 
-async def drain(fleet: Fleet, names: list[str], *, keep: bool = False, timeout_s: float = 600.0, grace_s: float = 15.0,
-                poll_s: float = 0.2, on_wait: Callable[[dict[str, list[str]]], None] | None = None) -> dict[str, DrainResult]:
+async def drain(
+    fleet: Fleet,
+    names: list[str],
+    *,
+    keep: bool = False,
+    timeout_s: float = 600.0,
+    grace_s: float = 15.0,
+    poll_s: float = 0.2,
+    on_wait: Callable[[dict[str, list[str]]], None] | None = None,
+) -> dict[str, DrainResult]:
     await fleet.down(names, grace_s=grace_s, by_user="drain", keep=True)  # the marks, under the folder's lock
     results = {n: DrainResult(n, jobs=[j.describe() for j in fleet.jobs.live() if j.uses(n)]) for n in names}
     if on_wait is not None and any(r.jobs for r in results.values()):

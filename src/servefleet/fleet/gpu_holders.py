@@ -54,7 +54,9 @@ def _on(app: GpuApp, gpus: frozenset[str] | None) -> bool:
 
 def foreign_holders(apps: Iterable[GpuApp], fleet_pgids: Collection[int], gpus: frozenset[str] | None) -> list[GpuApp]:
     """The processes of ``apps`` on ``gpus`` that are not in a group of ``fleet_pgids``."""
-    return [a for a in apps if _on(a, gpus) and (a.pgid is None or a.pgid not in fleet_pgids) and a.pid not in fleet_pgids]
+    return [
+        a for a in apps if _on(a, gpus) and (a.pgid is None or a.pgid not in fleet_pgids) and a.pid not in fleet_pgids
+    ]
 
 
 def _size(mib: int | None) -> str:
@@ -65,12 +67,14 @@ def _size(mib: int | None) -> str:
 
 
 def describe_holder(app: GpuApp) -> str:
-    """"GPU 0: 104 GiB held by pid 4242 VLLM::EngineCore, not in this fleet"."""
+    """ "GPU 0: 104 GiB held by pid 4242 VLLM::EngineCore, not in this fleet"."""
     gpu = f"GPU {app.gpu_index}" if app.gpu_index is not None else f"GPU {app.gpu_uuid}"
     name = f" {app.name}" if app.name else ""
     return f"{gpu}: {_size(app.used_mib)} held by pid {app.pid}{name}, not in this fleet"
 
 
-def holder_notes(by_host: Mapping[str, list[GpuApp]], fleet_pgids: Collection[int], gpus: frozenset[str] | None, host: str) -> list[str]:
+def holder_notes(
+    by_host: Mapping[str, list[GpuApp]], fleet_pgids: Collection[int], gpus: frozenset[str] | None, host: str
+) -> list[str]:
     """The descriptions of the foreign holders on ``host``'s ``gpus``."""
     return [describe_holder(a) for a in foreign_holders(by_host.get(host, []), fleet_pgids, gpus)]

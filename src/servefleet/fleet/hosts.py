@@ -50,7 +50,9 @@ class HostPool:
             known = ", ".join([LOCAL, *self.fleet.hosts])
             raise ConfigError(f"{self.fleet.path.name}: unknown host {name!r} (known: {known})")
         if spec.kind == "slurm":
-            return connect_slurm(spec, self.fleet, _connect_ssh(spec, self.fleet) if spec.ssh else None, lambda: self.fleet)
+            return connect_slurm(
+                spec, self.fleet, _connect_ssh(spec, self.fleet) if spec.ssh else None, lambda: self.fleet
+            )
         return _connect_ssh(spec, self.fleet)
 
     async def close(self) -> None:

@@ -55,7 +55,14 @@ class JobUses:
     def recording(self, output: str, servers: list[str]) -> Iterator[JobUse]:
         """This process's record while the block runs."""
         me = psutil.Process()
-        use = JobUse(pid=me.pid, host=socket.gethostname(), started=me.create_time(), output=output, since=utcnow(), servers=servers)
+        use = JobUse(
+            pid=me.pid,
+            host=socket.gethostname(),
+            started=me.create_time(),
+            output=output,
+            since=utcnow(),
+            servers=servers,
+        )
         self.save(use)
         try:
             yield use

@@ -52,6 +52,7 @@ __all__ = [
 
 LAUNCH_MARKER = "==== servefleet launch {time} ===="
 
+
 class Action(StrEnum):
     LAUNCHED = "launched"  # started now
     ADOPTED = "adopted"  # already running (ours): not relaunched
@@ -148,7 +149,9 @@ def resolve_launch(server: ServerSpec, binding: HostBinding, fleet_label: str) -
     if _unit_host(binding) is not None:
         payload["launcher"] = "systemd-run"  # switching launchers is a changed spec (restart applies it)
     digest = spec_hash(payload)
-    return Launchable(server, binding, profile, launch, argv, full_env, served, digest, host_argv if binding.port_slot else None)
+    return Launchable(
+        server, binding, profile, launch, argv, full_env, served, digest, host_argv if binding.port_slot else None
+    )
 
 
 def _unit_host(binding: HostBinding) -> UnitHost | None:
@@ -230,8 +233,14 @@ async def port_blocked(item: Launchable, holder: Any, record: ServerState | None
     who = await _describe_pid(item.binding, holder.pid)
     seen = f" (seen by {holder.evidence})" if holder.evidence else ""
     msg = f"port {item.server.port} is already in use by {who}{seen}; nothing was launched"
-    verdict = Verdict(state=State.FAILED, category=Category.PORT_IN_USE, engine=item.server.engine,
-                      hint=DEFAULT_HINTS[Category.PORT_IN_USE], message=msg, elapsed_s=0.0)
+    verdict = Verdict(
+        state=State.FAILED,
+        category=Category.PORT_IN_USE,
+        engine=item.server.engine,
+        hint=DEFAULT_HINTS[Category.PORT_IN_USE],
+        message=msg,
+        elapsed_s=0.0,
+    )
     return StartOutcome(item.name, Action.BLOCKED, record=record, verdict=verdict, message=msg)
 
 
@@ -239,13 +248,23 @@ def held_elsewhere(item: Launchable, blocked: list[str]) -> StartOutcome:
     """The BLOCKED outcome of a server not launched because other servers' ports are taken: `up`
     refuses before launching anything, so that nothing runs half a fleet."""
     msg = f"not launched: the port of {', '.join(blocked)} is held by another process, and up launches nothing then"
-    verdict = Verdict(state=State.FAILED, engine=item.server.engine, message=msg, elapsed_s=0.0,
-                      hint="free the port (or change it in the fleet file), then run `servefleet up` again")
+    verdict = Verdict(
+        state=State.FAILED,
+        engine=item.server.engine,
+        message=msg,
+        elapsed_s=0.0,
+        hint="free the port (or change it in the fleet file), then run `servefleet up` again",
+    )
     return StartOutcome(item.name, Action.BLOCKED, verdict=verdict, message=msg)
 
 
 async def launch_server(
-    item: Launchable, store: StateStore, fleet_name: str, *, previous: ServerState | None = None, started_after: list[dict[str, Any]] | None = None,
+    item: Launchable,
+    store: StateStore,
+    fleet_name: str,
+    *,
+    previous: ServerState | None = None,
+    started_after: list[dict[str, Any]] | None = None,
     port_checked: bool = False,
 ) -> StartOutcome:
     """Refuse when the port is taken, else launch the server (its adopt check was done before;
@@ -268,7 +287,14 @@ async def launch_server(
             await units.check_units()
         except LaunchError as exc:
             hint = "enable lingering on the host (loginctl enable-linger USER) or use the default setsid launcher"
-            verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, hint=hint, message=str(exc), elapsed_s=0.0)
+            verdict = Verdict(
+                state=State.FAILED,
+                category=Category.OTHER,
+                engine=item.server.engine,
+                hint=hint,
+                message=str(exc),
+                elapsed_s=0.0,
+            )
             return StartOutcome(name, Action.FAILED, verdict=verdict, message=str(exc))
         unit = unit_name(fleet_name, name)
 
@@ -277,12 +303,29 @@ async def launch_server(
     marker = LAUNCH_MARKER.format(time=launched_at.isoformat(timespec="seconds"))
     try:  # marker, log offset, stale status file, spawn, liveness: one remote command on ssh hosts
         if units is not None and unit is not None:
-            launched = await units.launch_unit(item.host_argv or item.argv, unit=unit, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd)
+            launched = await units.launch_unit(
+                item.host_argv or item.argv,
+                unit=unit,
+                log_path=log_path,
+                status_path=status_path,
+                marker=marker,
+                env=item.env,
+                cwd=binding.cwd,
+            )
         else:
-            launched = await host.launch(item.host_argv or item.argv, log_path=log_path, status_path=status_path, marker=marker, env=item.env, cwd=binding.cwd)
+            launched = await host.launch(
+                item.host_argv or item.argv,
+                log_path=log_path,
+                status_path=status_path,
+                marker=marker,
+                env=item.env,
+                cwd=binding.cwd,
+            )
     except Exception as exc:  # a host that cannot start anything: a launch failure, not a crash
         msg = f"could not launch: {exc}"
-        verdict = Verdict(state=State.FAILED, category=Category.OTHER, engine=item.server.engine, message=msg, elapsed_s=0.0)
+        verdict = Verdict(
+            state=State.FAILED, category=Category.OTHER, engine=item.server.engine, message=msg, elapsed_s=0.0
+        )
         return StartOutcome(name, Action.FAILED, verdict=verdict, message=msg)
 
     secrets = [v for k, v in item.env.items() if is_secret_name(k)]
@@ -316,7 +359,9 @@ async def launch_server(
     return StartOutcome(name, Action.LAUNCHED, record=record, message=message, log_line_no=launched.line_no)
 
 
-async def stop_server(record: ServerState, binding: HostBinding, grace_s: float = 15.0, kill_wait_s: float = 10.0) -> StopResult:
+async def stop_server(
+    record: ServerState, binding: HostBinding, grace_s: float = 15.0, kill_wait_s: float = 10.0
+) -> StopResult:
     """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``, then confirm that
     no process of the group remains and the port is free."""
     host = binding.host

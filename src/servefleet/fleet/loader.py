@@ -40,7 +40,9 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _messages(exc: ValidationError, model: type[BaseModel], from_defaults: AbstractSet[str] = frozenset()) -> list[str]:
+def _messages(
+    exc: ValidationError, model: type[BaseModel], from_defaults: AbstractSet[str] = frozenset()
+) -> list[str]:
     """One ``field: message`` string per pydantic error, in words a user acts on."""
     fields = [f for f in model.model_fields if f not in ("path",)]
     out = []
@@ -169,10 +171,14 @@ def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
         seen_names[server.name] = index
         if server.host != LOCAL and server.host not in hosts:
             known = ", ".join([LOCAL, *hosts])
-            problems.append(f"{who}: host: unknown host {server.host!r}; define [hosts.{server.host}] (known: {known})")
+            problems.append(
+                f"{who}: host: unknown host {server.host!r}; define [hosts.{server.host}] (known: {known})"
+            )
         addr = (server.host, server.port)
         if addr in seen_ports:
-            problems.append(f'{who}: port: {server.port} on host "{server.host}" is already used by server "{seen_ports[addr]}"')
+            problems.append(
+                f'{who}: port: {server.port} on host "{server.host}" is already used by server "{seen_ports[addr]}"'
+            )
         else:
             seen_ports[addr] = server.name
 

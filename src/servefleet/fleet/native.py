@@ -25,7 +25,9 @@ _SAME = (("model", "model"), ("port", "port"), ("bind", "host"), ("served_model_
 _USED = {fact for _, fact in _SAME} | {"tensor_parallel_size"}
 
 
-def reconcile_native_args(raw: dict[str, Any], from_defaults: Set[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
+def reconcile_native_args(
+    raw: dict[str, Any], from_defaults: Set[str] = frozenset()
+) -> tuple[dict[str, Any], list[str]]:
     """(``raw`` with the fields the args set filled in, problems as ``field: message`` lines).
 
     ``raw`` is one server's table after ``[defaults]`` were merged in; anything malformed (an
@@ -51,14 +53,18 @@ def reconcile_native_args(raw: dict[str, Any], from_defaults: Set[str] = frozens
         if name not in raw or raw[name] is None:
             out[name] = theirs
         elif str(raw[name]) != str(theirs):
-            problems.append(f"{name}: {where(name)} conflicts with {native.spelled[fact]!r} in args; "
-                            f"set it in one place (the {name} field or the engine flag)")
+            problems.append(
+                f"{name}: {where(name)} conflicts with {native.spelled[fact]!r} in args; "
+                f"set it in one place (the {name} field or the engine flag)"
+            )
     tp = native.values.get("tensor_parallel_size")
     gpus = raw.get("gpus")
     count = _gpu_count(gpus)
     if isinstance(tp, int) and count is not None and tp > count:
-        problems.append(f"gpus: {where('gpus')} gives {count} GPU{'s' if count != 1 else ''} but "
-                        f"{native.spelled['tensor_parallel_size']!r} in args needs {tp}; list {tp} GPUs or lower the flag")
+        problems.append(
+            f"gpus: {where('gpus')} gives {count} GPU{'s' if count != 1 else ''} but "
+            f"{native.spelled['tensor_parallel_size']!r} in args needs {tp}; list {tp} GPUs or lower the flag"
+        )
     return out, problems
 
 

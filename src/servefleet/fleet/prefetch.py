@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 __all__ = ["PrefetchedHost", "prefetch_questions", "fleet_status", "prefetched_launchables"]
 
 
-
-
 class PrefetchedHost:
     """A Host seen through answers fetched in advance (``host.batch``): the questions of
     hosts/questions.py asked through ``ask`` are answered from the batch (``Answering``); every
@@ -69,8 +67,12 @@ class PrefetchedHost:
         except HostUnreachable:
             raise
         except Exception as exc:
-            log.warning("batched remote query of %d questions failed (%s: %s); asking one by one",
-                        len(ops), type(exc).__name__, exc)
+            log.warning(
+                "batched remote query of %d questions failed (%s: %s); asking one by one",
+                len(ops),
+                type(exc).__name__,
+                exc,
+            )
             return
         self._batched = True
 
@@ -165,7 +167,9 @@ async def fleet_status(fleet: Any, names: Iterable[str] | None = None) -> list[S
             changed = False
             if server is not None:
                 try:
-                    changed = resolve_launch(server, fleet.binding(server.host), fleet.label).digest != record.spec_hash
+                    changed = (
+                        resolve_launch(server, fleet.binding(server.host), fleet.label).digest != record.spec_hash
+                    )
                 except ConfigError:
                     changed = True
             return await server_status(record, binding, client, in_fleet=in_fleet, spec_changed=changed)
@@ -216,11 +220,16 @@ async def prefetched_launchables(items: Sequence[Launchable], store: StateStore)
             if raw is not None:
                 try:
                     found = ServerState.model_validate_json(raw)
-                except ValueError:  # a damaged record (pydantic's ValidationError is a ValueError): nothing to ask about it
+                except (
+                    ValueError
+                ):  # a damaged record (pydantic's ValidationError is a ValueError): nothing to ask about it
                     continue
                 later.setdefault(item.binding.name, []).extend(questions.adopt_questions(found))
     await asyncio.gather(*(views[h].prefetch(ops) for h, ops in later.items()))
-    return [dataclasses.replace(item, binding=bindings[item.binding.name]) if item.binding.name in bindings else item for item in items]
+    return [
+        dataclasses.replace(item, binding=bindings[item.binding.name]) if item.binding.name in bindings else item
+        for item in items
+    ]
 
 
 async def _prefetch_all(work: dict[str, tuple[HostBinding, list[Question]]]) -> None:

@@ -16,8 +16,20 @@ if TYPE_CHECKING:
     from servefleet.fleet.hosts import HostBinding
     from servefleet.fleet.state import ServerState
 
-__all__ = ["DIAGNOSE_LIMIT", "STALL_TAIL", "alive", "owner", "exit_code", "attempt_log", "log_end", "port", "remote_record",
-           "log_size", "status_questions", "adopt_questions"]
+__all__ = [
+    "DIAGNOSE_LIMIT",
+    "STALL_TAIL",
+    "alive",
+    "owner",
+    "exit_code",
+    "attempt_log",
+    "log_end",
+    "port",
+    "remote_record",
+    "log_size",
+    "status_questions",
+    "adopt_questions",
+]
 
 DIAGNOSE_LIMIT = 8 * 1024 * 1024  # bytes of the current attempt's log read for a diagnosis
 # The end of a serving server's log searched for the engine's last statistics: a stopped engine writes
@@ -70,5 +82,9 @@ def status_questions(record: ServerState, *, reads_stats: bool) -> list[Question
     """Everything ``server_status`` may ask the host about ``record`` (the log only when the group
     is gone: a live server's log is read only if its probe does not answer; its end only for an
     engine whose statistics ``serving_stall`` reads)."""
-    return [*adopt_questions(record), exit_code(record), port(record.port), ReadIfDead(record.pgid, attempt_log(record))] + (
-        [log_end(record)] if reads_stats else [])
+    return [
+        *adopt_questions(record),
+        exit_code(record),
+        port(record.port),
+        ReadIfDead(record.pgid, attempt_log(record)),
+    ] + ([log_end(record)] if reads_stats else [])

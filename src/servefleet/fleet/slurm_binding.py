@@ -22,18 +22,35 @@ from servefleet.hosts.slurm_script import sbatch_options
 __all__ = ["connect_slurm"]
 
 
-def connect_slurm(spec: HostSpec, fleet: FleetSpec, ssh: HostBinding | None, current: Callable[[], FleetSpec] | None = None) -> HostBinding:
+def connect_slurm(
+    spec: HostSpec, fleet: FleetSpec, ssh: HostBinding | None, current: Callable[[], FleetSpec] | None = None
+) -> HostBinding:
     """``ssh``: the login node's binding when the table names one (its host is the transport and
     its work folder, ``~`` expanded on connect, is this fleet's folder), else this machine.
     ``current``: the fleet's servers now (a job's successor copies, generate/handover.py, join them)."""
     if ssh is not None:
-        transport, work_dir, cwd, python, expand = ssh.host, ssh.work_dir, ssh.cwd, spec.python or "python3", ssh.expand  # one folder on both
+        transport, work_dir, cwd, python, expand = (
+            ssh.host,
+            ssh.work_dir,
+            ssh.cwd,
+            spec.python or "python3",
+            ssh.expand,
+        )  # one folder on both
     else:
         transport = LocalHost()
         work_dir = posixpath.join(os.path.expanduser(spec.workdir), fleet.name)
         cwd, python, expand = str(fleet.path.parent), spec.python or sys.executable or "python3", None
-    binding = HostBinding(name=spec.name, host=transport, work_dir=work_dir, cwd=cwd, env={}, python=python, remote_state=True,
-                          expand=expand, port_slot=True)
+    binding = HostBinding(
+        name=spec.name,
+        host=transport,
+        work_dir=work_dir,
+        cwd=cwd,
+        env={},
+        python=python,
+        remote_state=True,
+        expand=expand,
+        port_slot=True,
+    )
 
     def servers() -> dict[str, ServerSpec]:
         return {s.name: s for s in (current() if current is not None else fleet).servers if s.host == spec.name}

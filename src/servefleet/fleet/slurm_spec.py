@@ -48,7 +48,9 @@ class SlurmHostFields(BaseModel):
     @field_validator("time", mode="before")
     @classmethod
     def _time(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v  # `time = 60`: minutes, as sbatch reads it
+        return (
+            str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+        )  # `time = 60`: minutes, as sbatch reads it
 
     @field_validator("poll_interval")
     @classmethod

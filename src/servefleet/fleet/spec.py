@@ -71,7 +71,9 @@ RESERVED_SERVER_NAME = "fleet"
 
 def check_name(value: str) -> str:
     if not _NAME_RE.match(value):
-        raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+        raise ValueError(
+            "must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
     return value
 
 
@@ -170,7 +172,9 @@ def _ssh_settings_model() -> type[BaseModel]:
     for f in dataclasses.fields(SSHSpec):
         if f.name in ("destination", "name"):
             continue
-        default = Field(default_factory=f.default_factory) if f.default_factory is not dataclasses.MISSING else f.default
+        default = (
+            Field(default_factory=f.default_factory) if f.default_factory is not dataclasses.MISSING else f.default
+        )
         table[f.name] = (hints[f.name], default)
     return create_model("SSHSettings", __base__=_Strict, **table)
 
@@ -225,7 +229,9 @@ class HostSpec(SlurmHostFields, _SSHSettings):  # type: ignore[misc,valid-type] 
             elif problems := ssh_problems(values):  # no SSH: the settings a Slurm host uses still make sense
                 raise SSHSettingsError(self.name, problems)
         except SSHSettingsError as exc:
-            raise ValueError("; ".join(f"{'ssh' if key == 'destination' else key}: {what}" for key, what in exc.problems)) from None
+            raise ValueError(
+                "; ".join(f"{'ssh' if key == 'destination' else key}: {what}" for key, what in exc.problems)
+            ) from None
         return self
 
     @property
@@ -288,7 +294,9 @@ class ServerSpec(_Strict):
     command: tuple[str, ...] | None = None
     ready_path: str | None = None
     python: str | None = None
-    template: str | None = None  # the counted [[servers]] entry this one is a copy of (``count``): not a fleet-file field
+    template: str | None = (
+        None  # the counted [[servers]] entry this one is a copy of (``count``): not a fleet-file field
+    )
 
     @field_validator("name")
     @classmethod
@@ -296,7 +304,9 @@ class ServerSpec(_Strict):
         check_name(v)
         if v == RESERVED_SERVER_NAME:
             # the state folder keeps <server>.json records beside its own fleet.json index
-            raise ValueError(f'"{v}" is reserved (the state folder\'s {v}.json records the fleet file); choose another name')
+            raise ValueError(
+                f'"{v}" is reserved (the state folder\'s {v}.json records the fleet file); choose another name'
+            )
         return v
 
     @field_validator("engine")

@@ -69,7 +69,9 @@ def visible_gpus(server: ServerSpec, host_env: Mapping[str, str]) -> frozenset[s
     return frozenset(parts)
 
 
-def shares_gpu(a: ServerSpec, b: ServerSpec, env_a: Mapping[str, str], env_b: Mapping[str, str], *, gpu_host: bool) -> bool:
+def shares_gpu(
+    a: ServerSpec, b: ServerSpec, env_a: Mapping[str, str], env_b: Mapping[str, str], *, gpu_host: bool
+) -> bool:
     """Whether two servers may use one GPU at the same time (see the module docstring);
     ``gpu_host``: their host has a GPU driver (``host_has_gpus``)."""
     if a.host != b.host:
@@ -171,7 +173,9 @@ class StartQueue:
         ``siblings_waited``: this call waits for its own servers' verdicts, and each such wait has
         its own timeout, so a sibling of this call is waited for until its verdict. Otherwise (and
         for servers started elsewhere) a sibling gets ``timeout_s`` from when it is seen launched."""
-        return list(await asyncio.gather(*(self._one(s, timeout_s, siblings_waited) for s in self.waits.get(name, []))))
+        return list(
+            await asyncio.gather(*(self._one(s, timeout_s, siblings_waited) for s in self.waits.get(name, [])))
+        )
 
     async def _one(self, sibling: Sibling, timeout_s: float, siblings_waited: bool) -> Settled:
         name = sibling.name
@@ -196,7 +200,9 @@ class StartQueue:
         return self.finals.get(name) or Settled(name, "not launched", utcnow())
 
 
-async def watch_settled(binding: HostBinding, profile: EngineProfile, record: ServerState, store: StateStore, *, poll_exit: bool = True) -> Settled:
+async def watch_settled(
+    binding: HostBinding, profile: EngineProfile, record: ServerState, store: StateStore, *, poll_exit: bool = True
+) -> Settled:
     """Return once the launch in ``record`` has settled: its memory line (from its log offset on),
     and with ``poll_exit`` a final verdict in its state record or its process group gone."""
     watchers = [_group_gone(binding, record), _record_final(store, record)] if poll_exit else []

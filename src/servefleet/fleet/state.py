@@ -182,7 +182,9 @@ class StateStore:
         try:
             record = ServerState.model_validate_json(raw)
         except ValidationError as exc:
-            raise StateError(f"{path}: corrupt state record ({exc.error_count()} problems); remove it if no server runs") from exc
+            raise StateError(
+                f"{path}: corrupt state record ({exc.error_count()} problems); remove it if no server runs"
+            ) from exc
         if name is not None and record.name != name:
             raise StateError(f"{path}: state record belongs to server {record.name!r}, not {name!r}")
         return record
@@ -239,7 +241,9 @@ class StateStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise StateError(f"{self.dir}: another servefleet process holds the fleet's lock for over {timeout_s:g}s") from None
+                        raise StateError(
+                            f"{self.dir}: another servefleet process holds the fleet's lock for over {timeout_s:g}s"
+                        ) from None
                     await asyncio.sleep(0.05)
             yield
         finally:

@@ -32,8 +32,16 @@ from servefleet.verify.events import ProbeOutcome
 from servefleet.verify.probe import Prober
 from servefleet.verify.verdict import Verdict
 
-__all__ = ["Liveness", "ServerStatus", "server_status", "not_launched", "diagnose_attempt", "read_tail", "DIAGNOSE_LIMIT", "STALL_TAIL"]
-
+__all__ = [
+    "Liveness",
+    "ServerStatus",
+    "server_status",
+    "not_launched",
+    "diagnose_attempt",
+    "read_tail",
+    "DIAGNOSE_LIMIT",
+    "STALL_TAIL",
+]
 
 
 class Liveness(StrEnum):
@@ -93,7 +101,9 @@ async def diagnose_attempt(binding: HostBinding, record: ServerState, profile: E
     if len(raw) < DIAGNOSE_LIMIT:
         return diagnose_text(raw.decode("utf-8", errors="replace"), profile)
     try:
-        return await diagnose_source(HostSource(inner_host(binding.host), record.log_path), profile, start=record.log_offset)
+        return await diagnose_source(
+            HostSource(inner_host(binding.host), record.log_path), profile, start=record.log_offset
+        )
     except FileNotFoundError:
         return diagnose_text("", profile)
 
@@ -187,7 +197,9 @@ async def server_status(
         return status
 
     status.uptime_s = round((now - record.launched_at).total_seconds(), 1)
-    probe = Probe(tuple(record.probe_paths)) if record.probe_paths else (profile.probe if profile else Probe(("/health",)))
+    probe = (
+        Probe(tuple(record.probe_paths)) if record.probe_paths else (profile.probe if profile else Probe(("/health",)))
+    )
     # The same probe and identity rule as `wait` (verify/probe.py): the port's owner, else the served name.
     prober = Prober(client, base_url, host, pgid=record.pgid, port=record.port, served_model=record.served_model)
     try:

@@ -33,7 +33,9 @@ async def open_tunnel(fleet: Fleet, name: str, local_port: int | None = None) ->
     """Forward a local port to server ``name`` (found from its state record, local or remote)."""
     record = await fleet.record(name)
     if record is None:
-        raise StateError(f"server {name!r} has no state record: it was never launched (`servefleet up`) or was brought down")
+        raise StateError(
+            f"server {name!r} has no state record: it was never launched (`servefleet up`) or was brought down"
+        )
     binding = fleet.binding(record.host)
     if record.host == LOCAL:
         if local_port is not None:

@@ -21,4 +21,13 @@ from servefleet.generate.job import JobParams
 from servefleet.generate.report import JobReport
 from servefleet.generate.runner import GenerateConfig, JobMismatch, run_generate
 
-__all__ = ["GenerateConfig", "JobParams", "JobReport", "JobMismatch", "Restarter", "FleetRestarter", "Target", "run_generate"]
+__all__ = [
+    "GenerateConfig",
+    "JobParams",
+    "JobReport",
+    "JobMismatch",
+    "Restarter",
+    "FleetRestarter",
+    "Target",
+    "run_generate",
+]

@@ -22,7 +22,16 @@ from yarl import URL
 from servefleet.generate.inputs import ENDPOINT_PATHS
 from servefleet.generate.logprobs import Logprobs, parse_logprobs
 from servefleet.generate.prompt_logprobs import parse_prompt_logprobs, raw_prompt_logprobs
-from servefleet.http import FailureKind, HttpClient, Pool, RequestFailure, Timeout, Transport, TransportError, decode_json
+from servefleet.http import (
+    FailureKind,
+    HttpClient,
+    Pool,
+    RequestFailure,
+    Timeout,
+    Transport,
+    TransportError,
+    decode_json,
+)
 
 __all__ = ["Completion", "Client"]
 
@@ -50,8 +59,16 @@ class Client:
     """``transport``: a fake for tests (``servefleet.http.mock``); by default aiohttp, whose session
     carries the JSON and authorisation headers."""
 
-    def __init__(self, *, request_timeout_s: float = 3600.0, connect_timeout_s: float = 10.0, api_key: str | None = None,
-                 transport: Transport | None = None, logprobs_k: int | None = None, prompt_logprobs_k: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        request_timeout_s: float = 3600.0,
+        connect_timeout_s: float = 10.0,
+        api_key: str | None = None,
+        transport: Transport | None = None,
+        logprobs_k: int | None = None,
+        prompt_logprobs_k: int | None = None,
+    ) -> None:
         self.logprobs_k = logprobs_k  # --logprobs K: answers' logprobs are parsed (K alternatives per position)
         self.prompt_logprobs_k = prompt_logprobs_k  # --prompt-logprobs K: so are the prompts'
         self.timeout = Timeout(request_timeout_s, connect_timeout_s)
@@ -59,7 +76,9 @@ class Client:
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self.http = HttpClient(transport, pool=Pool(limit=0, keepalive_timeout_s=KEEPALIVE_S), headers=headers, timeout=self.timeout)
+        self.http = HttpClient(
+            transport, pool=Pool(limit=0, keepalive_timeout_s=KEEPALIVE_S), headers=headers, timeout=self.timeout
+        )
         self._send = self.http.transport.request  # the per-completion path, one call frame shorter
         self._urls: dict[tuple[str, str], URL] = {}
 
@@ -81,11 +100,14 @@ class Client:
     async def complete(self, base_url: str, endpoint: str, body: dict[str, Any]) -> Completion | RequestFailure:
         try:
             # a parsed URL (aiohttp takes one as is): parsing the string per request costs more
-            resp = await self._send("POST", self._url(base_url, endpoint), body=encode_body(body), timeout=self.timeout)  # type: ignore[arg-type]
+            url = self._url(base_url, endpoint)
+            resp = await self._send("POST", url, body=encode_body(body), timeout=self.timeout)  # type: ignore[arg-type]
         except TransportError as exc:
             return exc.failure
         if resp.status >= 400:
-            return RequestFailure(FailureKind.HTTP, _error_text(resp.body), resp.status, _retry_after(resp.headers.get("Retry-After")))
+            return RequestFailure(
+                FailureKind.HTTP, _error_text(resp.body), resp.status, _retry_after(resp.headers.get("Retry-After"))
+            )
         return _parse(resp.body, endpoint, self.logprobs_k, self.prompt_logprobs_k)
 
     def _timeout(self, timeout_s: float | None) -> Timeout:
@@ -128,7 +150,9 @@ def encode_body(body: dict[str, Any]) -> bytes:
         return json.dumps(body).encode()
 
 
-def _parse(data: bytes, endpoint: str, logprobs_k: int | None = None, prompt_logprobs_k: int | None = None) -> Completion | RequestFailure:
+def _parse(
+    data: bytes, endpoint: str, logprobs_k: int | None = None, prompt_logprobs_k: int | None = None
+) -> Completion | RequestFailure:
     try:
         obj = decode_json(data)  # orjson; the stdlib for NaN / Infinity literals
         choice = obj["choices"][0]
@@ -147,13 +171,23 @@ def _parse(data: bytes, endpoint: str, logprobs_k: int | None = None, prompt_log
             others = tuple(_choice(c, endpoint, obj, usage=False, logprobs_k=logprobs_k) for c in ordered)
         except (AttributeError, TypeError):
             return RequestFailure(FailureKind.PROTOCOL, "answer with malformed choices: " + _error_text(data))
-        return Completion(head.text, head.finish_reason, head.prompt_tokens, head.completion_tokens, head.model, head.reasoning,
-                          head.token_ids, others, prompt_logprobs=head.prompt_logprobs)
+        return Completion(
+            head.text,
+            head.finish_reason,
+            head.prompt_tokens,
+            head.completion_tokens,
+            head.model,
+            head.reasoning,
+            head.token_ids,
+            others,
+            prompt_logprobs=head.prompt_logprobs,
+        )
     return head
 
 
-def _choice(choice: dict[str, Any], endpoint: str, obj: dict[str, Any], *, usage: bool = True,
-            logprobs_k: int | None = None) -> Completion:
+def _choice(
+    choice: dict[str, Any], endpoint: str, obj: dict[str, Any], *, usage: bool = True, logprobs_k: int | None = None
+) -> Completion:
     if endpoint == "chat":
         message = choice.get("message") or {}
         text = message.get("content")
@@ -165,7 +199,9 @@ def _choice(choice: dict[str, Any], endpoint: str, obj: dict[str, Any], *, usage
         text = ""
     token_ids = choice.get("token_ids")
     token_ids = token_ids if isinstance(token_ids, list) else None
-    counts = (obj.get("usage") or {}) if usage else {"completion_tokens": len(token_ids) if token_ids is not None else None}
+    counts = (
+        (obj.get("usage") or {}) if usage else {"completion_tokens": len(token_ids) if token_ids is not None else None}
+    )
     return Completion(
         text=text if isinstance(text, str) else json.dumps(text),
         finish_reason=choice.get("finish_reason"),

@@ -44,12 +44,22 @@ class CommitFailed(ServefleetError):
         super().__init__(
             f"could not commit a shard: writing {where} failed: {error}; {uncommitted:,} answered rows were not committed "
             f"(a resumed run asks them again), {committed:,} were in this run. Free space at {destination} (or fix what the "
-            "error names) and run the same command again to resume")
+            "error names) and run the same command again to resume"
+        )
 
 
 class Committer:
-    def __init__(self, ledger: Ledger, buffer: ShardBuffer, stats: JobStats, *, max_backlog: int = 2,
-                 commit_attempts: int = 5, tick_s: float = 0.5, retry_delay_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        buffer: ShardBuffer,
+        stats: JobStats,
+        *,
+        max_backlog: int = 2,
+        commit_attempts: int = 5,
+        tick_s: float = 0.5,
+        retry_delay_s: float = 1.0,
+    ) -> None:
         self.ledger = ledger
         self.buffer = buffer
         self.stats = stats

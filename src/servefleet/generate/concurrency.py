@@ -50,8 +50,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["ConcurrencyController", "Window", "START", "GROW", "NOISY", "headroom", "room", "MARGIN", "CONFIRM", "REPROBE_WINDOWS",
-           "HALVE", "LIFETIMES"]
+__all__ = [
+    "ConcurrencyController",
+    "Window",
+    "START",
+    "GROW",
+    "NOISY",
+    "headroom",
+    "room",
+    "MARGIN",
+    "CONFIRM",
+    "REPROBE_WINDOWS",
+    "HALVE",
+    "LIFETIMES",
+]
 
 START = 8
 GROW = 0.15  # a ramp step (x2 or more in flight) that adds less than this has stopped paying
@@ -91,7 +103,9 @@ class Window:
     saturated: bool = True  # the limit was kept in flight for most of the window (else it teaches nothing)
     queued: float | None = None  # the server's waiting requests, the fewest seen in the window (None: no metrics)
     running: float | None = None  # the server's running requests, most seen in the window
-    lifetimes: float | None = None  # the window's length in request lifetimes (latency of recent answers); None: unknown
+    lifetimes: float | None = (
+        None  # the window's length in request lifetimes (latency of recent answers); None: unknown
+    )
 
 
 @dataclass
@@ -128,28 +142,65 @@ class ConcurrencyController:
         return cls(limit=n, source="fixed", phase="fixed", best_limit=n, reason=f"--concurrency {n}")
 
     @classmethod
-    def auto(cls, max_running: int | None, *, bench_concurrency: int | None = None, bench_tps: float | None = None,
-             bench_note: str | None = None, ceiling: int = 4096, graph_batch: int | None = None) -> ConcurrencyController:
+    def auto(
+        cls,
+        max_running: int | None,
+        *,
+        bench_concurrency: int | None = None,
+        bench_tps: float | None = None,
+        bench_note: str | None = None,
+        ceiling: int = 4096,
+        graph_batch: int | None = None,
+    ) -> ConcurrencyController:
         cap = min(ceiling, room(max_running)) if max_running else ceiling
         if bench_concurrency:  # a measured point: evidence for anything up to room
             start = max(1, min(cap, bench_concurrency))
             tps = f" ({bench_tps:,.0f} tok/s)" if bench_tps else ""
             note = f", {bench_note}" if bench_note else ""
-            return cls(limit=start, source="bench", ceiling=cap, best_limit=start, step=STEP_FROM_BENCH,
-                       reason=f"bench best point C={bench_concurrency}{tps}{note}; verifying")
+            return cls(
+                limit=start,
+                source="bench",
+                ceiling=cap,
+                best_limit=start,
+                step=STEP_FROM_BENCH,
+                reason=f"bench best point C={bench_concurrency}{tps}{note}; verifying",
+            )
         if max_running and graph_batch and graph_batch < max_running:
             # Above its largest CUDA-graph batch each engine step launches its kernels one by one: start there and halve.
             start = min(cap, graph_batch)
-            return cls(limit=start, source="capacity", ceiling=start, room=cap, best_limit=start, _direction=-1,
-                       step=HALVE, _halving=True,
-                       reason=f"max running {max_running}; {graph_batch}, the largest batch run as a CUDA graph; verifying")
+            return cls(
+                limit=start,
+                source="capacity",
+                ceiling=start,
+                room=cap,
+                best_limit=start,
+                _direction=-1,
+                step=HALVE,
+                _halving=True,
+                reason=f"max running {max_running}; {graph_batch}, the largest batch run as a CUDA graph; verifying",
+            )
         if max_running:
             start = min(cap, max_running + headroom(max_running))
-            return cls(limit=start, source="capacity", ceiling=start, room=cap, best_limit=start, _direction=-1,  # real engines peak below
-                       step=HALVE, _halving=True, reason=f"max running {max_running} + {headroom(max_running)} queued; verifying")
+            return cls(
+                limit=start,
+                source="capacity",
+                ceiling=start,
+                room=cap,
+                best_limit=start,
+                _direction=-1,  # real engines peak below
+                step=HALVE,
+                _halving=True,
+                reason=f"max running {max_running} + {headroom(max_running)} queued; verifying",
+            )
         start = min(START, ceiling)
-        return cls(limit=start, source="search", phase="ramp", ceiling=ceiling, best_limit=start,
-                   reason=f"capacity unknown: from {start}, doubling while the server has room")
+        return cls(
+            limit=start,
+            source="search",
+            phase="ramp",
+            ceiling=ceiling,
+            best_limit=start,
+            reason=f"capacity unknown: from {start}, doubling while the server has room",
+        )
 
     # ---- signals --------------------------------------------------------------------------------
     def on_overload(self) -> bool:
@@ -194,7 +245,9 @@ class ConcurrencyController:
     def settling(self) -> bool:
         """Whether the next window is the transient of the last change (a batch draining, new requests in
         prefill, a wave): dropped, neither compared nor kept as the best's figure; it need not be long."""
-        return self.phase == "probe" and self._fresh and (self._lowered or self.noisy() or self.limit == self.best_limit)
+        return (
+            self.phase == "probe" and self._fresh and (self._lowered or self.noisy() or self.limit == self.best_limit)
+        )
 
     def short_window(self) -> bool:
         """Whether one request lifetime is window enough (else the dispatcher measures two or more): a window to
@@ -281,8 +334,10 @@ class ConcurrencyController:
         self.best_limit = here if before == 0 or ours >= theirs * (1 - MARGIN) else before
         self.ceiling = min(self.ceiling, here)
         self._direction = 1 if self.best_limit < here else -1
-        self.reason = (f"throughput stopped growing at {here} ({ours:,.0f} tok/s, {theirs:,.0f} at {before}); "
-                       f"from {self.best_limit}, at most {here}")
+        self.reason = (
+            f"throughput stopped growing at {here} ({ours:,.0f} tok/s, {theirs:,.0f} at {before}); "
+            f"from {self.best_limit}, at most {here}"
+        )
         return self._set(self.best_limit)
 
     def best_tps_at(self, limit: int) -> float:
@@ -313,7 +368,9 @@ class ConcurrencyController:
         up = self.limit > self.best_limit
         for tps in judged:
             self._record(self.limit, tps)
-        if gain > margin or (up and gain > -MARGIN and (not self._refining or self.step >= STEP)):  # equal going up: within the quiet margin only
+        if gain > margin or (
+            up and gain > -MARGIN and (not self._refining or self.step >= STEP)
+        ):  # equal going up: within the quiet margin only
             # (not in the small steps of refining: steps up that each lose a little would ratchet past the peak)
             old = self.best_limit
             self.best_limit = self.limit
@@ -328,7 +385,9 @@ class ConcurrencyController:
                 self._end_halving()
             return self._next_candidate(why)
         # A loss (or an equal step down): back to the best limit, then the other direction.
-        self.reason = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
+        self.reason = (
+            f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
+        )
         if gain < -margin and not up and self.best_limit >= self.ceiling and self.room > self.ceiling:
             self.ceiling = self.room  # evidence: less in flight loses at the ceiling, so more may pay
             self.reason += f"; still growing at {self.best_limit}: room up to {self.room}"

@@ -105,7 +105,9 @@ class _Server:
         latency = self.stats.lifetime_s()
         if self.controller.phase == "ramp":  # two lifetimes: the wave after a doubling is not read as growth
             return max(minimum, 2.0 * latency)
-        if self.controller.short_window():  # to be dropped (one lifetime is its transient), or the capacity start's first
+        if (
+            self.controller.short_window()
+        ):  # to be dropped (one lifetime is its transient), or the capacity start's first
             return max(minimum, latency)
         return self.controller.window_factor() * max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
 
@@ -129,7 +131,13 @@ class _Server:
         if tps is None:
             tps = self.window_tokens / span
         lifetime = self.stats.lifetime_s()
-        return Window(tps=tps, saturated=saturated, queued=waiting, running=running, lifetimes=span / lifetime if lifetime > 0 else None)
+        return Window(
+            tps=tps,
+            saturated=saturated,
+            queued=waiting,
+            running=running,
+            lifetimes=span / lifetime if lifetime > 0 else None,
+        )
 
     def progress_marks(self) -> tuple[float | None, ...]:
         latest = self.load.latest()
@@ -187,8 +195,13 @@ class Dispatcher:
     def _controller(self, target: Target) -> ConcurrencyController:
         if self.concurrency is not None:
             return ConcurrencyController.fixed(self.concurrency)
-        return ConcurrencyController.auto(target.max_running, bench_concurrency=target.bench_concurrency,
-                                          bench_tps=target.bench_tps, bench_note=target.bench_note, graph_batch=target.graph_batch)
+        return ConcurrencyController.auto(
+            target.max_running,
+            bench_concurrency=target.bench_concurrency,
+            bench_tps=target.bench_tps,
+            bench_note=target.bench_note,
+            graph_batch=target.graph_batch,
+        )
 
     # ---- the loop -------------------------------------------------------------------------------
     async def run(self, feed: AsyncIterator[PromptRecord]) -> Outcome:
@@ -201,7 +214,9 @@ class Dispatcher:
         if isinstance(self.restarter, Holding):
             self._check_holds()  # before the first request: a server drained with --keep gets none
             self._spawn(self._watch_holds())
-        if isinstance(self.restarter, Watching):  # servers joining, replaced, released at the tail (generate/membership.py)
+        if isinstance(
+            self.restarter, Watching
+        ):  # servers joining, replaced, released at the tail (generate/membership.py)
             self._spawn(self.restarter.watch(self))
         for s in self.servers:
             self._spawn(s.load.run(self.client.http, partial(_base_url, s)))
@@ -334,7 +349,11 @@ class Dispatcher:
         result = await self.client.complete(server.target.base_url, record.endpoint, body)
         # Nothing below awaits: a cancelled task never gets here, a task that got here is settled.
         ticket.state = "settled"
-        if isinstance(result, Completion) and record.choices > 1 and (short := short_of_choices(record, result)) is not None:
+        if (
+            isinstance(result, Completion)
+            and record.choices > 1
+            and (short := short_of_choices(record, result)) is not None
+        ):
             result = short
         if isinstance(result, Completion):
             self._succeeded(server, ticket, result, time.perf_counter() - t0, body)
@@ -357,8 +376,15 @@ class Dispatcher:
         self.stats.completion_tokens += tokens
         self.stats.prompt_tokens += c.prompt_tokens or 0
         self.stats.meter.add(tokens, now)
-        for row in rows_of(ticket.record, c, server=server.target.name, attempts=ticket.attempts, latency=latency, body=body,
-                           store_request=self.store_request):
+        for row in rows_of(
+            ticket.record,
+            c,
+            server=server.target.name,
+            attempts=ticket.attempts,
+            latency=latency,
+            body=body,
+            store_request=self.store_request,
+        ):
             self.out.add(row)
 
     def _failed(self, server: _Server, ticket: Ticket, failure: RequestFailure) -> None:
@@ -376,11 +402,15 @@ class Dispatcher:
             server.health.answered()
             server.answers += 1
         now = time.monotonic()
-        if failure.overload and now - server.last_overload >= server.window_s(self.window_min_s):  # a burst of 429s is one signal
+        if failure.overload and now - server.last_overload >= server.window_s(
+            self.window_min_s
+        ):  # a burst of 429s is one signal
             server.last_overload = now
             if server.controller.on_overload():
                 server.limit_changed(now, grew=False)
-                self.stats.event(f"{server.target.name}: overloaded ({failure.describe()}), concurrency -> {server.controller.limit}")
+                self.stats.event(
+                    f"{server.target.name}: overloaded ({failure.describe()}), concurrency -> {server.controller.limit}"
+                )
         if failure.kind is FailureKind.DISCONNECT and server.health.state is ServerState.UP:
             self._reset(server, ticket, failure, now)
             return
@@ -449,9 +479,17 @@ class Dispatcher:
 
     async def _recover(self, server: _Server) -> None:
         answers = partial(self._answers_a_completion, server) if server.hung else None
-        new = await recover(server.target, client=self.client, policy=self.policy, restarter=self.restarter,
-                            on_event=self.stats.event, answers=answers, window=server.health.window,
-                            on_crash_loop=partial(setattr, server.stats, "state_reason"), held=partial(self._hold_reason, server))
+        new = await recover(
+            server.target,
+            client=self.client,
+            policy=self.policy,
+            restarter=self.restarter,
+            on_event=self.stats.event,
+            answers=answers,
+            window=server.health.window,
+            on_crash_loop=partial(setattr, server.stats, "state_reason"),
+            held=partial(self._hold_reason, server),
+        )
         if (held := self._hold_reason(server)) is not None:  # stopped by the user while it was out
             server.held = held
             self._park(server)
@@ -470,8 +508,12 @@ class Dispatcher:
 
     def _put_back(self, server: _Server, new: Target) -> None:
         old = server.target
-        if new.bench_concurrency is None and old.bench_concurrency is not None:  # the same configuration: its bench point stands
-            new = replace(new, bench_concurrency=old.bench_concurrency, bench_tps=old.bench_tps, bench_note=old.bench_note)
+        if (
+            new.bench_concurrency is None and old.bench_concurrency is not None
+        ):  # the same configuration: its bench point stands
+            new = replace(
+                new, bench_concurrency=old.bench_concurrency, bench_tps=old.bench_tps, bench_note=old.bench_note
+            )
         if not new.models and old.models:  # the same launch: the same models and adapters
             new = replace(new, models=old.models)
         if new.managed or server.hung or (new.max_running and new.max_running != server.target.max_running):
@@ -523,7 +565,11 @@ class Dispatcher:
 
     def in_service(self) -> dict[str, int]:
         """Servers that take requests now, with their requests in flight."""
-        return {s.target.name: len(s.in_flight) for s in self.servers if s.health.state is ServerState.UP and not s.draining}
+        return {
+            s.target.name: len(s.in_flight)
+            for s in self.servers
+            if s.health.state is ServerState.UP and not s.draining
+        }
 
     def known(self) -> set[str]:
         """Servers the job has in hand (in service or being brought back): not to be admitted again."""
@@ -538,12 +584,18 @@ class Dispatcher:
             try:
                 names = await retiring()
             except Exception as exc:
-                log.debug("asking which servers' end was announced failed (%s: %s); asking again later", type(exc).__name__, exc)
+                log.debug(
+                    "asking which servers' end was announced failed (%s: %s); asking again later",
+                    type(exc).__name__,
+                    exc,
+                )
                 continue
             for s in self.servers:
                 if s.target.name in names and s.health.state is ServerState.UP and not s.draining:
                     s.draining = True
-                    self.stats.event(f"{s.target.name}: draining ({len(s.in_flight)} in flight): its end was announced; no new requests")
+                    self.stats.event(
+                        f"{s.target.name}: draining ({len(s.in_flight)} in flight): its end was announced; no new requests"
+                    )
                     self._wake.set()
 
     # ---- servers the user stopped or drained (`servefleet down` / `drain`) ------------------------
@@ -568,7 +620,9 @@ class Dispatcher:
         if server.held is None:
             server.held = reason
             server.draining = True
-            self.stats.event(f"{server.target.name}: {reason}: draining ({len(server.in_flight)} in flight); no new requests, not restarted")
+            self.stats.event(
+                f"{server.target.name}: {reason}: draining ({len(server.in_flight)} in flight); no new requests, not restarted"
+            )
         if requeue:
             self._requeue_in_flight(server)
         if not server.in_flight and server.health.state is ServerState.UP:
@@ -592,8 +646,12 @@ class Dispatcher:
             ok = await self.client.ping(server.target.base_url, timeout_s=self.policy.probe_timeout_s)
         finally:
             server.probing = False
-        if server.health.state is ServerState.UP and (server.health.probed(ok, time.monotonic()) or (after_reset and not ok)):
-            self._take_out(server, "a connection broke and it does not answer probes" if after_reset else "does not answer probes")
+        if server.health.state is ServerState.UP and (
+            server.health.probed(ok, time.monotonic()) or (after_reset and not ok)
+        ):
+            self._take_out(
+                server, "a connection broke and it does not answer probes" if after_reset else "does not answer probes"
+            )
 
     async def _answers_a_completion(self, server: _Server) -> bool:
         """One token of a tiny completion within the probe timeout (a hung engine behind a live API
@@ -602,8 +660,9 @@ class Dispatcher:
         body: dict = {"max_tokens": 1, "model": self.model or server.target.served_model or ""}
         body.update({"messages": [{"role": "user", "content": "ping"}]} if endpoint == "chat" else {"prompt": "ping"})
         try:
-            result = await asyncio.wait_for(self.client.complete(server.target.base_url, endpoint, body),
-                                            2 * self.policy.probe_timeout_s)
+            result = await asyncio.wait_for(
+                self.client.complete(server.target.base_url, endpoint, body), 2 * self.policy.probe_timeout_s
+            )
         except TimeoutError:
             return False
         return isinstance(result, Completion)
@@ -626,8 +685,12 @@ class Dispatcher:
                 window = max(hang_window_s(self.policy, s.stats.mean_latency_s()), 3 * s.load.interval_s)
                 if s.progress.update(now, len(s.in_flight), s.progress_marks(), window):
                     what = "generated tokens, engine steps or answers" if s.load.available else "answers"
-                    self._take_out(s, f"hung: no progress ({what}) for {s.progress.quiet_s(now):.0f}s "
-                                      f"with {len(s.in_flight)} requests in flight", hung=True)
+                    self._take_out(
+                        s,
+                        f"hung: no progress ({what}) for {s.progress.quiet_s(now):.0f}s "
+                        f"with {len(s.in_flight)} requests in flight",
+                        hung=True,
+                    )
                     continue
                 if not s.settled(now):
                     s.window_start, s.window_tokens, s.ticks, s.saturated_ticks = now, 0, 0, 0
@@ -650,7 +713,9 @@ class Dispatcher:
             return  # scrapes are late (a busy host): a window needs a few of them
         before = s.controller.limit
         if s.controller.observe(s.measure(now, span)):
-            self.stats.event(f"{s.target.name}: concurrency {before} -> {s.controller.limit} ({s.controller.describe()})")
+            self.stats.event(
+                f"{s.target.name}: concurrency {before} -> {s.controller.limit} ({s.controller.describe()})"
+            )
             s.limit_changed(now, grew=s.controller.limit > before)
             self._wake.set()
         s.window_start, s.window_tokens, s.ticks, s.saturated_ticks = now, 0, 0, 0

@@ -22,7 +22,15 @@ from servefleet.errors import ConfigError, HostUnreachable
 if TYPE_CHECKING:
     from servefleet.generate.client import Client
 
-__all__ = ["Target", "Restarter", "FleetRestarter", "targets_from_urls", "targets_from_fleet", "with_bench", "from_endpoint"]
+__all__ = [
+    "Target",
+    "Restarter",
+    "FleetRestarter",
+    "targets_from_urls",
+    "targets_from_fleet",
+    "with_bench",
+    "from_endpoint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +97,7 @@ class Watching(Protocol):
 class Using(Protocol):
     """A restarter that records which servers a running job or gateway uses (`down` and `drain` wait for it)."""
 
-    def using(self, name: str) -> None:
-        ...
+    def using(self, name: str) -> None: ...
 
 
 class FleetRestarter:
@@ -204,8 +211,14 @@ def with_bench(targets: list[Target], paths: list[str]) -> list[Target]:
 
 def from_endpoint(ep: Any) -> Target:
     cap = ep.capacity
-    return Target(ep.name, ep.base_url, ep.served_model, getattr(cap, "max_running_requests", None), managed=True,
-                  graph_batch=getattr(cap, "graph_batch_max", None))
+    return Target(
+        ep.name,
+        ep.base_url,
+        ep.served_model,
+        getattr(cap, "max_running_requests", None),
+        managed=True,
+        graph_batch=getattr(cap, "graph_batch_max", None),
+    )
 
 
 async def targets_from_urls(urls: list[str], client: Client, max_running: int | None = None) -> list[Target]:
@@ -248,4 +261,6 @@ async def targets_from_fleet(fleet: Any) -> list[Target]:
     """The fleet's ready servers (none ready is a configuration problem for the caller)."""
     from servefleet.generate.provenance import fleet_launch
 
-    return [replace(from_endpoint(ep), launch=await fleet_launch(fleet, ep.name)) for ep in await fleet.ready_endpoints()]
+    return [
+        replace(from_endpoint(ep), launch=await fleet_launch(fleet, ep.name)) for ep in await fleet.ready_endpoints()
+    ]

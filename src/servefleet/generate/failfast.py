@@ -89,14 +89,20 @@ class FailFast:
         n = len(self.recent)
         p = self.policy
         if self.reason == "failures":
-            return (f"fail-fast: {self.failed} of the last {n} answers failed ({self.failed / n:.0%} > --max-failure-rate "
-                    f"{p.max_failure_rate:g}) after {self.answers} answers; examples: " + "; ".join(self.failures)
-                    + ". Is the request right (the chat template, the model name, max_tokens against the context length)? "
-                    "`generate --preview 3` shows the requests and the answers")
-        return (f"fail-fast: {self.length} of the last {n} answers were cut at max_tokens (finish_reason=length: "
-                f"{self.length / n:.0%} > --max-length-rate {p.max_length_rate:g}) after {self.answers} answers; examples: "
-                + "; ".join(self.cut) + ". Is --max-tokens too small for these answers, or does the template never let the "
-                "model stop (a missing end-of-turn token)? `generate --preview 3` shows the answers")
+            return (
+                f"fail-fast: {self.failed} of the last {n} answers failed ({self.failed / n:.0%} > --max-failure-rate "
+                f"{p.max_failure_rate:g}) after {self.answers} answers; examples: "
+                + "; ".join(self.failures)
+                + ". Is the request right (the chat template, the model name, max_tokens against the context length)? "
+                "`generate --preview 3` shows the requests and the answers"
+            )
+        return (
+            f"fail-fast: {self.length} of the last {n} answers were cut at max_tokens (finish_reason=length: "
+            f"{self.length / n:.0%} > --max-length-rate {p.max_length_rate:g}) after {self.answers} answers; examples: "
+            + "; ".join(self.cut)
+            + ". Is --max-tokens too small for these answers, or does the template never let the "
+            "model stop (a missing end-of-turn token)? `generate --preview 3` shows the answers"
+        )
 
 
 class Watched:

@@ -29,7 +29,9 @@ __all__ = ["due", "successor_name", "margin_problem", "Handover"]
 _GENERATION = re.compile(r"^(?P<base>.+)\.h(?P<n>\d+)$")
 
 
-def due(remaining_s: float | None, time_to_ready_s: float | None, margin_s: float, limit_s: float | None = None) -> bool:
+def due(
+    remaining_s: float | None, time_to_ready_s: float | None, margin_s: float, limit_s: float | None = None
+) -> bool:
     """Whether a successor must be submitted now: never for a job without a limit, nor for one whose
     whole limit is not longer than the time to ready plus the margin (its successor would be due
     the moment it started: one handover after another)."""
@@ -54,8 +56,10 @@ def margin_problem(margin_s: float, hosts: Iterable[HostSpec]) -> str | None:
             continue
         limit = slurm_seconds(str(host.time))
         if limit is not None and margin_s >= limit:
-            return (f"--handover-margin {margin_s:g}s is not shorter than the time limit of [hosts.{host.name}] "
-                    f"(time = {host.time!r}: {limit:g}s): every job would be handed over as soon as it starts")
+            return (
+                f"--handover-margin {margin_s:g}s is not shorter than the time limit of [hosts.{host.name}] "
+                f"(time = {host.time!r}: {limit:g}s): every job would be handed over as soon as it starts"
+            )
     return None
 
 

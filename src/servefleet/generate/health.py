@@ -227,16 +227,20 @@ async def recover(
             if held is not None and held() is not None:
                 return None
             if window is not None and not window.allows(time.monotonic()):
-                reason = (f"crash loop: restarted {len(window.times)} times in the last {_duration(window.window_s)} "
-                          f"({window.describe()}: --max-restarts / --restart-window, or the fleet file's "
-                          "[fleet] max_restarts / restart_window); out for good in this run")
+                reason = (
+                    f"crash loop: restarted {len(window.times)} times in the last {_duration(window.window_s)} "
+                    f"({window.describe()}: --max-restarts / --restart-window, or the fleet file's "
+                    "[fleet] max_restarts / restart_window); out for good in this run"
+                )
                 on_event(f"{target.name}: {reason}")
                 if on_crash_loop is not None:
                     on_crash_loop(reason)
                 return None
             count = window.record(time.monotonic()) if window is not None else None
             within = f"; restart {count} of {window.describe()}" if window is not None else ""
-            on_event(f"{target.name}: restarting through the fleet (attempt {attempt}/{policy.restart_attempts}{within})")
+            on_event(
+                f"{target.name}: restarting through the fleet (attempt {attempt}/{policy.restart_attempts}{within})"
+            )
             try:
                 new = await restarter.restart(target.name, on_event)
             except Exception as exc:  # a failed restart is an event, not a crash of the job
@@ -249,10 +253,14 @@ async def recover(
             await asyncio.sleep(delay)
             delay = min(delay * 2, 60.0)
         return None
-    on_event(f"{target.name}: waiting for it to answer again (unmanaged: cannot restart it); "
-             f"given up if it does not within {policy.recover_timeout_s:g}s (--give-up-after)")
+    on_event(
+        f"{target.name}: waiting for it to answer again (unmanaged: cannot restart it); "
+        f"given up if it does not within {policy.recover_timeout_s:g}s (--give-up-after)"
+    )
     while time.monotonic() < deadline:
-        if await client.ready(target.base_url, timeout_s=policy.probe_timeout_s) and (answers is None or await answers()):
+        if await client.ready(target.base_url, timeout_s=policy.probe_timeout_s) and (
+            answers is None or await answers()
+        ):
             return target
         await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
         delay = min(delay * 2, 30.0)

@@ -47,7 +47,12 @@ InputKind = Literal["jsonl", "parquet"]
 Mode = Literal["auto", "chat", "completions"]
 
 ENDPOINT_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-_URL_ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completions", "/completions": "completions"}
+_URL_ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/completions": "completions",
+}
 _MAX_ID_CHARS = 512
 N_BESIDE_SAMPLES = "own 'n' beside --samples"  # a reject reason the runner turns into a refusal of the job
 _EXCERPT_CHARS = 200
@@ -128,7 +133,9 @@ def iter_raw(
         yield line + 1, rest
 
 
-def iter_pending(path: str, skip: bytearray, skip_code: int = 1, chunk_bytes: int = 4 << 20) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
+def iter_pending(
+    path: str, skip: bytearray, skip_code: int = 1, chunk_bytes: int = 4 << 20
+) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
     """Like :func:`iter_raw`, but without the records whose ``skip[line - 1]`` is ``skip_code``.
     For JSONL a chunk whose lines are all skipped costs one count (resuming a job with 900,000
     of 1,000,000 lines done reaches the first pending line in a tenth of a second, not seconds)."""
@@ -243,7 +250,9 @@ def _parse_simple(line: int, obj: dict[str, Any], defaults: RequestDefaults) -> 
     return _finish(line, rid, body, None, defaults)
 
 
-def _finish(line: int, rid: str, body: dict[str, Any], endpoint: Endpoint | None, defaults: RequestDefaults) -> PromptRecord | Reject:
+def _finish(
+    line: int, rid: str, body: dict[str, Any], endpoint: Endpoint | None, defaults: RequestDefaults
+) -> PromptRecord | Reject:
     messages = body.get("messages")
     prompt = body.get("prompt")
     if messages is not None and prompt is not None:
@@ -253,7 +262,9 @@ def _finish(line: int, rid: str, body: dict[str, Any], endpoint: Endpoint | None
         if problem:
             return Reject(line, problem, rid)
         if defaults.mode == "completions" or endpoint == "completions":
-            return Reject(line, "'messages' need the chat endpoint (--completions or a completions url was given)", rid)
+            return Reject(
+                line, "'messages' need the chat endpoint (--completions or a completions url was given)", rid
+            )
         endpoint = "chat"
     elif prompt is not None:
         problem = _check_prompt(prompt)

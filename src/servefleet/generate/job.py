@@ -49,7 +49,9 @@ class JobParams(BaseModel):
     samples: int | None = Field(default=None, ge=1)  # --samples K: one row per (id, sample)
     models: tuple[str, ...] | None = None  # --models a,b: one row per (id, model)
     logprobs: int | None = Field(default=None, ge=0, le=20)  # --logprobs K: token logprobs with K alternatives, stored
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # --prompt-logprobs K: the same of the prompt's tokens
+    prompt_logprobs: int | None = Field(
+        default=None, ge=0, le=20
+    )  # --prompt-logprobs K: the same of the prompt's tokens
 
     def differences(self, other: JobParams) -> list[str]:
         mine, theirs = self.model_dump(), other.model_dump()
@@ -70,7 +72,9 @@ class InputInfo(BaseModel):
     valid: int
     rejected: int
     duplicates: int
-    unbounded: int = 0  # valid records with no max_tokens (neither --max-tokens nor their own): answer length unlimited
+    unbounded: int = (
+        0  # valid records with no max_tokens (neither --max-tokens nor their own): answer length unlimited
+    )
     models: dict[str, int] = Field(default_factory=dict)  # the records' own 'model' values and how many ask each
 
 
@@ -80,14 +84,18 @@ class RunRecord(BaseModel):
     run_id: str
     started: str = Field(default_factory=utcnow)
     finished: str | None = None
-    status: str = "running"  # running | complete | incomplete | interrupted | stalled | killed (found unfinished by a later run)
+    status: str = (
+        "running"  # running | complete | incomplete | interrupted | stalled | killed (found unfinished by a later run)
+    )
     input_sha256: str
     done_before: int = 0
     done: int = 0  # rows committed by this run
     failed: int = 0
     forced: bool = False
     params: JobParams | None = None  # what this run's rows were made with (the manifest's params are the last run's)
-    provenance: dict[str, Any] | None = None  # servefleet's version, per server engine, version, args, model, GPUs (provenance.py)
+    provenance: dict[str, Any] | None = (
+        None  # servefleet's version, per server engine, version, args, model, GPUs (provenance.py)
+    )
 
     def made_with_other_params(self, params: JobParams) -> bool:
         return self.params is not None and self.params != params

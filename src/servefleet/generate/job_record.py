@@ -68,8 +68,12 @@ def read_job(dest: str, *, timelines: bool = True, failures: bool = True) -> Job
         manifest = _json(sink, JOB_FILE)
         if manifest is None:
             raise ConfigError(f"{dest}: no {JOB_FILE}, so not the destination of a `servefleet generate` run")
-        record = JobRecord(destination=sink.url, manifest=manifest, progress=_json(sink, PROGRESS_FILE),
-                           report=_json(sink, REPORT_FILE))
+        record = JobRecord(
+            destination=sink.url,
+            manifest=manifest,
+            progress=_json(sink, PROGRESS_FILE),
+            report=_json(sink, REPORT_FILE),
+        )
         if timelines:
             names = [f"{TIMELINE_DIR}/{n}" for n in sink.list(TIMELINE_DIR) if n.endswith(".json")]
             found = sink.read_many(names)
@@ -96,15 +100,19 @@ def _damage(sink: Sink, manifest: dict[str, Any]) -> str | None:
         return None  # a run is writing (or an older servefleet wrote no total): nothing to compare with
     rows, valid = int(manifest.get("rows", 0)), int((manifest.get("input") or {}).get("valid", 0))
     if valid and rows > valid:  # more committed rows than ids: some ids are in two shards
-        return (f"{rows:,} committed rows for {valid:,} ids: {rows - valid:,} ids are committed more than once (two runs "
-                "wrote this destination at the same time); keep one row per id when reading")
+        return (
+            f"{rows:,} committed rows for {valid:,} ids: {rows - valid:,} ids are committed more than once (two runs "
+            "wrote this destination at the same time); keep one row per id when reading"
+        )
     sizes = sink.sizes(SHARDS_DIR)
     count, total = len(sizes), sum(sizes.values())
     if count == int(manifest.get("shards", 0)) and total == int(expected):
         return None
-    return (f"the shards are not what the last run committed ({count:,} files of {total:,} bytes where it left "
-            f"{int(manifest.get('shards', 0)):,} of {int(expected):,}): some rows are unreadable or lost; run the same "
-            "`servefleet generate` again: it checks every shard, moves damaged ones to quarantine/ and asks their ids again")
+    return (
+        f"the shards are not what the last run committed ({count:,} files of {total:,} bytes where it left "
+        f"{int(manifest.get('shards', 0)):,} of {int(expected):,}): some rows are unreadable or lost; run the same "
+        "`servefleet generate` again: it checks every shard, moves damaged ones to quarantine/ and asks their ids again"
+    )
 
 
 def _failures(sink: Sink) -> dict[str, Any]:
@@ -137,7 +145,10 @@ def progress_of(record: JobRecord, now: float | None = None) -> dict[str, Any]:
     snap = record.progress
     total = int(inp.get("valid", 0))
     out: dict[str, Any] = {
-        "destination": record.destination, "run_id": last.get("run_id"), "runs": len(record.runs), "total": total,
+        "destination": record.destination,
+        "run_id": last.get("run_id"),
+        "runs": len(record.runs),
+        "total": total,
         "rejected": int(inp.get("rejected", 0)),
     }
     if snap is None or snap.get("run_id") != last.get("run_id"):
@@ -150,10 +161,22 @@ def progress_of(record: JobRecord, now: float | None = None) -> dict[str, Any]:
         state = last.get("status", "unknown")
         if state == "complete" and record.damage:
             state = "damaged"
-        out.update(state="starting" if state == "running" else state, status=state, done=done, committed=done,
-                   remaining=max(0, total - done),
-                   failed=int(last.get("failed", 0)), note="the run has not started sending yet (pre-pass or probing the servers)"
-                   if state == "running" else record.damage if state == "damaged" else None, servers=[], events=[], updated_s_ago=None)
+        out.update(
+            state="starting" if state == "running" else state,
+            status=state,
+            done=done,
+            committed=done,
+            remaining=max(0, total - done),
+            failed=int(last.get("failed", 0)),
+            note="the run has not started sending yet (pre-pass or probing the servers)"
+            if state == "running"
+            else record.damage
+            if state == "damaged"
+            else None,
+            servers=[],
+            events=[],
+            updated_s_ago=None,
+        )
         return out
     age = max(0.0, now - float(snap.get("updated_unix", now)))
     status = snap.get("status", "unknown")
@@ -166,15 +189,37 @@ def progress_of(record: JobRecord, now: float | None = None) -> dict[str, Any]:
     if status == "running" and age > stale_s:
         # not running any more: the run stopped writing (killed, or its machine went); say so in both fields
         state = status = "stale"
-        note = (f"no update for {age:,.0f}s (written every {snap.get('interval_s', 2.0):g}s): the run was probably killed; "
-                "run the same `servefleet generate` again to resume")
+        note = (
+            f"no update for {age:,.0f}s (written every {snap.get('interval_s', 2.0):g}s): the run was probably killed; "
+            "run the same `servefleet generate` again to resume"
+        )
     if state == "complete" and record.damage:
         state = "damaged"
     if state == "damaged":
         note = record.damage
-    out.update({k: snap.get(k) for k in (
-        "done", "remaining", "failed", "retries", "requeued", "output_tokens", "output_tokens_per_s_now",
-        "output_tokens_per_s_avg", "eta_s", "elapsed_s", "started_unix", "updated", "servers", "events", "membership", "width")})
+    out.update(
+        {
+            k: snap.get(k)
+            for k in (
+                "done",
+                "remaining",
+                "failed",
+                "retries",
+                "requeued",
+                "output_tokens",
+                "output_tokens_per_s_now",
+                "output_tokens_per_s_avg",
+                "eta_s",
+                "elapsed_s",
+                "started_unix",
+                "updated",
+                "servers",
+                "events",
+                "membership",
+                "width",
+            )
+        }
+    )
     # durable: rows in committed shards (answered rows still buffered are lost if the run is killed)
     committed = int(snap.get("done_before", 0)) + int(snap.get("committed_this_run", snap.get("done_this_run", 0)))
     out.update(state=state, status=status, note=note, updated_s_ago=round(age, 1), committed=committed)
@@ -190,8 +235,16 @@ def job_series(record: JobRecord) -> dict[str, Any]:
     outages as intervals and restarts as marks. Runs are separated by a gap (None) in every series."""
     tls = [t for t in record.timelines if t.get("started") is not None]
     if not tls:
-        return {"destination": record.destination, "runs": [], "servers": {}, "job": {}, "outages": [], "events": [],
-                "messages": [], "x_max": 0.0}
+        return {
+            "destination": record.destination,
+            "runs": [],
+            "servers": {},
+            "job": {},
+            "outages": [],
+            "events": [],
+            "messages": [],
+            "x_max": 0.0,
+        }
     origin = float(tls[0]["started"])
     servers: dict[str, dict[str, list[Any]]] = {}
     job: dict[str, list[Any]] = {k: [] for k in ("t", "output_tokens_per_s", "done", "failed", "retries", "serving")}
@@ -205,8 +258,15 @@ def job_series(record: JobRecord) -> dict[str, Any]:
         end = max(start, float(tl.get("updated_unix", tl["started"])) - origin)
         width = float(tl["bucket_s"])
         n = int(tl["buckets"])
-        runs.append({"run_id": tl.get("run_id"), "start_s": round(start, 3), "end_s": round(end, 3), "status": tl.get("status"),
-                     "bucket_s": width})
+        runs.append(
+            {
+                "run_id": tl.get("run_id"),
+                "start_s": round(start, 3),
+                "end_s": round(end, 3),
+                "status": tl.get("status"),
+                "bucket_s": width,
+            }
+        )
         x_max = max(x_max, end)
         spans = [max(1e-3, min(width, end - start - i * width)) for i in range(n)]
         mids = [round(start + i * width + s / 2, 3) for i, s in enumerate(spans)]
@@ -216,18 +276,27 @@ def job_series(record: JobRecord) -> dict[str, Any]:
             for col in job.values():
                 col.append(None)
         job["t"].extend(mids)
-        job["output_tokens_per_s"].extend(round(v / s, 3) for v, s in zip(jd.get("output_tokens", [0] * n), spans, strict=True))
+        job["output_tokens_per_s"].extend(
+            round(v / s, 3) for v, s in zip(jd.get("output_tokens", [0] * n), spans, strict=True)
+        )
         for key in ("done", "failed", "retries"):
             job[key].extend(jd.get(key, [0] * n))
         job["serving"].extend(tl.get("serving") or [None] * n)  # servers in service (timelines before it: unknown)
         for name, cols in (tl.get("servers") or {}).items():
-            ser = servers.setdefault(name, {k: [] for k in ("t", "output_tokens_per_s", "in_flight", "limit", "errors", "requests",
-                                                            "output_tokens")})
+            ser = servers.setdefault(
+                name,
+                {
+                    k: []
+                    for k in ("t", "output_tokens_per_s", "in_flight", "limit", "errors", "requests", "output_tokens")
+                },
+            )
             if ser["t"]:
                 for col in ser.values():
                     col.append(None)
             ser["t"].extend(mids)
-            ser["output_tokens_per_s"].extend(round(v / s, 3) for v, s in zip(cols["output_tokens"], spans, strict=True))
+            ser["output_tokens_per_s"].extend(
+                round(v / s, 3) for v, s in zip(cols["output_tokens"], spans, strict=True)
+            )
             ser["in_flight"].extend(cols["in_flight_mean"])
             ser["limit"].extend(cols["limit"])
             ser["errors"].extend(cols["errors"])
@@ -243,12 +312,29 @@ def job_series(record: JobRecord) -> dict[str, Any]:
                 outages.append({"server": e["server"], "start_s": down.pop(e["server"]), "end_s": t})
         for name, t in down.items():  # still out when the run ended
             outages.append({"server": name, "start_s": t, "end_s": round(end, 3), "open": True})
-        messages.extend({**m, "t": round(start + float(m["t"]), 3), "run_id": tl.get("run_id")}
-                        for m in (tl.get("messages") or {}).get("items", []))
-    totals = {name: {"requests": sum(v for v in s["requests"] if v is not None),
-                     "output_tokens": sum(v for v in s["output_tokens"] if v is not None),
-                     "errors": sum(v for v in s["errors"] if v is not None),
-                     "restarts": sum(int(e.get("count", 1)) for e in events if e["server"] == name and e["kind"] == "restart"),
-                     "outages": sum(1 for o in outages if o["server"] == name)} for name, s in servers.items()}
-    return {"destination": record.destination, "origin_unix": origin, "runs": runs, "x_max": round(x_max, 3), "job": job,
-            "servers": servers, "totals": totals, "outages": outages, "events": events, "messages": messages}
+        messages.extend(
+            {**m, "t": round(start + float(m["t"]), 3), "run_id": tl.get("run_id")}
+            for m in (tl.get("messages") or {}).get("items", [])
+        )
+    totals = {
+        name: {
+            "requests": sum(v for v in s["requests"] if v is not None),
+            "output_tokens": sum(v for v in s["output_tokens"] if v is not None),
+            "errors": sum(v for v in s["errors"] if v is not None),
+            "restarts": sum(int(e.get("count", 1)) for e in events if e["server"] == name and e["kind"] == "restart"),
+            "outages": sum(1 for o in outages if o["server"] == name),
+        }
+        for name, s in servers.items()
+    }
+    return {
+        "destination": record.destination,
+        "origin_unix": origin,
+        "runs": runs,
+        "x_max": round(x_max, 3),
+        "job": job,
+        "servers": servers,
+        "totals": totals,
+        "outages": outages,
+        "events": events,
+        "messages": messages,
+    }

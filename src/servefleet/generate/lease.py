@@ -65,8 +65,16 @@ def _alive(pid: int) -> bool:
 class ObjectLease:
     """The lease of one destination prefix (``fs``: an s3fs filesystem; ``key`` under ``bucket``)."""
 
-    def __init__(self, fs: Any, bucket: str, key: str, url: str, *, heartbeat_s: float = HEARTBEAT_S,
-                 expires_s: float = EXPIRES_S) -> None:
+    def __init__(
+        self,
+        fs: Any,
+        bucket: str,
+        key: str,
+        url: str,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        expires_s: float = EXPIRES_S,
+    ) -> None:
         self.fs = fs
         self.bucket = bucket
         self.key = key
@@ -84,9 +92,16 @@ class ObjectLease:
 
     # ---- what the lease says ----------------------------------------------------------------------
     def _body(self) -> bytes:
-        return json.dumps({"run_id": self.run_id, "pid": os.getpid(), "host": socket.gethostname(),
-                           "started_unix": round(self._started, 3), "renewed_unix": round(time.time(), 3),
-                           "heartbeat_s": self.heartbeat_s}).encode()
+        return json.dumps(
+            {
+                "run_id": self.run_id,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started_unix": round(self._started, 3),
+                "renewed_unix": round(time.time(), 3),
+                "heartbeat_s": self.heartbeat_s,
+            }
+        ).encode()
 
     def _holder(self) -> tuple[str, str | None, float | None]:
         """(who holds the lease, its ETag, seconds since it was last written by the storage's clock). The age is
@@ -100,7 +115,7 @@ class ObjectLease:
             info = json.loads(data)
         except ValueError:
             info = {}
-        who = (f"run {info.get('run_id') or '(starting)'}, pid {info.get('pid', '?')} on {info.get('host', '?')}")
+        who = f"run {info.get('run_id') or '(starting)'}, pid {info.get('pid', '?')} on {info.get('host', '?')}"
         age = None
         date = (head.get("ResponseMetadata", {}).get("HTTPHeaders") or {}).get("date")
         modified = head.get("LastModified")
@@ -136,13 +151,16 @@ class ObjectLease:
                 return dict(resp)
         if etag is None:  # released between our two requests: try once more from the start
             try:
-                return dict(self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=self._body(), IfNoneMatch="*"))
+                return dict(
+                    self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=self._body(), IfNoneMatch="*")
+                )
             except (FileExistsError, OSError):
                 who, _, age = self._holder()
         seen = f", renewed {age:,.0f}s ago" if age is not None else ""
         raise DestinationBusy(
             f"another `servefleet generate` is writing to {self.url} ({who}{seen}); one run per destination: wait for it "
-            f"to end, or if it is dead, run again once its lease ({self.url}/{LEASE_FILE}) is {self.expires_s:.0f}s old")
+            f"to end, or if it is dead, run again once its lease ({self.url}/{LEASE_FILE}) is {self.expires_s:.0f}s old"
+        )
 
     def claim(self, run_id: str) -> None:
         """Name this run in the lease (what a second run's refusal names)."""
@@ -154,12 +172,16 @@ class ObjectLease:
         if self.lost or self.etag is None:
             return
         try:
-            resp = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=self._body(), IfMatch=self.etag)
+            resp = self.fs.call_s3(
+                "put_object", Bucket=self.bucket, Key=self.key, Body=self._body(), IfMatch=self.etag
+            )
         except OSError as exc:
             if _precondition_failed(exc) or isinstance(exc, FileNotFoundError):
                 who, _, _ = self._holder()
-                self.lost = (f"{self.url}: this run's lease was taken over by {who} (it was not renewed for "
-                             f"{self.expires_s:.0f}s); this run stops writing so that one run writes the destination")
+                self.lost = (
+                    f"{self.url}: this run's lease was taken over by {who} (it was not renewed for "
+                    f"{self.expires_s:.0f}s); this run stops writing so that one run writes the destination"
+                )
             else:
                 log.warning("%s: renewing the lease failed (%s); retrying", self.url, exc)
             return
@@ -169,8 +191,10 @@ class ObjectLease:
     def check(self) -> None:
         """Before each commit: refuse to write when the lease is lost, or too old to be sure it is still ours."""
         if self.lost is None and self.etag is not None and time.monotonic() - self._renewed >= self.expires_s:
-            self.lost = (f"{self.url}: the lease could not be renewed for {self.expires_s:.0f}s, so another run may have "
-                         "taken the destination over; this run stops writing")
+            self.lost = (
+                f"{self.url}: the lease could not be renewed for {self.expires_s:.0f}s, so another run may have "
+                "taken the destination over; this run stops writing"
+            )
         if self.lost:
             raise DestinationBusy(self.lost)
 

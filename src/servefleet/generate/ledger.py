@@ -42,7 +42,17 @@ from servefleet.generate.prepass import CHECK, SKIP, Prepass
 from servefleet.generate.shards import EXTENSIONS, Format, ShardBuffer, read_shard_ids, unique_pairs, write_shard
 from servefleet.generate.sinks import Sink
 
-__all__ = ["Ledger", "LedgerEntry", "Staged", "DoneSet", "SHARDS_DIR", "LEDGER_DIR", "QUARANTINE_DIR", "SUPERSEDED_DIR", "ContentIndex"]
+__all__ = [
+    "Ledger",
+    "LedgerEntry",
+    "Staged",
+    "DoneSet",
+    "SHARDS_DIR",
+    "LEDGER_DIR",
+    "QUARANTINE_DIR",
+    "SUPERSEDED_DIR",
+    "ContentIndex",
+]
 
 SHARDS_DIR = "shards"
 LEDGER_DIR = "ledger"
@@ -70,9 +80,15 @@ class LedgerEntry:
 
     def to_bytes(self) -> builtins.bytes:  # builtins: the field named bytes shadows the type in this class
         d: dict[str, Any] = {
-            "shard": self.shard, "run_id": self.run_id, "input_sha256": self.input_sha256, "rows": self.rows,
-            "bytes": self.bytes, "completion_tokens": self.completion_tokens, "committed": self.committed,
-            "ids": self.ids, "lines": self.lines,
+            "shard": self.shard,
+            "run_id": self.run_id,
+            "input_sha256": self.input_sha256,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "completion_tokens": self.completion_tokens,
+            "committed": self.committed,
+            "ids": self.ids,
+            "lines": self.lines,
         }
         if self.digests is not None:
             d["digests"] = base64.b64encode(self.digests).decode()
@@ -86,8 +102,17 @@ class LedgerEntry:
         digests = base64.b64decode(d["digests"]) if d.get("digests") else None
         if digests is not None and len(digests) != 8 * len(d["ids"]):
             digests = None  # not aligned with the ids: not compared (nothing else depends on them)
-        return cls(d["shard"], d["run_id"], d.get("input_sha256"), d["ids"], d["lines"], d.get("bytes", 0),
-                   d.get("completion_tokens", 0), d.get("committed", ""), digests)
+        return cls(
+            d["shard"],
+            d["run_id"],
+            d.get("input_sha256"),
+            d["ids"],
+            d["lines"],
+            d.get("bytes", 0),
+            d.get("completion_tokens", 0),
+            d.get("committed", ""),
+            digests,
+        )
 
 
 @dataclass
@@ -172,8 +197,16 @@ class Ledger:
         write_shard(buffer, tmp, self.fmt, {"run_id": self.run_id, "input_sha256": self.input_sha256})
         ids, lines = unique_pairs(buffer.ids(), buffer.lines())
         digests = [self.pending_digests.pop(line, 0) for line in lines]
-        entry = LedgerEntry(name, self.run_id, self.input_sha256, ids, lines, 0, buffer.completion_tokens,
-                            digests=np.asarray(digests, dtype="<i8").tobytes())
+        entry = LedgerEntry(
+            name,
+            self.run_id,
+            self.input_sha256,
+            ids,
+            lines,
+            0,
+            buffer.completion_tokens,
+            digests=np.asarray(digests, dtype="<i8").tobytes(),
+        )
         return Staged(tmp, entry)
 
     def publish(self, staged: Staged) -> LedgerEntry:
@@ -194,9 +227,16 @@ class Ledger:
         return self.publish(self.stage(buffer))
 
     # ---- resume ---------------------------------------------------------------------------------
-    def scan(self, manifest: JobManifest | None, collisions: frozenset[int] = frozenset(), *, by_id: bool = False,
-             changed_runs: frozenset[str] = frozenset(), reask_changed: bool = False,
-             content: ContentIndex | None = None) -> DoneSet:
+    def scan(
+        self,
+        manifest: JobManifest | None,
+        collisions: frozenset[int] = frozenset(),
+        *,
+        by_id: bool = False,
+        changed_runs: frozenset[str] = frozenset(),
+        reask_changed: bool = False,
+        content: ContentIndex | None = None,
+    ) -> DoneSet:
         """Read every committed shard's entry (rebuilding missing ones) into a :class:`DoneSet`.
 
         Lines only at first (the usual resume: every entry from today's input); when an entry
@@ -225,12 +265,17 @@ class Ledger:
                 entry = LedgerEntry.from_bytes(data)
                 size = sizes.get(entry.shard)
                 if entry.bytes and size is not None and size != entry.bytes:
-                    self._quarantine(entry.shard, f"{size:,} bytes where its ledger entry says {entry.bytes:,}",
-                                     entry.rows, done)
+                    self._quarantine(
+                        entry.shard, f"{size:,} bytes where its ledger entry says {entry.bytes:,}", entry.rows, done
+                    )
                     continue
                 if entry.run_id in changed_runs and self._changed(entry, done, reask_changed):
                     continue
-                if by_id and content is not None and self._content_changed(entry, content, collisions, done, reask_changed):
+                if (
+                    by_id
+                    and content is not None
+                    and self._content_changed(entry, content, collisions, done, reask_changed)
+                ):
                     continue
                 self._count(entry, done, lines, hashes, collisions, by_id)
         have = {f"{_stem(s)}.json" for s in shards} & entries
@@ -247,8 +292,14 @@ class Ledger:
                 continue
             self._count(entry, done, lines, hashes, collisions, by_id)
         if not done.by_line and not by_id:
-            again = self.scan(manifest, collisions, by_id=True, changed_runs=changed_runs, reask_changed=reask_changed,
-                              content=content)
+            again = self.scan(
+                manifest,
+                collisions,
+                by_id=True,
+                changed_runs=changed_runs,
+                reask_changed=reask_changed,
+                content=content,
+            )
             again.quarantined = done.quarantined + again.quarantined
             again.superseded += done.superseded
             again.changed += done.superseded  # moved in the first pass: the second does not see them
@@ -275,8 +326,9 @@ class Ledger:
         self.sink.move(f"{SHARDS_DIR}/{entry.shard}", f"{SUPERSEDED_DIR}/{entry.shard}")
         self.sink.remove(f"{LEDGER_DIR}/{_stem(entry.shard)}.json")
 
-    def _content_changed(self, entry: LedgerEntry, content: ContentIndex, collisions: frozenset[int], done: DoneSet,
-                         reask: bool) -> bool:
+    def _content_changed(
+        self, entry: LedgerEntry, content: ContentIndex, collisions: frozenset[int], done: DoneSet, reask: bool
+    ) -> bool:
         """Count the entry's ids whose record changed since it was committed; with ``reask`` move its shard aside
         (True: none of its ids are done). Ids no longer in the input, or whose hash several ids share, are not compared."""
         if entry.digests is None or entry.input_sha256 == self.input_sha256:
@@ -298,10 +350,13 @@ class Ledger:
         self.sink.move(f"{SHARDS_DIR}/{shard}", f"{QUARANTINE_DIR}/{shard}")
         self.sink.remove(f"{LEDGER_DIR}/{_stem(shard)}.json")
         what = f"its {rows:,} ids are asked again" if rows is not None else "its ids are asked again"
-        done.quarantined.append(f"{self.sink.url}/{SHARDS_DIR}/{shard}: {why}; moved to {QUARANTINE_DIR}/{shard}, {what}")
+        done.quarantined.append(
+            f"{self.sink.url}/{SHARDS_DIR}/{shard}: {why}; moved to {QUARANTINE_DIR}/{shard}, {what}"
+        )
 
-    def _count(self, entry: LedgerEntry, done: DoneSet, lines: array, hashes: array, collisions: frozenset[int],
-               by_id: bool) -> None:
+    def _count(
+        self, entry: LedgerEntry, done: DoneSet, lines: array, hashes: array, collisions: frozenset[int], by_id: bool
+    ) -> None:
         done.rows += entry.rows
         done.shards += 1
         done.completion_tokens += entry.completion_tokens
@@ -339,7 +394,9 @@ class ContentIndex:
         hashes = prepass.hashes[prepass.valid_mask]
         order = np.argsort(hashes, kind="stable")
         self.hashes = hashes[order]
-        self.digests = prepass.digests[prepass.valid_mask][order] if prepass.digests.size else np.zeros(hashes.size, np.int64)
+        self.digests = (
+            prepass.digests[prepass.valid_mask][order] if prepass.digests.size else np.zeros(hashes.size, np.int64)
+        )
 
     def lookup(self, id_hashes: list[int], collisions: frozenset[int]) -> np.ndarray:
         """The digest of each id's record today; 0 where the id is absent or its hash is shared by several ids."""

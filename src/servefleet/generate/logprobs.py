@@ -44,7 +44,7 @@ def has_logprobs(choice: dict[str, Any]) -> bool:
 def _tid(token: Any) -> int | None:
     if isinstance(token, str) and token.startswith(_PREFIX):
         try:
-            return int(token[len(_PREFIX):])
+            return int(token[len(_PREFIX) :])
         except ValueError:
             return None
     return None
@@ -145,5 +145,7 @@ async def refuse_without_logprobs(targets: list[Any], client: Any, endpoint: str
 
     without = [n for n in await asyncio.gather(*(one(t) for t in targets)) if n is not None]
     if without:
-        raise ConfigError(f"--logprobs {k}: {', '.join(without)} answered a request asking for logprobs without them (its engine "
-                          "cannot give them, or not on this endpoint); drop --logprobs or leave those servers out")
+        raise ConfigError(
+            f"--logprobs {k}: {', '.join(without)} answered a request asking for logprobs without them (its engine "
+            "cannot give them, or not on this endpoint); drop --logprobs or leave those servers out"
+        )

@@ -51,7 +51,9 @@ class Round:
     replace: tuple[str, ...] = ()  # counted, gone: start again
 
 
-def plan_round(states: Mapping[str, str], *, known: Collection[str], held: Collection[str], counted: Collection[str]) -> Round:
+def plan_round(
+    states: Mapping[str, str], *, known: Collection[str], held: Collection[str], counted: Collection[str]
+) -> Round:
     """What one round does, from each candidate's fleet status (``Liveness`` values)."""
     verify, replace = [], []
     for name, state in states.items():
@@ -93,8 +95,17 @@ class ReplaceBudget:
 class ElasticRestarter(FleetRestarter):
     """The fleet restarter with the elastic rounds the dispatcher runs beside the job (``watch``)."""
 
-    def __init__(self, fleet: Any, *, interval_s: float = 5.0, release_tail: bool = False, handover_margin_s: float | None = None,
-                 max_restarts: int = 3, restart_window_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        fleet: Any,
+        *,
+        interval_s: float = 5.0,
+        release_tail: bool = False,
+        handover_margin_s: float | None = None,
+        max_restarts: int = 3,
+        restart_window_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(fleet)
         self.interval_s = interval_s
         self.release_tail = release_tail
@@ -133,8 +144,12 @@ class ElasticRestarter(FleetRestarter):
         while True:
             try:
                 await self.step(dispatcher)
-            except Exception as exc:  # a host that failed this round (SSH, sbatch): the job goes on, the next round tries again
-                self._event(f"fleet: this round's joins, replacements or handovers failed ({type(exc).__name__}: {exc})")
+            except (
+                Exception
+            ) as exc:  # a host that failed this round (SSH, sbatch): the job goes on, the next round tries again
+                self._event(
+                    f"fleet: this round's joins, replacements or handovers failed ({type(exc).__name__}: {exc})"
+                )
             await asyncio.sleep(self.interval_s)
 
     async def step(self, dispatcher: Dispatcher) -> None:
@@ -157,9 +172,13 @@ class ElasticRestarter(FleetRestarter):
         except Exception as exc:  # a failed look is skipped: the next round asks again
             self._event(f"fleet: status not read this round ({type(exc).__name__}: {exc})")
             return
-        plan = plan_round({n: str(st.state) for n, st in statuses.items()}, known=known, held=held, counted=self.counted)
-        await asyncio.gather(*(self._join(dispatcher, statuses[n], seen_at) for n in plan.verify),
-                             *(self._replace(n, statuses[n]) for n in plan.replace))
+        plan = plan_round(
+            {n: str(st.state) for n, st in statuses.items()}, known=known, held=held, counted=self.counted
+        )
+        await asyncio.gather(
+            *(self._join(dispatcher, statuses[n], seen_at) for n in plan.verify),
+            *(self._replace(n, statuses[n]) for n in plan.replace),
+        )
         self._width(dispatcher)
 
     def _width(self, dispatcher: Dispatcher) -> None:
@@ -177,11 +196,15 @@ class ElasticRestarter(FleetRestarter):
             return
         from servefleet.fleet.core import Endpoint
 
-        target = from_endpoint(Endpoint(name, status.base_url, status.served_model, status.capacity, status.engine or ""))
+        target = from_endpoint(
+            Endpoint(name, status.base_url, status.served_model, status.capacity, status.engine or "")
+        )
         if dispatcher.admit(target):
             self.first_request_s[name] = self.clock() - seen_at
             self._count("joins")
-            self._event(f"{name}: joined at {target.base_url} (verified {self.clock() - seen_at:.1f}s after it was seen ready)")
+            self._event(
+                f"{name}: joined at {target.base_url} (verified {self.clock() - seen_at:.1f}s after it was seen ready)"
+            )
             if self.use is not None and name not in self.use.servers:
                 self.use.servers.append(name)
                 self.fleet.jobs.save(self.use)
@@ -189,21 +212,27 @@ class ElasticRestarter(FleetRestarter):
     async def _replace(self, name: str, status: Any) -> None:
         if not self.budget.take(name, self.clock()):
             self.given_up.add(name)
-            self._event(f"{name}: not replaced again: {self.budget.max_restarts} replacements within "
-                        f"{self.budget.window_s:g}s (a crash loop); the job goes on without it")
+            self._event(
+                f"{name}: not replaced again: {self.budget.max_restarts} replacements within "
+                f"{self.budget.window_s:g}s (a crash loop); the job goes on without it"
+            )
             return
         why = status.detail or str(status.state)
         outcomes = await self.fleet.start([name], honour_stops=True)
         outcome = outcomes[name]
         self._count("replacements")
-        self._event(f"{name}: replaced ({why}): {outcome.action.value}{' - ' + outcome.message if outcome.message else ''}")
+        self._event(
+            f"{name}: replaced ({why}): {outcome.action.value}{' - ' + outcome.message if outcome.message else ''}"
+        )
 
     async def _release(self, dispatcher: Dispatcher) -> None:
         for name in idle_at_tail(dispatcher.backlog(), dispatcher.in_service()):
             if dispatcher.retire(name, "released at the tail (--release-tail): the prompts left cannot keep it busy"):
                 self.releasing.add(name)
                 self._count("releases")
-        parked = [n for n in self.releasing if n not in self.released and dispatcher.stats.servers[n].state == "stopped"]
+        parked = [
+            n for n in self.releasing if n not in self.released and dispatcher.stats.servers[n].state == "stopped"
+        ]
         if parked:
             self.released += parked
             # not one of the dispatcher's tasks: the job may end while it runs, the stop must not be cut short

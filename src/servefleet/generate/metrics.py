@@ -43,8 +43,15 @@ class _Collector:
         if st is None:  # pre-pass, probing: nothing counted yet
             return
         done = st.done_before + st.done
-        prompts = GaugeMetricFamily(PREFIX + "prompts", "Prompts of the job (valid input ids) by state", labels=["state"])
-        for state, value in (("total", st.total), ("done", done), ("remaining", max(0, st.total - done - st.failed)), ("failed", st.failed)):
+        prompts = GaugeMetricFamily(
+            PREFIX + "prompts", "Prompts of the job (valid input ids) by state", labels=["state"]
+        )
+        for state, value in (
+            ("total", st.total),
+            ("done", done),
+            ("remaining", max(0, st.total - done - st.failed)),
+            ("failed", st.failed),
+        ):
             prompts.add_metric([state], value)
         yield prompts
         for name, doc, value in (
@@ -57,21 +64,38 @@ class _Collector:
             ("prompt_tokens", "Prompt tokens sent, as the servers counted them", st.prompt_tokens),
         ):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
-        yield GaugeMetricFamily(PREFIX + "output_tokens_per_second", "Output tokens per second over the last 10 s",
-                                value=st.meter.peek_rate())
+        yield GaugeMetricFamily(
+            PREFIX + "output_tokens_per_second",
+            "Output tokens per second over the last 10 s",
+            value=st.meter.peek_rate(),
+        )
         if st.width is not None:
             yield GaugeMetricFamily(PREFIX + "servers_in_service", "Servers taking requests now", value=st.width)
         if st.membership:
-            changes = CounterMetricFamily(PREFIX + "membership", "Servers that joined, left for good, were replaced or released", labels=["event"])
+            changes = CounterMetricFamily(
+                PREFIX + "membership",
+                "Servers that joined, left for good, were replaced or released",
+                labels=["event"],
+            )
             for event, n in list(st.membership.items()):
                 changes.add_metric([event], n)
             yield changes
         servers = list(st.servers.values())
         families: list[tuple[Any, str, str, Any]] = [
-            (GaugeMetricFamily, "server_up", "1 while the server is in service, 0 while taken out or given up", lambda s: float(s.state == "up")),
+            (
+                GaugeMetricFamily,
+                "server_up",
+                "1 while the server is in service, 0 while taken out or given up",
+                lambda s: float(s.state == "up"),
+            ),
             (GaugeMetricFamily, "server_in_flight", "Requests in flight", lambda s: s.in_flight),
             (GaugeMetricFamily, "server_concurrency_limit", "The server's concurrency limit now", lambda s: s.limit),
-            (GaugeMetricFamily, "server_output_tokens_per_second", "Output tokens per second over the last 10 s", lambda s: s.meter.peek_rate()),
+            (
+                GaugeMetricFamily,
+                "server_output_tokens_per_second",
+                "Output tokens per second over the last 10 s",
+                lambda s: s.meter.peek_rate(),
+            ),
             (CounterMetricFamily, "server_requests", "Answered requests", lambda s: s.requests),
             (CounterMetricFamily, "server_errors", "Failed requests (each attempt)", lambda s: s.errors),
             (CounterMetricFamily, "server_output_tokens", "Output tokens received", lambda s: s.completion_tokens),
@@ -104,8 +128,10 @@ class JobMetrics:
         try:
             self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self.registry)
         except OSError as exc:
-            raise ConfigError(f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port} ({exc.strerror or exc}); "
-                              "pick another port") from None
+            raise ConfigError(
+                f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port} ({exc.strerror or exc}); "
+                "pick another port"
+            ) from None
         self.port = self._server.server_port
         return self
 

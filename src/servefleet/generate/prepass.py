@@ -51,7 +51,11 @@ def record_digest(raw: bytes | dict[str, Any]) -> int:
     JSON. The line's own bytes, not a canonical re-encoding: ~1 us a line against ~9 us for sorted-key
     JSON (measured), and the pre-pass reads millions; a record merely re-formatted (key order, spaces)
     therefore counts as changed, which errs toward asking again, and only under --reask-changed."""
-    data = raw.strip() if isinstance(raw, bytes) else json.dumps(raw, sort_keys=True, separators=(",", ":"), default=str).encode()
+    data = (
+        raw.strip()
+        if isinstance(raw, bytes)
+        else json.dumps(raw, sort_keys=True, separators=(",", ":"), default=str).encode()
+    )
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
@@ -70,8 +74,12 @@ class Prepass:
     valid_mask: np.ndarray  # bool
     collisions: frozenset[int] = field(default_factory=frozenset)  # hashes shared by distinct valid ids
     unbounded: int = 0  # valid records whose body sets no max_tokens (nor max_completion_tokens)
-    digests: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # record_digest, 0 where not valid
-    models: dict[str, int] = field(default_factory=dict)  # the records' own 'model' values and their counts (routing.py)
+    digests: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64)
+    )  # record_digest, 0 where not valid
+    models: dict[str, int] = field(
+        default_factory=dict
+    )  # the records' own 'model' values and their counts (routing.py)
 
     def plan(self) -> bytearray:
         """SEND for every valid line, SKIP for the rest (done-ness is added by the ledger)."""
@@ -180,5 +188,7 @@ def max_tokens_warning(unbounded: int, valid: int) -> str | None:
     and on a large job a few runaway answers cost GPU days."""
     if unbounded == 0:
         return None
-    return (f"{unbounded:,} of {valid:,} records set no max_tokens (and no --max-tokens was given): each answer may run "
-            "to the model's context length; give --max-tokens N (or max_tokens per record) to bound them")
+    return (
+        f"{unbounded:,} of {valid:,} records set no max_tokens (and no --max-tokens was given): each answer may run "
+        "to the model's context length; give --max-tokens N (or max_tokens per record) to bound them"
+    )

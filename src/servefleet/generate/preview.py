@@ -65,22 +65,29 @@ def first_records(path: str, n: int, defaults: RequestDefaults) -> list[PromptRe
             out.append(rec)
             if len(out) == n:
                 return out
-    raise ConfigError(f"--preview {n}: the input has only {len(out)} valid records; give --preview {len(out) or 1} or less")
+    raise ConfigError(
+        f"--preview {n}: the input has only {len(out)} valid records; give --preview {len(out) or 1} or less"
+    )
 
 
-async def run_preview(config: GenerateConfig, n: int, *, targets: list[Target] | None = None,
-                      records: list[PromptRecord] | None = None) -> PreviewReport:
+async def run_preview(
+    config: GenerateConfig, n: int, *, targets: list[Target] | None = None, records: list[PromptRecord] | None = None
+) -> PreviewReport:
     """Send the first ``n`` records (or ``records``: what the job's expansion made of them) once each."""
     if records is None:
         records = first_records(config.input, n, config.defaults())
-    async with Client(request_timeout_s=config.request_timeout_s,
-                      api_key=config.api_key.get_secret_value() if config.api_key else None) as client:
+    async with Client(
+        request_timeout_s=config.request_timeout_s,
+        api_key=config.api_key.get_secret_value() if config.api_key else None,
+    ) as client:
         if targets is None:
             targets = await targets_from_urls(config.urls, client, config.max_running)
         if not targets:
             raise ConfigError("no ready servers: give --url URL or a --fleet with ready servers")
         targets = await with_models(targets, client)
-        if config.params.samples is not None:  # each record's first request, as the job sends it (n=K, or sample 0's seed)
+        if (
+            config.params.samples is not None
+        ):  # each record's first request, as the job sends it (n=K, or sample 0's seed)
             mode = choose_mode(config.sample_mode, records=len(records), servers=len(targets))
             records = [expand(rec, config.params.samples, mode)[0] for rec in records]
         own: dict[str, int] = {}
@@ -95,7 +102,9 @@ async def run_preview(config: GenerateConfig, n: int, *, targets: list[Target] |
             fit = [t for t in targets if m in served(t)] if routed and isinstance(m, str) else targets
             return fit[next(turn) % len(fit)]
 
-        rows = await asyncio.gather(*(_one(client, rec, server_for(rec), config.params.model, routed) for rec in records))
+        rows = await asyncio.gather(
+            *(_one(client, rec, server_for(rec), config.params.model, routed) for rec in records)
+        )
     status = "preview_failed" if any(r.error for r in rows) else "preview"
     return PreviewReport(status, config.input, list(rows))
 
@@ -107,7 +116,11 @@ async def _one(client: Client, rec: PromptRecord, target: Target, model: str | N
     result = await client.complete(target.base_url, rec.endpoint, body)
     if isinstance(result, Completion):
         row.text = result.text[:TEXT_CHARS]
-        row.finish_reason, row.prompt_tokens, row.completion_tokens = result.finish_reason, result.prompt_tokens, result.completion_tokens
+        row.finish_reason, row.prompt_tokens, row.completion_tokens = (
+            result.finish_reason,
+            result.prompt_tokens,
+            result.completion_tokens,
+        )
     else:
         row.error = result.describe()
     return row

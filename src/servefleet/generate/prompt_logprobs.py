@@ -73,7 +73,9 @@ def _num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-async def refuse_without_prompt_logprobs(targets: list[Any], client: Any, endpoint: str, k: int, model: str | None) -> None:
+async def refuse_without_prompt_logprobs(
+    targets: list[Any], client: Any, endpoint: str, k: int, model: str | None
+) -> None:
     """One one-token request with prompt logprobs per server before the job: a server that answers it without them
     (its engine cannot give them) refuses the job (ConfigError, exit 3); one that fails otherwise is left to the job."""
     import asyncio
@@ -92,5 +94,7 @@ async def refuse_without_prompt_logprobs(targets: list[Any], client: Any, endpoi
 
     without = [n for n in await asyncio.gather(*(one(t) for t in targets)) if n is not None]
     if without:
-        raise ConfigError(f"--prompt-logprobs {k}: {', '.join(without)} answered a request asking for prompt logprobs without "
-                          "them (its engine cannot give them, or not on this endpoint); drop --prompt-logprobs or leave those servers out")
+        raise ConfigError(
+            f"--prompt-logprobs {k}: {', '.join(without)} answered a request asking for prompt logprobs without "
+            "them (its engine cannot give them, or not on this endpoint); drop --prompt-logprobs or leave those servers out"
+        )

@@ -38,17 +38,25 @@ async def collect(targets: list[Target], client: Client) -> dict[str, Any]:
 async def _server(t: Target, client: Client) -> dict[str, Any]:
     launch: Mapping[str, Any] = t.launch or {}
     listed = await _get(client, t.base_url + "/v1/models")
-    entry = next((m for m in (listed or {}).get("data", []) if isinstance(m, dict)), {}) if isinstance(listed, dict) else {}
+    entry = (
+        next((m for m in (listed or {}).get("data", []) if isinstance(m, dict)), {})
+        if isinstance(listed, dict)
+        else {}
+    )
     version = await _get(client, t.base_url + "/version")
     model_path = launch.get("model") or entry.get("root") or t.served_model
     local = launch.get("host", "local") == "local"
     finger = await asyncio.to_thread(model_fingerprint, model_path) if local and model_path else {}
     gpus = launch.get("gpus")
     return {
-        "name": t.name, "base_url": t.base_url, "host": launch.get("host") or _url_host(t.base_url),
+        "name": t.name,
+        "base_url": t.base_url,
+        "host": launch.get("host") or _url_host(t.base_url),
         "engine": launch.get("engine") or entry.get("owned_by"),
         "engine_version": version.get("version") if isinstance(version, dict) else None,
-        "served_model": t.served_model, "model_path": model_path, **finger,
+        "served_model": t.served_model,
+        "model_path": model_path,
+        **finger,
         "launch_args": list(launch["argv"]) if launch.get("argv") else None,
         "gpu_count": len(gpus) if gpus is not None else None,
         "gpu_type": gpu_types(gpus) if local and gpus else None,
@@ -95,7 +103,9 @@ def gpu_types(gpus: Any) -> list[str] | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=index,name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            [exe, "--query-gpu=index,name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     names = dict(line.split(", ", 1) for line in out.splitlines() if ", " in line)
@@ -106,5 +116,10 @@ async def fleet_launch(fleet: Any, name: str) -> dict[str, Any]:
     """A fleet server's launch as its spec and state record have it (argv masked)."""
     spec = fleet.spec.server(name)
     record = await fleet.record(name)
-    return {"engine": spec.engine, "model": spec.model, "host": spec.host, "gpus": list(spec.gpus) if spec.gpus is not None else None,
-            "argv": list(record.argv) if record is not None else list(spec.args)}
+    return {
+        "engine": spec.engine,
+        "model": spec.model,
+        "host": spec.host,
+        "gpus": list(spec.gpus) if spec.gpus is not None else None,
+        "argv": list(record.argv) if record is not None else list(spec.args),
+    }

@@ -35,34 +35,79 @@ EVENTS_IN_SNAPSHOT = 20
 TIMELINE_BYTES_PER_S = 50_000  # a fleet of 256 servers writes its full 2.5 MB timeline every ~50 s, not every 10 s
 
 
-def snapshot(stats: JobStats, *, run_id: str, status: str, now: float, started: float, interval_s: float) -> dict[str, Any]:
+def snapshot(
+    stats: JobStats, *, run_id: str, status: str, now: float, started: float, interval_s: float
+) -> dict[str, Any]:
     """The progress snapshot of a run (``now``, ``started``: UNIX times)."""
     mono = time.monotonic()
     done = stats.done_before + stats.done
-    servers = [{
-        "name": s.name, "base_url": s.base_url, "state": s.state, "state_reason": s.state_reason, "in_flight": s.in_flight, "limit": s.limit,
-        "limit_source": s.limit_source, "limit_reason": s.limit_reason, "output_tokens_per_s": round(s.meter.rate(mono), 2),
-        "requests": s.requests, "errors": s.errors, "output_tokens": s.completion_tokens, "restarts": s.restarts,
-        "outages": s.outages, "mean_latency_s": round(s.mean_latency_s(), 4),
-    } for s in list(stats.servers.values())]
+    servers = [
+        {
+            "name": s.name,
+            "base_url": s.base_url,
+            "state": s.state,
+            "state_reason": s.state_reason,
+            "in_flight": s.in_flight,
+            "limit": s.limit,
+            "limit_source": s.limit_source,
+            "limit_reason": s.limit_reason,
+            "output_tokens_per_s": round(s.meter.rate(mono), 2),
+            "requests": s.requests,
+            "errors": s.errors,
+            "output_tokens": s.completion_tokens,
+            "restarts": s.restarts,
+            "outages": s.outages,
+            "mean_latency_s": round(s.mean_latency_s(), 4),
+        }
+        for s in list(stats.servers.values())
+    ]
     eta = stats.eta_s(mono)
     return {
-        "version": RECORD_VERSION, "run_id": run_id, "status": status, "updated": utcnow(), "updated_unix": round(now, 3),
-        "started_unix": round(started, 3), "elapsed_s": round(max(0.0, now - started), 3), "interval_s": interval_s,
-        "total": stats.total, "done": done, "done_before": stats.done_before, "done_this_run": stats.done,
-        "committed_this_run": stats.committed, "to_send": stats.to_send, "remaining": max(0, stats.total - done - stats.failed),
-        "failed": stats.failed, "retries": stats.retries, "requeued": stats.requeued, "rejected": stats.rejected,
-        "shards_this_run": stats.shards, "output_tokens": stats.completion_tokens,
-        "output_tokens_per_s_now": round(stats.instant_tps(mono), 2), "output_tokens_per_s_avg": round(stats.avg_tps(mono), 2),
+        "version": RECORD_VERSION,
+        "run_id": run_id,
+        "status": status,
+        "updated": utcnow(),
+        "updated_unix": round(now, 3),
+        "started_unix": round(started, 3),
+        "elapsed_s": round(max(0.0, now - started), 3),
+        "interval_s": interval_s,
+        "total": stats.total,
+        "done": done,
+        "done_before": stats.done_before,
+        "done_this_run": stats.done,
+        "committed_this_run": stats.committed,
+        "to_send": stats.to_send,
+        "remaining": max(0, stats.total - done - stats.failed),
+        "failed": stats.failed,
+        "retries": stats.retries,
+        "requeued": stats.requeued,
+        "rejected": stats.rejected,
+        "shards_this_run": stats.shards,
+        "output_tokens": stats.completion_tokens,
+        "output_tokens_per_s_now": round(stats.instant_tps(mono), 2),
+        "output_tokens_per_s_avg": round(stats.avg_tps(mono), 2),
         "eta_s": None if eta is None or status != "running" else round(eta, 1),
-        "servers": servers, "events": list(stats.events)[-EVENTS_IN_SNAPSHOT:], "events_total": stats.events_total,
-        "membership": dict(stats.membership), "width": stats.width,
+        "servers": servers,
+        "events": list(stats.events)[-EVENTS_IN_SNAPSHOT:],
+        "events_total": stats.events_total,
+        "membership": dict(stats.membership),
+        "width": stats.width,
     }
 
 
 class JobRecorder:
-    def __init__(self, sink: Sink, stats: JobStats, *, run_id: str, interval_s: float = 2.0, timeline_every: int = 5,
-                 sample_s: float = 1.0, extra: dict[str, Any] | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        stats: JobStats,
+        *,
+        run_id: str,
+        interval_s: float = 2.0,
+        timeline_every: int = 5,
+        sample_s: float = 1.0,
+        extra: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.sink = sink
         self.stats = stats
         self.run_id = run_id
@@ -111,8 +156,14 @@ class JobRecorder:
 
     async def _write(self, status: str, *, with_timeline: bool) -> None:
         now = self.clock()
-        snap = snapshot(self.stats, run_id=self.run_id, status=status, now=now, started=self.timeline.started,
-                        interval_s=self.interval_s)
+        snap = snapshot(
+            self.stats,
+            run_id=self.run_id,
+            status=status,
+            now=now,
+            started=self.timeline.started,
+            interval_s=self.interval_s,
+        )
         blobs = [(PROGRESS_FILE, json.dumps(snap, separators=(",", ":")).encode())]
         if with_timeline:
             # encoded in a thread: for 256 servers a full timeline takes ~0.1 s (benchmarks/job_record_cost.py),
@@ -131,4 +182,6 @@ class JobRecorder:
             if not self._failed_once:
                 self._failed_once = True
                 with contextlib.suppress(Exception):
-                    self.stats.event(f"progress record: writing to {self.sink.url} failed ({exc}); retrying every {self.interval_s:g}s")
+                    self.stats.event(
+                        f"progress record: writing to {self.sink.url} failed ({exc}); retrying every {self.interval_s:g}s"
+                    )

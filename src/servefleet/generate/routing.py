@@ -31,16 +31,19 @@ def served(target: Target) -> tuple[str, ...]:
 
 async def with_models(targets: list[Target], client: Client) -> list[Target]:
     """Each target with every model its /v1/models lists (a fleet's targets know only the served name)."""
+
     async def one(t: Target) -> Target:
         if t.models:
             return t
         listed = await client.models(t.base_url)
         return replace(t, models=tuple(listed)) if listed else t
+
     return list(await asyncio.gather(*(one(t) for t in targets)))
 
 
-def check_routes(targets: list[Target], record_models: dict[str, int], *, job_model: str | None,
-                 models: tuple[str, ...] | None) -> bool:
+def check_routes(
+    targets: list[Target], record_models: dict[str, int], *, job_model: str | None, models: tuple[str, ...] | None
+) -> bool:
     """Whether requests are routed by model; refuses (ConfigError) what no server could answer."""
     fleet = {m for t in targets for m in served(t)}
     have = ", ".join(sorted(fleet)) or "none listed"
@@ -56,8 +59,10 @@ def check_routes(targets: list[Target], record_models: dict[str, int], *, job_mo
     unserved = {m: n for m, n in record_models.items() if m not in fleet}
     if unserved:
         shown = ", ".join(f"{m!r} ({n:,} records)" for m, n in sorted(unserved.items())[:5])
-        raise ConfigError(f"the fleet's servers serve different models ({have}) and records are routed by their 'model' field, "
-                          f"but no server serves {shown}; fix those records, start a server for them, or give --model NAME")
+        raise ConfigError(
+            f"the fleet's servers serve different models ({have}) and records are routed by their 'model' field, "
+            f"but no server serves {shown}; fix those records, start a server for them, or give --model NAME"
+        )
     return True
 
 

@@ -118,13 +118,22 @@ class GenerateConfig(BaseModel):
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = Field(None, ge=0, le=65535)  # Prometheus metrics of the job (metrics.py); None: none
     record_interval_s: float = Field(2.0, gt=0)  # progress.json every this often, the timeline every 5x (recorder.py)
-    fail_fast: FailFastPolicy = Field(default_factory=FailFastPolicy)  # --max-failure-rate, --max-length-rate (failfast.py)
+    fail_fast: FailFastPolicy = Field(
+        default_factory=FailFastPolicy
+    )  # --max-failure-rate, --max-length-rate (failfast.py)
     sample_mode: SampleMode = "auto"  # --samples: n=K in one request, or K requests (samples.py)
 
     def defaults(self) -> RequestDefaults:
         p = self.params
-        return RequestDefaults(max_tokens=p.max_tokens, temperature=p.temperature, mode=p.mode, token_ids=p.token_ids,
-                               samples=p.samples, logprobs=p.logprobs, prompt_logprobs=p.prompt_logprobs)
+        return RequestDefaults(
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            mode=p.mode,
+            token_ids=p.token_ids,
+            samples=p.samples,
+            logprobs=p.logprobs,
+            prompt_logprobs=p.prompt_logprobs,
+        )
 
 
 async def run_generate(
@@ -157,9 +166,16 @@ def _metrics(config: GenerateConfig) -> contextlib.AbstractContextManager[JobMet
     return JobMetrics(config.metrics_host, config.metrics_port)
 
 
-async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] | None, restarter: Restarter | None,
-                      progress: Progress | None, stop: asyncio.Event | None, t_start: float,
-                      metrics: JobMetrics | None = None) -> JobReport:
+async def _run_locked(
+    config: GenerateConfig,
+    sink: Sink,
+    targets: list[Target] | None,
+    restarter: Restarter | None,
+    progress: Progress | None,
+    stop: asyncio.Event | None,
+    t_start: float,
+    metrics: JobMetrics | None = None,
+) -> JobReport:
     params = config.params
     base = {"destination": sink.url, "input": config.input}
     manifest = await _read_manifest(sink)
@@ -172,9 +188,16 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
         await asyncio.to_thread(sink.commit_file, source.spool, REJECTS_FILE)
     files = {"rejects": f"{sink.url}/{REJECTS_FILE}"} if info.rejected else {}
     if config.strict and info.rejected:
-        return JobReport(status="rejected", total=info.valid, records=info.valid + info.rejected, rejected=info.rejected,
-                         duplicates=info.duplicates, files=files,
-                         message=f"--strict: {info.rejected} input records rejected (see {REJECTS_FILE}); nothing was sent", **base)
+        return JobReport(
+            status="rejected",
+            total=info.valid,
+            records=info.valid + info.rejected,
+            rejected=info.rejected,
+            duplicates=info.duplicates,
+            files=files,
+            message=f"--strict: {info.rejected} input records rejected (see {REJECTS_FILE}); nothing was sent",
+            **base,
+        )
     resumed = manifest is not None
     manifest, run = await _record_run(sink, manifest, info, params)  # -- 4.
     ledger = Ledger(sink, params.format, run.run_id, info.sha256)
@@ -185,14 +208,32 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
         metrics.attach(stats)
         stats.event(f"metrics: http://{metrics.host}:{metrics.port}/metrics")
     # progress.json and the run's time series beside the shards (recorder.py); the bench runs let `report` check the plan
-    recorder = JobRecorder(sink, stats, run_id=run.run_id, interval_s=config.record_interval_s,
-                           extra={"bench": [os.path.abspath(b) for b in config.bench]})
+    recorder = JobRecorder(
+        sink,
+        stats,
+        run_id=run.run_id,
+        interval_s=config.record_interval_s,
+        extra={"bench": [os.path.abspath(b) for b in config.bench]},
+    )
     sent = _Sent()
     failures = _FailureLog(sink)
     failing: BaseException | None = None
     try:  # -- 6.
-        sent = await _send(config, targets, restarter, progress, stop, stats, ledger, resume, failures, t_start, recorder,
-                           info.models, on_targets=partial(_record_provenance, sink, manifest, run))
+        sent = await _send(
+            config,
+            targets,
+            restarter,
+            progress,
+            stop,
+            stats,
+            ledger,
+            resume,
+            failures,
+            t_start,
+            recorder,
+            info.models,
+            on_targets=partial(_record_provenance, sink, manifest, run),
+        )
         status = _status(sent.outcome, stats)
     except BaseException as exc:
         run.status = "error"
@@ -218,9 +259,18 @@ async def _run_locked(config: GenerateConfig, sink: Sink, targets: list[Target] 
     remaining = max(0, info.valid - resume.done_count - stats.committed)
     message = "; ".join(m for m in (sent.message, _rejects_message(info, files)) if m) or None
     report = build_report(
-        stats, status=status, run_id=run.run_id, resumed=resumed, duplicates=info.duplicates, remaining=remaining,
-        records=info.valid + info.rejected, startup_s=round(sent.startup_s, 3), peak_rss_mb=_peak_rss_mb(), files=files,
-        message=message, **base,
+        stats,
+        status=status,
+        run_id=run.run_id,
+        resumed=resumed,
+        duplicates=info.duplicates,
+        remaining=remaining,
+        records=info.valid + info.rejected,
+        startup_s=round(sent.startup_s, 3),
+        peak_rss_mb=_peak_rss_mb(),
+        files=files,
+        message=message,
+        **base,
     )
     # The last run's report beside the shards: `servefleet plan --check DEST` reads its timings.
     await asyncio.to_thread(sink.write_bytes, REPORT_FILE, json.dumps(report.to_json(), indent=1).encode())
@@ -257,14 +307,19 @@ async def _read_manifest(sink: Sink) -> JobManifest | None:
     return JobManifest.from_bytes(raw) if raw else None
 
 
-async def _read_input(config: GenerateConfig, sink: Sink, manifest: JobManifest | None, progress: Progress | None) -> _Input:
+async def _read_input(
+    config: GenerateConfig, sink: Sink, manifest: JobManifest | None, progress: Progress | None
+) -> _Input:
     """The input's fingerprint; the pre-pass runs unless the manifest's pre-pass is for these very bytes."""
     params = config.params
     size, mtime_ns = input_stat(config.input)
     if manifest is not None and manifest.params == params and manifest.input.size == size:
         # The same file (size and mtime), or the same bytes (touched or copied: one hashing read,
         # no parsing): the pre-pass's verdicts stand -- rejects from the rejects file.
-        same = manifest.input.mtime_ns == mtime_ns or await asyncio.to_thread(file_sha256, config.input) == manifest.input.sha256
+        same = (
+            manifest.input.mtime_ns == mtime_ns
+            or await asyncio.to_thread(file_sha256, config.input) == manifest.input.sha256
+        )
         if same:
             rejected_lines = await asyncio.to_thread(_read_reject_lines, sink, manifest.input.rejected)
             if rejected_lines is not None:
@@ -277,11 +332,23 @@ async def _read_input(config: GenerateConfig, sink: Sink, manifest: JobManifest 
     prepass = await asyncio.to_thread(_prepass_to_file, config.input, config.defaults(), spool, refused)
     if refused:  # before anything of the destination is written
         os.remove(spool)
-        raise ConfigError(f"--samples {params.samples}: {len(refused):,} records carry their own 'n' (lines "
-                          f"{', '.join(map(str, refused[:5]))}{', ...' if len(refused) > 5 else ''}); drop 'n' from them or drop --samples")
-    info = InputInfo(path=config.input, kind=detect_kind(config.input), size=prepass.size, mtime_ns=prepass.mtime_ns,
-                     sha256=prepass.sha256, lines=prepass.lines, valid=prepass.valid, rejected=prepass.rejected,
-                     duplicates=prepass.duplicates, unbounded=prepass.unbounded, models=prepass.models)
+        raise ConfigError(
+            f"--samples {params.samples}: {len(refused):,} records carry their own 'n' (lines "
+            f"{', '.join(map(str, refused[:5]))}{', ...' if len(refused) > 5 else ''}); drop 'n' from them or drop --samples"
+        )
+    info = InputInfo(
+        path=config.input,
+        kind=detect_kind(config.input),
+        size=prepass.size,
+        mtime_ns=prepass.mtime_ns,
+        sha256=prepass.sha256,
+        lines=prepass.lines,
+        valid=prepass.valid,
+        rejected=prepass.rejected,
+        duplicates=prepass.duplicates,
+        unbounded=prepass.unbounded,
+        models=prepass.models,
+    )
     return _Input(info, prepass=prepass, spool=spool)
 
 
@@ -292,10 +359,14 @@ def _refuse_another_job(config: GenerateConfig, sink: Sink, manifest: JobManifes
             raise JobMismatch(_mismatch_text(sink, problems))
 
 
-async def _record_run(sink: Sink, manifest: JobManifest | None, info: InputInfo, params: JobParams) -> tuple[JobManifest, RunRecord]:
+async def _record_run(
+    sink: Sink, manifest: JobManifest | None, info: InputInfo, params: JobParams
+) -> tuple[JobManifest, RunRecord]:
     """Discard leftovers of killed runs and add this run to the manifest."""
     await asyncio.to_thread(sink.discard_partial)
-    run = RunRecord(run_id=new_run_id(), input_sha256=info.sha256, forced=bool(manifest and manifest.mismatch(info, params)))
+    run = RunRecord(
+        run_id=new_run_id(), input_sha256=info.sha256, forced=bool(manifest and manifest.mismatch(info, params))
+    )
     if manifest is None:
         manifest = JobManifest(input=info, params=params)
     manifest.mark_killed()
@@ -309,26 +380,33 @@ async def _record_run(sink: Sink, manifest: JobManifest | None, info: InputInfo,
     return manifest, run
 
 
-async def _what_is_done(config: GenerateConfig, ledger: Ledger, manifest: JobManifest, source: _Input,
-                        progress: Progress | None) -> _Resume:
+async def _what_is_done(
+    config: GenerateConfig, ledger: Ledger, manifest: JobManifest, source: _Input, progress: Progress | None
+) -> _Resume:
     """Read the ledger and mark what committed shards answer in the plan of lines to send."""
     defaults = config.defaults()
     prepass = source.prepass
     changed = frozenset(r.run_id for r in manifest.runs if r.made_with_other_params(config.params))
     scan = partial(ledger.scan, changed_runs=changed, reask_changed=config.reask_changed)
     content = ContentIndex(prepass) if prepass is not None else None
-    done = await asyncio.to_thread(partial(scan, content=content), manifest, prepass.collisions if prepass else frozenset())
+    done = await asyncio.to_thread(
+        partial(scan, content=content), manifest, prepass.collisions if prepass else frozenset()
+    )
     if not done.by_line and prepass is None:
         # Shards from another input version (--force): match by id, which needs the pre-pass.
         if progress:
             progress.phase("matching committed ids against the input (pre-pass)")
         prepass = await asyncio.to_thread(run_prepass, config.input, defaults, lambda r: None)
         first = done
-        done = await asyncio.to_thread(partial(scan, manifest, prepass.collisions, by_id=True, content=ContentIndex(prepass)))
+        done = await asyncio.to_thread(
+            partial(scan, manifest, prepass.collisions, by_id=True, content=ContentIndex(prepass))
+        )
         done.quarantined = first.quarantined + done.quarantined
         done.superseded += first.superseded
         done.changed += first.superseded
-    plan = prepass.plan() if prepass is not None else _plan_from_rejects(source.info.lines, source.rejected_lines or [])
+    plan = (
+        prepass.plan() if prepass is not None else _plan_from_rejects(source.info.lines, source.rejected_lines or [])
+    )
     done_count = done.apply(plan, prepass)
     source.prepass = None
     done.release()
@@ -345,23 +423,35 @@ def _new_stats(info: InputInfo, resume: _Resume) -> JobStats:
     for line in resume.done.quarantined:
         stats.event(f"ledger: damaged shard {line}")
     if resume.done.superseded:
-        stats.event(f"ledger: {resume.done.superseded:,} committed ids were made with other parameters: their shards moved to "
-                    "superseded/, asked again (--reask-changed)")
+        stats.event(
+            f"ledger: {resume.done.superseded:,} committed ids were made with other parameters: their shards moved to "
+            "superseded/, asked again (--reask-changed)"
+        )
     elif resume.done.changed:
-        stats.event(f"ledger: {resume.done.changed:,} committed ids were made with other parameters than this run's and are kept "
-                    "(--reask-changed asks them again)")
+        stats.event(
+            f"ledger: {resume.done.changed:,} committed ids were made with other parameters than this run's and are kept "
+            "(--reask-changed asks them again)"
+        )
     if resume.done.content_superseded:
-        stats.event(f"ledger: {resume.done.content_changed:,} committed ids now have different content (prompt or fields changed): "
-                    f"their shards ({resume.done.content_superseded:,} ids) moved to superseded/, asked again (--reask-changed)")
+        stats.event(
+            f"ledger: {resume.done.content_changed:,} committed ids now have different content (prompt or fields changed): "
+            f"their shards ({resume.done.content_superseded:,} ids) moved to superseded/, asked again (--reask-changed)"
+        )
     elif resume.done.content_changed:
-        stats.event(f"ledger: {resume.done.content_changed:,} committed ids now have different content (prompt or fields changed) "
-                    "and are kept (--reask-changed asks them again)")
+        stats.event(
+            f"ledger: {resume.done.content_changed:,} committed ids now have different content (prompt or fields changed) "
+            "and are kept (--reask-changed asks them again)"
+        )
     if resume.done.duplicates:
-        stats.event(f"ledger: {resume.done.duplicates:,} ids are committed more than once (two runs wrote this destination "
-                    "at the same time); readers should keep one row per id")
+        stats.event(
+            f"ledger: {resume.done.duplicates:,} ids are committed more than once (two runs wrote this destination "
+            "at the same time); readers should keep one row per id"
+        )
     raised = raise_open_files_limit()
     if raised:
-        stats.event(f"open-file limit raised from {raised[0]:,} to {raised[1]:,} (one connection per request in flight)")
+        stats.event(
+            f"open-file limit raised from {raised[0]:,} to {raised[1]:,} (one connection per request in flight)"
+        )
     return stats
 
 
@@ -374,25 +464,52 @@ class _FailureLog:
 
     def write(self, ticket: Ticket, failure: RequestFailure) -> None:
         r = ticket.record
-        self.file.write(json.dumps({"id": r.id, "line": r.line, "attempts": ticket.attempts, "server": ticket.last_server,
-                                    "error": failure.describe(), "retryable": failure.retryable, "time": utcnow(),
-                                    **({"sample": r.sample} if r.sample is not None else {})}) + "\n")
+        self.file.write(
+            json.dumps(
+                {
+                    "id": r.id,
+                    "line": r.line,
+                    "attempts": ticket.attempts,
+                    "server": ticket.last_server,
+                    "error": failure.describe(),
+                    "retryable": failure.retryable,
+                    "time": utcnow(),
+                    **({"sample": r.sample} if r.sample is not None else {}),
+                }
+            )
+            + "\n"
+        )
 
     def close(self) -> None:
         self.file.close()
 
 
-async def _send(config: GenerateConfig, targets: list[Target] | None, restarter: Restarter | None, progress: Progress | None,
-                stop: asyncio.Event | None, stats: JobStats, ledger: Ledger, resume: _Resume, failures: _FailureLog,
-                t_start: float, recorder: JobRecorder, ledger_models: dict[str, int] | None = None,
-                on_targets: Callable[[list[Target], Client], Awaitable[None]] | None = None) -> _Sent:
+async def _send(
+    config: GenerateConfig,
+    targets: list[Target] | None,
+    restarter: Restarter | None,
+    progress: Progress | None,
+    stop: asyncio.Event | None,
+    stats: JobStats,
+    ledger: Ledger,
+    resume: _Resume,
+    failures: _FailureLog,
+    t_start: float,
+    recorder: JobRecorder,
+    ledger_models: dict[str, int] | None = None,
+    on_targets: Callable[[list[Target], Client], Awaitable[None]] | None = None,
+) -> _Sent:
     """Send what is not done over every server until it is answered, failed, or the run is stopped."""
     sent = _Sent()
     if stats.to_send <= 0:
         return sent
     params = config.params
-    async with Client(request_timeout_s=config.request_timeout_s, logprobs_k=params.logprobs, prompt_logprobs_k=params.prompt_logprobs,
-                      api_key=config.api_key.get_secret_value() if config.api_key else None) as client:
+    async with Client(
+        request_timeout_s=config.request_timeout_s,
+        logprobs_k=params.logprobs,
+        prompt_logprobs_k=params.prompt_logprobs,
+        api_key=config.api_key.get_secret_value() if config.api_key else None,
+    ) as client:
         if targets is None:
             targets = await targets_from_urls(config.urls, client, config.max_running)
         if not targets:
@@ -406,14 +523,31 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
         if (warning := open_files_warning(planned)) is not None:
             stats.event(warning)
         if params.logprobs is not None:
-            await refuse_without_logprobs(targets, client, "chat" if params.mode == "chat" else "completions", params.logprobs,
-                                          params.model or (params.models[0] if params.models else None))
+            await refuse_without_logprobs(
+                targets,
+                client,
+                "chat" if params.mode == "chat" else "completions",
+                params.logprobs,
+                params.model or (params.models[0] if params.models else None),
+            )
         if params.prompt_logprobs is not None:
-            await refuse_without_prompt_logprobs(targets, client, "chat" if params.mode == "chat" else "completions", params.prompt_logprobs,
-                                                 params.model or (params.models[0] if params.models else None))
-        buffer = ShardBuffer(shard_schema(params.token_ids, params.store_request, samples=params.samples is not None,
-                                          logprobs_k=params.logprobs, prompt_logprobs_k=params.prompt_logprobs),
-                             ShardLimits(config.shard_rows, config.shard_bytes, config.shard_seconds))
+            await refuse_without_prompt_logprobs(
+                targets,
+                client,
+                "chat" if params.mode == "chat" else "completions",
+                params.prompt_logprobs,
+                params.model or (params.models[0] if params.models else None),
+            )
+        buffer = ShardBuffer(
+            shard_schema(
+                params.token_ids,
+                params.store_request,
+                samples=params.samples is not None,
+                logprobs_k=params.logprobs,
+                prompt_logprobs_k=params.prompt_logprobs,
+            ),
+            ShardLimits(config.shard_rows, config.shard_bytes, config.shard_seconds),
+        )
         committer = Committer(ledger, buffer, stats)
         mode = choose_mode(config.sample_mode, records=stats.to_send, servers=len(targets))
         out, on_failure = _outcomes(config, committer, failures, stats, mode)
@@ -422,10 +556,18 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
             watched = Watched(out, on_failure, watch)
             out, on_failure = watched, watched.on_failure
         dispatcher = Dispatcher(
-            targets, client=client, out=out, on_failure=on_failure, stats=stats,
+            targets,
+            client=client,
+            out=out,
+            on_failure=on_failure,
+            stats=stats,
             retry=RetryPolicy(config.max_attempts, config.retry_base_s, config.retry_cap_s),
-            health=config.health, concurrency=config.concurrency, model=params.model, routed=routed,
-            store_request=params.store_request, restarter=restarter,
+            health=config.health,
+            concurrency=config.concurrency,
+            model=params.model,
+            routed=routed,
+            store_request=params.store_request,
+            restarter=restarter,
         )
         sent.startup_s = time.monotonic() - t_start
         stats.started = time.monotonic()
@@ -438,7 +580,9 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
                 feed = _feed(config.input, resume.plan, config.defaults(), resume.done, ledger.pending_digests)
                 if params.samples is not None or params.models:
                     feed = expanded(feed, params.samples, mode, params.models)
-                async with _first_of(stop, committer.broken, watch.tripped) as halt:  # a commit that failed for good ends the run at once
+                async with _first_of(
+                    stop, committer.broken, watch.tripped
+                ) as halt:  # a commit that failed for good ends the run at once
                     stopped, outcome = await until_stopped(dispatcher.run(feed), halt)
                 if outcome is not None:
                     sent.outcome = outcome
@@ -458,22 +602,36 @@ async def _send(config: GenerateConfig, targets: list[Target] | None, restarter:
             error = committer.error
             if not isinstance(error, OSError):
                 raise error
-            raise CommitFailed(ledger.sink.url, error.filename or committer.failed_shard, error,
-                               uncommitted=stats.done - stats.committed, committed=stats.committed) from error
+            raise CommitFailed(
+                ledger.sink.url,
+                error.filename or committer.failed_shard,
+                error,
+                uncommitted=stats.done - stats.committed,
+                committed=stats.committed,
+            ) from error
     if sent.outcome == "stalled":
-        sent.message = (f"no server left to send to: each was given up (not back within --give-up-after {config.health.recover_timeout_s:g}s, "
-                        "or its restarts failed: see the events); run the same command again when servers are ready")
+        sent.message = (
+            f"no server left to send to: each was given up (not back within --give-up-after {config.health.recover_timeout_s:g}s, "
+            "or its restarts failed: see the events); run the same command again when servers are ready"
+        )
     return sent
 
 
-async def _record_provenance(sink: Sink, manifest: JobManifest, run: RunRecord, targets: list[Target], client: Client) -> None:
+async def _record_provenance(
+    sink: Sink, manifest: JobManifest, run: RunRecord, targets: list[Target], client: Client
+) -> None:
     """This run's servers in job.json before the first request (a killed run keeps them too)."""
     run.provenance = await collect(targets, client)
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
 
 
-def _outcomes(config: GenerateConfig, committer: Committer, failures: _FailureLog, stats: JobStats,
-              mode: Literal["n", "requests"]) -> tuple[RowSink, Callable[[Ticket, RequestFailure], None]]:
+def _outcomes(
+    config: GenerateConfig,
+    committer: Committer,
+    failures: _FailureLog,
+    stats: JobStats,
+    mode: Literal["n", "requests"],
+) -> tuple[RowSink, Callable[[Ticket, RequestFailure], None]]:
     """Where the dispatcher's rows and final failures go: with several rows per id, through :class:`Groups`
     (an id's rows are committed together); each request of K counts in the progress."""
     samples, models = config.params.samples, len(config.params.models or ()) or 1
@@ -483,7 +641,9 @@ def _outcomes(config: GenerateConfig, committer: Committer, failures: _FailureLo
     stats.to_send *= models * (samples or 1 if mode == "requests" else 1)
     groups = Groups(committer, failures.write, per_id)
     if samples is not None:
-        stats.event(f"--samples {samples}: {mode} mode ({'one request of n=K per id' if mode == 'n' else 'K requests per id'})")
+        stats.event(
+            f"--samples {samples}: {mode} mode ({'one request of n=K per id' if mode == 'n' else 'K requests per id'})"
+        )
     return groups, groups.on_failure
 
 
@@ -505,8 +665,16 @@ async def _first_of(*events: asyncio.Event | None) -> AsyncIterator[asyncio.Even
         await asyncio.gather(*relays, return_exceptions=True)
 
 
-async def _finish_run(sink: Sink, manifest: JobManifest, run: RunRecord, resume: _Resume, stats: JobStats,
-                      failures: _FailureLog, files: dict[str, str], outcome: str) -> None:
+async def _finish_run(
+    sink: Sink,
+    manifest: JobManifest,
+    run: RunRecord,
+    resume: _Resume,
+    stats: JobStats,
+    failures: _FailureLog,
+    files: dict[str, str],
+    outcome: str,
+) -> None:
     """Publish failures.jsonl (or remove a stale one) and the run's end in the manifest."""
     failures.close()
     if stats.failed:
@@ -519,21 +687,31 @@ async def _finish_run(sink: Sink, manifest: JobManifest, run: RunRecord, resume:
     run.status = run.status if run.status == "error" else _status(outcome, stats)
     run.done_before, run.done, run.failed = resume.done_count, stats.committed, stats.failed
     sizes = await asyncio.to_thread(sink.sizes, SHARDS_DIR)  # what readers check the shards against (damage)
-    manifest = manifest.model_copy(update={"shards": resume.done.shards + stats.shards, "rows": resume.done.rows + stats.committed,
-                                           "shard_bytes": sum(sizes.values())})
+    manifest = manifest.model_copy(
+        update={
+            "shards": resume.done.shards + stats.shards,
+            "rows": resume.done.rows + stats.committed,
+            "shard_bytes": sum(sizes.values()),
+        }
+    )
     await asyncio.to_thread(sink.write_bytes, JOB_FILE, manifest.to_bytes())
 
 
 def _rejects_message(info: InputInfo, files: dict[str, str]) -> str | None:
     if not info.rejected:
         return None
-    return (f"{info.rejected:,} of {info.valid + info.rejected:,} input records rejected, never sent (see {files['rejects']}); "
-            "fix them in the input and run again")
+    return (
+        f"{info.rejected:,} of {info.valid + info.rejected:,} input records rejected, never sent (see {files['rejects']}); "
+        "fix them in the input and run again"
+    )
 
 
 def _mismatch_text(sink: Sink, problems: list[str]) -> str:
-    return (f"{sink.url} holds another job: " + "; ".join(problems)
-            + ". Use another --output, or --force to keep its committed ids and go on with these settings.")
+    return (
+        f"{sink.url} holds another job: "
+        + "; ".join(problems)
+        + ". Use another --output, or --force to keep its committed ids and go on with these settings."
+    )
 
 
 def _status(outcome: str, stats: JobStats) -> str:
@@ -543,8 +721,9 @@ def _status(outcome: str, stats: JobStats) -> str:
     return "complete" if stats.failed == 0 and stats.rejected == 0 else "incomplete"
 
 
-async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: DoneSet, digests: dict[int, int],
-                chunk: int = 256) -> AsyncIterator[PromptRecord]:
+async def _feed(
+    path: str, plan: bytearray, defaults: RequestDefaults, done: DoneSet, digests: dict[int, int], chunk: int = 256
+) -> AsyncIterator[PromptRecord]:
     """The records still to send, parsed in a worker thread a chunk at a time; ``digests`` gets each one's
     content digest by line (the ledger entry that commits its answer keeps it)."""
     raw_iter = iter_pending(path, plan, SKIP)
@@ -573,6 +752,7 @@ async def _feed(path: str, plan: bytearray, defaults: RequestDefaults, done: Don
 def _prepass_to_file(path: str, defaults: RequestDefaults, spool: str, refused: list[int] | None = None) -> Prepass:
     """``refused``: gets the lines whose reject refuses the whole job (a record's own n beside --samples)."""
     with open(spool, "w", encoding="utf-8") as f:
+
         def on_reject(r: Reject) -> None:
             if refused is not None and r.reason.startswith(N_BESIDE_SAMPLES):
                 refused.append(r.line)
@@ -632,9 +812,11 @@ def open_files_warning(planned_in_flight: int, soft_limit: int | None = None) ->
         soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft_limit == resource.RLIM_INFINITY or planned_in_flight <= soft_limit - FILES_RESERVE:
         return None
-    return (f"open-file limit {soft_limit:,} is below the {planned_in_flight:,} requests planned in flight (one socket each): "
-            f"past ~{max(0, soft_limit - FILES_RESERVE):,} connects fail; raise the hard limit (`ulimit -Hn`, LimitNOFILE=) "
-            "or give a lower --concurrency")
+    return (
+        f"open-file limit {soft_limit:,} is below the {planned_in_flight:,} requests planned in flight (one socket each): "
+        f"past ~{max(0, soft_limit - FILES_RESERVE):,} connects fail; raise the hard limit (`ulimit -Hn`, LimitNOFILE=) "
+        "or give a lower --concurrency"
+    )
 
 
 # Cyclic GC while requests are in flight: each young-generation pass walks every live request's

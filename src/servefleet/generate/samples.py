@@ -56,13 +56,17 @@ def expand(rec: PromptRecord, samples: int, mode: Literal["n", "requests"]) -> l
     return [replace(rec, body={**rec.body, "seed": base + k}, sample=k) for k in range(samples)]
 
 
-async def expanded(feed: AsyncIterator[PromptRecord], samples: int | None, mode: Literal["n", "requests"],
-                   models: tuple[str, ...] | None = None) -> AsyncIterator[PromptRecord]:
+async def expanded(
+    feed: AsyncIterator[PromptRecord],
+    samples: int | None,
+    mode: Literal["n", "requests"],
+    models: tuple[str, ...] | None = None,
+) -> AsyncIterator[PromptRecord]:
     """Each record's requests: one per model of ``models`` (--models), each asking ``samples`` answers."""
     async for rec in feed:
         for m in models or (None,):
             each = rec if m is None else replace(rec, body={**rec.body, "model": m})
-            for one in (expand(each, samples, mode) if samples is not None else (each,)):
+            for one in expand(each, samples, mode) if samples is not None else (each,):
                 yield one
 
 

@@ -45,8 +45,14 @@ def sample_from_text(text: str, t: float) -> LoadSample | None:
     """One scrape; None when it holds none of the metrics read here."""
     m = parse_prometheus(text)
     n = serving_metrics()  # built once (cached), not per scrape
-    s = LoadSample(t, first_present(m, n.generation_tokens), first_present(m, n.prompt_tokens), first_present(m, n.steps), first_present(m, n.running),
-                   first_present(m, n.queued))
+    s = LoadSample(
+        t,
+        first_present(m, n.generation_tokens),
+        first_present(m, n.prompt_tokens),
+        first_present(m, n.steps),
+        first_present(m, n.running),
+        first_present(m, n.queued),
+    )
     if s.generation_tokens is None and s.running is None:
         return None
     return s

@@ -56,12 +56,21 @@ class OutputRow:
         if self.logprobs is not None:
             n += 8 * len(self.logprobs) * (1 + len(self.top_logprobs[0]) if self.top_logprobs else 1)
         if self.prompt_logprobs is not None:
-            n += 8 * len(self.prompt_logprobs) * (1 + len(self.prompt_top_logprobs[0]) if self.prompt_top_logprobs else 1)
+            n += (
+                8
+                * len(self.prompt_logprobs)
+                * (1 + len(self.prompt_top_logprobs[0]) if self.prompt_top_logprobs else 1)
+            )
         return n + 4 * len(self.token_ids or ())
 
 
-def shard_schema(token_ids: bool, store_request: bool, samples: bool = False, logprobs_k: int | None = None,
-                 prompt_logprobs_k: int | None = None) -> pa.Schema:
+def shard_schema(
+    token_ids: bool,
+    store_request: bool,
+    samples: bool = False,
+    logprobs_k: int | None = None,
+    prompt_logprobs_k: int | None = None,
+) -> pa.Schema:
     fields = [
         pa.field("id", pa.string(), nullable=False),
         pa.field("line", pa.int64(), nullable=False),
@@ -82,13 +91,19 @@ def shard_schema(token_ids: bool, store_request: bool, samples: bool = False, lo
     if samples:
         fields.append(pa.field("sample", pa.int32()))
     if logprobs_k is not None:
-        fields += [pa.field("logprobs", pa.list_(pa.float32())), pa.field("logprob_token_ids", pa.list_(pa.int32())),
-                   pa.field("top_logprobs", pa.list_(pa.list_(pa.float32(), logprobs_k))),
-                   pa.field("top_token_ids", pa.list_(pa.list_(pa.int32(), logprobs_k)))]
+        fields += [
+            pa.field("logprobs", pa.list_(pa.float32())),
+            pa.field("logprob_token_ids", pa.list_(pa.int32())),
+            pa.field("top_logprobs", pa.list_(pa.list_(pa.float32(), logprobs_k))),
+            pa.field("top_token_ids", pa.list_(pa.list_(pa.int32(), logprobs_k))),
+        ]
     if prompt_logprobs_k is not None:
-        fields += [pa.field("prompt_logprobs", pa.list_(pa.float32())), pa.field("prompt_logprob_token_ids", pa.list_(pa.int32())),
-                   pa.field("prompt_top_logprobs", pa.list_(pa.list_(pa.float32(), prompt_logprobs_k))),
-                   pa.field("prompt_top_token_ids", pa.list_(pa.list_(pa.int32(), prompt_logprobs_k)))]
+        fields += [
+            pa.field("prompt_logprobs", pa.list_(pa.float32())),
+            pa.field("prompt_logprob_token_ids", pa.list_(pa.int32())),
+            pa.field("prompt_top_logprobs", pa.list_(pa.list_(pa.float32(), prompt_logprobs_k))),
+            pa.field("prompt_top_token_ids", pa.list_(pa.list_(pa.int32(), prompt_logprobs_k))),
+        ]
     return pa.schema(fields)
 
 
@@ -132,7 +147,12 @@ class ShardBuffer:
     def take(self) -> ShardBuffer:
         """Hand the rows over (this buffer starts empty again)."""
         full = ShardBuffer(self.schema, self.limits)
-        full.rows, full.bytes, full.started, full.completion_tokens = self.rows, self.bytes, self.started, self.completion_tokens
+        full.rows, full.bytes, full.started, full.completion_tokens = (
+            self.rows,
+            self.bytes,
+            self.started,
+            self.completion_tokens,
+        )
         self.rows = []
         self.bytes, self.started, self.completion_tokens = 0, None, 0
         return full

@@ -181,14 +181,17 @@ class LocalSink:
             os.makedirs(self.root, exist_ok=True)
             fd = os.open(os.path.join(self.root, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
-            raise ConfigError(f"--output {self.root}: cannot write there ({exc.strerror or exc}); "
-                              "choose a folder you can write to") from None
+            raise ConfigError(
+                f"--output {self.root}: cannot write there ({exc.strerror or exc}); choose a folder you can write to"
+            ) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-                raise DestinationBusy(f"another `servefleet generate` is writing to {self.root} (pid {holder or '?'})") from None
+                raise DestinationBusy(
+                    f"another `servefleet generate` is writing to {self.root} (pid {holder or '?'})"
+                ) from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             self._lock_fd = fd
@@ -209,14 +212,22 @@ class LocalSink:
 class FsspecSink:
     """Object storage through fsspec (s3fs for ``s3://``). Atomic by single-object upload."""
 
-    def __init__(self, url: str, *, part_bytes: int = 64 << 20, lease_heartbeat_s: float = HEARTBEAT_S,
-                 lease_expires_s: float = EXPIRES_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        part_bytes: int = 64 << 20,
+        lease_heartbeat_s: float = HEARTBEAT_S,
+        lease_expires_s: float = EXPIRES_S,
+    ) -> None:
         import fsspec
 
         try:
             self.fs, root = fsspec.core.url_to_fs(url)
         except ImportError as exc:
-            raise ConfigError(f"{url}: object storage needs the s3 extra (pip install 'servefleet[s3]'): {exc}") from exc
+            raise ConfigError(
+                f"{url}: object storage needs the s3 extra (pip install 'servefleet[s3]'): {exc}"
+            ) from exc
         self.url = url.rstrip("/")
         self.root = root.rstrip("/")
         self.part_bytes = part_bytes
@@ -286,7 +297,11 @@ class FsspecSink:
             entries = self.fs.ls(path, detail=True)
         except FileNotFoundError:
             return {}
-        out = {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries if e.get("type") == "file"}
+        out = {
+            e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+            for e in entries
+            if e.get("type") == "file"
+        }
         return {n: v for n, v in out.items() if not n.startswith(".")}
 
     def move(self, rel: str, new_rel: str) -> None:
@@ -317,8 +332,14 @@ class FsspecSink:
             yield
             return
         bucket, _, prefix = self.root.partition("/")
-        lease = ObjectLease(self.fs, bucket, f"{prefix}/{LEASE_FILE}" if prefix else LEASE_FILE, self.url,
-                            heartbeat_s=self.lease_heartbeat_s, expires_s=self.lease_expires_s)
+        lease = ObjectLease(
+            self.fs,
+            bucket,
+            f"{prefix}/{LEASE_FILE}" if prefix else LEASE_FILE,
+            self.url,
+            heartbeat_s=self.lease_heartbeat_s,
+            expires_s=self.lease_expires_s,
+        )
         lease.acquire()
         if lease.took_over:
             log.warning("%s: took over the lease of a dead run (%s)", self.url, lease.took_over)

@@ -74,7 +74,9 @@ class ServerStats:
     completion_tokens: int = 0
     prompt_tokens: int = 0
     latency_sum_s: float = 0.0
-    recent_latency_s: float = 0.0  # moving mean of the last few dozen answers: a request's lifetime at the current limit
+    recent_latency_s: float = (
+        0.0  # moving mean of the last few dozen answers: a request's lifetime at the current limit
+    )
     outages: int = 0
     restarts: int = 0
     meter: RateMeter = field(default_factory=RateMeter)
@@ -86,7 +88,11 @@ class ServerStats:
         """One answer's latency. The job's mean is dominated by the first (small-batch, fast) requests;
         the recent mean follows the lifetime at the limit in force, which sets how long a window must be."""
         self.latency_sum_s += latency_s
-        self.recent_latency_s = latency_s if self.requests <= 1 else self.recent_latency_s + LIFETIME_WEIGHT * (latency_s - self.recent_latency_s)
+        self.recent_latency_s = (
+            latency_s
+            if self.requests <= 1
+            else self.recent_latency_s + LIFETIME_WEIGHT * (latency_s - self.recent_latency_s)
+        )
 
     def lifetime_s(self) -> float:
         """A request's lifetime now (seconds from sending to its answer; 0 before the first answer)."""

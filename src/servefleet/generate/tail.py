@@ -32,11 +32,18 @@ def tail_of_timeline(tl: dict[str, Any]) -> dict[str, Any]:
         busy = [i for i in range(min(n, len(flight))) if flight[i] > 0]
         last_busy = min(end, (busy[-1] + 1) * width) if busy else out_at.get(("join", name), 0.0)
         stop = released.get(name, out_at.get(("out", name), end))
-        per[name] = {"idle_s": round(max(0.0, stop - last_busy), 2),
-                     "released_s": round(end - released[name], 2) if name in released else 0.0}
-    return {"idle_server_s": round(sum(p["idle_s"] for p in per.values()), 2),
-            "released_server_s": round(sum(p["released_s"] for p in per.values()), 2),
-            "released": len(released), "job_s": round(end, 2), "bucket_s": width, "per_server": per}
+        per[name] = {
+            "idle_s": round(max(0.0, stop - last_busy), 2),
+            "released_s": round(end - released[name], 2) if name in released else 0.0,
+        }
+    return {
+        "idle_server_s": round(sum(p["idle_s"] for p in per.values()), 2),
+        "released_server_s": round(sum(p["released_s"] for p in per.values()), 2),
+        "released": len(released),
+        "job_s": round(end, 2),
+        "bucket_s": width,
+        "per_server": per,
+    }
 
 
 def _out_for_good(tl: dict[str, Any]) -> dict[tuple[str, str], float]:

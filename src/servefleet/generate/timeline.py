@@ -70,17 +70,27 @@ class _Events:
             self.tail.append(event)
 
     def to_json(self) -> dict[str, Any]:
-        return {"items": [*self.head, *self.tail], "total": self.total, "left_out": self.total - len(self.head) - len(self.tail)}
+        return {
+            "items": [*self.head, *self.tail],
+            "total": self.total,
+            "left_out": self.total - len(self.head) - len(self.tail),
+        }
 
     def copy(self) -> _Events:
         out = _Events.__new__(_Events)
-        out.head, out.tail, out.cap_head, out.total = list(self.head), deque(self.tail, self.tail.maxlen), self.cap_head, self.total
+        out.head, out.tail, out.cap_head, out.total = (
+            list(self.head),
+            deque(self.tail, self.tail.maxlen),
+            self.cap_head,
+            self.total,
+        )
         return out
 
 
 class Timeline:
-    def __init__(self, started: float, *, bucket_s: float = 1.0, max_buckets: int = MAX_BUCKETS,
-                 max_events: int = MAX_EVENTS) -> None:
+    def __init__(
+        self, started: float, *, bucket_s: float = 1.0, max_buckets: int = MAX_BUCKETS, max_events: int = MAX_EVENTS
+    ) -> None:
         if max_buckets < 2 or max_buckets % 2:
             raise ValueError("max_buckets must be even and at least 2")
         self.started = started  # UNIX time of the run's start
@@ -130,7 +140,9 @@ class Timeline:
             return [(last, 1.0)]
         return [(k, (min(b, (k + 1) * w) - max(a, k * w)) / (b - a)) for k in range(first, last + 1)]
 
-    def _sample_server(self, name: str, s: ServerSample, t: float, dt: float, i: int, shares: list[tuple[int, float]]) -> None:
+    def _sample_server(
+        self, name: str, s: ServerSample, t: float, dt: float, i: int, shares: list[tuple[int, float]]
+    ) -> None:
         cols = self.servers.get(name)
         if cols is None:
             cols = self.servers[name] = {k: [0.0] * self._n for k in (*_SERVER_SUM, *_SERVER_MAX, *_SERVER_LAST)}
@@ -171,7 +183,7 @@ class Timeline:
     def _take_messages(self, t: float, stats: JobStats) -> None:
         fresh = min(stats.events_total - self._events_seen, len(stats.events))
         self._events_seen = stats.events_total
-        for text in list(stats.events)[len(stats.events) - fresh:] if fresh > 0 else []:
+        for text in list(stats.events)[len(stats.events) - fresh :] if fresh > 0 else []:
             self.messages.add({"t": round(t, 3), "text": _without_elapsed(text)})
 
     # ---- buckets --------------------------------------------------------------------------------
@@ -226,17 +238,28 @@ class Timeline:
                 "output_tokens": [int(v) for v in cols["tokens"]],
                 "requests": [int(v) for v in cols["requests"]],
                 "errors": [int(v) for v in cols["errors"]],
-                "in_flight_mean": [round(s / n, 2) if n else 0.0 for s, n in zip(cols["in_flight_sum"], cols["samples"], strict=True)],
+                "in_flight_mean": [
+                    round(s / n, 2) if n else 0.0 for s, n in zip(cols["in_flight_sum"], cols["samples"], strict=True)
+                ],
                 "in_flight_max": [int(v) for v in cols["in_flight_max"]],
                 "limit": [int(v) for v in cols["limit"]],
                 "down_s": [round(v, 2) for v in cols["down_s"]],
             }
         return {
-            "version": TIMELINE_VERSION, "started": self.started, "bucket_s": self.bucket_s, "buckets": self._n,
-            "max_buckets": self.max_buckets, "job": {("output_tokens" if k == "tokens" else k): [int(v) for v in col]
-                                                     for k, col in self.job.items()},
-            "serving": [round(s / n, 2) if n else 0.0 for s, n in zip(self.serving["sum"], self.serving["samples"], strict=True)],
-            "servers": servers, "events": self.events.to_json(), "messages": self.messages.to_json(), **extra,
+            "version": TIMELINE_VERSION,
+            "started": self.started,
+            "bucket_s": self.bucket_s,
+            "buckets": self._n,
+            "max_buckets": self.max_buckets,
+            "job": {("output_tokens" if k == "tokens" else k): [int(v) for v in col] for k, col in self.job.items()},
+            "serving": [
+                round(s / n, 2) if n else 0.0
+                for s, n in zip(self.serving["sum"], self.serving["samples"], strict=True)
+            ],
+            "servers": servers,
+            "events": self.events.to_json(),
+            "messages": self.messages.to_json(),
+            **extra,
         }
 
 

@@ -14,8 +14,20 @@ from typing import Protocol, runtime_checkable
 from servefleet.hosts.pidstat import PidStatus
 
 __all__ = [
-    "CommandResult", "PortHolder", "PidStatus", "Host", "UnitHost", "Launched", "DETACH_SCRIPT", "detach_argv", "poll_follow", "Truncated",
-    "cmdline_owns", "proc_cmdline_path", "proc_owns", "proc_command_line",
+    "CommandResult",
+    "PortHolder",
+    "PidStatus",
+    "Host",
+    "UnitHost",
+    "Launched",
+    "DETACH_SCRIPT",
+    "detach_argv",
+    "poll_follow",
+    "Truncated",
+    "cmdline_owns",
+    "proc_cmdline_path",
+    "proc_owns",
+    "proc_command_line",
 ]
 
 
@@ -273,7 +285,9 @@ async def proc_command_line(host: Host, pid: int) -> str | None:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip() or None
 
 
-async def poll_follow(host: Host, path: str, offset: int = 0, interval_s: float = 0.02) -> AsyncIterator[bytes | Truncated]:
+async def poll_follow(
+    host: Host, path: str, offset: int = 0, interval_s: float = 0.02
+) -> AsyncIterator[bytes | Truncated]:
     """A ``follow`` built from ``file_size`` and ``read_bytes`` by polling (cheap on a local disk)."""
     while True:
         size = await host.file_size(path)

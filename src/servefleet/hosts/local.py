@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import psutil
 
 from servefleet.errors import CommandError, HostError
-from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv, proc_command_line, proc_owns
+from servefleet.hosts.base import (
+    CommandResult,
+    Launched,
+    PortHolder,
+    Truncated,
+    detach_argv,
+    proc_command_line,
+    proc_owns,
+)
 from servefleet.hosts.local_ports import port_holder_fallback
 from servefleet.hosts.pidstat import PidStatus, read_pid_status
 from servefleet.hosts.watch import WatchItem, poll_watch
@@ -49,7 +57,9 @@ class LocalHost:
             proc.kill()
             await proc.wait()
             raise HostError(f"command timed out after {timeout}s: {' '.join(argv)[:200]}") from None
-        result = CommandResult(tuple(argv), proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+        result = CommandResult(
+            tuple(argv), proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        )
         if check and result.returncode != 0:
             raise CommandError(list(argv), result.returncode, result.stderr)
         return result
@@ -93,7 +103,9 @@ class LocalHost:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> Launched:
-        offset, newlines = await asyncio.to_thread(append_marker, log_path, status_path, marker)  # counting lines reads the log
+        offset, newlines = await asyncio.to_thread(
+            append_marker, log_path, status_path, marker
+        )  # counting lines reads the log
         await self.remove(status_path)
         pgid = await self.spawn_detached(argv, log_path=log_path, status_path=status_path, env=env, cwd=cwd)
         if await self.group_alive(pgid):
@@ -148,8 +160,15 @@ class LocalHost:
             if fh is not None:
                 fh.close()
 
-    def watch(self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None,
-              pid: int | None = None) -> AsyncIterator[WatchItem]:
+    def watch(
+        self,
+        log_path: str | None,
+        offset: int = 0,
+        *,
+        pgid: int | None = None,
+        status_path: str | None = None,
+        pid: int | None = None,
+    ) -> AsyncIterator[WatchItem]:
         """The WatchHost stream from this machine's disk and process table, polled (cheap here);
         ``pid``: a process of its own to watch (its group may outlive it)."""
         return poll_watch(self, log_path, offset, pgid=pgid, status_path=status_path, pid=pid)
@@ -246,8 +265,6 @@ class LocalHost:
 
     async def close(self) -> None:
         return None
-
-
 
 
 def append_marker(log_path: str, status_path: str, marker: str, chunk: int = 16 * 1024 * 1024) -> tuple[int, int]:

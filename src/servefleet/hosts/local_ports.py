@@ -25,8 +25,16 @@ from collections.abc import Iterable
 
 from servefleet.hosts.base import PortHolder
 
-__all__ = ["port_holder_fallback", "listening_inodes", "parse_ss", "socket_owner", "bind_test",
-           "PROC_EVIDENCE", "SS_EVIDENCE", "BIND_EVIDENCE"]
+__all__ = [
+    "port_holder_fallback",
+    "listening_inodes",
+    "parse_ss",
+    "socket_owner",
+    "bind_test",
+    "PROC_EVIDENCE",
+    "SS_EVIDENCE",
+    "BIND_EVIDENCE",
+]
 
 PROC_EVIDENCE = "/proc/net/tcp"
 SS_EVIDENCE = "ss -ltnp"

@@ -88,4 +88,3 @@ def read_pid_status(pid: int) -> PidStatus:
         except PermissionError:
             pass
         return PidStatus("alive")
-

@@ -19,7 +19,23 @@ from servefleet.hosts.base import Host, PortHolder
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["Alive", "Owns", "Read", "Size", "Port", "Exists", "GpuApps", "Tail", "ReadIfDead", "Question", "Answering", "ask", "answered", "inner_host", "read_tail"]
+__all__ = [
+    "Alive",
+    "Owns",
+    "Read",
+    "Size",
+    "Port",
+    "Exists",
+    "GpuApps",
+    "Tail",
+    "ReadIfDead",
+    "Question",
+    "Answering",
+    "ask",
+    "answered",
+    "inner_host",
+    "read_tail",
+]
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,9 @@ class SlurmHost:
     def _local(self) -> bool:
         return self.transport.name == "local"  # an SSHHost sets its env on every command itself
 
-    async def _scheduler(self, argv: Sequence[str], *, input: bytes | None = None, timeout: float = 60.0) -> CommandResult:
+    async def _scheduler(
+        self, argv: Sequence[str], *, input: bytes | None = None, timeout: float = 60.0
+    ) -> CommandResult:
         self.scheduler_calls += 1
         try:
             return await self.transport.run(self._cmd(argv), timeout=timeout, check=False, input=input)
@@ -119,7 +121,9 @@ class SlurmHost:
         if result.returncode != 0:
             said = result.stderr.strip()[-300:]
             if "contact slurm controller" in said or "Socket timed out" in said or "Connection refused" in said:
-                raise HostUnreachable(f"slurm host {self.name!r}: the Slurm controller does not answer ({said}); try `squeue --me` there")
+                raise HostUnreachable(
+                    f"slurm host {self.name!r}: the Slurm controller does not answer ({said}); try `squeue --me` there"
+                )
             raise HostError(f"slurm host {self.name!r}: squeue failed: {said}")
         self._jobs = parse_squeue(result.stdout)
         self._jobs_at = asked_at
@@ -138,32 +142,71 @@ class SlurmHost:
         if transport is not None:
             await transport.connect()
 
-    async def run(self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, input: bytes | None = None) -> CommandResult:
+    async def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, input: bytes | None = None
+    ) -> CommandResult:
         return await self.transport.run(argv, timeout=timeout, check=check, input=input)
 
-    async def spawn_detached(self, argv: Sequence[str], *, log_path: str, status_path: str, env: Mapping[str, str] | None = None, cwd: str | None = None) -> int:
+    async def spawn_detached(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> int:
         raise LaunchError("a Slurm host starts servers as jobs (launch), not as detached processes")
 
-    async def launch(self, argv: Sequence[str], *, log_path: str, status_path: str, marker: str, env: Mapping[str, str] | None = None,
-                     cwd: str | None = None) -> Launched:
+    async def launch(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        marker: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Launched:
         """The marker, the log's size, and the job's submission, in one command on the submitting host."""
         where = _where_path(status_path)
         name = status_path.rsplit("/", 1)[-1].removesuffix(".status")
-        args = scripts.job_args(argv, log_path=log_path, status_path=status_path, where_path=where, fleet_port=self.spec.fleet_ports.get(name, 0),
-                                port_slot=self.spec.port_slot, port_range=self.spec.port_range, python=self.spec.python)
-        sbatch = ["sbatch", "--parsable", f"--job-name={scripts.job_name(self.spec.fleet, name)}", f"--output={log_path}",
-                  "--open-mode=append", *(["--chdir", cwd] if cwd else []), *self.spec.sbatch]
+        args = scripts.job_args(
+            argv,
+            log_path=log_path,
+            status_path=status_path,
+            where_path=where,
+            fleet_port=self.spec.fleet_ports.get(name, 0),
+            port_slot=self.spec.port_slot,
+            port_range=self.spec.port_range,
+            python=self.spec.python,
+        )
+        sbatch = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={scripts.job_name(self.spec.fleet, name)}",
+            f"--output={log_path}",
+            "--open-mode=append",
+            *(["--chdir", cwd] if cwd else []),
+            *self.spec.sbatch,
+        ]
         jobfile = where.removesuffix(".where") + ".sbatch"
-        submit = scripts.submit_argv(jobfile=jobfile, where_path=where, status_path=status_path, cwd=cwd, sbatch=sbatch, args=args)
+        submit = scripts.submit_argv(
+            jobfile=jobfile, where_path=where, status_path=status_path, cwd=cwd, sbatch=sbatch, args=args
+        )
         command = self._cmd(mark_argv(submit, log_path, status_path, marker))
         self.scheduler_calls += 1
-        result = await self.transport.run(command, timeout=120, check=False, input=env_lines({**self.spec.env, **(env or {})}))
+        result = await self.transport.run(
+            command, timeout=120, check=False, input=env_lines({**self.spec.env, **(env or {})})
+        )
         if result.returncode != 0:
             raise HostError(f"slurm host {self.name!r}: could not submit the job: {result.stderr.strip()[-500:]}")
         try:
             size, newlines, job_id, state, code = parse_launch(result.stdout)
         except ValueError:
-            raise HostError(f"slurm host {self.name!r}: the submission did not report a job id: {result.stdout!r} {result.stderr!r}") from None
+            raise HostError(
+                f"slurm host {self.name!r}: the submission did not report a job id: {result.stdout!r} {result.stderr!r}"
+            ) from None
         self._submitted[str(job_id)] = time.monotonic()
         return Launched(job_id, size, newlines + 1, state, code)
 
@@ -201,12 +244,14 @@ class SlurmHost:
         return None  # servers here are jobs on other nodes: no process of theirs is visible here
 
     async def queued(self, job_id: int) -> str | None:
-        """"job 42 pending (Resources) for 12s" while the job waits to run, else None."""
+        """ "job 42 pending (Resources) for 12s" while the job waits to run, else None."""
         job = await self.job(job_id)
         if job is None or not job.pending:
             return None
         waited = _since(job.submitted)
-        return f"job {job_id} pending ({job.reason or job.state})" + (f" for {waited:.0f}s" if waited is not None else "")
+        return f"job {job_id} pending ({job.reason or job.state})" + (
+            f" for {waited:.0f}s" if waited is not None else ""
+        )
 
     async def ended(self, job_id: int) -> str | None:
         """How an ended job ended ("Slurm job 42 ended TIMEOUT: ..."), while the scheduler still
@@ -237,12 +282,20 @@ class SlurmHost:
     async def signal_group(self, pgid: int, signum: int) -> None:
         """``scancel`` the job (SIGKILL: ``scancel --signal=KILL --full``); a job that has ended is
         not an error."""
-        argv = ["scancel", str(pgid)] if signum != signal.SIGKILL else ["scancel", "--signal=KILL", "--full", str(pgid)]
+        argv = (
+            ["scancel", str(pgid)] if signum != signal.SIGKILL else ["scancel", "--signal=KILL", "--full", str(pgid)]
+        )
         result = await self._scheduler(argv)
         self._jobs_at = -1.0  # the next question sees the cancellation
-        if result.returncode != 0 and "Invalid job id" not in result.stderr and "already completing or completed" not in result.stderr:
+        if (
+            result.returncode != 0
+            and "Invalid job id" not in result.stderr
+            and "already completing or completed" not in result.stderr
+        ):
             error = CommandError(argv, result.returncode, result.stderr)
-            raise HostError(f"slurm host {self.name!r}: {' '.join(argv)} failed: {result.stderr.strip()[-300:]}") from error
+            raise HostError(
+                f"slurm host {self.name!r}: {' '.join(argv)} failed: {result.stderr.strip()[-300:]}"
+            ) from error
 
     async def port_holder(self, port: int) -> PortHolder | None:
         return None  # the port is chosen on the node when the job starts: nothing holds it beforehand
@@ -290,12 +343,16 @@ class SlurmHost:
         await self.transport.close()
 
     # ---- the WatchHost capability ---------------------------------------------------------
-    def watch(self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
+    def watch(
+        self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None
+    ) -> AsyncIterator[WatchItem]:
         """The log as it grows (the transport's follower), ``Pending`` while the job waits for
         resources, then the rest of the log and ``Exited`` (hosts/watch.py until_exit: the
         follower may lag behind the exit, the log is read to its end before it)."""
         log = self.transport.follow(log_path, offset) if log_path else None
-        return until_exit(log, self._exits(pgid, status_path), offset, lambda at: read_rest(self.transport, log_path or "", at))
+        return until_exit(
+            log, self._exits(pgid, status_path), offset, lambda at: read_rest(self.transport, log_path or "", at)
+        )
 
     async def _exits(self, pgid: int | None, status_path: str | None) -> AsyncIterator[Pending | Exited]:
         """The job's wait in the queue, then its end: the status file, or the scheduler's word."""
@@ -310,14 +367,21 @@ class SlurmHost:
                     yield Pending(job.reason or job.state, _since(job.submitted), job_id=str(pgid))
             elif job is not None and job.state == "RUNNING":
                 stale = False  # the job removed any earlier status file when it started
-            code_seen = status_path is not None and not stale and await self.transport.file_size(status_path) is not None
+            code_seen = (
+                status_path is not None and not stale and await self.transport.file_size(status_path) is not None
+            )
             if code_seen or job is None or not is_alive(job.state):
                 yield await self._exited(pgid, status_path, job)  # slurmstepd's own last lines are in the log by then
                 return
             deadline = time.monotonic() + self.spec.poll_interval
             while (left := deadline - time.monotonic()) > 0:
                 await asyncio.sleep(min(left, 0.1))
-                if status_path is not None and not stale and self._local and await self.transport.file_size(status_path) is not None:
+                if (
+                    status_path is not None
+                    and not stale
+                    and self._local
+                    and await self.transport.file_size(status_path) is not None
+                ):
                     break  # the wrapper recorded an exit: look at the job now
 
     async def _exited(self, pgid: int | None, status_path: str | None, job: JobInfo | None) -> Exited:

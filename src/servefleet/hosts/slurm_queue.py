@@ -10,17 +10,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["JobInfo", "slurm_seconds", "SQUEUE_FORMAT", "squeue_argv", "parse_squeue", "ENDED", "is_alive", "EndReport", "end_report", "parse_submit"]
+__all__ = [
+    "JobInfo",
+    "slurm_seconds",
+    "SQUEUE_FORMAT",
+    "squeue_argv",
+    "parse_squeue",
+    "ENDED",
+    "is_alive",
+    "EndReport",
+    "end_report",
+    "parse_submit",
+]
 
 FIELD_SEP = "|"
 # id, state, reason, node list, submit time, time used, time limit, job name
 SQUEUE_FORMAT = FIELD_SEP.join(("%i", "%T", "%r", "%N", "%V", "%M", "%l", "%j"))
 
 # Terminal states: the job's processes are gone (or being killed: COMPLETING is not here).
-ENDED = frozenset({
-    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT",
-})
+ENDED = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -102,7 +124,16 @@ def parse_squeue(stdout: str) -> dict[str, JobInfo]:
             continue
         job_id, state, reason, nodes, submitted, used, limit, name = (p.strip() for p in parts)
         state = state.split()[0].rstrip("+") if state else ""
-        jobs[job_id] = JobInfo(job_id, state, "" if reason in ("None", "(null)") else reason, nodes, parse_submit(submitted), used, limit, name)
+        jobs[job_id] = JobInfo(
+            job_id,
+            state,
+            "" if reason in ("None", "(null)") else reason,
+            nodes,
+            parse_submit(submitted),
+            used,
+            limit,
+            name,
+        )
     return jobs
 
 
@@ -124,26 +155,48 @@ class EndReport:
 def end_report(job: JobInfo | None, job_id: str, host: str) -> EndReport:
     """The words for an ended job (``job`` None: the scheduler no longer knows it)."""
     if job is None:
-        return EndReport(f"Slurm job {job_id} is no longer known to the scheduler (ended more than MinJobAge ago)", None, False)
+        return EndReport(
+            f"Slurm job {job_id} is no longer known to the scheduler (ended more than MinJobAge ago)", None, False
+        )
     limit = f" of {job.limit}" if job.limit and job.limit != "UNLIMITED" else ""
     said = f"Slurm job {job_id} ended {job.state}" + (f" ({job.reason})" if job.reason else "")
     table = f"[hosts.{host}]"
     if job.state == "TIMEOUT":
-        return EndReport(f"{said}: it reached its time limit{limit}",
-                         f"raise `time` in {table} (sbatch --time), or split the job; generate restarts it with a new job", True)
+        return EndReport(
+            f"{said}: it reached its time limit{limit}",
+            f"raise `time` in {table} (sbatch --time), or split the job; generate restarts it with a new job",
+            True,
+        )
     if job.state == "PREEMPTED":
-        return EndReport(f"{said}: preempted by a higher-priority job",
-                         f"use a QOS or partition without preemption (`qos`/`partition` in {table}), or let generate resubmit it", True)
+        return EndReport(
+            f"{said}: preempted by a higher-priority job",
+            f"use a QOS or partition without preemption (`qos`/`partition` in {table}), or let generate resubmit it",
+            True,
+        )
     if job.state == "NODE_FAIL":
-        return EndReport(f"{said} on {job.nodes or 'its node'}: the node failed",
-                         f"resubmit (servefleet restart); exclude the node with sbatch_args = [\"--exclude={job.nodes or 'NODE'}\"] if it recurs", True)
+        return EndReport(
+            f"{said} on {job.nodes or 'its node'}: the node failed",
+            f'resubmit (servefleet restart); exclude the node with sbatch_args = ["--exclude={job.nodes or "NODE"}"] if it recurs',
+            True,
+        )
     if job.state == "BOOT_FAIL":
-        return EndReport(f"{said}: the node failed to boot", "resubmit (servefleet restart); ask the cluster's admins if it recurs", True)
+        return EndReport(
+            f"{said}: the node failed to boot",
+            "resubmit (servefleet restart); ask the cluster's admins if it recurs",
+            True,
+        )
     if job.state == "OUT_OF_MEMORY":
-        return EndReport(f"{said}: the job exceeded its memory allocation (host RAM, not GPU memory)",
-                         f"raise `mem` in {table} (sbatch --mem), or lower the engine's CPU-side memory use", True)
+        return EndReport(
+            f"{said}: the job exceeded its memory allocation (host RAM, not GPU memory)",
+            f"raise `mem` in {table} (sbatch --mem), or lower the engine's CPU-side memory use",
+            True,
+        )
     if job.state == "CANCELLED":
-        return EndReport(f"{said}: cancelled (scancel, by you or an admin)", "see who cancelled it (sacct -j JOB -o State,Reason); servefleet restart resubmits it", True)
+        return EndReport(
+            f"{said}: cancelled (scancel, by you or an admin)",
+            "see who cancelled it (sacct -j JOB -o State,Reason); servefleet restart resubmits it",
+            True,
+        )
     if job.state == "DEADLINE":
         return EndReport(f"{said}: its deadline passed", "drop or move the job's --deadline in sbatch_args", True)
     if job.state in ("FAILED", "COMPLETED", "SPECIAL_EXIT"):

@@ -127,15 +127,37 @@ def sbatch_options(opts: Mapping[str, object]) -> list[str]:
     return out
 
 
-def job_args(wrapper_argv: Sequence[str], *, log_path: str, status_path: str, where_path: str, fleet_port: int, port_slot: str,
-             port_range: tuple[int, int], python: str) -> list[str]:
+def job_args(
+    wrapper_argv: Sequence[str],
+    *,
+    log_path: str,
+    status_path: str,
+    where_path: str,
+    fleet_port: int,
+    port_slot: str,
+    port_range: tuple[int, int],
+    python: str,
+) -> list[str]:
     """The batch script's arguments (JOB's "$@"): paths, the fleet file's port (kept when no
     argument carries the port slot: ``args`` fixed it), the slot, then the argv."""
     lo, hi = port_range
-    return [log_path, status_path, where_path, str(fleet_port), port_slot, str(lo), str(hi - lo), python, DETACH_SCRIPT, *wrapper_argv]
+    return [
+        log_path,
+        status_path,
+        where_path,
+        str(fleet_port),
+        port_slot,
+        str(lo),
+        str(hi - lo),
+        python,
+        DETACH_SCRIPT,
+        *wrapper_argv,
+    ]
 
 
-def submit_argv(*, jobfile: str, where_path: str, status_path: str, cwd: str | None, sbatch: Sequence[str], args: Sequence[str]) -> list[str]:
+def submit_argv(
+    *, jobfile: str, where_path: str, status_path: str, cwd: str | None, sbatch: Sequence[str], args: Sequence[str]
+) -> list[str]:
     """SUBMIT's argv: it writes JOB to ``jobfile`` and runs ``sbatch SBATCH... JOBFILE ARGS...``.
     PICK reaches the job through the environment sbatch exports."""
     command = ["env", f"PICK={PICK_PORT}", *sbatch, jobfile, *args]

@@ -30,7 +30,15 @@ from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchEr
 from servefleet.hosts import ssh_follow
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts import ssh_systemd as units
-from servefleet.hosts.base import CommandResult, Launched, PortHolder, Truncated, detach_argv, proc_command_line, proc_owns
+from servefleet.hosts.base import (
+    CommandResult,
+    Launched,
+    PortHolder,
+    Truncated,
+    detach_argv,
+    proc_command_line,
+    proc_owns,
+)
 from servefleet.hosts.pidstat import GONE, PidStatus, parse_proc_stat
 from servefleet.hosts.ssh_batch import Op, batch_argv, chunk_ops, parse_batch
 from servefleet.hosts.ssh_master import Master, MasterPool, free_local_port
@@ -66,7 +74,9 @@ class SSHHost:
         async with self._connect_lock:
             if self._facts is not None:
                 return
-            code, out, err = await self._exec(scripts.probe_argv(), timeout=self.spec.connect_timeout * 2 + 10, probe=True, retry=True)
+            code, out, err = await self._exec(
+                scripts.probe_argv(), timeout=self.spec.connect_timeout * 2 + 10, probe=True, retry=True
+            )
             if code != 0:
                 raise ssh_error(self.spec, ["probe"], code, err.decode(errors="replace"))
             facts = scripts.parse_probe(out.decode(errors="replace"))
@@ -149,32 +159,55 @@ class SSHHost:
             started = loop.time()
             if self.pool is None:
                 async with self._direct_slots:
-                    code, out, err = await self._client(ssh_argv(self.spec, "direct", None, flags=["-T"], remote=remote), input, timeout)
+                    code, out, err = await self._client(
+                        ssh_argv(self.spec, "direct", None, flags=["-T"], remote=remote), input, timeout
+                    )
                 lost = code == 255 and classify_ssh_failure(code, err.decode(errors="replace")) is not None
             else:
                 async with self.pool.session() as master:
-                    code, out, err = await self._client(ssh_argv(self.spec, "client", master.path, flags=["-T"], remote=remote), input, timeout, master)
+                    code, out, err = await self._client(
+                        ssh_argv(self.spec, "client", master.path, flags=["-T"], remote=remote), input, timeout, master
+                    )
                     # A mux client whose master dies mid-command may exit 255 without a word:
                     # the master's socket tells a dropped link from a command that exited 255.
-                    lost = code == 255 and (classify_ssh_failure(code, err.decode(errors="replace")) is not None or not self.pool.alive(master))
+                    lost = code == 255 and (
+                        classify_ssh_failure(code, err.decode(errors="replace")) is not None
+                        or not self.pool.alive(master)
+                    )
                     if lost:
                         self.pool.suspect(master)
             if not lost:
                 return code, out, err
             text = err.decode(errors="replace")
-            if self.pool is not None and classify_ssh_failure(code, text) in (None, "master connection lost") and loop.time() - started >= self.spec.alive_interval:
+            if (
+                self.pool is not None
+                and classify_ssh_failure(code, text) in (None, "master connection lost")
+                and loop.time() - started >= self.spec.alive_interval
+            ):
                 # The master died under a command that had waited a keep-alive interval or more:
                 # its keep-alives went unanswered, the link is silent (packets dropped, not a
                 # closed socket). Reconnecting would only wait out ConnectTimeout on top.
-                raise ssh_error(self.spec, argv[:1], 255, text + f"\nno answer to keep-alives for ~{self.spec.alive_timeout}s: the link went silent (alive_timeout)")
-            if attempt + 1 < attempts and classify_ssh_failure(code, text) in (None, "master connection lost", "connection closed"):
+                raise ssh_error(
+                    self.spec,
+                    argv[:1],
+                    255,
+                    text
+                    + f"\nno answer to keep-alives for ~{self.spec.alive_timeout}s: the link went silent (alive_timeout)",
+                )
+            if attempt + 1 < attempts and classify_ssh_failure(code, text) in (
+                None,
+                "master connection lost",
+                "connection closed",
+            ):
                 continue  # the link dropped under an idempotent command: reconnect and repeat
             if classify_ssh_failure(code, text) is None:
                 text += "\nmux_client: the master connection was lost during the command"
             raise ssh_error(self.spec, argv[:1], code, text)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _client(self, argv: list[str], input: bytes | None, timeout: float | None, master: Master | None = None) -> tuple[int, bytes, bytes]:
+    async def _client(
+        self, argv: list[str], input: bytes | None, timeout: float | None, master: Master | None = None
+    ) -> tuple[int, bytes, bytes]:
         """One ssh client process. With ``master``: should that master die while the client
         runs, the client is stopped at once. A mux client that loses its master before its
         session was confirmed would otherwise fall back to a connection of its own, which on a
@@ -208,7 +241,9 @@ class SSHHost:
             return 255, out, err
         return proc.returncode if proc.returncode is not None else 255, out, err
 
-    async def _communicate_while(self, proc: asyncio.subprocess.Process, input: bytes | None, master: Master) -> tuple[bytes, bytes, bool]:
+    async def _communicate_while(
+        self, proc: asyncio.subprocess.Process, input: bytes | None, master: Master
+    ) -> tuple[bytes, bytes, bool]:
         """``proc.communicate`` while ``master`` lives; (stdout, stderr, whether it died first)."""
         assert self.pool is not None
         talk = asyncio.ensure_future(proc.communicate(input))
@@ -281,7 +316,9 @@ class SSHHost:
         """``Host.launch`` in ONE remote command: the marker, the log's size and line count
         (ssh_scripts.MARK), then the setsid launcher (``launch_unit``: the systemd-run one) —
         each removes the stale status file, starts the wrapper and reports its group's state."""
-        return await self._launch_marked(argv, None, log_path=log_path, status_path=status_path, marker=marker, env=env, cwd=cwd)
+        return await self._launch_marked(
+            argv, None, log_path=log_path, status_path=status_path, marker=marker, env=env, cwd=cwd
+        )
 
     async def launch_unit(
         self,
@@ -295,10 +332,21 @@ class SSHHost:
         cwd: str | None = None,
     ) -> Launched:
         """``launch`` as the transient ``systemd --user`` unit ``unit`` (the UnitHost capability)."""
-        return await self._launch_marked(argv, unit, log_path=log_path, status_path=status_path, marker=marker, env=env, cwd=cwd)
+        return await self._launch_marked(
+            argv, unit, log_path=log_path, status_path=status_path, marker=marker, env=env, cwd=cwd
+        )
 
-    async def _launch_marked(self, argv: Sequence[str], unit: str | None, *, log_path: str, status_path: str, marker: str,
-                             env: Mapping[str, str] | None, cwd: str | None) -> Launched:
+    async def _launch_marked(
+        self,
+        argv: Sequence[str],
+        unit: str | None,
+        *,
+        log_path: str,
+        status_path: str,
+        marker: str,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+    ) -> Launched:
         await self.connect()
         log_path, status_path = self.expand(log_path), self.expand(status_path)
         wrapper = detach_argv(argv, log_path, status_path)
@@ -311,10 +359,14 @@ class SSHHost:
         try:
             size, newlines, pid, state, code = scripts.parse_launch(out.decode(errors="replace"))
         except ValueError:
-            raise HostError(f"the remote launcher on {self.name!r} did not report the launch: {out!r} {err!r}") from None
+            raise HostError(
+                f"the remote launcher on {self.name!r} did not report the launch: {out!r} {err!r}"
+            ) from None
         return Launched(pid, size, newlines + 1, state, code)
 
-    async def _launch(self, launch: Sequence[str], argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> int:
+    async def _launch(
+        self, launch: Sequence[str], argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None
+    ) -> int:
         """Run a launcher program (``launch``); the pid it prints first is the new process group."""
         out, err = await self._run_launcher(launch, argv, env, cwd)
         lines = out.decode(errors="replace").split()
@@ -322,7 +374,9 @@ class SSHHost:
             raise HostError(f"the remote launcher on {self.name!r} did not report a pid: {out!r} {err!r}")
         return int(lines[0])
 
-    async def _run_launcher(self, launch: Sequence[str], argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> tuple[bytes, bytes]:
+    async def _run_launcher(
+        self, launch: Sequence[str], argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None
+    ) -> tuple[bytes, bytes]:
         """Run a launcher program in the server's folder with the venv on PATH, the environment
         on its stdin; (stdout, stderr). Never repeated: it starts things."""
         remote = scripts.with_prelude(launch, cwd=self.expand(cwd) if cwd else self.workdir, venv=self.spec.venv)
@@ -330,7 +384,9 @@ class SSHHost:
         code, out, err = await self._exec(remote, input=stdin, timeout=self.spec.connect_timeout * 2 + 30)
         if code != 0:
             error = self._failed(["spawn_detached", *argv], code, err)
-            raise HostError(f"cannot start {shlex.join(argv)[:200]!s} on ssh host {self.name!r}: {err.decode(errors='replace').strip()[-300:]}") from error
+            raise HostError(
+                f"cannot start {shlex.join(argv)[:200]!s} on ssh host {self.name!r}: {err.decode(errors='replace').strip()[-300:]}"
+            ) from error
         return out, err
 
     # -- systemd-run launcher (ssh_systemd.py): the UnitHost capability --------------------
@@ -344,7 +400,9 @@ class SSHHost:
         --user`` works on the host and lingering is enabled. Asked once per SSHHost."""
         async with self._units_lock:
             if self._units_error is None:
-                code, out, err = await self._exec(scripts.with_prelude(units.check_argv(), venv=self.spec.venv), retry=True)
+                code, out, err = await self._exec(
+                    scripts.with_prelude(units.check_argv(), venv=self.spec.venv), retry=True
+                )
                 if code != 0:
                     raise self._failed(["check systemd-run"], code, err)
                 facts = units.parse_check(out.decode(errors="replace"))
@@ -376,7 +434,9 @@ class SSHHost:
         code, _out, err = await self._exec(scripts.with_prelude(argv, venv=self.spec.venv), retry=True)
         if code != 0:
             error = self._failed(["systemctl", "--user", "kill" if force else "stop", unit], code, err)
-            raise HostError(f"cannot stop unit {unit} on {self.name!r}: {err.decode(errors='replace').strip()[-300:]}") from error
+            raise HostError(
+                f"cannot stop unit {unit} on {self.name!r}: {err.decode(errors='replace').strip()[-300:]}"
+            ) from error
 
     # -- files ------------------------------------------------------------------------------
 
@@ -405,7 +465,9 @@ class SSHHost:
     def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
         return ssh_follow.follow(self, path, offset)
 
-    def watch(self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
+    def watch(
+        self, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None
+    ) -> AsyncIterator[WatchItem]:
         """The WatchHost capability: log, exit and liveness of one server from one remote
         watcher (ssh_follow.watch), what a wait uses instead of polling."""
         return ssh_follow.watch(self, log_path, offset, pgid=pgid, status_path=status_path)
@@ -468,7 +530,9 @@ class SSHHost:
         code, _out, err = await self._exec(scripts.signal_argv(pgid, signum), retry=True)
         if code != 0:
             error = self._failed(["kill", f"-{int(signum)}", f"-{pgid}"], code, err)
-            raise HostError(f"cannot signal process group {pgid} on {self.name!r}: {err.decode(errors='replace').strip()}") from error
+            raise HostError(
+                f"cannot signal process group {pgid} on {self.name!r}: {err.decode(errors='replace').strip()}"
+            ) from error
 
     async def port_holder(self, port: int) -> PortHolder | None:
         code, out, err = await self._exec(scripts.port_holder_argv(port), retry=True)
@@ -481,7 +545,9 @@ class SSHHost:
         per port, kept until close() (and re-added if the master restarts). ``local_port``
         asks for a given local port (`servefleet tunnel --local-port`); default: a free one."""
         await self.connect()
-        target = "127.0.0.1" if bind_host in ("0.0.0.0", "", "localhost") else ("::1" if bind_host == "::" else bind_host)
+        target = (
+            "127.0.0.1" if bind_host in ("0.0.0.0", "", "localhost") else ("::1" if bind_host == "::" else bind_host)
+        )
         if self.pool is not None:
             local = await self.pool.forward(target, port, local_port)
         else:
@@ -495,8 +561,15 @@ class SSHHost:
             return self._direct_forwards[key][0]
         local = local_port or free_local_port()
         target = f"[{host}]" if ":" in host else host
-        argv = ssh_argv(self.spec, "direct", None, flags=["-N", "-T", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{local}:{target}:{port}"])
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        argv = ssh_argv(
+            self.spec,
+            "direct",
+            None,
+            flags=["-N", "-T", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{local}:{target}:{port}"],
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         deadline = asyncio.get_running_loop().time() + self.spec.connect_timeout * 2 + 5
         while asyncio.get_running_loop().time() < deadline:
             if proc.returncode is not None:
@@ -512,4 +585,3 @@ class SSHHost:
         proc.kill()
         await proc.wait()
         raise HostUnreachable(f"ssh host {self.name!r}: the forward to {host}:{port} did not come up")
-

@@ -45,7 +45,10 @@ MAX_ARGS_BYTES = 96 * 1024
 # Same semantics as GROUP_ALIVE / PORT_HOLDER / READ / SIZE in ssh_scripts.py, as functions;
 # `ps` and `ss` are asked once for the whole batch (one process table, one socket table) and
 # looked up per server, so a batch costs a few processes per server rather than ten.
-BATCH = PROC_GROUP_ALIVE_FN + GPU_APPS_FN + r"""
+BATCH = (
+    PROC_GROUP_ALIVE_FN
+    + GPU_APPS_FN
+    + r"""
 tok=$1; shift
 live=; psdone=0; sstab=; ssdone=0
 alive() {
@@ -119,6 +122,7 @@ while [ "$#" -gt 0 ]; do
   i=$((i + 1))
 done
 """
+)
 
 
 def _args(op: Op) -> list[str]:

@@ -41,7 +41,20 @@ from servefleet.errors import HostUnreachable
 from servefleet.hosts import ssh_scripts as scripts
 from servefleet.hosts.base import Truncated
 from servefleet.hosts.ssh_options import ssh_argv
-from servefleet.hosts.ssh_stream import HEARTBEAT_S, TERMINAL, Action, Emit, Fail, Finish, Leave, Restart, Retry, StreamMachine, StreamSettings, classify_tail_notice
+from servefleet.hosts.ssh_stream import (
+    HEARTBEAT_S,
+    TERMINAL,
+    Action,
+    Emit,
+    Fail,
+    Finish,
+    Leave,
+    Restart,
+    Retry,
+    StreamMachine,
+    StreamSettings,
+    classify_tail_notice,
+)
 from servefleet.hosts.watch import WatchItem
 
 if TYPE_CHECKING:
@@ -59,7 +72,9 @@ async def _stream(host: SSHHost, remote: str) -> AsyncIterator[tuple[asyncio.sub
     host.commands += 1
 
     async def start(argv: list[str]) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
 
     if host.pool is None:
         proc = await start(ssh_argv(host.spec, "direct", None, flags=["-T"], remote=remote))
@@ -100,7 +115,9 @@ def follow(host: SSHHost, path: str, offset: int = 0) -> AsyncIterator[bytes | T
     return _streams(host, path, offset, None)  # type: ignore[return-value]  # without a watch job it yields only log items
 
 
-def watch(host: SSHHost, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None) -> AsyncIterator[WatchItem]:
+def watch(
+    host: SSHHost, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None
+) -> AsyncIterator[WatchItem]:
     """``WatchHost.watch`` over SSH: the log, the exit and a heartbeat from one remote watcher
     (ssh_scripts.WATCH) on one long-lived session, instead of a command per poll. Besides a
     dropped link (reconnect, as ``follow``), a stream on which nothing — not even the heartbeat —
@@ -118,14 +135,24 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
     path = host.expand(path) if path else None
     if job is not None and job.status_path:
         job = replace(job, status_path=host.expand(job.status_path))
-    settings = StreamSettings(host=host.name, what=path or f"process group {job.pgid if job else '?'}", log=path is not None,
-                              silence_s=job.silence_s if job else None, status_file=job is not None and job.status_path is not None,
-                              alive_timeout=host.spec.alive_timeout, alive_interval=host.spec.alive_interval, reconnect_s=host.spec.reconnect_s)
+    settings = StreamSettings(
+        host=host.name,
+        what=path or f"process group {job.pgid if job else '?'}",
+        log=path is not None,
+        silence_s=job.silence_s if job else None,
+        status_file=job is not None and job.status_path is not None,
+        alive_timeout=host.spec.alive_timeout,
+        alive_interval=host.spec.alive_interval,
+        reconnect_s=host.spec.reconnect_s,
+    )
     m = StreamMachine(settings, offset, time.monotonic())
     while True:
         m.begin(secrets.token_hex(16))
-        remote = (scripts.watch_argv(path, m.offset, host.tail_has_pid, m.token, job.pgid, job.status_path, HEARTBEAT_S) if job
-                  else scripts.follow_argv(path or "", m.offset, host.tail_has_pid))
+        remote = (
+            scripts.watch_argv(path, m.offset, host.tail_has_pid, m.token, job.pgid, job.status_path, HEARTBEAT_S)
+            if job
+            else scripts.follow_argv(path or "", m.offset, host.tail_has_pid)
+        )
         end: Action | None = None
         code: int | None = None
         stderr_text = ""
@@ -158,7 +185,9 @@ async def _streams(host: SSHHost, path: str | None, offset: int, job: _Watch | N
             await asyncio.sleep(after.after_s)
 
 
-async def _drive(proc: asyncio.subprocess.Process, link_alive: Callable[[], bool], m: StreamMachine) -> AsyncGenerator[Action, None]:
+async def _drive(
+    proc: asyncio.subprocess.Process, link_alive: Callable[[], bool], m: StreamMachine
+) -> AsyncGenerator[Action, None]:
     """One stream's events into the machine and its actions out, up to the first that ends the
     stream's reading (Finish, Restart, Leave)."""
     assert proc.stdout is not None and proc.stderr is not None
@@ -172,10 +201,14 @@ async def _drive(proc: asyncio.subprocess.Process, link_alive: Callable[[], bool
     try:
         while out_task is not None or err_task is not None:
             waiting = {t for t in (out_task, err_task) if t is not None}
-            done, _pending = await asyncio.wait(waiting, timeout=m.timeout(time.monotonic()), return_when=asyncio.FIRST_COMPLETED)
+            done, _pending = await asyncio.wait(
+                waiting, timeout=m.timeout(time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+            )
             if not done:
                 actions = m.quiet(link_alive(), time.monotonic())
-            elif err_task is not None and err_task in done:  # stderr first: a truncation notice outranks data that follows it
+            elif (
+                err_task is not None and err_task in done
+            ):  # stderr first: a truncation notice outranks data that follows it
                 line = err_task.result()
                 err_task = asyncio.ensure_future(proc.stderr.readline()) if line else None
                 actions = m.stderr(line, time.monotonic())

@@ -86,7 +86,9 @@ class MasterPool:
 
     def _new_master(self) -> Master:
         index = len(self.masters)
-        m = Master(index, control_path(self.folder, self.token, index), os.path.join(self.folder, f"{self.token}.{index}.err"))
+        m = Master(
+            index, control_path(self.folder, self.token, index), os.path.join(self.folder, f"{self.token}.{index}.err")
+        )
         self.masters.append(m)
         return m
 
@@ -140,7 +142,9 @@ class MasterPool:
                 # killed master refuses); `-O check` would cost a process per command.
                 if _socket_accepts(m.socket):
                     return
-            elif m.verified_at is not None and time.monotonic() - m.verified_at < max(5.0, self.spec.control_persist / 2):
+            elif m.verified_at is not None and time.monotonic() - m.verified_at < max(
+                5.0, self.spec.control_persist / 2
+            ):
                 return  # socket path unknown: trust a recent `-O check`
             elif await self.check(m):
                 return
@@ -149,7 +153,9 @@ class MasterPool:
     async def _socket_path(self, m: Master) -> str | None:
         """The socket path ssh makes of ``ControlPath=...%C`` (``ssh -G`` expands it; no network)."""
         argv = ssh_argv(self.spec, "master", m.path, flags=["-G"])
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
         out, _ = await proc.communicate()
         for line in out.decode(errors="replace").splitlines():
             key, _, value = line.partition(" ")
@@ -177,7 +183,9 @@ class MasterPool:
         # it open for its whole life (a pipe would never reach EOF).
         with open(m.err_file, "wb") as err_fh:
             try:
-                proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_fh)
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err_fh
+                )
             except OSError as exc:
                 raise HostError(f"cannot run the ssh client: {exc}") from exc
         # ConnectTimeout bounds the TCP connect and banner per hop; allow a second hop (jump
@@ -188,22 +196,30 @@ class MasterPool:
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            raise HostUnreachable(f"ssh host {self.spec.label!r} is unreachable: connection timed out (no session after {budget}s)") from None
+            raise HostUnreachable(
+                f"ssh host {self.spec.label!r} is unreachable: connection timed out (no session after {budget}s)"
+            ) from None
         stderr = _read_text(m.err_file)
         if rc != 0:
             err = ssh_error(self.spec, argv, rc, stderr)
             if isinstance(err, HostUnreachable):
                 raise err
-            raise HostUnreachable(f"ssh host {self.spec.label!r}: the master connection failed (exit {rc}): {stderr.strip()[-300:]}")
+            raise HostUnreachable(
+                f"ssh host {self.spec.label!r}: the master connection failed (exit {rc}): {stderr.strip()[-300:]}"
+            )
         if not await self.check(m):
-            raise HostUnreachable(f"ssh host {self.spec.label!r}: the master started but does not answer `-O check`: {_read_text(m.err_file).strip()[-300:]}")
+            raise HostUnreachable(
+                f"ssh host {self.spec.label!r}: the master started but does not answer `-O check`: {_read_text(m.err_file).strip()[-300:]}"
+            )
         self.starts += 1
         if m.index == 0 and self.forwards:
             await self._readd_forwards(m)
 
     async def _ssh(self, flags: list[str], m: Master, timeout: float) -> tuple[int, str, str]:
         argv = ssh_argv(self.spec, "client", m.path, flags=flags)
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout)
         except TimeoutError:
@@ -253,7 +269,9 @@ class MasterPool:
             last = ""
             for _ in range(1 if local_port else FORWARD_ATTEMPTS):
                 local = local_port or free_local_port()  # -L cannot take port 0: pick one, retry if taken
-                rc, _out, err = await self._ssh(["-O", "forward", "-L", _forward_spec(local, host, port)], m, timeout=15)
+                rc, _out, err = await self._ssh(
+                    ["-O", "forward", "-L", _forward_spec(local, host, port)], m, timeout=15
+                )
                 if rc == 0:
                     self.forwards[key] = local
                     return local
@@ -264,7 +282,9 @@ class MasterPool:
                     await self.ensure(m)
                 elif reason not in (None, "ssh client failed") and "forwarding failed" not in err:
                     break
-            raise HostError(f"cannot forward a local port to {host}:{port} on ssh host {self.spec.label!r}: {last.strip()[-300:]}")
+            raise HostError(
+                f"cannot forward a local port to {host}:{port} on ssh host {self.spec.label!r}: {last.strip()[-300:]}"
+            )
 
     async def _readd_forwards(self, m: Master) -> None:
         for (host, port), local in list(self.forwards.items()):

@@ -67,7 +67,12 @@ def ssh_problems(values: Mapping[str, object]) -> list[tuple[str, str]]:
     if isinstance(port, int) and not 0 < port < 65536:
         out.append(("port", "must be between 1 and 65535"))
     if "strict_host_key" in values and values["strict_host_key"] not in ("yes", "accept-new"):
-        out.append(("strict_host_key", f"must be 'yes' or 'accept-new' (host keys are always checked), not {values['strict_host_key']!r}"))
+        out.append(
+            (
+                "strict_host_key",
+                f"must be 'yes' or 'accept-new' (host keys are always checked), not {values['strict_host_key']!r}",
+            )
+        )
     if "launcher" in values and values["launcher"] not in ("setsid", "systemd-run"):
         out.append(("launcher", f"must be 'setsid' or 'systemd-run', not {values['launcher']!r}"))
     at_least("alive_interval", 1, "must be at least 1 second")
@@ -242,7 +247,9 @@ def _with_user_options(opts: list[str], spec: SSHSpec) -> list[str]:
     return opts
 
 
-def ssh_argv(spec: SSHSpec, role: Role, control: str | None, *, flags: Sequence[str] = (), remote: str | None = None) -> list[str]:
+def ssh_argv(
+    spec: SSHSpec, role: Role, control: str | None, *, flags: Sequence[str] = (), remote: str | None = None
+) -> list[str]:
     """``ssh [flags] [options] -- destination [remote]``; ``remote`` is one shell-quoted string."""
     argv = ["ssh", *flags, *ssh_options(spec, role, control), "--", spec.destination]
     if remote is not None:
@@ -277,7 +284,9 @@ def control_path(folder: str, token: str, index: int) -> str:
     # %C expands to 40 characters, and ssh binds "PATH.<16 random>" before renaming it; a unix
     # socket path holds 104 bytes on macOS (108 on Linux).
     if len(path) - 2 + 40 + 17 >= 104:
-        raise HostError(f"control socket folder {folder!r} is too long for a unix socket path; set SERVEFLEET_SSH_DIR to a short folder")
+        raise HostError(
+            f"control socket folder {folder!r} is too long for a unix socket path; set SERVEFLEET_SSH_DIR to a short folder"
+        )
     return path
 
 
@@ -287,16 +296,31 @@ UNREACHABLE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (reason, re.compile(pattern, re.IGNORECASE | re.MULTILINE))
     for reason, pattern in (
         ("link went silent", r"no answer to keep-alives"),
-        ("host key verification failed", r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED|No \S+ host key is known"),
+        (
+            "host key verification failed",
+            r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED|No \S+ host key is known",
+        ),
         ("authentication failed", r"Permission denied \(|Too many authentication failures|no matching host key type"),
-        ("name resolution failed", r"Could not resolve hostname|Name or service not known|nodename nor servname|Temporary failure in name resolution"),
+        (
+            "name resolution failed",
+            r"Could not resolve hostname|Name or service not known|nodename nor servname|Temporary failure in name resolution",
+        ),
         ("connection refused", r"Connection refused"),
         ("connection timed out", r"Connection timed out|Operation timed out|timed out during banner exchange"),
         ("network unreachable", r"Network is unreachable|No route to host|Host is down"),
-        ("connection closed", r"Connection closed by|Connection reset by|kex_exchange_identification|Broken pipe|closed by remote host|ssh_exchange_identification"),
+        (
+            "connection closed",
+            r"Connection closed by|Connection reset by|kex_exchange_identification|Broken pipe|closed by remote host|ssh_exchange_identification",
+        ),
         ("jump host failed", r"^channel \d+: open failed|stdio forwarding failed"),
-        ("master connection lost", r"Control socket connect|mux_client_|master is dead|Session open refused by peer|muxclient:"),
-        ("ssh client failed", r"^ssh: |Bad configuration option|Bad local forwarding|Could not open configuration|no such identity"),
+        (
+            "master connection lost",
+            r"Control socket connect|mux_client_|master is dead|Session open refused by peer|muxclient:",
+        ),
+        (
+            "ssh client failed",
+            r"^ssh: |Bad configuration option|Bad local forwarding|Could not open configuration|no such identity",
+        ),
     )
 )
 
@@ -311,7 +335,9 @@ def classify_ssh_failure(returncode: int, stderr: str) -> str | None:
     return None
 
 
-def ssh_error(spec: SSHSpec, argv: Sequence[str], returncode: int, stderr: str, *, shown: Sequence[str] | None = None) -> HostError:
+def ssh_error(
+    spec: SSHSpec, argv: Sequence[str], returncode: int, stderr: str, *, shown: Sequence[str] | None = None
+) -> HostError:
     """The exception for a failed ``ssh`` invocation: HostUnreachable for connection failures
     (naming the host, the reason and ssh's own words), CommandError for the remote command."""
     reason = classify_ssh_failure(returncode, stderr)
@@ -320,7 +346,7 @@ def ssh_error(spec: SSHSpec, argv: Sequence[str], returncode: int, stderr: str, 
     detail = " | ".join(line.strip() for line in stderr.strip().splitlines()[-3:])
     hint = ""
     if reason == "host key verification failed":
-        hint = " (add the host key to known_hosts, e.g. `ssh-keyscan`, or opt in with strict_host_key = \"accept-new\")"
+        hint = ' (add the host key to known_hosts, e.g. `ssh-keyscan`, or opt in with strict_host_key = "accept-new")'
     elif reason == "authentication failed":
         hint = " (BatchMode is on: the key must be in an agent or given as identity_file, without a passphrase prompt)"
     err = HostUnreachable(f"ssh host {spec.label!r} is unreachable: {reason}{hint}: {detail}")

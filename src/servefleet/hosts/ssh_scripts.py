@@ -124,7 +124,9 @@ proc_group_alive() {
 
 # Any live (non-zombie) process whose process group is $1? `kill -0` answers "no such group" at
 # once; otherwise zombies must be told apart: ps when present, else /proc.
-GROUP_ALIVE = PROC_GROUP_ALIVE_FN + r"""
+GROUP_ALIVE = (
+    PROC_GROUP_ALIVE_FN
+    + r"""
 want=$1
 kill -0 "-$want" 2>/dev/null || exit 1
 if command -v ps >/dev/null 2>&1; then
@@ -133,6 +135,7 @@ if command -v ps >/dev/null 2>&1; then
 fi
 proc_group_alive "$want"
 """
+)
 
 # One process's /proc/PID/stat line (parsed by hosts.pidstat); exit 44 when the pid is gone.
 PID_STAT = r"""
@@ -188,7 +191,9 @@ exec tail -c "+$start" -F -s 1 -- "$path"
 # The loop ends with the stream ($$ is the shell that becomes tail; printf fails once the
 # session's pipe is closed). Arguments: PATH START TAILPID TOKEN PGID STATUS HEARTBEAT_S; an
 # empty PATH watches the process only.
-WATCH = PROC_GROUP_ALIVE_FN + r"""
+WATCH = (
+    PROC_GROUP_ALIVE_FN
+    + r"""
 path=$1; start=$2; tailpid=$3; tok=$4; pgid=$5; status=$6; hb=$7
 if sleep 0.01 2>/dev/null; then tick=0.1; per_s=10; else tick=1; per_s=1; fi
 hbt=$((hb * per_s)); [ "$hbt" -ge 1 ] || hbt=1
@@ -234,6 +239,7 @@ watch_loop "$$" </dev/null >/dev/null &
 if [ "$3" = 1 ]; then exec tail -c "+$start" -F -s 1 --pid="$PPID" -- "$path"; fi
 exec tail -c "+$start" -F -s 1 -- "$path"
 """
+)
 
 PROBE = r"""
 printf 'home=%s\n' "$HOME"
@@ -246,7 +252,9 @@ def _sh(script: str, *args: str) -> list[str]:
     return ["sh", "-c", script, "sh", *args]
 
 
-def with_prelude(argv: Sequence[str], *, cwd: str | None = None, venv: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+def with_prelude(
+    argv: Sequence[str], *, cwd: str | None = None, venv: str | None = None, env: Mapping[str, str] | None = None
+) -> list[str]:
     """``argv`` run in ``cwd`` with ``venv`` on PATH and ``env`` set (``env K=V ... argv``)."""
     inner = list(argv)
     if env:
@@ -343,8 +351,25 @@ def parse_follow_header(line: bytes) -> tuple[int | None, int | None]:
     return int(parts[0]), int(parts[1])
 
 
-def watch_argv(path: str | None, offset: int, tail_has_pid: bool, token: str, pgid: int | None, status_path: str | None, heartbeat_s: int) -> list[str]:
-    return _sh(WATCH, path or "", str(offset + 1), "1" if tail_has_pid else "0", token, "" if pgid is None else str(int(pgid)), status_path or "", str(int(heartbeat_s)))
+def watch_argv(
+    path: str | None,
+    offset: int,
+    tail_has_pid: bool,
+    token: str,
+    pgid: int | None,
+    status_path: str | None,
+    heartbeat_s: int,
+) -> list[str]:
+    return _sh(
+        WATCH,
+        path or "",
+        str(offset + 1),
+        "1" if tail_has_pid else "0",
+        token,
+        "" if pgid is None else str(int(pgid)),
+        status_path or "",
+        str(int(heartbeat_s)),
+    )
 
 
 def parse_watch_exit(fields: Sequence[str]) -> tuple[int | None, int | None]:

@@ -21,13 +21,29 @@ from servefleet.hosts.base import Truncated
 from servefleet.hosts.ssh_options import classify_ssh_failure
 from servefleet.hosts.watch import Exited, LogAbsent, WatchItem
 
-__all__ = ["StreamMachine", "StreamSettings", "Emit", "Finish", "Restart", "Leave", "Retry", "Fail", "Action",
-           "classify_tail_notice", "HEARTBEAT_S", "MAX_TAIL_FAILURES", "LINK_POLL_S", "EXIT_CATCHUP_S"]
+__all__ = [
+    "StreamMachine",
+    "StreamSettings",
+    "Emit",
+    "Finish",
+    "Restart",
+    "Leave",
+    "Retry",
+    "Fail",
+    "Action",
+    "classify_tail_notice",
+    "HEARTBEAT_S",
+    "MAX_TAIL_FAILURES",
+    "LINK_POLL_S",
+    "EXIT_CATCHUP_S",
+]
 
 MAX_TAIL_FAILURES = 3
 HEARTBEAT_S = 1  # the remote watcher's heartbeat (whole seconds: the remote `sleep` may not do fractions)
 LINK_POLL_S = 0.2  # while the watcher is quiet, how often to look whether its connection still lives
-EXIT_CATCHUP_S = 2.0  # after the exit line, how long tail (polling every second without inotify) may take to deliver the log's end
+EXIT_CATCHUP_S = (
+    2.0  # after the exit line, how long tail (polling every second without inotify) may take to deliver the log's end
+)
 
 
 def classify_tail_notice(line: str) -> str:
@@ -36,8 +52,18 @@ def classify_tail_notice(line: str) -> str:
         return "truncated"
     if "has appeared" in line:
         return "appeared"
-    if any(s in line for s in ("has become inaccessible", "cannot open", "No such file", "inotify", "giving up on",
-                               "directory containing watched file was removed", "has been replaced with an untailable")):
+    if any(
+        s in line
+        for s in (
+            "has become inaccessible",
+            "cannot open",
+            "No such file",
+            "inotify",
+            "giving up on",
+            "directory containing watched file was removed",
+            "has been replaced with an untailable",
+        )
+    ):
         return "ignore"
     return "error"
 
@@ -91,7 +117,9 @@ class StreamSettings:
     host: str  # the host's name, for messages
     what: str  # what is followed, for messages (the log, or the process group)
     log: bool  # a log is followed (False: a watch of the exit alone)
-    silence_s: float | None  # a watch: nothing heard for this long on a live stream, the link went silent (None: a follow)
+    silence_s: (
+        float | None
+    )  # a watch: nothing heard for this long on a live stream, the link went silent (None: a follow)
     status_file: bool = False  # a watch with a status file: an exit without a code means killed
     alive_timeout: int = 15
     alive_interval: int = 4
@@ -144,7 +172,11 @@ class StreamMachine:
         if self.watching and self.s.log and ino is None and not self.absent:
             self.absent = True
             out.append(Emit(LogAbsent()))
-        if ino is not None and size is not None and ((self.inode is not None and ino != self.inode) or size < self.offset):
+        if (
+            ino is not None
+            and size is not None
+            and ((self.inode is not None and ino != self.inode) or size < self.offset)
+        ):
             self.offset, self.inode = 0, ino  # replaced or truncated while we were not looking
             return [*out, Emit(Truncated(0)), Restart()]
         if ino is not None:
@@ -228,7 +260,11 @@ class StreamMachine:
                 return Fail(self._silent_link(quiet_s))
             self.mute_streams += 1
             if self.mute_streams >= MAX_TAIL_FAILURES:
-                return Fail(HostError(f"the remote watcher of {self.s.what} on ssh host {self.s.host!r} stopped speaking {self.mute_streams} times in a row on a live connection"))
+                return Fail(
+                    HostError(
+                        f"the remote watcher of {self.s.what} on ssh host {self.s.host!r} stopped speaking {self.mute_streams} times in a row on a live connection"
+                    )
+                )
             return Restart()
         # The stream ended without our asking: a dropped link, or tail itself failed.
         if unreachable or (code == 255 and (classify_ssh_failure(code, stderr_text) or not stderr_text.strip())):
@@ -239,12 +275,20 @@ class StreamMachine:
                 return Fail(self._silent_link(quiet_s))
             self.lost_since = self.lost_since or now
             if now - self.lost_since > self.s.reconnect_s:
-                return Fail(HostUnreachable(f"ssh host {self.s.host!r}: lost the link while following {self.s.what} and could not reconnect within "
-                                            f"{self.s.reconnect_s}s: {stderr_text.strip()[-300:]}"))
+                return Fail(
+                    HostUnreachable(
+                        f"ssh host {self.s.host!r}: lost the link while following {self.s.what} and could not reconnect within "
+                        f"{self.s.reconnect_s}s: {stderr_text.strip()[-300:]}"
+                    )
+                )
         else:
             self.tail_failures += 1
             if self.tail_failures >= MAX_TAIL_FAILURES:
-                return Fail(HostError(f"following {self.s.what} on ssh host {self.s.host!r} failed (exit {code}): {stderr_text.strip()[-300:]}"))
+                return Fail(
+                    HostError(
+                        f"following {self.s.what} on ssh host {self.s.host!r} failed (exit {code}): {stderr_text.strip()[-300:]}"
+                    )
+                )
         after, self.backoff = self.backoff, min(self.backoff * 2, 2.0)
         return Retry(after)
 
@@ -260,7 +304,9 @@ class StreamMachine:
         return Finish(Exited(code, killed=code is None and self.s.status_file), rest_to)
 
     def _silent_link(self, quiet_s: float) -> HostUnreachable:
-        err = HostUnreachable(f"ssh host {self.s.host!r} is unreachable: link went silent: no answer to keep-alives and no heartbeat from the watcher of {self.s.what} "
-                              f"for {quiet_s:.0f}s (alive_timeout {self.s.alive_timeout}s)")
+        err = HostUnreachable(
+            f"ssh host {self.s.host!r} is unreachable: link went silent: no answer to keep-alives and no heartbeat from the watcher of {self.s.what} "
+            f"for {quiet_s:.0f}s (alive_timeout {self.s.alive_timeout}s)"
+        )
         err.reason = "link went silent"
         return err

@@ -49,7 +49,9 @@ _RUNTIME = r""": "${XDG_RUNTIME_DIR:=/run/user/$(id -u)}"; export XDG_RUNTIME_DI
 
 # What the launcher needs, as key=value lines: the missing tools, whether `systemctl --user`
 # reaches a manager (its error line otherwise) and what loginctl says about lingering.
-CHECK = _RUNTIME + r"""
+CHECK = (
+    _RUNTIME
+    + r"""
 user=${USER:-$(id -un)}
 echo "user=$user"
 missing=
@@ -66,6 +68,7 @@ if command -v loginctl >/dev/null 2>&1; then
   echo "linger=$(printf '%s' "$out" | tr '\n' ' ' | cut -c 1-300)"
 fi
 """
+)
 
 # Runs inside the unit, then becomes the detach wrapper (exec keeps the pid): takes the
 # environment from the private file the launcher wrote (then removes it), reports its pid, and
@@ -85,7 +88,9 @@ exec "$@"
 # for the manager, see launch_argv); the server's environment arrives on stdin, one KEY=VALUE per
 # line (as for the setsid launcher). Prints the pid of the unit's main process (= its process
 # group), then alive / exited N / gone.
-LAUNCH = _RUNTIME + r"""
+LAUNCH = (
+    _RUNTIME
+    + r"""
 unit=$1; log=$2; status=$3; envfile=$4; pidfile=$5; shift 5
 umask 077
 mkdir -p -- "$(dirname -- "$log")" "$(dirname -- "$status")" || exit 125
@@ -119,14 +124,18 @@ if kill -0 "-$pid" 2>/dev/null; then echo alive
 elif [ -e "$status" ]; then echo "exited $(cat -- "$status")"
 else echo gone; fi
 """
+)
 
 # Stop (SIGTERM to the unit's whole cgroup, without waiting: the fleet layer waits and escalates
 # on its own clock) or SIGKILL it. A unit that is already gone (collected) is not an error.
-STOP = _RUNTIME + r"""
+STOP = (
+    _RUNTIME
+    + r"""
 if out=$(systemctl --user "$@" 2>&1); then exit 0; fi
 case $out in *"not loaded"*|*"not found"*|*"No such"*|*"does not exist"*) exit 0;; esac
 echo "$out" >&2; exit 1
 """
+)
 
 _UNIT_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -159,7 +168,10 @@ def parse_check(stdout: str) -> dict[str, str]:
 def _no_systemd(facts: dict[str, str]) -> bool:
     """Whether systemd is not running on the host at all (enabling lingering cannot help)."""
     said = " ".join((facts.get("manager", ""), facts.get("linger", "")))
-    return bool(set(facts.get("missing", "").split()) & {"systemd-run", "loginctl"}) or "not been booted with systemd" in said
+    return (
+        bool(set(facts.get("missing", "").split()) & {"systemd-run", "loginctl"})
+        or "not been booted with systemd" in said
+    )
 
 
 def check_problems(facts: dict[str, str]) -> list[str]:
@@ -175,9 +187,13 @@ def check_problems(facts: dict[str, str]) -> list[str]:
     linger = facts.get("linger")
     if linger is not None and linger != "Linger=yes":
         if linger.startswith("Linger="):
-            problems.append(f"lingering is not enabled for user {user} (`loginctl show-user {user} -p Linger` says {linger})")
+            problems.append(
+                f"lingering is not enabled for user {user} (`loginctl show-user {user} -p Linger` says {linger})"
+            )
         else:
-            problems.append(f"cannot tell whether lingering is enabled for user {user} (`loginctl show-user {user} -p Linger` says: {linger or 'nothing'})")
+            problems.append(
+                f"cannot tell whether lingering is enabled for user {user} (`loginctl show-user {user} -p Linger` says: {linger or 'nothing'})"
+            )
     return problems
 
 
@@ -189,9 +205,17 @@ def check_error(host: str, host_table: str, facts: dict[str, str]) -> LaunchErro
     user = facts.get("user") or "$USER"
     fixes = []
     if not _no_systemd(facts):
-        fixes.append(f"enable lingering on the host (`sudo loginctl enable-linger {user}`: the user's service manager then runs without a login)")
-    fixes.append(f'use the default launcher (remove launcher = "systemd-run" from {host_table}, or set launcher = "setsid")')
-    return LaunchError(f'ssh host {host!r}: launcher = "systemd-run" cannot be used: {"; ".join(problems)}. Fix: ' + ", or ".join(fixes) + "; nothing was launched")
+        fixes.append(
+            f"enable lingering on the host (`sudo loginctl enable-linger {user}`: the user's service manager then runs without a login)"
+        )
+    fixes.append(
+        f'use the default launcher (remove launcher = "systemd-run" from {host_table}, or set launcher = "setsid")'
+    )
+    return LaunchError(
+        f'ssh host {host!r}: launcher = "systemd-run" cannot be used: {"; ".join(problems)}. Fix: '
+        + ", or ".join(fixes)
+        + "; nothing was launched"
+    )
 
 
 def unit_escape(arg: str) -> str:

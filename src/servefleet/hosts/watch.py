@@ -35,7 +35,17 @@ from typing import Any, Protocol, runtime_checkable
 from servefleet.hosts.base import Host, Truncated
 from servefleet.hosts.pidstat import PidStatus
 
-__all__ = ["Exited", "LogAbsent", "Pending", "WatchHost", "WatchItem", "until_exit", "poll_watch", "poll_exit", "offset_after"]
+__all__ = [
+    "Exited",
+    "LogAbsent",
+    "Pending",
+    "WatchHost",
+    "WatchItem",
+    "until_exit",
+    "poll_watch",
+    "poll_exit",
+    "offset_after",
+]
 
 STATUS_INTERVAL_S = 0.05  # polling: the status file, a stat per tick (cheap)
 ALIVE_INTERVAL_S = 0.1  # polling: group liveness, a process-table scan
@@ -101,8 +111,12 @@ def offset_after(offset: int, item: LogItem) -> int:
     return offset + len(item) if isinstance(item, bytes) else offset
 
 
-async def until_exit(log: AsyncIterator[LogItem] | None, exits: AsyncIterator[ExitItem], offset: int,
-                     rest: Callable[[int], Awaitable[bytes]]) -> AsyncIterator[WatchItem]:
+async def until_exit(
+    log: AsyncIterator[LogItem] | None,
+    exits: AsyncIterator[ExitItem],
+    offset: int,
+    rest: Callable[[int], Awaitable[bytes]],
+) -> AsyncIterator[WatchItem]:
     """The one watcher: ``log`` (a follower from ``offset``; None: no log) and ``exits`` (what is
     known about the process: Pending, LogAbsent, then Exited) merged into one stream in order of
     arrival, which ends with every log byte before the exit: when ``exits`` yields ``Exited``,
@@ -188,12 +202,21 @@ async def read_rest(host: Host, path: str, offset: int) -> bytes:
         return b""
 
 
-def poll_watch(host: Host, log_path: str | None, offset: int = 0, *, pgid: int | None = None, status_path: str | None = None,
-               pid: int | None = None) -> AsyncIterator[WatchItem]:
+def poll_watch(
+    host: Host,
+    log_path: str | None,
+    offset: int = 0,
+    *,
+    pgid: int | None = None,
+    status_path: str | None = None,
+    pid: int | None = None,
+) -> AsyncIterator[WatchItem]:
     """A watch stream from any host's primitives, polled: ``host.follow`` for the log (LogAbsent
     until it exists), ``poll_exit`` for the exit."""
     log = _log_when_present(host, log_path, offset) if log_path else None
-    return until_exit(log, poll_exit(host, pgid, status_path, pid), offset, lambda at: read_rest(host, log_path or "", at))
+    return until_exit(
+        log, poll_exit(host, pgid, status_path, pid), offset, lambda at: read_rest(host, log_path or "", at)
+    )
 
 
 async def _log_when_present(host: Host, path: str, offset: int) -> AsyncIterator[LogItem]:
@@ -206,7 +229,9 @@ async def _log_when_present(host: Host, path: str, offset: int) -> AsyncIterator
         yield item
 
 
-async def poll_exit(host: Host, pgid: int | None, status_path: str | None, pid: int | None = None) -> AsyncIterator[ExitItem]:
+async def poll_exit(
+    host: Host, pgid: int | None, status_path: str | None, pid: int | None = None
+) -> AsyncIterator[ExitItem]:
     """The exit, polled: the status file's code, or a group gone without one, or the given pid gone
     (whatever its group still holds: a shell that started it, orphaned children). Nothing to
     watch: no exit is ever reported.
@@ -256,7 +281,9 @@ def _pid_exit(pid: int, now: PidStatus, first: PidStatus) -> Exited:
     if now.state == "zombie":
         return Exited(None, note=f"pid {pid} exited, but /proc does not show its exit status")
     parent = f"pid {first.ppid}" if first.ppid else "its parent"
-    return Exited(None, note=f"pid {pid} is not a child of servefleet: only its parent ({parent}) could read its exit code")
+    return Exited(
+        None, note=f"pid {pid} is not a child of servefleet: only its parent ({parent}) could read its exit code"
+    )
 
 
 async def _read_code(host: Host, status_path: str) -> int | None:

@@ -13,7 +13,18 @@ from servefleet.http.failure import RETRY_STATUS, FailureKind, RequestFailure, T
 from servefleet.http.transport import Pool, Response, StreamResponse, Timeout, Transport, decode_json
 
 __all__ = [
-    "HttpClient", "probe_client", "INFO_TIMEOUT",
-    "FailureKind", "RequestFailure", "TransportError", "status_class", "RETRY_STATUS",
-    "Pool", "Response", "StreamResponse", "Timeout", "Transport", "decode_json",
+    "HttpClient",
+    "probe_client",
+    "INFO_TIMEOUT",
+    "FailureKind",
+    "RequestFailure",
+    "TransportError",
+    "status_class",
+    "RETRY_STATUS",
+    "Pool",
+    "Response",
+    "StreamResponse",
+    "Timeout",
+    "Transport",
+    "decode_json",
 ]

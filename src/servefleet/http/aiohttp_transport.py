@@ -35,7 +35,9 @@ def translate(exc: BaseException, timeout: Timeout | None = None) -> TransportEr
     if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ClientConnectionError, OSError)):
         return TransportError(RequestFailure(FailureKind.DISCONNECT, _short(f"{type(exc).__name__}: {exc}")))
     if isinstance(exc, aiohttp.ClientResponseError):  # not an HTTP answer (a garbled status line)
-        return TransportError(RequestFailure(FailureKind.PROTOCOL, _short(f"not an HTTP answer: {exc.message or exc}")))
+        return TransportError(
+            RequestFailure(FailureKind.PROTOCOL, _short(f"not an HTTP answer: {exc.message or exc}"))
+        )
     # InvalidURL, redirects, ...: the request could not be made
     return TransportError(RequestFailure(FailureKind.CONNECT, _short(f"{type(exc).__name__}: {exc}")))
 
@@ -84,15 +86,18 @@ class _StreamContext:
             raise translate(exc, self._timeout) from exc
         return _Stream(self._resp)
 
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self._request.__aexit__(kind, exc, tb)
         if exc is not None and isinstance(exc, _CAUGHT):  # raised while the body was read
             raise translate(exc, self._timeout) from exc
 
 
 class AiohttpTransport:
-    def __init__(self, pool: Pool | None = None, *, headers: Mapping[str, str] | None = None,
-                 timeout: Timeout | None = None) -> None:
+    def __init__(
+        self, pool: Pool | None = None, *, headers: Mapping[str, str] | None = None, timeout: Timeout | None = None
+    ) -> None:
         self.pool = pool or Pool()
         self._headers = dict(headers or {})
         self._timeout = timeout or Timeout(300.0)  # the default of a request that names none
@@ -104,13 +109,17 @@ class AiohttpTransport:
         if self._session is None:
             pool = self.pool
             if pool.keep_alive:
-                connector = aiohttp.TCPConnector(limit=pool.limit, limit_per_host=0, ttl_dns_cache=300,
-                                                 keepalive_timeout=pool.keepalive_timeout_s)
+                connector = aiohttp.TCPConnector(
+                    limit=pool.limit, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=pool.keepalive_timeout_s
+                )
             else:
                 connector = aiohttp.TCPConnector(limit=pool.limit, limit_per_host=0, force_close=True)
             self._session = aiohttp.ClientSession(
-                connector=connector, headers=self._headers, trust_env=pool.trust_env,
-                auto_decompress=pool.decompress, skip_auto_headers=() if pool.user_agent else ("User-Agent",),
+                connector=connector,
+                headers=self._headers,
+                trust_env=pool.trust_env,
+                auto_decompress=pool.decompress,
+                skip_auto_headers=() if pool.user_agent else ("User-Agent",),
                 timeout=self._client_timeout,
             )
         return self._session
@@ -120,8 +129,15 @@ class AiohttpTransport:
             return self._timeout, self._client_timeout
         return timeout, _client_timeout(timeout)
 
-    async def request(self, method: str, url: str, *, body: bytes | None = None,
-                      headers: Mapping[str, str] | None = None, timeout: Timeout | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: Timeout | None = None,
+    ) -> Response:
         # generate's hot path (one call per completion): the usual timeout without a method call
         if timeout is None or timeout is self._timeout:
             timeout, client_timeout = self._timeout, self._client_timeout
@@ -135,13 +151,21 @@ class AiohttpTransport:
         except _CAUGHT as exc:
             raise translate(exc, timeout) from exc
 
-    def stream(self, method: str, url: str, *, body: bytes | None = None,
-               headers: Mapping[str, str] | None = None, timeout: Timeout | None = None) -> _StreamContext:
+    def stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: Timeout | None = None,
+    ) -> _StreamContext:
         timeout, client_timeout = self._timeouts(timeout)
-        return _StreamContext(self.session.request(method, url, data=body, headers=headers, timeout=client_timeout), timeout)
+        return _StreamContext(
+            self.session.request(method, url, data=body, headers=headers, timeout=client_timeout), timeout
+        )
 
     async def aclose(self) -> None:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-

@@ -27,8 +27,14 @@ INFO_TIMEOUT = Timeout(3.0)  # an info endpoint that takes longer is not worth w
 
 
 class HttpClient:
-    def __init__(self, transport: Transport | None = None, *, pool: Pool | None = None,
-                 headers: Mapping[str, str] | None = None, timeout: Timeout | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport | None = None,
+        *,
+        pool: Pool | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: Timeout | None = None,
+    ) -> None:
         if transport is None:
             from servefleet.http.aiohttp_transport import AiohttpTransport
 
@@ -44,15 +50,25 @@ class HttpClient:
     async def aclose(self) -> None:
         await self.transport.aclose()
 
-    async def get(self, url: str, *, timeout: Timeout | None = None, headers: Mapping[str, str] | None = None) -> Response:
+    async def get(
+        self, url: str, *, timeout: Timeout | None = None, headers: Mapping[str, str] | None = None
+    ) -> Response:
         return await self.transport.request("GET", url, headers=headers, timeout=timeout)
 
-    async def post(self, url: str, body: bytes, *, timeout: Timeout | None = None,
-                   headers: Mapping[str, str] | None = None) -> Response:
+    async def post(
+        self, url: str, body: bytes, *, timeout: Timeout | None = None, headers: Mapping[str, str] | None = None
+    ) -> Response:
         return await self.transport.request("POST", url, body=body, headers=headers, timeout=timeout)
 
-    def stream(self, method: str, url: str, *, body: bytes | None = None, timeout: Timeout | None = None,
-               headers: Mapping[str, str] | None = None) -> AbstractAsyncContextManager[StreamResponse]:
+    def stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        timeout: Timeout | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> AbstractAsyncContextManager[StreamResponse]:
         return self.transport.stream(method, url, body=body, headers=headers, timeout=timeout)
 
     async def get_json(self, url: str, timeout: Timeout = INFO_TIMEOUT) -> Any | None:

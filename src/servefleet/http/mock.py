@@ -72,7 +72,9 @@ class _MockStream:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         resp = self._response
-        pieces = resp.chunks_ if isinstance(resp, MockResponse) and resp.chunks_ else ([resp.body] if resp.body else [])
+        pieces = (
+            resp.chunks_ if isinstance(resp, MockResponse) and resp.chunks_ else ([resp.body] if resp.body else [])
+        )
         for piece in pieces:
             yield piece
         if isinstance(resp, MockResponse) and resp.fail_after is not None:
@@ -95,14 +97,27 @@ class MockTransport:
             got = await got
         return got
 
-    async def request(self, method: str, url: str, *, body: bytes | None = None,
-                      headers: Mapping[str, str] | None = None, timeout: Timeout | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: Timeout | None = None,
+    ) -> Response:
         return await self._answer(Request(method, str(url), body, dict(headers or {}), timeout))
 
     @asynccontextmanager
-    async def stream(self, method: str, url: str, *, body: bytes | None = None,
-                     headers: Mapping[str, str] | None = None,
-                     timeout: Timeout | None = None) -> AsyncIterator[_MockStream]:
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: Timeout | None = None,
+    ) -> AsyncIterator[_MockStream]:
         yield _MockStream(await self._answer(Request(method, str(url), body, dict(headers or {}), timeout)))
 
     async def aclose(self) -> None:

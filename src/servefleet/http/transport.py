@@ -84,14 +84,27 @@ class StreamResponse(Protocol):
 
 
 class Transport(Protocol):
-    async def request(self, method: str, url: str, *, body: bytes | None = None,
-                      headers: Mapping[str, str] | None = None, timeout: Timeout | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: Timeout | None = None,
+    ) -> Response:
         """Send one request, read the whole answer. Raises TransportError when no HTTP answer came."""
         ...
 
-    def stream(self, method: str, url: str, *, body: bytes | None = None,
-               headers: Mapping[str, str] | None = None,
-               timeout: Timeout | None = None) -> AbstractAsyncContextManager[StreamResponse]:
+    def stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: Timeout | None = None,
+    ) -> AbstractAsyncContextManager[StreamResponse]:
         """Send one request; the body is read inside the ``async with``. A failure while reading
         leaves the ``async with`` as TransportError."""
         ...

@@ -53,10 +53,14 @@ def _check_destination(dest: Path, force: bool) -> None:
         if not force:
             raise ConfigError(f"{dest} exists and is not empty; pass --force to replace it")
         if not (dest / MARKER_FILE).exists():
-            raise ConfigError(f"{dest} was not built by `servefleet model tiny` (no {MARKER_FILE}); refusing to replace it")
+            raise ConfigError(
+                f"{dest} was not built by `servefleet model tiny` (no {MARKER_FILE}); refusing to replace it"
+            )
 
 
-def build_tiny_model(path: str | os.PathLike[str], spec: TinyModelSpec, *, gguf: bool = False, force: bool = False) -> BuildResult:
+def build_tiny_model(
+    path: str | os.PathLike[str], spec: TinyModelSpec, *, gguf: bool = False, force: bool = False
+) -> BuildResult:
     """Build the model described by ``spec`` into the folder ``path``.
 
     Raises ConfigError when ``path`` holds something else (a non-empty folder needs ``force``,

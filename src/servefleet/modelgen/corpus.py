@@ -33,8 +33,40 @@ COMMON_WORDS: tuple[str, ...] = tuple(
     """.split()
 )
 
-_ONSETS = ("", "b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
-           "br", "ch", "cl", "dr", "fl", "gr", "pl", "pr", "sh", "st", "th", "tr", "qu", "sp")
+_ONSETS = (
+    "",
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "z",
+    "br",
+    "ch",
+    "cl",
+    "dr",
+    "fl",
+    "gr",
+    "pl",
+    "pr",
+    "sh",
+    "st",
+    "th",
+    "tr",
+    "qu",
+    "sp",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ea", "ee", "io", "ou", "oo", "y")
 _CODAS = ("", "", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "ck", "rt", "x")
 _PUNCT = (".", ".", ".", ",", ",", "!", "?", ";", ":")
@@ -46,8 +78,8 @@ _CODE_TEMPLATES = (
     "if {a} is not None and {b} > {n}:",
     "class {A}{B}:",
     '    """{A} {b} {c}."""',
-    "{a} = {{\"{b}\": {n}, \"{c}\": [{n}, {m}]}}",
-    "print(f\"{{{a}}} {b} {n}\")",
+    '{a} = {{"{b}": {n}, "{c}": [{n}, {m}]}}',
+    'print(f"{{{a}}} {b} {n}")',
 )
 
 
@@ -80,13 +112,18 @@ def corpus_lines(vocab_size: int, seed: int = 1234) -> Iterator[str]:
         if rng.random() < 0.08:
             template = rng.choice(_CODE_TEMPLATES)
             a, b, c, d = rng.choices(inventory[:400], k=4)
-            line = template.format(a=a, b=b, c=c, d=d, A=a.capitalize(), B=b.capitalize(), n=rng.randint(0, 999), m=rng.randint(0, 99999))
+            line = template.format(
+                a=a, b=b, c=c, d=d, A=a.capitalize(), B=b.capitalize(), n=rng.randint(0, 999), m=rng.randint(0, 99999)
+            )
             emitted += 4
         else:
             length = rng.randint(4, 18)
             words = rng.choices(inventory, cum_weights=cum_weights, k=length)
             if rng.random() < 0.15:
-                words.insert(rng.randrange(len(words)), str(rng.choice((rng.randint(0, 100), rng.randint(1900, 2100), rng.randint(0, 10**6)))))
+                words.insert(
+                    rng.randrange(len(words)),
+                    str(rng.choice((rng.randint(0, 100), rng.randint(1900, 2100), rng.randint(0, 10**6)))),
+                )
             words[0] = words[0].capitalize()
             line = " ".join(words) + rng.choice(_PUNCT)
             emitted += len(words)

@@ -63,8 +63,13 @@ def write_gguf(path: Path, spec: TinyModelSpec, weights: dict[str, torch.Tensor]
     arch = spec.arch
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"servefleet tiny {arch}")
-    writer.add_file_type({"float32": gguf.LlamaFileType.ALL_F32, "float16": gguf.LlamaFileType.MOSTLY_F16,
-                          "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}[spec.dtype])
+    writer.add_file_type(
+        {
+            "float32": gguf.LlamaFileType.ALL_F32,
+            "float16": gguf.LlamaFileType.MOSTLY_F16,
+            "bfloat16": gguf.LlamaFileType.MOSTLY_BF16,
+        }[spec.dtype]
+    )
     writer.add_context_length(spec.max_position_embeddings)
     writer.add_embedding_length(spec.hidden_size)
     writer.add_block_count(spec.num_layers)
@@ -83,7 +88,9 @@ def write_gguf(path: Path, spec: TinyModelSpec, weights: dict[str, torch.Tensor]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(GGUF_PRE[arch])
     writer.add_token_list(trained.vocab)
-    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(len(trained.vocab))])
+    writer.add_token_types(
+        [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(len(trained.vocab))]
+    )
     writer.add_token_merges(trained.merges)
     writer.add_bos_token_id(trained.special_ids[BOS])
     writer.add_eos_token_id(trained.special_ids[EOS])

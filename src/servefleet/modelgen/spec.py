@@ -61,14 +61,24 @@ class TinyModelSpec(BaseModel):
 
         need(self.hidden_size > 0 and self.num_layers > 0, "hidden size and layer count must be positive")
         dims = ", ".join(map(str, SUPPORTED_HEAD_DIMS))
-        need(self.head_dim in SUPPORTED_HEAD_DIMS, f"head dim must be one of {dims} (vLLM's CPU attention supports only these)")
+        need(
+            self.head_dim in SUPPORTED_HEAD_DIMS,
+            f"head dim must be one of {dims} (vLLM's CPU attention supports only these)",
+        )
         if self.num_heads is None:
-            need(self.hidden_size % self.head_dim == 0,
-                 f"hidden size {self.hidden_size} is not a multiple of head dim {self.head_dim}; pass the head count")
+            need(
+                self.hidden_size % self.head_dim == 0,
+                f"hidden size {self.hidden_size} is not a multiple of head dim {self.head_dim}; pass the head count",
+            )
         need(self.heads > 0, "the head count must be positive")
-        need(0 < self.kv_heads <= self.heads and self.heads % self.kv_heads == 0,
-             f"KV heads ({self.kv_heads}) must divide the head count ({self.heads})")
-        need(self.vocab_size >= 300, "vocab size must be at least 300 (256 byte tokens, the special tokens and some merges)")
+        need(
+            0 < self.kv_heads <= self.heads and self.heads % self.kv_heads == 0,
+            f"KV heads ({self.kv_heads}) must divide the head count ({self.heads})",
+        )
+        need(
+            self.vocab_size >= 300,
+            "vocab size must be at least 300 (256 byte tokens, the special tokens and some merges)",
+        )
         need(self.max_position_embeddings >= 16, "max position embeddings must be at least 16")
         return self
 
@@ -186,16 +196,38 @@ class TinyModelSpec(BaseModel):
 # head dim 128 like Qwen3-0.6B) for GPU runs: memory and KV-cache arithmetic close to real models.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
-        hidden_size=128, num_layers=2, head_dim=32, num_heads=4, num_kv_heads=2, intermediate_size=384,
-        vocab_size=2048, max_position_embeddings=2048, dtype="float32",
+        hidden_size=128,
+        num_layers=2,
+        head_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=384,
+        vocab_size=2048,
+        max_position_embeddings=2048,
+        dtype="float32",
     ),
     "small": dict(
-        hidden_size=512, num_layers=4, head_dim=64, num_heads=8, num_kv_heads=4, intermediate_size=1536,
-        vocab_size=8192, max_position_embeddings=4096, dtype="float32",
+        hidden_size=512,
+        num_layers=4,
+        head_dim=64,
+        num_heads=8,
+        num_kv_heads=4,
+        intermediate_size=1536,
+        vocab_size=8192,
+        max_position_embeddings=4096,
+        dtype="float32",
     ),
     "realistic": dict(
-        hidden_size=1024, num_layers=24, head_dim=128, num_heads=16, num_kv_heads=8, intermediate_size=3072,
-        vocab_size=32000, max_position_embeddings=32768, dtype="bfloat16", rope_theta=1000000.0,
+        hidden_size=1024,
+        num_layers=24,
+        head_dim=128,
+        num_heads=16,
+        num_kv_heads=8,
+        intermediate_size=3072,
+        vocab_size=32000,
+        max_position_embeddings=32768,
+        dtype="bfloat16",
+        rope_theta=1000000.0,
     ),
 }
 

@@ -24,9 +24,7 @@ from servefleet.modelgen.spec import BOS, CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKEN
 __all__ = ["TrainedTokenizer", "train_tokenizer", "tokenizer_config", "GGUF_PRE"]
 
 # Qwen2's pre-tokenizer split (Qwen2Tokenizer in transformers; llama.cpp's "qwen2" pre-tokenizer).
-QWEN2_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 # llama.cpp's name for the split each architecture uses (tokenizer.ggml.pre).
 GGUF_PRE = {"llama": "gpt-2", "qwen2": "qwen2"}
 
@@ -49,10 +47,12 @@ def train_tokenizer(spec: TinyModelSpec) -> TrainedTokenizer:
     vocabulary size and architecture, never on the weights' seed."""
     tok = Tokenizer(models.BPE())
     if spec.arch == "qwen2":
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -98,7 +98,14 @@ def tokenizer_config(spec: TinyModelSpec, trained: TrainedTokenizer) -> dict[str
     tokenizer; ``Qwen2Tokenizer`` for ``qwen2``, which transformers picks anyway), the special tokens
     and the chat template."""
     added = {
-        str(idx): {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+        str(idx): {
+            "content": content,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
         for content, idx in sorted(trained.special_ids.items(), key=lambda kv: kv[1])
     }
     return {

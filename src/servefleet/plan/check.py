@@ -32,7 +32,16 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from servefleet.generate.sinks import Sink
 
-__all__ = ["ServerMeasure", "Measured", "Metric", "CheckResult", "measure_job", "check_plan", "pick_config", "TOLERANCE_PCT"]
+__all__ = [
+    "ServerMeasure",
+    "Measured",
+    "Metric",
+    "CheckResult",
+    "measure_job",
+    "check_plan",
+    "pick_config",
+    "TOLERANCE_PCT",
+]
 
 TOLERANCE_PCT = 10.0
 JOB_FILE = "job.json"  # servefleet.generate.job.JOB_FILE (not imported: keeps plan free of generate's deps)
@@ -130,8 +139,14 @@ class CheckResult:
             "output_tokens_mean": round(meas.mean_output_tokens, 3),
             "steady_replica_tps": round(self.steady_replica_tps, 3),
             "wall_source": meas.wall_source,
-            "metrics": {m.name: {"predicted": round(m.predicted, 3), "measured": round(m.measured, 3),
-                                 "error_pct": round(m.error_pct, 2)} for m in self.metrics},
+            "metrics": {
+                m.name: {
+                    "predicted": round(m.predicted, 3),
+                    "measured": round(m.measured, 3),
+                    "error_pct": round(m.error_pct, 2),
+                }
+                for m in self.metrics
+            },
             "servers": [asdict(s) for s in meas.servers],
             "within_tolerance": self.within,
             "tolerance_pct": TOLERANCE_PCT,
@@ -163,9 +178,17 @@ def _shard_rows(name: str, data: bytes) -> list[tuple[str, int, str | None]]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["server", "completion_tokens", "model"], use_threads=False)
-        return list(zip(table.column("server").to_pylist(), (t or 0 for t in table.column("completion_tokens").to_pylist()),
-                        table.column("model").to_pylist(), strict=True))
+        table = pq.ParquetFile(pa.BufferReader(data)).read(
+            columns=["server", "completion_tokens", "model"], use_threads=False
+        )
+        return list(
+            zip(
+                table.column("server").to_pylist(),
+                (t or 0 for t in table.column("completion_tokens").to_pylist()),
+                table.column("model").to_pylist(),
+                strict=True,
+            )
+        )
     rows = []
     for raw in data.splitlines():
         if raw.strip():
@@ -208,7 +231,9 @@ def measure_job(dest: str | Path, report: Path | None = None) -> Measured:
 def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
     manifest_data = sink.read_bytes(JOB_FILE)
     if manifest_data is None:
-        raise ConfigError(f"{dest}: no {JOB_FILE}, so not the destination of a `servefleet generate` run; nothing to check")
+        raise ConfigError(
+            f"{dest}: no {JOB_FILE}, so not the destination of a `servefleet generate` run; nothing to check"
+        )
     try:
         manifest = json.loads(manifest_data)
         valid = int(manifest["input"]["valid"])
@@ -218,16 +243,20 @@ def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
 
     per_server: dict[str, list[int]] = {}
     models: dict[str, int] = {}
-    shards = [f"shards/{n}" for n in sink.list("shards") if n.startswith("part-") and n.endswith((".parquet", ".jsonl"))]
+    shards = [
+        f"shards/{n}" for n in sink.list("shards") if n.startswith("part-") and n.endswith((".parquet", ".jsonl"))
+    ]
     # a few shards at a time: a large job's shards hold gigabytes of text, of which three columns are read
     for first in range(0, len(shards), SHARDS_PER_READ):
-        for name, data in sorted(sink.read_many(shards[first:first + SHARDS_PER_READ]).items()):
+        for name, data in sorted(sink.read_many(shards[first : first + SHARDS_PER_READ]).items()):
             try:
                 shard_rows = _shard_rows(name, data)
             except Exception as exc:  # a damaged shard (ArrowInvalid, bad JSON): name it, not a traceback
-                raise ConfigError(f"{dest}/{name}: damaged shard, cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
-                                  "run the same `servefleet generate` again: it moves the shard to quarantine/ and asks "
-                                  "its ids again") from None
+                raise ConfigError(
+                    f"{dest}/{name}: damaged shard, cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
+                    "run the same `servefleet generate` again: it moves the shard to quarantine/ and asks "
+                    "its ids again"
+                ) from None
             for server, tokens, model in shard_rows:
                 acc = per_server.setdefault(server or "?", [0, 0])
                 acc[0] += 1
@@ -255,7 +284,9 @@ def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
         try:
             report_text: bytes | None = Path(report).read_bytes()
         except FileNotFoundError:
-            raise ConfigError(f"{report}: no such report (save one with `servefleet generate ... --json > FILE`)") from None
+            raise ConfigError(
+                f"{report}: no such report (save one with `servefleet generate ... --json > FILE`)"
+            ) from None
         report_name = str(report)
     else:
         report_text, report_name = sink.read_bytes(REPORT_FILE), f"{dest}/{REPORT_FILE}"
@@ -274,10 +305,17 @@ def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
         raise ConfigError(f"{dest}: the job's runs have no start and end times to measure a wall time from")
     last = runs[-1] if runs else {}
     return Measured(
-        job_dir=dest, status=str(last.get("status", "unknown")), complete=rows >= valid, prompts_total=valid,
-        prompts_measured=rows, completion_tokens=sum(a[1] for a in per_server.values()), wall_s=wall, runs=len(runs),
+        job_dir=dest,
+        status=str(last.get("status", "unknown")),
+        complete=rows >= valid,
+        prompts_total=valid,
+        prompts_measured=rows,
+        completion_tokens=sum(a[1] for a in per_server.values()),
+        wall_s=wall,
+        runs=len(runs),
         servers=tuple(ServerMeasure(name, a[0], a[1]) for name, a in sorted(per_server.items())),
-        model=max(models, key=lambda m: models[m]) if models else None, wall_source=source,
+        model=max(models, key=lambda m: models[m]) if models else None,
+        wall_source=source,
     )
 
 
@@ -298,7 +336,9 @@ def _without_revision(name: str) -> str:
     return head if at and head and rev and "/" not in rev else name
 
 
-def pick_config(configs: list[tuple[ConfigCurve, str | None]], measured: Measured) -> ConfigCurve | dict[str, ConfigCurve]:
+def pick_config(
+    configs: list[tuple[ConfigCurve, str | None]], measured: Measured
+) -> ConfigCurve | dict[str, ConfigCurve]:
     """The bench run (curve, model it measured) that matches the job's model; one must. Several
     match when the job ran on a fleet of several configurations: then each server that answered
     it takes the run named after it (`bench --fleet` labels a run with its server's name), and
@@ -306,46 +346,65 @@ def pick_config(configs: list[tuple[ConfigCurve, str | None]], measured: Measure
     matching = [c for c, model in configs if _same_model(model, measured.model)]
     if not matching:
         seen = ", ".join(f"{c.name} ({m})" for c, m in configs)
-        raise ConfigError(f"configuration mismatch: the job was served by model {measured.model!r} but the bench runs "
-                          f"measured {seen}; pass the bench run of the configuration that ran the job")
+        raise ConfigError(
+            f"configuration mismatch: the job was served by model {measured.model!r} but the bench runs "
+            f"measured {seen}; pass the bench run of the configuration that ran the job"
+        )
     if len(matching) == 1:
         return matching[0]
     by_name = {c.name: c for c in matching}
     servers = [s.name for s in measured.servers]
     unmatched = [name for name in servers if name not in by_name]
     if unmatched:
-        raise ConfigError(f"{len(matching)} bench runs match the job ({', '.join(c.name for c in matching)}) but none is "
-                          f"named after server(s) {', '.join(unmatched)}: give one --bench (the configuration that ran "
-                          "the job), or one per server, made by `servefleet bench --fleet` (runs named after the servers)")
+        raise ConfigError(
+            f"{len(matching)} bench runs match the job ({', '.join(c.name for c in matching)}) but none is "
+            f"named after server(s) {', '.join(unmatched)}: give one --bench (the configuration that ran "
+            "the job), or one per server, made by `servefleet bench --fleet` (runs named after the servers)"
+        )
     return {name: by_name[name] for name in servers}
 
 
-def check_plan(config: ConfigCurve | dict[str, ConfigCurve], measured: Measured, *, gpus: int | None = None,
-               concurrency: int | None = None) -> CheckResult:
+def check_plan(
+    config: ConfigCurve | dict[str, ConfigCurve],
+    measured: Measured,
+    *,
+    gpus: int | None = None,
+    concurrency: int | None = None,
+) -> CheckResult:
     """Predict what ``measured`` did with the planner's model and compare."""
     if isinstance(config, dict):
         if gpus is not None or concurrency is not None:
-            raise ConfigError("--gpus and --concurrency apply to a job of one configuration; this one ran on "
-                              f"{len(config)} servers of their own ({', '.join(config)})")
+            raise ConfigError(
+                "--gpus and --concurrency apply to a job of one configuration; this one ran on "
+                f"{len(config)} servers of their own ({', '.join(config)})"
+            )
         return check_mixed(config, measured)
     notes: list[str] = []
     servers = len(measured.servers)
     replicas = (gpus // config.gpus_per_replica) if gpus else servers
     if replicas <= 0:
-        raise ConfigError(f"--gpus {gpus} is fewer than the {config.gpus_per_replica} GPUs one replica of {config.name} needs")
+        raise ConfigError(
+            f"--gpus {gpus} is fewer than the {config.gpus_per_replica} GPUs one replica of {config.name} needs"
+        )
     if gpus is None:
-        notes.append(f"{servers} server(s) answered the job: planned as {replicas} replica(s) of {config.gpus_per_replica} GPU(s)")
+        notes.append(
+            f"{servers} server(s) answered the job: planned as {replicas} replica(s) of {config.gpus_per_replica} GPU(s)"
+        )
     caveats = list(config.caveats)
     others = [s.name for s in measured.servers if s.name != config.name]
     if servers > 1 and others:
-        caveats.append(f"one bench run ({config.name}) for a job {servers} servers answered ({', '.join(s.name for s in measured.servers)}): "
-                       "every one is assumed to be that configuration; if they differ, give one --bench per server "
-                       "(`servefleet bench --fleet` names each run after its server)")
+        caveats.append(
+            f"one bench run ({config.name}) for a job {servers} servers answered ({', '.join(s.name for s in measured.servers)}): "
+            "every one is assumed to be that configuration; if they differ, give one --bench per server "
+            "(`servefleet bench --fleet` names each run after its server)"
+        )
     best_c, _, best_notes = config.best()
     notes.extend(best_notes)
     conc = concurrency or best_c
     if concurrency is None:
-        notes.append(f"concurrency {conc}: the planner's choice for this configuration (give --concurrency for a job run at a fixed one)")
+        notes.append(
+            f"concurrency {conc}: the planner's choice for this configuration (give --concurrency for a job run at a fixed one)"
+        )
     mean = measured.mean_output_tokens
     steady = config.curve.total(conc)
     if measured.complete:
@@ -355,8 +414,10 @@ def check_plan(config: ConfigCurve | dict[str, ConfigCurve], measured: Measured,
         predicted_s = measured.prompts_measured * mean / (steady * replicas)
         full = simulate_makespan(config.curve, conc, replicas, JobSpec(measured.prompts_total, mean))
         eta = measured.wall_s * measured.prompts_total / measured.prompts_measured
-        notes.append(f"partial job ({measured.prompts_measured:,}/{measured.prompts_total:,} prompts): compared without the tail; "
-                     f"whole job predicted {full:,.0f} s, at the measured pace {eta:,.0f} s")
+        notes.append(
+            f"partial job ({measured.prompts_measured:,}/{measured.prompts_total:,} prompts): compared without the tail; "
+            f"whole job predicted {full:,.0f} s, at the measured pace {eta:,.0f} s"
+        )
     tokens = measured.completion_tokens
     gpus_used = replicas * config.gpus_per_replica
     metrics = [
@@ -365,18 +426,31 @@ def check_plan(config: ConfigCurve | dict[str, ConfigCurve], measured: Measured,
         Metric("makespan_s", predicted_s, measured.wall_s),
     ]
     if measured.wall_source == "manifest":
-        notes.append("wall time from the job manifest's run times (includes probing the servers); "
-                     "a saved `generate --json` report (--report) times the sending alone")
-    return CheckResult(measured=measured, configuration=config.name, concurrency=conc, gpus_per_replica=config.gpus_per_replica,
-                       replicas=replicas, steady_replica_tps=steady, metrics=metrics, notes=notes, caveats=caveats)
+        notes.append(
+            "wall time from the job manifest's run times (includes probing the servers); "
+            "a saved `generate --json` report (--report) times the sending alone"
+        )
+    return CheckResult(
+        measured=measured,
+        configuration=config.name,
+        concurrency=conc,
+        gpus_per_replica=config.gpus_per_replica,
+        replicas=replicas,
+        steady_replica_tps=steady,
+        metrics=metrics,
+        notes=notes,
+        caveats=caveats,
+    )
 
 
 def check_mixed(curves: dict[str, ConfigCurve], measured: Measured) -> CheckResult:
     """The plan for a job that ran on servers of different configurations, one curve each: every
     server at its best concurrency; the job shared out in proportion to their steady rates (as
     generate's dispatch does, keeping each server full), its makespan the slowest share's."""
-    notes = [f"{len(curves)} servers of their own configuration: each at its best bench point, the prompts shared "
-             "in proportion to their rates"]
+    notes = [
+        f"{len(curves)} servers of their own configuration: each at its best bench point, the prompts shared "
+        "in proportion to their rates"
+    ]
     best = {name: c.best() for name, c in curves.items()}
     for name, (_, _, more) in best.items():
         notes.extend(f"{name}: {n}" for n in more)
@@ -385,28 +459,46 @@ def check_mixed(curves: dict[str, ConfigCurve], measured: Measured) -> CheckResu
     mean = measured.mean_output_tokens
     prompts = measured.prompts_measured
     if measured.complete:
-        predicted_s = max(simulate_makespan(curves[n].curve, best[n][0], 1, JobSpec(max(1, round(prompts * r / total_rate)), mean))
-                          for n, r in rates.items())
+        predicted_s = max(
+            simulate_makespan(curves[n].curve, best[n][0], 1, JobSpec(max(1, round(prompts * r / total_rate)), mean))
+            for n, r in rates.items()
+        )
     else:
         predicted_s = prompts * mean / total_rate
-        notes.append(f"partial job ({measured.prompts_measured:,}/{measured.prompts_total:,} prompts): compared without the tail")
+        notes.append(
+            f"partial job ({measured.prompts_measured:,}/{measured.prompts_total:,} prompts): compared without the tail"
+        )
     for server in measured.servers:
         share = rates[server.name] / total_rate
-        notes.append(f"{server.name} ({curves[server.name].name}): concurrency {best[server.name][0]}, "
-                     f"{rates[server.name]:,.0f} tok/s steady; planned {share:.0%} of the tokens, answered "
-                     f"{server.completion_tokens / max(1, measured.completion_tokens):.0%}")
+        notes.append(
+            f"{server.name} ({curves[server.name].name}): concurrency {best[server.name][0]}, "
+            f"{rates[server.name]:,.0f} tok/s steady; planned {share:.0%} of the tokens, answered "
+            f"{server.completion_tokens / max(1, measured.completion_tokens):.0%}"
+        )
     gpus_used = sum(curves[n].gpus_per_replica for n in curves)
     tokens = measured.completion_tokens
     metrics = [
         Metric("output_tps_per_gpu", tokens / predicted_s / gpus_used, tokens / measured.wall_s / gpus_used),
-        Metric("output_tps_per_server", tokens / predicted_s / len(curves), tokens / measured.wall_s / len(measured.servers)),
+        Metric(
+            "output_tps_per_server",
+            tokens / predicted_s / len(curves),
+            tokens / measured.wall_s / len(measured.servers),
+        ),
         Metric("makespan_s", predicted_s, measured.wall_s),
     ]
     if measured.wall_source == "manifest":
-        notes.append("wall time from the job manifest's run times (includes probing the servers); "
-                     "a saved `generate --json` report (--report) times the sending alone")
-    return CheckResult(measured=measured, configuration=" + ".join(curves), concurrency=sum(b[0] for b in best.values()),
-                       gpus_per_replica=max(1, gpus_used // len(curves)), replicas=len(curves), steady_replica_tps=total_rate / len(curves),
-                       metrics=metrics, notes=notes,
-                       caveats=[f"{name}: {c}" for name, curve in curves.items() for c in curve.caveats])
-
+        notes.append(
+            "wall time from the job manifest's run times (includes probing the servers); "
+            "a saved `generate --json` report (--report) times the sending alone"
+        )
+    return CheckResult(
+        measured=measured,
+        configuration=" + ".join(curves),
+        concurrency=sum(b[0] for b in best.values()),
+        gpus_per_replica=max(1, gpus_used // len(curves)),
+        replicas=len(curves),
+        steady_replica_tps=total_rate / len(curves),
+        metrics=metrics,
+        notes=notes,
+        caveats=[f"{name}: {c}" for name, curve in curves.items() for c in curve.caveats],
+    )

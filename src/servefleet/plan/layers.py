@@ -31,9 +31,20 @@ class LayerKind(StrEnum):
 
 
 _DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
 }
 
 
@@ -91,8 +102,12 @@ def layer_plan(config: dict[str, Any]) -> LayerPlan:
         table = {"M": LayerKind.MAMBA, "*": LayerKind.FULL}
         return LayerPlan(tuple(table.get(c, LayerKind.NONE) for c in pattern))
     if isinstance(cfg.get("layers_block_type"), list) and cfg["layers_block_type"]:
-        table = {"mamba": LayerKind.MAMBA, "linear_attention": LayerKind.MAMBA, "attention": LayerKind.FULL,
-                 "full_attention": LayerKind.FULL}
+        table = {
+            "mamba": LayerKind.MAMBA,
+            "linear_attention": LayerKind.MAMBA,
+            "attention": LayerKind.FULL,
+            "full_attention": LayerKind.FULL,
+        }
         return LayerPlan(tuple(table.get(str(t).lower(), LayerKind.NONE) for t in cfg["layers_block_type"]))
 
     if "attn_layer_period" in cfg and "attn_layer_offset" in cfg:  # Jamba

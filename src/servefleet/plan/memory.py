@@ -25,11 +25,31 @@ from pydantic import BaseModel, Field
 from servefleet.errors import ConfigError
 from servefleet.plan.layers import LayerKind, _text_config, dtype_bytes, layer_plan
 
-__all__ = ["MemoryAssumptions", "MemoryEstimate", "load_config", "estimate_memory", "weight_bytes_from_config", "parse_bytes"]
+__all__ = [
+    "MemoryAssumptions",
+    "MemoryEstimate",
+    "load_config",
+    "estimate_memory",
+    "weight_bytes_from_config",
+    "parse_bytes",
+]
 
 GIB = 1024**3
-_SUFFIX = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-           "kib": 1024, "mib": 1024**2, "gib": GIB, "tib": 1024**4, "k": 1024, "m": 1024**2, "g": GIB}
+_SUFFIX = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": GIB,
+    "tib": 1024**4,
+    "k": 1024,
+    "m": 1024**2,
+    "g": GIB,
+}
 
 
 def parse_bytes(text: str | int | float) -> int:
@@ -38,7 +58,7 @@ def parse_bytes(text: str | int | float) -> int:
         return int(text)
     s = text.strip().lower().replace(" ", "")
     num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num):]
+    unit = s[len(num) :]
     if unit not in _SUFFIX or not num:
         raise ConfigError(f"cannot read a size from {text!r}; write e.g. 96GiB, 80GB or 141g")
     return int(float(num) * _SUFFIX[unit])
@@ -47,8 +67,12 @@ def parse_bytes(text: str | int | float) -> int:
 class MemoryAssumptions(BaseModel):
     gpu_mem_bytes: int = Field(gt=0)
     tp: int = Field(default=1, ge=1)
-    mem_fraction: float = Field(default=0.9, gt=0, le=1)  # SGLang --mem-fraction-static / vLLM --gpu-memory-utilization
-    overhead_bytes_per_gpu: int = Field(default=GIB, ge=0)  # CUDA context, activations, graphs not covered by the fraction
+    mem_fraction: float = Field(
+        default=0.9, gt=0, le=1
+    )  # SGLang --mem-fraction-static / vLLM --gpu-memory-utilization
+    overhead_bytes_per_gpu: int = Field(
+        default=GIB, ge=0
+    )  # CUDA context, activations, graphs not covered by the fraction
     weight_dtype: str = "bfloat16"
     kv_dtype: str = "bfloat16"
     state_dtype: str = "bfloat16"
@@ -89,7 +113,9 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], Path | None]:
     folder = p if p.is_dir() else None
     file = p / "config.json" if p.is_dir() else p
     if not file.is_file():
-        raise ConfigError(f"{file}: no config.json here; pass a local model folder or its config.json (nothing is downloaded)")
+        raise ConfigError(
+            f"{file}: no config.json here; pass a local model folder or its config.json (nothing is downloaded)"
+        )
     try:
         return json.loads(file.read_text()), folder
     except json.JSONDecodeError as exc:
@@ -170,7 +196,11 @@ def _recurrent_state_bytes(cfg: dict[str, Any], kind: LayerKind, conv_b: int, ss
     expand = int(cfg.get("mamba_expand") or cfg.get("expand") or 2)
     d_state = int(cfg.get("mamba_d_state") or cfg.get("ssm_state_size") or cfg.get("state_size") or 16)
     d_conv = int(cfg.get("mamba_d_conv") or cfg.get("conv_kernel") or 4)
-    n_heads = cfg.get("mamba_n_heads") or cfg.get("mamba_num_heads") or (cfg.get("num_heads") if not cfg.get("num_attention_heads") else None)
+    n_heads = (
+        cfg.get("mamba_n_heads")
+        or cfg.get("mamba_num_heads")
+        or (cfg.get("num_heads") if not cfg.get("num_attention_heads") else None)
+    )
     if n_heads:
         head_dim = int(cfg.get("mamba_d_head") or cfg.get("mamba_head_dim") or cfg.get("head_dim") or 64)
         groups = int(cfg.get("mamba_n_groups") or cfg.get("n_groups") or 1)
@@ -188,8 +218,9 @@ def _spec_extra(spec: str | None, cfg: dict[str, Any], wb: int) -> tuple[int, in
     if kind == "mtp":
         n = int(arg or cfg.get("num_nextn_predict_layers") or 1)
         h = int(cfg["hidden_size"])
-        layer_w = (weight_bytes_from_config({**cfg, "num_hidden_layers": 1, "layer_types": None,
-                                              "vocab_size": 0, "tie_word_embeddings": True}, wb))
+        layer_w = weight_bytes_from_config(
+            {**cfg, "num_hidden_layers": 1, "layer_types": None, "vocab_size": 0, "tie_word_embeddings": True}, wb
+        )
         return n * (layer_w + 2 * h * h * wb), n, f"MTP: {n} extra decoder layer(s), embeddings shared"
     if kind in ("draft", "eagle"):
         dcfg, dfolder = load_config(arg)
@@ -198,7 +229,9 @@ def _spec_extra(spec: str | None, cfg: dict[str, Any], wb: int) -> tuple[int, in
     raise ConfigError(f"--spec {spec!r}: use mtp[:N], draft:PATH, eagle:PATH or ngram")
 
 
-def estimate_memory(config: dict[str, Any], assumptions: MemoryAssumptions, folder: Path | None = None) -> MemoryEstimate:
+def estimate_memory(
+    config: dict[str, Any], assumptions: MemoryAssumptions, folder: Path | None = None
+) -> MemoryEstimate:
     a = assumptions
     cfg = _text_config(config)
     notes: list[str] = []

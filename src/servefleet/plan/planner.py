@@ -17,8 +17,18 @@ from typing import Annotated
 import pydantic
 from pydantic import Field
 
-__all__ = ["Curve", "ConfigCurve", "JobSpec", "PlanRow", "PointSample", "TailModel", "plan_job", "simulate_makespan", "steady_curve",
-           "tail_model"]
+__all__ = [
+    "Curve",
+    "ConfigCurve",
+    "JobSpec",
+    "PlanRow",
+    "PointSample",
+    "TailModel",
+    "plan_job",
+    "simulate_makespan",
+    "steady_curve",
+    "tail_model",
+]
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,9 @@ class ConfigCurve:
         points = [(c, t) for c, t in zip(self.curve.concurrency, self.curve.output_tps, strict=True) if c <= cap]
         if not points:
             c0 = self.curve.concurrency[0]
-            notes.append(f"every measured concurrency is above the cap {self.max_running}; using {self.max_running} scaled from {c0}")
+            notes.append(
+                f"every measured concurrency is above the cap {self.max_running}; using {self.max_running} scaled from {c0}"
+            )
             c = int(cap)
             return c, self.curve.total(c), notes
         c, t = max(points, key=lambda p: p[1])
@@ -172,8 +184,13 @@ class TailModel:
         return sum(self.makespan_s - f for f in self.finish_s)
 
     def to_json(self) -> dict[str, float]:
-        return {"queue_empty_s": self.queue_empty_s, "makespan_s": self.makespan_s, "held_server_s": self.held_server_s,
-                "released_server_s": self.released_server_s, "first_replica_done_s": min(self.finish_s, default=0.0)}
+        return {
+            "queue_empty_s": self.queue_empty_s,
+            "makespan_s": self.makespan_s,
+            "held_server_s": self.held_server_s,
+            "released_server_s": self.released_server_s,
+            "first_replica_done_s": min(self.finish_s, default=0.0),
+        }
 
 
 def tail_model(curve: Curve, concurrency: int, replicas: int, job: JobSpec) -> TailModel:
@@ -267,15 +284,26 @@ def plan_job(configs: list[ConfigCurve], job: JobSpec, gpus: int, gpu_hour_cost:
             best = min(candidates + [conc], key=lambda c: simulate_makespan(cfg.curve, c, replicas, job))
             makespan = simulate_makespan(cfg.curve, best, replicas, job)
             if best != conc:
-                notes = notes + [f"for this job size concurrency {best} finishes sooner than the peak-throughput {conc}"]
+                notes = notes + [
+                    f"for this job size concurrency {best} finishes sooner than the peak-throughput {conc}"
+                ]
                 conc, tps = best, cfg.curve.total(best)
         used = replicas * cfg.gpus_per_replica
         gpu_hours = makespan * used / 3600 if math.isfinite(makespan) else math.inf
-        rows.append(PlanRow(
-            name=cfg.name, best_concurrency=conc, replica_tps=tps, tps_per_gpu=tps / cfg.gpus_per_replica,
-            gpus=used, replicas=replicas, makespan_s=makespan, gpu_hours=gpu_hours,
-            cost=gpu_hours * gpu_hour_cost if gpu_hour_cost is not None and math.isfinite(gpu_hours) else None,
-            notes=notes, caveats=list(cfg.caveats),
-        ))
+        rows.append(
+            PlanRow(
+                name=cfg.name,
+                best_concurrency=conc,
+                replica_tps=tps,
+                tps_per_gpu=tps / cfg.gpus_per_replica,
+                gpus=used,
+                replicas=replicas,
+                makespan_s=makespan,
+                gpu_hours=gpu_hours,
+                cost=gpu_hours * gpu_hour_cost if gpu_hour_cost is not None and math.isfinite(gpu_hours) else None,
+                notes=notes,
+                caveats=list(cfg.caveats),
+            )
+        )
     rows.sort(key=lambda r: r.makespan_s)
     return rows

@@ -46,17 +46,24 @@ def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | Non
         if short:
             said = ", ".join(f"concurrency {p.concurrency} with {p.requests} request(s)" for p in short)
             if len(short) == len(points):
-                raise ConfigError(f"{path}: no point reached its concurrency ({said}); measure again with at least as many "
-                                  "requests per point as its concurrency (`servefleet bench -n`, or --duration)")
+                raise ConfigError(
+                    f"{path}: no point reached its concurrency ({said}); measure again with at least as many "
+                    "requests per point as its concurrency (`servefleet bench -n`, or --duration)"
+                )
             caveats.append(f"{len(short)} point(s) left out: they never reached their concurrency ({said})")
             points = [p for p in points if p not in short]
     unsteady = [p for p in points if p.steady is not None and not p.steady.steady]
     if unsteady:
-        said = ", ".join(f"{p.concurrency} (steady window {max(0.0, p.steady.end_s - p.steady.start_s):.1f} s)"
-                         for p in unsteady if p.steady is not None)
-        caveats.append(f"{len(unsteady)} point(s) bench marked unsteady, at concurrency {said}: their throughput is "
-                       "estimated from the whole span through the drain model, not measured steady; make those points "
-                       "longer (more requests, or --duration)")
+        said = ", ".join(
+            f"{p.concurrency} (steady window {max(0.0, p.steady.end_s - p.steady.start_s):.1f} s)"
+            for p in unsteady
+            if p.steady is not None
+        )
+        caveats.append(
+            f"{len(unsteady)} point(s) bench marked unsteady, at concurrency {said}: their throughput is "
+            "estimated from the whole span through the drain model, not measured steady; make those points "
+            "longer (more requests, or --duration)"
+        )
     deadline = run.config.duration_s if run.config.mode == "concurrency" and not run.config.requests else None
     cap = max_running
     if cap is None and run.capacity is not None:
@@ -64,8 +71,16 @@ def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | Non
     # Steady-state throughput: a point's measured steady window where it had one (bench keeps ramp and
     # drain out of it); else the point inverted through the drain model (see steady_curve).
     levels = [p.concurrency for p in points if p.concurrency]  # all of them (filtered above); typed int
-    inverted = steady_curve([PointSample(c, p.successful, p.output_tokens, p.duration_s, deadline) for c, p in zip(levels, points, strict=True)])
-    tps = [p.output_tokens_per_s if p.steady is not None and p.steady.steady else inverted.total(c) for c, p in zip(levels, points, strict=True)]
+    inverted = steady_curve(
+        [
+            PointSample(c, p.successful, p.output_tokens, p.duration_s, deadline)
+            for c, p in zip(levels, points, strict=True)
+        ]
+    )
+    tps = [
+        p.output_tokens_per_s if p.steady is not None and p.steady.steady else inverted.total(c)
+        for c, p in zip(levels, points, strict=True)
+    ]
     return ConfigCurve(
         name=run.target.label,
         curve=Curve(tuple(levels), tuple(tps)),
@@ -83,11 +98,15 @@ def mode_warnings(configs: list[ConfigCurve]) -> list[str]:
         return []
     again = "measure them again with `servefleet bench --no-stream` (the default)"
     if len(streamed) == len(configs):
-        return [f"planned from streaming runs only ({', '.join(streamed)}): a batch job does not stream, and a server's "
-                "API process sending one event per token can cap streamed throughput far below what it generates "
-                f"(H200: 18-19k streamed vs 28-34k tok/s), more so for plain decoding than speculative; {again}"]
-    return [f"streaming runs ({', '.join(streamed)}) mixed with non-streaming ones: their throughputs are not "
-            f"comparable and the streamed ones are under-rated; {again}"]
+        return [
+            f"planned from streaming runs only ({', '.join(streamed)}): a batch job does not stream, and a server's "
+            "API process sending one event per token can cap streamed throughput far below what it generates "
+            f"(H200: 18-19k streamed vs 28-34k tok/s), more so for plain decoding than speculative; {again}"
+        ]
+    return [
+        f"streaming runs ({', '.join(streamed)}) mixed with non-streaming ones: their throughputs are not "
+        f"comparable and the streamed ones are under-rated; {again}"
+    ]
 
 
 def model_of_run(path: Path) -> str | None:

@@ -37,8 +37,11 @@ def build_app(gw: Gateway) -> web.Application:
             auth = request.headers.get("Authorization", "")
             given = auth[7:].strip().encode() if auth[:7].lower() == "bearer " else b""
             if not given or not any(hmac.compare_digest(given, k) for k in keys):
-                return error_response(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (servefleet serve --api-key)",
-                                      code="invalid_api_key")
+                return error_response(
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer KEY' (servefleet serve --api-key)",
+                    code="invalid_api_key",
+                )
         try:
             return await handler(request)
         except ApiError as exc:
@@ -57,29 +60,51 @@ def build_app(gw: Gateway) -> web.Application:
         raw = await request.read()
         parsed = parse_request(raw, path)
         if parsed.model not in gw.router.by_model or not gw.router.by_model[parsed.model]:
-            raise ApiError(404, f"the model {parsed.model!r} does not exist here; served: {', '.join(sorted(gw.router.models())) or 'none yet'}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"the model {parsed.model!r} does not exist here; served: {', '.join(sorted(gw.router.models())) or 'none yet'}",
+                param="model",
+                code="model_not_found",
+            )
         try:
             return await gw.forwarder.forward(request, path, raw, parsed.model, parsed.stream)
         except QueueFull as exc:
             return error_response(429, str(exc), code="queue_full", retry_after_s=exc.retry_after_s)
         except QueueTimeout as exc:
-            return error_response(503 if exc.up == 0 else 429, str(exc), code="no_server" if exc.up == 0 else "queue_timeout",
-                                  retry_after_s=exc.retry_after_s)
+            return error_response(
+                503 if exc.up == 0 else 429,
+                str(exc),
+                code="no_server" if exc.up == 0 else "queue_timeout",
+                retry_after_s=exc.retry_after_s,
+            )
 
     async def models(request: web.Request) -> web.Response:
         data = []
         for m in sorted(gw.router.models()):
-            servers = [{"name": b.name, "state": "held" if b.held else b.health.state.value, "in_flight": b.in_flight, "limit": b.limit}
-                       for b in gw.router.by_model[m]]
+            servers = [
+                {
+                    "name": b.name,
+                    "state": "held" if b.held else b.health.state.value,
+                    "in_flight": b.in_flight,
+                    "limit": b.limit,
+                }
+                for b in gw.router.by_model[m]
+            ]
             data.append({"id": m, "object": "model", "created": created, "owned_by": "servefleet", "servers": servers})
         return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
 
     async def health(request: web.Request) -> web.Response:
         servers = {b.name: ("held" if b.held else b.health.state.value) for b in gw.router.backends.values()}
         up = sum(1 for b in gw.router.backends.values() if b.usable)
-        body = {"status": "ok" if up else "no server up", "servers_up": up, "servers": servers, "stopping": gw.stopping}
-        return web.Response(status=200 if up and not gw.stopping else 503, body=orjson.dumps(body), content_type="application/json")
+        body = {
+            "status": "ok" if up else "no server up",
+            "servers_up": up,
+            "servers": servers,
+            "stopping": gw.stopping,
+        }
+        return web.Response(
+            status=200 if up and not gw.stopping else 503, body=orjson.dumps(body), content_type="application/json"
+        )
 
     async def prometheus(request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -91,4 +116,6 @@ def build_app(gw: Gateway) -> web.Application:
 
 
 def _too_large(limit: int) -> web.Response:
-    return error_response(413, f"the request body is larger than {limit:,} bytes (servefleet serve --max-body)", code="request_too_large")
+    return error_response(
+        413, f"the request body is larger than {limit:,} bytes (servefleet serve --max-body)", code="request_too_large"
+    )

@@ -28,8 +28,13 @@ __all__ = ["Backend", "Attempt", "controller_for"]
 def controller_for(target: Target, concurrency: int | None) -> ConcurrencyController:
     if concurrency is not None:
         return ConcurrencyController.fixed(concurrency)
-    return ConcurrencyController.auto(target.max_running, bench_concurrency=target.bench_concurrency,
-                                      bench_tps=target.bench_tps, bench_note=target.bench_note, graph_batch=target.graph_batch)
+    return ConcurrencyController.auto(
+        target.max_running,
+        bench_concurrency=target.bench_concurrency,
+        bench_tps=target.bench_tps,
+        bench_note=target.bench_note,
+        graph_batch=target.graph_batch,
+    )
 
 
 @dataclass(eq=False)
@@ -70,8 +75,14 @@ class Backend:
     @classmethod
     def create(cls, target: Target, models: tuple[str, ...], concurrency: int | None, policy: HealthPolicy) -> Backend:
         now = time.monotonic()
-        return cls(target, models, controller_for(target, concurrency), Health(policy, last_answer=now),
-                   progress=ProgressWatch(last_progress=now), window_start=now)
+        return cls(
+            target,
+            models,
+            controller_for(target, concurrency),
+            Health(policy, last_answer=now),
+            progress=ProgressWatch(last_progress=now),
+            window_start=now,
+        )
 
     @property
     def name(self) -> str:
@@ -107,7 +118,11 @@ class Backend:
 
     def window_due(self, now: float, minimum_s: float) -> bool:
         span = now - self.window_start
-        wanted = minimum_s if self.controller.phase == "ramp" else self.controller.window_factor() * max(5 * minimum_s, 3 * self.mean_latency_s())
+        wanted = (
+            minimum_s
+            if self.controller.phase == "ramp"
+            else self.controller.window_factor() * max(5 * minimum_s, 3 * self.mean_latency_s())
+        )
         return span >= wanted
 
     def measure(self, now: float) -> Window:
@@ -115,7 +130,9 @@ class Backend:
         span = max(1e-6, now - self.window_start)
         tps, waiting, running = self.load.window(self.window_start, now) if self.load.available else (None, None, None)
         saturated = self.ticks > 0 and self.saturated_ticks >= 0.8 * self.ticks
-        return Window(tps=self.window_tokens / span if tps is None else tps, saturated=saturated, queued=waiting, running=running)
+        return Window(
+            tps=self.window_tokens / span if tps is None else tps, saturated=saturated, queued=waiting, running=running
+        )
 
     def new_window(self, now: float) -> None:
         self.window_start, self.window_tokens, self.ticks, self.saturated_ticks = now, 0.0, 0, 0

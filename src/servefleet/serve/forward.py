@@ -44,8 +44,15 @@ class _Retry:
 
 
 class Forwarder:
-    def __init__(self, router: Router, client: Client, supervisor: Supervisor, *, max_attempts: int = 3,
-                 request_timeout_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        router: Router,
+        client: Client,
+        supervisor: Supervisor,
+        *,
+        max_attempts: int = 3,
+        request_timeout_s: float = 3600.0,
+    ) -> None:
         self.router = router
         self.supervisor = supervisor
         self.max_attempts = max_attempts
@@ -60,13 +67,17 @@ class Forwarder:
             url = self._urls[(base, path)] = URL(base.rstrip("/") + path)
         return url
 
-    async def forward(self, request: web.Request, path: str, raw: bytes, model: str, stream: bool) -> web.StreamResponse:
+    async def forward(
+        self, request: web.Request, path: str, raw: bytes, model: str, stream: bool
+    ) -> web.StreamResponse:
         avoid: frozenset[str] = frozenset()
         last: _Retry | None = None
         for _ in range(self.max_attempts):
             backend = await self.router.acquire(model, avoid)  # QueueFull / QueueTimeout: the caller answers them
             attempt = Attempt(backend)
-            task: asyncio.Task[web.StreamResponse | _Retry] = asyncio.ensure_future(self._send(request, attempt, path, raw, stream))
+            task: asyncio.Task[web.StreamResponse | _Retry] = asyncio.ensure_future(
+                self._send(request, attempt, path, raw, stream)
+            )
             backend.attempts[task] = attempt
             try:
                 outcome = await task
@@ -91,9 +102,15 @@ class Forwarder:
         assert last is not None
         if last.answer is not None:
             return last.answer
-        raise ApiError(502, f"no server answered: {last.failure.describe()} (after {self.max_attempts} attempts)", code="upstream_failed")
+        raise ApiError(
+            502,
+            f"no server answered: {last.failure.describe()} (after {self.max_attempts} attempts)",
+            code="upstream_failed",
+        )
 
-    async def _send(self, request: web.Request, attempt: Attempt, path: str, raw: bytes, stream: bool) -> web.StreamResponse | _Retry:
+    async def _send(
+        self, request: web.Request, attempt: Attempt, path: str, raw: bytes, stream: bool
+    ) -> web.StreamResponse | _Retry:
         b = attempt.backend
         url = self._url(b.target.base_url, path)
         t0 = time.perf_counter()
@@ -114,11 +131,18 @@ class Forwarder:
             async with self.transport.stream("POST", url, body=raw, timeout=self.timeout) as up:  # type: ignore[arg-type]
                 if up.status >= 400:
                     body = await up.read()
-                    return self._error_status(b, up.status, body, web.Response(status=up.status, body=body, headers=_headers(up.headers)))
+                    return self._error_status(
+                        b, up.status, body, web.Response(status=up.status, body=body, headers=_headers(up.headers))
+                    )
                 async for chunk in up.chunks():
                     if out is None:
-                        out = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers.get("Content-Type", "text/event-stream"),
-                                                                             "Cache-Control": "no-cache"})
+                        out = web.StreamResponse(
+                            status=up.status,
+                            headers={
+                                "Content-Type": up.headers.get("Content-Type", "text/event-stream"),
+                                "Cache-Control": "no-cache",
+                            },
+                        )
                         attempt.response = out
                         try:
                             await out.prepare(request)

@@ -30,18 +30,24 @@ class _Collector:
     def collect(self) -> Iterator[Metric]:
         backends = list(self.router.backends.values())
         labels = ["server", "model"]
-        gauges = {name: GaugeMetricFamily(PREFIX + name, doc, labels=labels) for name, doc in (
-            ("server_up", "1 while the server takes requests"),
-            ("server_in_flight", "Requests on the server now"),
-            ("server_concurrency_limit", "Requests the gateway keeps in flight at most on the server"),
-            ("server_output_tokens_per_second", "Output tokens per second over the last 10 s"),
-        )}
-        counters = {name: CounterMetricFamily(PREFIX + name, doc, labels=labels) for name, doc in (
-            ("server_requests", "Requests the server answered (any status)"),
-            ("server_errors", "Attempts that failed on the server (no answer, or an error status)"),
-            ("server_outages", "Times the server was taken out"),
-            ("server_restarts", "Times the server was restarted through the fleet"),
-        )}
+        gauges = {
+            name: GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+            for name, doc in (
+                ("server_up", "1 while the server takes requests"),
+                ("server_in_flight", "Requests on the server now"),
+                ("server_concurrency_limit", "Requests the gateway keeps in flight at most on the server"),
+                ("server_output_tokens_per_second", "Output tokens per second over the last 10 s"),
+            )
+        }
+        counters = {
+            name: CounterMetricFamily(PREFIX + name, doc, labels=labels)
+            for name, doc in (
+                ("server_requests", "Requests the server answered (any status)"),
+                ("server_errors", "Attempts that failed on the server (no answer, or an error status)"),
+                ("server_outages", "Times the server was taken out"),
+                ("server_restarts", "Times the server was restarted through the fleet"),
+            )
+        }
         for b in backends:
             key = [b.name, ",".join(b.models)]
             gauges["server_up"].add_metric(key, 1.0 if b.usable else 0.0)
@@ -54,15 +60,22 @@ class _Collector:
             counters["server_restarts"].add_metric(key, b.health.restarts)
         yield from gauges.values()
         yield from counters.values()
-        queued = GaugeMetricFamily(PREFIX + "model_queued", "Requests waiting for a server of the model", labels=["model"])
-        rejected = CounterMetricFamily(PREFIX + "model_rejected", "Requests refused with 429 (the model's queue was full)", labels=["model"])
+        queued = GaugeMetricFamily(
+            PREFIX + "model_queued", "Requests waiting for a server of the model", labels=["model"]
+        )
+        rejected = CounterMetricFamily(
+            PREFIX + "model_rejected", "Requests refused with 429 (the model's queue was full)", labels=["model"]
+        )
         for m in self.router.models():
             queued.add_metric([m], self.router.queued(m))
             rejected.add_metric([m], self.router.rejected.get(m, 0))
         yield queued
         yield rejected
-        yield CounterMetricFamily(PREFIX + "retries", "Requests sent again to another server (the first sent the client nothing)",
-                                  value=self.retried())
+        yield CounterMetricFamily(
+            PREFIX + "retries",
+            "Requests sent again to another server (the first sent the client nothing)",
+            value=self.retried(),
+        )
 
 
 class GatewayMetrics:

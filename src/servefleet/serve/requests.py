@@ -37,8 +37,13 @@ def parse_request(raw: bytes, path: str) -> Parsed:
         raise ApiError(400, f"the body must be a JSON object, not {type(body).__name__}")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(400, "missing field 'model' (a string): which model to use" if model is None else "'model' must be a non-empty string",
-                       param="model")
+        raise ApiError(
+            400,
+            "missing field 'model' (a string): which model to use"
+            if model is None
+            else "'model' must be a non-empty string",
+            param="model",
+        )
     field = ENDPOINTS[path]
     value = body.get(field)
     if value is None:

@@ -21,7 +21,9 @@ __all__ = ["Router", "QueueFull", "QueueTimeout"]
 
 class QueueFull(Exception):
     def __init__(self, model: str, queued: int, retry_after_s: float) -> None:
-        super().__init__(f"every server of model {model!r} is busy and {queued} requests are waiting: retry after {math.ceil(retry_after_s)}s")
+        super().__init__(
+            f"every server of model {model!r} is busy and {queued} requests are waiting: retry after {math.ceil(retry_after_s)}s"
+        )
         self.retry_after_s = retry_after_s
 
 

@@ -35,9 +35,18 @@ EVENTS_KEPT = 200
 
 
 class Supervisor:
-    def __init__(self, router: Router, client: Client, *, policy: HealthPolicy, concurrency: int | None = None,
-                 restarter: Restarter | None = None, tick_s: float = 0.25, window_min_s: float = 2.0,
-                 on_event: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        client: Client,
+        *,
+        policy: HealthPolicy,
+        concurrency: int | None = None,
+        restarter: Restarter | None = None,
+        tick_s: float = 0.25,
+        window_min_s: float = 2.0,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
         self.router = router
         self.client = client
         self.policy = policy
@@ -70,7 +79,9 @@ class Supervisor:
         self.router.add(backend)
         if isinstance(self.restarter, Using) and target.managed:
             self.restarter.using(target.name)  # `down` and `drain` name this gateway and wait for it
-        self.event(f"{target.name}: admitted ({', '.join(models)}, at {target.base_url}; limit {backend.limit}: {backend.controller.describe()})")
+        self.event(
+            f"{target.name}: admitted ({', '.join(models)}, at {target.base_url}; limit {backend.limit}: {backend.controller.describe()})"
+        )
         return backend
 
     def drop(self, backend: Backend) -> None:
@@ -116,14 +127,24 @@ class Supervisor:
         cancelled = 0
         for task in list(b.attempts):
             cancelled += task.cancel()
-        self.event(f"{b.name}: taken out ({reason}); {cancelled} requests on it cancelled (those that sent nothing are retried)")
+        self.event(
+            f"{b.name}: taken out ({reason}); {cancelled} requests on it cancelled (those that sent nothing are retried)"
+        )
         self.spawn(self._recover(b))
 
     async def _recover(self, b: Backend) -> None:
         held = self.restarter.held if isinstance(self.restarter, Holding) else None
         answers = partial(self._answers_a_completion, b) if b.hung else None
-        new = await recover(b.target, client=self.client, policy=self.policy, restarter=self.restarter, on_event=self.event,
-                            answers=answers, window=b.health.window, held=(partial(held, b.name) if held is not None and b.target.managed else None))
+        new = await recover(
+            b.target,
+            client=self.client,
+            policy=self.policy,
+            restarter=self.restarter,
+            on_event=self.event,
+            answers=answers,
+            window=b.health.window,
+            held=(partial(held, b.name) if held is not None and b.target.managed else None),
+        )
         if self.router.backends.get(b.name) is not b:
             return  # replaced meanwhile (admitted again from the fleet)
         if new is None:
@@ -142,13 +163,17 @@ class Supervisor:
         finally:
             b.probing = False
         if b.up and (b.health.probed(ok, time.monotonic()) or (after_reset and not ok)):
-            self.take_out(b, "a connection broke and it does not answer probes" if after_reset else "does not answer probes")
+            self.take_out(
+                b, "a connection broke and it does not answer probes" if after_reset else "does not answer probes"
+            )
 
     async def _answers_a_completion(self, b: Backend) -> bool:
         """A hung engine behind a live API process passes every probe, never a one-token completion."""
         body = {"model": b.models[0], "prompt": "ping", "max_tokens": 1}
         try:
-            result = await asyncio.wait_for(self.client.complete(b.target.base_url, "completions", body), 2 * self.policy.probe_timeout_s)
+            result = await asyncio.wait_for(
+                self.client.complete(b.target.base_url, "completions", body), 2 * self.policy.probe_timeout_s
+            )
         except TimeoutError:
             return False
         return isinstance(result, Completion)
@@ -176,7 +201,11 @@ class Supervisor:
             window = max(hang_window_s(self.policy, b.mean_latency_s()), 3 * b.load.interval_s)
             if b.progress.update(now, len(b.attempts), b.progress_marks(), window):
                 what = "generated tokens, engine steps or answers" if b.load.available else "answers"
-                self.take_out(b, f"hung: no progress ({what}) for {b.progress.quiet_s(now):.0f}s with {len(b.attempts)} requests in flight", hung=True)
+                self.take_out(
+                    b,
+                    f"hung: no progress ({what}) for {b.progress.quiet_s(now):.0f}s with {len(b.attempts)} requests in flight",
+                    hung=True,
+                )
                 continue
             self._tick_window(b, now)
             if not b.probing and b.health.wants_probe(len(b.attempts), now):
@@ -213,13 +242,19 @@ class Supervisor:
                 for b in list(self.router.backends.values()):
                     if b.held is None and b.target.managed and (reason := held(b.name)) is not None:
                         b.held = reason
-                        self.event(f"{b.name}: {reason}: no new requests ({b.in_flight} in flight finish), not restarted")
+                        self.event(
+                            f"{b.name}: {reason}: no new requests ({b.in_flight} in flight finish), not restarted"
+                        )
 
     async def admit_new(self, targets: list[Target]) -> None:
         held = self.restarter.held if isinstance(self.restarter, Holding) else None
         for t in targets:
             old = self.router.backends.get(t.name)
-            if old is not None and old.health.state not in (ServerState.GONE, ServerState.STOPPED) and old.held is None:
+            if (
+                old is not None
+                and old.health.state not in (ServerState.GONE, ServerState.STOPPED)
+                and old.held is None
+            ):
                 continue
             if old is not None and old.held is not None and held is not None and held(t.name) is not None:
                 continue  # still stopped by the user

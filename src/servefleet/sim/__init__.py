@@ -17,4 +17,11 @@ from servefleet.sim.config import SimConfig
 from servefleet.sim.script import transcript
 from servefleet.sim.theory import SteadyState, steady_state, steps_per_request, theoretical_output_tokens_per_s
 
-__all__ = ["SimConfig", "SteadyState", "steady_state", "steps_per_request", "theoretical_output_tokens_per_s", "transcript"]
+__all__ = [
+    "SimConfig",
+    "SteadyState",
+    "steady_state",
+    "steps_per_request",
+    "theoretical_output_tokens_per_s",
+    "transcript",
+]

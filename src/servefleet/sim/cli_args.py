@@ -23,8 +23,10 @@ from servefleet.sim.config import SimConfig, option_aliases
 __all__ = ["build_parser", "parse_config", "parse_args", "RunFlags", "PROGS"]
 
 PROGS = {"sglang": "launch_server.py", "vllm": "vllm serve"}
-_DESCRIPTION = ("Simulated OpenAI-compatible inference engine (servefleet): prints a real SGLang or vLLM start-up log, "
-                "models continuous batching, and injects faults. Timing: see servefleet.sim.theory.")
+_DESCRIPTION = (
+    "Simulated OpenAI-compatible inference engine (servefleet): prints a real SGLang or vLLM start-up log, "
+    "models continuous batching, and injects faults. Timing: see servefleet.sim.theory."
+)
 
 
 @dataclass(frozen=True)
@@ -50,22 +52,32 @@ def build_parser(prog: str = "servefleet sim") -> argparse.ArgumentParser:
         flags = ["--" + name.replace("_", "-"), *option_aliases(name)]
         kind, _ = _unwrap(field.annotation)
         default = field.default
-        help_text = f"{field.description} (default: {default})" if default is not None and default is not False else field.description
+        help_text = (
+            f"{field.description} (default: {default})"
+            if default is not None and default is not False
+            else field.description
+        )
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if kind is bool:
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
         elif typing.get_origin(kind) is Literal:
             parser.add_argument(*flags, choices=list(typing.get_args(kind)), **kw)
         elif isinstance(kind, type) and issubclass(kind, enum.Enum):
-            parser.add_argument(*flags, choices=[m.value for m in kind], metavar="{" + ",".join(m.value for m in kind) + "}", **kw)
+            parser.add_argument(
+                *flags, choices=[m.value for m in kind], metavar="{" + ",".join(m.value for m in kind) + "}", **kw
+            )
         elif kind in (int, float, str):
             parser.add_argument(*flags, type=kind, metavar=name.upper(), **kw)
         else:  # pragma: no cover - a new field type must be taught here
             raise TypeError(f"SimConfig.{name}: no command-line form for {field.annotation!r}")
     run = parser.add_argument_group("this invocation")
-    run.add_argument("--dry-run", action="store_true", default=False,
-                     help="print the configuration and its theoretical throughput curve (prompt 128 tokens, "
-                          "output --default-max-tokens), then exit")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=False,
+        help="print the configuration and its theoretical throughput curve (prompt 128 tokens, "
+        "output --default-max-tokens), then exit",
+    )
     run.add_argument("--json", action="store_true", default=False, help="with --dry-run: print JSON")
     return parser
 

@@ -19,23 +19,38 @@ from servefleet.catalog import Category
 from servefleet.sim.config import SimConfig
 from servefleet.sim.logline import Line
 
-__all__ = ["Failure", "Frame", "traceback_text", "torch_oom", "ARCH", "CUDA_TAIL", "startup_failure", "after_ready_failure", "first_request_crash",
-           "variants", "SIGKILL_SELF"]
+__all__ = [
+    "Failure",
+    "Frame",
+    "traceback_text",
+    "torch_oom",
+    "ARCH",
+    "CUDA_TAIL",
+    "startup_failure",
+    "after_ready_failure",
+    "first_request_crash",
+    "variants",
+    "SIGKILL_SELF",
+]
 
 SIGKILL_SELF = None  # Failure.exit_code meaning "the process SIGKILLs itself"
 ARCH = "SimMambaForCausalLM"  # the architecture the "unsupported model" texts name
-CUDA_TAIL = ("CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\n"
-             "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
-             "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+CUDA_TAIL = (
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\n"
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+)
 
 
 def torch_oom() -> str:
     """torch's CUDA out-of-memory message (torch >= 2.4 wording)."""
-    return ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB. GPU 0 has a total capacity of 79.19 GiB "
-            "of which 512.81 MiB is free. Including non-PyTorch memory, this process has 78.68 GiB memory in use. Of the allocated "
-            "memory 77.21 GiB is allocated by PyTorch, and 31.45 MiB is reserved by PyTorch but unallocated. If reserved but "
-            "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "
-            "See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+    return (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB. GPU 0 has a total capacity of 79.19 GiB "
+        "of which 512.81 MiB is free. Including non-PyTorch memory, this process has 78.68 GiB memory in use. Of the allocated "
+        "memory 77.21 GiB is allocated by PyTorch, and 31.45 MiB is reserved by PyTorch but unallocated. If reserved but "
+        "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "
+        "See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,14 @@ __all__ = ["Line", "Renderer", "LogWriter", "SG_RANK", "uv"]
 
 SG_RANK = "TP*"  # SGLang: a line printed by every tensor-parallel rank (proc "TP0" = rank 0 only)
 
-_CYAN, _GREEN, _YELLOW, _RED, _RESET, _VRESET = "\x1b[1;36m", "\x1b[32m", "\x1b[33m", "\x1b[31m", "\x1b[0m", "\x1b[0;0m"
+_CYAN, _GREEN, _YELLOW, _RED, _RESET, _VRESET = (
+    "\x1b[1;36m",
+    "\x1b[32m",
+    "\x1b[33m",
+    "\x1b[31m",
+    "\x1b[0m",
+    "\x1b[0;0m",
+)
 _LEVEL_COLOUR = {"INFO": _GREEN, "WARNING": _YELLOW, "ERROR": _RED, "CRITICAL": _RED, "DEBUG": ""}
 
 
@@ -49,15 +56,16 @@ def uv(text: str, proc: str | None = None, err: bool = False) -> Line:
 def _colour_uvicorn(text: str) -> str:
     for word, colour in (("INFO:", _GREEN), ("ERROR:", _RED), ("WARNING:", _YELLOW)):
         if text.startswith(word):
-            return f"{colour}{word[:-1]}{_RESET}:{text[len(word):]}"
+            return f"{colour}{word[:-1]}{_RESET}:{text[len(word) :]}"
     return text
 
 
 class Renderer:
     """Formats :class:`Line` values for one engine style."""
 
-    def __init__(self, style: str, *, tp: int = 1, color: bool = False, pids: dict[str, int] | None = None,
-                 clock=time.time) -> None:
+    def __init__(
+        self, style: str, *, tp: int = 1, color: bool = False, pids: dict[str, int] | None = None, clock=time.time
+    ) -> None:
         self.style = style
         self.tp = tp
         self.color = color

@@ -53,7 +53,9 @@ class Job:
     created: int
     model: str
     more: tuple[tuple[int, int, str], ...] = ()  # n > 1: (start, target, finish_reason) of choices 1..n-1
-    logprobs: int | None = None  # alternatives per token asked (chat top_logprobs, completions logprobs); None: none asked
+    logprobs: int | None = (
+        None  # alternatives per token asked (chat top_logprobs, completions logprobs); None: none asked
+    )
     ids_as_tokens: bool = False  # vLLM's return_tokens_as_token_ids
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: alternatives per prompt token; None: none asked
 
@@ -113,12 +115,18 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.")
     if prompt_tokens + max_tokens > cfg.context_length:
         kind = "messages" if chat else "prompt"
-        raise ApiError(400, f"This model's maximum context length is {cfg.context_length} tokens. However, you requested "
-                            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {kind}, {max_tokens} in the completion). "
-                            "Please reduce the length of the messages or completion.")
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {cfg.context_length} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {kind}, {max_tokens} in the completion). "
+            "Please reduce the length of the messages or completion.",
+        )
     if prompt_tokens + max_tokens > cfg.kv_tokens:
-        raise ApiError(400, f"The request needs {prompt_tokens + max_tokens} KV-cache tokens, more than the "
-                            f"{cfg.kv_tokens} the server has.")
+        raise ApiError(
+            400,
+            f"The request needs {prompt_tokens + max_tokens} KV-cache tokens, more than the "
+            f"{cfg.kv_tokens} the server has.",
+        )
     stream = bool(body.get("stream", False))
     options = body.get("stream_options") or {}
     include_usage = bool(stream and isinstance(options, dict) and options.get("include_usage"))
@@ -132,19 +140,51 @@ def parse_job(body: Any, *, chat: bool, cfg: SimConfig) -> Job:
     prompt_k = _int_field(body, "prompt_logprobs")
     if prompt_k is not None and stream and cfg.logprobs:
         raise ApiError(400, "`prompt_logprobs` are not available when `stream=True`.")
-    draws = [_draw(text, cfg, max_tokens, min_tokens, bool(body.get("ignore_eos", False)), None if seed is None else seed + i, i, adapter)
-             for i in range(n)]
+    draws = [
+        _draw(
+            text,
+            cfg,
+            max_tokens,
+            min_tokens,
+            bool(body.get("ignore_eos", False)),
+            None if seed is None else seed + i,
+            i,
+            adapter,
+        )
+        for i in range(n)
+    ]
     start, target, finish = draws[0]
     prefix = "chatcmpl-" if chat else "cmpl-"
-    return Job(chat=chat, prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, target=target,
-               finish_reason=finish, stream=stream, include_usage=include_usage, start=start,
-               rid=f"{prefix}sim{next(_ids):08x}", created=int(time.time()), model=answered_by, more=tuple(draws[1:]),
-               logprobs=logprobs, ids_as_tokens=bool(body.get("return_tokens_as_token_ids")),
-               prompt_logprobs=prompt_k if cfg.logprobs else None)
+    return Job(
+        chat=chat,
+        prompt_text=text,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        target=target,
+        finish_reason=finish,
+        stream=stream,
+        include_usage=include_usage,
+        start=start,
+        rid=f"{prefix}sim{next(_ids):08x}",
+        created=int(time.time()),
+        model=answered_by,
+        more=tuple(draws[1:]),
+        logprobs=logprobs,
+        ids_as_tokens=bool(body.get("return_tokens_as_token_ids")),
+        prompt_logprobs=prompt_k if cfg.logprobs else None,
+    )
 
 
-def _draw(text: str, cfg: SimConfig, max_tokens: int, min_tokens: int, ignore_eos: bool, seed: int | None,
-          choice: int, model: str | None = None) -> tuple[int, int, str]:
+def _draw(
+    text: str,
+    cfg: SimConfig,
+    max_tokens: int,
+    min_tokens: int,
+    ignore_eos: bool,
+    seed: int | None,
+    choice: int,
+    model: str | None = None,
+) -> tuple[int, int, str]:
     """Where an answer's text starts, how long it is and why it stops: a function of the prompt and the seed."""
     if model is not None:  # an adapter answers otherwise than its base model
         text = f"{text}\x00model={model}"
@@ -164,20 +204,32 @@ def _draw(text: str, cfg: SimConfig, max_tokens: int, min_tokens: int, ignore_eo
 
 
 def _usage(job: Job, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": job.prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": job.prompt_tokens + completion_tokens,
+    }
 
 
 def full_body(job: Job, text: str, more: list[str] | None = None) -> dict[str, Any]:
     """A non-streaming answer (always with ``usage``); ``more``: the texts of choices 1..n-1."""
     choices = [_choice(job.chat, 0, text, job.finish_reason)]
-    choices += [_choice(job.chat, i, t, finish) for i, (t, (_, _, finish)) in enumerate(zip(more or [], job.more, strict=True), 1)]
+    choices += [
+        _choice(job.chat, i, t, finish)
+        for i, (t, (_, _, finish)) in enumerate(zip(more or [], job.more, strict=True), 1)
+    ]
     if job.logprobs is not None:
         for c, t in zip(choices, [text, *(more or [])], strict=True):
             c["logprobs"] = _logprobs(job, t)
     kind = "chat.completion" if job.chat else "text_completion"
-    answer = {"id": job.rid, "object": kind, "created": job.created, "model": job.model, "choices": choices,
-              "usage": _usage(job, job.target + sum(t for _, t, _ in job.more))}
+    answer = {
+        "id": job.rid,
+        "object": kind,
+        "created": job.created,
+        "model": job.model,
+        "choices": choices,
+        "usage": _usage(job, job.target + sum(t for _, t, _ in job.more)),
+    }
     if job.prompt_logprobs is not None:  # as vLLM: at the top on chat, in each choice on completions
         prompt = _prompt_logprobs(job.prompt_text, job.prompt_logprobs)
         for c in [answer] if job.chat else choices:
@@ -211,16 +263,34 @@ def _logprobs(job: Job, text: str) -> dict[str, Any]:
         alts = [(i, " " + w, lp)] + [((i + j) % VOCAB_SIZE, f" alt{j}", lp - j) for j in range(1, k)]
         positions.append((name(i, " " + w), lp, [(name(a, s), v) for a, s, v in alts[:k]]))
     if job.chat:
-        return {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": [{"token": a, "logprob": v, "bytes": None}
-                                                                                       for a, v in top]} for t, lp, top in positions]}
-    return {"tokens": [t for t, _, _ in positions], "token_logprobs": [lp for _, lp, _ in positions],
-            "top_logprobs": [dict(top) for _, _, top in positions], "text_offset": None}
+        return {
+            "content": [
+                {
+                    "token": t,
+                    "logprob": lp,
+                    "bytes": None,
+                    "top_logprobs": [{"token": a, "logprob": v, "bytes": None} for a, v in top],
+                }
+                for t, lp, top in positions
+            ]
+        }
+    return {
+        "tokens": [t for t, _, _ in positions],
+        "token_logprobs": [lp for _, lp, _ in positions],
+        "top_logprobs": [dict(top) for _, _, top in positions],
+        "text_offset": None,
+    }
 
 
 def _choice(chat: bool, index: int, text: str, finish: str) -> dict[str, Any]:
     if chat:
-        return {"index": index, "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
-                "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+        }
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
 
 
@@ -238,7 +308,9 @@ class StreamEncoder:
         """Chat streams open with the assistant role and empty content, as vLLM and SGLang do."""
         if not self.job.chat:
             return b""
-        return (self._head + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n').encode()
+        return (
+            self._head + '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        ).encode()
 
     def chunk(self, text: str, finish: str | None) -> bytes:
         fin = "null" if finish is None else f'"{finish}"'
@@ -251,4 +323,7 @@ class StreamEncoder:
     def usage(self, completion_tokens: int) -> bytes:
         if not self.job.include_usage:
             return b""
-        return (self._envelope + f'"choices":[],"usage":{json.dumps(_usage(self.job, completion_tokens), separators=(",", ":"))}}}\n\n').encode()
+        return (
+            self._envelope
+            + f'"choices":[],"usage":{json.dumps(_usage(self.job, completion_tokens), separators=(",", ":"))}}}\n\n'
+        ).encode()

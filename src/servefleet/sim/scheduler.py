@@ -25,11 +25,74 @@ from servefleet.stopping import cancel_and_wait
 __all__ = ["EventPipe", "Histogram", "SimRequest", "Scheduler", "Stats", "StepInfo"]
 
 # vLLM 0.32's default buckets (vllm/v1/metrics/buckets.py), seconds.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-                80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-                   960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class Histogram:
@@ -52,12 +115,26 @@ class Histogram:
         self.count += n
 
 
-
 class SimRequest:
     """One request's progress through the scheduler."""
 
-    __slots__ = ("prompt_tokens", "target", "reserve", "stream", "generated", "delivered", "decode_steps", "pending",
-                 "waiter", "done", "cancelled", "prefilled", "arrived", "first_token_at", "finished_at")
+    __slots__ = (
+        "prompt_tokens",
+        "target",
+        "reserve",
+        "stream",
+        "generated",
+        "delivered",
+        "decode_steps",
+        "pending",
+        "waiter",
+        "done",
+        "cancelled",
+        "prefilled",
+        "arrived",
+        "first_token_at",
+        "finished_at",
+    )
 
     def __init__(self, prompt_tokens: int, target: int, reserve: int, stream: bool) -> None:
         self.prompt_tokens = prompt_tokens
@@ -313,7 +390,9 @@ class Scheduler:
             stats.waiting = len(self.waiting)
             stats.sample(time.monotonic())
             if self.on_step is not None:
-                self.on_step(StepInfo(len(admitted), new_tokens, len(batch), len(self.waiting), stats.used_tokens, step_s))
+                self.on_step(
+                    StepInfo(len(admitted), new_tokens, len(batch), len(self.waiting), stats.used_tokens, step_s)
+                )
 
     def _advance(self, batch: list[SimRequest], k: float, now: float) -> None:
         stats = self.stats

@@ -31,8 +31,14 @@ from servefleet.sim.tokens import TextBank, render_chat, token_ids
 __all__ = ["SimServer"]
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error",
-            503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 def _dumps(obj: object) -> str:
@@ -50,8 +56,14 @@ def _error(status: int, message: str, kind: str) -> web.Response:
 class SimServer:
     """State and handlers of one simulated server. ``ready`` flips when start-up ends."""
 
-    def __init__(self, cfg: SimConfig, log: LogWriter, port: int,
-                 exit_with: Callable[[Failure], None], hard_exit: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        cfg: SimConfig,
+        log: LogWriter,
+        port: int,
+        exit_with: Callable[[Failure], None],
+        hard_exit: Callable[[str], None],
+    ) -> None:
         self.cfg = cfg
         self.log = log
         self.port = port
@@ -72,14 +84,23 @@ class SimServer:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._access] if self.cfg.access_log else [], client_max_size=64 * 2**20)
         get, post = web.get, web.post
-        app.add_routes([
-            get("/health", self.health), get("/health_generate", self.health_generate), get("/ping", self.health),
-            get("/v1/models", self.models), get("/metrics", self.metrics), get("/version", self.version),
-            get("/server_info", self.server_info), get("/get_server_info", self.server_info),
-            get("/get_model_info", self.model_info), get("/model_info", self.model_info),
-            post("/tokenize", self.tokenize),
-            post("/v1/completions", self.completions), post("/v1/chat/completions", self.chat_completions),
-        ])
+        app.add_routes(
+            [
+                get("/health", self.health),
+                get("/health_generate", self.health_generate),
+                get("/ping", self.health),
+                get("/v1/models", self.models),
+                get("/metrics", self.metrics),
+                get("/version", self.version),
+                get("/server_info", self.server_info),
+                get("/get_server_info", self.server_info),
+                get("/get_model_info", self.model_info),
+                get("/model_info", self.model_info),
+                post("/tokenize", self.tokenize),
+                post("/v1/completions", self.completions),
+                post("/v1/chat/completions", self.chat_completions),
+            ]
+        )
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -92,11 +113,15 @@ class SimServer:
         await self.scheduler.stop()
 
     @web.middleware
-    async def _access(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def _access(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         resp = await handler(request)
         peer = request.transport.get_extra_info("peername") if request.transport else None
         who = f"{peer[0]}:{peer[1]}" if peer else "127.0.0.1:0"
-        self.log.emit([access_line(self.cfg, who, request.method, request.path_qs, resp.status, _REASONS.get(resp.status, ""))])
+        self.log.emit(
+            [access_line(self.cfg, who, request.method, request.path_qs, resp.status, _REASONS.get(resp.status, ""))]
+        )
         return resp
 
     # ---- health and info ------------------------------------------------------------------------
@@ -190,7 +215,9 @@ class SimServer:
         self.hard_exit(self.cfg.crash_mode)
 
     def _full(self, job: Job) -> dict:
-        return full_body(job, self.bank.text(job.start, 0, job.target), [self.bank.text(s, 0, t) for s, t, _ in job.more])
+        return full_body(
+            job, self.bank.text(job.start, 0, job.target), [self.bank.text(s, 0, t) for s, t, _ in job.more]
+        )
 
     async def _instant(self, request: web.Request, job: Job) -> web.StreamResponse:
         stats = self.stats
@@ -202,7 +229,9 @@ class SimServer:
         enc = StreamEncoder(job)
         pieces = _pieces(self.bank, job.start, job.target, self.cfg.tokens_per_step)
         last = len(pieces) - 1
-        data = enc.role() + b"".join(enc.chunk(p, job.finish_reason if i == last else None) for i, p in enumerate(pieces))
+        data = enc.role() + b"".join(
+            enc.chunk(p, job.finish_reason if i == last else None) for i, p in enumerate(pieces)
+        )
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
         await resp.write(data + enc.usage(job.target) + DONE)
@@ -228,7 +257,11 @@ class SimServer:
                 parts = []
                 for n in await req.next_steps():
                     start, sent = sent, sent + n
-                    parts.append(enc.chunk(self.bank.text(job.start, start, sent), job.finish_reason if sent >= job.target else None))
+                    parts.append(
+                        enc.chunk(
+                            self.bank.text(job.start, start, sent), job.finish_reason if sent >= job.target else None
+                        )
+                    )
                 if parts:
                     await resp.write(b"".join(parts))
             await resp.write(enc.usage(job.target) + DONE)
@@ -244,22 +277,52 @@ class SimServer:
         now = time.monotonic()
         if cfg.style == "sglang":
             if step.admitted:
-                self.log.emit([sglang_batch_line(cfg, prefill=True, new_seq=step.admitted, new_tokens=step.admitted_tokens,
-                                                 running=step.batch - step.admitted, queued=step.waiting,
-                                                 used_tokens=step.used_tokens, gen_throughput=0.0)])
+                self.log.emit(
+                    [
+                        sglang_batch_line(
+                            cfg,
+                            prefill=True,
+                            new_seq=step.admitted,
+                            new_tokens=step.admitted_tokens,
+                            running=step.batch - step.admitted,
+                            queued=step.waiting,
+                            used_tokens=step.used_tokens,
+                            gen_throughput=0.0,
+                        )
+                    ]
+                )
             self._decode_steps += 1
             if self._decode_steps % 40 == 0:
-                self.log.emit([sglang_batch_line(cfg, prefill=False, new_seq=0, new_tokens=0, running=self.stats.running,
-                                                 queued=step.waiting, used_tokens=step.used_tokens,
-                                                 gen_throughput=self.stats.gen_throughput(now))])
+                self.log.emit(
+                    [
+                        sglang_batch_line(
+                            cfg,
+                            prefill=False,
+                            new_seq=0,
+                            new_tokens=0,
+                            running=self.stats.running,
+                            queued=step.waiting,
+                            used_tokens=step.used_tokens,
+                            gen_throughput=self.stats.gen_throughput(now),
+                        )
+                    ]
+                )
             return
         t0, p0, g0 = self._last_stats
         if now - t0 >= cfg.log_interval:
             s = self.stats
-            self.log.emit(vllm_stats_lines(cfg, prompt_tps=(s.prompt_tokens_total - p0) / (now - t0),
-                                           gen_tps=(s.generation_tokens_total - g0) / (now - t0), running=s.running,
-                                           waiting=s.waiting, kv_usage=s.used_tokens / cfg.kv_tokens,
-                                           accepted=s.spec_accepted_total, drafted=s.spec_draft_total))
+            self.log.emit(
+                vllm_stats_lines(
+                    cfg,
+                    prompt_tps=(s.prompt_tokens_total - p0) / (now - t0),
+                    gen_tps=(s.generation_tokens_total - g0) / (now - t0),
+                    running=s.running,
+                    waiting=s.waiting,
+                    kv_usage=s.used_tokens / cfg.kv_tokens,
+                    accepted=s.spec_accepted_total,
+                    drafted=s.spec_draft_total,
+                )
+            )
             self._last_stats = (now, s.prompt_tokens_total, s.generation_tokens_total)
 
 
@@ -291,4 +354,3 @@ def _pieces(bank: TextBank, start: int, target: int, k: float) -> tuple[str, ...
         out.append(bank.text(start, pos, nxt))
         pos = nxt
     return tuple(out)
-

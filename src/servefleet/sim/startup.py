@@ -60,7 +60,9 @@ class SimProcess:
         code = self.cfg.fail_exit_code if self.cfg.fail_exit_code is not None else failure.exit_code
         if code is None:
             os.kill(os.getpid(), signal.SIGKILL)
-            os._exit(137)  # not reached (SIGKILL ends the process); says so to the type checker, as exit_with is NoReturn
+            os._exit(
+                137
+            )  # not reached (SIGKILL ends the process); says so to the type checker, as exit_with is NoReturn
         os._exit(code)
 
     def hard_exit(self, mode: str) -> NoReturn:
@@ -108,8 +110,14 @@ class SimProcess:
 
     def _spawn_children(self) -> None:
         for _ in range(self.cfg.children):
-            self.children.append(subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.DEVNULL,
-                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.children.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _CHILD],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         if self.children:
             self.renderer.pids[ENGINE] = self.children[0].pid
 

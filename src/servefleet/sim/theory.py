@@ -43,7 +43,15 @@ from typing import Any
 
 from servefleet.sim.config import SimConfig
 
-__all__ = ["SteadyState", "best_concurrency", "steady_state", "theoretical_output_tokens_per_s", "steps_per_request", "curve", "dry_run_report"]
+__all__ = [
+    "SteadyState",
+    "best_concurrency",
+    "steady_state",
+    "theoretical_output_tokens_per_s",
+    "steps_per_request",
+    "curve",
+    "dry_run_report",
+]
 
 
 @dataclass(frozen=True)
@@ -66,8 +74,9 @@ def steps_per_request(output_tokens: int, tokens_per_step: float) -> int:
     return 1 + math.ceil((output_tokens - 1) / tokens_per_step - 1e-9)
 
 
-def steady_state(config: SimConfig, concurrency: int, *, prompt_tokens: int = 128, output_tokens: int = 128,
-                 stream: bool = False) -> SteadyState:
+def steady_state(
+    config: SimConfig, concurrency: int, *, prompt_tokens: int = 128, output_tokens: int = 128, stream: bool = False
+) -> SteadyState:
     """The steady state of ``concurrency`` closed-loop clients sending requests of the given lengths,
     streamed or not (streaming differs only where the API process's events are the bottleneck)."""
     if concurrency < 1:
@@ -111,35 +120,49 @@ def steady_state(config: SimConfig, concurrency: int, *, prompt_tokens: int = 12
     )
 
 
-def theoretical_output_tokens_per_s(config: SimConfig, concurrency: int, *, prompt_tokens: int = 128, output_tokens: int = 128,
-                                    stream: bool = False) -> float:
+def theoretical_output_tokens_per_s(
+    config: SimConfig, concurrency: int, *, prompt_tokens: int = 128, output_tokens: int = 128, stream: bool = False
+) -> float:
     """Output tokens/s the sim sustains with ``concurrency`` closed-loop clients (``ignore_eos`` requests
     of exactly ``output_tokens``), non-streaming unless ``stream``. ``math.inf`` in instant mode. See
     the module docstring for the formula."""
-    return steady_state(config, concurrency, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                        stream=stream).output_tokens_per_s
+    return steady_state(
+        config, concurrency, prompt_tokens=prompt_tokens, output_tokens=output_tokens, stream=stream
+    ).output_tokens_per_s
 
 
-def best_concurrency(config: SimConfig, *, prompt_tokens: int = 128, output_tokens: int = 128, stream: bool = False) -> int:
+def best_concurrency(
+    config: SimConfig, *, prompt_tokens: int = 128, output_tokens: int = 128, stream: bool = False
+) -> int:
     """The concurrency of highest theoretical throughput (1 .. 2 x max running; the lowest of ties)."""
     best, best_tps = 1, -1.0
     for c in range(1, 2 * config.max_running + 1):
-        tps = theoretical_output_tokens_per_s(config, c, prompt_tokens=prompt_tokens, output_tokens=output_tokens, stream=stream)
+        tps = theoretical_output_tokens_per_s(
+            config, c, prompt_tokens=prompt_tokens, output_tokens=output_tokens, stream=stream
+        )
         if tps > best_tps * (1 + 1e-12):
             best, best_tps = c, tps
     return best
 
 
-def curve(config: SimConfig, concurrencies: list[int] | None = None, *, prompt_tokens: int = 128,
-          output_tokens: int = 128, stream: bool = False) -> list[SteadyState]:
+def curve(
+    config: SimConfig,
+    concurrencies: list[int] | None = None,
+    *,
+    prompt_tokens: int = 128,
+    output_tokens: int = 128,
+    stream: bool = False,
+) -> list[SteadyState]:
     """Steady states along a concurrency sweep (default: powers of two up to twice --max-running)."""
     if concurrencies is None:
         concurrencies, c = [], 1
         while c <= 2 * config.max_running:
             concurrencies.append(c)
             c *= 2
-    return [steady_state(config, c, prompt_tokens=prompt_tokens, output_tokens=output_tokens, stream=stream)
-            for c in concurrencies]
+    return [
+        steady_state(config, c, prompt_tokens=prompt_tokens, output_tokens=output_tokens, stream=stream)
+        for c in concurrencies
+    ]
 
 
 def _finite(state: SteadyState) -> dict[str, Any]:
@@ -153,12 +176,23 @@ def dry_run_report(config: SimConfig) -> dict[str, Any]:
     points = []
     for s in curve(config, prompt_tokens=prompt, output_tokens=output):
         point = _finite(s)
-        streamed = theoretical_output_tokens_per_s(config, s.concurrency, prompt_tokens=prompt, output_tokens=output, stream=True)
+        streamed = theoretical_output_tokens_per_s(
+            config, s.concurrency, prompt_tokens=prompt, output_tokens=output, stream=True
+        )
         point["streaming_output_tokens_per_s"] = None if math.isinf(streamed) else streamed
         points.append(point)
     steps = config.steps
-    return {"config": config.model_dump(mode="json"), "prompt_tokens": prompt, "output_tokens": output,
-            "instant": config.instant, "timing": config.timing,
-            "peak_batch": steps.peak_batch, "exponent": steps.exponent, "api_events_per_s": steps.api_events_per_s,
-            "best_concurrency": None if config.instant else best_concurrency(config, prompt_tokens=prompt, output_tokens=output),
-            "curve": points}
+    return {
+        "config": config.model_dump(mode="json"),
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        "instant": config.instant,
+        "timing": config.timing,
+        "peak_batch": steps.peak_batch,
+        "exponent": steps.exponent,
+        "api_events_per_s": steps.api_events_per_s,
+        "best_concurrency": None
+        if config.instant
+        else best_concurrency(config, prompt_tokens=prompt, output_tokens=output),
+        "curve": points,
+    }

@@ -37,8 +37,12 @@ STREAM_SHARE_OF_PEAK = 0.62
 # 28 us per running request, peak at 512 of --max-num-seqs 1024, KV as the server reported it.
 # Theory at 256 in / 256 out: 27.2k / 29.4k / 23.9k non-streaming at 256 / 512 / 1024, streaming 18.5k.
 H200_VLLM: dict[str, float | int | str] = {
-    "timing": "realistic", "decode_ms": 2.04, "decode_ms_per_running": 0.0282, "prefill_ms_per_1k_tokens": 0.5,
-    "max_running": 1024, "kv_tokens": 672352,
+    "timing": "realistic",
+    "decode_ms": 2.04,
+    "decode_ms_per_running": 0.0282,
+    "prefill_ms_per_1k_tokens": 0.5,
+    "max_running": 1024,
+    "kv_tokens": 672352,
 }
 
 
@@ -83,7 +87,7 @@ def _fit_exponent(decode_ms: float, linear_at_peak_ms: float, decline: float) ->
     def gap(p: float) -> float:
         u = decode_ms / (p - 1.0)
         at_peak = decode_ms + linear_at_peak_ms + u
-        at_twice = decode_ms + 2 * linear_at_peak_ms + u * 2.0 ** p
+        at_twice = decode_ms + 2 * linear_at_peak_ms + u * 2.0**p
         return 2 * at_peak - decline * at_twice  # throughput ratio 2*at_peak/at_twice vs decline
 
     lo, hi = 1.0 + 1e-9, 64.0
@@ -99,8 +103,15 @@ def _fit_exponent(decode_ms: float, linear_at_peak_ms: float, decline: float) ->
 
 
 @lru_cache(maxsize=256)
-def step_model(timing: str, decode_ms: float, per_running_ms: float, peak_batch: int, decline: float,
-               api_events_per_s: float | None, instant: bool) -> StepModel:
+def step_model(
+    timing: str,
+    decode_ms: float,
+    per_running_ms: float,
+    peak_batch: int,
+    decline: float,
+    api_events_per_s: float | None,
+    instant: bool,
+) -> StepModel:
     """The step model of one configuration (cached: the scheduler asks at every step)."""
     if timing == "knee" or instant:
         return StepModel(decode_ms, per_running_ms, None, None, None)

@@ -14,5 +14,16 @@ from servefleet.tune.result import CandidateRow, Prediction, TuneResult
 from servefleet.tune.search import Prepared, TuneRequest, prepare, run_tune
 from servefleet.tune.space import Candidate, Space, TuneSettings, load_space
 
-__all__ = ["Candidate", "CandidateRow", "Prediction", "Prepared", "Space", "TuneRequest", "TuneResult", "TuneSettings",
-           "load_space", "prepare", "run_tune"]
+__all__ = [
+    "Candidate",
+    "CandidateRow",
+    "Prediction",
+    "Prepared",
+    "Space",
+    "TuneRequest",
+    "TuneResult",
+    "TuneSettings",
+    "load_space",
+    "prepare",
+    "run_tune",
+]

@@ -81,7 +81,11 @@ def _gpus_per_replica(spec: FleetSpec) -> int:
     if server.gpus:
         return len(server.gpus)
     if server.engine in ENGINES:
-        tp = get_engine(server.engine).native_args(list(server.args), list(server.command or ())).values.get("tensor_parallel_size")
+        tp = (
+            get_engine(server.engine)
+            .native_args(list(server.args), list(server.command or ()))
+            .values.get("tensor_parallel_size")
+        )
         if isinstance(tp, int) and tp > 0:
             return tp
     return 1

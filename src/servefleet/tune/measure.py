@@ -52,9 +52,17 @@ class Measurement:
         return [p for r in self.runs for p in r.points]
 
 
-async def measure(target: BenchTarget, sample: Path, api: str, ladder: Ladder, *, options: dict[str, Any] | None = None, seed: int = 0,
-                  stop_after: Callable[[list[Point]], str | None] | None = None,
-                  on_point: Callable[[Point], None] | None = None) -> Measurement:
+async def measure(
+    target: BenchTarget,
+    sample: Path,
+    api: str,
+    ladder: Ladder,
+    *,
+    options: dict[str, Any] | None = None,
+    seed: int = 0,
+    stop_after: Callable[[list[Point]], str | None] | None = None,
+    on_point: Callable[[Point], None] | None = None,
+) -> Measurement:
     """Measure up the ladder; ``stop_after(points)`` may end it after any point with a reason."""
     got = Measurement()
     extra = dict(options or {})
@@ -62,8 +70,17 @@ async def measure(target: BenchTarget, sample: Path, api: str, ladder: Ladder, *
     temperature = extra.pop("temperature", None)
     c: int | None = ladder.first()
     while c is not None:
-        config = BenchConfig(concurrency=[c], requests=ladder.requests(c), dataset=str(sample), api=api,
-                             ignore_eos=ignore_eos, temperature=temperature, extra_body=extra, workers=auto_workers(c), seed=seed)
+        config = BenchConfig(
+            concurrency=[c],
+            requests=ladder.requests(c),
+            dataset=str(sample),
+            api=api,
+            ignore_eos=ignore_eos,
+            temperature=temperature,
+            extra_body=extra,
+            workers=auto_workers(c),
+            seed=seed,
+        )
         t0 = time.monotonic()
         run = await run_bench(target, config)
         got.measured_s += time.monotonic() - t0
@@ -71,7 +88,9 @@ async def measure(target: BenchTarget, sample: Path, api: str, ladder: Ladder, *
         if on_point and run.points:
             on_point(run.points[-1])
         points = got.points
-        if len(points) >= 2 and points[-1].output_tokens_per_s < GROWTH * max(p.output_tokens_per_s for p in points[:-1]):
+        if len(points) >= 2 and points[-1].output_tokens_per_s < GROWTH * max(
+            p.output_tokens_per_s for p in points[:-1]
+        ):
             break  # the knee: throughput stopped growing
         if stop_after is not None:
             got.stopped = stop_after(points)
@@ -85,8 +104,20 @@ def merge_runs(runs: list[Run], capacity: Capacity | None) -> Run:
     """The points of one candidate's per-point runs as one RUN.json (what `plan` and `generate --bench` read)."""
     first = runs[0]
     levels = [p.concurrency for r in runs for p in r.points if p.concurrency]
-    config = first.config.model_copy(update={"concurrency": levels, "requests": max(r.config.requests or 0 for r in runs) or None,
-                                             "workers": max(r.config.workers for r in runs)})
+    config = first.config.model_copy(
+        update={
+            "concurrency": levels,
+            "requests": max(r.config.requests or 0 for r in runs) or None,
+            "workers": max(r.config.workers for r in runs),
+        }
+    )
     notes = list(dict.fromkeys(n for r in runs for n in r.notes))
-    return first.model_copy(update={"tool": "servefleet tune", "config": config, "points": [p for r in runs for p in r.points],
-                                    "notes": notes, "capacity": first.capacity or capacity})
+    return first.model_copy(
+        update={
+            "tool": "servefleet tune",
+            "config": config,
+            "points": [p for r in runs for p in r.points],
+            "notes": notes,
+            "capacity": first.capacity or capacity,
+        }
+    )

@@ -84,13 +84,20 @@ class TuneResult:
     def to_json(self) -> dict[str, Any]:
         winner = self.winner
         return {
-            "winner": winner.name if winner else None, "winner_fleet": self.winner_fleet, "job": {
-                "prompts": self.prompts, "sample": self.sample, "output_tokens_mean": self.output_tokens_mean},
-            "gpus": self.gpus, "budget_s": self.budget_s, "wall_s": self.wall_s, "measured_s": self.measured_s,
-            "overhead_share": self.overhead_share, "out_dir": self.out_dir, "plot": self.plot,
+            "winner": winner.name if winner else None,
+            "winner_fleet": self.winner_fleet,
+            "job": {"prompts": self.prompts, "sample": self.sample, "output_tokens_mean": self.output_tokens_mean},
+            "gpus": self.gpus,
+            "budget_s": self.budget_s,
+            "wall_s": self.wall_s,
+            "measured_s": self.measured_s,
+            "overhead_share": self.overhead_share,
+            "out_dir": self.out_dir,
+            "plot": self.plot,
             "ran": [r.name for r in self.rows if r.outcome in ("measured", "stopped_early", "failed")],
             "skipped": [r.name for r in self.rows if r.outcome == "skipped"],
-            "candidates": [r.to_json() for r in self.rows], "notes": self.notes,
+            "candidates": [r.to_json() for r in self.rows],
+            "notes": self.notes,
         }
 
 

@@ -21,7 +21,9 @@ class JobSample:
     records: int  # valid records in the whole input (the job's size)
     sampled: int
     api: str  # what generate will use for these records: chat for messages, completions for prompt
-    options: dict[str, Any]  # request fields every sampled record gives alike (ignore_eos, temperature, ...): generate sends them
+    options: dict[
+        str, Any
+    ]  # request fields every sampled record gives alike (ignore_eos, temperature, ...): generate sends them
     notes: tuple[str, ...] = ()
 
 
@@ -66,8 +68,10 @@ def sample_job(path: Path, n: int, dest: Path, *, max_tokens: int | None, seed: 
     for row in kept:
         tokens = row.get("max_tokens") or max_tokens
         if not tokens:
-            raise ConfigError(f"--input {path}: a record without max_tokens and no --max-tokens; give --max-tokens "
-                              "(the job's default output limit, as for generate)")
+            raise ConfigError(
+                f"--input {path}: a record without max_tokens and no --max-tokens; give --max-tokens "
+                "(the job's default output limit, as for generate)"
+            )
         keep: dict[str, Any] = {k: row[k] for k in ("prompt", "messages") if k in row and row[k] is not None}
         out.append({**keep, "max_tokens": int(tokens)})
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -91,5 +95,9 @@ def _common_fields(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], tuple[st
             options[key] = rows[0][key]
         else:
             varying.append(key)
-    notes = (f"record fields that vary between records are not sent by the tune's bench: {', '.join(varying)}",) if varying else ()
+    notes = (
+        (f"record fields that vary between records are not sent by the tune's bench: {', '.join(varying)}",)
+        if varying
+        else ()
+    )
     return options, notes

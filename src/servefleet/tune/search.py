@@ -91,10 +91,18 @@ def prepare(request: TuneRequest) -> Prepared:
         if request.budget_s <= 0:
             raise ConfigError(f"--budget {request.budget_s:g}s: must be above 0")
         if startup is not None and request.budget_s < startup:
-            source = "[tune] startup in the space file" if space.settings.startup_s is not None else "the base server's last start"
-            raise ConfigError(f"--budget {request.budget_s:g}s is below one candidate's start-up ({startup:g} s, {source}): "
-                              "not one candidate could be measured; raise --budget")
-    sample = sample_job(request.input, request.sample, request.out / "sample.jsonl", max_tokens=request.max_tokens, seed=request.seed)
+            source = (
+                "[tune] startup in the space file"
+                if space.settings.startup_s is not None
+                else "the base server's last start"
+            )
+            raise ConfigError(
+                f"--budget {request.budget_s:g}s is below one candidate's start-up ({startup:g} s, {source}): "
+                "not one candidate could be measured; raise --budget"
+            )
+    sample = sample_job(
+        request.input, request.sample, request.out / "sample.jsonl", max_tokens=request.max_tokens, seed=request.seed
+    )
     return Prepared(request, space, base, fleets, sample, startup, notes=list(sample.notes))
 
 
@@ -121,7 +129,11 @@ def _optimistic(points: list[Point], cap: int | None, max_concurrency: int) -> C
 
 
 def _makespan(curve: Curve, cap: int | None, gpr: int, prompts: int, mean_out: float, gpus: int) -> float:
-    rows = plan_job([ConfigCurve("c", curve, gpus_per_replica=gpr, max_running=cap)], JobSpec(prompts=prompts, output_tokens_mean=mean_out), gpus)
+    rows = plan_job(
+        [ConfigCurve("c", curve, gpus_per_replica=gpr, max_running=cap)],
+        JobSpec(prompts=prompts, output_tokens_mean=mean_out),
+        gpus,
+    )
     return rows[0].makespan_s
 
 
@@ -171,8 +183,10 @@ def _check_lane_ports(fleets: list[CandidateFleet]) -> None:
             server = cf.spec.servers[0]
             other = seen.setdefault((server.host, server.port), (index, cf.candidate.name))
             if other[0] != index:
-                problems.append(f'candidate "{cf.candidate.name}": port: {server.port} is also that of candidate "{other[1]}", which is '
-                                "measured at the same time on other GPUs; give one of them a port of its own (port = N)")
+                problems.append(
+                    f'candidate "{cf.candidate.name}": port: {server.port} is also that of candidate "{other[1]}", which is '
+                    "measured at the same time on other GPUs; give one of them a port of its own (port = N)"
+                )
     if problems:
         raise ConfigError("\n".join(problems))
 
@@ -211,20 +225,33 @@ class _Search:
                 if verdict.state != State.READY:
                     row.outcome = "failed"
                     row.category = verdict.category.value if verdict.category else verdict.state.value
-                    row.evidence = verdict.evidence.text if verdict.evidence else (verdict.message or verdict.last_line)
+                    row.evidence = (
+                        verdict.evidence.text if verdict.evidence else (verdict.message or verdict.last_line)
+                    )
                     row.reason = verdict.hint
                     say(f"{cand.name}: {row.category}: {row.evidence}")
                     return
                 endpoints = [e for e in await fleet.ready_endpoints() if e.name == cand.name]
                 if not endpoints:
-                    row.outcome, row.category, row.evidence = "failed", "other", "ready, then no longer answering before its measurement"
+                    row.outcome, row.category, row.evidence = (
+                        "failed",
+                        "other",
+                        "ready, then no longer answering before its measurement",
+                    )
                     return
                 ep = endpoints[0]
                 row.kv_tokens, row.max_running = ep.capacity.kv_cache_tokens, ep.capacity.max_running_requests
-                ladder = Ladder(settings.start_concurrency, settings.point_requests, settings.per_concurrency, settings.max_concurrency,
-                                ep.capacity.max_running_requests)
+                ladder = Ladder(
+                    settings.start_concurrency,
+                    settings.point_requests,
+                    settings.per_concurrency,
+                    settings.max_concurrency,
+                    ep.capacity.max_running_requests,
+                )
                 m = await self.measure(cf, ep, ladder, t_start)
-            except ServefleetError as exc:  # a server lost mid-measurement, a refused benchmark: this candidate's result
+            except (
+                ServefleetError
+            ) as exc:  # a server lost mid-measurement, a refused benchmark: this candidate's result
                 row.outcome, row.category, row.evidence = "failed", "other", str(exc).splitlines()[0]
                 say(f"{cand.name}: failed while measuring: {row.evidence}")
                 return
@@ -255,15 +282,25 @@ class _Search:
         mean_out = _mean_output(m.points)
         if row.outcome == "measured" and mean_out:
             curve = curve_from_run(path, cf.gpus_per_replica).curve
-            mk = _makespan(curve, row.max_running, cf.gpus_per_replica, self.prep.sample.records, mean_out, req.gpus[0])
+            mk = _makespan(
+                curve, row.max_running, cf.gpus_per_replica, self.prep.sample.records, mean_out, req.gpus[0]
+            )
             if self.best is None or mk < self.best[0]:
                 self.best = (mk, cf.candidate.name)
-        self.say(f"{cf.candidate.name}: {row.outcome}, best {row.output_tps or 0:,.0f} tok/s at concurrency {row.best_concurrency}")
+        self.say(
+            f"{cf.candidate.name}: {row.outcome}, best {row.output_tps or 0:,.0f} tok/s at concurrency {row.best_concurrency}"
+        )
 
     async def measure(self, cf: CandidateFleet, ep, ladder: Ladder, t_start: float) -> Measurement:
         prep, clock = self.prep, self.clock
         req, settings = prep.request, prep.space.settings
-        target = BenchTarget(base_url=ep.base_url, label=cf.candidate.name, model=ep.served_model, engine=ep.engine or None, capacity=ep.capacity)
+        target = BenchTarget(
+            base_url=ep.base_url,
+            label=cf.candidate.name,
+            model=ep.served_model,
+            engine=ep.engine or None,
+            capacity=ep.capacity,
+        )
 
         def stop_after(points: list[Point]) -> str | None:
             if len(points) == 2 or (len(points) == 1 and ladder.next(points[0].concurrency or 1) is None):
@@ -274,29 +311,54 @@ class _Search:
             best = self.best
             if best is None or len(points) < 2 or not mean_out:
                 return None
-            optimistic = _makespan(_optimistic(points, ladder.cap, ladder.max_concurrency), ladder.cap, cf.gpus_per_replica,
-                                   prep.sample.records, mean_out, req.gpus[0])
+            optimistic = _makespan(
+                _optimistic(points, ladder.cap, ladder.max_concurrency),
+                ladder.cap,
+                cf.gpus_per_replica,
+                prep.sample.records,
+                mean_out,
+                req.gpus[0],
+            )
             if optimistic > best[0] * (1 + settings.margin):
-                return (f"behind after {len(points)} measurement(s): even growing as its last doubling did, its makespan would be "
-                        f"{optimistic:,.0f} s against {best[0]:,.0f} s of {best[1]}")
+                return (
+                    f"behind after {len(points)} measurement(s): even growing as its last doubling did, its makespan would be "
+                    f"{optimistic:,.0f} s against {best[0]:,.0f} s of {best[1]}"
+                )
             return None
 
-        return await measure(target, prep.sample.path, prep.sample.api, ladder, options=prep.sample.options, seed=req.seed,
-                             stop_after=stop_after,
-                             on_point=lambda p: self.say(f"{cf.candidate.name}: concurrency {p.concurrency}: {p.output_tokens_per_s:,.0f} tok/s"))
+        return await measure(
+            target,
+            prep.sample.path,
+            prep.sample.api,
+            ladder,
+            options=prep.sample.options,
+            seed=req.seed,
+            stop_after=stop_after,
+            on_point=lambda p: self.say(
+                f"{cf.candidate.name}: concurrency {p.concurrency}: {p.output_tokens_per_s:,.0f} tok/s"
+            ),
+        )
 
 
-async def run_tune(prep: Prepared, on_event: Event | None = None, now: Callable[[], float] = time.monotonic) -> TuneResult:
+async def run_tune(
+    prep: Prepared, on_event: Event | None = None, now: Callable[[], float] = time.monotonic
+) -> TuneResult:
     """Every candidate: in turn on one GPU, lanes of candidates on GPUs of their own beside each other
     (``now``: the budget's clock)."""
     clock = _Clock(prep.request.budget_s, now)
     search = _Search(prep, on_event or (lambda _msg: None), clock)
-    rows = {cf.candidate.name: CandidateRow(name=cf.candidate.name, outcome="measured", args=list(cf.spec.servers[0].args),
-                                            fleet=str(cf.path)) for cf in prep.fleets}
+    rows = {
+        cf.candidate.name: CandidateRow(
+            name=cf.candidate.name, outcome="measured", args=list(cf.spec.servers[0].args), fleet=str(cf.path)
+        )
+        for cf in prep.fleets
+    }
     lanes = _lanes(prep.fleets)
     if len(lanes) > 1:
-        prep.notes.append(f"{len(lanes)} lanes of candidates on GPUs of their own, measured at the same time: "
-                          + "; ".join(", ".join(cf.candidate.name for cf in lane) for lane in lanes))
+        prep.notes.append(
+            f"{len(lanes)} lanes of candidates on GPUs of their own, measured at the same time: "
+            + "; ".join(", ".join(cf.candidate.name for cf in lane) for lane in lanes)
+        )
     await asyncio.gather(*(search.lane(lane, rows) for lane in lanes))
     return _rank(prep, list(rows.values()), clock.elapsed, search.measured_s)
 
@@ -330,12 +392,26 @@ def _rank(prep: Prepared, rows: list[CandidateRow], wall_s: float, measured_s: f
             config, _ = curves[row.name]
             for g in req.gpus:
                 plan = plan_job([config], job, g)[0]
-                row.predictions.append(Prediction(g, plan.replicas, plan.makespan_s, plan.gpu_hours, plan.best_concurrency))
+                row.predictions.append(
+                    Prediction(g, plan.replicas, plan.makespan_s, plan.gpu_hours, plan.best_concurrency)
+                )
             row.notes += [n for n in plan_job([config], job, req.gpus[0])[0].notes]
             row.notes += list(config.caveats)
     rows.sort(key=lambda r: (_ORDER[r.outcome], r.first_makespan))
     skipped = [r.name for r in rows if r.outcome == "skipped"]
     if skipped:
-        notes.append(f"the budget cut the search: {len(skipped)} of {len(rows)} candidate(s) not run ({', '.join(skipped)})")
-    return TuneResult(rows=rows, prompts=prep.sample.records, sample=prep.sample.sampled, output_tokens_mean=mean_out,
-                      gpus=list(req.gpus), budget_s=req.budget_s, wall_s=wall_s, measured_s=measured_s, out_dir=str(req.out), notes=notes)
+        notes.append(
+            f"the budget cut the search: {len(skipped)} of {len(rows)} candidate(s) not run ({', '.join(skipped)})"
+        )
+    return TuneResult(
+        rows=rows,
+        prompts=prep.sample.records,
+        sample=prep.sample.sampled,
+        output_tokens_mean=mean_out,
+        gpus=list(req.gpus),
+        budget_s=req.budget_s,
+        wall_s=wall_s,
+        measured_s=measured_s,
+        out_dir=str(req.out),
+        notes=notes,
+    )

@@ -35,7 +35,19 @@ from servefleet.errors import ConfigError
 __all__ = ["Candidate", "TuneSettings", "Space", "load_space", "parse_space", "CANDIDATE_KEYS"]
 
 # what a candidate may change of the base server; args are appended to the base's (inherit_args = false: instead)
-CANDIDATE_KEYS = ("name", "args", "env", "gpus", "port", "engine", "model", "python", "served_model_name", "command", "inherit_args")
+CANDIDATE_KEYS = (
+    "name",
+    "args",
+    "env",
+    "gpus",
+    "port",
+    "engine",
+    "model",
+    "python",
+    "served_model_name",
+    "command",
+    "inherit_args",
+)
 SETTINGS_KEYS = ("startup", "start_concurrency", "point_requests", "per_concurrency", "max_concurrency", "margin")
 _TOP = ("tune", "candidate", "grid")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -113,15 +125,26 @@ def _settings(raw: Any, problems: list[str]) -> TuneSettings:
         if key not in SETTINGS_KEYS:
             problems.append(f"[tune]: {key}: unknown key (known: {', '.join(SETTINGS_KEYS)})")
     out: dict[str, Any] = {}
-    for key, name, kind, low in (("startup", "startup_s", float, 0.0), ("start_concurrency", "start_concurrency", int, 1),
-                                 ("point_requests", "point_requests", int, 1), ("per_concurrency", "per_concurrency", int, 1),
-                                 ("max_concurrency", "max_concurrency", int, 1),
-                                 ("margin", "margin", float, 0.0)):
+    for key, name, kind, low in (
+        ("startup", "startup_s", float, 0.0),
+        ("start_concurrency", "start_concurrency", int, 1),
+        ("point_requests", "point_requests", int, 1),
+        ("per_concurrency", "per_concurrency", int, 1),
+        ("max_concurrency", "max_concurrency", int, 1),
+        ("margin", "margin", float, 0.0),
+    ):
         if key not in raw:
             continue
         value = raw[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and not isinstance(value, int)) or value < low:
-            problems.append(f"[tune]: {key}: must be a {'whole ' if kind is int else ''}number of at least {low:g}, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or (kind is int and not isinstance(value, int))
+            or value < low
+        ):
+            problems.append(
+                f"[tune]: {key}: must be a {'whole ' if kind is int else ''}number of at least {low:g}, got {value!r}"
+            )
             continue
         out[name] = kind(value)
     return TuneSettings(**out)
@@ -146,7 +169,9 @@ def _candidate(table: Any, who: str, problems: list[str]) -> Candidate | None:
             problems.append(f"{who}: {key}: unknown key (known: {', '.join(CANDIDATE_KEYS)})")
             bad = True
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        problems.append(f"{who}: name: required, 1-64 letters, digits, '.', '_' or '-' (it names the temporary server)")
+        problems.append(
+            f"{who}: name: required, 1-64 letters, digits, '.', '_' or '-' (it names the temporary server)"
+        )
         bad = True
     args = _strings(table.get("args", []))
     if args is None:
@@ -174,7 +199,7 @@ def _axis(key: str, value: Any, problems: list[str]) -> list[tuple[str, tuple[st
             out.append((str(label), got))
         return out
     if not key.startswith("-"):
-        problems.append(f"[grid]: {key}: a flag (\"--max-num-seqs\" = [256, 1024]) or a table of named argument lists")
+        problems.append(f'[grid]: {key}: a flag ("--max-num-seqs" = [256, 1024]) or a table of named argument lists')
         return []
     if not isinstance(value, list) or not value:
         problems.append(f"[grid]: {key}: must be a non-empty list of values")

@@ -30,12 +30,25 @@ class ThenResult:
     check_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"fleet": self.fleet, "servers": self.servers, "job": self.report.to_json(),
-                "check": self.check.to_json() if self.check is not None else None, "check_error": self.check_error}
+        return {
+            "fleet": self.fleet,
+            "servers": self.servers,
+            "job": self.report.to_json(),
+            "check": self.check.to_json() if self.check is not None else None,
+            "check_error": self.check_error,
+        }
 
 
-async def then_generate(winner_fleet: Path, run: Path, gpus_per_replica: int, *, input: Path, output: str,
-                        max_tokens: int | None, on_event=None) -> ThenResult:
+async def then_generate(
+    winner_fleet: Path,
+    run: Path,
+    gpus_per_replica: int,
+    *,
+    input: Path,
+    output: str,
+    max_tokens: int | None,
+    on_event=None,
+) -> ThenResult:
     say = on_event or (lambda _m: None)
     async with Fleet.load(winner_fleet) as fleet:
         try:
@@ -44,12 +57,15 @@ async def then_generate(winner_fleet: Path, run: Path, gpus_per_replica: int, *,
             bad = {n: v for n, v in verdicts.items() if v.state != State.READY}
             if len(bad) == len(verdicts):
                 first = next(iter(bad.values()))
-                raise ServefleetError(f"no server of the winner's fleet got ready: {first.message or first.state.value}")
+                raise ServefleetError(
+                    f"no server of the winner's fleet got ready: {first.message or first.state.value}"
+                )
             targets = await targets_from_fleet(fleet)
             if not targets:
                 raise ConfigError(f"no server of {winner_fleet} is ready")
-            config = GenerateConfig(input=str(input), output=output, bench=[str(run)],
-                                    params=JobParams(max_tokens=max_tokens))
+            config = GenerateConfig(
+                input=str(input), output=output, bench=[str(run)], params=JobParams(max_tokens=max_tokens)
+            )
             restarter = FleetRestarter(fleet)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()

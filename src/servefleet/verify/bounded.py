@@ -42,8 +42,19 @@ if TYPE_CHECKING:  # only annotations: a local diagnose loads neither the host l
 
 T = TypeVar("T")
 
-__all__ = ["ByteSource", "FileSource", "HostSource", "Bounds", "LogWindow", "WindowRead", "diagnose_source", "diagnose_file",
-           "read_big_log", "line_number_at", "human_bytes"]
+__all__ = [
+    "ByteSource",
+    "FileSource",
+    "HostSource",
+    "Bounds",
+    "LogWindow",
+    "WindowRead",
+    "diagnose_source",
+    "diagnose_file",
+    "read_big_log",
+    "line_number_at",
+    "human_bytes",
+]
 
 MiB = 1024 * 1024
 FATAL_BEFORE = 16 * 1024  # bytes kept before the first fatal line (the traceback above it)
@@ -124,7 +135,9 @@ class Bounds:
     head: int = 1 * MiB
     tail: int = MiB // 2  # the end: a crash's last lines (a first fatal line before it is found by the scan)
     chunk: int = 4 * MiB  # scan step of the middle
-    max_hits: int = 5_000  # kinds (digits aside) of marker lines classified in the middle; then only ready/launch lines
+    max_hits: int = (
+        5_000  # kinds (digits aside) of marker lines classified in the middle; then only ready/launch lines
+    )
 
 
 @dataclass
@@ -145,13 +158,16 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-async def diagnose_file(path: str | os.PathLike[str], engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()) -> Verdict:
+async def diagnose_file(
+    path: str | os.PathLike[str], engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()
+) -> Verdict:
     """``diagnose_source`` of a local file."""
     return await diagnose_source(FileSource(path), engine, start=start, bounds=bounds)
 
 
-def diagnose_local_file(path: str | os.PathLike[str], engine: EngineProfile | None = None, *, start: int = 0,
-                        bounds: Bounds = Bounds()) -> Verdict:
+def diagnose_local_file(
+    path: str | os.PathLike[str], engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()
+) -> Verdict:
     """``diagnose_file`` without an event loop: a local file's reads never wait, so `servefleet
     diagnose` does not pay for starting asyncio (its start-up is part of the interface)."""
     return run_without_loop(diagnose_file(path, engine, start=start, bounds=bounds))
@@ -168,7 +184,9 @@ def run_without_loop(coro: Coroutine[Any, Any, T]) -> T:
         return done.value  # StopIteration.value is Any; it is the coroutine's T
 
 
-async def diagnose_source(source: ByteSource, engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()) -> Verdict:
+async def diagnose_source(
+    source: ByteSource, engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()
+) -> Verdict:
     """The verdict of the log from byte ``start`` on (the current launch; 0: the whole file).
     Line numbers are the file's own. Raises FileNotFoundError when there is no log."""
     size = await source.size()
@@ -191,8 +209,12 @@ async def diagnose_source(source: ByteSource, engine: EngineProfile | None = Non
             clf.gap()
         for i, raw in enumerate(window.lines):
             clf.feed(window.line_no + i, raw)
-    empty = not any(line.strip() for window in read.windows for line in window.lines)  # a launch marker as the last line
-    return verdict_of(clf, read.profile, empty=empty, first=read.first_line - 1).model_copy(update={"skipped": read.skipped})
+    empty = not any(
+        line.strip() for window in read.windows for line in window.lines
+    )  # a launch marker as the last line
+    return verdict_of(clf, read.profile, empty=empty, first=read.first_line - 1).model_copy(
+        update={"skipped": read.skipped}
+    )
 
 
 @dataclass(frozen=True)
@@ -216,8 +238,9 @@ class WindowRead:
     end: int  # the offset just after the last complete line read (where a follower goes on)
 
 
-async def read_big_log(source: ByteSource, engine: EngineProfile | None = None, *, start: int = 0,
-                       bounds: Bounds = Bounds()) -> WindowRead | None:
+async def read_big_log(
+    source: ByteSource, engine: EngineProfile | None = None, *, start: int = 0, bounds: Bounds = Bounds()
+) -> WindowRead | None:
     """The bounded read of the log from ``start``, or None when that part is small enough to be
     read whole (``cap``). For a live wait: catch up on a big log, then follow it from ``end``.
     A partial last line (still being written) is left to the follower."""
@@ -256,7 +279,9 @@ async def line_number_at(source: ByteSource, offset: int, chunk: int = 4 * MiB) 
     return count + 1
 
 
-async def _read_windows(source: ByteSource, engine: EngineProfile | None, start: int, size: int, first_line: int, bounds: Bounds) -> WindowRead:
+async def _read_windows(
+    source: ByteSource, engine: EngineProfile | None, start: int, size: int, first_line: int, bounds: Bounds
+) -> WindowRead:
     head_bytes = await source.read(start, bounds.head)
     head_end = start + (head_bytes.rfind(b"\n") + 1 or len(head_bytes))
     tail_from = size - bounds.tail
@@ -266,7 +291,11 @@ async def _read_windows(source: ByteSource, engine: EngineProfile | None, start:
     tail_start = max(tail_start, head_end)
     head_lines = head_bytes[: head_end - start].count(b"\n")
 
-    scan_profile = engine if engine is not None else detect_engine(split_lines(head_bytes[: head_end - start].decode("utf-8", errors="replace")))
+    scan_profile = (
+        engine
+        if engine is not None
+        else detect_engine(split_lines(head_bytes[: head_end - start].decode("utf-8", errors="replace")))
+    )
     scan = Scan()
     middle_line = first_line + head_lines
     await scan_middle(source, head_end, tail_start, middle_line, scan_profile or AnyEngine(), bounds, scan)
@@ -293,11 +322,21 @@ async def _read_windows(source: ByteSource, engine: EngineProfile | None, start:
         seg = scan.segment
         if seg.fatal is not None:
             windows.append(_around(seg.fatal, FATAL_BEFORE, FATAL_AFTER, "first fatal block"))
-        for point, what in ((scan.ready, "last ready line"), (seg.wrapper, "first wrapper line"),
-                            (seg.exc_before_wrapper, "error line"), (seg.last_exc, "last error line")):
-            if point is not None and point[0] >= seg_start and (seg.fatal is None or what in ("last ready line", "first wrapper line")):
+        for point, what in (
+            (scan.ready, "last ready line"),
+            (seg.wrapper, "first wrapper line"),
+            (seg.exc_before_wrapper, "error line"),
+            (seg.last_exc, "last error line"),
+        ):
+            if (
+                point is not None
+                and point[0] >= seg_start
+                and (seg.fatal is None or what in ("last ready line", "first wrapper line"))
+            ):
                 windows.append(_around(point, POINT, POINT, what))
-    windows.append(_Window(max(tail_start, seg_start), size, "end", tail_line if seg_start <= tail_start else seg_line))
+    windows.append(
+        _Window(max(tail_start, seg_start), size, "end", tail_line if seg_start <= tail_start else seg_line)
+    )
     windows = _merged([w for w in windows if w.end > w.start], seg_start, size)
 
     # Read and classify the windows in file order.
@@ -309,11 +348,15 @@ async def _read_windows(source: ByteSource, engine: EngineProfile | None, start:
             w.line_no = w.anchor[1] - data[: w.anchor[0] - w.start].count(b"\n")
         texts.append((w, split_lines(data.decode("utf-8", errors="replace"))))
     if profile is None:  # the scan's guess, unless a later launch marker moved the start-up
-        profile = scan_profile if seg_start < head_end else ((detect_engine(texts[0][1]) if texts else None) or scan_profile)
+        profile = (
+            scan_profile if seg_start < head_end else ((detect_engine(texts[0][1]) if texts else None) or scan_profile)
+        )
     kept: list[LogWindow] = []
     prev_end = None
     for w, lines in texts:
-        kept.append(LogWindow(w.line_no if w.line_no is not None else 1, lines, prev_end is not None and w.start != prev_end))
+        kept.append(
+            LogWindow(w.line_no if w.line_no is not None else 1, lines, prev_end is not None and w.start != prev_end)
+        )
         prev_end = w.end
     read = sum(w.end - w.start for w in windows)
     return WindowRead(kept, profile, _skipped_words(windows, read, size - start, scan, bounds), seg_line, size)
@@ -371,7 +414,9 @@ def _last_marker(data: bytes) -> tuple[int, int] | None:
         line_start = data.rfind(b"\n", 0, pos) + 1
         end = data.find(b"\n", pos)
         end = len(data) if end < 0 else end + 1
-        if line_start == pos and ATTEMPT_MARKER.match(data[line_start:end].decode("utf-8", errors="replace").rstrip("\r\n")):
+        if line_start == pos and ATTEMPT_MARKER.match(
+            data[line_start:end].decode("utf-8", errors="replace").rstrip("\r\n")
+        ):
             return end, data.count(b"\n", 0, end)
         pos = data.rfind(b"==== servefleet launch", 0, pos)
     return None
@@ -387,4 +432,3 @@ def _skipped_words(windows: list[_Window], read: int, total: int, scan: Scan, bo
     if scan.budget_spent:
         words += f"; {bounds.max_hits:,} kinds of them classified, no fatal line among them, and after that only ready and launch lines were looked for"
     return words + ")"
-

@@ -52,8 +52,11 @@ EXCERPT_CONTEXT = 3  # lines before and after the evidence
 # Process-death lines any engine's log can end with (a shell or the C runtime prints them).
 _GENERIC: tuple[Signature, ...] = (
     Signature.fatal(r"^(?:.*: line \d+: +\d+ )?Killed(?:\s|$)", Category.KILLED),
-    Signature.fatal(r"^(?:.*: line \d+: +\d+ )?(?:Segmentation fault|Aborted|Bus error)(?: \(core dumped\))?\s*(?:\S.*)?$", Category.OTHER,
-                    hint="the server crashed in native code; read the excerpt, and try another engine version"),
+    Signature.fatal(
+        r"^(?:.*: line \d+: +\d+ )?(?:Segmentation fault|Aborted|Bus error)(?: \(core dumped\))?\s*(?:\S.*)?$",
+        Category.OTHER,
+        hint="the server crashed in native code; read the excerpt, and try another engine version",
+    ),
 )
 # A Python exception line ("ValueError: ...", "torch.OutOfMemoryError: ...") that no signature knows:
 # the best evidence when a server dies without a recognised cause.
@@ -192,7 +195,11 @@ def _plan(signatures: Sequence[Signature]) -> _Plan:
     if cached is not None and cached[0] is signatures:
         return cached[1]
     plan = tuple(
-        (sig, tuple(lits) if (lits := required_literals(sig.pattern)) is not None else None, sig.kind is SignalKind.BENIGN)
+        (
+            sig,
+            tuple(lits) if (lits := required_literals(sig.pattern)) is not None else None,
+            sig.kind is SignalKind.BENIGN,
+        )
         for sig in signatures
     )
     _PLANS[id(signatures)] = (signatures, plan)
@@ -232,7 +239,9 @@ class AnyEngine(EngineProfile):
                 sigs.append(sig)
         self.signatures = tuple(sigs)  # type: ignore[misc]  # instance value of a ClassVar
         self.memory_phases = MemoryPhases(  # type: ignore[misc]  # instance value of a ClassVar
-            tuple(f for e in self.engines for f in e.memory_phases.frames), tuple(p for e in self.engines for p in e.memory_phases.progress))
+            tuple(f for e in self.engines for f in e.memory_phases.frames),
+            tuple(p for e in self.engines for p in e.memory_phases.progress),
+        )
 
     def log_time(self, line: str) -> float | None:
         for engine in self.engines:
@@ -268,7 +277,9 @@ def available_engines() -> list[EngineProfile]:
 _LAST_RESORT = ("openai",)
 
 
-def detect_engine(lines: Iterable[str], engines: Sequence[EngineProfile] | None = None, max_lines: int = 5000) -> EngineProfile | None:
+def detect_engine(
+    lines: Iterable[str], engines: Sequence[EngineProfile] | None = None, max_lines: int = 5000
+) -> EngineProfile | None:
     """The engine whose ``detect`` patterns match the most lines (match text) of a log, or None."""
     engines = list(engines) if engines is not None else available_engines()
     scores = {e.name: 0 for e in engines}
@@ -352,10 +363,14 @@ class LogClassifier:
         sig = match_signature(match, self.profile.signatures) if match else None
         if sig is not None and sig.kind is not SignalKind.BENIGN:
             hint = sig.hint or (DEFAULT_HINTS[sig.category] if sig.category else None)
-            signal = Signal(line_no, text, sig.kind, sig.category, hint, sig.label, provisional=id(sig) in _PROVISIONAL)
+            signal = Signal(
+                line_no, text, sig.kind, sig.category, hint, sig.label, provisional=id(sig) in _PROVISIONAL
+            )
             self._record(signal)
         elif sig is None and match and _EXCEPTION.search(match):
-            self.last_exception = self._finding(Signal(line_no, text, SignalKind.FATAL, Category.OTHER, DEFAULT_HINTS[Category.OTHER]))
+            self.last_exception = self._finding(
+                Signal(line_no, text, SignalKind.FATAL, Category.OTHER, DEFAULT_HINTS[Category.OTHER])
+            )
 
         if match:
             try:
@@ -363,11 +378,15 @@ class LogClassifier:
             except Exception:  # a parser bug must not break the verification loop
                 if not self._parser_failed:
                     self._parser_failed = True
-                    log.warning("%s: the capacity parser failed on log line %d", self.profile.name, line_no, exc_info=True)
+                    log.warning(
+                        "%s: the capacity parser failed on log line %d", self.profile.name, line_no, exc_info=True
+                    )
                 found = None
             if found is not None:
                 if not found.source:
-                    found = found.model_copy(update={"source": {k: f"log:{line_no}" for k in found.model_dump(exclude_defaults=True)}})
+                    found = found.model_copy(
+                        update={"source": {k: f"log:{line_no}" for k in found.model_dump(exclude_defaults=True)}}
+                    )
                 self.capacity = found.merge(self.capacity)
         self._recent.append((line_no, text))
         return signal
@@ -383,7 +402,9 @@ class LogClassifier:
             if self.first_fatal is None or self._replaces(self.first_fatal, signal):
                 self.first_fatal = self._finding(signal)
             if self.fatal_since_ready is None or self._replaces(self.fatal_since_ready, signal):
-                self.fatal_since_ready = self.first_fatal if self.first_fatal.signal is signal else self._finding(signal)
+                self.fatal_since_ready = (
+                    self.first_fatal if self.first_fatal.signal is signal else self._finding(signal)
+                )
             return
         if signal.kind in (SignalKind.WRAPPER, SignalKind.READY):
             self._marks_at = signal.line_no
@@ -394,7 +415,9 @@ class LogClassifier:
                 self.first_wrapper = self._finding(signal)
                 self.exception_before_wrapper = self.last_exception
             if self.wrapper_since_ready is None:
-                self.wrapper_since_ready = self.first_wrapper if self.first_wrapper.signal is signal else self._finding(signal)
+                self.wrapper_since_ready = (
+                    self.first_wrapper if self.first_wrapper.signal is signal else self._finding(signal)
+                )
         elif signal.kind is SignalKind.READY:
             if self.ready_mark is None:
                 self.ready_mark = Mark("ready", signal.line_no, self.last_log_s, self.now)
@@ -410,8 +433,12 @@ class LogClassifier:
     def _replaces(self, found: Finding, signal: Signal) -> bool:
         """Whether ``signal`` (a named cause) takes the place of a provisional ``found`` of the same traceback."""
         old = found.signal
-        return (old.provisional and not signal.provisional and self._marks_at < old.line_no
-                and signal.line_no - old.line_no <= PROVISIONAL_LINES)
+        return (
+            old.provisional
+            and not signal.provisional
+            and self._marks_at < old.line_no
+            and signal.line_no - old.line_no <= PROVISIONAL_LINES
+        )
 
     @property
     def cause_is_provisional(self) -> bool:

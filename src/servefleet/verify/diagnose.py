@@ -16,7 +16,16 @@ from servefleet.verify.notalog import not_a_log
 from servefleet.verify.startup_phases import phase_times
 from servefleet.verify.verdict import Evidence, Verdict
 
-__all__ = ["diagnose_text", "diagnose_lines", "verdict_of", "finding_fields", "split_lines", "last_attempt_start", "ATTEMPT_MARKER", "unknown_verdict"]
+__all__ = [
+    "diagnose_text",
+    "diagnose_lines",
+    "verdict_of",
+    "finding_fields",
+    "split_lines",
+    "last_attempt_start",
+    "ATTEMPT_MARKER",
+    "unknown_verdict",
+]
 
 
 def split_lines(text: str) -> list[str]:
@@ -91,13 +100,22 @@ def diagnose_lines(lines: list[str], engine: EngineProfile | None = None) -> Ver
 
 def unknown_verdict(reason: str) -> Verdict:
     """The outcome for a file that is not a recognised server log (`diagnose` exits 3 on it)."""
-    return Verdict(state=State.UNKNOWN, message=f"not a recognised server log: {reason}",
-                   hint="give the server's log file (pass --engine NAME to classify it as that engine's log anyway)")
+    return Verdict(
+        state=State.UNKNOWN,
+        message=f"not a recognised server log: {reason}",
+        hint="give the server's log file (pass --engine NAME to classify it as that engine's log anyway)",
+    )
 
 
 def _saw_anything(clf: LogClassifier) -> bool:
-    return (clf.fatal_since_ready is not None or clf.first_wrapper is not None or clf.ready_line is not None
-            or clf.last_exception is not None or clf.progress is not None or bool(clf.capacity.model_dump(exclude_defaults=True)))
+    return (
+        clf.fatal_since_ready is not None
+        or clf.first_wrapper is not None
+        or clf.ready_line is not None
+        or clf.last_exception is not None
+        or clf.progress is not None
+        or bool(clf.capacity.model_dump(exclude_defaults=True))
+    )
 
 
 def verdict_of(clf: LogClassifier, engine: EngineProfile | None, *, empty: bool = False, first: int = 0) -> Verdict:
@@ -105,8 +123,14 @@ def verdict_of(clf: LogClassifier, engine: EngineProfile | None, *, empty: bool 
     ``empty``: the attempt has no output; ``first``: lines before the attempt (for the words)."""
     name = engine.name if engine is not None else None
     phases, clock = phase_times(clf.marks, clf.ready_mark)
-    common: dict[str, Any] = {"engine": name, "progress": clf.progress, "capacity": clf.capacity, "last_line": clf.last_text,
-                              "startup_phases": phases, "startup_clock": clock}
+    common: dict[str, Any] = {
+        "engine": name,
+        "progress": clf.progress,
+        "capacity": clf.capacity,
+        "last_line": clf.last_text,
+        "startup_phases": phases,
+        "startup_clock": clock,
+    }
 
     if clf.fatal_since_ready is not None:
         return Verdict(state=State.FAILED, **common, **finding_fields(clf.fatal_since_ready))
@@ -115,17 +139,34 @@ def verdict_of(clf: LogClassifier, engine: EngineProfile | None, *, empty: bool 
         said = f"line {wrapper.line_no} says start-up failed ({wrapper.text.strip()[:160]})"
         guess = clf.best_unrecognised()
         if guess is not None and guess.signal.line_no < wrapper.line_no:
-            return Verdict(state=State.FAILED, message=f"{said}; no recognised cause above it, the nearest error line is shown", **common, **finding_fields(guess))
-        return Verdict(state=State.FAILED, category=Category.OTHER, hint=DEFAULT_HINTS[Category.OTHER],
-                       message=f"{said}, but no recognised cause is above it", excerpt=clf.first_wrapper.excerpt if clf.first_wrapper else [],
-                       excerpt_start=clf.first_wrapper.excerpt_start if clf.first_wrapper else None, **common)
+            return Verdict(
+                state=State.FAILED,
+                message=f"{said}; no recognised cause above it, the nearest error line is shown",
+                **common,
+                **finding_fields(guess),
+            )
+        return Verdict(
+            state=State.FAILED,
+            category=Category.OTHER,
+            hint=DEFAULT_HINTS[Category.OTHER],
+            message=f"{said}, but no recognised cause is above it",
+            excerpt=clf.first_wrapper.excerpt if clf.first_wrapper else [],
+            excerpt_start=clf.first_wrapper.excerpt_start if clf.first_wrapper else None,
+            **common,
+        )
     if clf.ready_line is not None:  # the log's word for it (a live wait needs the probe's too)
         ready = clf.ready_line
-        return Verdict(state=State.READY, evidence=Evidence(line_no=ready.line_no, text=ready.text),
-                       message="the log says ready (a log cannot prove it: `servefleet wait` asks the server)", **common)
+        return Verdict(
+            state=State.READY,
+            evidence=Evidence(line_no=ready.line_no, text=ready.text),
+            message="the log says ready (a log cannot prove it: `servefleet wait` asks the server)",
+            **common,
+        )
     if empty:
         said = "the log is empty" if first == 0 else f"the last launch attempt (after line {first}) has no output yet"
-        return Verdict(state=State.LOADING, message=f"{said} (a server killed while importing can leave an empty log)", **common)
+        return Verdict(
+            state=State.LOADING, message=f"{said} (a server killed while importing can leave an empty log)", **common
+        )
     message = None
     if clf.last_exception is not None:
         exc = clf.last_exception.signal

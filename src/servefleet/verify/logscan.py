@@ -79,7 +79,9 @@ def _profile_words(profile: EngineProfile) -> tuple[list[str], list[str]]:
     return extra, ready
 
 
-async def scan_middle(source: ByteSource, begin: int, end: int, first_line: int, profile: EngineProfile, bounds: Bounds, scan: Scan) -> None:
+async def scan_middle(
+    source: ByteSource, begin: int, end: int, first_line: int, profile: EngineProfile, bounds: Bounds, scan: Scan
+) -> None:
     extra, ready_spellings = _profile_words(profile)
     # Once the first fatal line is known (or the budget spent) only a ready or launch line can
     # change the verdict: a second automaton looks for those alone (shutdown noise is full of "error").
@@ -110,7 +112,9 @@ async def scan_middle(source: ByteSource, begin: int, end: int, first_line: int,
                 continue
             cut = n if nl < 0 else nl + 1
             joined = carry + bytes(data[:cut])
-            line_base = _scan_part(joined, 0, len(joined), pos - n - len(carry), line_base, finders, matcher, ready_words, bounds, scan)
+            line_base = _scan_part(
+                joined, 0, len(joined), pos - n - len(carry), line_base, finders, matcher, ready_words, bounds, scan
+            )
             carry, begin_at = b"", cut
         else:
             begin_at = 0
@@ -123,8 +127,19 @@ async def scan_middle(source: ByteSource, begin: int, end: int, first_line: int,
         if n == 0:
             break
 
-def _scan_part(buf: bytes | bytearray, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
-               matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: Scan) -> int:
+
+def _scan_part(
+    buf: bytes | bytearray,
+    begin: int,
+    stop: int,
+    offset: int,
+    line_base: int,
+    finders: tuple[_Finder, _Finder],
+    matcher: ShapeMatcher,
+    ready_words: list[str],
+    bounds: Bounds,
+    scan: Scan,
+) -> int:
     """Scan the whole lines ``buf[begin:stop]`` (``buf[0]`` is at file offset ``offset``); the line number after them."""
     _scan_chunk(buf, begin, stop, offset, line_base, finders, matcher, ready_words, bounds, scan)
     newlines = buf.count(b"\n", begin, stop)
@@ -132,8 +147,18 @@ def _scan_part(buf: bytes | bytearray, begin: int, stop: int, offset: int, line_
     return line_base + newlines
 
 
-def _scan_chunk(buf: bytes | bytearray, begin: int, stop: int, offset: int, line_base: int, finders: tuple[_Finder, _Finder],
-                matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: Scan) -> None:
+def _scan_chunk(
+    buf: bytes | bytearray,
+    begin: int,
+    stop: int,
+    offset: int,
+    line_base: int,
+    finders: tuple[_Finder, _Finder],
+    matcher: ShapeMatcher,
+    ready_words: list[str],
+    bounds: Bounds,
+    scan: Scan,
+) -> None:
     at, at_line = begin, line_base  # a cursor, so that numbering the hits costs one pass over the chunk
     i = begin
     mode = scan.full(bounds)
@@ -156,7 +181,16 @@ def _scan_chunk(buf: bytes | bytearray, begin: int, stop: int, offset: int, line
             hits, k = finders[0 if mode else 1].starts(buf, i, stop), 0
 
 
-def _on_hit(raw_bytes: bytes | bytearray, offset: int, line_no: int, length: int, matcher: ShapeMatcher, ready_words: list[str], bounds: Bounds, scan: Scan) -> None:
+def _on_hit(
+    raw_bytes: bytes | bytearray,
+    offset: int,
+    line_no: int,
+    length: int,
+    matcher: ShapeMatcher,
+    ready_words: list[str],
+    bounds: Bounds,
+    scan: Scan,
+) -> None:
     scan.hits += 1
     raw = raw_bytes.decode("utf-8", errors="replace").rstrip("\r")
     if raw.startswith("==== servefleet launch") and ATTEMPT_MARKER.match(raw):

@@ -61,7 +61,11 @@ _TERMINAL = (State.READY, State.FAILED, State.STALLED)
 def describe_exit(code: int | None, killed: bool = False) -> str:
     """Plain words for how a process ended."""
     if code is None:
-        return "the process group was killed (SIGKILL: no exit status recorded)" if killed else "the process is gone (exit code unknown)"
+        return (
+            "the process group was killed (SIGKILL: no exit status recorded)"
+            if killed
+            else "the process is gone (exit code unknown)"
+        )
     if code < 0 or code > 128:
         num = -code if code < 0 else code - 128
         try:
@@ -284,7 +288,9 @@ class ReadinessMachine:
         if guess is not None:
             self._finish(State.FAILED, now, finding=guess, message=reason, **finding_fields(guess))
         else:
-            self._finish(State.FAILED, now, category=Category.OTHER, hint=DEFAULT_HINTS[Category.OTHER], message=reason)
+            self._finish(
+                State.FAILED, now, category=Category.OTHER, hint=DEFAULT_HINTS[Category.OTHER], message=reason
+            )
 
     # ---- probe and smoke ----------------------------------------------------------------------
     def _on_probe(self, result: ProbeResult, now: float) -> None:
@@ -306,9 +312,14 @@ class ReadinessMachine:
     def _finish_port_in_use(self, now: float) -> None:
         detail = self.last_probe.detail if self.last_probe else ""
         port = f"port {self.port}" if self.port else "the port"
-        self._finish(State.FAILED, now, category=Category.PORT_IN_USE, hint=DEFAULT_HINTS[Category.PORT_IN_USE],
-                     message=f"{port} answers, but not from our server ({detail}); "
-                             f"{describe_exit(self.exit.code if self.exit else None, self.exit.killed if self.exit else False)}")
+        self._finish(
+            State.FAILED,
+            now,
+            category=Category.PORT_IN_USE,
+            hint=DEFAULT_HINTS[Category.PORT_IN_USE],
+            message=f"{port} answers, but not from our server ({detail}); "
+            f"{describe_exit(self.exit.code if self.exit else None, self.exit.killed if self.exit else False)}",
+        )
 
     def _on_smoke(self, result: SmokeResult, now: float) -> None:
         self.activity_at = now
@@ -341,12 +352,23 @@ class ReadinessMachine:
         elif self.last_probe is not None and self.last_probe.outcome is ProbeOutcome.WRONG_IDENTITY:
             self._finish_port_in_use(now)
         elif event.killed or _is_sigkill(event.code):
-            self._finish(State.FAILED, now, category=Category.KILLED, hint=event.hint or DEFAULT_HINTS[Category.KILLED], message=how)
+            self._finish(
+                State.FAILED,
+                now,
+                category=Category.KILLED,
+                hint=event.hint or DEFAULT_HINTS[Category.KILLED],
+                message=how,
+            )
         elif self.smoke_state == "failed":
             self._fail_unrecognised(now, f"the smoke request failed ({self.smoke_detail}); {how}")
         elif event.code is None and self.clf.best_unrecognised() is None:
-            self._finish(State.FAILED, now, category=Category.KILLED, hint=DEFAULT_HINTS[Category.KILLED],
-                         message=f"{how}; no error in its log before it: most likely killed by a signal (SIGKILL, the OOM killer)")
+            self._finish(
+                State.FAILED,
+                now,
+                category=Category.KILLED,
+                hint=DEFAULT_HINTS[Category.KILLED],
+                message=f"{how}; no error in its log before it: most likely killed by a signal (SIGKILL, the OOM killer)",
+            )
         else:
             self._fail_unrecognised(now, f"{how} before the server was ready")
 
@@ -368,14 +390,18 @@ class ReadinessMachine:
                 return
         if now - self.start >= self.timeout_s:
             live = self._live_message(now)
-            self._finish(State.STALLED, now, message=f"timed out after {self.timeout_s:g}s" + (f"; {live}" if live else ""))
+            self._finish(
+                State.STALLED, now, message=f"timed out after {self.timeout_s:g}s" + (f"; {live}" if live else "")
+            )
             return
         if self.queued is not None:
             self.activity_at = now  # pending in a scheduler's queue: the stall clock starts when it runs
         elif self.smoke_state != "sent" and now - self.activity_at >= self.stall_s:
             live = self._live_message(now)
             what = "no log output and no change of the HTTP probe" if self.log_path else "no change of the HTTP probe"
-            self._finish(State.STALLED, now, message=f"stalled: {what} for {self.stall_s:g}s" + (f"; {live}" if live else ""))
+            self._finish(
+                State.STALLED, now, message=f"stalled: {what} for {self.stall_s:g}s" + (f"; {live}" if live else "")
+            )
 
     def _finish(self, state: State, now: float, finding: Finding | None = None, **fields: Any) -> None:
         self.state = state

@@ -27,7 +27,15 @@ except ImportError:  # pragma: no cover
     import sre_constants as _c
     import sre_parse as _p
 
-__all__ = ["required_literals", "may_match", "MIN_LITERAL", "BLOCK_MARKERS", "LAUNCH_MARKER", "spellings", "marker_words"]
+__all__ = [
+    "required_literals",
+    "may_match",
+    "MIN_LITERAL",
+    "BLOCK_MARKERS",
+    "LAUNCH_MARKER",
+    "spellings",
+    "marker_words",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +100,6 @@ def may_match(pattern: re.Pattern[str], lowered: str) -> bool:
     return lits is None or any(lit in lowered for lit in lits)
 
 
-
 # ---- a bytes-level pre-filter for whole files (verify/bounded.py) ------------------------------
 # Words that mark a fatal block in every engine's output: Python's traceback and exception lines,
 # log levels (ERROR), process deaths and the wrappers' words, each in the spellings logs use.
@@ -101,11 +108,45 @@ def may_match(pattern: re.Pattern[str], lowered: str) -> bool:
 # (and the windows around the first fatal block) are then classified. Exact bytes, not
 # case-folded: spellings outside these (e.g. "eRRor") are not markers.
 BLOCK_MARKERS = (
-    "rror", "RROR", "xception", "XCEPTION", "Traceback", "traceback", "TRACEBACK",
-    "Killed", "killed", "KILLED", "fault", "Fault", "FAULT", "abort", "Abort", "ABORT", "ABRT",
-    "fail", "Fail", "FAIL", "fatal", "Fatal", "FATAL", "Dead", "dead", "DEAD", "crash", "Crash", "CRASH",
-    "out of memory", "Out of memory", "OUT OF MEMORY", "not enough", "Not enough", "NOT ENOUGH",
-    "SIGQUIT", "sigquit", "SIGSEGV", "exiting due to",
+    "rror",
+    "RROR",
+    "xception",
+    "XCEPTION",
+    "Traceback",
+    "traceback",
+    "TRACEBACK",
+    "Killed",
+    "killed",
+    "KILLED",
+    "fault",
+    "Fault",
+    "FAULT",
+    "abort",
+    "Abort",
+    "ABORT",
+    "ABRT",
+    "fail",
+    "Fail",
+    "FAIL",
+    "fatal",
+    "Fatal",
+    "FATAL",
+    "Dead",
+    "dead",
+    "DEAD",
+    "crash",
+    "Crash",
+    "CRASH",
+    "out of memory",
+    "Out of memory",
+    "OUT OF MEMORY",
+    "not enough",
+    "Not enough",
+    "NOT ENOUGH",
+    "SIGQUIT",
+    "sigquit",
+    "SIGSEGV",
+    "exiting due to",
 )
 LAUNCH_MARKER = "==== servefleet launch"
 

@@ -117,7 +117,9 @@ class Prober:
             except TransportError as exc:
                 if exc.kind is FailureKind.TIMEOUT:
                     self._drop_ahead()
-                    return ProbeResult(ProbeOutcome.HTTP, None, path, f"no answer to GET {path} within {spec.timeout_s:g}s")
+                    return ProbeResult(
+                        ProbeOutcome.HTTP, None, path, f"no answer to GET {path} within {spec.timeout_s:g}s"
+                    )
                 if exc.kind is FailureKind.PROTOCOL:  # something answers, not in HTTP
                     self._drop_ahead()
                     return ProbeResult(ProbeOutcome.HTTP, None, path, f"GET {path}: {exc.failure.message}")
@@ -216,7 +218,10 @@ class Prober:
                 if holder.pgid == self.pgid:
                     return True, ""
                 seen = f", seen by {holder.evidence}" if holder.evidence else ""
-                return False, f"port {self.port} is held by pid {holder.pid} (process group {holder.pgid}{seen}), not by process group {self.pgid}"
+                return (
+                    False,
+                    f"port {self.port} is held by pid {holder.pid} (process group {holder.pgid}{seen}), not by process group {self.pgid}",
+                )
             # Nobody visible listens (a socket in another namespace, or ours just closed): the
             # served model, when known, decides.
         if self.served_model:
@@ -267,7 +272,9 @@ class Prober:
         path, body = profile.smoke_request(name)
         t0 = time.monotonic()
         try:
-            resp = await self.client.post(self.base_url + path, orjson.dumps(body), headers=_JSON, timeout=Timeout(timeout_s))
+            resp = await self.client.post(
+                self.base_url + path, orjson.dumps(body), headers=_JSON, timeout=Timeout(timeout_s)
+            )
         except TransportError as exc:
             if exc.kind is FailureKind.TIMEOUT:
                 return SmokeResult(False, f"POST {path}: no answer within {timeout_s:g}s")
@@ -293,4 +300,3 @@ class Prober:
         except Exception as exc:  # an info endpoint is a bonus, never a reason to fail a ready server
             log.debug("%s: no capacity from its info endpoints (%s: %s)", self.base_url, type(exc).__name__, exc)
             return Capacity()
-

@@ -78,6 +78,12 @@ def phase_times(marks: list[Mark], ready: Mark | None) -> tuple[list[PhaseTime],
     phases = []
     for i, mark in enumerate(marks):
         took = max(0.0, at[i + 1] - at[i]) if i + 1 < len(points) else None
-        phases.append(PhaseTime(phase=mark.label, line_no=mark.line_no, start_s=round(at[i] - at[0], 3),
-                                took_s=None if took is None else round(took, 3)))
+        phases.append(
+            PhaseTime(
+                phase=mark.label,
+                line_no=mark.line_no,
+                start_s=round(at[i] - at[0], 3),
+                took_s=None if took is None else round(took, 3),
+            )
+        )
     return phases, clock

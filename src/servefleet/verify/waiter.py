@@ -90,8 +90,18 @@ async def wait_for_server(
     # A big log already there (attaching to a long-running server) is caught up on with the same
     # bounded read as `diagnose`, then followed from where that read ended.
     fresh = target.first_line_no is not None
-    caught_up = await read_big_log(HostSource(host, target.log_path), target.engine, start=target.log_offset, bounds=target.log_bounds) if target.log_path and not fresh else None
-    first_line_no = target.first_line_no if target.first_line_no is not None else await _line_number_at(host, target.log_path, target.log_offset)
+    caught_up = (
+        await read_big_log(
+            HostSource(host, target.log_path), target.engine, start=target.log_offset, bounds=target.log_bounds
+        )
+        if target.log_path and not fresh
+        else None
+    )
+    first_line_no = (
+        target.first_line_no
+        if target.first_line_no is not None
+        else await _line_number_at(host, target.log_path, target.log_offset)
+    )
     machine = ReadinessMachine(
         target.engine if target.engine is not None or caught_up is None else caught_up.profile,
         now=clock(),
@@ -115,10 +125,14 @@ async def wait_for_server(
         log.offset = caught_up.end
 
     async with probe_client() as client:
-        prober = Prober(client, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model)
+        prober = Prober(
+            client, target.base_url, host, pgid=target.pgid, port=machine.port, served_model=target.served_model
+        )
         prober.work_ahead(lambda: (machine.engine or EngineProfile(), smoke))
         tasks = [_start(_probe_loop(prober, machine, queue, wake), queue)]
-        follower: asyncio.Task[None] | None = _start(_watch_server(_watch_stream(host, target, log.offset), log, queue), queue)
+        follower: asyncio.Task[None] | None = _start(
+            _watch_server(_watch_stream(host, target, log.offset), log, queue), queue
+        )
         smoke_task: asyncio.Task[None] | None = None
         try:
             try:
@@ -196,7 +210,11 @@ async def _stop(task: asyncio.Task[None]) -> None:
 def _watch_stream(host: Host, target: WaitTarget, offset: int) -> AsyncIterator[WatchItem]:
     """The host's watch stream; the one polled from its primitives where it has none, for a
     process of the user's (``pid``), or with no process to watch (the log alone)."""
-    if isinstance(host, WatchHost) and target.pid is None and (target.pgid is not None or target.status_path is not None):
+    if (
+        isinstance(host, WatchHost)
+        and target.pid is None
+        and (target.pgid is not None or target.status_path is not None)
+    ):
         return host.watch(target.log_path, offset, pgid=target.pgid, status_path=target.status_path)
     return poll_watch(host, target.log_path, offset, pgid=target.pgid, status_path=target.status_path, pid=target.pid)
 
@@ -227,7 +245,9 @@ def _log_item(item: bytes | Truncated, log: _LogState, queue: asyncio.Queue) -> 
     queue.put_nowait(LogLines(tuple(lines)) if lines else LogGrew(log.splitter.pending))
 
 
-def _drain_before_exit(log: _LogState, queue: asyncio.Queue, machine: ReadinessMachine, clock: Callable[[], float]) -> None:
+def _drain_before_exit(
+    log: _LogState, queue: asyncio.Queue, machine: ReadinessMachine, clock: Callable[[], float]
+) -> None:
     """Classify everything the process wrote before it exited (a last line without its newline
     included), then let the exit be applied."""
     held: list[Event | _Crashed] = []
