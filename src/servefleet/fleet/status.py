@@ -1,14 +1,16 @@
 """What each server of a fleet is doing now, from its state record plus a live look: process-group
 liveness, the detach wrapper's exit code, one HTTP probe and the log of the current attempt.
 
+``look`` asks those questions (each only when the answer can change the state) and returns the
+facts as a ``status_decide.Snapshot``; ``status_decide.decide`` (pure) says what they mean.
 Nothing here is kept in memory between calls: any CLI process (a second terminal, a new shell)
 computes the same answer from the files and the server itself.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -23,6 +25,7 @@ from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import owns_group, read_exit_code
 from servefleet.fleet.questions import DIAGNOSE_LIMIT, STALL_TAIL
 from servefleet.fleet.state import ServerState, utcnow
+from servefleet.fleet.status_decide import Liveness, Snapshot, decide
 from servefleet.hosts.capabilities import scheduler_of
 from servefleet.hosts.questions import ask, inner_host, read_tail
 from servefleet.http import HttpClient
@@ -36,30 +39,13 @@ __all__ = [
     "Liveness",
     "ServerStatus",
     "server_status",
+    "look",
     "not_launched",
     "diagnose_attempt",
     "read_tail",
     "DIAGNOSE_LIMIT",
     "STALL_TAIL",
 ]
-
-
-class Liveness(StrEnum):
-    """What a server is doing now, seen from outside in one look (``status``). Three vocabularies,
-    three questions: ``catalog.State`` is the verdict of one start attempt (``wait``'s readiness
-    machine: launching, loading, ready, failed, stalled); ``Liveness`` is the present state of a
-    recorded server (its names shared with State mean the same: ``ready``, ``loading``, ``failed``;
-    the others exist only after a start: unresponsive, hung, dead, stale, not launched);
-    ``generate.health.ServerState`` is a server's place in one job (up, down, gone, stopped)."""
-
-    READY = "ready"  # alive, probe answers, the port is ours
-    LOADING = "loading"  # alive, probe not answering yet, no fatal line
-    FAILED = "failed"  # alive but the log holds a fatal line (e.g. hanging after an error)
-    UNRESPONSIVE = "unresponsive"  # was ready, alive, but the probe no longer answers
-    HUNG = "hung"  # the probe answers, but the engine's own statistics say it stopped generating
-    DEAD = "dead"  # the process group is gone (exit code, or killed)
-    STALE = "stale"  # the recorded pgid now belongs to an unrelated process
-    NOT_LAUNCHED = "not launched"
 
 
 class ServerStatus(BaseModel):
@@ -141,25 +127,32 @@ async def server_status(
     in_fleet: bool = True,
     spec_changed: bool = False,
 ) -> ServerStatus:
-    """Compute one server's status from its record and a live look at it."""
-    host = binding.host
+    """Compute one server's status from its record and a live look at it (``look``), decided by
+    ``status_decide.decide``."""
     try:
         profile: EngineProfile | None = get_engine(record.engine)
     except EngineError:
         profile = None
-    base_url = await host.url_for(record.port, record.bind)
+    base_url = await binding.host.url_for(record.port, record.bind)
     now = utcnow()
-    last = record.last_verdict or {}
-    capacity = Capacity(**last["capacity"]) if last.get("capacity") else Capacity()
-    status = ServerStatus(
+    snap = await look(record, binding, client, profile, base_url)
+    decision = decide(snap)
+    return ServerStatus(
         name=record.name,
         engine=record.engine,
         host=record.host,
         port=record.port,
         pid=record.pgid,
-        state=Liveness.LOADING,
+        state=decision.state,
+        detail=decision.detail,
+        exit_code=decision.exit_code,
+        category=decision.category,
         launched_at=record.launched_at,
-        capacity=capacity,
+        uptime_s=round((now - record.launched_at).total_seconds(), 1) if snap.owned else None,
+        time_to_ready_s=(
+            round((record.ready_at - record.launched_at).total_seconds(), 3) if record.ready_at is not None else None
+        ),
+        capacity=decision.capacity,
         base_url=base_url,
         log_path=record.log_path,
         served_model=record.served_model,
@@ -167,36 +160,33 @@ async def server_status(
         in_fleet=in_fleet,
         spec_changed=spec_changed,
     )
-    if record.ready_at is not None:
-        status.time_to_ready_s = round((record.ready_at - record.launched_at).total_seconds(), 3)
 
+
+async def look(
+    record: ServerState, binding: HostBinding, client: HttpClient, profile: EngineProfile | None, base_url: str
+) -> Snapshot:
+    """One look at a recorded server: each fact asked only when ``decide`` needs it (a dead server is
+    not probed, a serving one's log is read only for its statistics, a stale group nothing more)."""
+    host = binding.host
+    last = record.last_verdict or {}
+    gone = Snapshot(  # what the record says, with the group gone; each fact found is replaced into it
+        name=record.name,
+        pgid=record.pgid,
+        owned=False,
+        recorded_capacity=Capacity(**last["capacity"]) if last.get("capacity") else Capacity(),
+        last_state=last.get("state"),
+        last_category=last.get("category"),
+        after_failure=record.after_failure,
+    )
+    scheduler = scheduler_of(host)  # a scheduler's host (Slurm): how a job ended, or that it still waits
     if not await owns_group(binding, record):
         if await ask(host, questions.alive(record)):
-            status.state = Liveness.STALE
-            status.detail = f"pgid {record.pgid} now belongs to another process; run `servefleet down {record.name}`"
-            return status
-        status.state = Liveness.DEAD
-        status.exit_code = await read_exit_code(binding, record)
+            return replace(gone, alive=True)
+        exit_code = await read_exit_code(binding, record)
         verdict = await diagnose_attempt(binding, record, profile)
-        status.category = verdict.category.value if verdict.category else None
-        if status.exit_code is None:
-            status.detail = "killed (no exit code recorded: the whole group got SIGKILL)"
-            status.category = status.category or "killed"
-        else:
-            status.detail = f"exit code {status.exit_code}"
-        if status.category:
-            status.detail += f", {status.category}"
-        if verdict.evidence is not None:
-            status.detail += f": {verdict.evidence.text.strip()[:120]}"
-        scheduler = scheduler_of(host)  # a scheduler's host (Slurm): how the job ended
-        if scheduler is not None and (how := await scheduler.ended(record.pgid)):
-            status.detail += f"; {how}"
-        if record.after_failure == "stopped":  # `up` stopped it: its verdict says why, the log may not
-            status.category = status.category or last.get("category")
-            status.detail = f"stopped by `up` after it failed ({status.category or 'other'}); " + status.detail
-        return status
+        ended = await scheduler.ended(record.pgid) if scheduler is not None else None
+        return replace(gone, alive=False, exit_code=exit_code, log=verdict, ended=ended or None)
 
-    status.uptime_s = round((now - record.launched_at).total_seconds(), 1)
     probe = (
         Probe(tuple(record.probe_paths)) if record.probe_paths else (profile.probe if profile else Probe(("/health",)))
     )
@@ -205,32 +195,15 @@ async def server_status(
     try:
         result = await prober.probe_once(probe)
         if result.outcome is ProbeOutcome.OK:
-            status.state = Liveness.READY
-            if profile is not None:  # a nicety here (empty on failure): readiness was proven above
-                status.capacity = (await prober.capacity(profile, timeout_s=3.0)).merge(status.capacity)
-                if stall := await serving_stall(binding, record, profile):
-                    status.state = Liveness.HUNG
-                    status.detail = f"{stall}; `servefleet restart {record.name}`"
-            return status
+            if profile is None:  # capacity is a nicety here (empty on failure): readiness was proven above
+                return replace(gone, owned=True, probe=result)
+            served = await prober.capacity(profile, timeout_s=3.0)
+            stall = await serving_stall(binding, record, profile)
+            return replace(gone, owned=True, probe=result, served_capacity=served, stall=stall)
     finally:
         await prober.close()
-    if result.outcome is ProbeOutcome.WRONG_IDENTITY:
-        status.detail = result.detail
-    if last.get("state") == State.READY.value:
-        status.state = Liveness.UNRESPONSIVE
-        status.detail = status.detail or "was ready; the probe no longer answers"
-        return status
-    scheduler = scheduler_of(host)  # a scheduler's host (Slurm): a job still waiting to run
+    if last.get("state") == State.READY.value:  # unresponsive: nothing more to ask
+        return replace(gone, owned=True, probe=result)
     if scheduler is not None and (note := await scheduler.queued(record.pgid)):
-        status.detail = note
-        return status
-    verdict = await diagnose_attempt(binding, record, profile)
-    if verdict.state == State.FAILED:
-        status.state = Liveness.FAILED
-        status.category = verdict.category.value if verdict.category else None
-        ev = f": {verdict.evidence.text.strip()[:120]}" if verdict.evidence else ""
-        status.detail = f"{status.category or 'failed'}{ev} (process still alive)"
-    else:
-        status.detail = status.detail or verdict.progress or verdict.message
-    status.capacity = verdict.capacity.merge(status.capacity) if verdict.capacity else status.capacity
-    return status
+        return replace(gone, owned=True, probe=result, queued=note)
+    return replace(gone, owned=True, probe=result, log=await diagnose_attempt(binding, record, profile))
