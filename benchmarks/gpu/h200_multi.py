@@ -27,7 +27,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from h200_exec import T0
 from h200_layout import _engine_defaults, _render, _sim_timing, free_port
 from h200_run2 import _job, _plan, _recovery, _up, _words_for, check_summary
 from h200_stages import Ctx, _bench_common, read_json, write_json
@@ -345,9 +344,9 @@ def stage_multi_scale(ctx: Ctx) -> dict:
         if not set(names) <= set(ready):
             out["jobs"][str(k)] = {"skipped": f"not all of {names} ready (ready: {ready})"}
             continue
-        left = st.budget_s - (time.monotonic() - T0) if st.budget_s else None
         need = _job_estimate(ctx, st.multi_prompts_per_gpu) + 30
-        if left is not None and left < need + 60:  # 60 s: summary and collect (multi-a leaves the servers up)
+        left = ctx.short_of(need + 60)  # 60 s: summary and collect (multi-a leaves the servers up)
+        if left is not None:
             out["jobs"][str(k)] = {"skipped": f"budget: {left:.0f} s left, ~{need:.0f} s needed"}
             continue
         fleet = _fleet(ctx, k)

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from h200_exec import T0
 from h200_generate import count_answers, wait_until_sending
 from h200_layout import JOB_OUTPUT_TOKENS, JOB_PROMPTS, PLAN_GPUS, fleet_toml, whole_toml
 from h200_stages import (
@@ -492,7 +491,7 @@ def stage_ab_stream_shared(ctx: Ctx) -> dict:
 def _ab_stream(
     ctx: Ctx, fleet: Path, server: str, stem: str, levels: list[int], requests_at: Callable[[int], int]
 ) -> dict:
-    lay, st, run = ctx.layout, ctx.settings, ctx.runner
+    lay, run = ctx.layout, ctx.runner
     out: dict = {"server": server, "points": []}
     if server not in _ready(ctx, fleet):
         out["skipped"] = f"the {server} server is not ready"
@@ -503,8 +502,8 @@ def _ab_stream(
     for c in levels:
         n = requests_at(c)
         point: dict = {"concurrency": c, "requests": n}
-        left = st.budget_s - (time.monotonic() - T0) if st.budget_s else None
-        if left is not None and left < AB2_LEVEL_S + 30:
+        left = ctx.short_of(AB2_LEVEL_S + 30)
+        if left is not None:
             point["skipped"] = f"budget: {left:.0f} s left"
             out["points"].append(point)
             continue

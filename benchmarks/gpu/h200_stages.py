@@ -27,6 +27,7 @@ from h200_layout import (
     servefleet_argv,
     vllm_bench_argv,
 )
+from stages import seconds_left, short_of
 
 __all__ = [
     "Ctx",
@@ -55,9 +56,12 @@ class Ctx:
 
     def cap(self, seconds: float, reserve: float = 60.0) -> float:
         """``seconds``, shortened so that the budget (if any) keeps ``reserve`` s for down and collect."""
-        if not self.settings.budget_s:
-            return seconds
-        return max(30.0, min(seconds, self.settings.budget_s - (time.monotonic() - T0) - reserve))
+        left = seconds_left(self.settings.budget_s, T0)
+        return seconds if left is None else max(30.0, min(seconds, left - reserve))
+
+    def short_of(self, need_s: float) -> float | None:
+        """The seconds left of the driver's budget when fewer than ``need_s`` are, else None."""
+        return short_of(self.settings.budget_s, T0, need_s)
 
 
 def write_json(path: Path, data: object) -> None:
@@ -388,8 +392,8 @@ def stage_vllm_bench(ctx: Ctx) -> dict:
     for c in st.vllm_levels():  # in the order given: the first is the one that matters most
         prompts = max(c * st.vllm_bench_waves, 16 if lay.rehearse else 256)
         point: dict = {"concurrency": c, "requests": prompts}
-        left = st.budget_s - (time.monotonic() - T0) if st.budget_s else None
-        if left is not None and left < AB_LEVEL_S:
+        left = ctx.short_of(AB_LEVEL_S)
+        if left is not None:
             point["skipped"] = f"budget: {left:.0f} s left, ~{AB_LEVEL_S:.0f} s needed"
             run.say(f"  A/B at concurrency {c}: skipped ({point['skipped']})")
             out["points"].append(point)
