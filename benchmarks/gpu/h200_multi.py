@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from h200_layout import _engine_defaults, _render, _sim_timing, free_port
-from h200_run2 import _job, _plan, _recovery, _up, _words_for, check_summary
-from h200_stages import Ctx, _bench_common, read_json, write_json
+from h200_run2 import _job, _plan, _ready, _recovery, _up, _words_for, check_summary
+from h200_stages import Ctx, _bench_common, down_stage, read_json, write_json
 
 __all__ = [
     "STAGES_MULTI",
@@ -177,18 +177,6 @@ def _n(ctx: Ctx) -> int:
     except (OSError, subprocess.TimeoutExpired):
         smi = []
     return max(1, visible_gpus(dict(os.environ), smi))
-
-
-def _ready(ctx: Ctx, fleet: Path) -> list[str]:
-    if not fleet.exists():
-        return []
-    doc = (
-        ctx.runner.run(
-            f"status-{fleet.stem}", ctx.sf("status", "--fleet", str(fleet), "--json"), timeout=120, quiet=True
-        ).json()
-        or {}
-    )
-    return [s["name"] for s in doc.get("servers", []) if s.get("state") == "ready"]
 
 
 def _res(ctx: Ctx, name: str) -> Path:
@@ -430,16 +418,7 @@ def stage_multi_fault(ctx: Ctx) -> dict:
 
 
 def stage_multi_down(ctx: Ctx) -> dict:
-    out = {}
-    if _fleet(ctx).exists():
-        out = (
-            ctx.runner.run(
-                "multi-down", ctx.sf("down", "--fleet", str(_fleet(ctx)), "--grace", "10", "--json"), timeout=180
-            ).json()
-            or {}
-        )
-    write_json(_res(ctx, "down.json"), out)
-    return out
+    return down_stage(ctx, "multi-down", _fleet(ctx), _res(ctx, "down.json"))
 
 
 # ---- multi-tp -----------------------------------------------------------------------------------------
@@ -503,16 +482,7 @@ def stage_tp_generate(ctx: Ctx) -> dict:
 
 
 def stage_tp_down(ctx: Ctx) -> dict:
-    out = {}
-    if _tp_fleet(ctx).exists():
-        out = (
-            ctx.runner.run(
-                "tp-down", ctx.sf("down", "--fleet", str(_tp_fleet(ctx)), "--grace", "10", "--json"), timeout=180
-            ).json()
-            or {}
-        )
-    write_json(_res(ctx, "tp_down.json"), out)
-    return out
+    return down_stage(ctx, "tp-down", _tp_fleet(ctx), _res(ctx, "tp_down.json"))
 
 
 # ---- the results in one file -----------------------------------------------------------------------

@@ -33,6 +33,8 @@ from h200_stages import (
     _keep_ready_logs,
     _server_log_facts,
     ab_point,
+    down,
+    down_stage,
     read_json,
     write_json,
 )
@@ -271,11 +273,7 @@ def _event_text(e: object) -> str:
 # ---- run2a ------------------------------------------------------------------------------------------
 def stage_up_whole(ctx: Ctx) -> dict:
     lay = ctx.layout
-    for other in (lay.main_fleet,):  # the whole GPU: the shared servers go down first
-        if other.exists():
-            ctx.runner.run(
-                "down-shared-first", ctx.sf("down", "--fleet", str(other), "--grace", "10", "--json"), timeout=180
-            )
+    down(ctx, "down-shared-first", lay.main_fleet)  # the whole GPU: the shared servers go down first
     out = _up(ctx, lay.whole_fleet, whole_toml(lay, ctx.settings), "up-whole")
     write_json(lay.results / "up_whole.json", out)
     return out
@@ -516,17 +514,7 @@ def _ab_stream(
 
 
 def stage_down_whole(ctx: Ctx) -> dict:
-    lay = ctx.layout
-    out = {}
-    if lay.whole_fleet.exists():
-        out = (
-            ctx.runner.run(
-                "down-whole", ctx.sf("down", "--fleet", str(lay.whole_fleet), "--grace", "10", "--json"), timeout=180
-            ).json()
-            or {}
-        )
-    write_json(lay.results / "down_whole.json", out)
-    return out
+    return down_stage(ctx, "down-whole", ctx.layout.whole_fleet, ctx.layout.results / "down_whole.json")
 
 
 # ---- run2b ------------------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ __all__ = [
     "stage_vllm_bench",
     "stage_plan",
     "stage_down",
+    "down",
+    "down_stage",
     "write_json",
     "read_json",
 ]
@@ -539,9 +541,25 @@ def stage_plan(ctx: Ctx) -> dict:
 
 
 # ---- down -------------------------------------------------------------------------------------------
+def down(ctx: Ctx, name: str, fleet: Path) -> object | None:
+    """``servefleet down`` of ``fleet`` (10 s grace), as the command ``name``, if its file was written;
+    what it printed as JSON (None: not written, or no JSON)."""
+    if not fleet.exists():
+        return None
+    return ctx.runner.run(name, ctx.sf("down", "--fleet", str(fleet), "--grace", "10", "--json"), timeout=180).json()
+
+
+def down_stage(ctx: Ctx, name: str, fleet: Path, result: Path) -> dict:
+    """A stage that downs one fleet: its JSON (``{}`` when the fleet was never written) kept in ``result``."""
+    doc = down(ctx, name, fleet)
+    out = doc if isinstance(doc, dict) else {}  # servefleet down --json prints an object
+    write_json(result, out)
+    return out
+
+
 def stage_down(ctx: Ctx) -> dict:
     """Stop every fleet this run started and keep the servers' logs in results/logs/."""
-    lay, run = ctx.layout, ctx.runner
+    lay = ctx.layout
     out: dict = {}
     for name, path in (
         ("main", lay.main_fleet),
@@ -550,8 +568,7 @@ def stage_down(ctx: Ctx) -> dict:
         ("portheld", lay.port_fleet),
     ):
         if path.exists():
-            res = run.run(f"down-{name}", ctx.sf("down", "--fleet", str(path), "--grace", "10", "--json"), timeout=180)
-            out[name] = res.json()
+            out[name] = down(ctx, f"down-{name}", path)
     logs = lay.results / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     for log in lay.path("state").glob("*/logs/*.log"):
