@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,7 @@ sys.path.insert(0, str(GPU))
 
 import h200_multi  # noqa: E402 - after the sys.path.insert above
 import h200_run2  # noqa: E402 - after the sys.path.insert above
-from h200_exec import T0, Result  # noqa: E402 - after the sys.path.insert above
+from h200_exec import T0, Result, answers_health  # noqa: E402 - after the sys.path.insert above
 from h200_generate import stage_generate  # noqa: E402 - after the sys.path.insert above
 from h200_layout import PORT_NAMES, Layout, Settings  # noqa: E402 - after the sys.path.insert above
 from h200_stages import Ctx, stage_vllm_bench  # noqa: E402 - after the sys.path.insert above
@@ -237,6 +238,34 @@ class _Health(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *_args: object) -> None:
         pass
+
+
+def test_answers_health_is_a_200_and_nothing_else(tmp_path: Path) -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert answers_health(url) is True
+        assert answers_health(url + "/missing") is False  # 404 on .../missing/health
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answers_health(url) is False  # refused
+    # a server starting up that answers with no HTTP status line: a no, not an exception
+    with socket.socket() as lsock:
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(1)
+
+        def garble() -> None:
+            conn, _ = lsock.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HELLO\r\n\r\n")
+
+        t = threading.Thread(target=garble)
+        t.start()
+        assert answers_health(f"http://127.0.0.1:{lsock.getsockname()[1]}") is False
+        t.join(timeout=10)
 
 
 @pytest.mark.parametrize("hold", [False, True])

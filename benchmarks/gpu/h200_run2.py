@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from h200_generate import count_answers, wait_until_sending
+from h200_exec import answers_health
+from h200_generate import count_answers, generate_argv, wait_until_sending
 from h200_layout import JOB_OUTPUT_TOKENS, JOB_PROMPTS, PLAN_GPUS, fleet_toml, whole_toml
 from h200_stages import (
     Ctx,
@@ -212,25 +213,8 @@ def _job(
     src, dest = gen / "prompts.jsonl", gen / f"out-{int(time.time())}"
     same_workload_prompts(src, prompts, st.output_len, words)
     target = ["--url", fleet] if isinstance(fleet, str) else ["--fleet", str(fleet)]
-    argv = ctx.sf(
-        "generate",
-        "--input",
-        str(src),
-        "--output",
-        str(dest),
-        *target,
-        "--completions",
-        "--temperature",
-        "0",
-        "--format",
-        "jsonl",
-        "--shard-rows",
-        "1000",
-        *extra,
-        "--json",
-    )
-    if bench is not None and bench.exists():
-        argv[-1:-1] = ["--bench", str(bench)]
+    with_bench = ["--bench", str(bench)] if bench is not None and bench.exists() else []
+    argv = generate_argv(ctx.sf(), src, dest, target, [*extra, *with_bench])
     out: dict = {
         "prompts": prompts,
         "words_per_prompt": words,
@@ -687,16 +671,6 @@ def stage_hang(ctx: Ctx) -> dict:
     return out
 
 
-def _answers_health(url: str, timeout: float = 2.0) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
 def stage_faults(ctx: Ctx) -> dict:
     """Both faults in ONE job over the shared fleet (it saves a job's worth of device time): ngram's
     process group SIGKILLed kill_after s in; once ngram answers /health again (restarted by the
@@ -725,7 +699,7 @@ def stage_faults(ctx: Ctx) -> dict:
         run.say(f"  faults: SIGKILL to ngram's process group {pgid}")
         deadline = time.monotonic() + st.generate_timeout
         time.sleep(2.0)
-        while time.monotonic() < deadline and job_alive() and not _answers_health(lay.url("ngram")):
+        while time.monotonic() < deadline and job_alive() and not answers_health(lay.url("ngram")):
             time.sleep(1.0)
         done["ngram_answers_health_at_s"] = round(time.monotonic() - t_job, 1)
         if not job_alive():
