@@ -77,21 +77,9 @@ def make_ctx(tmp_path: Path, ready: tuple[str, ...] = (), rehearse: bool = False
 
 
 def _generate_tail(prompts: Path, dest: str, target: list[str]) -> list[str]:
-    return [
-        "generate",
-        "--input",
-        str(prompts),
-        "--output",
-        dest,
-        *target,
-        "--completions",
-        "--temperature",
-        "0",
-        "--format",
-        "jsonl",
-        "--shard-rows",
-        "1000",
-    ]
+    """What every driver's generate job runs: completions, greedy, JSONL shards of 1,000 rows."""
+    head = ["generate", "--input", str(prompts), "--output", dest, *target]
+    return head + "--completions --temperature 0 --format jsonl --shard-rows 1000".split()
 
 
 # ---- generate command lines -------------------------------------------------------------------------

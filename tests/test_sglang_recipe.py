@@ -97,7 +97,7 @@ def test_driver_fleet_files_load_with_servefleet(tmp_path: Path) -> None:
     """The main and failure fleets sglang_h200.sh writes, rendered by its own shell functions."""
     script = (GPU / "sglang_h200.sh").read_text()
     functions = []
-    for name in ("fleet_header", "args_line", "fleet_main", "fleet_fail"):
+    for name in ("fleet_header", "args_line", "server_toml", "fleet_main", "fleet_fail"):
         start = script.index(f"{name}() {{")
         line_end = script.index("\n", start)
         one_line = script[start:line_end].rstrip().endswith("}")

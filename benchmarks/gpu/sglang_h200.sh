@@ -150,49 +150,27 @@ T
 }
 # args_line ARG...: a server's args line, BASE's flags first
 args_line() { local a; a=$(printf '"%s", ' "${BASE[@]}" "$@"); echo "args = [${a%, }]"; }
+# server_toml NAME PORT ARG...: a [[servers]] table (SERVER_MODEL: a model of its own)
+server_toml() {
+  printf '\n[[servers]]\nname = "%s"\nport = %s\n' "$1" "$2"
+  [ -z "${SERVER_MODEL:-}" ] || echo "model = \"$SERVER_MODEL\""
+  shift 2; args_line "$@"
+}
 
 fleet_main() {
   { fleet_header sgmain main 400 240
-    cat <<T
-
-[[servers]]
-name = "plain"
-port = 31000
-$(args_line --mem-fraction-static 0.40 --max-running-requests 256)
-
-[[servers]]
-name = "ngram"
-port = 32000
-$(args_line --mem-fraction-static 0.70 --max-running-requests 128 --speculative-algorithm NGRAM --speculative-num-draft-tokens 8)
-T
+    server_toml plain 31000 --mem-fraction-static 0.40 --max-running-requests 256
+    server_toml ngram 32000 --mem-fraction-static 0.70 --max-running-requests 128 --speculative-algorithm NGRAM \
+      --speculative-num-draft-tokens 8
   } > $W/fleet-main.toml
 }
 
 fleet_fail() {
   { fleet_header sgfail fail 240 200
-    cat <<T
-
-[[servers]]
-name = "lowmem"
-port = 33000
-$(args_line --mem-fraction-static 0.001 --disable-cuda-graph)
-
-[[servers]]
-name = "missing"
-port = 34000
-model = "$W/no-such-model"
-$(args_line --mem-fraction-static 0.05 --disable-cuda-graph)
-
-[[servers]]
-name = "badarg"
-port = 35000
-$(args_line --mem-fraction-static abc)
-
-[[servers]]
-name = "sigkill"
-port = 36000
-$(args_line --mem-fraction-static 0.05 --disable-cuda-graph)
-T
+    server_toml lowmem 33000 --mem-fraction-static 0.001 --disable-cuda-graph
+    SERVER_MODEL=$W/no-such-model server_toml missing 34000 --mem-fraction-static 0.05 --disable-cuda-graph
+    server_toml badarg 35000 --mem-fraction-static abc
+    server_toml sigkill 36000 --mem-fraction-static 0.05 --disable-cuda-graph
   } > $W/fleet-fail.toml
 }
 
