@@ -344,3 +344,60 @@ def test_sglang_generate_kills_the_server_counts_the_ids_and_interrupts_at_the_d
         in proc.stdout
     )
     assert "  event: ngram: back in service at http://x" in proc.stdout
+
+
+# ---- the hang fault ---------------------------------------------------------------------------------
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2]
+
+
+def _group(depth: int) -> tuple[subprocess.Popen, int]:
+    """A process group shaped like a server's: a leader, its child (the API server) and, at depth 3,
+    that one's child (vLLM's engine core; the sim has none). Returns the leader and the deepest
+    process, once it runs ``sleep``."""
+    inner = 'bash -c "sleep 60; true" & wait' if depth == 3 else "sleep 60 & wait"
+    leader = subprocess.Popen(["bash", "-c", inner], start_new_session=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        table = h200_run2._proc_table()
+        api = [p for p, row in table.items() if row[0] == leader.pid]
+        deepest = [p for p, row in table.items() if row[0] == api[0]] if api and depth == 3 else api
+        if deepest and table.get(deepest[0], (0, 0, ""))[2] == "sleep":
+            return leader, deepest[0]
+        time.sleep(0.05)
+    raise AssertionError("the group did not start")
+
+
+def _wait_state(pid: int, stopped: bool) -> bool:
+    deadline = time.monotonic() + 10
+    while (_state(pid) == "T") != stopped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return (_state(pid) == "T") == stopped
+
+
+@pytest.mark.parametrize(
+    ("depth", "rehearse", "found_by"),
+    [
+        (3, False, "child of the API server"),
+        (2, True, "rehearsal: the sim's own process (it has no engine core)"),
+        (2, False, "no child process"),
+    ],
+)
+def test_the_hang_fault_stops_the_engine_core_and_resume_lets_it_go(
+    tmp_path: Path, depth: int, rehearse: bool, found_by: str
+) -> None:
+    leader, target = _group(depth)
+    try:
+        ctx = make_ctx(tmp_path, rehearse=rehearse)
+        stopped: list[int] = []
+        pids, how = h200_run2._stop_engine_core(ctx, leader.pid, stopped)
+        expected = [] if found_by == "no child process" else [target]
+        assert (pids, how, stopped) == (expected, found_by, expected)
+        assert _wait_state(target, stopped=bool(expected))
+        h200_run2._resume(stopped)
+        assert _wait_state(target, stopped=False)
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()
+    h200_run2._resume([target])  # gone by now: nothing to resume, no error

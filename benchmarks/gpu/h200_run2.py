@@ -572,6 +572,27 @@ def _pgid(ctx: Ctx, server: str) -> int | None:
     return int(record["pgid"]) if record.get("pgid") else None
 
 
+def _stop_engine_core(ctx: Ctx, pgid: int, stopped: list[int]) -> tuple[list[int], str]:
+    """SIGSTOP the EngineCore of the server whose process group is ``pgid`` (the rehearsal's sim has
+    none: its own process); the pids stopped join ``stopped``, and how they were found is returned."""
+    pids, how = engine_core_pids(pgid)
+    if not pids and ctx.layout.rehearse:
+        pids, how = api_server_pids(pgid), "rehearsal: the sim's own process (it has no engine core)"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+    return pids, how
+
+
+def _resume(stopped: list[int]) -> None:
+    """SIGCONT what is left of ``stopped`` (a restart that failed leaves it): down's signals must reach it."""
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def stage_generate_kill(ctx: Ctx) -> dict:
     """generate over both shared servers; ngram's whole process group SIGKILLed kill_after s in."""
     lay, st = ctx.layout, ctx.settings
@@ -631,12 +652,7 @@ def stage_hang(ctx: Ctx) -> dict:
             pgid = _pgid(ctx, "plain")
             if not pgid:
                 return {"error": "no process group in plain's record"}
-            pids, how = engine_core_pids(pgid)
-            if not pids and lay.rehearse:
-                pids, how = api_server_pids(pgid), "rehearsal: the sim's own process (it has no engine core)"
-            for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
+            pids, how = _stop_engine_core(ctx, pgid, stopped)
             return {
                 "signal": "SIGSTOP",
                 "server": "plain",
@@ -662,11 +678,7 @@ def stage_hang(ctx: Ctx) -> dict:
             f"  hang: {out['status']}, detected as hang {out['detected_as_hang']}, "
             f"back in service {out['back_in_service']}, exactly once {out['exactly_once']}"
         )
-    for pid in stopped:  # a stopped process left over (restart failed): let down's signals reach it
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    _resume(stopped)
     write_json(lay.results / "hang.json", out)
     return out
 
@@ -707,12 +719,7 @@ def stage_faults(ctx: Ctx) -> dict:
             return done
         time.sleep(st.hang_gap)  # let the job put ngram back in service first
         pgid = _pgid(ctx, "plain")
-        pids, how = engine_core_pids(pgid) if pgid else ([], "no record")
-        if not pids and lay.rehearse and pgid:
-            pids, how = api_server_pids(pgid), "rehearsal: the sim's own process (it has no engine core)"
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
+        pids, how = _stop_engine_core(ctx, pgid, stopped) if pgid else ([], "no record")
         done["stop"] = {
             "signal": "SIGSTOP",
             "server": "plain",
@@ -748,11 +755,7 @@ def stage_faults(ctx: Ctx) -> dict:
         f"  faults: {out['status']}, exactly once {out['exactly_once']}; ngram back {out['ngram']['back_in_service']}; "
         f"plain hang detected {out['hang_detected']}, back {out['plain']['back_in_service']}"
     )
-    for pid in stopped:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    _resume(stopped)
     write_json(lay.results / "faults.json", out)
     return out
 
