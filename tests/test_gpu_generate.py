@@ -60,7 +60,9 @@ def test_sglang_generate_imports_the_shared_helpers_in_its_run_folder(tmp_path: 
     code = (
         "import sglang_generate, h200_generate; "
         "assert sglang_generate.count_answers is h200_generate.count_answers; "
-        "assert sglang_generate.write_prompts is h200_generate.write_prompts; print('ok')"
+        "assert sglang_generate.write_prompts is h200_generate.write_prompts; "
+        "assert sglang_generate.generate_argv is h200_generate.generate_argv; "
+        "import h200_exec; assert sglang_generate.answers_health is h200_exec.answers_health; print('ok')"
     )
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([sys.executable, "-c", code], cwd=run, env=clean, capture_output=True, text=True, timeout=60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "benchmarks" / "gpu"
 sys.path.insert(0, str(GPU))
 
-from stages import Blocked, Stage, main, run_stages  # noqa: E402 - after the sys.path.insert above
+from stages import Blocked, Stage, main, run_stages, seconds_left, short_of  # noqa: E402 - after the sys.path.insert above
 
 
 def _record(ran: list[str], name: str, result: object = None):  # type: ignore[no-untyped-def]
@@ -63,6 +64,17 @@ def test_past_the_budget_only_the_always_stages_run() -> None:
     )
     assert ran == ["up", "down"] and not failed
     assert {t["stage"]: t["status"] for t in timings} == {"up": "ok", "bench": "skipped (budget)", "down": "ok"}
+
+
+def test_what_is_left_of_the_budget_and_when_a_step_is_short_of_it() -> None:
+    t0 = time.monotonic() - 10.0
+    left = seconds_left(100.0, t0)
+    assert left is not None and 85.0 < left <= 90.0
+    assert seconds_left(None, t0) is None and seconds_left(0.0, t0) is None  # no budget
+    assert short_of(100.0, t0, 50.0) is None  # 90 left, 50 needed
+    short = short_of(100.0, t0, 95.0)
+    assert short is not None and 85.0 < short <= 90.0
+    assert short_of(None, t0, 1e9) is None
 
 
 def test_a_blocked_stage_skips_what_needs_it_and_fails_the_run() -> None:

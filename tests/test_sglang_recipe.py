@@ -97,17 +97,17 @@ def test_driver_fleet_files_load_with_servefleet(tmp_path: Path) -> None:
     """The main and failure fleets sglang_h200.sh writes, rendered by its own shell functions."""
     script = (GPU / "sglang_h200.sh").read_text()
     functions = []
-    for name in ("fleet_main",):
+    for name in ("fleet_header", "args_line", "server_toml", "fleet_main", "fleet_fail"):
         start = script.index(f"{name}() {{")
-        functions.append(script[start : script.index("\n}\n", start) + 3])
-    failures = script[script.index("stage_failures() {") :]
-    failures_toml = failures[failures.index("  cat > $W/fleet-fail.toml <<T") : failures.index("\nT\n") + 3]
+        line_end = script.index("\n", start)
+        one_line = script[start:line_end].rstrip().endswith("}")
+        functions.append(script[start : line_end + 1 if one_line else script.index("\n}\n", start) + 3])
     prelude = textwrap.dedent(f"""
         W={tmp_path}; MODEL=$W/model; NAME=sf-realistic; P=python3; PYTHONPATH=/a:/b; STANDIN_MODULES=IPython=9.0.0
         BASE=(--attention-backend triton --sampling-backend pytorch --context-length 4096 --log-level info)
         """)
     subprocess.run(
-        ["bash", "-c", prelude + "\n".join(functions) + "\nfleet_main\n" + failures_toml], check=True, timeout=30
+        ["bash", "-c", prelude + "\n".join(functions) + "\nfleet_main\nfleet_fail\n"], check=True, timeout=30
     )
     main = Fleet.load(tmp_path / "fleet-main.toml")
     plain, ngram = (main.spec.server(n) for n in ("plain", "ngram"))
@@ -115,9 +115,22 @@ def test_driver_fleet_files_load_with_servefleet(tmp_path: Path) -> None:
     assert list(ngram.args[:4]) == ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
     assert "NGRAM" in ngram.args and "NGRAM" not in plain.args
     assert plain.env["SGLANG_IS_FLASHINFER_AVAILABLE"] == "false"
+    assert list(plain.args) == [
+        *("--attention-backend", "triton", "--sampling-backend", "pytorch", "--context-length", "4096"),
+        *("--log-level", "info", "--mem-fraction-static", "0.40", "--max-running-requests", "256"),
+    ]
+    assert (main.spec.name, main.spec.timeout, main.spec.stall, main.spec.smoke) == ("sgmain", 400, 240, True)
+    assert main.spec.state_dir == tmp_path / "state" / "main" and tuple(plain.gpus) == tuple(ngram.gpus) == (0,)
     fail = Fleet.load(tmp_path / "fleet-fail.toml")
     assert {s.name for s in fail.spec.servers} == {"lowmem", "missing", "badarg", "sigkill"}
     assert fail.spec.server("missing").model.endswith("no-such-model")
+    assert (fail.spec.name, fail.spec.timeout, fail.spec.stall, fail.spec.state_dir) == (
+        "sgfail",
+        240,
+        200,
+        tmp_path / "state" / "fail",
+    )
+    assert list(fail.spec.server("badarg").args[-2:]) == ["--mem-fraction-static", "abc"]
 
 
 def test_recipe_scripts_parse() -> None:

@@ -7,15 +7,17 @@ each line with it, so the device reply's output tail shows where the time went.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import shlex
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Runner", "Result", "wait_for_line"]
+__all__ = ["Runner", "Result", "wait_for_line", "answers_health"]
 
 T0 = time.monotonic()
 
@@ -182,3 +184,13 @@ def wait_for_line(
             return None
         time.sleep(poll)
     return None
+
+
+def answers_health(url: str, timeout: float = 2.0) -> bool:
+    """Whether the server at ``url`` answers ``GET /health`` with 200 (a server going down or coming
+    up may refuse, reset or cut the answer short: each is a no)."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (OSError, http.client.HTTPException):
+        return False

@@ -15,12 +15,13 @@ import random
 import signal
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from h200_exec import Started
 from h200_stages import Ctx, read_json, ready_servers, write_json
 
-__all__ = ["stage_generate", "write_prompts", "count_answers", "wait_until_sending"]
+__all__ = ["stage_generate", "generate_argv", "write_prompts", "count_answers", "wait_until_sending"]
 
 PROGRESS_FILE = "progress.json"  # what a running generate job writes beside its shards (servefleet.generate.recorder)
 
@@ -28,6 +29,30 @@ WORDS = (
     "the server model token batch cache graph kernel memory request prompt answer fleet stage "
     "queue shard retry engine decode prefill latency throughput speculative draft accept"
 ).split()
+
+
+def generate_argv(sf: list[str], prompts: Path, dest: Path, target: list[str], extra: Sequence[str] = ()) -> list[str]:
+    """``servefleet generate`` (``sf``: how servefleet is run) of ``prompts`` into ``dest`` over ``target``
+    (``--fleet F`` or ``--url U``): completions, greedy, JSONL shards of 1,000 rows (so the ids can be
+    counted with the standard library), ``extra`` options, ``--json`` last (the report is read)."""
+    return [
+        *sf,
+        "generate",
+        "--input",
+        str(prompts),
+        "--output",
+        str(dest),
+        *target,
+        "--completions",
+        "--temperature",
+        "0",
+        "--format",
+        "jsonl",
+        "--shard-rows",
+        "1000",
+        *extra,
+        "--json",
+    ]
 
 
 def write_prompts(path: Path, n: int, max_tokens: int, seed: int = 0) -> None:
@@ -82,26 +107,7 @@ def stage_generate(ctx: Ctx) -> dict:
     gen = lay.path("generate")
     prompts, dest = gen / "prompts.jsonl", gen / f"out-{int(time.time())}"
     write_prompts(prompts, st.generate_prompts, st.generate_max_tokens)
-    job = run.start(
-        "generate",
-        ctx.sf(
-            "generate",
-            "--input",
-            str(prompts),
-            "--output",
-            str(dest),
-            "--fleet",
-            str(lay.main_fleet),
-            "--completions",
-            "--temperature",
-            "0",
-            "--format",
-            "jsonl",
-            "--shard-rows",
-            "1000",
-            "--json",
-        ),
-    )
+    job = run.start("generate", generate_argv(ctx.sf(), prompts, dest, ["--fleet", str(lay.main_fleet)]))
     wait_until_sending(job, dest, st.generate_kill_after)
     record = read_json(lay.path("state", "main", "ngram.json")) or {}
     if job.proc.poll() is None and record.get("pgid"):

@@ -27,10 +27,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from h200_exec import T0
 from h200_layout import _engine_defaults, _render, _sim_timing, free_port
-from h200_run2 import _job, _plan, _recovery, _up, _words_for, check_summary
-from h200_stages import Ctx, _bench_common, read_json, write_json
+from h200_run2 import _job, _plan, _ready, _recovery, _up, _words_for, check_summary
+from h200_stages import Ctx, _bench_common, down_stage, read_json, write_json
 
 __all__ = [
     "STAGES_MULTI",
@@ -178,18 +177,6 @@ def _n(ctx: Ctx) -> int:
     except (OSError, subprocess.TimeoutExpired):
         smi = []
     return max(1, visible_gpus(dict(os.environ), smi))
-
-
-def _ready(ctx: Ctx, fleet: Path) -> list[str]:
-    if not fleet.exists():
-        return []
-    doc = (
-        ctx.runner.run(
-            f"status-{fleet.stem}", ctx.sf("status", "--fleet", str(fleet), "--json"), timeout=120, quiet=True
-        ).json()
-        or {}
-    )
-    return [s["name"] for s in doc.get("servers", []) if s.get("state") == "ready"]
 
 
 def _res(ctx: Ctx, name: str) -> Path:
@@ -345,9 +332,9 @@ def stage_multi_scale(ctx: Ctx) -> dict:
         if not set(names) <= set(ready):
             out["jobs"][str(k)] = {"skipped": f"not all of {names} ready (ready: {ready})"}
             continue
-        left = st.budget_s - (time.monotonic() - T0) if st.budget_s else None
         need = _job_estimate(ctx, st.multi_prompts_per_gpu) + 30
-        if left is not None and left < need + 60:  # 60 s: summary and collect (multi-a leaves the servers up)
+        left = ctx.short_of(need + 60)  # 60 s: summary and collect (multi-a leaves the servers up)
+        if left is not None:
             out["jobs"][str(k)] = {"skipped": f"budget: {left:.0f} s left, ~{need:.0f} s needed"}
             continue
         fleet = _fleet(ctx, k)
@@ -431,16 +418,7 @@ def stage_multi_fault(ctx: Ctx) -> dict:
 
 
 def stage_multi_down(ctx: Ctx) -> dict:
-    out = {}
-    if _fleet(ctx).exists():
-        out = (
-            ctx.runner.run(
-                "multi-down", ctx.sf("down", "--fleet", str(_fleet(ctx)), "--grace", "10", "--json"), timeout=180
-            ).json()
-            or {}
-        )
-    write_json(_res(ctx, "down.json"), out)
-    return out
+    return down_stage(ctx, "multi-down", _fleet(ctx), _res(ctx, "down.json"))
 
 
 # ---- multi-tp -----------------------------------------------------------------------------------------
@@ -504,16 +482,7 @@ def stage_tp_generate(ctx: Ctx) -> dict:
 
 
 def stage_tp_down(ctx: Ctx) -> dict:
-    out = {}
-    if _tp_fleet(ctx).exists():
-        out = (
-            ctx.runner.run(
-                "tp-down", ctx.sf("down", "--fleet", str(_tp_fleet(ctx)), "--grace", "10", "--json"), timeout=180
-            ).json()
-            or {}
-        )
-    write_json(_res(ctx, "tp_down.json"), out)
-    return out
+    return down_stage(ctx, "tp-down", _tp_fleet(ctx), _res(ctx, "tp_down.json"))
 
 
 # ---- the results in one file -----------------------------------------------------------------------

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from h200_exec import T0
-from h200_generate import count_answers, wait_until_sending
+from h200_exec import answers_health
+from h200_generate import count_answers, generate_argv, wait_until_sending
 from h200_layout import JOB_OUTPUT_TOKENS, JOB_PROMPTS, PLAN_GPUS, fleet_toml, whole_toml
 from h200_stages import (
     Ctx,
@@ -34,6 +34,8 @@ from h200_stages import (
     _keep_ready_logs,
     _server_log_facts,
     ab_point,
+    down,
+    down_stage,
     read_json,
     write_json,
 )
@@ -211,25 +213,8 @@ def _job(
     src, dest = gen / "prompts.jsonl", gen / f"out-{int(time.time())}"
     same_workload_prompts(src, prompts, st.output_len, words)
     target = ["--url", fleet] if isinstance(fleet, str) else ["--fleet", str(fleet)]
-    argv = ctx.sf(
-        "generate",
-        "--input",
-        str(src),
-        "--output",
-        str(dest),
-        *target,
-        "--completions",
-        "--temperature",
-        "0",
-        "--format",
-        "jsonl",
-        "--shard-rows",
-        "1000",
-        *extra,
-        "--json",
-    )
-    if bench is not None and bench.exists():
-        argv[-1:-1] = ["--bench", str(bench)]
+    with_bench = ["--bench", str(bench)] if bench is not None and bench.exists() else []
+    argv = generate_argv(ctx.sf(), src, dest, target, [*extra, *with_bench])
     out: dict = {
         "prompts": prompts,
         "words_per_prompt": words,
@@ -272,11 +257,7 @@ def _event_text(e: object) -> str:
 # ---- run2a ------------------------------------------------------------------------------------------
 def stage_up_whole(ctx: Ctx) -> dict:
     lay = ctx.layout
-    for other in (lay.main_fleet,):  # the whole GPU: the shared servers go down first
-        if other.exists():
-            ctx.runner.run(
-                "down-shared-first", ctx.sf("down", "--fleet", str(other), "--grace", "10", "--json"), timeout=180
-            )
+    down(ctx, "down-shared-first", lay.main_fleet)  # the whole GPU: the shared servers go down first
     out = _up(ctx, lay.whole_fleet, whole_toml(lay, ctx.settings), "up-whole")
     write_json(lay.results / "up_whole.json", out)
     return out
@@ -492,7 +473,7 @@ def stage_ab_stream_shared(ctx: Ctx) -> dict:
 def _ab_stream(
     ctx: Ctx, fleet: Path, server: str, stem: str, levels: list[int], requests_at: Callable[[int], int]
 ) -> dict:
-    lay, st, run = ctx.layout, ctx.settings, ctx.runner
+    lay, run = ctx.layout, ctx.runner
     out: dict = {"server": server, "points": []}
     if server not in _ready(ctx, fleet):
         out["skipped"] = f"the {server} server is not ready"
@@ -503,8 +484,8 @@ def _ab_stream(
     for c in levels:
         n = requests_at(c)
         point: dict = {"concurrency": c, "requests": n}
-        left = st.budget_s - (time.monotonic() - T0) if st.budget_s else None
-        if left is not None and left < AB2_LEVEL_S + 30:
+        left = ctx.short_of(AB2_LEVEL_S + 30)
+        if left is not None:
             point["skipped"] = f"budget: {left:.0f} s left"
             out["points"].append(point)
             continue
@@ -517,17 +498,7 @@ def _ab_stream(
 
 
 def stage_down_whole(ctx: Ctx) -> dict:
-    lay = ctx.layout
-    out = {}
-    if lay.whole_fleet.exists():
-        out = (
-            ctx.runner.run(
-                "down-whole", ctx.sf("down", "--fleet", str(lay.whole_fleet), "--grace", "10", "--json"), timeout=180
-            ).json()
-            or {}
-        )
-    write_json(lay.results / "down_whole.json", out)
-    return out
+    return down_stage(ctx, "down-whole", ctx.layout.whole_fleet, ctx.layout.results / "down_whole.json")
 
 
 # ---- run2b ------------------------------------------------------------------------------------------
@@ -601,6 +572,27 @@ def _pgid(ctx: Ctx, server: str) -> int | None:
     return int(record["pgid"]) if record.get("pgid") else None
 
 
+def _stop_engine_core(ctx: Ctx, pgid: int, stopped: list[int]) -> tuple[list[int], str]:
+    """SIGSTOP the EngineCore of the server whose process group is ``pgid`` (the rehearsal's sim has
+    none: its own process); the pids stopped join ``stopped``, and how they were found is returned."""
+    pids, how = engine_core_pids(pgid)
+    if not pids and ctx.layout.rehearse:
+        pids, how = api_server_pids(pgid), "rehearsal: the sim's own process (it has no engine core)"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+    return pids, how
+
+
+def _resume(stopped: list[int]) -> None:
+    """SIGCONT what is left of ``stopped`` (a restart that failed leaves it): down's signals must reach it."""
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def stage_generate_kill(ctx: Ctx) -> dict:
     """generate over both shared servers; ngram's whole process group SIGKILLed kill_after s in."""
     lay, st = ctx.layout, ctx.settings
@@ -660,12 +652,7 @@ def stage_hang(ctx: Ctx) -> dict:
             pgid = _pgid(ctx, "plain")
             if not pgid:
                 return {"error": "no process group in plain's record"}
-            pids, how = engine_core_pids(pgid)
-            if not pids and lay.rehearse:
-                pids, how = api_server_pids(pgid), "rehearsal: the sim's own process (it has no engine core)"
-            for pid in pids:
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
+            pids, how = _stop_engine_core(ctx, pgid, stopped)
             return {
                 "signal": "SIGSTOP",
                 "server": "plain",
@@ -691,23 +678,9 @@ def stage_hang(ctx: Ctx) -> dict:
             f"  hang: {out['status']}, detected as hang {out['detected_as_hang']}, "
             f"back in service {out['back_in_service']}, exactly once {out['exactly_once']}"
         )
-    for pid in stopped:  # a stopped process left over (restart failed): let down's signals reach it
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    _resume(stopped)
     write_json(lay.results / "hang.json", out)
     return out
-
-
-def _answers_health(url: str, timeout: float = 2.0) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 def stage_faults(ctx: Ctx) -> dict:
@@ -738,7 +711,7 @@ def stage_faults(ctx: Ctx) -> dict:
         run.say(f"  faults: SIGKILL to ngram's process group {pgid}")
         deadline = time.monotonic() + st.generate_timeout
         time.sleep(2.0)
-        while time.monotonic() < deadline and job_alive() and not _answers_health(lay.url("ngram")):
+        while time.monotonic() < deadline and job_alive() and not answers_health(lay.url("ngram")):
             time.sleep(1.0)
         done["ngram_answers_health_at_s"] = round(time.monotonic() - t_job, 1)
         if not job_alive():
@@ -746,12 +719,7 @@ def stage_faults(ctx: Ctx) -> dict:
             return done
         time.sleep(st.hang_gap)  # let the job put ngram back in service first
         pgid = _pgid(ctx, "plain")
-        pids, how = engine_core_pids(pgid) if pgid else ([], "no record")
-        if not pids and lay.rehearse and pgid:
-            pids, how = api_server_pids(pgid), "rehearsal: the sim's own process (it has no engine core)"
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
+        pids, how = _stop_engine_core(ctx, pgid, stopped) if pgid else ([], "no record")
         done["stop"] = {
             "signal": "SIGSTOP",
             "server": "plain",
@@ -787,11 +755,7 @@ def stage_faults(ctx: Ctx) -> dict:
         f"  faults: {out['status']}, exactly once {out['exactly_once']}; ngram back {out['ngram']['back_in_service']}; "
         f"plain hang detected {out['hang_detected']}, back {out['plain']['back_in_service']}"
     )
-    for pid in stopped:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    _resume(stopped)
     write_json(lay.results / "faults.json", out)
     return out
 

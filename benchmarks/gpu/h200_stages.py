@@ -27,6 +27,7 @@ from h200_layout import (
     servefleet_argv,
     vllm_bench_argv,
 )
+from stages import seconds_left, short_of
 
 __all__ = [
     "Ctx",
@@ -36,6 +37,8 @@ __all__ = [
     "stage_vllm_bench",
     "stage_plan",
     "stage_down",
+    "down",
+    "down_stage",
     "write_json",
     "read_json",
 ]
@@ -55,9 +58,12 @@ class Ctx:
 
     def cap(self, seconds: float, reserve: float = 60.0) -> float:
         """``seconds``, shortened so that the budget (if any) keeps ``reserve`` s for down and collect."""
-        if not self.settings.budget_s:
-            return seconds
-        return max(30.0, min(seconds, self.settings.budget_s - (time.monotonic() - T0) - reserve))
+        left = seconds_left(self.settings.budget_s, T0)
+        return seconds if left is None else max(30.0, min(seconds, left - reserve))
+
+    def short_of(self, need_s: float) -> float | None:
+        """The seconds left of the driver's budget when fewer than ``need_s`` are, else None."""
+        return short_of(self.settings.budget_s, T0, need_s)
 
 
 def write_json(path: Path, data: object) -> None:
@@ -388,8 +394,8 @@ def stage_vllm_bench(ctx: Ctx) -> dict:
     for c in st.vllm_levels():  # in the order given: the first is the one that matters most
         prompts = max(c * st.vllm_bench_waves, 16 if lay.rehearse else 256)
         point: dict = {"concurrency": c, "requests": prompts}
-        left = st.budget_s - (time.monotonic() - T0) if st.budget_s else None
-        if left is not None and left < AB_LEVEL_S:
+        left = ctx.short_of(AB_LEVEL_S)
+        if left is not None:
             point["skipped"] = f"budget: {left:.0f} s left, ~{AB_LEVEL_S:.0f} s needed"
             run.say(f"  A/B at concurrency {c}: skipped ({point['skipped']})")
             out["points"].append(point)
@@ -535,9 +541,25 @@ def stage_plan(ctx: Ctx) -> dict:
 
 
 # ---- down -------------------------------------------------------------------------------------------
+def down(ctx: Ctx, name: str, fleet: Path) -> object | None:
+    """``servefleet down`` of ``fleet`` (10 s grace), as the command ``name``, if its file was written;
+    what it printed as JSON (None: not written, or no JSON)."""
+    if not fleet.exists():
+        return None
+    return ctx.runner.run(name, ctx.sf("down", "--fleet", str(fleet), "--grace", "10", "--json"), timeout=180).json()
+
+
+def down_stage(ctx: Ctx, name: str, fleet: Path, result: Path) -> dict:
+    """A stage that downs one fleet: its JSON (``{}`` when the fleet was never written) kept in ``result``."""
+    doc = down(ctx, name, fleet)
+    out = doc if isinstance(doc, dict) else {}  # servefleet down --json prints an object
+    write_json(result, out)
+    return out
+
+
 def stage_down(ctx: Ctx) -> dict:
     """Stop every fleet this run started and keep the servers' logs in results/logs/."""
-    lay, run = ctx.layout, ctx.runner
+    lay = ctx.layout
     out: dict = {}
     for name, path in (
         ("main", lay.main_fleet),
@@ -546,8 +568,7 @@ def stage_down(ctx: Ctx) -> dict:
         ("portheld", lay.port_fleet),
     ):
         if path.exists():
-            res = run.run(f"down-{name}", ctx.sf("down", "--fleet", str(path), "--grace", "10", "--json"), timeout=180)
-            out[name] = res.json()
+            out[name] = down(ctx, f"down-{name}", path)
     logs = lay.results / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     for log in lay.path("state").glob("*/logs/*.log"):

@@ -17,19 +17,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-# h200_generate sits next to this script: in benchmarks/gpu/, and in the run folder sglang_prepare.sh fills
-from h200_generate import count_answers, write_prompts
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except Exception:
-        return False
+# h200_exec and h200_generate sit next to this script: in benchmarks/gpu/, and in the run folder
+# sglang_prepare.sh fills
+from h200_exec import answers_health
+from h200_generate import count_answers, generate_argv, write_prompts
 
 
 def main() -> int:
@@ -61,23 +54,7 @@ def main() -> int:
         "killed": None,
         "health": [],
     }
-    argv = a.sf.split() + [
-        "generate",
-        "--input",
-        str(prompts),
-        "--output",
-        str(dest),
-        "--fleet",
-        a.fleet,
-        "--completions",
-        "--temperature",
-        "0",
-        "--format",
-        "jsonl",
-        "--shard-rows",
-        "1000",
-        "--json",
-    ]
+    argv = generate_argv(a.sf.split(), prompts, dest, ["--fleet", a.fleet])
     out["command"] = " ".join(argv)
     t0 = time.monotonic()
     with open(work / "generate.stdout", "w") as so, open(work / "generate.stderr", "w") as se:
@@ -93,7 +70,7 @@ def main() -> int:
                     out["killed"] = {"server": a.kill, "error": str(exc)}
                 print(f"generate: SIGKILL to {a.kill} (group {record['pgid']}) at {now:.1f} s", flush=True)
             if port:
-                up = healthy(port)
+                up = answers_health(f"http://127.0.0.1:{port}")
                 if up != was_up:  # the killed server's /health, as it changes
                     out["health"].append({"t_s": round(now, 1), "healthy": up})
                     was_up = up

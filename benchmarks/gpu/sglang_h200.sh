@@ -39,6 +39,9 @@ stage_checkpoint() { checkpoint; }
 
 # ---- helpers ----------------------------------------------------------------------------------------
 health() { curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/$2" 2>/dev/null; }
+port_of() { [ "$1" = plain ] && echo 31000 || echo 32000; }  # the main fleet's servers
+# ready_main: the main fleet's servers whose /health answers 200, one a line
+ready_main() { local n; for n in plain ngram; do [ "$(health "$(port_of $n)" health)" = 200 ] && echo $n; done; true; }
 # wait_ready PORT PID LOG TIMEOUT: 0 when /health_generate answers 200, 1 when the process died, 2 on timeout
 wait_ready() {
   local port=$1 pid=$2 log=$3 limit=$4 t0=$SECONDS
@@ -126,13 +129,14 @@ stage_smoke() {
   done
 }
 
-fleet_main() {
-  cat > $W/fleet-main.toml <<T
+# fleet_header NAME STATE TIMEOUT STALL: the [fleet] and [defaults] tables of both fleet files
+fleet_header() {
+  cat <<T
 [fleet]
-name = "sgmain"
-state_dir = "$W/state/main"
-timeout = 400
-stall = 240
+name = "$1"
+state_dir = "$W/state/$2"
+timeout = $3
+stall = $4
 smoke = true
 
 [defaults]
@@ -142,17 +146,32 @@ served_model_name = "$NAME"
 python = "$(command -v $P)"
 gpus = [0]
 env = { PYTHONPATH = "$PYTHONPATH", STANDIN_MODULES = "$STANDIN_MODULES", SGLANG_IS_FLASHINFER_AVAILABLE = "false", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
-
-[[servers]]
-name = "plain"
-port = 31000
-args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.40", "--max-running-requests", "256"]
-
-[[servers]]
-name = "ngram"
-port = 32000
-args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.70", "--max-running-requests", "128", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"]
 T
+}
+# args_line ARG...: a server's args line, BASE's flags first
+args_line() { local a; a=$(printf '"%s", ' "${BASE[@]}" "$@"); echo "args = [${a%, }]"; }
+# server_toml NAME PORT ARG...: a [[servers]] table (SERVER_MODEL: a model of its own)
+server_toml() {
+  printf '\n[[servers]]\nname = "%s"\nport = %s\n' "$1" "$2"
+  [ -z "${SERVER_MODEL:-}" ] || echo "model = \"$SERVER_MODEL\""
+  shift 2; args_line "$@"
+}
+
+fleet_main() {
+  { fleet_header sgmain main 400 240
+    server_toml plain 31000 --mem-fraction-static 0.40 --max-running-requests 256
+    server_toml ngram 32000 --mem-fraction-static 0.70 --max-running-requests 128 --speculative-algorithm NGRAM \
+      --speculative-num-draft-tokens 8
+  } > $W/fleet-main.toml
+}
+
+fleet_fail() {
+  { fleet_header sgfail fail 240 200
+    server_toml lowmem 33000 --mem-fraction-static 0.001 --disable-cuda-graph
+    SERVER_MODEL=$W/no-such-model server_toml missing 34000 --mem-fraction-static 0.05 --disable-cuda-graph
+    server_toml badarg 35000 --mem-fraction-static abc
+    server_toml sigkill 36000 --mem-fraction-static 0.05 --disable-cuda-graph
+  } > $W/fleet-fail.toml
 }
 
 stage_up() {
@@ -177,8 +196,7 @@ PY
   done
   $SF status --fleet $W/fleet-main.toml --json > "$R/cmd/status-main.out" 2>&1
   for n in ${UP_SERVERS:-plain ngram}; do
-    local port; port=$([ $n = plain ] && echo 31000 || echo 32000)
-    curl -s -m 10 "http://127.0.0.1:$port/server_info" > "$R/server_info-$n.json"
+    curl -s -m 10 "http://127.0.0.1:$(port_of $n)/server_info" > "$R/server_info-$n.json"
     grep -E "max_total_num_tokens=|KV Cache is allocated|KV cache allocated|fired up|Capture cuda graph end|Load weight end" \
       "$R/logs/main-$n.log" | cut -c1-300 > "$R/loglines-$n.txt"
     summary "log lines $n: $(grep -o 'max_total_num_tokens=[^ ]* .*' "$R/loglines-$n.txt" | head -1 | cut -c1-200)"
@@ -191,43 +209,7 @@ PY
 # (mem fraction too low, missing model, bad value, SIGKILL while loading), SGLang by hand on a held
 # port through `servefleet wait`.
 stage_failures() {
-  cat > $W/fleet-fail.toml <<T
-[fleet]
-name = "sgfail"
-state_dir = "$W/state/fail"
-timeout = 240
-stall = 200
-smoke = true
-
-[defaults]
-engine = "sglang"
-model = "$MODEL"
-served_model_name = "$NAME"
-python = "$(command -v $P)"
-gpus = [0]
-env = { PYTHONPATH = "$PYTHONPATH", STANDIN_MODULES = "$STANDIN_MODULES", SGLANG_IS_FLASHINFER_AVAILABLE = "false", HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
-
-[[servers]]
-name = "lowmem"
-port = 33000
-args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.001", "--disable-cuda-graph"]
-
-[[servers]]
-name = "missing"
-port = 34000
-model = "$W/no-such-model"
-args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.05", "--disable-cuda-graph"]
-
-[[servers]]
-name = "badarg"
-port = 35000
-args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "abc"]
-
-[[servers]]
-name = "sigkill"
-port = 36000
-args = [$(printf '"%s", ' "${BASE[@]}")"--mem-fraction-static", "0.05", "--disable-cuda-graph"]
-T
+  fleet_fail
   cp $W/fleet-fail.toml "$R/"
   # a port held by a listener that never answers
   $P -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', 37000)); s.listen(8); time.sleep(400)" &
@@ -280,11 +262,8 @@ PY
 }
 
 stage_bench() {
-  local ready=() n
-  for n in plain ngram; do
-    local port; port=$([ $n = plain ] && echo 31000 || echo 32000)
-    [ "$(health $port health)" = 200 ] && ready+=($n)
-  done
+  local ready n
+  mapfile -t ready < <(ready_main)
   [ ${#ready[@]} = 0 ] && { summary "bench: skipped (no server ready)"; return; }
   mkdir -p "$R/bench"
   local common=(--input-len 256 --output-len 256 --api completions --temperature 0 --tokenizer "$MODEL")
@@ -358,11 +337,8 @@ stage_ab() {
 # id exactly once (sglang_generate.py counts them). Interrupted (resumable) before the budget runs out.
 stage_generate() {
   [ -f $W/fleet-main.toml ] || fleet_main
-  local ready=() n
-  for n in plain ngram; do
-    local port; port=$([ $n = plain ] && echo 31000 || echo 32000)
-    [ "$(health $port health)" = 200 ] && ready+=($n)
-  done
+  local ready n
+  mapfile -t ready < <(ready_main)
   [ ${#ready[@]} = 2 ] || { summary "generate: skipped (ready: ${ready[*]:-none}; both needed)"; return 1; }
   local dl=$(( $(left) - ${GEN_RESERVE:-60} ))
   $P .gpu-sglang/run/sglang_generate.py --fleet $W/fleet-main.toml --state-dir $W/state/main --work $W/gen \

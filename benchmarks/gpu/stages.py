@@ -32,7 +32,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Stage", "Blocked", "run_stages", "main"]
+__all__ = ["Stage", "Blocked", "run_stages", "seconds_left", "short_of", "main"]
+
+
+def seconds_left(budget_s: float | None, t0: float) -> float | None:
+    """What is left of a budget of ``budget_s`` seconds counted from ``t0`` (``time.monotonic()``);
+    None without one (0 counts as none, as ``--budget`` has always read it)."""
+    return budget_s - (time.monotonic() - t0) if budget_s else None
+
+
+def short_of(budget_s: float | None, t0: float, need_s: float) -> float | None:
+    """The seconds left when fewer than ``need_s`` are (a step that would end past the budget), else None."""
+    left = seconds_left(budget_s, t0)
+    return left if left is not None and left < need_s else None
 
 
 class Blocked(Exception):  # a stage's outcome, not an error of the runner
@@ -76,7 +88,7 @@ def run_stages(
             timings.append({"stage": stage.name, "status": f"skipped ({blocked})", "seconds": 0.0})
             _write(summary_path, timings, failed)
             continue
-        if budget_s and not stage.always and elapsed + stage.estimate_s > budget_s:
+        if not stage.always and short_of(budget_s, start, stage.estimate_s) is not None:
             say(
                 f"== {stage.name}: SKIPPED (budget: {elapsed:.0f} s used, ~{stage.estimate_s:.0f} s needed, "
                 f"{budget_s:.0f} s allowed)"
@@ -127,8 +139,9 @@ def _write(path: Path | None, timings: list[dict], failed: bool) -> None:
 def _shell_stage(script: str, name: str, budget_s: float | None, start: float) -> Stage:
     def run(_timings: list[dict]) -> dict | None:
         argv = ["bash", script, "--stage", name]
-        if budget_s:
-            argv += ["--budget", str(max(1, int(budget_s - (time.monotonic() - start))))]
+        left = seconds_left(budget_s, start)
+        if left is not None:
+            argv += ["--budget", str(max(1, int(left)))]
         rc = subprocess.run(argv).returncode
         return (
             {"status": f"rc={rc}"} if rc else None
