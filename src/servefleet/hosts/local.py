@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import psutil
 
 from servefleet.errors import CommandError, HostError
+from servefleet.hosts.atomic_write import write_atomically
 from servefleet.hosts.base import (
     CommandResult,
     Launched,
@@ -169,19 +170,7 @@ class LocalHost:
     async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_atomically(path, data, mode, f"{path}.tmp.{os.getpid()}")
 
     async def remove(self, path: str) -> None:
         try:
