@@ -217,6 +217,11 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
             if line.split()[1] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")
         ]
 
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Until no job is live and the node is idle: a test that needs the whole node, on the
+        session's shared cluster, after tests whose jobs may still be completing."""
+        self._until(lambda: not self.live_jobs() and self._node_idle(), timeout, "no live job and an idle node")
+
     def stop(self) -> None:
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
             self.run("scancel", "--full", "--user", "root", check=False)  # the jobs' processes end with them

@@ -1,38 +1,23 @@
 """The elastic job against the real one-node Slurm (tests/slurm_rig.py), simulated engines in the
 jobs: a counted template's jobs that leave PENDING while `generate --fleet` runs join it; a job
 scancelled mid-job is replaced because of the count; --release-tail and --down-after leave no job;
-every prompt answered exactly once. Needs Slurm (scripts/ci-slurm-setup.sh), as test_slurm_fleet."""
+every prompt answered exactly once. Needs Slurm (scripts/ci-slurm-setup.sh); runs on the session's
+cluster (conftest.py `slurm`), as test_slurm_fleet."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from conftest import PYTHON, async_wait_until
 from servefleet.fleet.core import Fleet
-from slurm_rig import SKIP_ENV, SlurmCluster, slurm_unavailable_reason
+from slurm_rig import SlurmCluster
 from test_slurm_fleet import _committed, _prompts
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory):
-    if os.environ.get(SKIP_ENV) == "1":
-        pytest.skip(f"{SKIP_ENV}=1")
-    reason = slurm_unavailable_reason()
-    if reason:
-        pytest.fail(reason, pytrace=False)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 SIM = [
@@ -123,6 +108,7 @@ def joined(out: Path) -> int:
 async def test_pending_jobs_join_the_running_job_when_they_start(slurm: SlurmCluster, tmp_path: Path, fleets) -> None:
     """Three jobs of 5 CPUs on a 16-CPU node where two other jobs hold 11: one runs, two wait
     PENDING (Resources). Each hold ended in turn lets one more run; both join; exactly once."""
+    slurm.wait_idle()  # the session's cluster: an earlier test's job may still be completing
     hogs = [
         slurm.run(
             "sbatch",

@@ -6,12 +6,16 @@ from __future__ import annotations
 import pytest
 
 from servefleet.hosts import ssh_scripts as scripts
+from servefleet.hosts.base import Launched
 
 
 def test_parse_launch_reads_the_framed_answer_after_any_login_noise() -> None:
-    assert scripts.parse_launch("welcome to the box\nlog 120 7\n4242\nalive\n") == (120, 7, 4242, "alive", None)
-    assert scripts.parse_launch("log    9     1\n77\nexited 3\n") == (9, 1, 77, "exited", 3)
-    assert scripts.parse_launch("log 9 1\n77\ngone\n") == (9, 1, 77, "gone", None)
+    # LINES counts the newlines before the marker: the marker is on line LINES + 1
+    assert scripts.parse_launch("welcome to the box\nlog 120 7\n4242\nalive\n") == Launched(
+        4242, 120, 8, "alive", None
+    )
+    assert scripts.parse_launch("log    9     1\n77\nexited 3\n") == Launched(77, 9, 2, "exited", 3)
+    assert scripts.parse_launch("log 9 1\n77\ngone\n") == Launched(77, 9, 2, "gone", None)
 
 
 @pytest.mark.parametrize("out", ["", "log 9 1\n", "4242\nalive\n", "log 9 1\n77\nwhat\n", "log x 1\n77\nalive\n"])

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servefleet.errors import StateError
 from servefleet.fleet.spec import RESERVED_SERVER_NAME
+from servefleet.hosts.atomic_write import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -267,15 +268,4 @@ class StateStore:
 
 
 def _atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(str(path), data, mode, str(path.with_name(f".{path.name}.tmp.{os.getpid()}")))

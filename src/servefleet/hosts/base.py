@@ -22,6 +22,7 @@ __all__ = [
     "Launched",
     "DETACH_SCRIPT",
     "detach_argv",
+    "loopback_for",
     "poll_follow",
     "Truncated",
     "cmdline_owns",
@@ -99,6 +100,14 @@ echo "$rc" > "$status.tmp" && mv -f "$status.tmp" "$status"
 def detach_argv(argv: Sequence[str], log_path: str, status_path: str) -> list[str]:
     """The argv that runs ``argv`` under the detach wrapper (the caller starts a new session)."""
     return ["sh", "-c", DETACH_SCRIPT, "sh", log_path, status_path, *argv]
+
+
+def loopback_for(bind_host: str) -> str:
+    """The address that reaches a server bound to ``bind_host`` from its own machine: a wildcard
+    bind (or "localhost") is reached at the loopback of its family, an address at itself."""
+    if bind_host in ("0.0.0.0", "", "localhost"):
+        return "127.0.0.1"
+    return "::1" if bind_host == "::" else bind_host
 
 
 @runtime_checkable
@@ -220,19 +229,6 @@ class UnitHost(Protocol):
 
     async def check_units(self) -> None:
         """Raise LaunchError, saying what is missing and what to do, unless units can be used."""
-        ...
-
-    async def spawn_unit(
-        self,
-        argv: Sequence[str],
-        *,
-        unit: str,
-        log_path: str,
-        status_path: str,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> int:
-        """``spawn_detached`` as unit ``unit``; returns the process group of its main process."""
         ...
 
     async def launch_unit(

@@ -10,17 +10,20 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import psutil
 
 from servefleet.errors import CommandError, HostError
+from servefleet.hosts.atomic_write import write_atomically
 from servefleet.hosts.base import (
     CommandResult,
     Launched,
     PortHolder,
     Truncated,
     detach_argv,
+    loopback_for,
     proc_command_line,
     proc_owns,
 )
 from servefleet.hosts.local_ports import port_holder_fallback
 from servefleet.hosts.pidstat import PidStatus, read_pid_status
+from servefleet.hosts.piped import reap, start_piped
 from servefleet.hosts.watch import WatchItem, poll_watch
 
 __all__ = ["LocalHost"]
@@ -42,20 +45,11 @@ class LocalHost:
         check: bool = True,
         input: bytes | None = None,
     ) -> CommandResult:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        except OSError as exc:
-            raise HostError(f"cannot run {argv[0]!r} on the local host: {exc}") from exc
+        proc = await start_piped(argv, has_input=input is not None, cannot=f"cannot run {argv[0]!r} on the local host")
         try:
             out, err = await asyncio.wait_for(proc.communicate(input), timeout)
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
+            await reap(proc)
             raise HostError(f"command timed out after {timeout}s: {' '.join(argv)[:200]}") from None
         result = CommandResult(
             tuple(argv), proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
@@ -176,19 +170,7 @@ class LocalHost:
     async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_atomically(path, data, mode, f"{path}.tmp.{os.getpid()}")
 
     async def remove(self, path: str) -> None:
         try:
@@ -258,10 +240,8 @@ class LocalHost:
         return None
 
     async def url_for(self, port: int, bind_host: str = "127.0.0.1") -> str:
-        host = "127.0.0.1" if bind_host in ("0.0.0.0", "", "localhost") else bind_host
-        if host == "::" or ":" in host:
-            host = "[::1]" if host == "::" else f"[{host}]"
-        return f"http://{host}:{port}"
+        host = loopback_for(bind_host)
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     async def close(self) -> None:
         return None

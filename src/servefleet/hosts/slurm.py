@@ -202,13 +202,13 @@ class SlurmHost:
         if result.returncode != 0:
             raise HostError(f"slurm host {self.name!r}: could not submit the job: {result.stderr.strip()[-500:]}")
         try:
-            size, newlines, job_id, state, code = parse_launch(result.stdout)
+            launched = parse_launch(result.stdout)
         except ValueError:
             raise HostError(
                 f"slurm host {self.name!r}: the submission did not report a job id: {result.stdout!r} {result.stderr!r}"
             ) from None
-        self._submitted[str(job_id)] = time.monotonic()
-        return Launched(job_id, size, newlines + 1, state, code)
+        self._submitted[str(launched.pgid)] = time.monotonic()
+        return launched
 
     async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
         return await self.transport.read_bytes(path, offset, limit)

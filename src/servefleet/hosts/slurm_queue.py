@@ -152,53 +152,52 @@ class EndReport:
     killed: bool
 
 
+# The states in which the scheduler, not the server, ended a job (the report's ``killed``): the
+# words after "Slurm job N ended STATE (REASON)" and the hint. Fields: {limit} (" of 1:00" when
+# the job had a limit), {table} (the host's fleet-file table), {nodes} (its node, when known).
+_SCHEDULER_ENDS: dict[str, tuple[str, str]] = {
+    "TIMEOUT": (
+        ": it reached its time limit{limit}",
+        "raise `time` in {table} (sbatch --time), or split the job; generate restarts it with a new job",
+    ),
+    "PREEMPTED": (
+        ": preempted by a higher-priority job",
+        "use a QOS or partition without preemption (`qos`/`partition` in {table}), or let generate resubmit it",
+    ),
+    "NODE_FAIL": (
+        " on {nodes}: the node failed",
+        'resubmit (servefleet restart); exclude the node with sbatch_args = ["--exclude={node}"] if it recurs',
+    ),
+    "BOOT_FAIL": (": the node failed to boot", "resubmit (servefleet restart); ask the cluster's admins if it recurs"),
+    "OUT_OF_MEMORY": (
+        ": the job exceeded its memory allocation (host RAM, not GPU memory)",
+        "raise `mem` in {table} (sbatch --mem), or lower the engine's CPU-side memory use",
+    ),
+    "CANCELLED": (
+        ": cancelled (scancel, by you or an admin)",
+        "see who cancelled it (sacct -j JOB -o State,Reason); servefleet restart resubmits it",
+    ),
+    "DEADLINE": (": its deadline passed", "drop or move the job's --deadline in sbatch_args"),
+}
+
+
 def end_report(job: JobInfo | None, job_id: str, host: str) -> EndReport:
-    """The words for an ended job (``job`` None: the scheduler no longer knows it)."""
+    """The words for an ended job (``job`` None: the scheduler no longer knows it). A state the
+    scheduler did not end it in (FAILED, COMPLETED, ...): the server's own exit and log decide."""
     if job is None:
         return EndReport(
             f"Slurm job {job_id} is no longer known to the scheduler (ended more than MinJobAge ago)", None, False
         )
-    limit = f" of {job.limit}" if job.limit and job.limit != "UNLIMITED" else ""
     said = f"Slurm job {job_id} ended {job.state}" + (f" ({job.reason})" if job.reason else "")
-    table = f"[hosts.{host}]"
-    if job.state == "TIMEOUT":
-        return EndReport(
-            f"{said}: it reached its time limit{limit}",
-            f"raise `time` in {table} (sbatch --time), or split the job; generate restarts it with a new job",
-            True,
-        )
-    if job.state == "PREEMPTED":
-        return EndReport(
-            f"{said}: preempted by a higher-priority job",
-            f"use a QOS or partition without preemption (`qos`/`partition` in {table}), or let generate resubmit it",
-            True,
-        )
-    if job.state == "NODE_FAIL":
-        return EndReport(
-            f"{said} on {job.nodes or 'its node'}: the node failed",
-            f'resubmit (servefleet restart); exclude the node with sbatch_args = ["--exclude={job.nodes or "NODE"}"] if it recurs',
-            True,
-        )
-    if job.state == "BOOT_FAIL":
-        return EndReport(
-            f"{said}: the node failed to boot",
-            "resubmit (servefleet restart); ask the cluster's admins if it recurs",
-            True,
-        )
-    if job.state == "OUT_OF_MEMORY":
-        return EndReport(
-            f"{said}: the job exceeded its memory allocation (host RAM, not GPU memory)",
-            f"raise `mem` in {table} (sbatch --mem), or lower the engine's CPU-side memory use",
-            True,
-        )
-    if job.state == "CANCELLED":
-        return EndReport(
-            f"{said}: cancelled (scancel, by you or an admin)",
-            "see who cancelled it (sacct -j JOB -o State,Reason); servefleet restart resubmits it",
-            True,
-        )
-    if job.state == "DEADLINE":
-        return EndReport(f"{said}: its deadline passed", "drop or move the job's --deadline in sbatch_args", True)
-    if job.state in ("FAILED", "COMPLETED", "SPECIAL_EXIT"):
+    ended = _SCHEDULER_ENDS.get(job.state)
+    if ended is None:
         return EndReport(said, None, False)
+    fields = {
+        "limit": f" of {job.limit}" if job.limit and job.limit != "UNLIMITED" else "",
+        "table": f"[hosts.{host}]",
+        "nodes": job.nodes or "its node",
+        "node": job.nodes or "NODE",
+    }
+    words, hint = ended
+    return EndReport(said + words.format(**fields), hint.format(**fields), True)
     return EndReport(said, None, False)

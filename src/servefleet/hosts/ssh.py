@@ -36,10 +36,12 @@ from servefleet.hosts.base import (
     PortHolder,
     Truncated,
     detach_argv,
+    loopback_for,
     proc_command_line,
     proc_owns,
 )
 from servefleet.hosts.pidstat import GONE, PidStatus, parse_proc_stat
+from servefleet.hosts.piped import reap, start_piped
 from servefleet.hosts.ssh_batch import Op, batch_argv, chunk_ops, parse_batch
 from servefleet.hosts.ssh_master import Master, MasterPool, free_local_port
 from servefleet.hosts.ssh_options import SSHSpec, classify_ssh_failure, ssh_argv, ssh_error
@@ -213,15 +215,7 @@ class SSHHost:
         session was confirmed would otherwise fall back to a connection of its own, which on a
         silent link waits out ConnectTimeout (and would run the command a second time on a
         link that comes back); reconnecting is the pool's decision."""
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        except OSError as exc:
-            raise HostError(f"cannot run the ssh client: {exc}") from exc
+        proc = await start_piped(argv, has_input=input is not None, cannot="cannot run the ssh client")
         try:
             master_lost = False
             if master is None or self.pool is None:
@@ -229,13 +223,10 @@ class SSHHost:
             else:
                 out, err, master_lost = await asyncio.wait_for(self._communicate_while(proc, input, master), timeout)
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
+            await reap(proc)
             raise HostError(f"command on ssh host {self.name!r} timed out after {timeout}s") from None
         except BaseException:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            await reap(proc)
             raise
         if master_lost:
             return 255, out, err
@@ -301,7 +292,11 @@ class SSHHost:
         await self.connect()
         log_path, status_path = self.expand(log_path), self.expand(status_path)
         launch = scripts.launch_argv(detach_argv(argv, log_path, status_path), log_path, status_path)
-        return await self._launch(launch, argv, env, cwd)
+        out, err = await self._run_launcher(launch, argv, env, cwd)
+        lines = out.decode(errors="replace").split()  # the pid the launcher prints first: the new group
+        if not lines or not lines[0].isdigit():
+            raise HostError(f"the remote launcher on {self.name!r} did not report a pid: {out!r} {err!r}")
+        return int(lines[0])
 
     async def launch(
         self,
@@ -357,22 +352,11 @@ class SSHHost:
             launcher = units.launch_argv(unit, wrapper, log_path, status_path)
         out, err = await self._run_launcher(scripts.mark_argv(launcher, log_path, status_path, marker), argv, env, cwd)
         try:
-            size, newlines, pid, state, code = scripts.parse_launch(out.decode(errors="replace"))
+            return scripts.parse_launch(out.decode(errors="replace"))
         except ValueError:
             raise HostError(
                 f"the remote launcher on {self.name!r} did not report the launch: {out!r} {err!r}"
             ) from None
-        return Launched(pid, size, newlines + 1, state, code)
-
-    async def _launch(
-        self, launch: Sequence[str], argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None
-    ) -> int:
-        """Run a launcher program (``launch``); the pid it prints first is the new process group."""
-        out, err = await self._run_launcher(launch, argv, env, cwd)
-        lines = out.decode(errors="replace").split()
-        if not lines or not lines[0].isdigit():
-            raise HostError(f"the remote launcher on {self.name!r} did not report a pid: {out!r} {err!r}")
-        return int(lines[0])
 
     async def _run_launcher(
         self, launch: Sequence[str], argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None
@@ -409,23 +393,6 @@ class SSHHost:
                 self._units_error = units.check_error(self.name, f"[hosts.{self.name}]", facts) or False
         if self._units_error:
             raise LaunchError(str(self._units_error))
-
-    async def spawn_unit(
-        self,
-        argv: Sequence[str],
-        *,
-        unit: str,
-        log_path: str,
-        status_path: str,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> int:
-        """``spawn_detached`` through ``systemd-run --user`` as transient unit ``unit``: the
-        same wrapper, log and status file; the pid returned is again the process group."""
-        await self.check_units()
-        log_path, status_path = self.expand(log_path), self.expand(status_path)
-        launch = units.launch_argv(unit, detach_argv(argv, log_path, status_path), log_path, status_path)
-        return await self._launch(launch, argv, env, cwd)
 
     async def stop_unit(self, unit: str, *, force: bool = False) -> None:
         """Ask the user manager to stop ``unit`` (SIGTERM to its whole cgroup; without waiting),
@@ -545,9 +512,7 @@ class SSHHost:
         per port, kept until close() (and re-added if the master restarts). ``local_port``
         asks for a given local port (`servefleet tunnel --local-port`); default: a free one."""
         await self.connect()
-        target = (
-            "127.0.0.1" if bind_host in ("0.0.0.0", "", "localhost") else ("::1" if bind_host == "::" else bind_host)
-        )
+        target = loopback_for(bind_host)
         if self.pool is not None:
             local = await self.pool.forward(target, port, local_port)
         else:

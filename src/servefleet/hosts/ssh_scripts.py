@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from servefleet.errors import HostError
-from servefleet.hosts.base import PortHolder
+from servefleet.hosts.base import Launched, PortHolder
 
 __all__ = [
     "MISSING_RC",
@@ -282,10 +282,10 @@ def mark_argv(launcher: Sequence[str], log_path: str, status_path: str, marker: 
     return _sh(MARK, log_path, status_path, marker, *launcher)
 
 
-def parse_launch(stdout: str) -> tuple[int, int, int, str, int | None]:
-    """(log size after the marker, newlines before it, pid, state, exit code) from MARK and a
-    launcher's output: "log SIZE LINES", the pid, then alive / exited N / gone. Raises ValueError
-    when the answer is not that."""
+def parse_launch(stdout: str) -> Launched:
+    """The Launched (group, log size after the marker, the marker's line number, state, exit code)
+    from MARK and a launcher's output: "log SIZE LINES" (LINES: the newlines before the marker),
+    the pid, then alive / exited N / gone. Raises ValueError when the answer is not that."""
     lines = [line.strip() for line in stdout.splitlines() if line.strip()]
     for i, line in enumerate(lines):
         m = re.fullmatch(r"log +(\d+) +(\d+)", line)
@@ -294,7 +294,8 @@ def parse_launch(stdout: str) -> tuple[int, int, int, str, int | None]:
         state, _, code = (lines[i + 2] if i + 2 < len(lines) else "gone").partition(" ")
         if state not in ("alive", "exited", "gone"):
             raise ValueError(f"unexpected launcher state {state!r}")
-        return int(m[1]), int(m[2]), int(lines[i + 1]), state, int(code) if code.lstrip("-").isdigit() else None
+        exit_code = int(code) if code.lstrip("-").isdigit() else None
+        return Launched(int(lines[i + 1]), int(m[1]), int(m[2]) + 1, state, exit_code)
     raise ValueError("no launch report")
 
 
