@@ -68,3 +68,14 @@ async def test_a_missing_log_is_no_verdict_of_failure(tmp_path: Path) -> None:
     binding = HostBinding(name="local", host=LocalHost(), work_dir=str(tmp_path))
     verdict = await fleet_status.diagnose_attempt(binding, _record(tmp_path / "none.log"), get_engine("vllm"))
     assert verdict.state is not State.FAILED
+
+
+async def test_an_attempt_over_one_read_but_within_the_bounded_readers_cap_is_read_whole(
+    tmp_path: Path, small_limit: int
+) -> None:
+    big = write_log(tmp_path / "a.log", 1024 * 1024, "end")  # over DIAGNOSE_LIMIT, under the bounded reader's cap
+    binding = HostBinding(name="local", host=LocalHost(), work_dir=str(tmp_path))
+    verdict = await fleet_status.diagnose_attempt(binding, _record(big.path), get_engine("vllm"))
+    assert (verdict.state, verdict.category) == (State.FAILED, Category.GPU_OOM), verdict
+    assert verdict.evidence is not None and verdict.evidence.line_no >= big.fatal_line
+    assert verdict.skipped is None  # nothing was left out

@@ -1,7 +1,9 @@
 """``status``'s pure decider (fleet/status_decide.py): one snapshot of facts in, a server's state,
-detail, category and capacity out, with no host, no HTTP and no clock. Table-driven; the words are
-the ones `servefleet status` shows (tests/test_ssh_status.py and test_fleet_lifecycle.py check the
-same decisions end to end over real hosts)."""
+detail, category and capacity out, with no host, no HTTP and no clock. The log's part is the
+verdict of `wait`'s readiness machine replayed over the snapshot's lines, probe and exit, so the
+snapshots here hold real vLLM log lines. Table-driven; the words are the ones `servefleet status`
+shows (tests/test_ssh_status.py and test_fleet_lifecycle.py check the same decisions end to end
+over real hosts)."""
 
 from __future__ import annotations
 
@@ -12,22 +14,30 @@ from pathlib import Path
 import pytest
 
 from servefleet.capacity import Capacity
-from servefleet.catalog import Category, State
+from servefleet.engines.registry import get_engine
 from servefleet.fleet import status_decide
-from servefleet.fleet.status_decide import Decision, Liveness, Snapshot, decide
-from servefleet.verify.events import ProbeOutcome, ProbeResult
-from servefleet.verify.verdict import Evidence, Verdict
+from servefleet.fleet.status_decide import AttemptLog, Decision, Liveness, Snapshot, decide
+from servefleet.verify.events import LogLines, ProbeOutcome, ProbeResult
+
+
+def lines(*text: str) -> AttemptLog:
+    return AttemptLog((LogLines(text, first_line_no=1),))
+
 
 OOM_LINE = "  torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB  "
-OOM = Verdict(state=State.FAILED, category=Category.GPU_OOM, evidence=Evidence(line_no=12, text=OOM_LINE))
-LOG_SILENT = Verdict(state=State.LOADING)  # the log says nothing of a failure (an empty or quiet one)
-LOADING_SHARDS = Verdict(state=State.LOADING, progress="loading weights 3/8", message="no recognised failure")
+READY_LINE = "INFO:     Application startup complete."
+KV_LINE = "INFO 12-01 09:00:05 [kv_cache_utils.py:1] GPU KV cache size: 7 tokens"
+OOM = lines(OOM_LINE)
+LOG_SILENT = lines()  # the log says nothing of a failure (an empty one)
+LOADING_SHARDS = lines("INFO Loading safetensors checkpoint shards:  38% Completed | 3/8 [00:01<00:02]")
+WRAPPER_ONLY = lines("ERROR 12-01 09:00:09 [core.py:1] Engine core initialization failed. See root cause above")
 OK = ProbeResult(ProbeOutcome.OK, 200, "/health")
 REFUSED = ProbeResult(ProbeOutcome.REFUSED, detail="connection refused")
 NOT_OURS = ProbeResult(ProbeOutcome.WRONG_IDENTITY, 200, "/health", "port 8000 is held by pid 99 (pgid 99), not 42")
 
-GONE = Snapshot(name="a", pgid=42, owned=False, alive=False)
-OWNED = Snapshot(name="a", pgid=42, owned=True)
+VLLM = get_engine("vllm")
+GONE = Snapshot(name="a", pgid=42, owned=False, alive=False, engine=VLLM, log_path="/logs/a.log")
+OWNED = Snapshot(name="a", pgid=42, owned=True, engine=VLLM, log_path="/logs/a.log")
 
 CASES: list[tuple[str, Snapshot, Liveness, str | None, str | None]] = [
     # (case, snapshot, state, detail, category)
@@ -46,11 +56,32 @@ CASES: list[tuple[str, Snapshot, Liveness, str | None, str | None]] = [
         "gpu_oom",
     ),
     (
-        "dead, exit code 0, nothing in the log",
+        "dead, exit code 0, nothing in the log: a failure, as `wait` says (it never became ready)",
         replace(GONE, exit_code=0, log=LOG_SILENT),
         Liveness.DEAD,
-        "exit code 0",
-        None,
+        "exit code 0, other",
+        "other",
+    ),
+    (
+        "dead, exit code 1, no error line: other, as `wait` says",
+        replace(GONE, exit_code=1, log=LOADING_SHARDS),
+        Liveness.DEAD,
+        "exit code 1, other",
+        "other",
+    ),
+    (
+        "dead, exit code 137, empty log: killed, as `wait` says",
+        replace(GONE, exit_code=137, log=LOG_SILENT),
+        Liveness.DEAD,
+        "exit code 137, killed",
+        "killed",
+    ),
+    (
+        "dead, an unrecognised error line: the machine's nearest error line is the evidence",
+        replace(GONE, exit_code=1, log=lines("ERROR something went wrong: ValueError: bad value")),
+        Liveness.DEAD,
+        "exit code 1, other: ERROR something went wrong: ValueError: bad value",
+        "other",
     ),
     (
         "dead with no exit code recorded: killed",
@@ -88,11 +119,11 @@ CASES: list[tuple[str, Snapshot, Liveness, str | None, str | None]] = [
         "gpu_oom",
     ),
     (
-        "stopped by `up` with no category anywhere",
+        "stopped by `up` with no category anywhere: the machine's (how it ended)",
         replace(GONE, exit_code=143, log=LOG_SILENT, after_failure="stopped"),
         Liveness.DEAD,
         "stopped by `up` after it failed (other); exit code 143",
-        None,
+        "other",
     ),
     (
         "the probe answers and the port is ours",
@@ -137,24 +168,31 @@ CASES: list[tuple[str, Snapshot, Liveness, str | None, str | None]] = [
         "gpu_oom",
     ),
     (
-        "alive and not answering, the log failed without a category or evidence",
-        replace(OWNED, probe=REFUSED, log=Verdict(state=State.FAILED)),
+        "alive, a fatal line that a ready line follows: failed (the first fatal line wins, as in `wait`)",
+        replace(OWNED, probe=REFUSED, log=lines(OOM_LINE, READY_LINE)),
         Liveness.FAILED,
-        "failed (process still alive)",
-        None,
+        f"gpu_oom: {OOM_LINE.strip()} (process still alive)",
+        "gpu_oom",
+    ),
+    (
+        "alive, a wrapper line and no cause above it: failed once its grace period is over",
+        replace(OWNED, probe=REFUSED, log=WRAPPER_ONLY),
+        Liveness.FAILED,
+        "other (process still alive)",
+        "other",
     ),
     (
         "alive, still loading: the log's progress",
         replace(OWNED, probe=REFUSED, log=LOADING_SHARDS),
         Liveness.LOADING,
-        "loading weights 3/8",
+        "loading weight shards",
         None,
     ),
     (
-        "alive, still loading, no progress line: the log's message",
-        replace(OWNED, probe=REFUSED, log=LOADING_SHARDS.model_copy(update={"progress": None})),
+        "alive, no log file: the machine's message",
+        replace(OWNED, probe=REFUSED, log=AttemptLog(missing=True)),
         Liveness.LOADING,
-        "no recognised failure",
+        "log file /logs/a.log does not exist (is the path right?)",
         None,
     ),
     (
@@ -165,10 +203,10 @@ CASES: list[tuple[str, Snapshot, Liveness, str | None, str | None]] = [
         None,
     ),
     (
-        "alive, the log says ready but the probe does not: still loading, in the log's words",
-        replace(OWNED, probe=REFUSED, log=Verdict(state=State.READY, message="the log says ready")),
+        "alive, the log says ready but the probe does not: still loading (a ready line is no proof)",
+        replace(OWNED, probe=REFUSED, log=lines(READY_LINE)),
         Liveness.LOADING,
-        "the log says ready",
+        None,
         None,
     ),
 ]
@@ -201,22 +239,10 @@ RECORDED = Capacity(kv_cache_tokens=50_000, context_length=4096)
         (replace(OWNED, probe=OK, stall="stopped", served_capacity=Capacity(max_running_requests=8)), 50_000, 8),
         (replace(OWNED, probe=OK), 50_000, None),  # an engine with no profile: nothing read
         # ... and the log's capacity lines, while it loads or after it failed
-        (
-            replace(OWNED, probe=REFUSED, log=Verdict(state=State.LOADING, capacity=Capacity(kv_cache_tokens=7))),
-            7,
-            None,
-        ),
-        (
-            replace(OWNED, probe=REFUSED, log=OOM.model_copy(update={"capacity": Capacity(max_running_requests=2)})),
-            50_000,
-            2,
-        ),
+        (replace(OWNED, probe=REFUSED, log=lines(KV_LINE)), 7, None),
+        (replace(OWNED, probe=REFUSED, log=lines(KV_LINE, OOM_LINE)), 7, None),
         # a dead, stale, unresponsive or queued server keeps what the record says
-        (
-            replace(GONE, exit_code=1, log=Verdict(state=State.LOADING, capacity=Capacity(kv_cache_tokens=7))),
-            50_000,
-            None,
-        ),
+        (replace(GONE, exit_code=1, log=lines(KV_LINE)), 50_000, None),
         (replace(GONE, alive=True), 50_000, None),
         (replace(OWNED, probe=REFUSED, last_state="ready"), 50_000, None),
         (replace(OWNED, probe=REFUSED, queued="pending"), 50_000, None),
@@ -234,13 +260,37 @@ def test_capacity_merges_what_was_read_over_the_record(
 
 
 def test_a_long_evidence_line_is_cut_in_the_detail() -> None:
-    long = OOM.model_copy(update={"evidence": Evidence(line_no=3, text="E" * 500)})
-    assert decide(replace(GONE, exit_code=1, log=long)).detail == "exit code 1, gpu_oom: " + "E" * 120
-    assert decide(replace(OWNED, probe=REFUSED, log=long)).detail == "gpu_oom: " + "E" * 120 + " (process still alive)"
+    line = "torch.OutOfMemoryError: CUDA out of memory. " + "E" * 500
+    long = lines(line)
+    assert decide(replace(GONE, exit_code=1, log=long)).detail == "exit code 1, gpu_oom: " + line[:120]
+    assert decide(replace(OWNED, probe=REFUSED, log=long)).detail == f"gpu_oom: {line[:120]} (process still alive)"
 
 
 def test_the_decision_is_a_value() -> None:
-    assert decide(replace(GONE, exit_code=0, log=LOG_SILENT)) == Decision(Liveness.DEAD, "exit code 0", exit_code=0)
+    assert decide(replace(GONE, exit_code=0, log=LOG_SILENT)) == Decision(
+        Liveness.DEAD, "exit code 0, other", "other", exit_code=0
+    )
+
+
+def test_a_one_shot_look_waits_out_no_grace_period() -> None:
+    """An unrecognised error line is only a provisional cause while the log may still bring a named
+    one (`wait` waits WRAPPER_GRACE_S for it); a look has no later moment: it is the cause now."""
+    got = decide(replace(OWNED, probe=REFUSED, log=lines("ERROR something went wrong: ValueError: bad value")))
+    assert (got.state, got.category) == (Liveness.FAILED, "other")
+
+
+def test_a_big_log_read_in_windows_keeps_its_line_numbers() -> None:
+    """The bounded reader's windows (a gap between them) are fed with the file's own numbers."""
+    log = AttemptLog(
+        (
+            LogLines(("INFO 12-01 09:00:00 [api_server.py:1] vLLM API server version 0.32.0",), first_line_no=1),
+            LogLines(("x", OOM_LINE), first_line_no=90_000),
+        ),
+        skipped="read 2 KB of 1.0 GB",
+    )
+    verdict = status_decide.replay(replace(GONE, exit_code=1, log=log))
+    assert verdict.evidence is not None and verdict.evidence.line_no == 90_001
+    assert verdict.skipped == "read 2 KB of 1.0 GB"
 
 
 def test_the_decider_does_no_io() -> None:
@@ -256,9 +306,12 @@ def test_the_decider_does_no_io() -> None:
         "__future__",
         "dataclasses",
         "enum",
+        "math",
         "servefleet.capacity",
         "servefleet.catalog",
+        "servefleet.engines.base",  # the engine profile the machine classifies with: data and regexes
         "servefleet.verify.events",
+        "servefleet.verify.machine",  # pure: events and a clock reading in, a verdict out
         "servefleet.verify.verdict",
     }
     assert imported <= allowed, imported - allowed

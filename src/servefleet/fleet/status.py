@@ -2,7 +2,8 @@
 liveness, the detach wrapper's exit code, one HTTP probe and the log of the current attempt.
 
 ``look`` asks those questions (each only when the answer can change the state) and returns the
-facts as a ``status_decide.Snapshot``; ``status_decide.decide`` (pure) says what they mean.
+facts as a ``status_decide.Snapshot``; ``status_decide.decide`` (pure) says what they mean, the
+log's part by replaying `wait`'s readiness machine over the attempt's lines, the probe and the exit.
 Nothing here is kept in memory between calls: any CLI process (a second terminal, a new shell)
 computes the same answer from the files and the server itself.
 """
@@ -25,13 +26,13 @@ from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.lifecycle import owns_group, read_exit_code
 from servefleet.fleet.questions import DIAGNOSE_LIMIT, STALL_TAIL
 from servefleet.fleet.state import ServerState, utcnow
-from servefleet.fleet.status_decide import Liveness, Snapshot, decide
+from servefleet.fleet.status_decide import AttemptLog, Liveness, Snapshot, decide, replay
 from servefleet.hosts.capabilities import scheduler_of
 from servefleet.hosts.questions import ask, inner_host, read_tail
 from servefleet.http import HttpClient
-from servefleet.verify.bounded import HostSource, diagnose_source
-from servefleet.verify.diagnose import diagnose_text
-from servefleet.verify.events import ProbeOutcome
+from servefleet.verify.bounded import HostSource, read_big_log
+from servefleet.verify.diagnose import last_attempt_start, split_lines
+from servefleet.verify.events import LogLines, ProbeOutcome
 from servefleet.verify.probe import Prober
 from servefleet.verify.verdict import Verdict
 
@@ -41,6 +42,7 @@ __all__ = [
     "server_status",
     "look",
     "not_launched",
+    "read_attempt",
     "diagnose_attempt",
     "read_tail",
     "DIAGNOSE_LIMIT",
@@ -76,22 +78,43 @@ class ServerStatus(BaseModel):
         return data
 
 
-async def diagnose_attempt(binding: HostBinding, record: ServerState, profile: EngineProfile | None) -> Verdict:
-    """The verdict of the current attempt's part of the (appended) log. One read of up to
-    DIAGNOSE_LIMIT bytes (the status batch prefetches exactly that read); a longer attempt goes
-    through the bounded reader that `diagnose` uses (its start-up, first fatal block and end), so a
-    crash at the end of a big log is seen and memory stays bounded."""
+async def read_attempt(binding: HostBinding, record: ServerState, profile: EngineProfile | None) -> AttemptLog:
+    """The current attempt's part of the (appended) log, as lines for the readiness machine. One
+    read of up to DIAGNOSE_LIMIT bytes (the status batch prefetches exactly that read); a longer
+    attempt goes through the bounded reader that `wait` and `diagnose` use (its start-up, first
+    fatal block and end), so a crash at the end of a big log is seen and memory stays bounded."""
     raw = await ask(binding.host, questions.attempt_log(record))
     if raw is None:
-        return diagnose_text("", profile)
+        return AttemptLog(missing=True)
     if len(raw) < DIAGNOSE_LIMIT:
-        return diagnose_text(raw.decode("utf-8", errors="replace"), profile)
+        return _whole(raw)
+    source = HostSource(inner_host(binding.host), record.log_path)
     try:
-        return await diagnose_source(
-            HostSource(inner_host(binding.host), record.log_path), profile, start=record.log_offset
-        )
+        read = await read_big_log(source, profile, start=record.log_offset)
+        if read is None:  # within the bounded reader's cap after all: read whole
+            size = await source.size()
+            if size is None:
+                return AttemptLog(missing=True)
+            return _whole(await source.read(record.log_offset, max(0, size - record.log_offset)))
     except FileNotFoundError:
-        return diagnose_text("", profile)
+        return AttemptLog(missing=True)
+    windows = tuple(LogLines(tuple(w.lines), first_line_no=w.line_no) for w in read.windows)
+    return AttemptLog(windows, skipped=read.skipped, detected=read.profile)
+
+
+def _whole(raw: bytes) -> AttemptLog:
+    """A log read whole, from the attempt's offset: its lines after the last launch marker (numbered from 1
+    at the offset)."""
+    lines = split_lines(raw.decode("utf-8", errors="replace"))
+    first = last_attempt_start(lines)
+    return AttemptLog((LogLines(tuple(lines[first:]), first_line_no=first + 1),))
+
+
+async def diagnose_attempt(binding: HostBinding, record: ServerState, profile: EngineProfile | None) -> Verdict:
+    """The readiness machine's verdict of the current attempt's log alone (the process alive, no probe answer)."""
+    log = await read_attempt(binding, record, profile)
+    snap = Snapshot(name=record.name, pgid=record.pgid, owned=True, log=log, engine=profile, log_path=record.log_path)
+    return replay(snap)
 
 
 async def serving_stall(binding: HostBinding, record: ServerState, profile: EngineProfile) -> str | None:
@@ -177,15 +200,17 @@ async def look(
         last_state=last.get("state"),
         last_category=last.get("category"),
         after_failure=record.after_failure,
+        engine=profile,
+        log_path=record.log_path,
     )
     scheduler = scheduler_of(host)  # a scheduler's host (Slurm): how a job ended, or that it still waits
     if not await owns_group(binding, record):
         if await ask(host, questions.alive(record)):
             return replace(gone, alive=True)
         exit_code = await read_exit_code(binding, record)
-        verdict = await diagnose_attempt(binding, record, profile)
+        log = await read_attempt(binding, record, profile)
         ended = await scheduler.ended(record.pgid) if scheduler is not None else None
-        return replace(gone, alive=False, exit_code=exit_code, log=verdict, ended=ended or None)
+        return replace(gone, alive=False, exit_code=exit_code, log=log, ended=ended or None)
 
     probe = (
         Probe(tuple(record.probe_paths)) if record.probe_paths else (profile.probe if profile else Probe(("/health",)))
@@ -206,4 +231,4 @@ async def look(
         return replace(gone, owned=True, probe=result)
     if scheduler is not None and (note := await scheduler.queued(record.pgid)):
         return replace(gone, owned=True, probe=result, queued=note)
-    return replace(gone, owned=True, probe=result, log=await diagnose_attempt(binding, record, profile))
+    return replace(gone, owned=True, probe=result, log=await read_attempt(binding, record, profile))
