@@ -503,6 +503,7 @@ def test_a_fleet_servers_provenance_has_its_launch_engine_args_gpus_and_host():
     import asyncio
     from types import SimpleNamespace
 
+    from servefleet.capacity import Capacity
     from servefleet.generate.endpoints import targets_from_fleet
 
     spec = SimpleNamespace(
@@ -516,7 +517,7 @@ def test_a_fleet_servers_provenance_has_its_launch_engine_args_gpus_and_host():
                     name="a",
                     base_url="http://127.0.0.1:1",
                     served_model="tiny",
-                    capacity=SimpleNamespace(max_running_requests=64),
+                    capacity=Capacity(max_running_requests=64),  # what Endpoint.capacity is
                     engine="vllm",
                 )
             ]

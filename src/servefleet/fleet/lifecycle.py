@@ -27,6 +27,7 @@ from servefleet.fleet.hosts import HostBinding
 from servefleet.fleet.spec import ServerSpec
 from servefleet.fleet.state import ServerState, StateStore, is_secret_name, mask_argv, mask_env, spec_hash, utcnow
 from servefleet.hosts.base import UnitHost
+from servefleet.hosts.capabilities import units_of
 from servefleet.hosts.questions import ask
 from servefleet.hosts.ssh_systemd import unit_name
 from servefleet.verify.verdict import Verdict
@@ -156,10 +157,8 @@ def resolve_launch(server: ServerSpec, binding: HostBinding, fleet_label: str) -
 
 def _unit_host(binding: HostBinding) -> UnitHost | None:
     """The host, when it starts servers as systemd --user units (launcher = "systemd-run")."""
-    host = binding.host
-    if isinstance(host, UnitHost) and host.launcher == "systemd-run":
-        return host
-    return None
+    units = units_of(binding.host)
+    return units if units is not None and units.launcher == "systemd-run" else None
 
 
 async def owns_group(binding: HostBinding, record: ServerState, *, alive: bool | None = None) -> bool:
@@ -366,7 +365,7 @@ async def stop_server(
     no process of the group remains and the port is free."""
     host = binding.host
     result = StopResult(record.name, was_running=False)
-    units = binding.host if record.unit and isinstance(binding.host, UnitHost) else None
+    units = units_of(binding.host) if record.unit else None
     alive = await host.group_alive(record.pgid)  # asked once: a dead group costs no second question
     if await owns_group(binding, record, alive=alive):
         result.was_running = True

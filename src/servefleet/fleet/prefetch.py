@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from servefleet.engines.registry import get_engine
 from servefleet.errors import ConfigError, EngineError, HostUnreachable
@@ -26,6 +26,7 @@ from servefleet.fleet.lifecycle import Launchable, load_record, resolve_launch
 from servefleet.fleet.spec import LOCAL
 from servefleet.fleet.state import ServerState, StateStore
 from servefleet.fleet.status import ServerStatus, not_launched, reports_serving_stats, server_status
+from servefleet.hosts.base import CommandResult, Host, Launched, PidStatus, PortHolder, Truncated
 from servefleet.hosts.capabilities import batching_of, connecting_of
 from servefleet.hosts.questions import Exists, GpuApps, Question, ask
 from servefleet.http import probe_client
@@ -38,23 +39,97 @@ __all__ = ["PrefetchedHost", "prefetch_questions", "fleet_status", "prefetched_l
 class PrefetchedHost:
     """A Host seen through answers fetched in advance (``host.batch``): the questions of
     hosts/questions.py asked through ``ask`` are answered from the batch (``Answering``); every
-    Host method goes to the host itself. ``once``: each answer serves one question (for callers
-    that later change what they asked about). ``misses``: questions asked that the batch did not
-    hold, once it was asked (each a round trip more: a mismatch between the two sides)."""
+    ``Host`` method goes to the host itself, and nothing else does: an attribute ``Host`` does not
+    declare is an AttributeError here, not a silent bypass of the batch. The host's optional
+    capabilities are found behind the view by type (hosts/capabilities.py ``*_of`` unwrap
+    ``inner``). ``once``: each answer serves one question (for callers that later change what
+    they asked about). ``misses``: questions asked that the batch did not hold, once it was asked
+    (each a round trip more: a mismatch between the two sides)."""
 
-    def __init__(self, host: Any, *, once: bool = False) -> None:
+    def __init__(self, host: Host, *, once: bool = False) -> None:
         self.host = host
+        self.name = host.name
         self.once = once
         self.answers: dict[Question, Any] = {}
         self.misses: list[Question] = []
         self._batched = False
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.host, name)  # the rest of the host (Host methods, launcher, units) unchanged
-
     @property
-    def inner(self) -> Any:
+    def inner(self) -> Host:
         return self.host
+
+    # -- the Host contract, passed through ---------------------------------------------------
+
+    async def run(
+        self, argv: Sequence[str], *, timeout: float | None = None, check: bool = True, input: bytes | None = None
+    ) -> CommandResult:
+        return await self.host.run(argv, timeout=timeout, check=check, input=input)
+
+    async def spawn_detached(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> int:
+        return await self.host.spawn_detached(argv, log_path=log_path, status_path=status_path, env=env, cwd=cwd)
+
+    async def launch(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        status_path: str,
+        marker: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Launched:
+        return await self.host.launch(
+            argv, log_path=log_path, status_path=status_path, marker=marker, env=env, cwd=cwd
+        )
+
+    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        return await self.host.read_bytes(path, offset, limit)
+
+    async def file_size(self, path: str) -> int | None:
+        return await self.host.file_size(path)
+
+    def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
+        return self.host.follow(path, offset)
+
+    async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        await self.host.write_bytes(path, data, mode)
+
+    async def remove(self, path: str) -> None:
+        await self.host.remove(path)
+
+    async def group_alive(self, pgid: int) -> bool:
+        return await self.host.group_alive(pgid)
+
+    async def owns(self, group: int, marker: str) -> bool | None:
+        return await self.host.owns(group, marker)
+
+    async def command_line(self, pid: int) -> str | None:
+        return await self.host.command_line(pid)
+
+    async def pid_status(self, pid: int) -> PidStatus:
+        return await self.host.pid_status(pid)
+
+    async def signal_group(self, pgid: int, signum: int) -> None:
+        await self.host.signal_group(pgid, signum)
+
+    async def port_holder(self, port: int) -> PortHolder | None:
+        return await self.host.port_holder(port)
+
+    async def url_for(self, port: int, bind_host: str = "127.0.0.1") -> str:
+        return await self.host.url_for(port, bind_host)
+
+    async def close(self) -> None:
+        await self.host.close()
+
+    # -- the batch ---------------------------------------------------------------------------
 
     async def prefetch(self, ops: Sequence[Question]) -> None:
         """Ask ``ops`` in one batch. A host that cannot batch, or a batch that fails for any
@@ -241,3 +316,7 @@ def _prefetched(binding: HostBinding) -> PrefetchedHost:
     if not isinstance(binding.host, PrefetchedHost):
         raise TypeError(f"host binding {binding.name!r} is not a prefetched view")
     return binding.host
+
+
+if TYPE_CHECKING:
+    _IS_A_HOST: type[Host] = PrefetchedHost  # checked by mypy: the view keeps the whole Host contract

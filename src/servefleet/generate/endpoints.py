@@ -17,10 +17,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from servefleet.catalog import State
 from servefleet.errors import ConfigError, HostUnreachable
 
 if TYPE_CHECKING:
+    from servefleet.fleet.core import Endpoint
     from servefleet.generate.client import Client
+    from servefleet.verify.verdict import Verdict
 
 __all__ = [
     "Target",
@@ -144,10 +147,9 @@ class FleetRestarter:
         return await self.fleet.retiring()
 
     async def restart(self, name: str, on_event: Callable[[str], None]) -> Target | None:
-        verdict = await self.fleet.restart(name, honour_stops=True)
-        state = getattr(verdict.state, "value", verdict.state)
+        verdict: Verdict = await self.fleet.restart(name, honour_stops=True)
         on_event(f"{name}: restart -> {describe_verdict(verdict)}")
-        if state != "ready":
+        if verdict.state != State.READY:
             return None
         for ep in await self.fleet.ready_endpoints():
             if ep.name == name:
@@ -155,17 +157,16 @@ class FleetRestarter:
         return None
 
 
-def describe_verdict(verdict: Any) -> str:
+def describe_verdict(verdict: Verdict) -> str:
     """One line: the state, and for a failure its category, evidence line and hint."""
-    state = getattr(verdict.state, "value", verdict.state)
-    parts = [str(state)]
-    if getattr(verdict, "category", None) is not None:
+    parts = [verdict.state.value]
+    if verdict.category is not None:
         parts.append(f"[{verdict.category.value}]")
-    if getattr(verdict, "evidence", None) is not None:
+    if verdict.evidence is not None:
         parts.append(f"log line {verdict.evidence.line_no}: {verdict.evidence.text}")
     elif verdict.message:
         parts.append(f"({verdict.message})")
-    if getattr(verdict, "hint", None) and state != "ready":
+    if verdict.hint and verdict.state != State.READY:
         parts.append(f"-- {verdict.hint}")
     return " ".join(parts)
 
@@ -204,20 +205,19 @@ def with_bench(targets: list[Target], paths: list[str]) -> list[Target]:
             out.append(t)
             continue
         run, best = max(match, key=lambda rp: rp[1].output_tokens_per_s)
-        note = "streaming run" if getattr(run.config, "stream", False) else None
+        note = "streaming run" if run.config.stream else None
         out.append(replace(t, bench_concurrency=best.concurrency, bench_tps=best.output_tokens_per_s, bench_note=note))
     return out
 
 
-def from_endpoint(ep: Any) -> Target:
-    cap = ep.capacity
+def from_endpoint(ep: Endpoint) -> Target:
     return Target(
         ep.name,
         ep.base_url,
         ep.served_model,
-        getattr(cap, "max_running_requests", None),
+        ep.capacity.max_running_requests,
         managed=True,
-        graph_batch=getattr(cap, "graph_batch_max", None),
+        graph_batch=ep.capacity.graph_batch_max,
     )
 
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from servefleet.catalog import State
 from servefleet.generate.endpoints import FleetRestarter, Target, describe_verdict, from_endpoint
 from servefleet.generate.handover import Handover, due, successor_name
 from servefleet.hosts.capabilities import scheduler_of
@@ -37,6 +38,7 @@ from servefleet.hosts.slurm_queue import slurm_seconds
 
 if TYPE_CHECKING:
     from servefleet.generate.dispatch import Dispatcher
+    from servefleet.verify.verdict import Verdict
 
 __all__ = ["Round", "plan_round", "idle_at_tail", "ElasticRestarter", "ReplaceBudget", "RELEASE_COMMAND"]
 
@@ -190,8 +192,8 @@ class ElasticRestarter(FleetRestarter):
     async def _join(self, dispatcher: Dispatcher, status: Any, seen_at: float) -> None:
         name = status.name
         outcomes = await self.fleet.start([name], honour_stops=True)  # adopts it: nothing is launched
-        verdict = (await self.fleet.wait(outcomes))[name]
-        if str(getattr(verdict.state, "value", verdict.state)) != "ready":
+        verdict: Verdict = (await self.fleet.wait(outcomes))[name]
+        if verdict.state != State.READY:
             self._event(f"{name}: not admitted: verification -> {describe_verdict(verdict)}")
             return
         from servefleet.fleet.core import Endpoint

@@ -11,6 +11,9 @@ silently off.
 - ``Answering`` (hosts/questions.py): a view of a host answering questions from a batch asked
   earlier (fleet/prefetch.PrefetchedHost).
 - ``UnitHost`` (hosts/base.py) and ``WatchHost`` (hosts/watch.py) are the others.
+
+A view (``Answering``) declares only ``Host``: the ``*_of`` helpers look behind it (``inner``), so a
+capability is found on the host itself whichever way the caller holds it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from servefleet.hosts.base import UnitHost
+from servefleet.hosts.questions import Answering
 from servefleet.hosts.slurm_queue import JobInfo
 
-__all__ = ["Scheduler", "Connecting", "Batching", "scheduler_of", "connecting_of", "batching_of", "jobs_own_gpus"]
+__all__ = [
+    "Scheduler",
+    "Connecting",
+    "Batching",
+    "scheduler_of",
+    "connecting_of",
+    "batching_of",
+    "units_of",
+    "jobs_own_gpus",
+]
 
 
 @runtime_checkable
@@ -65,16 +79,30 @@ class Batching(Protocol):
         ...
 
 
+def _behind(host: object) -> object:
+    """The host itself behind a view answering from a batch (fleet/prefetch.PrefetchedHost)."""
+    return host.inner if isinstance(host, Answering) else host
+
+
 def scheduler_of(host: object) -> Scheduler | None:
+    host = _behind(host)
     return host if isinstance(host, Scheduler) else None
 
 
 def connecting_of(host: object) -> Connecting | None:
+    host = _behind(host)
     return host if isinstance(host, Connecting) else None
 
 
 def batching_of(host: object) -> Batching | None:
+    host = _behind(host)
     return host if isinstance(host, Batching) else None
+
+
+def units_of(host: object) -> UnitHost | None:
+    """The host as a starter of systemd --user units (whichever launcher it is set to use)."""
+    host = _behind(host)
+    return host if isinstance(host, UnitHost) else None
 
 
 def jobs_own_gpus(host: object) -> bool:
