@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from servefleet.engines.registry import get_engine
@@ -26,7 +26,7 @@ from servefleet.fleet.lifecycle import Launchable, load_record, resolve_launch
 from servefleet.fleet.spec import LOCAL
 from servefleet.fleet.state import ServerState, StateStore
 from servefleet.fleet.status import ServerStatus, not_launched, reports_serving_stats, server_status
-from servefleet.hosts.base import CommandResult, Host, Launched, PidStatus, PortHolder, Truncated
+from servefleet.hosts.base import CommandResult, FilesThrough, Host, Launched, PidStatus, PortHolder
 from servefleet.hosts.capabilities import batching_of, connecting_of
 from servefleet.hosts.questions import Exists, GpuApps, Question, ask
 from servefleet.http import probe_client
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 __all__ = ["PrefetchedHost", "prefetch_questions", "fleet_status", "prefetched_launchables"]
 
 
-class PrefetchedHost:
+class PrefetchedHost(FilesThrough):
     """A Host seen through answers fetched in advance (``host.batch``): the questions of
     hosts/questions.py asked through ``ask`` are answered from the batch (``Answering``); every
     ``Host`` method goes to the host itself, and nothing else does: an attribute ``Host`` does not
@@ -48,6 +48,7 @@ class PrefetchedHost:
 
     def __init__(self, host: Host, *, once: bool = False) -> None:
         self.host = host
+        self.files_host = host
         self.name = host.name
         self.once = once
         self.answers: dict[Question, Any] = {}
@@ -89,21 +90,6 @@ class PrefetchedHost:
         return await self.host.launch(
             argv, log_path=log_path, status_path=status_path, marker=marker, env=env, cwd=cwd
         )
-
-    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        return await self.host.read_bytes(path, offset, limit)
-
-    async def file_size(self, path: str) -> int | None:
-        return await self.host.file_size(path)
-
-    def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
-        return self.host.follow(path, offset)
-
-    async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        await self.host.write_bytes(path, data, mode)
-
-    async def remove(self, path: str) -> None:
-        await self.host.remove(path)
 
     async def group_alive(self, pgid: int) -> bool:
         return await self.host.group_alive(pgid)

@@ -19,6 +19,7 @@ __all__ = [
     "PidStatus",
     "Host",
     "UnitHost",
+    "FilesThrough",
     "Launched",
     "DETACH_SCRIPT",
     "detach_argv",
@@ -216,6 +217,28 @@ class Host(Protocol):
     async def close(self) -> None:
         """Release connections and forwards (servers keep running)."""
         ...
+
+
+class FilesThrough:
+    """The file half of ``Host`` passed through to another host: a Slurm host's files are its login
+    node's, a batch view's (fleet/prefetch.py) are its host's. ``files_host`` is set by the class."""
+
+    files_host: Host
+
+    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
+        return await self.files_host.read_bytes(path, offset, limit)
+
+    async def file_size(self, path: str) -> int | None:
+        return await self.files_host.file_size(path)
+
+    def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
+        return self.files_host.follow(path, offset)
+
+    async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        await self.files_host.write_bytes(path, data, mode)
+
+    async def remove(self, path: str) -> None:
+        await self.files_host.remove(path)
 
 
 @runtime_checkable

@@ -35,7 +35,7 @@ from datetime import datetime
 
 from servefleet.errors import CommandError, HostError, HostUnreachable, LaunchError
 from servefleet.hosts import slurm_script as scripts
-from servefleet.hosts.base import CommandResult, Host, Launched, PortHolder, Truncated
+from servefleet.hosts.base import CommandResult, FilesThrough, Host, Launched, PortHolder
 from servefleet.hosts.capabilities import connecting_of
 from servefleet.hosts.pidstat import GONE, PidStatus
 from servefleet.hosts.slurm_queue import JobInfo, end_report, is_alive, parse_squeue, squeue_argv
@@ -63,7 +63,7 @@ class SlurmSpec:
     fleet_ports: Mapping[str, int] = field(default_factory=dict)  # server name -> its port in the fleet file
 
 
-class SlurmHost:
+class SlurmHost(FilesThrough):
     """Implements the Host contract (and WatchHost) for servers run as Slurm jobs."""
 
     launcher = "sbatch"
@@ -76,6 +76,7 @@ class SlurmHost:
         self.spec = spec
         self.name = spec.name
         self.transport = transport
+        self.files_host = transport  # the job's files are on the shared filesystem, read from the login node
         self.where_for_port = where_for_port
         self.scheduler_calls = 0  # sbatch/squeue/scancel commands run; benchmarks read it
         self._jobs: dict[str, JobInfo] = {}
@@ -209,21 +210,6 @@ class SlurmHost:
             ) from None
         self._submitted[str(launched.pgid)] = time.monotonic()
         return launched
-
-    async def read_bytes(self, path: str, offset: int = 0, limit: int | None = None) -> bytes:
-        return await self.transport.read_bytes(path, offset, limit)
-
-    async def file_size(self, path: str) -> int | None:
-        return await self.transport.file_size(path)
-
-    def follow(self, path: str, offset: int = 0) -> AsyncIterator[bytes | Truncated]:
-        return self.transport.follow(path, offset)
-
-    async def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        await self.transport.write_bytes(path, data, mode)
-
-    async def remove(self, path: str) -> None:
-        await self.transport.remove(path)
 
     async def group_alive(self, pgid: int) -> bool:
         """Whether job ``pgid`` is pending, running or still completing."""
