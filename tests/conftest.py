@@ -108,6 +108,21 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
 # --- the simulated engine as a real subprocess (servefleet.sim) ---------------------------------
 
 
+# The sim's timing for tests that measure no speed: a server ready at once, answering at once
+# (INSTANT_SIM) or one millisecond per decode step (FAST_SIM).
+INSTANT_SIM = (
+    "--load-time",
+    "0",
+    "--decode-ms",
+    "0",
+    "--decode-ms-per-running",
+    "0",
+    "--prefill-ms-per-1k-tokens",
+    "0",
+)
+FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
+
+
 class SimProcess:
     """``python -m servefleet.sim`` on a free loopback port, its stdout+stderr in ``log_path``.
 

@@ -10,19 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, SimProcess
+from conftest import INSTANT_SIM, PYTHON, SimProcess
 from parquet_read import read_parquet
-
-INSTANT_SIM = (
-    "--load-time",
-    "0",
-    "--decode-ms",
-    "0",
-    "--decode-ms-per-running",
-    "0",
-    "--prefill-ms-per-1k-tokens",
-    "0",
-)
 
 
 @pytest.fixture(scope="module")

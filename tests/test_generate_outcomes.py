@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, SimProcess, wait_until
+from conftest import FAST_SIM, PYTHON, SimProcess, wait_until
 from parquet_read import read_parquet
 
 SLOW_SIM = ("--load-time", "0", "--decode-ms", "20", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
@@ -262,9 +262,6 @@ def test_a_bad_give_up_after_is_a_usage_error_naming_the_option(tmp_path, bad):
 
 
 # ---- the disk is full ----------------------------------------------------------------------------
-
-
-FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
 
 
 @pytest.fixture

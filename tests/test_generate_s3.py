@@ -11,14 +11,12 @@ import signal
 import pytest
 from aiohttp import ClientSession, web
 
-from conftest import PYTHON, SimProcess, free_port, s3_env, s3fs_for
+from conftest import FAST_SIM, PYTHON, SimProcess, free_port, s3_env, s3fs_for
 from conftest import S3_SECRET as SECRET
 from parquet_read import read_parquet
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
-
-FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
 
 
 @pytest.fixture(scope="module")

@@ -19,20 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import PYTHON, SimProcess, free_port, wait_until
+from conftest import FAST_SIM, INSTANT_SIM, PYTHON, SimProcess, free_port, wait_until
 from parquet_read import read_parquet
-
-FAST_SIM = ("--load-time", "0", "--decode-ms", "1", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "0")
-INSTANT_SIM = (
-    "--load-time",
-    "0",
-    "--decode-ms",
-    "0",
-    "--decode-ms-per-running",
-    "0",
-    "--prefill-ms-per-1k-tokens",
-    "0",
-)
 
 
 @pytest.fixture(scope="module")

@@ -304,24 +304,10 @@ def test_force_with_other_parameters_counts_the_ids_made_with_the_old_ones_and_r
     import json
     import subprocess
 
-    from conftest import PYTHON, SimProcess
+    from conftest import INSTANT_SIM, PYTHON, SimProcess
 
     n = 40
-    sim = (
-        SimProcess(
-            "--load-time",
-            "0",
-            "--decode-ms",
-            "0",
-            "--decode-ms-per-running",
-            "0",
-            "--prefill-ms-per-1k-tokens",
-            "0",
-            log_path=tmp_path / "sim.log",
-        )
-        .start()
-        .wait_ready()
-    )
+    sim = SimProcess(*INSTANT_SIM, log_path=tmp_path / "sim.log").start().wait_ready()
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"prompt {i}"}) + "\n" for i in range(n)))
     out = tmp_path / "out"
