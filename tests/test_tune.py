@@ -264,6 +264,16 @@ def test_a_grid_is_the_product_of_its_axes(tmp_path: Path) -> None:
     assert plain.args == ("--max-num-seqs", "256")
 
 
+@pytest.mark.parametrize("grid_first", [True, False])
+def test_candidates_keep_the_files_order(tmp_path: Path, grid_first: bool) -> None:
+    grid = '[grid]\n"--max-num-seqs" = [256, 1024]\n'
+    listed = '[[candidate]]\nname = "other"\nargs = ["--x"]\n'
+    got = load_space(space(tmp_path, f"{grid}\n{listed}" if grid_first else f"{listed}\n{grid}"))
+    names = [c.name for c in got.candidates]
+    gridded = ["max-num-seqs-256", "max-num-seqs-1024"]
+    assert names == ([*gridded, "other"] if grid_first else ["other", *gridded])
+
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tune"
 
 
@@ -315,28 +325,45 @@ def test_the_h200_driver_space_is_valid_against_its_base(tmp_path: Path) -> None
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for rehearse in (False, True):
+    sglang_env = tmp_path / "sgl-env.json"
+    sglang_env.write_text(
+        json.dumps({"PYTHONPATH": "/tmp/sgl-stubs:/tmp/sgl-site", "SGLANG_IS_FLASHINFER_AVAILABLE": "false"})
+    )
+    for rehearse, with_sglang in ((False, False), (False, True), (True, True)):
         args = argparse.Namespace(
             rehearse=rehearse,
             seconds=100.0,
             sim_load_time=2.0,
-            out=str(tmp_path / f"out{rehearse}"),
-            work=str(tmp_path / f"w{rehearse}"),
+            out=str(tmp_path / f"out{rehearse}{with_sglang}"),
+            work=str(tmp_path / f"w{rehearse}{with_sglang}"),
             python=sys.executable,
+            sglang_env=str(sglang_env) if with_sglang else None,
+            sglang_python="/usr/bin/python3",
         )
         driver = module.Driver(args)
         fleets = candidate_fleets(
-            load_base(driver.base_fleet(), None), load_space(driver.space()).candidates, tmp_path / f"t{rehearse}"
+            load_base(driver.base_fleet(), None),
+            load_space(driver.space()).candidates,
+            tmp_path / f"t{rehearse}{with_sglang}",
         )
         names = [f.candidate.name for f in fleets]
         seqs = ("32", "128") if rehearse else ("256", "1024")
-        assert names == [
-            f"max-num-seqs-{n}_{s}" for n in seqs for s in ("plain", "ngram")
-        ]  # plain and ngram first at the small cap
+        # plain and ngram first at the small cap; SGLang last (its pack may still be arriving when the tune starts)
+        assert names == [f"max-num-seqs-{n}_{s}" for n in seqs for s in ("plain", "ngram")] + (
+            ["sglang-plain"] if with_sglang else []
+        )
         assert all(f.spec.servers[0].gpus == (0,) for f in fleets)
         if not rehearse:
             ngram = fleets[1].spec.servers[0].args
             assert ngram[-2] == "--speculative-config" and json.loads(ngram[-1])["method"] == "ngram"
+        if with_sglang:  # another engine: none of the base's vLLM flags, the recipe's environment over the base's
+            server = fleets[-1].spec.servers[0]
+            assert "--gpu-memory-utilization" not in server.args and "--max-num-seqs" not in server.args
+            assert server.engine == ("sim" if rehearse else "sglang")
+            if not rehearse:
+                assert (
+                    server.env["PYTHONPATH"] == "/tmp/sgl-stubs:/tmp/sgl-site" and server.python == "/usr/bin/python3"
+                )
 
 
 def test_candidates_on_gpus_of_their_own_are_measured_at_the_same_time(tmp_path: Path) -> None:

@@ -9,7 +9,14 @@ Only the standard library; every servefleet step through its CLI with --json. Ev
 
 ``--rehearse``: the same steps on the CPU with ``servefleet sim`` as the engine (vLLM's log style, the
 sim's own spec-decoding flags in place of ngram's, smaller numbers) -- so the driver is known to work
-before device time is spent. SGLang is not in this run: its recipe needs an extra setup stage.
+before device time is spent.
+
+SGLang plain joins the space when ``--sglang-env FILE`` names the environment of the SGLang recipe
+(``.gpu-sglang/run/sglang_setup.sh``'s PYTHONPATH and stand-ins, as JSON; the rehearsal adds the sim in SGLang's
+log style instead). After the tune, every candidate's log goes through ``servefleet diagnose`` (its start-up phases,
+beside the engine's own timing lines: issue 25 item 7), and while the second real job's server still holds the GPU,
+a second fleet is brought up on the same GPU (issue 25 item 6: ``up`` must name the holder before launching, and the
+memory failure's verdict must name it too).
 """
 
 from __future__ import annotations
@@ -49,9 +56,7 @@ class Driver:
             "seconds": args.seconds,
             "steps": [],
             "jobs": [],
-            "notes": [
-                "SGLang plain is not in this run: its recipe needs an extra setup stage (~2 min of device time)"
-            ],
+            "notes": [],
         }
         self.log = (self.out / "driver.log").open("a")
         self.python = args.python or sys.executable
@@ -153,17 +158,43 @@ class Driver:
         return path
 
     def space(self) -> Path:
-        if not self.args.rehearse:
-            return HERE / "space.toml"
-        path = (
-            self.work / "space.toml"
-        )  # the same grid, the sim's flags: a speculative step of 2.5 tokens, a cost per running request
-        path.write_text(
-            "[tune]\nstart_concurrency = 16\npoint_requests = 64\nper_concurrency = 2\n\n[grid]\n"
-            '"--max-num-seqs" = [32, 128]\n'
-            'spec = { plain = [], ngram = ["--tokens-per-step", "2.5", "--spec-ms-per-running", "0.3"] }\n'
-        )
+        path = self.work / "space.toml"
+        if self.args.rehearse:
+            # the same grid, the sim's flags: a speculative step of 2.5 tokens, a cost per running request
+            text = (
+                "[tune]\nstart_concurrency = 16\npoint_requests = 64\nper_concurrency = 2\n\n[grid]\n"
+                '"--max-num-seqs" = [32, 128]\n'
+                'spec = { plain = [], ngram = ["--tokens-per-step", "2.5", "--spec-ms-per-running", "0.3"] }\n'
+            )
+        else:
+            text = (HERE / "space.toml").read_text()
+        sglang = self.sglang_candidate()
+        if sglang:
+            text += sglang
+        path.write_text(text)
         return path
+
+    def sglang_candidate(self) -> str:
+        """SGLang plain as a candidate of its own: another engine, so none of the base's vLLM args
+        (inherit_args = false), and the recipe's environment (PYTHONPATH without vLLM's /tmp/site)."""
+        if self.args.rehearse:
+            args = ["--style", "sglang", "--load-time", str(self.args.sim_load_time), "--max-total-tokens", "400000"]
+            args += ["--prefill-ms-per-1k-tokens", "2", "--served-model-name", "ck", "--max-running-requests", "128"]
+            return f'\n[[candidate]]\nname = "sglang-plain"\ninherit_args = false\nargs = {json.dumps(args)}\n'
+        if not self.args.sglang_env:
+            self.summary["notes"].append(
+                "SGLang plain is not in this run: no --sglang-env (its recipe was not set up)"
+            )
+            return ""
+        env = json.loads(Path(self.args.sglang_env).read_text())
+        args = ["--served-model-name", "ck", "--context-length", "4096", "--mem-fraction-static", "0.85"]
+        args += ["--max-running-requests", "1024", "--attention-backend", "triton", "--sampling-backend", "pytorch"]
+        args += ["--log-level", "info"]
+        env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())
+        return (
+            '\n[[candidate]]\nname = "sglang-plain"\nengine = "sglang"\ninherit_args = false\n'
+            f"python = {json.dumps(self.args.sglang_python)}\nargs = {json.dumps(args)}\nenv = {{ {env_toml} }}\n"
+        )
 
     # ---- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -195,6 +226,7 @@ class Driver:
         )
         self.summary["tune"] = _tune_summary(doc)
         self.save()
+        self.startup_phases(tune_out)
         if not doc or not doc.get("candidates"):
             self.say("tune gave no result: stopping")
             return 1
@@ -217,9 +249,62 @@ class Driver:
                     break
                 dst.write(line)
         for rank, cand in enumerate(top, 1):
-            self.real_job(rank, cand, sub, tune_out)
+            self.real_job(rank, cand, sub, tune_out, holder_check=rank == len(top))
         self.compare()
         return 0
+
+    def startup_phases(self, tune_out: Path) -> None:
+        """Each candidate's start-up phases as ``diagnose`` reads them from its log, beside the
+        engine's own timing lines in the same log (issue 25 item 7: the phases against the log)."""
+        own = ("took", "Took", "takes", "elapsed", "Elapsed", "startup timings", "Capture", "capturing", "Loading")
+        rows = []
+        for log in sorted((tune_out / "state" / "logs").glob("*.log")):
+            code, doc = self.sf(f"diagnose-{log.stem}", "diagnose", str(log), timeout=60)
+            lines = [ln.rstrip() for ln in log.open(errors="replace") if any(k in ln for k in own)][:40]
+            rows.append(
+                {
+                    "log": log.name,
+                    "rc": code,
+                    "state": (doc or {}).get("state"),
+                    "engine": (doc or {}).get("engine"),
+                    "startup_phases": (doc or {}).get("startup_phases"),
+                    "engine_timing_lines": [ln[-300:] for ln in lines],
+                }
+            )
+        self.summary["startup_phases"] = rows
+        self.save()
+
+    def holder_fleet(self) -> Path:
+        """A second fleet on the GPU the real job's server holds: vLLM asking for half the card (eager, so
+        it fails soon), or in the rehearsal the sim (no nvidia-smi here: the warning list stays empty)."""
+        path = self.work / "holder.toml"
+        if self.args.rehearse:
+            engine = f'engine = "sim"\nmodel = "sim-h200"\npython = {json.dumps(self.python)}\n'
+            args = ["--style", "vllm", "--load-time", "1", "--fail-at-startup", "gpu_oom"]
+            env = ""
+        else:
+            engine = f'engine = "vllm"\nmodel = "{MODEL}"\n'
+            args = ["--gpu-memory-utilization", "0.50", "--max-model-len", "1024", "--enforce-eager"]
+            env = 'env = { VLLM_USE_FLASHINFER_SAMPLER = "0", HF_HUB_OFFLINE = "1" }\n'
+        path.write_text(
+            f'[fleet]\nname = "holder-check"\nstate_dir = "{self.work / "holder-state"}"\ntimeout = 150\nstall = 120\n\n'
+            f"[defaults]\n{engine}args = {json.dumps(args)}\n{env}\n"
+            f'[[servers]]\nname = "second"\nport = {PORT + 83}\ngpus = [0]\n'
+        )
+        return path
+
+    def holder_check(self) -> None:
+        fleet = self.holder_fleet()
+        code, up = self.sf("holder-up", "up", str(fleet), "--timeout", "120", timeout=min(160, max(10, self.left())))
+        entry: dict[str, Any] = {"up_rc": code}
+        if up:
+            entry["up"] = up
+        self.sf("holder-down", "down", "--fleet", str(fleet), timeout=40)
+        logs = sorted((self.work / "holder-state" / "logs").glob("*.log"))
+        if logs:
+            entry["log_tail"] = logs[0].read_text(errors="replace").splitlines()[-25:]
+        self.summary["holder_check"] = entry
+        self.save()
 
     def prompts_that_fit(self, top: list[dict[str, Any]], doc: dict[str, Any]) -> int:
         """Prompts per job so that both jobs (a relaunch each, the job, the check, a stop) end before the deadline."""
@@ -231,11 +316,11 @@ class Driver:
         rate = sum(
             1.0 / (0.8 * c["output_tps"]) for c in top if c["output_tps"]
         )  # s per output token, both jobs, 20 % margin
-        spare = self.left() - fixed - 15.0
+        spare = self.left() - fixed - 15.0 - 60.0  # 60 s: the holder check beside the second job
         n = int(spare / (rate * mean_out)) if rate > 0 and spare > 0 else 0
         return max(0, min(self.args.job_prompts, n))
 
-    def real_job(self, rank: int, cand: dict[str, Any], job: Path, tune_out: Path) -> None:
+    def real_job(self, rank: int, cand: dict[str, Any], job: Path, tune_out: Path, holder_check: bool) -> None:
         name = cand["name"]
         fleet = tune_out / "fleets" / f"{name}.toml"
         run = tune_out / "runs" / f"{name}.json"
@@ -276,6 +361,8 @@ class Driver:
                         "verdict": check.get("verdict"),
                     }
                 )
+            if holder_check and self.left() > 60:
+                self.holder_check()  # while this server still holds the GPU
         finally:
             self.sf(f"down-{name}", "down", "--fleet", str(fleet), timeout=60)
             self.save()
@@ -359,6 +446,8 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/tune-h200-out"))
     p.add_argument("--work", default="/tmp/tune-h200")
     p.add_argument("--python", default=None, help="the interpreter with servefleet (default: this one)")
+    p.add_argument("--sglang-env", default=None, help="JSON file: the SGLang recipe's environment (adds SGLang plain)")
+    p.add_argument("--sglang-python", default="python3", help="the interpreter SGLang runs under")
     args = p.parse_args()
     driver = Driver(args)
     try:

@@ -100,7 +100,7 @@ def generate(
             "--max-restarts",
             min=0,
             help="--fleet: restarts of one server within --restart-window before it is taken out "
-            "for good (a crash loop) [default: the fleet file's max_restarts, 3]",
+            "for good (a crash loop) \\[default: the fleet file's max_restarts, 3]",
         ),
     ] = None,
     restart_window: Annotated[
@@ -109,7 +109,7 @@ def generate(
             "--restart-window",
             min=1.0,
             help="--fleet: seconds of the sliding window --max-restarts counts in "
-            "[default: the fleet file's restart_window, 600]",
+            "\\[default: the fleet file's restart_window, 600]",
         ),
     ] = None,
     max_attempts: Annotated[

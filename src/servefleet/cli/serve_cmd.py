@@ -42,7 +42,7 @@ def serve(
     concurrency: Annotated[
         int | None,
         typer.Option(
-            "--concurrency", min=1, help="requests in flight per server, fixed [default: from capacity, then measured]"
+            "--concurrency", min=1, help="requests in flight per server, fixed \\[default: from capacity, then measured]"
         ),
     ] = None,
     max_queue: Annotated[
@@ -50,7 +50,7 @@ def serve(
         typer.Option(
             "--max-queue",
             min=0,
-            help="requests waiting per model before 429 + Retry-After [default: its servers' limits, >= 8]",
+            help="requests waiting per model before 429 + Retry-After \\[default: its servers' limits, >= 8]",
         ),
     ] = None,
     queue_timeout: Annotated[

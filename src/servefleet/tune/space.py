@@ -17,6 +17,7 @@
     "--max-num-seqs" = [256, 1024]                  # a flag: each value (false: left out, true: bare flag)
     spec = { plain = [], ngram = ["--speculative-config", '{"method": "ngram"}'] }   # named argument lists
 
+Candidates run in the file's order ([grid] before the [[candidate]] tables when it is written before them).
 Only what is checkable without the base fleet is checked here (keys, types, names, an empty space);
 :mod:`servefleet.tune.candidates` checks each candidate against the base server.
 """
@@ -95,7 +96,7 @@ def parse_space(data: dict[str, Any], path: Path) -> Space:
     """Validate parsed TOML; a ConfigError lists every problem, each naming the candidate and the key."""
     problems: list[str] = [f"{k}: unknown table or key (known: {', '.join(_TOP)})" for k in data if k not in _TOP]
     settings = _settings(data.get("tune", {}), problems)
-    candidates: list[Candidate] = []
+    listed: list[Candidate] = []
     raw = data.get("candidate", [])
     if not isinstance(raw, list):
         problems.append("candidate: write [[candidate]] (double brackets: a list of tables)")
@@ -103,8 +104,13 @@ def parse_space(data: dict[str, Any], path: Path) -> Space:
     for index, table in enumerate(raw):
         cand = _candidate(table, f"candidate[{index}]", problems)
         if cand is not None:
-            candidates.append(cand)
-    candidates += _grid(data.get("grid"), problems)
+            listed.append(cand)
+    gridded = _grid(data.get("grid"), problems)
+    # the order the file gives (tomllib keeps it): candidates run in turn on one GPU, so the first ones are
+    # the ones a tight --budget still measures
+    keys = list(data)
+    grid_first = "grid" in data and "candidate" in data and keys.index("grid") < keys.index("candidate")
+    candidates = gridded + listed if grid_first else listed + gridded
     seen: set[str] = set()
     for cand in candidates:
         if cand.name in seen:
