@@ -42,7 +42,9 @@ def serve(
     concurrency: Annotated[
         int | None,
         typer.Option(
-            "--concurrency", min=1, help="requests in flight per server, fixed \\[default: from capacity, then measured]"
+            "--concurrency",
+            min=1,
+            help="requests in flight per server, fixed \\[default: from capacity, then measured]",
         ),
     ] = None,
     max_queue: Annotated[

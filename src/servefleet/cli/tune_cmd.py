@@ -30,7 +30,9 @@ def tune(
     ],
     space: Annotated[
         Path,
-        typer.Option("--space", help="Space file (TOML): \\[\\[candidate]] tables and/or a \\[grid] of engine-native args."),
+        typer.Option(
+            "--space", help="Space file (TOML): \\[\\[candidate]] tables and/or a \\[grid] of engine-native args."
+        ),
     ],
     input: Annotated[
         Path, typer.Option("--input", "-i", help="The job's prompts (JSONL or Parquet, as for generate).")
