@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -388,3 +389,44 @@ def test_candidates_measured_at_the_same_time_need_ports_of_their_own(tmp_path: 
     )
     assert code == 3, out
     assert 'candidate "g1": port:' in doc["error"]["message"] and 'candidate "g0"' in doc["error"]["message"]
+
+
+def test_a_point_too_short_to_be_steady_is_counted_longer_from_its_own_lifetimes() -> None:
+    from servefleet.bench.result import Point, SteadyWindow
+    from servefleet.tune.measure import MAX_PER_CONCURRENCY, longer_requests
+
+    def point(requests: int, steady_s: float, steady: bool, life_s: float = 3.1, duration_s: float = 8.4) -> Point:
+        window = SteadyWindow(
+            start_s=4.7, end_s=4.7 + steady_s, output_tokens=1.0, output_tokens_per_s=1.0, steady=steady
+        )
+        busy = life_s * requests / duration_s  # achieved concurrency: the sum of lifetimes over the span
+        return Point.model_construct(
+            concurrency=256, successful=requests, duration_s=duration_s, achieved_concurrency=busy, steady=window
+        )
+
+    # the H200's 256-ngram point: 2 x C requests, 0.45 s steady, 3.1 s lifetimes -> 2.35 waves more
+    assert longer_requests(point(512, 0.45, False), 512) == 512 + math.ceil(((2 * 3.1 - 0.45) / 3.1 + 0.5) * 256)
+    assert longer_requests(point(512, 7.0, True), 512) is None  # steady: as measured
+    assert longer_requests(point(1900, 0.1, False), 1900) == MAX_PER_CONCURRENCY * 256  # up to the cap
+    assert longer_requests(point(MAX_PER_CONCURRENCY * 256, 0.1, False), MAX_PER_CONCURRENCY * 256) is None
+
+
+def test_the_tune_measures_a_short_point_again_longer_and_says_so(tmp_path: Path) -> None:
+    short = "[tune]\npoint_requests = 8\nper_concurrency = 2\nstart_concurrency = 16\n"
+    code, doc, out = tune(
+        tmp_path,
+        base_fleet(tmp_path),
+        space(tmp_path, short + '[[candidate]]\nname = "plain"\n'),
+        prompts(tmp_path, 200, (10, 25), 32),
+    )
+    assert code == 0, out
+    from servefleet.bench.result import load_run
+
+    run = load_run(Path(doc["candidates"][0]["run"]))
+    lengthened = [n for n in run.notes if "measured again with" in n]
+    assert lengthened, run.notes  # 2 x C requests hold no steady part: every such point is measured again
+    first = run.points[0]
+    assert first.requests > 2 * (first.concurrency or 0) and first.steady is not None
+    assert first.steady.end_s - first.steady.start_s > 0
+    # later points start at the multiple that gave the first one its steady part (no second short try)
+    assert len(run.points) == len({p.concurrency for p in run.points})

@@ -1,10 +1,20 @@
 """One ready candidate measured in the job's mode: the job's own sampled prompts (their lengths and
 ``max_tokens``, no ``ignore_eos``), non-streaming, at concurrencies found by measurement -- from a
 start, doubled while output tokens/s still grow by ``GROWTH`` and the server's max running is not
-passed -- each point a ``servefleet bench`` point, all of them one RUN.json."""
+passed -- each point a ``servefleet bench`` point, all of them one RUN.json.
+
+A point whose steady part (bench's window between the ramp and the drain) is under
+``MIN_LIFETIMES`` request lifetimes is measured again, longer: a closed-loop point of ``k x C``
+requests holds about ``k - 2`` lifetimes of steady time, so ``2 x C`` holds none, and its rate is
+mostly the first wave's prefill and the drain. On the H200 every point of ``2 x C`` was unsteady
+(0.2-1.4 s of steady time) and the second candidate's predicted makespan was 23 % off the real
+job's. The new count gives the missing lifetimes with half a wave to spare, at most
+``MAX_PER_CONCURRENCY x C``; later points of the candidate start at the same multiple of their
+concurrency. Each lengthening is said in the run's notes."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from servefleet.bench.result import BenchConfig, Point, Run
+from servefleet.bench.steady import MIN_LIFETIMES
 from servefleet.bench.sweep import BenchTarget, auto_workers, run_bench
 from servefleet.capacity import Capacity
 
-__all__ = ["Ladder", "Measurement", "measure", "merge_runs", "GROWTH"]
+__all__ = ["Ladder", "Measurement", "measure", "merge_runs", "longer_requests", "GROWTH", "MAX_PER_CONCURRENCY"]
 
 GROWTH = 1.05  # a doubling that gains less than 5 % output tokens/s has found the knee
+MAX_PER_CONCURRENCY = 8  # a lengthened point sends at most this many times its concurrency
 
 
 @dataclass(frozen=True)
@@ -62,17 +74,20 @@ async def measure(
     seed: int = 0,
     stop_after: Callable[[list[Point]], str | None] | None = None,
     on_point: Callable[[Point], None] | None = None,
+    time_left: Callable[[], float] | None = None,
 ) -> Measurement:
-    """Measure up the ladder; ``stop_after(points)`` may end it after any point with a reason."""
+    """Measure up the ladder; ``stop_after(points)`` may end it after any point with a reason;
+    ``time_left()``: seconds of the budget left (a lengthening that would not fit is not made, and said)."""
     got = Measurement()
     extra = dict(options or {})
     ignore_eos = bool(extra.pop("ignore_eos", False))  # the job's records say; else as a job runs: answers end at EOS
     temperature = extra.pop("temperature", None)
-    c: int | None = ladder.first()
-    while c is not None:
+    per_c = 0.0  # after a lengthening: requests per unit of concurrency that gave a steady part
+
+    async def point(c: int, requests: int) -> Run:
         config = BenchConfig(
             concurrency=[c],
-            requests=ladder.requests(c),
+            requests=requests,
             dataset=str(sample),
             api=api,
             ignore_eos=ignore_eos,
@@ -84,6 +99,32 @@ async def measure(
         t0 = time.monotonic()
         run = await run_bench(target, config)
         got.measured_s += time.monotonic() - t0
+        return run
+
+    c: int | None = ladder.first()
+    while c is not None:
+        requests = max(ladder.requests(c), math.ceil(per_c * c))
+        run = await point(c, requests)
+        more = longer_requests(run.points[-1], requests) if run.points else None
+        if more is not None and time_left is not None and run.points[-1].duration_s * more / requests > time_left():
+            run = run.model_copy(
+                update={"notes": [*run.notes, f"concurrency {c}: too short to be steady, not lengthened (budget)"]}
+            )
+            more = None
+        if more is not None:
+            short = run.points[-1]
+            run = await point(c, more)
+            per_c = more / c
+            said = f"{short.steady.end_s - short.steady.start_s:.1f} s" if short.steady else "none"
+            run = run.model_copy(
+                update={
+                    "notes": [
+                        *run.notes,
+                        f"concurrency {c}: measured again with {more} requests: {requests} gave a steady part of "
+                        f"{said}, under {MIN_LIFETIMES:g} request lifetimes",
+                    ]
+                }
+            )
         got.runs.append(run)
         if on_point and run.points:
             on_point(run.points[-1])
@@ -98,6 +139,22 @@ async def measure(
                 break
         c = ladder.next(c)
     return got
+
+
+def longer_requests(point: Point, requests: int) -> int | None:
+    """The request count that gives ``point``'s concurrency a steady part of ``MIN_LIFETIMES`` lifetimes
+    (each further ``C`` requests of a closed loop add about one lifetime, one wave), with half a wave to
+    spare; None when the point was steady, unknown, or already at the cap."""
+    c = point.concurrency
+    if not c or point.steady is None or point.steady.steady or point.successful <= 0 or point.duration_s <= 0:
+        return None
+    life = point.achieved_concurrency * point.duration_s / point.successful  # mean request lifetime
+    if life <= 0:
+        return None
+    have = max(0.0, point.steady.end_s - point.steady.start_s)
+    waves = (MIN_LIFETIMES * life - have) / life + 0.5
+    more = min(requests + math.ceil(waves * c), MAX_PER_CONCURRENCY * c)
+    return more if more > requests else None
 
 
 def merge_runs(runs: list[Run], capacity: Capacity | None) -> Run:

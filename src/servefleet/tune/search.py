@@ -256,7 +256,9 @@ class _Search:
                 say(f"{cand.name}: failed while measuring: {row.evidence}")
                 return
             finally:
-                await fleet.down(grace_s=15.0)
+                await fleet.down(
+                    [cand.name], grace_s=15.0
+                )  # its own server only: another lane shares the state folder
                 row.ended_s = clock.elapsed
         self.record(cf, row, m, ep.capacity)
 
@@ -334,6 +336,7 @@ class _Search:
             options=prep.sample.options,
             seed=req.seed,
             stop_after=stop_after,
+            time_left=clock.left,
             on_point=lambda p: self.say(
                 f"{cf.candidate.name}: concurrency {p.concurrency}: {p.output_tokens_per_s:,.0f} tok/s"
             ),
