@@ -389,3 +389,70 @@ def test_a_fleet_servers_target_carries_its_graph_batch() -> None:
         capacity=Capacity(max_running_requests=1024, graph_batch_max=512),
     )
     assert from_endpoint(ep).graph_batch == 512
+
+
+def noisy_at_256(low: float = 32_382.0, high: float = 37_500.0) -> ConcurrencyController:
+    """The issue-25 H200 run (uniform work, --max-num-seqs 1024, graphs up to 512): 512 gave 32,618 tok/s, 256 two
+    windows that swing (``low`` then ``high``: 34,941 in the mean, +7.1 %), then it tried 128. Returned with the
+    limit at 128, its first window (the transient of lowering) not yet seen."""
+    c = ConcurrencyController.auto(1024, graph_batch=512)
+    c.observe(Window(32_618.0))  # one window at the start: then half as many
+    assert c.limit == 256
+    assert not c.observe(Window(25_000.0))  # the transient after lowering: dropped
+    c.observe(Window(low))
+    c.observe(Window(high))
+    assert c.limit == 128 and c.best_limit == 256 and c.noisy() and c.window_factor() == 2.0
+    return c
+
+
+def windows_at(c: ConcurrencyController, limit: int) -> int:
+    return sum(1 for n, _ in c.history if n == limit)
+
+
+def test_with_waves_a_loss_far_beyond_their_swing_is_decided_by_one_window() -> None:
+    """The H200 run spent 63.7 s (60 % of its 106-s job) at 128, three doubled windows, though its first judged
+    window already read -32 %: the windows at 256 spread by 15 %, so -32 % is no wave."""
+    c = noisy_at_256()
+    assert c.spread() == pytest.approx(0.146, abs=0.002)
+    assert not c.observe(Window(18_000.0))  # the transient of lowering: dropped
+    assert c.observe(Window(23_623.0))  # the first judged window: -32.4 %
+    assert c.limit == c.best_limit == 256 and windows_at(c, 128) == 2
+    assert "128 gives 23,623 tok/s (-32.4% vs 256): back to 256" in c.reason
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "loss"),
+    [
+        (32_382.0, 37_500.0, 0.10),  # spread 15 %: -10 % is a small difference inside the swing
+        (30_882.0, 39_000.0, 0.20),  # spread 23 %: -20 % is large but still inside the swing
+    ],
+)
+def test_with_waves_a_loss_inside_their_swing_still_takes_confirming_windows(
+    low: float, high: float, loss: float
+) -> None:
+    c = noisy_at_256(low, high)
+    assert c.spread() > loss
+    assert not c.observe(Window(18_000.0))  # the transient: dropped
+    tps = c.best_tps() * (1 - loss)
+    assert not c.observe(Window(tps))  # one window inside the swing decides nothing
+    assert c.limit == 128 and c.best_limit == 256
+    changed = [c.observe(Window(tps)) for _ in range(CONFIRM)]
+    assert changed == [False] * (CONFIRM - 1) + [True] and c.limit == 256  # CONFIRM + 1 windows: a loss
+    assert windows_at(c, 128) == CONFIRM + 2
+
+
+def test_with_waves_a_gain_far_beyond_their_swing_is_kept_after_one_window() -> None:
+    c = noisy_at_256()
+    c.observe(Window(18_000.0))  # transient at 128
+    for _ in range(CONFIRM + 1):  # -32 %: back to 256 (however many windows that takes; the test above counts them)
+        if c.observe(Window(23_623.0)):
+            break
+    assert c.limit == 256
+    assert not c.observe(Window(30_000.0))  # the transient of going back: dropped
+    c.observe(Window(34_941.0))  # at the best again (its windows still swing): try above
+    up = c.limit
+    assert up > 256 and c.noisy()
+    assert not c.observe(Window(30_000.0))  # the transient of a change with waves: dropped
+    assert c.observe(Window(c.best_tps() * 1.3))  # +30 %, twice the swing: kept, and the next step tried
+    assert c.best_limit == up and c.limit > up and windows_at(c, up) == 2
+    assert f"{up} gives" in c.reason and "+30.0% vs 256" in c.reason

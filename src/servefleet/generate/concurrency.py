@@ -25,14 +25,16 @@ running, reached in a few windows instead of the 0.33 steps that took a minute p
 
 Then it verifies by measured output tokens/s (a hill climb): try a step up and a step down from the
 best limit; a step is kept when its throughput is better by more than :data:`MARGIN`, judged a loss only
-when the mean of :data:`CONFIRM` windows says so (one window decides alone only when the difference is
-large and the windows at the best limit agree); on a loss it returns to the best limit, re-measured.
-The first window after lowering the limit (or after going back to the best one) is dropped (the batch drains through a hole: the H200 run
-read that transient as -17 %). Closed-loop waves (uniform work: requests that start together end
-together) make windows at one limit swing by 10-20 %: when the windows at the best limit spread by
-more than :data:`NOISY`, the dispatcher measures longer windows
-(:meth:`ConcurrencyController.window_factor`), the first window after any change is dropped, one
-window never decides, and a difference inside a third of the spread is no difference. Equal throughput going up is kept (more in
+when the mean of :data:`CONFIRM` windows says so (one window decides alone when the difference is at least
+:data:`LARGE` and beyond the whole spread of the windows at the best limit: more than their swing); on a loss
+it returns to the best limit, re-measured. The first window after lowering the limit (or after going back to
+the best one) is dropped (the batch drains through a hole: the H200 run read that transient as -17 %).
+Closed-loop waves (uniform work: requests that start together end together) make windows at one limit swing
+by 10-20 %: when the windows at the best limit spread by more than :data:`NOISY`, the dispatcher measures
+longer windows (:meth:`ConcurrencyController.window_factor`), the first window after any change is dropped,
+a difference that one window does not decide takes :data:`CONFIRM` + 1 (the issue-25 H200 run spent 60 % of
+its job at a limit whose first judged window read -32 % with a 15 % spread), and one inside a third of the
+spread is no difference. Equal throughput going up is kept (more in
 flight only waits in the server's queue; it never settles below the best limit measured). Real engines
 peak *below* their max running requests and decline past it, so the climb goes down from the capacity
 figure too. Held, it probes again every :data:`REPROBE_WINDOWS` windows with a smaller step.
@@ -362,8 +364,10 @@ class ConcurrencyController:
         judged = self._candidate
         mean = _mean(judged)
         gain = mean / best - 1 if best > 0 else 1.0
-        if len(self._candidate) < (CONFIRM + 1 if noisy else CONFIRM) and (noisy or abs(gain) < LARGE):
-            return False  # small difference, or windows that swing: more windows before judging
+        # Beyond the whole spread at the best is no wave (a window swings within it); quiet, the spread is under LARGE.
+        decisive = abs(gain) >= LARGE and abs(gain) > self.spread()
+        if not decisive and len(self._candidate) < (CONFIRM + 1 if noisy else CONFIRM):
+            return False  # small difference, or one inside the swing: more windows before judging
         margin = max(MARGIN, self.spread() / 3) if noisy else MARGIN  # inside the swing is no difference
         up = self.limit > self.best_limit
         for tps in judged:
