@@ -256,9 +256,8 @@ class _Search:
                 say(f"{cand.name}: failed while measuring: {row.evidence}")
                 return
             finally:
-                await fleet.down(
-                    [cand.name], grace_s=15.0
-                )  # its own server only: another lane shares the state folder
+                # its own server only: the candidates of other lanes share the state folder
+                await fleet.down([cand.name], grace_s=15.0)
                 row.ended_s = clock.elapsed
         self.record(cf, row, m, ep.capacity)
 
