@@ -16,9 +16,11 @@ set -u
 OUT=${OUT:-/tmp/tune-h200-out}; mkdir -p "$OUT"
 RES=/tmp/tune-h200-out; DONE=$RES/driver.rc
 t0=$(date +%s)
+# the rehearsal's interpreter (PYTHON, made absolute: the driver's servers start elsewhere) and this checkout's src
+rehearse_env() { P=${PYTHON:-$(command -v python3)}; case $P in /*) ;; *) P=$PWD/$P ;; esac; export PYTHONPATH=$PWD/src:${PYTHONPATH:-}; }
 REH=(); if [ "${1:-}" = "--rehearse" ]; then REH=(--rehearse --sim-load-time ${SIM_LOAD_TIME:-2}); shift; fi
 if [ -n "${REH[*]}" ] && [ "${1:-}" != "--start" ]; then
-  P=${PYTHON:-$(command -v python3)}; case $P in /*) ;; *) P=$PWD/$P ;; esac; export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
+  rehearse_env
   exec $P benchmarks/gpu/tune/driver.py "${REH[@]}" --seconds ${SECONDS_BUDGET:-300} --tune-budget 150 --reserve 110 \
        --sample 300 --job-prompts 2000 --out "$OUT" --python "$P"
 fi
@@ -49,7 +51,7 @@ if [ "${1:-}" = "--stash" ]; then mkdir -p $RES; sglang_setup; exit 0; fi
 if [ "${1:-}" = "--poll" ]; then sglang_setup; poll ${2:-540}; exit 0; fi
 rm -rf $RES; mkdir -p $RES
 if [ -n "${REH[*]}" ]; then
-  P=${PYTHON:-$(command -v python3)}; case $P in /*) ;; *) P=$PWD/$P ;; esac; export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
+  rehearse_env
 else
   source .gpu/run/gpu-setup.sh > "$RES/gpu-setup.out" 2>&1
   export PYTHONPATH=$PWD/src:/tmp/sf-site:${PYTHONPATH:-} PYTHONUNBUFFERED=1

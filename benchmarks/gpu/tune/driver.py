@@ -127,35 +127,46 @@ class Driver:
                 )
         return path
 
-    def base_fleet(self) -> Path:
-        path = self.work / "base.toml"
+    def sim_args(self, style: str) -> list[str]:
+        """The rehearsal's sim, in ``style``'s log format, with the timing the rehearsal runs at."""
+        return [
+            "--style",
+            style,
+            "--load-time",
+            str(self.args.sim_load_time),
+            "--max-total-tokens",
+            "400000",
+            "--prefill-ms-per-1k-tokens",
+            "2",
+            "--served-model-name",
+            "ck",
+        ]
+
+    def fleet_file(
+        self, file: str, name: str, server: str, port: int, args: list[str], timeout: int, stall: int
+    ) -> Path:
+        """``FILE.toml``, its state in ``FILE-state``: one server on GPU 0, the real vLLM (python3 on PATH, as in
+        issue 25's runs: gpu-setup.sh's vLLM), or in the rehearsal the sim."""
+        path = self.work / f"{file}.toml"
         if self.args.rehearse:
             engine = f'engine = "sim"\nmodel = "sim-h200"\npython = {json.dumps(self.python)}\n'
-            args = [
-                "--style",
-                "vllm",
-                "--load-time",
-                str(self.args.sim_load_time),
-                "--max-total-tokens",
-                "400000",
-                "--prefill-ms-per-1k-tokens",
-                "2",
-                "--served-model-name",
-                "ck",
-            ]
             env = ""
         else:
-            engine = (
-                f'engine = "vllm"\nmodel = "{MODEL}"\n'  # python3 on PATH, as in issue 25's runs (gpu-setup.sh's vLLM)
-            )
-            args = ["--served-model-name", "ck", "--gpu-memory-utilization", "0.90", "--max-model-len", "4096"]
+            engine = f'engine = "vllm"\nmodel = "{MODEL}"\n'
             env = 'env = { VLLM_USE_FLASHINFER_SAMPLER = "0", HF_HUB_OFFLINE = "1" }\n'
         path.write_text(
-            f'[fleet]\nname = "tune-h200"\nstate_dir = "{self.work / "base-state"}"\ntimeout = 300\nstall = 200\n\n'
-            f"[defaults]\n{engine}args = {json.dumps(args)}\n{env}\n"
-            f'[[servers]]\nname = "g0"\nport = {PORT}\ngpus = [0]\n'
+            f'[fleet]\nname = "{name}"\nstate_dir = "{self.work / f"{file}-state"}"\ntimeout = {timeout}\n'
+            f"stall = {stall}\n\n[defaults]\n{engine}args = {json.dumps(args)}\n{env}\n"
+            f'[[servers]]\nname = "{server}"\nport = {port}\ngpus = [0]\n'
         )
         return path
+
+    def base_fleet(self) -> Path:
+        if self.args.rehearse:
+            args = self.sim_args("vllm")
+        else:
+            args = ["--served-model-name", "ck", "--gpu-memory-utilization", "0.90", "--max-model-len", "4096"]
+        return self.fleet_file("base", "tune-h200", "g0", PORT, args, timeout=300, stall=200)
 
     def space(self) -> Path:
         path = self.work / "space.toml"
@@ -178,8 +189,7 @@ class Driver:
         """SGLang plain as a candidate of its own: another engine, so none of the base's vLLM args
         (inherit_args = false), and the recipe's environment (PYTHONPATH without vLLM's /tmp/site)."""
         if self.args.rehearse:
-            args = ["--style", "sglang", "--load-time", str(self.args.sim_load_time), "--max-total-tokens", "400000"]
-            args += ["--prefill-ms-per-1k-tokens", "2", "--served-model-name", "ck", "--max-running-requests", "128"]
+            args = [*self.sim_args("sglang"), "--max-running-requests", "128"]
             return f'\n[[candidate]]\nname = "sglang-plain"\ninherit_args = false\nargs = {json.dumps(args)}\n'
         if not self.args.sglang_env:
             self.summary["notes"].append(
@@ -277,21 +287,11 @@ class Driver:
     def holder_fleet(self) -> Path:
         """A second fleet on the GPU the real job's server holds: vLLM asking for half the card (eager, so
         it fails soon), or in the rehearsal the sim (no nvidia-smi here: the warning list stays empty)."""
-        path = self.work / "holder.toml"
         if self.args.rehearse:
-            engine = f'engine = "sim"\nmodel = "sim-h200"\npython = {json.dumps(self.python)}\n'
             args = ["--style", "vllm", "--load-time", "1", "--fail-at-startup", "gpu_oom"]
-            env = ""
         else:
-            engine = f'engine = "vllm"\nmodel = "{MODEL}"\n'
             args = ["--gpu-memory-utilization", "0.50", "--max-model-len", "1024", "--enforce-eager"]
-            env = 'env = { VLLM_USE_FLASHINFER_SAMPLER = "0", HF_HUB_OFFLINE = "1" }\n'
-        path.write_text(
-            f'[fleet]\nname = "holder-check"\nstate_dir = "{self.work / "holder-state"}"\ntimeout = 150\nstall = 120\n\n'
-            f"[defaults]\n{engine}args = {json.dumps(args)}\n{env}\n"
-            f'[[servers]]\nname = "second"\nport = {PORT + 83}\ngpus = [0]\n'
-        )
-        return path
+        return self.fleet_file("holder", "holder-check", "second", PORT + 83, args, timeout=150, stall=120)
 
     def holder_check(self) -> None:
         fleet = self.holder_fleet()
