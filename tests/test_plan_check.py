@@ -522,3 +522,103 @@ def test_measuring_a_job_starts_no_arrow_thread_pool(tmp_path):
     done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.strip()) == 0, done.stdout
+
+
+# ---- the server against its bench, from the job's timeline ------------------------------------------
+
+
+def write_timeline(job: Path, server: str, buckets: list[tuple[int, float, int, int, float]]) -> None:
+    """A run's timeline as generate writes it (``timeline/RUN_ID.json``, 1 s buckets): per bucket
+    (limit, mean in flight, answers, output tokens, seconds out of service)."""
+    cols = {
+        "output_tokens": [b[3] for b in buckets],
+        "requests": [b[2] for b in buckets],
+        "errors": [0] * len(buckets),
+        "in_flight_mean": [b[1] for b in buckets],
+        "in_flight_max": [int(b[1]) for b in buckets],
+        "limit": [b[0] for b in buckets],
+        "down_s": [b[4] for b in buckets],
+    }
+    (job / "timeline").mkdir(exist_ok=True)
+    doc = {"version": 1, "started": 0.0, "bucket_s": 1.0, "buckets": len(buckets), "servers": {server: cols}}
+    (job / "timeline" / "20261130T010000-abc0.json").write_text(json.dumps(doc))
+
+
+def held_job(tmp_path: Path, steady_tokens: int) -> Path:
+    """30 s at limit 8 (2 answers a second with 8 in flight: 4 s lifetimes), its first 8 s a slower
+    transient; a 6 s stretch at 16 (too short to read); an outage; 12 s more at 8; a drain at 3."""
+    job = make_job_dir(tmp_path / "out", valid=100, runs=[(0.0, 60.0, "complete")], rows={"a": [100] * 100})
+    b = [(8, 8.0, 2, 500, 0.0)] * 8 + [(8, 8.0, 2, steady_tokens, 0.0)] * 22
+    b += [(16, 16.0, 4, 9999, 0.0)] * 6 + [(8, 0.0, 0, 0, 1.0)]
+    b += [(8, 8.0, 2, 500, 0.0)] * 8 + [(8, 8.0, 2, steady_tokens, 0.0)] * 12 + [(8, 3.0, 1, 50, 0.0)] * 3
+    write_timeline(job, "a", b)
+    return job
+
+
+def test_held_rates_leave_out_transients_short_stretches_outages_and_the_drain(tmp_path):
+    from servefleet.plan.held import against_bench, held_rates
+
+    job = held_job(tmp_path, 1000)
+    (rate,) = measure_job(job).held  # the 16 stretch is too short for a rate: left out
+    assert (rate.server, rate.concurrency) == ("a", 8)
+    assert rate.lifetime_s == pytest.approx(4.0)
+    assert rate.seconds == 22 + 12 and rate.output_tps == pytest.approx(1000.0)
+    (cmp,) = against_bench(
+        held_rates([json.loads((job / "timeline" / "20261130T010000-abc0.json").read_text())]),
+        Curve((4, 12), (1000.0, 3000.0)),
+    )
+    assert cmp.benched_tps == pytest.approx(2000.0) and cmp.error_pct == pytest.approx(-50.0)
+    assert against_bench([rate], Curve((16, 32), (1.0, 2.0))) == []  # 8 was not benched: nothing to compare
+
+
+@pytest.mark.parametrize(("steady", "said"), [(1000, "ran 50% slower than benched"), (2000, "ran as benched")])
+def test_a_miss_says_whether_the_server_or_the_model_missed(tmp_path, steady, said):
+    job = held_job(tmp_path, steady)
+    cfg = ConfigCurve("c", Curve((4, 8), (1000.0, 2000.0)), max_running=8)
+    res = check_plan(cfg, measure_job(job))  # 10,000 tokens at 2,000 tok/s: ~5 s predicted against 60 s
+    assert not res.within and said in res.verdict(), res.verdict()
+    out = res.to_json()
+    assert out["against_bench"][0]["concurrency"] == 8 and out["against_bench"][0]["seconds"] == 34.0
+
+
+def test_a_check_within_tolerance_gives_no_cause(tmp_path):
+    job = held_job(tmp_path, 1000)
+    cfg = ConfigCurve("c", Curve((8,), (10000 / 60.0,)), max_running=8)  # the whole job at this rate: 60 s
+    res = check_plan(cfg, measure_job(job))
+    assert res.within and res.cause() is not None and ";" not in res.verdict()
+
+
+def test_a_server_slower_than_its_bench_is_named_on_a_sim(tmp_path):
+    """Bench one sim, run the job on a slower one (twice the step time) at the benched concurrency:
+    the check blames the server's speed, with the figures."""
+    timing = ["--decode-ms-per-running", "0.2", "--prefill-ms-per-1k-tokens", "0", "--load-time", "0"]
+    common = ["--model", "sim-check", "--max-running", "8", *timing]
+    fast = SimProcess(*common, "--decode-ms", "4", log_path=tmp_path / "fast.log").start()
+    slow = SimProcess(*common, "--decode-ms", "10", log_path=tmp_path / "slow.log").start()
+    cli = [PYTHON, "-m", "servefleet.cli.main"]
+    run = tmp_path / "run.json"
+    try:
+        fast.wait_ready()
+        slow.wait_ready()
+        bench = [*cli, "bench", "--url", fast.url, "-c", "8", "--duration", "2", "--input-len", "8"]
+        bench += ["--output-len", "16", "--api", "completions", "--no-stream", "--ignore-eos", "-o", str(run)]
+        subprocess.run(bench, check=True, capture_output=True, timeout=120)
+        src = tmp_path / "in.jsonl"
+        src.write_text(
+            "".join(
+                json.dumps({"id": f"p{i}", "prompt": f"item {i}", "max_tokens": 16, "ignore_eos": True}) + "\n"
+                for i in range(300)
+            )
+        )
+        gen = [*cli, "generate", "-i", str(src), "-o", str(tmp_path / "out"), "--url", slow.url]
+        done = subprocess.run([*gen, "--concurrency", "8", "--json"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        fast.stop()
+        slow.stop()
+    res = runner.invoke(app, ["plan", "--check", str(tmp_path / "out"), "--bench", str(run), "--json"])
+    out = json.loads(res.stdout)
+    assert res.exit_code == 1 and not out["within_tolerance"], res.output
+    (row,) = out["against_bench"]
+    assert row["concurrency"] == 8 and row["error_pct"] < -25, row  # 2.5x the step time: about -55 %
+    assert "slower than benched" in out["verdict"] and "at concurrency 8" in out["verdict"]

@@ -9,6 +9,7 @@
 # --start runs the driver in a process session of its own (setsid), from a copy of src/ and of this folder in
 # /tmp/tune-src (the device re-sends the tree with every command), so it outlives the command that started it:
 # a run longer than one command's 600 s goes on over several, each sent at once after the last one's reply.
+# DRIVER_ARGS: more of driver.py's options for --start (e.g. --no-holder-check).
 # With .gpu-sglang/run/sglang_setup.sh there (the SGLang recipe, its parts sent with this or an earlier command
 # into /tmp/sgl-parts), SGLang is unpacked first and SGLang plain joins the space.
 cd "${PROJECT_ROOT:-.}"
@@ -75,7 +76,7 @@ rm -rf /tmp/tune-src $DONE; mkdir -p /tmp/tune-src; cp -r src benchmarks/gpu/tun
 export PYTHONPATH=/tmp/tune-src/src:$PYTHONPATH
 used=$(( $(date +%s) - t0 ))
 setsid bash -c "$P /tmp/tune-src/tune/driver.py --seconds $(( TOTAL - used )) --tune-budget ${TUNE_BUDGET:-780} \
-    --reserve ${RESERVE:-560} --sample 1000 --job-prompts 10000 --out $RES --python $P ${SGL[*]:-} ${REH[*]:-} > $RES/driver.out 2>&1; \
+    --reserve ${RESERVE:-560} --sample 1000 --job-prompts 10000 --out $RES --python $P ${SGL[*]:-} ${REH[*]:-} ${DRIVER_ARGS:-} > $RES/driver.out 2>&1; \
     echo \$? > $DONE" < /dev/null > /dev/null 2>&1 &
 echo "driver started detached after ${used} s (${TOTAL} s in all)"
 poll $(( ${POLL_S:-540} - used ))

@@ -340,6 +340,11 @@ def _check(
         console.print(check_table(result))
         style = "green" if result.within else "red"
         console.print(f"[bold {style}]verdict:[/] {result.verdict()}")
+        for c in result.against_bench:  # the job's own rate where it held a benched concurrency
+            console.print(
+                f"  server vs bench: {c.held.server} at concurrency {c.held.concurrency}: {c.held.output_tps:,.0f} "
+                f"tok/s over {c.held.seconds:,.0f} s of the job, {c.benched_tps:,.0f} benched ({c.error_pct:+.0f}%)"
+            )
         for caveat in result.caveats:
             console.print(f"  [bold yellow]caveat:[/] {caveat}")
         for note in result.notes:

@@ -11,7 +11,10 @@ times include.
 The prediction is the planner's own: the bench run's curve, at the concurrency the planner picks
 (or the one given), on as many replicas as servers answered the job, for the job's prompt count and
 its *measured* mean output length -- so a wrong guess of the output length is not blamed on the
-throughput model.
+throughput model. The job's timeline (``timeline/*.json``) gives each server's own rate at every
+concurrency it held (``held.py``); where that concurrency was benched, the two are compared, and a miss
+says whether the server itself ran slower or faster than benched or as benched (then the cause is the
+model: the ramp, the limit's changes, the tail).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from servefleet.errors import ConfigError
+from servefleet.plan.held import BenchComparison, HeldRate, against_bench, held_rates
 from servefleet.plan.planner import ConfigCurve, JobSpec, simulate_makespan
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,7 @@ __all__ = [
 TOLERANCE_PCT = 10.0
 JOB_FILE = "job.json"  # servefleet.generate.job.JOB_FILE (not imported: keeps plan free of generate's deps)
 REPORT_FILE = "report.json"  # servefleet.generate.runner.REPORT_FILE, written by generate beside the shards
+TIMELINE_DIR = "timeline"  # servefleet.generate.recorder.TIMELINE_DIR
 SHARDS_PER_READ = 8  # shards fetched together (object storage: in parallel); bounds memory to 8 shards
 
 
@@ -69,6 +74,7 @@ class Measured:
     servers: tuple[ServerMeasure, ...]
     model: str | None
     wall_source: str  # "report" or "manifest"
+    held: tuple[HeldRate, ...] = ()  # each server's settled rate at each concurrency it held (the timelines)
 
     @property
     def mean_output_tokens(self) -> float:
@@ -98,6 +104,7 @@ class CheckResult:
     metrics: list[Metric]
     notes: list[str] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)  # what the prediction rests on that was not measured well
+    against_bench: list[BenchComparison] = field(default_factory=list)  # the job's rate where it held a benched C
 
     @property
     def makespan(self) -> Metric:
@@ -121,7 +128,28 @@ class CheckResult:
             way = f"the plan was optimistic: it predicted {-err:.1f}% less time than the job took"
         else:
             way = f"the plan was pessimistic: it predicted {err:.1f}% more time than the job took"
-        return f"{head}: {way}"
+        why = self.cause() if abs(err) > TOLERANCE_PCT else None
+        return f"{head}: {way}" + (f"; {why}" if why else "")
+
+    def cause(self) -> str | None:
+        """The server against its bench where the job held a benched concurrency longest: the server's
+        own speed, or (as benched) the model's share of the miss."""
+        if not self.against_bench:
+            return None
+        top = self.against_bench[0]
+        h, err = top.held, top.error_pct
+        where = (
+            f"at concurrency {h.concurrency} {h.server} gave {h.output_tps:,.0f} tok/s over {h.seconds:,.0f} s "
+            f"of the job against {top.benched_tps:,.0f} benched"
+        )
+        if abs(err) <= TOLERANCE_PCT:
+            return f"the server ran as benched ({where}): the miss is the job's ramp, its limit changes or its tail"
+        way = "slower" if err < 0 else "faster"
+        return (
+            f"the server itself ran {abs(err):.0f}% {way} than benched ({where}): the miss is the server's speed "
+            "during the job, not the plan's model (another load on the host, other clocks, other prompts: "
+            "bench it again where the job runs)"
+        )
 
     def to_json(self) -> dict[str, Any]:
         meas = self.measured
@@ -151,6 +179,7 @@ class CheckResult:
             "within_tolerance": self.within,
             "tolerance_pct": TOLERANCE_PCT,
             "verdict": self.verdict(),
+            "against_bench": [c.to_json() for c in self.against_bench],
             "notes": list(self.notes),
             "caveats": list(self.caveats),
         }
@@ -316,7 +345,23 @@ def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
         servers=tuple(ServerMeasure(name, a[0], a[1]) for name, a in sorted(per_server.items())),
         model=max(models, key=lambda m: models[m]) if models else None,
         wall_source=source,
+        held=tuple(held_rates(_timelines(sink))),
     )
+
+
+def _timelines(sink: Sink) -> list[dict[str, Any]]:
+    """Every run's timeline; one that cannot be read only leaves its rates out (they explain, not measure)."""
+    names = [f"{TIMELINE_DIR}/{n}" for n in sink.list(TIMELINE_DIR) if n.endswith(".json")]
+    out = []
+    for name, data in sorted(sink.read_many(names).items()):
+        try:
+            doc = json.loads(data)
+        except json.JSONDecodeError:
+            log.warning("%s: not JSON; its rates are left out of the check", name)
+            continue
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
 
 
 # ---- predicting and comparing ----------------------------------------------------------------------
@@ -440,6 +485,7 @@ def check_plan(
         metrics=metrics,
         notes=notes,
         caveats=caveats,
+        against_bench=against_bench(measured.held, config.curve),
     )
 
 
@@ -501,4 +547,12 @@ def check_mixed(curves: dict[str, ConfigCurve], measured: Measured) -> CheckResu
         metrics=metrics,
         notes=notes,
         caveats=[f"{name}: {c}" for name, curve in curves.items() for c in curve.caveats],
+        against_bench=sorted(
+            (
+                c
+                for n, cfg in curves.items()
+                for c in against_bench([h for h in measured.held if h.server == n], cfg.curve)
+            ),
+            key=lambda c: -c.held.seconds,
+        ),
     )

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Call 7 (issue 25's targets, every job side by side on one server): on a machine that has had
+# `run_h200.sh setup collect` (chunk 1, deps, servefleet) and chunk 2, the whole-GPU server of call 2 comes up, then
+#   bench-uni  servefleet bench, uniform 256/256, -c 256,512,1024, 25 s points (the --bench path's RUN.json)
+#   bench-var  servefleet bench on the first 1,000 variable prompts (their lengths and max_tokens), 40 s points (lifetimes
+#              reach ~15 s at 768 tokens)
+# and for each work (uniform UNI_N x 256/256; variable VAR_N prompts of 20-400 words, max_tokens 64-768):
+#   fixed (--url --concurrency BEST, BEST the bench's best point), bench (--url --bench RUN.json), fleet (--fleet, no
+#   hints), url (--url, no hints): the target is fleet and url within 5 % of the better of fixed and bench.
+# Each job runs if it still fits in BUDGET (s from the start, gpu-setup and up included) and says so when skipped.
+#   bash benchmarks/gpu/issue25/call7.sh --start [BUDGET]   # detached (setsid): it outlives this command
+#   bash benchmarks/gpu/issue25/call7.sh --poll [S]          # wait up to S s (default 540), bring back call7.tgz
+# JOBS="uni-fixed uni-fleet" runs only those. CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
+cd "${PROJECT_ROOT:-.}"
+W=/tmp/ck/r7; DONE=/tmp/ck/call7.rc
+if [ "${1:-}" = "--poll" ]; then
+  until=$(( $(date +%s) + ${2:-540} ))
+  while [ ! -f $DONE ] && [ $(date +%s) -lt $until ]; do sleep 5; done
+  mkdir -p "$OUT"; cp /tmp/ck/call7.tgz /tmp/ck/call7.out "$OUT"/ 2>/dev/null
+  if [ -f $DONE ]; then echo "call7 done: rc=$(cat $DONE)"; else echo "call7 still running"; fi
+  tail -n 20 /tmp/ck/call7.out 2>/dev/null; exit 0
+fi
+if [ "${1:-}" = "--start" ]; then
+  mkdir -p /tmp/ck; rm -f $DONE; rm -rf /tmp/ck/src7; mkdir -p /tmp/ck/src7; cp -r src benchmarks /tmp/ck/src7/
+  # a copy of the tree (the device re-sends it with every command) and of the recipe's scripts (gpu-setup.sh)
+  mkdir -p /tmp/ck/src7/.gpu; cp -r .gpu/run /tmp/ck/src7/.gpu/ 2>/dev/null
+  setsid bash -c "cd /tmp/ck/src7 && PYTHONPATH=/tmp/ck/src7/src${PYTHONPATH:+:$PYTHONPATH} BUDGET=${2:-1200} OUT=/tmp/ck/res7 bash benchmarks/gpu/issue25/call7.sh > /tmp/ck/call7.out 2>&1; \
+      echo \$? > $DONE" < /dev/null > /dev/null 2>&1 &
+  echo "call7 started detached (budget ${2:-1200} s)"; exit 0
+fi
+T_START=$(date +%s); BUDGET=${BUDGET:-1200}; UNI_N=${UNI_N:-12000}; VAR_N=${VAR_N:-12000}
+if [ -n "${CALL6_DRY:-}" ]; then
+  set -u; R=$OUT; mkdir -p $R /tmp/ck; P=${P:-python3}; H=benchmarks/gpu/issue25; U=http://127.0.0.1:48517; M=/tmp/sf-h200/model
+  gen() { echo "would run: generate $1 (timeout $2 s) ${*:3}"; }
+  sf() { echo "would run: servefleet $*"; }
+else
+  source benchmarks/gpu/issue25/common.sh
+  sed -n '/^cat > \/tmp\/ck\/fleet.toml/,/^T$/p' $H/call2.sh > /tmp/ck/mkfleet.sh; source /tmp/ck/mkfleet.sh
+  sf() { $SF "$@"; }
+  t0=$(date +%s); $SF up /tmp/ck/fleet.toml --timeout 300 --json > $R/up.json 2>$R/up.err; echo "up rc=$? $(( $(date +%s)-t0 )) s"
+fi
+UNI_N=$UNI_N VAR_N=$VAR_N $P - <<'PY'
+import json, os, random
+# call 6's prompts (the same generator); the first 1,000 variable ones are the bench's sample
+with open("/tmp/ck/uniform.jsonl", "w") as f:
+    for i in range(int(os.environ["UNI_N"])):
+        f.write(json.dumps({"id": f"p{i}", "prompt": " ".join(f"w{(i*7+j)%997}" for j in range(93)), "max_tokens": 256, "ignore_eos": True}) + "\n")
+rng = random.Random(7)
+with open("/tmp/ck/variable.jsonl", "w") as f, open("/tmp/ck/variable-sample.jsonl", "w") as s:
+    for i in range(int(os.environ["VAR_N"])):
+        n = rng.randint(20, 400); m = rng.randint(64, 768)
+        line = json.dumps({"id": f"v{i}", "prompt": " ".join(f"w{(i*13+j)%991}" for j in range(n)), "max_tokens": m, "ignore_eos": True}) + "\n"
+        f.write(line)
+        if i < 1000:
+            s.write(line)
+PY
+echo "prompts: uniform $(wc -l < /tmp/ck/uniform.jsonl), variable $(wc -l < /tmp/ck/variable.jsonl)"
+RES=$R; R=$W; mkdir -p $R  # gen writes here; packed into call7.tgz after every step
+pack() { mkdir -p $R/reports; for d in /tmp/ck/out-*; do [ -d "$d" ] || continue; n=$(basename $d); mkdir -p $R/reports/$n
+  cp $d/report.json $R/reports/$n/ 2>/dev/null; cp $d/timeline/*.json $R/reports/$n/ 2>/dev/null; done
+  cp /tmp/ck/bench-*.json $R/ 2>/dev/null; tar czf /tmp/ck/call7.tgz.part -C $R . && mv /tmp/ck/call7.tgz.part /tmp/ck/call7.tgz
+  mkdir -p $RES; cp /tmp/ck/call7.tgz $RES/; }
+left() { echo $(( T_START + BUDGET - 20 - $(date +%s) )); }
+want() { case " ${JOBS:-$1} " in *" $1 "*) return 0 ;; esac; return 1; }
+# bench WORK DURATION ARGS...: the sweep whose RUN.json the --bench job takes and whose best point the fixed job uses
+bench() {
+  local work=$1 dur=$2; shift 2
+  want $work-fixed || want $work-bench || return 0
+  if [ $(left) -lt 110 ]; then echo "skipped bench-$work: $(left) s left" | tee -a $R/skipped.txt; return; fi
+  local t0=$(date +%s)
+  sf bench --url $U -c 256,512,1024 --duration $dur --no-stream --api completions --temperature 0 --tokenizer $M \
+     --out /tmp/ck/bench-$work.json "$@" > $R/bench-$work.out 2>&1
+  echo "bench-$work rc=$? $(( $(date +%s)-t0 )) s"; grep -E '^\s*(│|\|)|ran it again' $R/bench-$work.out | head -8
+}
+best() { [ -f /tmp/ck/bench-$1.json ] && $P -c "import json,sys; d=json.load(open(sys.argv[1])); \
+  print(max(d['points'], key=lambda p: p['output_tokens_per_s'])['concurrency'])" /tmp/ck/bench-$1.json; }
+# job NAME NEED_S CAP_S ARGS...: run it if NEED_S still fits in the budget (20 s kept for down and the tarball)
+job() {
+  local name=$1 need=$2 cap=$3; shift 3
+  want $name || return 0
+  local l=$(left)
+  if [ $l -lt $need ]; then echo "skipped $name: ${l} s left of the budget, it needs ~${need} s" | tee -a $R/skipped.txt; return; fi
+  gen $name $(( l < cap ? l : cap )) "$@"; [ -n "${CALL6_DRY:-}" ] || pack
+}
+# uniform: 12,000 x 256 tokens at ~29k tok/s ~110 s a job; variable: 12,000 x ~416 tokens at ~25-35k tok/s ~150-200 s
+bench uni 25 --input-len 256 --output-len 256
+C=$(best uni); C=${C:-256}; echo "uniform: the bench's best concurrency $C"
+job uni-fixed 130 200 --input /tmp/ck/uniform.jsonl --url $U --concurrency $C
+job uni-bench 130 200 --input /tmp/ck/uniform.jsonl --url $U --bench /tmp/ck/bench-uni.json
+job uni-fleet 130 200 --input /tmp/ck/uniform.jsonl --fleet /tmp/ck/fleet.toml
+job uni-url 130 200 --input /tmp/ck/uniform.jsonl --url $U
+bench var 40 --dataset /tmp/ck/variable-sample.jsonl
+C=$(best var); C=${C:-512}; echo "variable: the bench's best concurrency $C"
+job var-fixed 200 280 --input /tmp/ck/variable.jsonl --url $U --concurrency $C
+job var-bench 200 280 --input /tmp/ck/variable.jsonl --url $U --bench /tmp/ck/bench-var.json
+job var-fleet 200 280 --input /tmp/ck/variable.jsonl --fleet /tmp/ck/fleet.toml
+job var-url 200 280 --input /tmp/ck/variable.jsonl --url $U
+[ -n "${CALL6_DRY:-}" ] && exit 0
+$SF down --fleet /tmp/ck/fleet.toml --json > $R/down.json 2>&1; echo "down rc=$?"
+cp /tmp/ck/state/logs/*.log $R/ 2>/dev/null; gzip -f $R/*.log 2>/dev/null; pack
+echo "total $(( $(date +%s)-T_START )) s"
