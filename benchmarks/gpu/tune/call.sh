@@ -64,7 +64,7 @@ used=$(( $(date +%s) - t0 )); echo "gpu-setup ${used} s"
 if [ "${1:-}" != "--start" ]; then
   # the driver's share of the 540 s: what setup left, less 10 s for the tarball and the transfer back
   timeout $(( 540 - used )) $P benchmarks/gpu/tune/driver.py --seconds $(( 530 - used )) --tune-budget 300 --reserve 190 \
-       --sample 1000 --job-prompts 10000 --out "$OUT" --python "$P"
+       --sample 10000 --job-prompts 10000 --out "$OUT" --python "$P"
   echo "driver rc=$? after $(( $(date +%s) - t0 )) s"; exit 0
 fi
 TOTAL=${2:-1300}; SGL=()
@@ -76,7 +76,7 @@ rm -rf /tmp/tune-src $DONE; mkdir -p /tmp/tune-src; cp -r src benchmarks/gpu/tun
 export PYTHONPATH=/tmp/tune-src/src:$PYTHONPATH
 used=$(( $(date +%s) - t0 ))
 setsid bash -c "$P /tmp/tune-src/tune/driver.py --seconds $(( TOTAL - used )) --tune-budget ${TUNE_BUDGET:-780} \
-    --reserve ${RESERVE:-560} --sample 1000 --job-prompts 10000 --out $RES --python $P ${SGL[*]:-} ${REH[*]:-} ${DRIVER_ARGS:-} > $RES/driver.out 2>&1; \
+    --reserve ${RESERVE:-560} --sample 10000 --job-prompts 10000 --out $RES --python $P ${SGL[*]:-} ${REH[*]:-} ${DRIVER_ARGS:-} > $RES/driver.out 2>&1; \
     echo \$? > $DONE" < /dev/null > /dev/null 2>&1 &
 echo "driver started detached after ${used} s (${TOTAL} s in all)"
 poll $(( ${POLL_S:-540} - used ))

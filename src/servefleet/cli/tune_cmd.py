@@ -40,9 +40,12 @@ def tune(
     sample: Annotated[
         int,
         typer.Option(
-            "--sample", min=1, help="Prompts drawn from --input to measure on (their real lengths and max_tokens)."
+            "--sample",
+            min=1,
+            help="Prompts drawn from --input to measure on (their real lengths and max_tokens); each point sends prompts"
+            " of its own, none twice (a repeat would find its prefix cached), so give at least what the points send.",
         ),
-    ] = 1000,
+    ] = 10_000,
     gpus: Annotated[
         str,
         typer.Option(

@@ -10,11 +10,19 @@ mostly the first wave's prefill and the drain. On the H200 every point of ``2 x 
 (0.2-1.4 s of steady time) and the second candidate's predicted makespan was 23 % off the real
 job's. The new count gives the missing lifetimes with half a wave to spare, at most
 ``MAX_PER_CONCURRENCY x C``; later points of the candidate start at the same multiple of their
-concurrency. Each lengthening is said in the run's notes."""
+concurrency. Each lengthening is said in the run's notes.
+
+A job sends each prompt once; a prompt sent again finds its prefix in the engine's cache and costs no
+prefill. So every point (its warm-up included) takes the sample's next prompts, none the server has
+seen: point after point, lengthened ones too, through the sample in order. Only a sample smaller than
+what the points send wraps around, and the run's notes say by how much (give a larger ``--sample``).
+The candidates each start at the sample's beginning, on a fresh server: they see the same prompts."""
 
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,16 +87,18 @@ async def measure(
     """Measure up the ladder; ``stop_after(points)`` may end it after any point with a reason;
     ``time_left()``: seconds of the budget left (a lengthening that would not fit is not made, and said)."""
     got = Measurement()
+    pool = _Prompts(sample)
     extra = dict(options or {})
     ignore_eos = bool(extra.pop("ignore_eos", False))  # the job's records say; else as a job runs: answers end at EOS
     temperature = extra.pop("temperature", None)
     per_c = 0.0  # after a lengthening: requests per unit of concurrency that gave a steady part
 
     async def point(c: int, requests: int) -> Run:
+        dataset = pool.take(requests + c)  # bench's warm-up: one request per connection
         config = BenchConfig(
             concurrency=[c],
             requests=requests,
-            dataset=str(sample),
+            dataset=str(dataset),
             api=api,
             ignore_eos=ignore_eos,
             temperature=temperature,
@@ -97,7 +107,10 @@ async def measure(
             seed=seed,
         )
         t0 = time.monotonic()
-        run = await run_bench(target, config)
+        try:
+            run = await run_bench(target, config)
+        finally:
+            dataset.unlink(missing_ok=True)
         got.measured_s += time.monotonic() - t0
         return run
 
@@ -138,7 +151,36 @@ async def measure(
             if got.stopped:
                 break
         c = ladder.next(c)
+    if pool.wrapped and got.runs:
+        note = (
+            f"the sample's {pool.size:,} prompts served {pool.sent:,} requests (warm-ups included): prompts were sent "
+            "again, and a repeat's prefix is in the engine's cache (a job sends each prompt once); "
+            f"give --sample {pool.sent:,} or more"
+        )
+        got.runs[-1] = got.runs[-1].model_copy(update={"notes": [*got.runs[-1].notes, note]})
     return got
+
+
+class _Prompts:
+    """The sample's records, handed out in order, each point a slice of its own (a file bench reads)."""
+
+    def __init__(self, sample: Path) -> None:
+        self.path = sample
+        self.lines = [ln for ln in sample.read_text(encoding="utf-8").splitlines(keepends=True) if ln.strip()]
+        self.size = len(self.lines)
+        self.sent = 0
+
+    @property
+    def wrapped(self) -> bool:
+        return self.sent > self.size
+
+    def take(self, n: int) -> Path:
+        picked = [self.lines[(self.sent + i) % self.size] for i in range(n)] if self.size else []
+        self.sent += n
+        fd, name = tempfile.mkstemp(prefix=f"{self.path.stem}-point-", suffix=".jsonl", dir=self.path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.writelines(ln if ln.endswith("\n") else ln + "\n" for ln in picked)
+        return Path(name)
 
 
 def longer_requests(point: Point, requests: int) -> int | None:

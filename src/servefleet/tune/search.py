@@ -46,7 +46,7 @@ class TuneRequest:
     space: Path
     input: Path
     out: Path
-    sample: int = 1000
+    sample: int = 10_000  # every point takes prompts of its own (measure.py): room for a ladder of them
     gpus: tuple[int, ...] = (1,)
     budget_s: float | None = None
     server: str | None = None
