@@ -18,18 +18,7 @@ else
   sed -n '/^cat > \/tmp\/ck\/fleet.toml/,/^T$/p' $H/call2.sh > /tmp/ck/mkfleet.sh; source /tmp/ck/mkfleet.sh
   t0=$(date +%s); $SF up /tmp/ck/fleet.toml --timeout 300 --json > $R/up.json 2>$R/up.err; echo "up rc=$? $(( $(date +%s)-t0 )) s"
 fi
-UNI_N=$UNI_N VAR_N=$VAR_N $P - <<'PY'
-import json, os, random
-# the prompts of call 2 (the same generator, the first UNI_N / VAR_N of them)
-with open("/tmp/ck/uniform.jsonl", "w") as f:
-    for i in range(int(os.environ["UNI_N"])):
-        f.write(json.dumps({"id": f"p{i}", "prompt": " ".join(f"w{(i*7+j)%997}" for j in range(93)), "max_tokens": 256, "ignore_eos": True}) + "\n")
-rng = random.Random(7)
-with open("/tmp/ck/variable.jsonl", "w") as f:
-    for i in range(int(os.environ["VAR_N"])):
-        n = rng.randint(20, 400); m = rng.randint(64, 768)
-        f.write(json.dumps({"id": f"v{i}", "prompt": " ".join(f"w{(i*13+j)%991}" for j in range(n)), "max_tokens": m, "ignore_eos": True}) + "\n")
-PY
+$P $H/prompts.py $UNI_N $VAR_N  # the prompts of call 2 (the same generator, the first UNI_N / VAR_N of them)
 echo "prompts: uniform $(wc -l < /tmp/ck/uniform.jsonl), variable $(wc -l < /tmp/ck/variable.jsonl)"
 RES=$R; R=/tmp/ck/r6; mkdir -p $R  # gen writes here; packed into $RES after every job
 pack() { mkdir -p $R/reports; for d in /tmp/ck/out-*; do [ -d "$d" ] || continue; n=$(basename $d); mkdir -p $R/reports/$n
