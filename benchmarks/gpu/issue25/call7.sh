@@ -10,7 +10,8 @@
 # Each job runs if it still fits in BUDGET (s from the start, gpu-setup and up included) and says so when skipped.
 #   bash benchmarks/gpu/issue25/call7.sh --start [BUDGET]   # detached (setsid): it outlives this command
 #   bash benchmarks/gpu/issue25/call7.sh --poll [S]          # wait up to S s (default 540), bring back call7.tgz
-# JOBS="uni-fixed uni-fleet" runs only those. CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
+# JOBS="uni-fixed uni-fleet" runs only those; BENCH_C=256,512 benches fewer points (on 2026-12-02 the uniform
+# bench's 1024 point was lengthened to 58 s and read 31 % under 256: the whole bench took 178 s). CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
 cd "${PROJECT_ROOT:-.}"
 W=/tmp/ck/r7; DONE=/tmp/ck/call7.rc
 if [ "${1:-}" = "--poll" ]; then
@@ -54,7 +55,7 @@ bench() {
   want $work-fixed || want $work-bench || return 0
   if [ $(left) -lt 110 ]; then echo "skipped bench-$work: $(left) s left" | tee -a $R/skipped.txt; return; fi
   local t0=$(date +%s)
-  sf bench --url $U -c 256,512,1024 --duration $dur --no-stream --api completions --temperature 0 --tokenizer $M \
+  sf bench --url $U -c ${BENCH_C:-256,512,1024} --duration $dur --no-stream --api completions --temperature 0 --tokenizer $M \
      --out /tmp/ck/bench-$work.json "$@" > $R/bench-$work.out 2>&1
   echo "bench-$work rc=$? $(( $(date +%s)-t0 )) s"; grep -E '^\s*(│|\|)|ran it again' $R/bench-$work.out | head -8
 }
