@@ -94,10 +94,12 @@ async def measure(
     per_c = 0.0  # after a lengthening: requests per unit of concurrency that gave a steady part
 
     async def point(c: int, requests: int) -> Run:
-        dataset = pool.take(requests + c)  # bench's warm-up: one request per connection
+        warmup = c  # one per connection, as bench's default; given here so that the slice holds them too
+        dataset = pool.take(requests + warmup)
         config = BenchConfig(
             concurrency=[c],
             requests=requests,
+            warmup=warmup,
             dataset=str(dataset),
             api=api,
             ignore_eos=ignore_eos,
