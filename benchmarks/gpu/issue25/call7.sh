@@ -79,9 +79,10 @@ job uni-url 130 200 --input /tmp/ck/uniform.jsonl --url $U
 bench var 40 --dataset /tmp/ck/variable-sample.jsonl
 C=$(best var); C=${C:-512}; echo "variable: the bench's best concurrency $C"
 job var-fixed 200 280 --input /tmp/ck/variable.jsonl --url $U --concurrency $C
-job var-bench 200 280 --input /tmp/ck/variable.jsonl --url $U --bench /tmp/ck/bench-var.json
 job var-fleet 200 280 --input /tmp/ck/variable.jsonl --fleet /tmp/ck/fleet.toml
 job var-url 200 280 --input /tmp/ck/variable.jsonl --url $U
+# the --bench job last: a budget that cuts one leaves fleet and url measured against the fixed limit
+job var-bench 200 280 --input /tmp/ck/variable.jsonl --url $U --bench /tmp/ck/bench-var.json
 [ -n "${CALL6_DRY:-}" ] && exit 0
 $SF down --fleet /tmp/ck/fleet.toml --json > $R/down.json 2>&1; echo "down rc=$?"
 cp /tmp/ck/state/logs/*.log $R/ 2>/dev/null; gzip -f $R/*.log 2>/dev/null; pack
