@@ -5,8 +5,9 @@
 #   bench-var  servefleet bench on the first 1,000 variable prompts (their lengths and max_tokens), 40 s points (lifetimes
 #              reach ~15 s at 768 tokens)
 # and for each work (uniform UNI_N x 256/256; variable VAR_N prompts of 20-400 words, max_tokens 64-768):
-#   fixed (--url --concurrency BEST, BEST the bench's best point), bench (--url --bench RUN.json), fleet (--fleet, no
-#   hints), url (--url, no hints): the target is fleet and url within 5 % of the better of fixed and bench.
+#   fixed (--url --concurrency BEST, BEST the bench's best point), fleet (--fleet, no hints), url (--url, no hints),
+#   and, after both works, bench (--url --bench RUN.json): the target is fleet and url within 5 % of the better of
+#   fixed and bench.
 # Each job runs if it still fits in BUDGET (s from the start, gpu-setup and up included) and says so when skipped.
 #   bash benchmarks/gpu/issue25/call7.sh --start [BUDGET]   # detached (setsid): it outlives this command
 #   bash benchmarks/gpu/issue25/call7.sh --poll [S]          # wait up to S s (default 540), bring back call7.tgz
@@ -73,7 +74,6 @@ job() {
 bench uni 25 --input-len 256 --output-len 256
 C=$(best uni); C=${C:-256}; echo "uniform: the bench's best concurrency $C"
 job uni-fixed 130 200 --input /tmp/ck/uniform.jsonl --url $U --concurrency $C
-job uni-bench 130 200 --input /tmp/ck/uniform.jsonl --url $U --bench /tmp/ck/bench-uni.json
 job uni-fleet 130 200 --input /tmp/ck/uniform.jsonl --fleet /tmp/ck/fleet.toml
 job uni-url 130 200 --input /tmp/ck/uniform.jsonl --url $U
 bench var 40 --dataset /tmp/ck/variable-sample.jsonl
@@ -81,7 +81,8 @@ C=$(best var); C=${C:-512}; echo "variable: the bench's best concurrency $C"
 job var-fixed 200 280 --input /tmp/ck/variable.jsonl --url $U --concurrency $C
 job var-fleet 200 280 --input /tmp/ck/variable.jsonl --fleet /tmp/ck/fleet.toml
 job var-url 200 280 --input /tmp/ck/variable.jsonl --url $U
-# the --bench job last: a budget that cuts one leaves fleet and url measured against the fixed limit
+# the --bench jobs last: a budget that cuts them leaves fleet and url of both works measured against the fixed limit
+job uni-bench 130 200 --input /tmp/ck/uniform.jsonl --url $U --bench /tmp/ck/bench-uni.json
 job var-bench 200 280 --input /tmp/ck/variable.jsonl --url $U --bench /tmp/ck/bench-var.json
 [ -n "${CALL6_DRY:-}" ] && exit 0
 $SF down --fleet /tmp/ck/fleet.toml --json > $R/down.json 2>&1; echo "down rc=$?"
