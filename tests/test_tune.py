@@ -174,6 +174,22 @@ def test_a_candidate_with_a_bad_flag_is_a_failed_row_and_the_rest_are_ranked(tmp
     assert doc["ran"] == ["plain", "typo"] and doc["skipped"] == []
 
 
+def test_relative_paths_and_the_default_out_work_from_the_callers_folder(tmp_path: Path, monkeypatch) -> None:
+    # every path as a user types it, relative to where they stand, and --out left at its default: the
+    # candidates' fleet files under tune-out/fleets once named their state folder relative to themselves,
+    # so each server's wrapper found no folder for its log and every candidate read 'killed'
+    base, spc = base_fleet(tmp_path), space(tmp_path, SETTINGS + '[[candidate]]\nname = "plain"\n')
+    job = prompts(tmp_path, 200, (10, 25), 32)
+    monkeypatch.chdir(tmp_path)
+    argv = ["tune", "--fleet", base.name, "--space", spc.name, "--input", job.name, "--sample", "100"]
+    result = CliRunner().invoke(app, [*argv, "--no-plot", "--json"])
+    doc = json.loads(result.stdout[result.stdout.index("{") :])
+    assert result.exit_code == 0, result.output
+    assert [(r["name"], r["outcome"]) for r in doc["candidates"]] == [("plain", "measured")]
+    assert (tmp_path / "tune-out" / "state" / "logs" / "plain.log").is_file()
+    assert not (tmp_path / "tune-out" / "fleets" / "tune-out").exists()
+
+
 def test_a_budget_cuts_the_search_and_the_output_says_so(tmp_path: Path) -> None:
     three = SETTINGS + "".join(
         f'[[candidate]]\nname = "c{i}"\nargs = ["--max-running-requests", "{8 * (i + 1)}"]\n' for i in range(3)

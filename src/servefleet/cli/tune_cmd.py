@@ -120,7 +120,7 @@ def tune(
         fleet=fleet,
         space=space,
         input=input,
-        out=out,
+        out=out.expanduser().resolve(),  # the candidates' fleet files name their state folder under it
         sample=sample,
         gpus=counts,
         budget_s=budget_s,
@@ -177,9 +177,7 @@ def _finish(prep, result, plot: bool) -> None:
     if winner is not None:
         cand = next(cf.candidate for cf in prep.fleets if cf.candidate.name == winner.name)
         result.winner_fleet = str(
-            winner_fleet(
-                prep.base, cand, prep.request.out / "winner.toml", prep.request.out.resolve() / "winner-state"
-            )
+            winner_fleet(prep.base, cand, prep.request.out / "winner.toml", prep.request.out / "winner-state")
         )
     runs = [r.run for r in result.rows if r.run]
     if plot and runs:

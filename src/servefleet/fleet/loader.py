@@ -86,6 +86,9 @@ def _merge(defaults: ServerDefaults, raw: dict[str, Any]) -> tuple[dict[str, Any
 
 def parse_fleet(data: dict[str, Any], path: Path) -> FleetSpec:
     """Validate parsed TOML ``data`` from ``path``; raise ConfigError listing every problem."""
+    # absolute, as FleetSpec promises: a relative state_dir is placed beside the file, and a server's log
+    # and exit-status paths are used from its own working directory
+    path = path.expanduser().resolve()
     label = path.name
     problems: list[str] = []
 
