@@ -62,6 +62,11 @@ bench() {
 }
 best() { [ -f /tmp/ck/bench-$1.json ] && $P -c "import json,sys; d=json.load(open(sys.argv[1])); \
   print(max(d['points'], key=lambda p: p['output_tokens_per_s'])['concurrency'])" /tmp/ck/bench-$1.json; }
+# sizes WORK FILE: "NEED CAP" for one job of FILE from the bench's best rate (every max_tokens generated: ignore_eos):
+# need 1.15 x the tokens at that rate + 15 s, cap twice that + 30 s; none without a bench (the defaults below stand)
+sizes() { [ -f /tmp/ck/bench-$1.json ] && $P -c "import json,sys; d=json.load(open(sys.argv[1])); \
+  tps=max(p['output_tokens_per_s'] for p in d['points']); n=sum(json.loads(l)['max_tokens'] for l in open(sys.argv[2])); \
+  print(int(15+1.15*n/tps), int(30+2*n/tps))" /tmp/ck/bench-$1.json $2; }
 # job NAME NEED_S CAP_S ARGS...: run it if NEED_S still fits in the budget (20 s kept for down and the tarball)
 job() {
   local name=$1 need=$2 cap=$3; shift 3
@@ -72,18 +77,20 @@ job() {
 }
 # uniform: 12,000 x 256 tokens at ~29k tok/s ~110 s a job; variable: 12,000 x ~416 tokens at ~25-35k tok/s ~150-200 s
 bench uni 25 --input-len 256 --output-len 256
-C=$(best uni); C=${C:-256}; echo "uniform: the bench's best concurrency $C"
-job uni-fixed 130 200 --input /tmp/ck/uniform.jsonl --url $U --concurrency $C
-job uni-fleet 130 200 --input /tmp/ck/uniform.jsonl --fleet /tmp/ck/fleet.toml
-job uni-url 130 200 --input /tmp/ck/uniform.jsonl --url $U
+C=$(best uni); C=${C:-256}; SU=$(sizes uni /tmp/ck/uniform.jsonl); SU=${SU:-130 200}
+echo "uniform: the bench's best concurrency $C; a job needs ~${SU% *} s (cap ${SU#* } s)"
+job uni-fixed $SU --input /tmp/ck/uniform.jsonl --url $U --concurrency $C
+job uni-fleet $SU --input /tmp/ck/uniform.jsonl --fleet /tmp/ck/fleet.toml
+job uni-url $SU --input /tmp/ck/uniform.jsonl --url $U
 bench var 40 --dataset /tmp/ck/variable-sample.jsonl
-C=$(best var); C=${C:-512}; echo "variable: the bench's best concurrency $C"
-job var-fixed 200 280 --input /tmp/ck/variable.jsonl --url $U --concurrency $C
-job var-fleet 200 280 --input /tmp/ck/variable.jsonl --fleet /tmp/ck/fleet.toml
-job var-url 200 280 --input /tmp/ck/variable.jsonl --url $U
+C=$(best var); C=${C:-512}; SV=$(sizes var /tmp/ck/variable.jsonl); SV=${SV:-200 280}
+echo "variable: the bench's best concurrency $C; a job needs ~${SV% *} s (cap ${SV#* } s)"
+job var-fixed $SV --input /tmp/ck/variable.jsonl --url $U --concurrency $C
+job var-fleet $SV --input /tmp/ck/variable.jsonl --fleet /tmp/ck/fleet.toml
+job var-url $SV --input /tmp/ck/variable.jsonl --url $U
 # the --bench jobs last: a budget that cuts them leaves fleet and url of both works measured against the fixed limit
-job uni-bench 130 200 --input /tmp/ck/uniform.jsonl --url $U --bench /tmp/ck/bench-uni.json
-job var-bench 200 280 --input /tmp/ck/variable.jsonl --url $U --bench /tmp/ck/bench-var.json
+job uni-bench $SU --input /tmp/ck/uniform.jsonl --url $U --bench /tmp/ck/bench-uni.json
+job var-bench $SV --input /tmp/ck/variable.jsonl --url $U --bench /tmp/ck/bench-var.json
 [ -n "${CALL6_DRY:-}" ] && exit 0
 $SF down --fleet /tmp/ck/fleet.toml --json > $R/down.json 2>&1; echo "down rc=$?"
 cp /tmp/ck/state/logs/*.log $R/ 2>/dev/null; gzip -f $R/*.log 2>/dev/null; pack
