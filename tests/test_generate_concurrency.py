@@ -10,7 +10,15 @@ from collections.abc import Callable
 
 import pytest
 
-from servefleet.generate.concurrency import CONFIRM, REPROBE_WINDOWS, ConcurrencyController, Window, headroom, room
+from servefleet.generate.concurrency import (
+    CONFIRM,
+    REPROBE_WINDOWS,
+    START,
+    ConcurrencyController,
+    Window,
+    headroom,
+    room,
+)
 from servefleet.sim.config import SimConfig
 
 Curve = Callable[[int], float]
@@ -101,12 +109,12 @@ def test_a_bench_point_above_the_capacity_is_capped_at_half_as_much_again() -> N
 
 def test_search_doubles_while_the_servers_queue_is_empty_and_learns_its_capacity() -> None:
     c = ConcurrencyController.auto(None)
-    assert (c.source, c.phase, c.limit) == ("search", "ramp", 8)
-    limits = drive(c, peaked(100), 5, capacity=128)
-    assert limits[:2] == [32, 128]  # one window each: queue empty, throughput in proportion -> x4
-    assert limits[2] == 256  # grew, not in proportion (near the peak): x2
-    assert limits[3] == 256  # a queue at 256: one window is not enough to call it full
-    assert limits[4] == 128 + headroom(128)  # ... two are: full at 128 running
+    assert (c.source, c.phase, c.limit) == ("search", "ramp", START) and START == 32
+    limits = drive(c, peaked(100), 4, capacity=128)
+    assert limits[0] == 128  # the first window: queue empty -> x4
+    assert limits[1] == 256  # grew, not in proportion (past the peak): x2
+    assert limits[2] == 256  # a queue at 256: one window is not enough to call it full
+    assert limits[3] == 128 + headroom(128)  # ... two are: full at 128 running
     assert "full at 128 running" in c.reason and c.ceiling == room(128) == 192
     drive(c, peaked(100), 40, noise=0.02, capacity=128)
     assert peaked(100)(min(c.best_limit, 128)) >= 0.95 * 10_000
@@ -116,12 +124,12 @@ def test_a_burst_still_being_admitted_is_not_a_full_server() -> None:
     """vLLM-CPU admits a step's token budget at a time: right after a doubling some requests wait
     for a window, then run. Seen on the real server: 32 sent, 22 running, 10 waiting, then all 32 running."""
     c = ConcurrencyController.auto(None)
-    c.observe(Window(1000.0, queued=0.0, running=8))
-    assert c.limit == 32
-    c.observe(Window(3000.0, queued=10.0, running=22))  # admitting
-    assert c.limit == 32 and c.phase == "ramp"
-    c.observe(Window(4000.0, queued=0.0, running=32))  # all admitted: room, grow
+    c.observe(Window(1000.0, queued=0.0, running=32))
+    assert c.limit == 128
+    c.observe(Window(3000.0, queued=40.0, running=88))  # admitting
     assert c.limit == 128 and c.phase == "ramp"
+    c.observe(Window(4000.0, queued=0.0, running=128))  # all admitted: room, grow
+    assert c.limit == 512 and c.phase == "ramp"
 
 
 def test_search_without_metrics_grows_while_throughput_grows() -> None:
@@ -172,7 +180,7 @@ def test_overload_backs_off_and_caps_unsaturated_windows_teach_nothing_fixed_nev
     s = ConcurrencyController.auto(None)
     for _ in range(10):
         assert not s.observe(Window(5.0, saturated=False))
-    assert s.limit == 8 and not s.history
+    assert s.limit == START and not s.history
     f = ConcurrencyController.fixed(3)
     assert not f.on_overload() and not f.observe(Window(1.0)) and f.limit == 3
     assert f.source == "fixed" and f.describe() == "fixed: --concurrency 3"
@@ -456,3 +464,59 @@ def test_with_waves_a_gain_far_beyond_their_swing_is_kept_after_one_window() -> 
     assert c.observe(Window(c.best_tps() * 1.3))  # +30 %, twice the swing: kept, and the next step tried
     assert c.best_limit == up and c.limit > up and windows_at(c, up) == 2
     assert f"{up} gives" in c.reason and "+30.0% vs 256" in c.reason
+
+
+def test_a_step_far_below_the_best_is_judged_one_lifetime_in() -> None:
+    """The H100 run (vLLM 0.26, --max-num-seqs 1024, graphs up to 512): from the bench's 512 the step to 589 ran
+    eager steps at 25-30k tok/s against ~43k for all of its 12-s window. Cut one lifetime in, it is decided there."""
+    c = ConcurrencyController.auto(1024, bench_concurrency=512, graph_batch=512)
+    c.observe(Window(43_492.0))
+    assert c.limit == 589 and c.best_limit == 512
+    assert not c.clearly_worse(Window(36_000.0))  # -17 %: a whole window decides that
+    assert not c.clearly_worse(Window(28_000.0, saturated=False))  # the limit not kept in flight: teaches nothing
+    cut = Window(28_387.0, lifetimes=1.1)
+    assert c.clearly_worse(cut)
+    assert c.observe(cut) and c.limit == 512
+    assert "in its first 1.1 request lifetimes" in c.reason and "-34.7%" in c.reason
+
+
+def test_nothing_on_trial_or_a_swing_that_wide_is_not_cut_short() -> None:
+    c = ConcurrencyController.auto(1024, bench_concurrency=512)
+    assert not c.clearly_worse(Window(1_000.0))  # no window at the best yet: nothing to compare with
+    c.observe(Window(40_000.0))  # at 512: then 589
+    c.observe(Window(36_000.0))
+    c.observe(Window(36_000.0))  # at 589: -10 % over two windows, a loss
+    assert c.limit == c.best_limit == 512 and c.settling()  # back at the best: the transient, dropped
+    assert not c.clearly_worse(Window(1_000.0))
+    # waves: windows at the best that swing by 16 % make -30 % a swing, not a cliff (twice the swing is the bar)
+    w = noisy_at_256(low=32_000.0, high=37_500.0)
+    assert w.limit == 128 and w.settling()
+    w.observe(Window(20_000.0))  # the transient after lowering: dropped
+    assert not w.clearly_worse(Window(24_000.0)) and w.clearly_worse(Window(21_000.0))
+
+
+def test_the_dispatcher_cuts_a_probe_short_on_the_servers_own_counter() -> None:
+    """One lifetime (and a few scrapes) into the step, the server's counter already reads a third lower: the window
+    ends there; before that, or without the server's counter, it runs its length."""
+    from servefleet.generate.dispatch import _Server
+    from servefleet.generate.endpoints import Target
+    from servefleet.generate.health import HealthPolicy
+    from servefleet.generate.server_load import LoadSample
+
+    s = _Server(
+        Target("a", "http://127.0.0.1:1"), ConcurrencyController.auto(1024, bench_concurrency=512), HealthPolicy()
+    )
+    for _ in range(50):
+        s.stats.requests += 1
+        s.stats.add_latency(3.0)
+    s.controller.observe(Window(43_000.0))  # 512 -> 589
+    t0 = s.window_start
+    s.load.samples.extend(LoadSample(t0 + 0.5 * i, 28_000.0 * 0.5 * i, None, None, 589.0, 0.0) for i in range(9))
+    s.ticks = s.saturated_ticks = 8
+    assert s.window_s(2.0) > 3.0
+    assert s.cut_short(t0 + 2.5, 2.5, 2.0) is None  # under one lifetime (3 s)
+    s.load.available = True
+    cut = s.cut_short(t0 + 4.0, 4.0, 2.0)
+    assert cut is not None and cut.tps == pytest.approx(28_000.0) and cut.lifetimes == pytest.approx(4.0 / 3.0)
+    s.load.available = False  # our own answers come in lumps: never cut on them
+    assert s.cut_short(t0 + 4.0, 4.0, 2.0) is None

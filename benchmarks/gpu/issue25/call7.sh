@@ -54,6 +54,7 @@ want() { case " ${JOBS:-$1} " in *" $1 "*) return 0 ;; esac; return 1; }
 bench() {
   local work=$1 dur=$2; shift 2
   want $work-fixed || want $work-bench || return 0
+  [ -z "${NO_BENCH:-}" ] || return 0  # NO_BENCH=1: the fixed jobs at the defaults below (a lease too short for the benches)
   if [ $(left) -lt 110 ]; then echo "skipped bench-$work: $(left) s left" | tee -a $R/skipped.txt; return; fi
   local t0=$(date +%s)
   sf bench --url $U -c ${BENCH_C:-256,512,1024} --duration $dur --no-stream --api completions --temperature 0 --tokenizer $M \
@@ -83,7 +84,7 @@ job uni-fixed $SU --input /tmp/ck/uniform.jsonl --url $U --concurrency $C
 job uni-fleet $SU --input /tmp/ck/uniform.jsonl --fleet /tmp/ck/fleet.toml
 job uni-url $SU --input /tmp/ck/uniform.jsonl --url $U
 bench var 40 --dataset /tmp/ck/variable-sample.jsonl
-C=$(best var); C=${C:-512}; SV=$(sizes var /tmp/ck/variable.jsonl); SV=${SV:-200 280}
+C=$(best var); C=${C:-512}; SV=$(sizes var /tmp/ck/variable.jsonl); SV=${SV:-${VAR_SIZES:-200 280}}
 echo "variable: the bench's best concurrency $C; a job needs ~${SV% *} s (cap ${SV#* } s)"
 job var-fixed $SV --input /tmp/ck/variable.jsonl --url $U --concurrency $C
 job var-fleet $SV --input /tmp/ck/variable.jsonl --fleet /tmp/ck/fleet.toml

@@ -27,8 +27,10 @@ Then it verifies by measured output tokens/s (a hill climb): try a step up and a
 best limit; a step is kept when its throughput is better by more than :data:`MARGIN`, judged a loss only
 when the mean of :data:`CONFIRM` windows says so (one window decides alone when the difference is at least
 :data:`LARGE` and beyond the whole spread of the windows at the best limit: more than their swing); on a loss
-it returns to the best limit, re-measured. The first window after lowering the limit (or after going back to
-the best one) is dropped (the batch drains through a hole: the H200 run read that transient as -17 %).
+it returns to the best limit, re-measured. A step that reads :data:`EARLY` below the best (and beyond twice the
+swing of its windows) one request lifetime in is judged there (:meth:`ConcurrencyController.clearly_worse`): on the
+H100 the steps past vLLM's largest CUDA-graph batch lost a third of the throughput for 12-14 s windows, 6 % of a 70-s
+job. The first window after lowering the limit (or after going back to the best one) is dropped (the batch drains through a hole: the H200 run read that transient as -17 %).
 Closed-loop waves (uniform work: requests that start together end together) make windows at one limit swing
 by 10-20 %: when the windows at the best limit spread by more than :data:`NOISY`, the dispatcher measures
 longer windows (:meth:`ConcurrencyController.window_factor`), the first window after any change is dropped,
@@ -65,13 +67,15 @@ __all__ = [
     "REPROBE_WINDOWS",
     "HALVE",
     "LIFETIMES",
+    "EARLY",
 ]
 
-START = 8
+START = 32  # 8 always grew x4 in its first window (one ramp window lost: ~3 s at a tenth of the peak on the H100)
 GROW = 0.15  # a ramp step (x2 or more in flight) that adds less than this has stopped paying
 NOISY = 0.08  # windows at one limit spreading more than this: waves; longer windows, transient dropped
 MARGIN = 0.03  # two windows within 3% measure the same throughput (window-to-window noise of a real server)
 LARGE = 0.15  # a difference this large is decided by one window
+EARLY = 0.25  # a step this far below the best is judged one request lifetime in, not after its whole window
 CONFIRM = 2  # windows at a candidate before a small difference is judged
 STEP = 0.33  # first probe step (fraction of the limit): a decline past the peak is found in few steps
 STEP_FROM_BENCH = 0.15  # a bench point is already a measured optimum: probe closer to it
@@ -257,6 +261,15 @@ class ConcurrencyController:
         most often well past the best: the sooner it is left, the less it costs)."""
         return self.settling() or (self._halving and self.limit == self.best_limit and not self.measured)
 
+    def clearly_worse(self, w: Window) -> bool:
+        """Whether a window cut short in a step being tried already reads far below the best: by :data:`EARLY`
+        and by twice the swing of the windows at the best. The dispatcher then hands it to :meth:`observe`,
+        where a difference that large is decided by one window."""
+        if self.phase != "probe" or self.limit == self.best_limit or self.settling() or not w.saturated:
+            return False
+        best = self.best_tps()
+        return best > 0 and w.tps < best * (1 - max(EARLY, 2 * self.spread()))
+
     def describe(self) -> str:
         return f"{self.source}: {self.reason}" if self.reason else self.source
 
@@ -389,9 +402,8 @@ class ConcurrencyController:
                 self._end_halving()
             return self._next_candidate(why)
         # A loss (or an equal step down): back to the best limit, then the other direction.
-        self.reason = (
-            f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
-        )
+        short = f" in its first {w.lifetimes:.1f} request lifetimes" if w.lifetimes and w.lifetimes < LIFETIMES else ""
+        self.reason = f"{self.limit} gives {mean:,.0f} tok/s{short} ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
         if gain < -margin and not up and self.best_limit >= self.ceiling and self.room > self.ceiling:
             self.ceiling = self.room  # evidence: less in flight loses at the ceiling, so more may pay
             self.reason += f"; still growing at {self.best_limit}: room up to {self.room}"

@@ -139,6 +139,18 @@ class _Server:
             lifetimes=span / lifetime if lifetime > 0 else None,
         )
 
+    def cut_short(self, now: float, span: float, minimum: float) -> Window | None:
+        """The window so far, when the step being tried already reads far below the best one request lifetime
+        (and ``minimum`` s, a few scrapes of the server's own counter) in; None otherwise."""
+        if not self.load.available or span < max(minimum, self.stats.lifetime_s()):
+            return None
+        if self.controller.phase != "probe" or self.controller.limit == self.controller.best_limit:
+            return None  # nothing on trial (the cheap test first: this runs every tick)
+        if len(self.load.between(self.window_start, now)) < 3:
+            return None
+        window = self.measure(now, span)
+        return window if self.controller.clearly_worse(window) else None
+
     def progress_marks(self) -> tuple[float | None, ...]:
         latest = self.load.latest()
         return (*(latest.marks() if latest is not None else (None, None, None)), float(self.answers))
@@ -705,14 +717,17 @@ class Dispatcher:
         if len(s.in_flight) >= s.controller.limit:
             s.saturated_ticks += 1
         span = now - s.window_start
+        cut = None
         if span < s.window_s(self.window_min_s):
-            return
+            cut = s.cut_short(now, span, self.window_min_s)
+            if cut is None:
+                return
         if s.load.available is None and span < 10 * self.window_min_s:
             return  # does it have /metrics? known after the first scrapes
         if s.load.available and len(s.load.between(s.window_start, now)) < 3 and span < 10 * self.window_min_s:
             return  # scrapes are late (a busy host): a window needs a few of them
         before = s.controller.limit
-        if s.controller.observe(s.measure(now, span)):
+        if s.controller.observe(cut or s.measure(now, span)):
             self.stats.event(
                 f"{s.target.name}: concurrency {before} -> {s.controller.limit} ({s.controller.describe()})"
             )
