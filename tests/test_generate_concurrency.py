@@ -111,8 +111,8 @@ def test_search_doubles_while_the_servers_queue_is_empty_and_learns_its_capacity
     c = ConcurrencyController.auto(None)
     assert (c.source, c.phase, c.limit) == ("search", "ramp", START) and START == 32
     limits = drive(c, peaked(100), 4, capacity=128)
-    assert limits[0] == 128  # the first window: queue empty -> x4
-    assert limits[1] == 256  # grew, not in proportion (past the peak): x2
+    assert limits[0] == 64  # the first window: queue empty, nothing yet to be in proportion to -> x2
+    assert limits[1] == 256  # grew in proportion: x4
     assert limits[2] == 256  # a queue at 256: one window is not enough to call it full
     assert limits[3] == 128 + headroom(128)  # ... two are: full at 128 running
     assert "full at 128 running" in c.reason and c.ceiling == room(128) == 192
@@ -125,11 +125,11 @@ def test_a_burst_still_being_admitted_is_not_a_full_server() -> None:
     for a window, then run. Seen on the real server: 32 sent, 22 running, 10 waiting, then all 32 running."""
     c = ConcurrencyController.auto(None)
     c.observe(Window(1000.0, queued=0.0, running=32))
-    assert c.limit == 128
-    c.observe(Window(3000.0, queued=40.0, running=88))  # admitting
-    assert c.limit == 128 and c.phase == "ramp"
-    c.observe(Window(4000.0, queued=0.0, running=128))  # all admitted: room, grow
-    assert c.limit == 512 and c.phase == "ramp"
+    assert c.limit == 64
+    c.observe(Window(1500.0, queued=20.0, running=44))  # admitting
+    assert c.limit == 64 and c.phase == "ramp"
+    c.observe(Window(2000.0, queued=0.0, running=64))  # all admitted: room, grow
+    assert c.limit == 256 and c.phase == "ramp"
 
 
 def test_search_without_metrics_grows_while_throughput_grows() -> None:
@@ -263,7 +263,7 @@ def test_the_ramp_stops_where_throughput_stops_growing_below_max_running(metrics
     assert max(limits) <= 1024, limits
     assert "stopped growing" in " ".join(str(x) for x in limits) or c.phase in ("probe", "hold")
     assert curve(c.best_limit) >= 0.95 * best_of(curve, 1024), (c.best_limit, c.history)
-    assert limits.index(512) <= 3  # 8 -> 32 -> 128 -> 512: x4 while far from full
+    assert limits.index(512) <= 3  # 32 -> 64 -> 256 -> 512: x4 while it grows in proportion
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -345,11 +345,11 @@ def test_a_ramp_window_shorter_than_two_lifetimes_is_not_growth() -> None:
     c = ConcurrencyController.auto(None)
     c.limit = c.best_limit = 256
     c.observe(Window(25_000.0, queued=0, running=256, lifetimes=2.5))
-    assert c.limit == 1024  # x4: the first step
-    assert not c.observe(Window(30_000.0, queued=0, running=1024, lifetimes=0.8))  # the wave right after the raise
-    assert c.limit == 1024 and c.phase == "ramp"
-    assert c.observe(Window(18_400.0, queued=0, running=1024, lifetimes=2.2))  # one long window that did not grow
-    assert c.limit == 256 and c.phase == "probe" and c.ceiling == 1024 and "stopped growing at 1024" in c.reason
+    assert c.limit == 512  # x2: the first step (nothing yet to be in proportion to)
+    assert not c.observe(Window(30_000.0, queued=0, running=512, lifetimes=0.8))  # the wave right after the raise
+    assert c.limit == 512 and c.phase == "ramp"
+    assert c.observe(Window(23_900.0, queued=0, running=512, lifetimes=2.2))  # one long window that did not grow
+    assert c.limit == 256 and c.phase == "probe" and c.ceiling == 512 and "stopped growing at 512" in c.reason
 
 
 def test_the_dispatcher_sizes_windows_in_recent_lifetimes_and_keeps_a_dropped_one_short() -> None:

@@ -70,7 +70,7 @@ __all__ = [
     "EARLY",
 ]
 
-START = 32  # 8 always grew x4 in its first window (one ramp window lost: ~3 s at a tenth of the peak on the H100)
+START = 32  # from 8 the first window always grew x4 (~3 s at a tenth of the peak on the H100)
 GROW = 0.15  # a ramp step (x2 or more in flight) that adds less than this has stopped paying
 NOISY = 0.08  # windows at one limit spreading more than this: waves; longer windows, transient dropped
 MARGIN = 0.03  # two windows within 3% measure the same throughput (window-to-window noise of a real server)
@@ -295,8 +295,9 @@ class ConcurrencyController:
         self._record(self.limit, w.tps)
         prev, prev_limit = self._ramp_prev, self._ramp_prev_limit
         grew = prev == 0 or w.tps > prev * (1 + GROW)
-        # in proportion to what was added: far below the server's best, grow faster
-        linear = prev == 0 or (prev_limit > 0 and w.tps >= 0.75 * prev * self.limit / prev_limit)
+        # in proportion to what was added: far below the server's best, grow faster. The first window has nothing
+        # to be in proportion to: x2 (from 32, a blind x4 overshot a peak at 32 into 128 for two long lifetimes)
+        linear = prev_limit > 0 and w.tps >= 0.75 * prev * self.limit / prev_limit
         if w.queued is not None:
             # Room: the queue emptied and what we sent runs. (A CPU-starved API process may not have
             # handed requests to the engine yet: neither running nor waiting, so not room either.)
