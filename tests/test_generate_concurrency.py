@@ -474,7 +474,7 @@ def test_a_step_far_below_the_best_is_judged_one_lifetime_in() -> None:
     assert c.limit == 589 and c.best_limit == 512
     assert not c.clearly_worse(Window(36_000.0))  # -17 %: a whole window decides that
     assert not c.clearly_worse(Window(28_000.0, saturated=False))  # the limit not kept in flight: teaches nothing
-    cut = Window(28_387.0, lifetimes=1.1)
+    cut = Window(28_387.0, lifetimes=1.1, cut=True)
     assert c.clearly_worse(cut)
     assert c.observe(cut) and c.limit == 512
     assert "in its first 1.1 request lifetimes" in c.reason and "-34.7%" in c.reason
@@ -517,6 +517,7 @@ def test_the_dispatcher_cuts_a_probe_short_on_the_servers_own_counter() -> None:
     assert s.cut_short(t0 + 2.5, 2.5, 2.0) is None  # under one lifetime (3 s)
     s.load.available = True
     cut = s.cut_short(t0 + 4.0, 4.0, 2.0)
-    assert cut is not None and cut.tps == pytest.approx(28_000.0) and cut.lifetimes == pytest.approx(4.0 / 3.0)
+    assert cut is not None and cut.cut and cut.tps == pytest.approx(28_000.0)
+    assert cut.lifetimes == pytest.approx(4.0 / 3.0)
     s.load.available = False  # our own answers come in lumps: never cut on them
     assert s.cut_short(t0 + 4.0, 4.0, 2.0) is None

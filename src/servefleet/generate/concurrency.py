@@ -112,6 +112,7 @@ class Window:
     lifetimes: float | None = (
         None  # the window's length in request lifetimes (latency of recent answers); None: unknown
     )
+    cut: bool = False  # ended early: the step being tried already read far below the best (clearly_worse)
 
 
 @dataclass
@@ -403,7 +404,11 @@ class ConcurrencyController:
                 self._end_halving()
             return self._next_candidate(why)
         # A loss (or an equal step down): back to the best limit, then the other direction.
-        short = f" in its first {w.lifetimes:.1f} request lifetimes" if w.lifetimes and w.lifetimes < LIFETIMES else ""
+        short = (
+            (f" in its first {w.lifetimes:.1f} request lifetimes" if w.lifetimes else " in a window cut short")
+            if w.cut
+            else ""
+        )
         self.reason = f"{self.limit} gives {mean:,.0f} tok/s{short} ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
         if gain < -margin and not up and self.best_limit >= self.ceiling and self.room > self.ceiling:
             self.ceiling = self.room  # evidence: less in flight loses at the ceiling, so more may pay

@@ -149,7 +149,7 @@ class _Server:
         if len(self.load.between(self.window_start, now)) < 3:
             return None
         window = self.measure(now, span)
-        return window if self.controller.clearly_worse(window) else None
+        return replace(window, cut=True) if self.controller.clearly_worse(window) else None
 
     def progress_marks(self) -> tuple[float | None, ...]:
         latest = self.load.latest()
