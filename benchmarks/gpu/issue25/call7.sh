@@ -12,7 +12,10 @@
 #   bash benchmarks/gpu/issue25/call7.sh --start [BUDGET]   # detached (setsid): it outlives this command
 #   bash benchmarks/gpu/issue25/call7.sh --poll [S]          # wait up to S s (default 540), bring back call7.tgz
 # JOBS="uni-fixed uni-fleet" runs only those; BENCH_C=256,512 benches fewer points (on 2026-12-02 the uniform
-# bench's 1024 point was lengthened to 58 s and read 31 % under 256: the whole bench took 178 s). CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
+# bench's 1024 point was lengthened to 58 s and read 31 % under 256: the whole bench took 178 s). A job's budget need and
+# timeout come from its bench's best rate (1.15x and 2x the time its tokens take there); NO_BENCH=1 skips the benches
+# (fixed at 256 uniform / 512 variable) and VAR_SIZES="NEED CAP" then sizes the variable jobs (on the H100 on
+# 2026-12-06 they ran at ~25k tok/s: ~200 s each for 12,000 prompts). CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
 cd "${PROJECT_ROOT:-.}"
 W=/tmp/ck/r7; DONE=/tmp/ck/call7.rc
 if [ "${1:-}" = "--poll" ]; then
