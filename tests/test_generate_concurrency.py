@@ -482,7 +482,7 @@ def test_a_step_far_below_the_best_is_judged_one_lifetime_in() -> None:
 
 def test_nothing_on_trial_or_a_swing_that_wide_is_not_cut_short() -> None:
     c = ConcurrencyController.auto(1024, bench_concurrency=512)
-    assert not c.clearly_worse(Window(1_000.0))  # no window at the best yet: nothing to compare with
+    assert not c.clearly_worse(Window(1_000.0))  # at the best: nothing on trial
     c.observe(Window(40_000.0))  # at 512: then 589
     c.observe(Window(36_000.0))
     c.observe(Window(36_000.0))  # at 589: -10 % over two windows, a loss
