@@ -64,13 +64,12 @@ bench() {
      --out /tmp/ck/bench-$work.json "$@" > $R/bench-$work.out 2>&1
   echo "bench-$work rc=$? $(( $(date +%s)-t0 )) s"; grep -E '^\s*(│|\|)|ran it again' $R/bench-$work.out | head -8
 }
-best() { [ -f /tmp/ck/bench-$1.json ] && $P -c "import json,sys; d=json.load(open(sys.argv[1])); \
-  print(max(d['points'], key=lambda p: p['output_tokens_per_s'])['concurrency'])" /tmp/ck/bench-$1.json; }
-# sizes WORK FILE: "NEED CAP" for one job of FILE from the bench's best rate (every max_tokens generated: ignore_eos):
-# need 1.15 x the tokens at that rate + 15 s, cap twice that + 30 s; none without a bench (the defaults below stand)
-sizes() { [ -f /tmp/ck/bench-$1.json ] && $P -c "import json,sys; d=json.load(open(sys.argv[1])); \
-  tps=max(p['output_tokens_per_s'] for p in d['points']); n=sum(json.loads(l)['max_tokens'] for l in open(sys.argv[2])); \
-  print(int(15+1.15*n/tps), int(30+2*n/tps))" /tmp/ck/bench-$1.json $2; }
+# from_bench WORK FILE: "C NEED CAP" from the bench of WORK: its best point's concurrency, and for one job of FILE (every
+# max_tokens generated: ignore_eos) 1.15 x the time its tokens take at that point's rate + 15 s, cap twice that + 30 s;
+# nothing without a bench (the defaults below stand)
+from_bench() { [ -f /tmp/ck/bench-$1.json ] && $P -c "import json,sys; d=json.load(open(sys.argv[1])); \
+  p=max(d['points'], key=lambda p: p['output_tokens_per_s']); n=sum(json.loads(l)['max_tokens'] for l in open(sys.argv[2])); \
+  t=n/p['output_tokens_per_s']; print(p['concurrency'], int(15+1.15*t), int(30+2*t))" /tmp/ck/bench-$1.json $2; }
 # job NAME NEED_S CAP_S ARGS...: run it if NEED_S still fits in the budget (20 s kept for down and the tarball)
 job() {
   local name=$1 need=$2 cap=$3; shift 3
@@ -79,15 +78,15 @@ job() {
   if [ $l -lt $need ]; then echo "skipped $name: ${l} s left of the budget, it needs ~${need} s" | tee -a $R/skipped.txt; return; fi
   gen $name $(( l < cap ? l : cap )) "$@"; [ -n "${CALL6_DRY:-}" ] || pack
 }
-# uniform: 12,000 x 256 tokens at ~29k tok/s ~110 s a job; variable: 12,000 x ~416 tokens at ~25-35k tok/s ~150-200 s
+# without a bench: uniform 12,000 x 256 tokens at ~29k tok/s ~110 s a job; variable 12,000 x ~416 tokens ~150-280 s
 bench uni 25 --input-len 256 --output-len 256
-C=$(best uni); C=${C:-256}; SU=$(sizes uni /tmp/ck/uniform.jsonl); SU=${SU:-130 200}
+read -r C SU < <(from_bench uni /tmp/ck/uniform.jsonl); C=${C:-256}; SU=${SU:-130 200}
 echo "uniform: the bench's best concurrency $C; a job needs ~${SU% *} s (cap ${SU#* } s)"
 job uni-fixed $SU --input /tmp/ck/uniform.jsonl --url $U --concurrency $C
 job uni-fleet $SU --input /tmp/ck/uniform.jsonl --fleet /tmp/ck/fleet.toml
 job uni-url $SU --input /tmp/ck/uniform.jsonl --url $U
 bench var 40 --dataset /tmp/ck/variable-sample.jsonl
-C=$(best var); C=${C:-512}; SV=$(sizes var /tmp/ck/variable.jsonl); SV=${SV:-${VAR_SIZES:-200 280}}
+read -r C SV < <(from_bench var /tmp/ck/variable.jsonl); C=${C:-512}; SV=${SV:-${VAR_SIZES:-200 280}}
 echo "variable: the bench's best concurrency $C; a job needs ~${SV% *} s (cap ${SV#* } s)"
 job var-fixed $SV --input /tmp/ck/variable.jsonl --url $U --concurrency $C
 job var-fleet $SV --input /tmp/ck/variable.jsonl --fleet /tmp/ck/fleet.toml
