@@ -521,3 +521,48 @@ def test_the_dispatcher_cuts_a_probe_short_on_the_servers_own_counter() -> None:
     assert cut.lifetimes == pytest.approx(4.0 / 3.0)
     s.load.available = False  # our own answers come in lumps: never cut on them
     assert s.cut_short(t0 + 4.0, 4.0, 2.0) is None
+
+
+def h100_variable_curve() -> Curve:
+    """vLLM 0.26 on an H100 (2026-12-06), variable work (max_tokens 64-768): the --url job's windows read 12.5k / 17.0k /
+    21.0k / 23.0k tok/s at 32 / 64 / 128 / 256 and the fixed job 24.9k at 512 (--max-num-seqs 1024); past 512 assumed to
+    decline (the KV cache was 59 % full at 512). Log-linear between the points."""
+    points = [(32, 12_500.0), (64, 17_000.0), (128, 21_000.0), (256, 23_000.0), (512, 24_900.0), (1024, 21_000.0)]
+
+    def f(n: int) -> float:
+        if n <= points[0][0]:
+            return points[0][1] * n / points[0][0]
+        for (a, ta), (b, tb) in zip(points, points[1:], strict=False):
+            if n <= b:
+                return ta + (tb - ta) * math.log(n / a) / math.log(b / a)
+        return points[-1][1]
+
+    return f
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_ramp_that_still_grows_below_its_step_tries_one_more_doubling(seed: int) -> None:
+    """The H100 --url job on variable work: 128 -> 256 grew 7 % (under GROW) with the server's queue empty; the ramp
+    stopped there with 256 as its ceiling, and the job ran 0.83 of a fixed 512. Growth that is still there (beyond
+    MARGIN) is evidence the knee is above: one more doubling, judged as a step on trial, and never past it."""
+    curve = h100_variable_curve()
+    c = ConcurrencyController.auto(None)
+    limits = drive(c, curve, 30, noise=0.01, seed=seed, capacity=1024)
+    assert 512 in limits and max(limits) <= 512, limits
+    assert curve(c.best_limit) >= 0.97 * best_of(curve, 1024), (c.best_limit, c.history)
+
+
+def test_a_doubling_that_loses_goes_back_and_tries_between() -> None:
+    """When the doubling after the ramp loses, the knee is between the best and it: the next step is up, not down
+    (the ramp measured below already)."""
+    c = ConcurrencyController.auto(None)
+    c.limit = c.best_limit = 128
+    c.observe(Window(20_000.0, queued=0, running=128, lifetimes=2.5))
+    assert c.limit == 256
+    assert c.observe(Window(21_500.0, queued=0, running=256, lifetimes=2.5))  # +7.5 %: still grows, under GROW
+    assert c.limit == 512 and c.phase == "probe" and c.ceiling == 512 and "still grows at 256" in c.reason
+    assert c.observe(Window(15_000.0, queued=0, running=512))  # -30 %: decided by one window
+    assert c.limit == 256 and "back to 256" in c.reason
+    assert not c.observe(Window(19_000.0))  # the transient of going back: dropped
+    c.observe(Window(21_500.0))
+    assert c.limit == 340 and "above the best so far, 256" in c.reason

@@ -111,6 +111,33 @@ def backend(name: str, limit: int, models: tuple[str, ...] = (MODEL,)) -> Backen
     return Backend.create(Target(name, f"http://127.0.0.1:1/{name}"), models, limit, HealthPolicy())
 
 
+def test_the_gateway_ends_a_step_far_below_the_best_one_lifetime_in() -> None:
+    """As generate's dispatcher does: a step on trial that the server's own counter reads a third below the best,
+    one request lifetime and a few scrapes in, is judged there (the supervisor's tick), not after its whole window;
+    on our own answers alone (they come in lumps) it runs its length."""
+    from servefleet.generate.concurrency import ConcurrencyController, Window
+    from servefleet.generate.server_load import LoadSample
+    from servefleet.serve.supervisor import Supervisor
+
+    b = Backend.create(Target("a", "http://127.0.0.1:1/a"), (MODEL,), None, HealthPolicy())
+    b.controller = ConcurrencyController.auto(1024, bench_concurrency=512)
+    b.requests, b.latency_sum_s = 50, 150.0  # lifetimes of 3 s
+    b.controller.observe(Window(43_000.0))  # 512 -> 589, on trial
+    t0 = b.window_start
+    b.load.samples.extend(LoadSample(t0 + 0.5 * i, 28_000.0 * 0.5 * i, None, None, 589.0, 0.0) for i in range(9))
+    b.ticks = b.saturated_ticks = 8
+    assert not b.window_due(t0 + 4.0, 2.0)
+    assert b.cut_short(t0 + 4.0, 2.0) is None  # no /metrics known: our answers alone never cut
+    b.load.available = True
+    assert b.cut_short(t0 + 2.5, 2.0) is None  # under one lifetime
+    cut = b.cut_short(t0 + 4.0, 2.0)
+    assert cut is not None and cut.cut and cut.tps == pytest.approx(28_000.0)
+    events: list[str] = []
+    sup = Supervisor(Router(max_queue=1, queue_timeout_s=1), Client(), policy=HealthPolicy(), on_event=events.append)
+    sup._tick_window(b, t0 + 4.0)
+    assert b.limit == 512 and "in its first 1.3 request lifetimes" in events[-1], events
+
+
 async def test_least_loaded_by_model_then_a_bounded_wait_then_429() -> None:
     router = Router(max_queue=1, queue_timeout_s=5)
     a, b, other = backend("a", 2), backend("b", 1), backend("c", 4, ("other",))

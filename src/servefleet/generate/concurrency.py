@@ -13,6 +13,8 @@ Auto starts from what is known, best first:
   repeated). A queue at the server means its batch is full: the running count then is its
   capacity. Throughput that stopped growing ends the ramp at the better of the last two limits,
   the higher one its ceiling: an engine that peaks below its max running is never pushed past it.
+  Throughput that still grows, by less than :data:`GROW`, ends the ramp too, and one more doubling is
+  tried as a step on trial (the knee is above, but a x2 in the ramp would not be judged).
   Ramp windows last at least :data:`LIFETIMES` request lifetimes (the latency of recent answers: the
   dispatcher sizes them so); a shorter one is the wave right after a raise and is not judged, and
   one long window that did not grow ends the ramp (the H200 run read 2-s windows as +15 % from 256
@@ -52,6 +54,7 @@ previous setting have drained) and feeds them to :meth:`ConcurrencyController.ob
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -140,7 +143,8 @@ class ConcurrencyController:
     _queue_seen: int = 0
     _fresh: bool = False  # no window yet since the last change of limit
     _lowered: bool = False  # that change lowered the limit
-    _halving: bool = False  # from the capacity start: steps down halve the limit until one stops paying
+    _halving: bool = False  # from the capacity start: steps down halve the limit until one stops paying (after
+    # a ramp that still grew: one doubling up, direction +1)
     _refining: bool = False  # after halving: the best is within a factor 2 either way; each loss halves the step
 
     # ---- construction ---------------------------------------------------------------------------
@@ -263,6 +267,17 @@ class ConcurrencyController:
         most often well past the best: the sooner it is left, the less it costs)."""
         return self.settling() or (self._halving and self.limit == self.best_limit and not self.measured)
 
+    def may_cut(
+        self, span: float, lifetime: float, minimum: float, scrapes: Callable[[], int], own_counter: bool
+    ) -> bool:
+        """Whether a window under way may end early (then :meth:`clearly_worse` decides): a step is on trial, the
+        server's own counter is read (our answers come in lumps of whole completions: never cut on them), and the
+        window is one request ``lifetime``, ``minimum`` s and 3 scrapes (counted last) long. This runs on every tick
+        of the dispatcher and of the gateway."""
+        if not own_counter or self.phase != "probe" or self.limit == self.best_limit:
+            return False
+        return span >= max(minimum, lifetime) and scrapes() >= 3
+
     def clearly_worse(self, w: Window) -> bool:
         """Whether a window cut short in a step being tried already reads far below the best: by :data:`EARLY`
         and by twice the swing of the windows at the best. The dispatcher then hands it to :meth:`observe`,
@@ -349,6 +364,17 @@ class ConcurrencyController:
         self.phase = "probe"
         here, before = self.limit, self._ramp_prev_limit
         ours, theirs = self.best_tps_at(here), self.best_tps_at(before)
+        if before and ours > theirs * (1 + MARGIN) and self.ceiling > here:
+            # Still growing, by less than a ramp step asks: the knee is above. Variable work on the H100 grew 7-9 % a
+            # doubling from 128 to 512; the ramp stopped at 256 and the job ran 17 % under a fixed 512. One more
+            # doubling, as a step on trial: judged on its windows (cut short one lifetime in when far below).
+            self.best_limit = here
+            self.ceiling = min(self.ceiling, 2 * here)
+            self._direction, self.step, self._halving = 1, HALVE, True
+            return self._next_candidate(
+                f"throughput still grows at {here} ({ours:,.0f} tok/s, {ours / theirs - 1:+.1%} vs {before}), "
+                f"by less than a ramp step; at most {self.ceiling}"
+            )
         self.best_limit = here if before == 0 or ours >= theirs * (1 - MARGIN) else before
         self.ceiling = min(self.ceiling, here)
         self._direction = 1 if self.best_limit < here else -1
@@ -403,6 +429,8 @@ class ConcurrencyController:
                 self._tried.add(self._direction)
                 self._direction = -self._direction
                 self._end_halving()
+            elif self._halving and up and self.limit >= self.ceiling:
+                self._end_halving()  # the doubling after the ramp reached its bound: closer steps from here
             return self._next_candidate(why)
         # A loss (or an equal step down): back to the best limit, then the other direction.
         short = (
@@ -414,10 +442,13 @@ class ConcurrencyController:
         if gain < -margin and not up and self.best_limit >= self.ceiling and self.room > self.ceiling:
             self.ceiling = self.room  # evidence: less in flight loses at the ceiling, so more may pay
             self.reason += f"; still growing at {self.best_limit}: room up to {self.room}"
+        doubling = self._halving and up
         self._tried.add(self._direction)
         self._direction = -self._direction
         if self._halving:
             self._end_halving()
+            if doubling:  # the ramp measured below the best: the knee is between it and the doubling that lost
+                self._direction = 1
         elif self._refining and self.step > STEP_MIN:  # closer, both ways again (a bisection of the factor 2)
             self.step = max(STEP_MIN, self.step / 2)
             self._tried = set()

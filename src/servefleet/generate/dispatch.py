@@ -142,11 +142,13 @@ class _Server:
     def cut_short(self, now: float, span: float, minimum: float) -> Window | None:
         """The window so far, when the step being tried already reads far below the best one request lifetime
         (and ``minimum`` s, a few scrapes of the server's own counter) in; None otherwise."""
-        if not self.load.available or span < max(minimum, self.stats.lifetime_s()):
-            return None
-        if self.controller.phase != "probe" or self.controller.limit == self.controller.best_limit:
-            return None  # nothing on trial (the cheap test first: this runs every tick)
-        if len(self.load.between(self.window_start, now)) < 3:
+        if not self.controller.may_cut(
+            span,
+            self.stats.lifetime_s(),
+            minimum,
+            lambda: len(self.load.between(self.window_start, now)),
+            bool(self.load.available),
+        ):
             return None
         window = self.measure(now, span)
         return replace(window, cut=True) if self.controller.clearly_worse(window) else None

@@ -216,10 +216,13 @@ class Supervisor:
         b.ticks += 1
         if b.in_flight >= b.limit:
             b.saturated_ticks += 1
+        cut = None
         if not b.window_due(now, self.window_min_s):
-            return
+            cut = b.cut_short(now, self.window_min_s)  # a step on trial far below the best: judged one lifetime in
+            if cut is None:
+                return
         before = b.limit
-        if b.controller.observe(b.measure(now)):
+        if b.controller.observe(cut or b.measure(now)):
             self.event(f"{b.name}: limit {before} -> {b.limit} ({b.controller.describe()})")
             if b.limit > before:
                 self.router.wake(b)
