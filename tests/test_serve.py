@@ -138,6 +138,27 @@ def test_the_gateway_ends_a_step_far_below_the_best_one_lifetime_in() -> None:
     assert b.limit == 512 and "in its first 1.3 request lifetimes" in events[-1], events
 
 
+def test_the_gateways_ramp_judges_its_short_windows_when_answers_take_longer() -> None:
+    """The gateway ramps on windows of ``window_min_s`` (the server's queue gauge says whether it has room), not of
+    request lifetimes: a window shorter than two answers' latency must still be judged, or the ramp never moves."""
+    from servefleet.generate.server_load import LoadSample
+
+    b = Backend.create(Target("a", "http://127.0.0.1:1/a"), (MODEL,), None, HealthPolicy())
+    b.requests, b.latency_sum_s = 20, 200.0  # answers of 10 s
+    b.load.available = True
+    start, t, tokens = b.limit, b.window_start, 0.0
+    for rate in (1_000.0, 2_000.0):  # each window grows in proportion to what was added
+        for _ in range(5):
+            t += 0.5
+            tokens += rate * 0.5
+            b.load.samples.append(LoadSample(t, tokens, None, None, float(b.limit), 0.0))
+        b.ticks = b.saturated_ticks = 4  # the limit was kept in flight
+        assert b.window_due(t, 2.0)
+        assert b.controller.observe(b.measure(t)), b.controller.reason
+        b.new_window(t)
+    assert b.limit > 2 * start and b.controller.phase == "ramp"
+
+
 async def test_least_loaded_by_model_then_a_bounded_wait_then_429() -> None:
     router = Router(max_queue=1, queue_timeout_s=5)
     a, b, other = backend("a", 2), backend("b", 1), backend("c", 4, ("other",))

@@ -143,8 +143,9 @@ class ConcurrencyController:
     _queue_seen: int = 0
     _fresh: bool = False  # no window yet since the last change of limit
     _lowered: bool = False  # that change lowered the limit
-    _halving: bool = False  # from the capacity start: steps down halve the limit until one stops paying (after
-    # a ramp that still grew: one doubling up, direction +1)
+    # from the capacity start: steps down halve the limit until one stops paying; after a ramp that still grew,
+    # one doubling up (direction +1)
+    _halving: bool = False
     _refining: bool = False  # after halving: the best is within a factor 2 either way; each loss halves the step
 
     # ---- construction ---------------------------------------------------------------------------

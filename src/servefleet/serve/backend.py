@@ -130,28 +130,28 @@ class Backend:
         span = max(1e-6, now - self.window_start)
         tps, waiting, running = self.load.window(self.window_start, now) if self.load.available else (None, None, None)
         saturated = self.ticks > 0 and self.saturated_ticks >= 0.8 * self.ticks
-        latency = self.mean_latency_s()
         return Window(
-            tps=self.window_tokens / span if tps is None else tps,
-            saturated=saturated,
-            queued=waiting,
-            running=running,
-            lifetimes=span / latency if latency > 0 else None,
+            tps=self.window_tokens / span if tps is None else tps, saturated=saturated, queued=waiting, running=running
         )
 
     def cut_short(self, now: float, minimum_s: float) -> Window | None:
         """The window so far, when the step being tried already reads far below the best one request lifetime in
         (by the server's own counter); None otherwise (as generate's dispatcher does)."""
+        latency = self.mean_latency_s()
         if not self.controller.may_cut(
             now - self.window_start,
-            self.mean_latency_s(),
+            latency,
             minimum_s,
             lambda: len(self.load.between(self.window_start, now)),
             bool(self.load.available),
         ):
             return None
         window = self.measure(now)
-        return replace(window, cut=True) if self.controller.clearly_worse(window) else None
+        if not self.controller.clearly_worse(window):
+            return None
+        # lifetimes only here, for the reason: the gateway's ramp windows are not sized in lifetimes (the ramp would
+        # not judge windows under two of them)
+        return replace(window, cut=True, lifetimes=(now - self.window_start) / latency if latency > 0 else None)
 
     def new_window(self, now: float) -> None:
         self.window_start, self.window_tokens, self.ticks, self.saturated_ticks = now, 0.0, 0, 0
