@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 __all__ = [
@@ -268,16 +268,28 @@ class ConcurrencyController:
         most often well past the best: the sooner it is left, the less it costs)."""
         return self.settling() or (self._halving and self.limit == self.best_limit and not self.measured)
 
-    def may_cut(
-        self, span: float, lifetime: float, minimum: float, scrapes: Callable[[], int], own_counter: bool
-    ) -> bool:
-        """Whether a window under way may end early (then :meth:`clearly_worse` decides): a step is on trial, the
-        server's own counter is read (our answers come in lumps of whole completions: never cut on them), and the
-        window is one request ``lifetime``, ``minimum`` s and 3 scrapes (counted last) long. This runs on every tick
-        of the dispatcher and of the gateway."""
+    def cut_short(
+        self,
+        span: float,
+        lifetime: float,
+        minimum: float,
+        scrapes: Callable[[], int],
+        own_counter: bool,
+        measure: Callable[[], Window],
+    ) -> Window | None:
+        """The window under way, ended early, when a step on trial already reads far below the best
+        (:meth:`clearly_worse`); None otherwise. Only on the server's own counter (our answers come in lumps of whole
+        completions: never cut on them), and once the window is one request ``lifetime``, ``minimum`` s and 3
+        scrapes long. The cheap tests first (``scrapes`` counted, ``measure`` taken last): this runs on every tick of
+        the dispatcher and of the gateway. The window carries its length in lifetimes, for the reason."""
         if not own_counter or self.phase != "probe" or self.limit == self.best_limit:
-            return False
-        return span >= max(minimum, lifetime) and scrapes() >= 3
+            return None
+        if span < max(minimum, lifetime) or scrapes() < 3:
+            return None
+        window = measure()
+        if not self.clearly_worse(window):
+            return None
+        return replace(window, cut=True, lifetimes=span / lifetime if lifetime > 0 else None)
 
     def clearly_worse(self, w: Window) -> bool:
         """Whether a window cut short in a step being tried already reads far below the best: by :data:`EARLY`

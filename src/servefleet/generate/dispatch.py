@@ -142,16 +142,14 @@ class _Server:
     def cut_short(self, now: float, span: float, minimum: float) -> Window | None:
         """The window so far, when the step being tried already reads far below the best one request lifetime
         (and ``minimum`` s, a few scrapes of the server's own counter) in; None otherwise."""
-        if not self.controller.may_cut(
+        return self.controller.cut_short(
             span,
             self.stats.lifetime_s(),
             minimum,
             lambda: len(self.load.between(self.window_start, now)),
             bool(self.load.available),
-        ):
-            return None
-        window = self.measure(now, span)
-        return replace(window, cut=True) if self.controller.clearly_worse(window) else None
+            lambda: self.measure(now, span),
+        )
 
     def progress_marks(self) -> tuple[float | None, ...]:
         latest = self.load.latest()

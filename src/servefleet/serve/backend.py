@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -136,22 +136,16 @@ class Backend:
 
     def cut_short(self, now: float, minimum_s: float) -> Window | None:
         """The window so far, when the step being tried already reads far below the best one request lifetime in
-        (by the server's own counter); None otherwise (as generate's dispatcher does)."""
-        latency = self.mean_latency_s()
-        if not self.controller.may_cut(
+        (by the server's own counter); None otherwise (as generate's dispatcher does). Only the cut window carries
+        lifetimes: the gateway's ramp windows are not sized in them, and the ramp does not judge windows under two."""
+        return self.controller.cut_short(
             now - self.window_start,
-            latency,
+            self.mean_latency_s(),
             minimum_s,
             lambda: len(self.load.between(self.window_start, now)),
             bool(self.load.available),
-        ):
-            return None
-        window = self.measure(now)
-        if not self.controller.clearly_worse(window):
-            return None
-        # lifetimes only here, for the reason: the gateway's ramp windows are not sized in lifetimes (the ramp would
-        # not judge windows under two of them)
-        return replace(window, cut=True, lifetimes=(now - self.window_start) / latency if latency > 0 else None)
+            lambda: self.measure(now),
+        )
 
     def new_window(self, now: float) -> None:
         self.window_start, self.window_tokens, self.ticks, self.saturated_ticks = now, 0.0, 0, 0
