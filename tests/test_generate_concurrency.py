@@ -523,11 +523,9 @@ def test_the_dispatcher_cuts_a_probe_short_on_the_servers_own_counter() -> None:
     assert s.cut_short(t0 + 4.0, 4.0, 2.0) is None
 
 
-def h100_variable_curve() -> Curve:
-    """vLLM 0.26 on an H100 (2026-12-06), variable work (max_tokens 64-768): the --url job's windows read 12.5k / 17.0k /
-    21.0k / 23.0k tok/s at 32 / 64 / 128 / 256 and the fixed job 24.9k at 512 (--max-num-seqs 1024); past 512 assumed to
-    decline (the KV cache was 59 % full at 512). Log-linear between the points."""
-    points = [(32, 12_500.0), (64, 17_000.0), (128, 21_000.0), (256, 23_000.0), (512, 24_900.0), (1024, 21_000.0)]
+def log_linear(points: list[tuple[int, float]]) -> Curve:
+    """A curve through measured (concurrency, tok/s) points: proportional below the first, log-linear between, flat
+    past the last."""
 
     def f(n: int) -> float:
         if n <= points[0][0]:
@@ -538,6 +536,15 @@ def h100_variable_curve() -> Curve:
         return points[-1][1]
 
     return f
+
+
+def h100_variable_curve() -> Curve:
+    """vLLM 0.26 on an H100 (2026-12-06), variable work (max_tokens 64-768): the --url job's windows read 12.5k / 17.0k /
+    21.0k / 23.0k tok/s at 32 / 64 / 128 / 256 and the fixed job 24.9k at 512 (--max-num-seqs 1024); past 512 assumed to
+    decline (the KV cache was 59 % full at 512). Log-linear between the points."""
+    points = [(32, 12_500.0), (64, 17_000.0), (128, 21_000.0), (256, 23_000.0), (512, 24_900.0), (1024, 21_000.0)]
+
+    return log_linear(points)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -574,15 +581,7 @@ def h100_variable_curve_second() -> Curve:
     bench read 17.4k at 256, 20.3k at 512. Log-linear between the points, past 512 assumed to decline."""
     points = [(32, 9_300.0), (64, 10_200.0), (128, 13_600.0), (256, 17_400.0), (512, 19_500.0), (1024, 16_000.0)]
 
-    def f(n: int) -> float:
-        if n <= points[0][0]:
-            return points[0][1] * n / points[0][0]
-        for (a, ta), (b, tb) in zip(points, points[1:], strict=False):
-            if n <= b:
-                return ta + (tb - ta) * math.log(n / a) / math.log(b / a)
-        return points[-1][1]
-
-    return f
+    return log_linear(points)
 
 
 @pytest.mark.parametrize("seed", range(4))
