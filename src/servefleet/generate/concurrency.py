@@ -148,9 +148,8 @@ class ConcurrencyController:
     # one doubling up (direction +1)
     _halving: bool = False
     _refining: bool = False  # after halving: the best is within a factor 2 either way; each loss halves the step
-    _search_ceiling: int = (
-        0  # while a doubling after the ramp is on trial: the ceiling the ramp had (0: none on trial)
-    )
+    # while a doubling after the ramp is on trial: the ceiling the ramp had (0: none on trial)
+    _search_ceiling: int = 0
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
