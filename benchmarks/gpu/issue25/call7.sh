@@ -7,10 +7,13 @@
 # and for each work (uniform UNI_N x 256/256; variable VAR_N prompts of 20-400 words, max_tokens 64-768):
 #   fixed (--url --concurrency BEST, BEST the bench's best point), fleet (--fleet, no hints), url (--url, no hints),
 #   and, after both works, bench (--url --bench RUN.json): the target is fleet and url within 5 % of the better of
-#   fixed and bench.
+#   fixed and bench; then, as the budget allows, var-fixed-again and uni-fixed-again (the fixed jobs once more: how far
+#   the host drifted over the lease).
 # Each job runs if it still fits in BUDGET (s from the start, gpu-setup and up included) and says so when skipped.
 #   bash benchmarks/gpu/issue25/call7.sh --start [BUDGET]   # detached (setsid): it outlives this command
 #   bash benchmarks/gpu/issue25/call7.sh --poll [S]          # wait up to S s (default 540), bring back call7.tgz
+#   bash benchmarks/gpu/issue25/call7.sh --stop              # stop the driver and its job (the server stays up), e.g.
+#                                                             # to --start again with other JOBS in the time left
 # JOBS="uni-fixed uni-fleet" runs only those; BENCH_C=256,512 benches fewer points (on 2026-12-02 the uniform
 # bench's 1024 point was lengthened to 58 s and read 31 % under 256: the whole bench took 178 s). A job's budget need and
 # timeout come from its bench's best rate (1.15x and 2x the time its tokens take there); NO_BENCH=1 skips the benches
@@ -31,7 +34,16 @@ if [ "${1:-}" = "--start" ]; then
   mkdir -p /tmp/ck/src7/.gpu; cp -r .gpu/run /tmp/ck/src7/.gpu/ 2>/dev/null
   setsid bash -c "cd /tmp/ck/src7 && PYTHONPATH=/tmp/ck/src7/src${PYTHONPATH:+:$PYTHONPATH} BUDGET=${2:-1200} OUT=/tmp/ck/res7 bash benchmarks/gpu/issue25/call7.sh > /tmp/ck/call7.out 2>&1; \
       echo \$? > $DONE" < /dev/null > /dev/null 2>&1 &
+  echo $! > /tmp/ck/call7.pid  # setsid's own session: its pid is the group to stop
   echo "call7 started detached (budget ${2:-1200} s)"; exit 0
+fi
+if [ "${1:-}" = "--stop" ]; then
+  # the driver's group (its samplers too), then the job under way: generate runs in timeout's own group and, on
+  # SIGTERM, commits what is answered. The server stays up (`up` detached it), for a --start that adopts it.
+  [ -f /tmp/ck/call7.pid ] && kill -TERM -- -"$(cat /tmp/ck/call7.pid)" 2>/dev/null
+  pkill -TERM -f 'generate --output /tmp/ck/out-'
+  for _ in $(seq 60); do pgrep -f 'generate --output /tmp/ck/out-' > /dev/null || break; sleep 1; done
+  rm -f /tmp/ck/call7.pid; echo "call7 stopped"; tail -n 3 /tmp/ck/call7.out 2>/dev/null; exit 0
 fi
 T_START=$(date +%s); BUDGET=${BUDGET:-1200}; UNI_N=${UNI_N:-12000}; VAR_N=${VAR_N:-12000}
 if [ -n "${CALL6_DRY:-}" ]; then
@@ -80,13 +92,13 @@ job() {
 }
 # without a bench: uniform 12,000 x 256 tokens at ~29k tok/s ~110 s a job; variable 12,000 x ~416 tokens ~150-280 s
 bench uni 25 --input-len 256 --output-len 256
-read -r C SU < <(from_bench uni /tmp/ck/uniform.jsonl); C=${C:-256}; SU=${SU:-130 200}
+read -r C SU < <(from_bench uni /tmp/ck/uniform.jsonl); C=${C:-256}; SU=${SU:-130 200}; CU=$C
 echo "uniform: the bench's best concurrency $C; a job needs ~${SU% *} s (cap ${SU#* } s)"
 job uni-fixed $SU --input /tmp/ck/uniform.jsonl --url $U --concurrency $C
 job uni-fleet $SU --input /tmp/ck/uniform.jsonl --fleet /tmp/ck/fleet.toml
 job uni-url $SU --input /tmp/ck/uniform.jsonl --url $U
 bench var 40 --dataset /tmp/ck/variable-sample.jsonl
-read -r C SV < <(from_bench var /tmp/ck/variable.jsonl); C=${C:-512}; SV=${SV:-${VAR_SIZES:-200 280}}
+read -r C SV < <(from_bench var /tmp/ck/variable.jsonl); C=${C:-512}; SV=${SV:-${VAR_SIZES:-200 280}}; CV=$C
 echo "variable: the bench's best concurrency $C; a job needs ~${SV% *} s (cap ${SV#* } s)"
 job var-fixed $SV --input /tmp/ck/variable.jsonl --url $U --concurrency $C
 job var-fleet $SV --input /tmp/ck/variable.jsonl --fleet /tmp/ck/fleet.toml
@@ -94,6 +106,10 @@ job var-url $SV --input /tmp/ck/variable.jsonl --url $U
 # the --bench jobs last: a budget that cuts them leaves fleet and url of both works measured against the fixed limit
 job uni-bench $SU --input /tmp/ck/uniform.jsonl --url $U --bench /tmp/ck/bench-uni.json
 job var-bench $SV --input /tmp/ck/variable.jsonl --url $U --bench /tmp/ck/bench-var.json
+# the fixed baselines once more, last: on the H100 hosts of 2026-12-06 one concurrency's engine rate swung +-15 % over
+# minutes, so two runs of the same fixed job, at the start and the end, say how far the host drifted between the jobs
+job var-fixed-again $SV --input /tmp/ck/variable.jsonl --url $U --concurrency $CV
+job uni-fixed-again $SU --input /tmp/ck/uniform.jsonl --url $U --concurrency $CU
 [ -n "${CALL6_DRY:-}" ] && exit 0
 $SF down --fleet /tmp/ck/fleet.toml --json > $R/down.json 2>&1; echo "down rc=$?"
 cp /tmp/ck/state/logs/*.log $R/ 2>/dev/null; gzip -f $R/*.log 2>/dev/null; pack
