@@ -542,9 +542,9 @@ def h100_variable_curve() -> Curve:
     """vLLM 0.26 on an H100 (2026-12-06), variable work (max_tokens 64-768): the --url job's windows read 12.5k / 17.0k /
     21.0k / 23.0k tok/s at 32 / 64 / 128 / 256 and the fixed job 24.9k at 512 (--max-num-seqs 1024); past 512 assumed to
     decline (the KV cache was 59 % full at 512). Log-linear between the points."""
-    points = [(32, 12_500.0), (64, 17_000.0), (128, 21_000.0), (256, 23_000.0), (512, 24_900.0), (1024, 21_000.0)]
-
-    return log_linear(points)
+    return log_linear(
+        [(32, 12_500.0), (64, 17_000.0), (128, 21_000.0), (256, 23_000.0), (512, 24_900.0), (1024, 21_000.0)]
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -579,9 +579,9 @@ def h100_variable_curve_second() -> Curve:
     """The same job on another H100 (2026-12-06, a host that gave ~30 % less): the --url ramp read 9.3k at 32 and
     10.2k at 64 (+9.9 %, under GROW), the doubling to 128 13.6k (+33.7 %); the fixed job held 18.0k at 512 and the
     bench read 17.4k at 256, 20.3k at 512. Log-linear between the points, past 512 assumed to decline."""
-    points = [(32, 9_300.0), (64, 10_200.0), (128, 13_600.0), (256, 17_400.0), (512, 19_500.0), (1024, 16_000.0)]
-
-    return log_linear(points)
+    return log_linear(
+        [(32, 9_300.0), (64, 10_200.0), (128, 13_600.0), (256, 17_400.0), (512, 19_500.0), (1024, 16_000.0)]
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
