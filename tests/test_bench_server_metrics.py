@@ -81,3 +81,24 @@ def test_a_burst_queued_between_steps_is_not_saturation() -> None:
     # capacity unknown: a queue that persists on average
     assert summarize_server(Snapshot(vllm()), Snapshot(vllm()), burst).saturated is True
     assert summarize_server(Snapshot(vllm()), Snapshot(vllm()), [vllm(running=3, waiting=0)] * 2).saturated is False
+
+
+def test_the_prefix_cache_hit_rate_is_differenced_over_the_point() -> None:
+    """vLLM counts looked-up and cached prompt tokens; SGLang every finished prompt's tokens and their
+    cached part, in a counter that has no series before its first cached token."""
+    v = 'vllm:prefix_cache_queries_total{{engine="0"}} {q}\nvllm:prefix_cache_hits_total{{engine="0"}} {h}\n'
+    before = Snapshot(parse_prometheus(v.format(q=10_000, h=9_000)))  # an earlier point's repeats: not this one's
+    s = summarize_server(before, Snapshot(parse_prometheus(v.format(q=14_000, h=10_000))), [])
+    assert s is not None and s.prefix_cache_hit_rate == pytest.approx(0.25)
+    sgl = 'sglang:prompt_tokens_total{{model_name="m",is_streaming="false"}} {p}\n'
+    none_yet = summarize_server(
+        Snapshot(parse_prometheus(sgl.format(p=0))), Snapshot(parse_prometheus(sgl.format(p=800))), []
+    )
+    assert none_yet is not None and none_yet.prefix_cache_hit_rate == 0.0
+    cached = sgl + 'sglang:cached_tokens_total{{model_name="m",cache_source="device"}} {c}\n'
+    s2 = summarize_server(
+        Snapshot(parse_prometheus(sgl.format(p=800))), Snapshot(parse_prometheus(cached.format(p=1800, c=600))), []
+    )
+    assert s2 is not None and s2.prefix_cache_hit_rate == pytest.approx(0.6)
+    idle = summarize_server(before, before, [])  # nothing looked up during the point: no rate, not 0
+    assert idle is not None and idle.prefix_cache_hit_rate is None

@@ -50,6 +50,10 @@ BEFORE = {
     "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
     "spec_accept_length": ("sglang:spec_accept_length",),
     "spec_accept_rate": ("sglang:spec_accept_rate",),
+    # added since: the prefix cache's lookups and hits, in prompt tokens (vLLM's own counters; SGLang's
+    # every finished prompt and its cached part)
+    "prefix_looked_up": ("vllm:prefix_cache_queries_total", "sglang:prompt_tokens_total"),
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "sglang:cached_tokens_total"),
 }
 ENGINES = ("vllm", "sglang", "llamacpp", "tgi")  # the engines with load series, in the order of preference
 

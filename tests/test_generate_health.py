@@ -175,3 +175,20 @@ def test_a_window_of_scrapes_gives_the_servers_rate_its_lowest_queue_and_most_ru
     tps, fewest_waiting, most_running = watch.window(0.5, 3.5)  # the scrapes at 1, 2 and 3 s
     assert (tps, fewest_waiting, most_running) == (1050.0, 0, 64)
     assert watch.window(8.0, 9.5) == (None, None, None)  # one scrape: no rate
+
+
+def test_the_jobs_prefix_cache_tally_survives_a_restart() -> None:
+    """The job's prefix-cache hits are summed from each scrape's increase: a restarted server's counters
+    start again from zero, and what it had answered before is kept, not subtracted."""
+    from servefleet.generate.server_load import LoadWatch
+
+    text = "vllm:generation_tokens_total 1\nvllm:prefix_cache_queries_total {q}\nvllm:prefix_cache_hits_total {h}\n"
+    watch = LoadWatch()
+    for t, (q, h) in enumerate([(100, 0), (500, 100), (900, 300)]):
+        watch.add(sample_from_text(text.format(q=q, h=h), float(t)))
+    watch.reset()  # restarted: from zero again
+    for t, (q, h) in enumerate([(0, 0), (400, 0), (200, 0)], start=3):  # the last one went down: another restart
+        watch.add(sample_from_text(text.format(q=q, h=h), float(t)))
+    assert (watch.prefix.looked_up, watch.prefix.hits) == (800 + 400, 300)
+    assert watch.prefix.hit_rate() == pytest.approx(0.25)
+    assert LoadWatch().prefix.hit_rate() is None

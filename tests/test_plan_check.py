@@ -622,3 +622,60 @@ def test_a_server_slower_than_its_bench_is_named_on_a_sim(tmp_path):
     (row,) = out["against_bench"]
     assert row["concurrency"] == 8 and row["error_pct"] < -25, row  # 2.5x the step time: about -55 %
     assert "slower than benched" in out["verdict"] and "at concurrency 8" in out["verdict"]
+
+
+@pytest.mark.parametrize(("job_rate", "said"), [(0.05, True), (0.55, False)])
+def test_a_miss_names_a_bench_whose_prompts_found_more_in_the_prefix_cache(tmp_path, job_rate, said):
+    job = held_job(tmp_path, 1000)
+    report = {"wall_s": 60.0, "servers": [{"name": "a", "prefix_cache_hit_rate": job_rate}, {"name": "gone"}]}
+    (job / "report.json").write_text(json.dumps(report))
+    cfg = ConfigCurve("c", Curve((4, 8), (1000.0, 2000.0)), max_running=8, prefix_cache_hit_rate=0.6)
+    res = check_plan(cfg, measure_job(job))
+    assert not res.within
+    assert ("found 60% of the bench's prompt tokens in its prefix cache" in res.verdict()) is said, res.verdict()
+    assert "ran 50% slower than benched" in res.verdict()  # beside the server's own speed, not instead
+    assert res.to_json()["prefix_cache_hit_rate"] == {"bench": 0.6, "job": job_rate}
+    (job / "report.json").write_text(json.dumps({"wall_s": 60.0}))  # a report of before: nothing to compare
+    assert check_plan(cfg, measure_job(job)).to_json()["prefix_cache_hit_rate"] == {"bench": 0.6, "job": None}
+
+
+def test_a_bench_on_repeated_prompts_is_named_by_the_check_on_a_sim(tmp_path):
+    """Bench a sim on a few long prompts sent again and again (the engine's prefix cache holds them: no
+    prefill), then run a job of distinct ones on it: the job is slower than planned, and the check says
+    which share of the prompt tokens each found cached, from the engine's own counters."""
+    timing = ["--decode-ms", "2", "--decode-ms-per-running", "0", "--prefill-ms-per-1k-tokens", "60"]
+    sim = SimProcess(
+        "--model", "sim-prefix", "--max-running", "8", "--load-time", "0", *timing, log_path=tmp_path / "s.log"
+    )
+    sim.start()
+    cli = [PYTHON, "-m", "servefleet.cli.main"]
+    run, few = tmp_path / "run.json", tmp_path / "few.jsonl"
+    words = lambda i: " ".join(f"w{i}x{j}" for j in range(300))  # noqa: E731
+    few.write_text("".join(json.dumps({"prompt": words(i), "max_tokens": 8}) + "\n" for i in range(8)))
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        "".join(json.dumps({"id": f"p{i}", "prompt": words(100 + i), "max_tokens": 8}) + "\n" for i in range(240))
+    )
+    try:
+        sim.wait_ready()
+        bench = [*cli, "bench", "--url", sim.url, "-c", "8", "--requests", "160", "--dataset", str(few)]
+        subprocess.run(
+            [*bench, "--api", "completions", "--no-stream", "-o", str(run)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        gen = [*cli, "generate", "-i", str(src), "-o", str(tmp_path / "out"), "--url", sim.url, "--concurrency", "8"]
+        done = subprocess.run([*gen, "--json"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        sim.stop()
+    (point,) = json.loads(run.read_text())["points"]
+    assert point["server"]["prefix_cache_hit_rate"] > 0.9, point["server"]
+    (server,) = json.loads(done.stdout)["servers"]
+    assert server["prefix_cache_hit_rate"] == 0.0, server
+    res = runner.invoke(app, ["plan", "--check", str(tmp_path / "out"), "--bench", str(run), "--json"])
+    out = json.loads(res.stdout)
+    assert res.exit_code == 1 and not out["within_tolerance"], res.output
+    assert out["prefix_cache_hit_rate"]["job"] == 0.0 and out["prefix_cache_hit_rate"]["bench"] > 0.9, out
+    assert "of the job's: the job had more prefill to do" in out["verdict"], out["verdict"]

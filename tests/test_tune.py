@@ -483,10 +483,16 @@ def test_every_point_sends_prompts_the_server_has_not_seen(tmp_path: Path, monke
     notes = load_run(Path(doc["candidates"][0]["run"])).notes
     every = [p for point in sent for p in point]
     assert len(sent) >= 2 and not any(Path(tmp_path / "out").glob("sample-point-*"))  # each point's file removed
+    row = doc["candidates"][0]
+    cached = [n for n in row["notes"] if "in its prefix cache" in n]
     if sample == 3000:
         assert len(set(every)) == len(every), "a prompt was sent twice"
         assert not [n for n in notes if "sent again" in n]
+        # the engine's own counters: next to nothing cached (the latency sample's few streamed copies beside the load)
+        assert row["prefix_cache_hit_rate"] < 0.05 and not cached
     else:
+        # the repeats found their prompts in the engine's prefix cache, and the row says what that means
+        assert row["prefix_cache_hit_rate"] > 0.5 and len(cached) == 1, row
         assert len(set(every)) == 30 < len(every)
         assert any(
             f"the sample's 30 prompts served {len(every):,} requests" in n and "--sample" in n for n in notes

@@ -91,6 +91,9 @@ class ServerStats(BaseModel):
     spec_accept_length: float | None = None
     generation_tokens: float | None = None  # server's own count of generated tokens during the point
     preemptions: float | None = None
+    # share of the point's prompt tokens found in the engine's prefix cache (no prefill for them): a
+    # bench whose prompts repeat, or share more prefixes than the job's, runs faster than the job will
+    prefix_cache_hit_rate: float | None = None
     saturated: bool | None = None  # requests were queued, or running hit max_running_requests
     extra: dict[str, Any] = Field(default_factory=dict)
 

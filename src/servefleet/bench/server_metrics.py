@@ -3,8 +3,8 @@
 
 A point's numbers from the client say how fast answers came; the server's own gauges say
 whether it was full. Gauges (running, queued, KV-cache use) are sampled during the point;
-counters (generated tokens, speculative drafts and acceptances, preemptions) are differenced
-between a scrape just before and one just after it. Metric names are the engines' own, kept in
+counters (generated tokens, speculative drafts and acceptances, preemptions, prefix-cache lookups
+and hits) are differenced between a scrape just before and one just after it. Metric names are the engines' own, kept in
 each engine profile (``EngineProfile.serving_metrics``); a server of unknown engine is read by
 the names of every engine (``engines.registry.serving_metrics``). SGLang's speculative acceptance
 is also read from its info document's ``internal_states[].avg_spec_accept_length``.
@@ -27,7 +27,15 @@ from servefleet.bench.result import ServerStats
 from servefleet.engines.registry import serving_metrics
 from servefleet.http import HttpClient, Timeout, TransportError
 
-__all__ = ["parse_prometheus", "first_present", "Snapshot", "ServerWatcher", "summarize_server", "fetch_server_info"]
+__all__ = [
+    "parse_prometheus",
+    "first_present",
+    "Snapshot",
+    "ServerWatcher",
+    "summarize_server",
+    "fetch_server_info",
+    "prefix_hit_rate",
+]
 
 _SCRAPE_TIMEOUT = Timeout(5.0)
 
@@ -183,6 +191,15 @@ def _accept_length_from_info(info: dict[str, Any] | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def prefix_hit_rate(looked_up: float | None, hits: float | None) -> float | None:
+    """Share of the prompt tokens looked up that the engine's prefix cache held (None: nothing looked
+    up, or no such counter). A hits counter absent beside a looked-up one is none yet: SGLang shows its
+    labelled counter only from the first cached token."""
+    if not looked_up or looked_up <= 0:
+        return None
+    return min(1.0, max(0.0, (hits or 0.0) / looked_up))
+
+
 def summarize_server(
     before: Snapshot, after: Snapshot, samples: list[dict[str, float]], max_running: int | None = None
 ) -> ServerStats | None:
@@ -214,6 +231,7 @@ def summarize_server(
 
     stats.generation_tokens = delta(names.generation_tokens)
     stats.preemptions = delta(names.preemptions)
+    stats.prefix_cache_hit_rate = prefix_hit_rate(delta(names.prefix_looked_up), delta(names.prefix_hits))
     drafts, draft_tokens, accepted = (
         delta(names.spec_drafts),
         delta(names.spec_draft_tokens),

@@ -154,6 +154,9 @@ class ServingMetrics:
     prompt_tokens: tuple[str, ...] = ()  # counter: prompt tokens prefilled
     steps: tuple[str, ...] = ()  # counter: engine steps (prefill chunks included)
     preemptions: tuple[str, ...] = ()  # counter: requests preempted
+    # prefix caching: prompt tokens looked up in the engine's prefix cache, and those found there (no prefill)
+    prefix_looked_up: tuple[str, ...] = ()
+    prefix_hits: tuple[str, ...] = ()
     # speculative decoding: vLLM's counters (drafts, draft tokens, accepted tokens) ...
     spec_drafts: tuple[str, ...] = ()
     spec_draft_tokens: tuple[str, ...] = ()

@@ -220,6 +220,9 @@ SERVING_METRICS = ServingMetrics(
     kv_usage=("sglang:token_usage",),
     generation_tokens=("sglang:generation_tokens_total",),
     prompt_tokens=("sglang:prompt_tokens_total",),
+    # every finished request's prompt tokens, and those of them its radix cache held (summed over cache_source)
+    prefix_looked_up=("sglang:prompt_tokens_total",),
+    prefix_hits=("sglang:cached_tokens_total",),
     spec_accept_length=("sglang:spec_accept_length",),
     spec_accept_rate=("sglang:spec_accept_rate",),
 )

@@ -74,7 +74,7 @@ class _Server:
         self.health = Health(policy, last_answer=now)
         self.stats = ServerStats(target.name, target.base_url, limit=controller.limit)
         self.in_flight: dict[asyncio.Task[None], Ticket] = {}
-        self.load = LoadWatch()
+        self.load = LoadWatch(prefix=self.stats.prefix_cache)
         self.progress = ProgressWatch(last_progress=now)
         self.answers = 0  # HTTP answers of any kind: our own evidence of progress
         self.hung = False  # taken out for a hang: an unmanaged one must answer a completion to come back

@@ -28,6 +28,8 @@ class ServerReport(BaseModel):
     limit_reason: str = ""  # the concurrency controller's last decision
     outages: int
     restarts: int
+    # share of the job's prompt tokens the server found in its prefix cache (its /metrics; None: not told)
+    prefix_cache_hit_rate: float | None = None
 
 
 class JobReport(BaseModel):
@@ -65,6 +67,10 @@ class JobReport(BaseModel):
         return self.model_dump(mode="json")
 
 
+def _rounded(rate: float | None) -> float | None:
+    return None if rate is None else round(rate, 4)
+
+
 def build_report(stats: JobStats, **fields: Any) -> JobReport:
     wall = stats.elapsed_s()
     servers = [
@@ -84,6 +90,7 @@ def build_report(stats: JobStats, **fields: Any) -> JobReport:
             limit_reason=s.limit_reason,
             outages=s.outages,
             restarts=s.restarts,
+            prefix_cache_hit_rate=_rounded(s.prefix_cache.hit_rate()),
         )
         for s in stats.servers.values()
     ]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from servefleet.bench.server_metrics import first_present, parse_prometheus
 from servefleet.engines.registry import serving_metrics
+from servefleet.generate.stats import PrefixTally
 from servefleet.http import HttpClient, Timeout
 
 __all__ = ["LoadSample", "LoadWatch", "sample_from_text"]
@@ -35,6 +36,8 @@ class LoadSample:
     steps: float | None
     running: float | None
     waiting: float | None
+    prefix_looked_up: float | None = None  # prompt tokens looked up in the prefix cache (counter)
+    prefix_hits: float | None = None  # of them, found there
 
     def marks(self) -> tuple[float | None, ...]:
         """Counters that move while the engine works (any change is progress)."""
@@ -52,6 +55,8 @@ def sample_from_text(text: str, t: float) -> LoadSample | None:
         first_present(m, n.steps),
         first_present(m, n.running),
         first_present(m, n.queued),
+        first_present(m, n.prefix_looked_up),
+        first_present(m, n.prefix_hits),
     )
     if s.generation_tokens is None and s.running is None:
         return None
@@ -62,8 +67,9 @@ class LoadWatch:
     """Scrapes one server's ``/metrics`` every ``interval_s`` and keeps the last ``keep_s`` seconds.
     Gives up after the first scrapes find no metrics (``available`` False)."""
 
-    def __init__(self, interval_s: float = 1.0, keep_s: float = 600.0) -> None:
+    def __init__(self, interval_s: float = 1.0, keep_s: float = 600.0, prefix: PrefixTally | None = None) -> None:
         self.interval_s = interval_s
+        self.prefix = prefix if prefix is not None else PrefixTally()
         self.samples: deque[LoadSample] = deque(maxlen=max(8, int(keep_s / interval_s)))
         self.available: bool | None = None  # None: not known yet
         self._misses = 0
@@ -80,13 +86,24 @@ class LoadWatch:
                 # (on a busy host a scrape can take a good part of a second)
                 sample = sample_from_text(text, (sent + time.monotonic()) / 2)
             if sample is not None:
-                self.samples.append(sample)
+                self.add(sample)
                 self.available, self._misses = True, 0
             elif self.available is None:
                 self._misses += 1
                 if self._misses >= 3:
                     self.available = False
             await asyncio.sleep(self.interval_s)
+
+    def add(self, sample: LoadSample) -> None:
+        """One scrape. The prefix-cache counters' increase since the last one goes to the job's tally
+        (none after a reset: a restarted server's counters start again from zero)."""
+        last = self.samples[-1] if self.samples else None
+        if last is not None and last.prefix_looked_up is not None and sample.prefix_looked_up is not None:
+            self.prefix.add(
+                sample.prefix_looked_up - last.prefix_looked_up,
+                (sample.prefix_hits or 0.0) - (last.prefix_hits or 0.0),
+            )
+        self.samples.append(sample)
 
     def reset(self) -> None:
         """The server was restarted: its counters start again from zero."""

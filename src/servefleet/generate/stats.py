@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["RateMeter", "ServerStats", "JobStats", "LIFETIME_WEIGHT"]
+__all__ = ["RateMeter", "ServerStats", "JobStats", "PrefixTally", "LIFETIME_WEIGHT"]
 
 LIFETIME_WEIGHT = 0.05  # weight of one answer in the recent latency (about the last 20 answers)
 
@@ -60,6 +60,23 @@ class RateMeter:
 
 
 @dataclass
+class PrefixTally:
+    """The job's prompt tokens one server looked up in its prefix cache and found there, summed from its
+    counters' increases between scrapes (so a restart, counters from zero, loses nothing before it)."""
+
+    looked_up: float = 0.0
+    hits: float = 0.0
+
+    def add(self, looked_up: float, hits: float) -> None:
+        if looked_up > 0:  # a counter that went down is a restarted server: nothing to add
+            self.looked_up += looked_up
+            self.hits += min(looked_up, max(0.0, hits))
+
+    def hit_rate(self) -> float | None:
+        return self.hits / self.looked_up if self.looked_up > 0 else None
+
+
+@dataclass
 class ServerStats:
     name: str
     base_url: str
@@ -80,6 +97,7 @@ class ServerStats:
     outages: int = 0
     restarts: int = 0
     meter: RateMeter = field(default_factory=RateMeter)
+    prefix_cache: PrefixTally = field(default_factory=PrefixTally)  # from the server's /metrics
 
     def mean_latency_s(self) -> float:
         return self.latency_sum_s / self.requests if self.requests else 0.0

@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 TOLERANCE_PCT = 10.0
+PREFIX_GAP = 0.10  # a bench and a job whose prompts' prefix-cache hit rates differ by more did different prefill
 JOB_FILE = "job.json"  # servefleet.generate.job.JOB_FILE (not imported: keeps plan free of generate's deps)
 REPORT_FILE = "report.json"  # servefleet.generate.runner.REPORT_FILE, written by generate beside the shards
 TIMELINE_DIR = "timeline"  # servefleet.generate.recorder.TIMELINE_DIR
@@ -75,6 +76,14 @@ class Measured:
     model: str | None
     wall_source: str  # "report" or "manifest"
     held: tuple[HeldRate, ...] = ()  # each server's settled rate at each concurrency it held (the timelines)
+    prefix_cache: tuple[tuple[str, float], ...] = ()  # (server, share of its prompt tokens it had cached): report.json
+
+    def prefix_hit_rate(self) -> float | None:
+        """The job's prefix-cache hit rate over the servers that told it, weighted by their answers."""
+        rates = dict(self.prefix_cache)
+        told = [(rates[s.name], s.requests) for s in self.servers if s.name in rates and s.requests]
+        answers = sum(n for _, n in told)
+        return sum(r * n for r, n in told) / answers if answers else None
 
     @property
     def mean_output_tokens(self) -> float:
@@ -105,6 +114,7 @@ class CheckResult:
     notes: list[str] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)  # what the prediction rests on that was not measured well
     against_bench: list[BenchComparison] = field(default_factory=list)  # the job's rate where it held a benched C
+    prefix_cache: tuple[float | None, float | None] = (None, None)  # hit rates: (the bench's, the job's)
 
     @property
     def makespan(self) -> Metric:
@@ -132,8 +142,12 @@ class CheckResult:
         return f"{head}: {way}" + (f"; {why}" if why else "")
 
     def cause(self) -> str | None:
-        """The server against its bench where the job held a benched concurrency longest: the server's
-        own speed, or (as benched) the model's share of the miss."""
+        """Why the miss: the server against its bench where the job held a benched concurrency longest (its
+        own speed, or as benched: the model's share), and the prompts' prefix-cache hits in each."""
+        said = [why for why in (self._server_speed(), self._prefix_cache()) if why]
+        return "; ".join(said) or None
+
+    def _server_speed(self) -> str | None:
         if not self.against_bench:
             return None
         top = self.against_bench[0]
@@ -149,6 +163,17 @@ class CheckResult:
             f"the server itself ran {abs(err):.0f}% {way} than benched ({where}): the miss is the server's speed "
             "during the job, not the plan's model (another load on the host, other clocks, other prompts: "
             "bench it again where the job runs)"
+        )
+
+    def _prefix_cache(self) -> str | None:
+        bench, job = self.prefix_cache
+        if bench is None or job is None or abs(bench - job) < PREFIX_GAP:
+            return None
+        more = "more" if job < bench else "less"
+        return (
+            f"the engine found {bench:.0%} of the bench's prompt tokens in its prefix cache and {job:.0%} of the "
+            f"job's: the job had {more} prefill to do per answer (prompts that repeat or share prefixes, sent in "
+            "another order: a sample drawn from the whole job brings a repeat closer than the job does)"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -180,6 +205,10 @@ class CheckResult:
             "tolerance_pct": TOLERANCE_PCT,
             "verdict": self.verdict(),
             "against_bench": [c.to_json() for c in self.against_bench],
+            "prefix_cache_hit_rate": {
+                "bench": None if self.prefix_cache[0] is None else round(self.prefix_cache[0], 4),
+                "job": None if self.prefix_cache[1] is None else round(self.prefix_cache[1], 4),
+            },
             "notes": list(self.notes),
             "caveats": list(self.caveats),
         }
@@ -309,6 +338,7 @@ def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
             wall += (end - start).total_seconds()
             timed_runs += 1
     source = "manifest"
+    prefix_cache: tuple[tuple[str, float], ...] = ()
     if report is not None:
         try:
             report_text: bytes | None = Path(report).read_bytes()
@@ -330,6 +360,7 @@ def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
         if len(runs) <= 1 and report_data.get("wall_s"):
             wall = float(report_data["wall_s"])
             source = "report"
+        prefix_cache = _prefix_rates(report_data)
     if wall <= 0:
         raise ConfigError(f"{dest}: the job's runs have no start and end times to measure a wall time from")
     last = runs[-1] if runs else {}
@@ -346,7 +377,18 @@ def _measure(sink: Sink, dest: str, report: Path | None) -> Measured:
         model=max(models, key=lambda m: models[m]) if models else None,
         wall_source=source,
         held=tuple(held_rates(_timelines(sink))),
+        prefix_cache=prefix_cache,
     )
+
+
+def _prefix_rates(report: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """Each server's prefix-cache hit rate over the job, as the report gives it (older reports: none)."""
+    out = []
+    for server in report.get("servers") or []:
+        rate = server.get("prefix_cache_hit_rate") if isinstance(server, dict) else None
+        if isinstance(rate, int | float) and isinstance(server.get("name"), str):
+            out.append((server["name"], float(rate)))
+    return tuple(out)
 
 
 def _timelines(sink: Sink) -> list[dict[str, Any]]:
@@ -486,6 +528,7 @@ def check_plan(
         notes=notes,
         caveats=caveats,
         against_bench=against_bench(measured.held, config.curve),
+        prefix_cache=(config.prefix_cache_hit_rate, measured.prefix_hit_rate()),
     )
 
 

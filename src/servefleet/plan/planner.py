@@ -72,6 +72,7 @@ class ConfigCurve:
     max_running: int | None = None  # the server's cap (from capacity facts)
     measured_mode: str = "non-streaming"  # how the bench run's answers came (a batch job does not stream)
     caveats: tuple[str, ...] = ()  # what the plan from this run rests on that bench did not measure well
+    prefix_cache_hit_rate: float | None = None  # share of the bench's prompt tokens the engine had cached
 
     def best(self) -> tuple[int, float, list[str]]:
         """(best concurrency, its throughput, notes) within the cap."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from servefleet.bench.result import Run, load_run
+from servefleet.bench.result import Point, Run, load_run
 from servefleet.errors import ConfigError
 from servefleet.plan.planner import ConfigCurve, Curve, PointSample, steady_curve
 
@@ -88,7 +88,19 @@ def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | Non
         max_running=cap,
         measured_mode=run.measured_mode or "non-streaming",
         caveats=tuple(caveats),
+        prefix_cache_hit_rate=_prefix_hit_rate(points),
     )
+
+
+def _prefix_hit_rate(points: list[Point]) -> float | None:
+    """The points' prefix-cache hit rate, weighted by their requests (None: the server did not say)."""
+    told: list[tuple[float, int]] = []
+    for p in points:
+        rate = p.server.prefix_cache_hit_rate if p.server is not None else None
+        if rate is not None and p.successful > 0:
+            told.append((rate, p.successful))
+    requests = sum(n for _, n in told)
+    return sum(rate * n for rate, n in told) / requests if requests else None
 
 
 def mode_warnings(configs: list[ConfigCurve]) -> list[str]:

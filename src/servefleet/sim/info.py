@@ -3,8 +3,9 @@
 Metric names are the engines' own, both families at once so a client written for either finds
 them: vLLM's ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
 (and the older ``vllm:gpu_cache_usage_perc``), ``vllm:prompt_tokens_total``,
-``vllm:generation_tokens_total``, ``vllm:spec_decode_num_{accepted,draft}_tokens_total``; SGLang's
-``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``,
+``vllm:generation_tokens_total``, ``vllm:spec_decode_num_{accepted,draft}_tokens_total``,
+``vllm:prefix_cache_{queries,hits}_total`` (``sim/prefix_cache.py``); SGLang's
+``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``, ``sglang:cached_tokens_total``,
 ``sglang:num_used_tokens``, ``sglang:gen_throughput``, ``sglang:spec_accept_length``. KV usage is a
 fraction in [0, 1] in both, as upstream reports it.
 
@@ -76,6 +77,22 @@ def metrics_text(cfg: SimConfig, stats: Stats, now: float | None = None) -> str:
     )
     _family(
         out,
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        stats.prefix.looked_up,
+        vl,
+    )
+    _family(
+        out,
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        stats.prefix.hits,
+        vl,
+    )
+    _family(
+        out,
         "vllm:request_success_total",
         "counter",
         "Count of successfully processed requests.",
@@ -131,6 +148,14 @@ def metrics_text(cfg: SimConfig, stats: Stats, now: float | None = None) -> str:
         sg,
     )
     _family(out, "sglang:num_requests_total", "counter", "Number of requests processed.", stats.requests_finished, sg)
+    _family(
+        out,
+        "sglang:cached_tokens_total",
+        "counter",
+        "Number of cached prompt tokens by source.",
+        stats.prefix.hits,
+        f'{sg},cache_source="device"',
+    )
     for prefix, labels in (("vllm", vl), ("sglang", sg)):
         _histogram(
             out,

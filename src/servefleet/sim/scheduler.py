@@ -16,9 +16,10 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from servefleet.sim.config import SimConfig
+from servefleet.sim.prefix_cache import PrefixCache
 from servefleet.sim.timing import tokens_after
 from servefleet.stopping import cancel_and_wait
 
@@ -134,10 +135,16 @@ class SimRequest:
         "arrived",
         "first_token_at",
         "finished_at",
+        "prefix_key",
+        "cached",
     )
 
-    def __init__(self, prompt_tokens: int, target: int, reserve: int, stream: bool) -> None:
+    def __init__(
+        self, prompt_tokens: int, target: int, reserve: int, stream: bool, prefix_key: int | None = None
+    ) -> None:
         self.prompt_tokens = prompt_tokens
+        self.prefix_key = prefix_key  # the prompt's identity for the prefix cache (None: never cached)
+        self.cached = 0  # prompt tokens the prefix cache held when it was admitted
         self.target = target  # tokens it will produce (max_tokens, or fewer when EOS comes early)
         self.reserve = reserve  # KV tokens held while it runs (prompt + max_tokens)
         self.stream = stream
@@ -181,6 +188,7 @@ class Stats:
     running: int = 0
     waiting: int = 0
     used_tokens: int = 0
+    prefix: PrefixCache = field(default_factory=lambda: PrefixCache(0))  # the server sizes it to its KV cache
 
     def __post_init__(self) -> None:
         self._samples: deque[tuple[float, int]] = deque(maxlen=64)
@@ -293,6 +301,7 @@ class Scheduler:
     def __init__(self, config: SimConfig, stats: Stats, on_step: Callable[[StepInfo], None] | None = None) -> None:
         self.cfg = config
         self.steps = config.steps
+        self.prefix = stats.prefix
         rate = self.steps.api_events_per_s
         self.pipe = EventPipe(rate) if rate else None
         self.stats = stats
@@ -348,6 +357,7 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(head)
             self.kv_reserved += head.reserve
+            head.cached = self.prefix.admit(head.prefix_key, head.prompt_tokens)
             admitted.append(head)
         return admitted
 
@@ -371,7 +381,7 @@ class Scheduler:
                 await self._wake.wait()
                 continue
             batch = list(self.running)
-            new_tokens = sum(r.prompt_tokens for r in admitted)
+            new_tokens = sum(r.prompt_tokens - r.cached for r in admitted)  # a cached prefix is not prefilled
             step_s = (self.steps.step_ms(len(batch)) + cfg.prefill_ms_per_1k_tokens * new_tokens / 1000.0) / 1000.0
             now = loop.time()
             # Start where the last step planned to end, unless we fell more than a step behind.
@@ -384,7 +394,7 @@ class Scheduler:
                 await asyncio.sleep(0)  # let handlers run even when steps cost nothing
             next_at = end
             stats.steps += 1
-            stats.prompt_tokens_total += new_tokens
+            stats.prompt_tokens_total += sum(r.prompt_tokens for r in admitted)
             self._advance(batch, k, loop.time())
             stats.running = len(self.running)
             stats.waiting = len(self.waiting)

@@ -23,6 +23,7 @@ from servefleet.sim.failures import Failure, first_request_crash
 from servefleet.sim.faults import RequestFaults
 from servefleet.sim.logline import LogWriter
 from servefleet.sim.openai_api import DONE, ApiError, Job, StreamEncoder, error_body, full_body, parse_job
+from servefleet.sim.prefix_cache import PrefixCache
 from servefleet.sim.scheduler import Scheduler, SimRequest, Stats, StepInfo
 from servefleet.sim.styles import access_line, sglang_batch_line, vllm_stats_lines
 from servefleet.sim.timing import tokens_after
@@ -69,7 +70,7 @@ class SimServer:
         self.port = port
         self.exit_with = exit_with  # print a failure's text and end the process as it says
         self.hard_exit = hard_exit  # end the process silently ("exit" or "kill")
-        self.stats = Stats()
+        self.stats = Stats(prefix=PrefixCache(cfg.kv_tokens))
         self.bank = TextBank(cfg.context_length)
         self.scheduler = Scheduler(cfg, self.stats, on_step=self._on_step)
         self.faults = RequestFaults(cfg)
@@ -222,6 +223,7 @@ class SimServer:
     async def _instant(self, request: web.Request, job: Job) -> web.StreamResponse:
         stats = self.stats
         stats.prompt_tokens_total += job.prompt_tokens
+        stats.prefix.admit(hash(job.prompt_text), job.prompt_tokens)
         stats.generation_tokens_total += job.target
         stats.requests_finished += 1
         if not job.stream:
@@ -239,7 +241,13 @@ class SimServer:
         return resp
 
     async def _timed(self, request: web.Request, job: Job) -> web.StreamResponse:
-        req = SimRequest(job.prompt_tokens, job.target, job.prompt_tokens + job.max_tokens, stream=job.stream)
+        req = SimRequest(
+            job.prompt_tokens,
+            job.target,
+            job.prompt_tokens + job.max_tokens,
+            stream=job.stream,
+            prefix_key=hash(job.prompt_text),
+        )
         try:
             if not job.stream:
                 self.scheduler.submit(req)

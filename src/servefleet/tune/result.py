@@ -40,6 +40,7 @@ class CandidateRow:
     output_tps: float | None = None  # one replica, at the best measured point
     acceptance: float | None = None  # speculative: accepted / drafted tokens (engine metrics)
     accept_length: float | None = None  # speculative: tokens per verification step
+    prefix_cache_hit_rate: float | None = None  # at the best point: share of the sample's prompt tokens cached
     concurrencies: list[int] = field(default_factory=list)  # what was measured, in order
     predictions: list[Prediction] = field(default_factory=list)  # one per --gpus count
     measured_s: float = 0.0  # seconds spent in measured points

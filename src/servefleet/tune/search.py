@@ -280,6 +280,13 @@ class _Search:
             row.best_concurrency, row.output_tps = bp.concurrency, bp.output_tokens_per_s
             if bp.server is not None:
                 row.acceptance, row.accept_length = bp.server.spec_acceptance_rate, bp.server.spec_accept_length
+                row.prefix_cache_hit_rate = hit = bp.server.prefix_cache_hit_rate
+                if hit is not None and hit >= CACHED_NOTE:
+                    row.notes.append(
+                        f"the engine found {hit:.0%} of the sample's prompt tokens in its prefix cache (no prefill "
+                        "for them): the prompts share prefixes, and a job that meets them in another order (the "
+                        "sample is drawn from all of it) may find fewer and run slower; `plan --check` compares both"
+                    )
         mean_out = _mean_output(m.points)
         if row.outcome == "measured" and mean_out:
             curve = curve_from_run(path, cf.gpus_per_replica).curve
@@ -365,6 +372,7 @@ async def run_tune(
     return _rank(prep, list(rows.values()), clock.elapsed, search.measured_s)
 
 
+CACHED_NOTE = 0.2  # a best point whose prompt tokens were this much cached gets a note: the job may find fewer
 _ORDER = {"measured": 0, "stopped_early": 1, "failed": 2, "skipped": 3}
 
 
