@@ -2,8 +2,8 @@
 # Call 7 (issue 25's targets, every job side by side on one server): on a machine that has had
 # `run_h200.sh setup collect` (chunk 1, deps, servefleet) and chunk 2, the whole-GPU server of call 2 comes up, then
 #   bench-uni  servefleet bench, uniform 256/256, -c 256,512,1024, 25 s points (the --bench path's RUN.json)
-#   bench-var  servefleet bench on the first 1,000 variable prompts (their lengths and max_tokens), 40 s points (lifetimes
-#              reach ~15 s at 768 tokens)
+#   bench-var  servefleet bench on 8,000 variable prompts of their own (their lengths and max_tokens, none in the job:
+#              prompts.py), 40 s points (lifetimes reach ~15 s at 768 tokens)
 # and for each work (uniform UNI_N x 256/256; variable VAR_N prompts of 20-400 words, max_tokens 64-768):
 #   fixed (--url --concurrency BEST, BEST the bench's best point), fleet (--fleet, no hints), url (--url, no hints),
 #   and, after both works, bench (--url --bench RUN.json): the target is fleet and url within 5 % of the better of
