@@ -367,6 +367,9 @@ class Driver:
                         "error_pct": mk.get("error_pct"),
                         "within_10pct": check.get("within_tolerance"),
                         "verdict": check.get("verdict"),
+                        # the server against its tune point, and the prompts' prefix-cache hits in each
+                        "against_bench": check.get("against_bench"),
+                        "prefix_cache_hit_rate": check.get("prefix_cache_hit_rate"),
                     }
                 )
             if holder_check and self.left() > 60:
