@@ -182,3 +182,16 @@ def test_a_two_model_fleet_routes_each_record_to_a_server_of_its_own_model(vllm,
     assert len(by_model["tiny"]) == len(by_model["tiny-b"]) == 1 and by_model["tiny"] != by_model["tiny-b"]
     after = served(vllm), served(vllm_b)
     assert after[0] - before[0] >= 6 and after[1] - before[1] >= 3
+
+
+@real
+def test_the_report_gives_the_share_of_prompt_tokens_vllm_found_in_its_prefix_cache(vllm, tmp_path):
+    """generate reads vLLM's own prefix-cache counters (prefix_cache_queries/hits): a job of long prompts the
+    server has not seen finds next to nothing cached; the same prompts again find their full blocks there."""
+    words = " ".join(f"w{j}" for j in range(70))  # ~150 tokens: whole KV blocks to cache, within --max-model-len
+    src = tmp_path / "long.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"{i} {words} {i}"}) + "\n" for i in range(12)))
+    first = generate(src, tmp_path / "first", vllm)["servers"][0]["prefix_cache_hit_rate"]
+    again = generate(src, tmp_path / "again", vllm)["servers"][0]["prefix_cache_hit_rate"]
+    assert first is not None and again is not None, (first, again)
+    assert first < 0.3 and again > first + 0.3, (first, again)

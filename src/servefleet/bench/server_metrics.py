@@ -4,10 +4,11 @@
 A point's numbers from the client say how fast answers came; the server's own gauges say
 whether it was full. Gauges (running, queued, KV-cache use) are sampled during the point;
 counters (generated tokens, speculative drafts and acceptances, preemptions, prefix-cache lookups
-and hits) are differenced between a scrape just before and one just after it. Metric names are the engines' own, kept in
-each engine profile (``EngineProfile.serving_metrics``); a server of unknown engine is read by
-the names of every engine (``engines.registry.serving_metrics``). SGLang's speculative acceptance
-is also read from its info document's ``internal_states[].avg_spec_accept_length``.
+and hits) are differenced between a scrape just before and one just after it. Metric names are
+the engines' own, kept in each engine profile (``EngineProfile.serving_metrics``); a server of
+unknown engine is read by the names of every engine (``engines.registry.serving_metrics``).
+SGLang's speculative acceptance is also read from its info document's
+``internal_states[].avg_spec_accept_length``.
 
 A server without ``/metrics`` simply yields no server section.
 """

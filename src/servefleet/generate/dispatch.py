@@ -242,6 +242,8 @@ class Dispatcher:
                     continue
                 self._launch()
                 if self._feed_done and not self._pending and not self._delayed and not self._in_flight():
+                    up = [s for s in self.servers if s.health.state is ServerState.UP]
+                    await asyncio.gather(*(s.load.last(self.client.http, _base_url(s)) for s in up))
                     return "complete"
                 if all(s.health.state in (ServerState.GONE, ServerState.STOPPED) for s in self.servers):
                     return "stalled"

@@ -78,13 +78,7 @@ class LoadWatch:
         """Until cancelled; ``base_url`` is asked before each scrape (a restarted server may move)."""
         timeout = Timeout(max(2.0, 3 * self.interval_s))
         while self.available is not False:
-            sample = None
-            sent = time.monotonic()
-            text = await client.get_text(base_url().rstrip("/") + "/metrics", timeout=timeout)
-            if text is not None:
-                # the counters are of some moment between asking and hearing: the midpoint
-                # (on a busy host a scrape can take a good part of a second)
-                sample = sample_from_text(text, (sent + time.monotonic()) / 2)
+            sample = await self._scrape(client, base_url(), timeout)
             if sample is not None:
                 self.add(sample)
                 self.available, self._misses = True, 0
@@ -93,6 +87,21 @@ class LoadWatch:
                 if self._misses >= 3:
                     self.available = False
             await asyncio.sleep(self.interval_s)
+
+    async def last(self, client: HttpClient, base_url: str) -> None:
+        """One more scrape as the job ends: the counters' moves since the last one once a second count too
+        (a short job's whole prefix-cache tally is in them)."""
+        if self.available:
+            sample = await self._scrape(client, base_url, Timeout(2.0))
+            if sample is not None:
+                self.add(sample)
+
+    async def _scrape(self, client: HttpClient, base_url: str, timeout: Timeout) -> LoadSample | None:
+        sent = time.monotonic()
+        text = await client.get_text(base_url.rstrip("/") + "/metrics", timeout=timeout)
+        # the counters are of some moment between asking and hearing: the midpoint
+        # (on a busy host a scrape can take a good part of a second)
+        return sample_from_text(text, (sent + time.monotonic()) / 2) if text is not None else None
 
     def add(self, sample: LoadSample) -> None:
         """One scrape. The prefix-cache counters' increase since the last one goes to the job's tally
