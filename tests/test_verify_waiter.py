@@ -72,6 +72,29 @@ async def test_ready_with_capacity_and_updates(launcher: Launcher, port: int) ->
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
 
+class LaggingLogHost(LocalHost):
+    """A local host whose log follower has not delivered a byte yet (a busy machine: the port answers first)."""
+
+    def watch(self, log_path, offset=0, **kw):
+        async def nothing_yet():
+            await asyncio.Event().wait()
+            yield b""
+
+        return nothing_yet()
+
+
+async def test_ready_before_the_follower_read_the_log_still_has_the_logs_capacity(
+    launcher: Launcher, port: int
+) -> None:
+    """CI once saw READY with no capacity: the probe and the smoke request answered before the follower read
+    the capacity line the server had written ahead of them. On ready, the log is read to its end."""
+    target = await launcher.start("ready", port)
+    target.host = LaggingLogHost()
+    verdict = await wait_for_server(target, timeout_s=20, stall_s=10)
+    assert verdict.state is State.READY, verdict
+    assert verdict.capacity.kv_cache_tokens == 4096 and verdict.capacity.max_running_requests == 8, verdict.capacity
+
+
 async def test_fatal_line_then_exit(launcher: Launcher, port: int) -> None:
     target = await launcher.start("fatal_exit", port)
     verdict = await wait_for_server(target, timeout_s=20, stall_s=10)

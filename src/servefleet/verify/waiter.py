@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from servefleet.catalog import State
 from servefleet.engines.base import EngineProfile, Probe
+from servefleet.errors import HostError
 from servefleet.hosts.base import Host, Truncated
 from servefleet.hosts.local import LocalHost
 from servefleet.hosts.watch import Exited, LogAbsent, Pending, WatchHost, WatchItem, poll_watch
@@ -39,6 +40,7 @@ __all__ = ["WaitTarget", "wait_for_server", "PROBE_INTERVAL_S"]
 PROBE_INTERVAL_S = 0.05
 TICK_S = 0.1
 LIVE_LINE_EVERY_S = 0.25
+CATCH_UP_BYTES = 1024 * 1024  # what is read of the log past the follower once the server is ready
 FINAL_PROBE_S = 0.5  # the probe made when the process exits, to tell port_in_use from other  # on_update for a new last log line, at most this often
 
 
@@ -164,6 +166,12 @@ async def wait_for_server(
                     pending = queue.get_nowait()
                     if isinstance(pending, LogLines):
                         machine.feed(pending, clock())
+                if follower is not None and target.log_path and machine.verdict(clock()).state is State.READY:
+                    # The port answered before the follower read the lines written ahead of it (a busy host):
+                    # the log's capacity lines (KV tokens, max running) are read to its end now, not lost.
+                    await _stop(follower)
+                    follower = None
+                    await _catch_up(HostSource(host, target.log_path), log, machine, clock)
             finally:
                 for task in [*tasks, follower, smoke_task]:
                     if task is not None:
@@ -262,6 +270,19 @@ def _drain_before_exit(
     lines = log.splitter.flush()
     if lines:
         machine.feed(LogLines(tuple(lines)), clock())
+
+
+async def _catch_up(source: HostSource, log: _LogState, machine: ReadinessMachine, clock: Callable[[], float]) -> None:
+    """The log from where the follower stopped to its end (at most ``CATCH_UP_BYTES``), as lines for the machine."""
+    with contextlib.suppress(OSError, HostError):  # best effort: the verdict stands without them
+        size = await source.size()
+        if size is None or size <= log.offset:
+            return
+        data = await source.read(log.offset, min(size - log.offset, CATCH_UP_BYTES))
+        log.offset += len(data)
+        lines = log.splitter.feed(data)
+        if lines:
+            machine.feed(LogLines(tuple(lines)), clock())
 
 
 async def _probe_loop(prober: Prober, machine: ReadinessMachine, queue: asyncio.Queue, wake: asyncio.Event) -> None:
