@@ -25,6 +25,7 @@ from servefleet.catalog import State
 from servefleet.engines.base import EngineProfile, Probe
 from servefleet.errors import HostError
 from servefleet.hosts.base import Host, Truncated
+from servefleet.hosts.capabilities import batching_of
 from servefleet.hosts.local import LocalHost
 from servefleet.hosts.watch import Exited, LogAbsent, Pending, WatchHost, WatchItem, poll_watch
 from servefleet.http import probe_client
@@ -166,9 +167,15 @@ async def wait_for_server(
                     pending = queue.get_nowait()
                     if isinstance(pending, LogLines):
                         machine.feed(pending, clock())
-                if follower is not None and target.log_path and machine.verdict(clock()).state is State.READY:
+                if (
+                    follower is not None
+                    and target.log_path
+                    and batching_of(host) is None
+                    and machine.verdict(clock()).state is State.READY
+                ):
                     # The port answered before the follower read the lines written ahead of it (a busy host):
-                    # the log's capacity lines (KV tokens, max running) are read to its end now, not lost.
+                    # the log's capacity lines (KV tokens, max running) are read to its end now, not lost. Not
+                    # where a round trip costs (SSH: its follower is a stream, and a start has its command budget).
                     await _stop(follower)
                     follower = None
                     await _catch_up(HostSource(host, target.log_path), log, machine, clock)
