@@ -608,3 +608,55 @@ def test_a_doubling_that_wins_by_less_than_a_ramp_step_ends_the_search_there() -
     assert not c.observe(Window(23_500.0, queued=0, running=512))  # +9.3 %: not decided by one window
     assert c.observe(Window(23_300.0, queued=0, running=512))
     assert c.phase == "probe" and c.ceiling == 512 and c.best_limit == 512 and c.limit < 512
+
+
+def h100_variable_curve_fourth() -> Curve:
+    """The same job on a third H100 (2026-12-06, fourth lease): the --url ramp read ~11.4k / 14.5k / 20k / 23k / 28k /
+    29.4k tok/s at 32 / 64 / 128 / 256 / 512 / 1024 with the server's queue empty (--max-num-seqs 1024)."""
+    return log_linear([(32, 11_400.0), (64, 14_500.0), (128, 20_000.0), (256, 23_000.0), (512, 28_000.0), (1024, 29_400.0)])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_step_on_trial_past_the_servers_slots_goes_back_to_them_at_once(seed: int) -> None:
+    """That ramp grew +5 % from 512 to 1024 (under GROW), so the doubling to 2048 went on trial: vLLM ran 1024 and
+    queued the rest, the trial read the same tokens/s as 1024 (equal going up is kept) and 2048 stayed. The server's
+    gauges say it runs 1024: the first window there moves the limit to 1024 plus headroom, and nothing above."""
+    curve = h100_variable_curve_fourth()
+    c = ConcurrencyController.auto(None)
+    limits = drive(c, curve, 6, noise=0.01, seed=seed, capacity=1024)
+    assert limits[:5] == [64, 128, 256, 512, 1024] and limits[5] == 2048, limits  # the doubling on trial
+    assert drive(c, curve, 1, capacity=1024) == [1024 + headroom(1024)]
+    assert "server full at 1024 running" in c.reason and "2048 only waits in its queue" in c.reason
+    limits = drive(c, curve, 30, noise=0.01, seed=seed, capacity=1024)
+    assert max(limits) <= 1024 + headroom(1024), limits
+    assert curve(min(c.best_limit, 1024)) >= 0.97 * best_of(curve, 1024), (c.best_limit, c.history)
+
+
+def test_a_step_on_trial_past_the_servers_slots_is_cut_short_on_its_gauges() -> None:
+    """One lifetime in, the window's gauges already say the server runs fewer than we send: judged there, not after a
+    window of lifetimes lengthened by the queue. A queue under the headroom is the batch kept full: not cut."""
+    c = ConcurrencyController.auto(None)
+    c.limit = c.best_limit = 512
+    c.observe(Window(28_000.0, queued=0, running=512, lifetimes=2.5))
+    c.observe(Window(29_400.0, queued=0, running=1024, lifetimes=2.5))  # +5 %: 2048 on trial
+    assert c.limit == 2048 and c.phase == "probe"
+
+    def cut(queued: float, running: float) -> Window | None:
+        return c.cut_short(8.0, 6.0, 2.0, lambda: 5, True, lambda: Window(29_300.0, queued=queued, running=running))
+
+    assert cut(0.0, 2048) is None  # all of it runs
+    assert cut(1024.0, 1024) is not None and cut(1024.0, 1024).cut  # type: ignore[union-attr]
+    assert c.cut_short(8.0, 6.0, 2.0, lambda: 5, False, lambda: Window(29_300.0, queued=1024, running=1024)) is None
+    assert c.observe(Window(29_300.0, queued=1024, running=1024, cut=True)) and c.limit == 1024 + headroom(1024)
+    # from a bench point at the slots: the step above it is the slots plus headroom (more pays only on evidence)
+    b = ConcurrencyController.auto(1024, bench_concurrency=1024)
+    b.observe(Window(30_000.0))
+    assert b.limit == 1178 and b.ceiling == room(1024)
+    assert b.observe(Window(30_000.0, queued=154, running=1024)) and b.limit == 1024 + headroom(1024) == b.ceiling
+    assert b._over_slots(Window(30_000.0, queued=50, running=1024)) is None  # inside the headroom: the batch kept full
+    # a bench point above the slots stays the best: the ceiling never goes below it
+    q = ConcurrencyController.auto(None, bench_concurrency=192)  # --url: the bench's point, slots unknown
+    q.observe(Window(5_000.0))
+    assert q.limit > 192
+    q.observe(Window(5_000.0, queued=80, running=128))
+    assert q.limit == q.best_limit == 192 and q.ceiling == 192

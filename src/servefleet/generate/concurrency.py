@@ -15,7 +15,9 @@ Auto starts from what is known, best first:
   the higher one its ceiling: an engine that peaks below its max running is never pushed past it.
   Throughput that still grows, by less than :data:`GROW`, ends the ramp too, and one more doubling is
   tried as a step on trial (the knee is above, but a x2 in the ramp would not be judged). A doubling that wins by
-  a ramp step's growth resumes the ramp (one short window of mixed answers had read too little).
+  a ramp step's growth resumes the ramp (one short window of mixed answers had read too little). A step on trial
+  that the server does not run whole (its gauges: fewer running than sent, the rest queued) is over at once, one
+  request lifetime in: what it runs plus :func:`headroom` is the ceiling (more only waits in its queue).
   Ramp windows last at least :data:`LIFETIMES` request lifetimes (the latency of recent answers: the
   dispatcher sizes them so); a shorter one is the wave right after a raise and is not judged, and
   one long window that did not grow ends the ramp (the H200 run read 2-s windows as +15 % from 256
@@ -290,7 +292,7 @@ class ConcurrencyController:
         if span < max(minimum, lifetime) or scrapes() < 3:
             return None
         window = measure()
-        if not self.clearly_worse(window):
+        if not self.clearly_worse(window) and self._over_slots(window) is None:
             return None
         return replace(window, cut=True, lifetimes=span / lifetime if lifetime > 0 else None)
 
@@ -302,6 +304,14 @@ class ConcurrencyController:
             return False
         best = self.best_tps()
         return best > 0 and w.tps < best * (1 - max(EARLY, 2 * self.spread()))
+
+    def _over_slots(self, w: Window) -> int | None:
+        """The server's slot count when a step on trial above the best sends more than it runs plus the queue that
+        keeps its batch full: it runs ``w.running`` and the rest only wait (its own gauges). None otherwise."""
+        if self.phase != "probe" or self.limit <= self.best_limit or w.queued is None or not w.running:
+            return None
+        cap = int(w.running)
+        return cap if w.queued >= 1 and self.limit > cap + headroom(cap) else None
 
     def describe(self) -> str:
         return f"{self.source}: {self.reason}" if self.reason else self.source
@@ -404,6 +414,9 @@ class ConcurrencyController:
         return _mean(self.measured.get(limit, []))
 
     def _probe(self, w: Window) -> bool:
+        cap = self._over_slots(w)
+        if cap is not None:
+            return self._to_slots(cap)
         if self._fresh:
             dropped = self.settling()
             self._fresh = False
@@ -470,6 +483,28 @@ class ConcurrencyController:
         elif self._refining and self.step > STEP_MIN:  # closer, both ways again (a bisection of the factor 2)
             self.step = max(STEP_MIN, self.step / 2)
             self._tried = set()
+        if len(self._tried) >= 2:
+            self._enter_hold(self.reason + ", held")
+        return self._set(self.best_limit)
+
+    def _to_slots(self, cap: int) -> bool:
+        """A step on trial sent more than the server runs: on the H100 the doubling after a --url ramp went from 1024
+        to 2048 in flight, vLLM ran 1024 and queued the rest, and the step stayed on trial past the job's end. The
+        server's slots (plus the queue that keeps them full) are the ceiling, as from the capacity figure; the trial
+        goes on there when that is still above the best, else it is over."""
+        old = self.limit
+        self.ceiling = max(self.best_limit, min(self.ceiling, cap + headroom(cap)))
+        self.room = room(cap) if not self.room else min(self.room, room(cap))  # more on evidence only, as from capacity
+        if self._search_ceiling:
+            self._search_ceiling = min(self._search_ceiling, self.ceiling)
+        full = f"server full at {cap} running (learned from /metrics): {old} only waits in its queue"
+        if self.ceiling > self.best_limit:
+            self.reason = f"{full}; trying {self.ceiling} (above the best so far, {self.best_limit})"
+            return self._set(self.ceiling)
+        self._tried.add(self._direction)
+        self._direction = -self._direction
+        self._end_halving()
+        self.reason = f"{full}; back to {self.best_limit}"
         if len(self._tried) >= 2:
             self._enter_hold(self.reason + ", held")
         return self._set(self.best_limit)
