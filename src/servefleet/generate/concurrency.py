@@ -152,6 +152,7 @@ class ConcurrencyController:
     _refining: bool = False  # after halving: the best is within a factor 2 either way; each loss halves the step
     # while a doubling after the ramp is on trial: the ceiling the ramp had (0: none on trial)
     _search_ceiling: int = 0
+    _room_open: bool = False  # a window showed that requests queued at the server pay (the ceiling rose to room)
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -311,7 +312,15 @@ class ConcurrencyController:
         if self.phase != "probe" or self.limit <= self.best_limit or w.queued is None or not w.running:
             return None
         cap = int(w.running)
-        return cap if w.queued >= 1 and self.limit > cap + headroom(cap) else None
+        return cap if w.queued >= 1 and self.limit > self._slots_bound(cap) else None
+
+    def _slots_bound(self, cap: int) -> int:
+        """The most in flight worth sending to a server that runs ``cap``: the queue that keeps its batch full, or
+        half as much again where a window showed the queue pays (vLLM-CPU's API process, short of CPU, refills the
+        batch late) or the best limit already sits in the queue."""
+        if self._room_open or self.best_limit > cap + headroom(cap):
+            return room(cap)
+        return cap + headroom(cap)
 
     def describe(self) -> str:
         return f"{self.source}: {self.reason}" if self.reason else self.source
@@ -452,7 +461,10 @@ class ConcurrencyController:
             why = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {old})"
             self.reason = why
             if gain > margin and up and self.limit >= self.ceiling and self.room > self.ceiling:
-                self.ceiling = self.room  # evidence: still growing at the ceiling, so the queue pays
+                self.ceiling, self._room_open = (
+                    self.room,
+                    True,
+                )  # evidence: still growing at the ceiling, so the queue pays
                 why = self.reason = f"{why}, still growing: room up to {self.room}"
             if gain <= margin:  # equal going up: keep the higher limit, but this direction is spent
                 self._tried.add(self._direction)
@@ -471,7 +483,10 @@ class ConcurrencyController:
         )
         self.reason = f"{self.limit} gives {mean:,.0f} tok/s{short} ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
         if gain < -margin and not up and self.best_limit >= self.ceiling and self.room > self.ceiling:
-            self.ceiling = self.room  # evidence: less in flight loses at the ceiling, so more may pay
+            self.ceiling, self._room_open = (
+                self.room,
+                True,
+            )  # evidence: less in flight loses at the ceiling, so more may pay
             self.reason += f"; still growing at {self.best_limit}: room up to {self.room}"
         doubling = self._halving and up
         self._tried.add(self._direction)
@@ -493,8 +508,10 @@ class ConcurrencyController:
         server's slots (plus the queue that keeps them full) are the ceiling, as from the capacity figure; the trial
         goes on there when that is still above the best, else it is over."""
         old = self.limit
-        self.ceiling = max(self.best_limit, min(self.ceiling, cap + headroom(cap)))
-        self.room = room(cap) if not self.room else min(self.room, room(cap))  # more on evidence only, as from capacity
+        self.ceiling = max(self.best_limit, min(self.ceiling, self._slots_bound(cap)))
+        self.room = (
+            room(cap) if not self.room else min(self.room, room(cap))
+        )  # more on evidence only, as from capacity
         if self._search_ceiling:
             self._search_ceiling = min(self._search_ceiling, self.ceiling)
         full = f"server full at {cap} running (learned from /metrics): {old} only waits in its queue"
