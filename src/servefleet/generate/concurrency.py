@@ -461,10 +461,8 @@ class ConcurrencyController:
             why = f"{self.limit} gives {mean:,.0f} tok/s ({gain:+.1%} vs {old})"
             self.reason = why
             if gain > margin and up and self.limit >= self.ceiling and self.room > self.ceiling:
-                self.ceiling, self._room_open = (
-                    self.room,
-                    True,
-                )  # evidence: still growing at the ceiling, so the queue pays
+                # evidence: still growing at the ceiling, so the queue pays
+                self.ceiling, self._room_open = self.room, True
                 why = self.reason = f"{why}, still growing: room up to {self.room}"
             if gain <= margin:  # equal going up: keep the higher limit, but this direction is spent
                 self._tried.add(self._direction)
@@ -483,10 +481,8 @@ class ConcurrencyController:
         )
         self.reason = f"{self.limit} gives {mean:,.0f} tok/s{short} ({gain:+.1%} vs {self.best_limit}): back to {self.best_limit}"
         if gain < -margin and not up and self.best_limit >= self.ceiling and self.room > self.ceiling:
-            self.ceiling, self._room_open = (
-                self.room,
-                True,
-            )  # evidence: less in flight loses at the ceiling, so more may pay
+            # evidence: less in flight loses at the ceiling, so more may pay
+            self.ceiling, self._room_open = self.room, True
             self.reason += f"; still growing at {self.best_limit}: room up to {self.room}"
         doubling = self._halving and up
         self._tried.add(self._direction)
@@ -509,9 +505,8 @@ class ConcurrencyController:
         goes on there when that is still above the best, else it is over."""
         old = self.limit
         self.ceiling = max(self.best_limit, min(self.ceiling, self._slots_bound(cap)))
-        self.room = (
-            room(cap) if not self.room else min(self.room, room(cap))
-        )  # more on evidence only, as from capacity
+        # more only on evidence that it pays, as from the capacity figure
+        self.room = room(cap) if not self.room else min(self.room, room(cap))
         if self._search_ceiling:
             self._search_ceiling = min(self._search_ceiling, self.ceiling)
         full = f"server full at {cap} running (learned from /metrics): {old} only waits in its queue"
