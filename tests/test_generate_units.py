@@ -362,6 +362,25 @@ def test_a_servers_lifetime_follows_its_recent_answers_not_the_jobs_mean():
     assert st.lifetime_s() == pytest.approx(10.0, rel=0.01)
 
 
+def test_answers_that_end_together_read_as_waves_and_a_datasets_lengths_do_not():
+    """Uniform work (every answer the same length) ends in waves: latencies alike. A dataset's lengths (64-768
+    tokens) spread them well past SPREAD. Too few answers say nothing."""
+    import random
+
+    from servefleet.generate.concurrency import SPREAD
+    from servefleet.generate.stats import ServerStats
+
+    rng = random.Random(0)
+    uniform, variable = ServerStats("u", "http://127.0.0.1:1"), ServerStats("v", "http://127.0.0.1:2")
+    for _ in range(7):
+        uniform.add_latency(4.0)
+    assert uniform.latency_spread() is None
+    for _ in range(200):
+        uniform.add_latency(4.0 + rng.uniform(-0.3, 0.3))  # queueing jitter
+        variable.add_latency(rng.randint(64, 768) / 100)
+    assert uniform.latency_spread() < 0.1 < SPREAD < variable.latency_spread()
+
+
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
 def test_iter_pending_yields_exactly_the_lines_not_skipped(tmp_path, chunk):
     from servefleet.generate.inputs import iter_pending, iter_raw

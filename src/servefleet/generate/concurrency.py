@@ -21,7 +21,11 @@ Auto starts from what is known, best first:
   Ramp windows last at least :data:`LIFETIMES` request lifetimes (the latency of recent answers: the
   dispatcher sizes them so); a shorter one is the wave right after a raise and is not judged, and
   one long window that did not grow ends the ramp (the H200 run read 2-s windows as +15 % from 256
-  to 512 where 25-s bench points said 256 was better).
+  to 512 where 25-s bench points said 256 was better). Those waves are uniform work's: requests that
+  start together end together. Where the answers end apart (their latencies spread by :data:`SPREAD`:
+  a dataset's lengths), a window of one lifetime is steady and any growth is x4, the first window's
+  too: on the H100 such work grew 25-40 % a doubling up to 512, and x2 steps on two-lifetime windows
+  took 25 s to get there.
 
 From the capacity figure the climb goes down first and fast: one window at the start, then
 :data:`HALVE` steps (half as many in flight) while each pays, then steps that halve from a third
@@ -64,6 +68,7 @@ from typing import Literal
 __all__ = [
     "ConcurrencyController",
     "Window",
+    "ramp_lifetimes",
     "START",
     "GROW",
     "NOISY",
@@ -74,6 +79,7 @@ __all__ = [
     "REPROBE_WINDOWS",
     "HALVE",
     "LIFETIMES",
+    "SPREAD",
     "EARLY",
 ]
 
@@ -89,6 +95,7 @@ STEP_FROM_BENCH = 0.15  # a bench point is already a measured optimum: probe clo
 STEP_MIN = 0.08
 HALVE = 1.0  # from the capacity figure: halve while it pays (the H200's best was a quarter of max running)
 LIFETIMES = 2.0  # a ramp window shorter than this many request lifetimes is a transient: not judged
+SPREAD = 0.25  # answers' latencies spreading more than this (std / mean) end apart: no closed-loop waves
 REPROBE_WINDOWS = 30
 SHRINK = 0.7
 KEEP = 3  # windows remembered per limit
@@ -120,6 +127,7 @@ class Window:
         None  # the window's length in request lifetimes (latency of recent answers); None: unknown
     )
     cut: bool = False  # ended early: the step being tried already read far below the best (clearly_worse)
+    spread: bool = False  # the answers end apart (their latencies spread by SPREAD): no waves after a raise
 
 
 @dataclass
@@ -342,14 +350,16 @@ class ConcurrencyController:
         del kept[:-KEEP]
 
     def _ramp(self, w: Window) -> bool:
-        if self._ramp_prev > 0 and w.lifetimes is not None and w.lifetimes < LIFETIMES:
-            return False  # shorter than two lifetimes: the wave after a raise, not growth (nor its end)
+        if self._ramp_prev > 0 and w.lifetimes is not None and w.lifetimes < ramp_lifetimes(w.spread):
+            return False  # shorter than its lifetimes: the wave after a raise, not growth (nor its end)
         self._record(self.limit, w.tps)
         prev, prev_limit = self._ramp_prev, self._ramp_prev_limit
         grew = prev == 0 or w.tps > prev * (1 + GROW)
-        # in proportion to what was added: far below the server's best, grow faster. The first window has nothing
-        # to be in proportion to: x2 (from 32, a blind x4 overshot a peak at 32 into 128 for two long lifetimes)
-        linear = prev_limit > 0 and w.tps >= 0.75 * prev * self.limit / prev_limit
+        # in proportion to what was added: far below the server's best, grow faster. The first window of uniform
+        # work has nothing to be in proportion to: x2 (from 32, a blind x4 overshot a peak at 32 into 128 for two
+        # long lifetimes). Answers that end apart make one-lifetime windows, so x4 on any growth: a dataset's
+        # lengths on the H100 grew 25-40 % a doubling up to 512, and four doublings of x2 took 25 s to reach it.
+        linear = (prev_limit > 0 and w.tps >= 0.75 * prev * self.limit / prev_limit) or w.spread
         if w.queued is not None:
             # Room: the queue emptied and what we sent runs. (A CPU-starved API process may not have
             # handed requests to the engine yet: neither running nor waiting, so not room either.)
@@ -366,8 +376,11 @@ class ConcurrencyController:
                 return False
             # Every slot of the server is busy. What runs now is its capacity.
             if w.running:
+                # As from the capacity figure: its slots plus the queue that keeps them full, more on evidence only
+                # (x4 steps reach past the slots: from 512 to 2048 on the H100's 1024).
                 cap = int(w.running)
-                self.ceiling = min(self.ceiling, room(cap))
+                self.room = min(self.ceiling, room(cap))
+                self.ceiling = min(self.ceiling, cap + headroom(cap))
                 self.reason = f"server full at {cap} running (learned from /metrics); verifying"
             else:
                 self.reason = f"server queues at {self.limit}; verifying"
@@ -579,6 +592,12 @@ class ConcurrencyController:
         self._direction = 1
         self._tried = set()
         return self._next_candidate()
+
+
+def ramp_lifetimes(spread: bool) -> float:
+    """How many request lifetimes a ramp window lasts: two where answers end together (the wave after a raise
+    would read as growth), one where they end apart (only the new requests' prefill is a transient)."""
+    return 1.0 if spread else LIFETIMES
 
 
 def _mean(xs: list[float]) -> float:

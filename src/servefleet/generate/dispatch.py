@@ -26,7 +26,7 @@ from functools import partial
 from typing import Protocol
 
 from servefleet.generate.client import Client, Completion
-from servefleet.generate.concurrency import ConcurrencyController, Window
+from servefleet.generate.concurrency import SPREAD, ConcurrencyController, Window, ramp_lifetimes
 from servefleet.generate.endpoints import Holding, Restarter, Retiring, Target, Watching
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState, hang_window_s, recover
 from servefleet.generate.inputs import PromptRecord
@@ -103,8 +103,8 @@ class _Server:
         completion) and at least 5x ``minimum`` when throughput is compared (a 10 s window on a busy
         vLLM-CPU host still varied by +-10%); just ``minimum`` while ramping on the server's own queue gauge (two latencies without one)."""
         latency = self.stats.lifetime_s()
-        if self.controller.phase == "ramp":  # two lifetimes: the wave after a doubling is not read as growth
-            return max(minimum, 2.0 * latency)
+        if self.controller.phase == "ramp":  # the wave after a doubling is not read as growth
+            return max(minimum, ramp_lifetimes(self.spread()) * latency)
         if (
             self.controller.short_window()
         ):  # to be dropped (one lifetime is its transient), or the capacity start's first
@@ -124,6 +124,11 @@ class _Server:
             return False
         return len(self.in_flight) <= self.controller.limit or now >= self.settle_deadline
 
+    def spread(self) -> bool:
+        """Whether recent answers end apart (a dataset's lengths) rather than in waves (uniform work)."""
+        spread = self.stats.latency_spread()
+        return spread is not None and spread >= SPREAD
+
     def measure(self, now: float, span: float) -> Window:
         """The window just ended: tok/s by the server's counter when it has one, else by our answers."""
         saturated = self.saturated_ticks >= 0.8 * self.ticks
@@ -137,6 +142,7 @@ class _Server:
             queued=waiting,
             running=running,
             lifetimes=span / lifetime if lifetime > 0 else None,
+            spread=self.spread(),
         )
 
     def cut_short(self, now: float, span: float, minimum: float) -> Window | None:

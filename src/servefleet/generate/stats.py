@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 __all__ = ["RateMeter", "ServerStats", "JobStats", "PrefixTally", "LIFETIME_WEIGHT"]
 
 LIFETIME_WEIGHT = 0.05  # weight of one answer in the recent latency (about the last 20 answers)
+SPREAD_ANSWERS = 64  # answers whose latencies say whether requests end together (closed-loop waves) or apart
 
 
 class RateMeter:
@@ -97,6 +98,7 @@ class ServerStats:
     outages: int = 0
     restarts: int = 0
     meter: RateMeter = field(default_factory=RateMeter)
+    recent_latencies: deque[float] = field(default_factory=lambda: deque(maxlen=SPREAD_ANSWERS))
     prefix_cache: PrefixTally = field(default_factory=PrefixTally)  # from the server's /metrics
 
     def mean_latency_s(self) -> float:
@@ -106,6 +108,7 @@ class ServerStats:
         """One answer's latency. The job's mean is dominated by the first (small-batch, fast) requests;
         the recent mean follows the lifetime at the limit in force, which sets how long a window must be."""
         self.latency_sum_s += latency_s
+        self.recent_latencies.append(latency_s)
         self.recent_latency_s = (
             latency_s
             if self.requests <= 1
@@ -115,6 +118,15 @@ class ServerStats:
     def lifetime_s(self) -> float:
         """A request's lifetime now (seconds from sending to its answer; 0 before the first answer)."""
         return self.recent_latency_s if self.requests else 0.0
+
+    def latency_spread(self) -> float | None:
+        """How far the recent answers' latencies differ (standard deviation / mean; None before 8 answers).
+        Uniform work (every request alike) ends in waves: near 0. A dataset's lengths spread it to 0.5 or more."""
+        xs = self.recent_latencies
+        if len(xs) < 8:
+            return None
+        mean = sum(xs) / len(xs)
+        return (sum((x - mean) ** 2 for x in xs) / len(xs)) ** 0.5 / mean if mean > 0 else None
 
 
 @dataclass
