@@ -309,7 +309,7 @@ class ConcurrencyController:
             if span < minimum or scrapes() < 3:
                 return None
             window = measure()
-            if not self._queued_past_slots(window):
+            if self._over_slots(window) is None:
                 return None
         else:
             if self.phase != "probe" or self.limit == self.best_limit:
@@ -321,12 +321,6 @@ class ConcurrencyController:
                 return None
         return replace(window, cut=True, lifetimes=span / lifetime if lifetime > 0 else None)
 
-    def _queued_past_slots(self, w: Window) -> bool:
-        """Whether the server's queue never emptied over the window while we send more than it runs plus headroom."""
-        return bool(
-            w.queued is not None and w.queued >= 1 and w.running and self.limit > w.running + headroom(int(w.running))
-        )
-
     def clearly_worse(self, w: Window) -> bool:
         """Whether a window cut short in a step being tried already reads far below the best: by :data:`EARLY`
         and by twice the swing of the windows at the best. The dispatcher then hands it to :meth:`observe`,
@@ -337,9 +331,10 @@ class ConcurrencyController:
         return best > 0 and w.tps < best * (1 - max(EARLY, 2 * self.spread()))
 
     def _over_slots(self, w: Window) -> int | None:
-        """The server's slot count when a step on trial above the best sends more than it runs plus the queue that
-        keeps its batch full: it runs ``w.running`` and the rest only wait (its own gauges). None otherwise."""
-        if self.phase != "probe" or self.limit <= self.best_limit or w.queued is None or not w.running:
+        """The server's slot count when a step on trial (or a ramp step) above the best sends more than it runs plus
+        the queue that keeps its batch full: its queue never emptied over the window, it runs ``w.running`` and the
+        rest only wait (its own gauges). None otherwise."""
+        if self.phase not in ("probe", "ramp") or self.limit <= self.best_limit or w.queued is None or not w.running:
             return None
         cap = int(w.running)
         return cap if w.queued >= 1 and self.limit > self._slots_bound(cap) else None

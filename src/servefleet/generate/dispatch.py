@@ -101,7 +101,7 @@ class _Server:
     def window_s(self, minimum: float) -> float:
         """Long enough to be steady: a few request latencies (our answers come in lumps of a whole
         completion) and at least 5x ``minimum`` when throughput is compared (a 10 s window on a busy
-        vLLM-CPU host still varied by +-10%); just ``minimum`` while ramping on the server's own queue gauge (two latencies without one)."""
+        vLLM-CPU host still varied by +-10%); in the ramp one lifetime where answers end apart, else two."""
         latency = self.stats.lifetime_s()
         if self.controller.phase == "ramp":  # the wave after a doubling is not read as growth
             return max(minimum, ramp_lifetimes(self.spread()) * latency)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -125,8 +126,8 @@ class ServerStats:
         xs = self.recent_latencies
         if len(xs) < 8:
             return None
-        mean = sum(xs) / len(xs)
-        return (sum((x - mean) ** 2 for x in xs) / len(xs)) ** 0.5 / mean if mean > 0 else None
+        mean = statistics.fmean(xs)
+        return statistics.pstdev(xs, mean) / mean if mean > 0 else None
 
 
 @dataclass
