@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -126,8 +125,9 @@ class ServerStats:
         xs = self.recent_latencies
         if len(xs) < 8:
             return None
-        mean = statistics.fmean(xs)
-        return statistics.pstdev(xs, mean) / mean if mean > 0 else None
+        # plain floats: statistics.pstdev (exact fractions) took 74 us for 64 answers, this 5 us, on every dispatcher tick
+        mean = sum(xs) / len(xs)
+        return (sum((x - mean) ** 2 for x in xs) / len(xs)) ** 0.5 / mean if mean > 0 else None
 
 
 @dataclass
