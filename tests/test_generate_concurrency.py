@@ -824,3 +824,19 @@ def test_the_dispatcher_cuts_a_ramp_window_on_the_servers_queue() -> None:
     assert s.cut_short(t0 + 1.5, 1.5, 2.0) is None
     cut = s.cut_short(t0 + 3.0, 3.0, 2.0)
     assert cut is not None and cut.cut and cut.queued == 1000.0 and cut.running == 1024.0
+
+
+def test_a_step_down_is_cut_short_too_and_the_best_limit_never() -> None:
+    """cut_short ends a step below the best as well as above it when it reads far below; never the best itself."""
+    c = ConcurrencyController.auto(1024)  # 1127, halving down
+    c.observe(Window(30_000.0))
+    assert c.limit < c.best_limit
+    assert not c.observe(Window(20_000.0))  # the transient after lowering: dropped
+
+    def cut(tps: float) -> Window | None:
+        return c.cut_short(8.0, 6.0, 2.0, lambda: 5, True, lambda: Window(tps))
+
+    assert cut(29_000.0) is None
+    assert cut(15_000.0) is not None
+    c.limit = c.best_limit
+    assert cut(15_000.0) is None

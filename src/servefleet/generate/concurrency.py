@@ -303,22 +303,14 @@ class ConcurrencyController:
         plus :func:`headroom` ends after ``minimum`` s and 3 scrapes: the server is full, and a window of lifetimes
         lengthened by its queue would only wait (on the H100 the x4 from 512 to 2048 stayed 87 s at 2048, two windows
         of 40-s lifetimes, while vLLM ran 870-1024)."""
-        if not own_counter:
+        ramp = self.phase == "ramp"
+        if not own_counter or self.phase not in ("ramp", "probe") or (not ramp and self.limit == self.best_limit):
             return None
-        if self.phase == "ramp":
-            if span < minimum or scrapes() < 3:
-                return None
-            window = measure()
-            if self._over_slots(window) is None:
-                return None
-        else:
-            if self.phase != "probe" or self.limit == self.best_limit:
-                return None
-            if span < max(minimum, lifetime) or scrapes() < 3:
-                return None
-            window = measure()
-            if not self.clearly_worse(window) and self._over_slots(window) is None:
-                return None
+        if span < (minimum if ramp else max(minimum, lifetime)) or scrapes() < 3:
+            return None
+        window = measure()
+        if self._over_slots(window) is None and (ramp or not self.clearly_worse(window)):
+            return None  # the ramp is judged on tokens/s over its lifetimes: only a full server ends it early
         return replace(window, cut=True, lifetimes=span / lifetime if lifetime > 0 else None)
 
     def clearly_worse(self, w: Window) -> bool:
