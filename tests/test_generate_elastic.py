@@ -141,6 +141,8 @@ def test_the_tail_releases_idle_servers_only_once_nothing_waits() -> None:
     assert idle_at_tail(None, {"a": 0, "b": 3}) == []  # the input is still being read
     assert idle_at_tail(2, {"a": 0, "b": 3}) == []  # prompts (or retries) wait for a server
     assert idle_at_tail(0, {"a": 0, "b": 3, "c": 0}) == ["a", "c"]
+    # the last answer is in: the job ends now, nothing is released (CI saw "slow" released here)
+    assert idle_at_tail(0, {"a": 0, "slow": 0}) == []
 
 
 def test_replacements_are_limited_in_a_sliding_window() -> None:

@@ -70,8 +70,10 @@ def plan_round(
 
 def idle_at_tail(backlog: int | None, in_service: Mapping[str, int]) -> list[str]:
     """Servers the job would leave idle: nothing waits for a server (the input read to its end,
-    no retry due) and they have nothing in flight."""
-    if backlog is None or backlog > 0:
+    no retry due), they have nothing in flight and another server in service still has. With
+    nothing in flight anywhere in service the job is at its end (``--down-after`` stops the
+    fleet) or its last requests are on draining servers, whose failure would hand them back."""
+    if backlog is None or backlog > 0 or not any(in_service.values()):
         return []
     return [name for name, n in in_service.items() if n == 0]
 
