@@ -487,8 +487,7 @@ class ConcurrencyController:
                 self.ceiling, self._room_open = self.room, True
                 why = self.reason = f"{why}, still growing: room up to {self.room}"
             if gain <= margin:  # equal going up: keep the higher limit, but this direction is spent
-                self._tried.add(self._direction)
-                self._direction = -self._direction
+                self._turn()
                 self._end_halving()
             elif self._halving and up and self._search_ceiling and gain >= GROW:
                 return self._resume_ramp(mean, why)
@@ -507,8 +506,7 @@ class ConcurrencyController:
             self.ceiling, self._room_open = self.room, True
             self.reason += f"; still growing at {self.best_limit}: room up to {self.room}"
         doubling = self._halving and up
-        self._tried.add(self._direction)
-        self._direction = -self._direction
+        self._turn()
         if self._halving:
             self._end_halving()
             if doubling:  # the ramp measured below the best: the knee is between it and the doubling that lost
@@ -516,9 +514,7 @@ class ConcurrencyController:
         elif self._refining and self.step > STEP_MIN:  # closer, both ways again (a bisection of the factor 2)
             self.step = max(STEP_MIN, self.step / 2)
             self._tried = set()
-        if len(self._tried) >= 2:
-            self._enter_hold(self.reason + ", held")
-        return self._set(self.best_limit)
+        return self._back_to_best()
 
     def _to_slots(self, cap: int) -> bool:
         """A step on trial sent more than the server runs: on the H100 the doubling after a --url ramp went from 1024
@@ -535,10 +531,18 @@ class ConcurrencyController:
         if self.ceiling > self.best_limit:
             self.reason = f"{full}; trying {self.ceiling} (above the best so far, {self.best_limit})"
             return self._set(self.ceiling)
-        self._tried.add(self._direction)
-        self._direction = -self._direction
+        self._turn()
         self._end_halving()
         self.reason = f"{full}; back to {self.best_limit}"
+        return self._back_to_best()
+
+    def _turn(self) -> None:
+        """This direction from the best is spent: the other one next."""
+        self._tried.add(self._direction)
+        self._direction = -self._direction
+
+    def _back_to_best(self) -> bool:
+        """Back to the best limit, held there once both directions from it are spent."""
         if len(self._tried) >= 2:
             self._enter_hold(self.reason + ", held")
         return self._set(self.best_limit)
