@@ -15,6 +15,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from servefleet.sockets import open_connection
+
 __all__ = ["Relay"]
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ class Relay:
             if target is None:  # pending, or between jobs: nothing to reach yet
                 writer.close()
                 return
-            up_reader, up_writer = await asyncio.open_connection(*target)
+            up_reader, up_writer = await open_connection(*target)  # never to itself (servefleet/sockets.py)
         except Exception as exc:  # the job's server is not reachable (yet): the probe sees a closed connection
             log.debug("relay on port %d: no way to the server (%s: %s)", self.port, type(exc).__name__, exc)
             writer.close()

@@ -46,6 +46,7 @@ from servefleet.hosts.ssh_batch import Op, batch_argv, chunk_ops, parse_batch
 from servefleet.hosts.ssh_master import Master, MasterPool, free_local_port
 from servefleet.hosts.ssh_options import SSHSpec, classify_ssh_failure, ssh_argv, ssh_error
 from servefleet.hosts.watch import WatchItem
+from servefleet.sockets import open_connection
 
 __all__ = ["SSHHost", "SSHSpec"]
 
@@ -541,7 +542,8 @@ class SSHHost:
                 err = (await proc.stderr.read()).decode(errors="replace") if proc.stderr else ""
                 raise ssh_error(self.spec, argv, proc.returncode or 255, err)
             try:
-                _reader, writer = await asyncio.open_connection("127.0.0.1", local)
+                # a connection to itself would read as the forward up (servefleet/sockets.py)
+                _reader, writer = await open_connection("127.0.0.1", local)
                 writer.close()
                 self._direct_forwards[key] = (local, proc)
                 return local

@@ -13,6 +13,7 @@ import aiohttp
 
 from servefleet.http.failure import FailureKind, RequestFailure, TransportError
 from servefleet.http.transport import Pool, Response, Timeout
+from servefleet.sockets import socket_for
 
 __all__ = ["AiohttpTransport", "translate"]
 
@@ -110,10 +111,16 @@ class AiohttpTransport:
             pool = self.pool
             if pool.keep_alive:
                 connector = aiohttp.TCPConnector(
-                    limit=pool.limit, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=pool.keepalive_timeout_s
+                    limit=pool.limit,
+                    limit_per_host=0,
+                    ttl_dns_cache=300,
+                    keepalive_timeout=pool.keepalive_timeout_s,
+                    socket_factory=socket_for,
                 )
-            else:
-                connector = aiohttp.TCPConnector(limit=pool.limit, limit_per_host=0, force_close=True)
+            else:  # probes of servers still loading: the case servefleet.sockets exists for
+                connector = aiohttp.TCPConnector(
+                    limit=pool.limit, limit_per_host=0, force_close=True, socket_factory=socket_for
+                )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers=self._headers,
