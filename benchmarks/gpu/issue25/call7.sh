@@ -14,7 +14,7 @@
 #   bash benchmarks/gpu/issue25/call7.sh --poll [S]          # wait up to S s (default 540), bring back call7.tgz
 #   bash benchmarks/gpu/issue25/call7.sh --stop              # stop the driver and its job (the server stays up), e.g.
 #                                                             # to --start again with other JOBS in the time left
-# JOBS="uni-fixed uni-fleet" runs only those; BENCH_C=256,512 benches fewer points (on 2026-12-02 the uniform
+# JOBS="uni-fixed uni-fleet" runs only those; NO_BENCH=var skips only the variable bench; BENCH_C=256,512 benches fewer points (on 2026-12-02 the uniform
 # bench's 1024 point was lengthened to 58 s and read 31 % under 256: the whole bench took 178 s). A job's budget need and
 # timeout come from its bench's best rate (1.15x and 2x the time its tokens take there); NO_BENCH=1 skips the benches
 # (fixed at 256 uniform / 512 variable) and VAR_SIZES="NEED CAP" then sizes the variable jobs (on the H100 on
@@ -69,7 +69,9 @@ want() { case " ${JOBS:-$1} " in *" $1 "*) return 0 ;; esac; return 1; }
 bench() {
   local work=$1 dur=$2; shift 2
   want $work-fixed || want $work-bench || return 0
-  [ -z "${NO_BENCH:-}" ] || return 0  # NO_BENCH=1: the fixed jobs at the defaults below (a lease too short for the benches)
+  # NO_BENCH=1: no bench, the fixed jobs at the defaults below (a lease too short for the benches); NO_BENCH=var (or uni):
+  # that work's bench only
+  case " ${NO_BENCH:-} " in *" 1 "*|*" $work "*) return 0 ;; esac
   if [ $(left) -lt 110 ]; then echo "skipped bench-$work: $(left) s left" | tee -a $R/skipped.txt; return; fi
   local t0=$(date +%s)
   sf bench --url $U -c ${BENCH_C:-256,512,1024} --duration $dur --no-stream --api completions --temperature 0 --tokenizer $M \
