@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from servefleet.plan.planner import ConfigCurve, Curve, JobSpec, plan_job, simulate_makespan, tail_model
+from servefleet.plan.planner import (
+    ConfigCurve,
+    Curve,
+    JobSpec,
+    plan_job,
+    prefix_hit_rate_of,
+    simulate_makespan,
+    tail_model,
+)
 
 # The shapes of the MTP-vs-plain choice (examples/sglang-mtp-vs-plain.toml): speculative decoding is ~2.5x faster per request but capped
 # at 4 running requests; plain decoding is slower per request and scales to 64.
@@ -97,3 +105,11 @@ def test_prompts_that_do_not_divide_evenly_leave_replicas_that_release_gives_bac
     assert tail.held_server_s == pytest.approx(72.0) and tail.released_server_s == pytest.approx(6.0)
     idle = tail_model(curve, concurrency=4, replicas=4, job=JobSpec(prompts=3, output_tokens_mean=100))
     assert idle.finish_s == pytest.approx((10.0, 10.0, 10.0, 0.0)) and idle.released_server_s == pytest.approx(10.0)
+
+
+def test_a_prefix_hit_rate_of_several_measurements_weighs_each_by_its_requests() -> None:
+    """A bench's points and a job's servers each tell a rate over their own requests: one server that
+    answered three times as many counts three times as much; one that answered nothing does not count."""
+    assert prefix_hit_rate_of([(0.8, 300), (0.0, 100), (1.0, 0)]) == pytest.approx(0.6)
+    assert prefix_hit_rate_of([(0.5, 0)]) is None
+    assert prefix_hit_rate_of([]) is None

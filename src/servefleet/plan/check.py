@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from servefleet.errors import ConfigError
 from servefleet.plan.held import BenchComparison, HeldRate, against_bench, held_rates
-from servefleet.plan.planner import ConfigCurve, JobSpec, simulate_makespan
+from servefleet.plan.planner import ConfigCurve, JobSpec, prefix_hit_rate_of, simulate_makespan
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,7 @@ class Measured:
     def prefix_hit_rate(self) -> float | None:
         """The job's prefix-cache hit rate over the servers that told it, weighted by their answers."""
         rates = dict(self.prefix_cache)
-        told = [(rates[s.name], s.requests) for s in self.servers if s.name in rates and s.requests]
-        answers = sum(n for _, n in told)
-        return sum(r * n for r, n in told) / answers if answers else None
+        return prefix_hit_rate_of((rates[s.name], s.requests) for s in self.servers if s.name in rates)
 
     @property
     def mean_output_tokens(self) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -25,6 +26,7 @@ __all__ = [
     "PointSample",
     "TailModel",
     "plan_job",
+    "prefix_hit_rate_of",
     "simulate_makespan",
     "steady_curve",
     "tail_model",
@@ -93,6 +95,14 @@ class ConfigCurve:
                 "throughput beyond it is assumed flat (conservative)"
             )
         return c, t, notes
+
+
+def prefix_hit_rate_of(told: Iterable[tuple[float, int]]) -> float | None:
+    """One prefix-cache hit rate from several (rate, requests) measurements, weighted by their requests
+    (None: none with a request told one)."""
+    pairs = [(rate, n) for rate, n in told if n > 0]
+    requests = sum(n for _, n in pairs)
+    return sum(rate * n for rate, n in pairs) / requests if requests else None
 
 
 @pydantic.dataclasses.dataclass(frozen=True)

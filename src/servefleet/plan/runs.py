@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from servefleet.bench.result import Point, Run, load_run
 from servefleet.errors import ConfigError
-from servefleet.plan.planner import ConfigCurve, Curve, PointSample, steady_curve
+from servefleet.plan.planner import ConfigCurve, Curve, PointSample, prefix_hit_rate_of, steady_curve
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +94,11 @@ def curve_from_run(path: Path, gpus_per_replica: int = 1, max_running: int | Non
 
 def _prefix_hit_rate(points: list[Point]) -> float | None:
     """The points' prefix-cache hit rate, weighted by their requests (None: the server did not say)."""
-    told: list[tuple[float, int]] = []
-    for p in points:
-        rate = p.server.prefix_cache_hit_rate if p.server is not None else None
-        if rate is not None and p.successful > 0:
-            told.append((rate, p.successful))
-    requests = sum(n for _, n in told)
-    return sum(rate * n for rate, n in told) / requests if requests else None
+    return prefix_hit_rate_of(
+        (p.server.prefix_cache_hit_rate, p.successful)
+        for p in points
+        if p.server is not None and p.server.prefix_cache_hit_rate is not None
+    )
 
 
 def mode_warnings(configs: list[ConfigCurve]) -> list[str]:
