@@ -12,6 +12,7 @@ import pytest
 
 from servefleet.generate.concurrency import (
     CONFIRM,
+    EARLY_MAX,
     REPROBE_WINDOWS,
     START,
     ConcurrencyController,
@@ -824,6 +825,68 @@ def test_the_dispatcher_cuts_a_ramp_window_on_the_servers_queue() -> None:
     assert s.cut_short(t0 + 1.5, 1.5, 2.0) is None
     cut = s.cut_short(t0 + 3.0, 3.0, 2.0)
     assert cut is not None and cut.cut and cut.queued == 1000.0 and cut.running == 1024.0
+
+
+def test_the_dispatcher_cuts_a_ramp_window_on_the_queue_now_not_on_the_raises_first_scrapes() -> None:
+    """The ninth H100 lease: x4 from 512 to 2048, and the window began (0.5 s after the raise) with two scrapes of no
+    queue while the new requests were on their way; then vLLM ran ~940 and queued ~1,100. The fewest waiting over the
+    window stayed 0, so the window was never cut and ran its lifetime: 50 s at 2048. The cut reads the last scrapes."""
+    from servefleet.generate.dispatch import _Server
+    from servefleet.generate.endpoints import Target
+    from servefleet.generate.health import HealthPolicy
+    from servefleet.generate.server_load import LATELY, LoadSample
+
+    s = _Server(Target("a", "http://127.0.0.1:1"), ConcurrencyController.auto(None), HealthPolicy())
+    s.load.available = True
+    for _ in range(64):
+        s.stats.requests += 1
+        s.stats.add_latency(30.0)
+        s.stats.add_latency(50.0)  # answers that end apart: ramp windows of one lifetime
+    s.controller.limit, s.controller.best_limit = 2048, 512
+    t0 = s.window_start
+    gauges = [(511.0, 0.0), (507.0, 0.0), (945.0, 362.0), (1023.0, 555.0), (1021.0, 1021.0), (1003.0, 1042.0)]
+    s.load.samples.extend(
+        LoadSample(t0 + 0.5 * i, 25_000.0 * 0.5 * i, None, None, running, waiting)
+        for i, (running, waiting) in enumerate(gauges)
+    )
+    s.ticks = s.saturated_ticks = 6
+    assert s.window_s(2.0) > 30.0
+    whole = s.measure(t0 + 2.5, 2.5)
+    assert whole.queued == 0.0 and whole.queued_lately == min(w for _, w in gauges[-LATELY:])
+    cut = s.cut_short(t0 + 2.5, 2.5, 2.0)
+    assert cut is not None and cut.cut and cut.queued == 555.0 and cut.running == 1023.0
+    assert not s.controller.observe(cut) and s.controller.limit == 2048  # the first may be a burst being admitted
+    s.window_start = t0 + 2.6
+    s.load.samples.extend(LoadSample(t0 + 2.5 + 0.5 * i, 0.0, None, None, 940.0, 1100.0) for i in range(1, 6))
+    second = s.cut_short(t0 + 5.0, 2.4, 2.0)
+    assert second is not None and s.controller.observe(second)
+    assert s.controller.limit == 940 + headroom(940) and "full at 940 running" in s.controller.reason
+    # a queue that emptied in the last scrapes is room: no cut
+    s.controller.limit, s.controller.phase, s.controller.best_limit = 2048, "ramp", 512
+    s.window_start = t0 + 5.0
+    s.load.samples.extend(
+        LoadSample(t0 + 5.0 + 0.5 * i, 0.0, None, None, 1024.0, w) for i, w in [(1, 900.0), (2, 0.0)]
+    )
+    assert s.cut_short(t0 + 7.5, 2.5, 2.0) is None
+
+
+def test_with_waves_from_a_high_first_wave_a_step_far_below_is_still_cut_one_lifetime_in() -> None:
+    """The ninth H100 lease (uniform work, --fleet, max running 1024, graphs up to 512): the capacity start's first wave
+    read 46,733 tok/s at 512 and a later window 35,085, a 28 % swing, so twice the swing asked for -57 % before a cut;
+    681 read -45 % to -57 % and ran its whole window, 50 s of a 115-s job. A whole lifetime that far below is no wave:
+    past EARLY_MAX the swing no longer raises the bar."""
+    c = ConcurrencyController.auto(1024, graph_batch=512)
+    c.observe(Window(46_733.0))  # the first wave: then half as many
+    assert not c.observe(Window(20_000.0))  # the transient after lowering: dropped
+    assert c.observe(Window(22_329.0, lifetimes=1.5, cut=True)) and c.limit == 512  # -52 %: back to 512
+    assert not c.observe(Window(30_000.0))  # back at the best: dropped
+    assert c.observe(Window(35_085.0)) and c.limit == 681
+    assert 2 * c.spread() > EARLY_MAX and c.noisy()
+    assert not c.observe(Window(26_000.0))  # the transient of the raise: dropped
+    assert not c.clearly_worse(Window(25_500.0))  # -38 %: inside the bar, a whole window decides
+    cut = c.cut_short(12.0, 9.0, 2.0, lambda: 9, True, lambda: Window(22_000.0))
+    assert cut is not None and c.clearly_worse(cut)
+    assert c.observe(cut) and c.limit == 512 and "-46.2% vs 512" in c.reason
 
 
 def test_a_step_down_is_cut_short_too_and_the_best_limit_never() -> None:

@@ -161,7 +161,8 @@ async def run(cfg, targets):
 
 
 def test_a_window_of_scrapes_gives_the_servers_rate_its_lowest_queue_and_most_running() -> None:
-    from servefleet.generate.server_load import LoadSample, LoadWatch
+    """And the queue now: the fewest waiting over the window's last scrapes, whatever its first ones saw."""
+    from servefleet.generate.server_load import LoadSample, LoadWatch, LoadWindow
 
     watch = LoadWatch()
     for t, gen, waiting, running in [
@@ -169,12 +170,14 @@ def test_a_window_of_scrapes_gives_the_servers_rate_its_lowest_queue_and_most_ru
         (1.0, 900, 0, 64),
         (2.0, 2000, 3, 64),
         (3.0, 3000, 2, 62),
+        (4.0, 4000, 4, 62),
+        (5.0, 4900, 6, 63),
         (9.0, 9999, 0, 0),
     ]:
         watch.samples.append(LoadSample(t, gen, 0.0, 0.0, running, waiting))
-    tps, fewest_waiting, most_running = watch.window(0.5, 3.5)  # the scrapes at 1, 2 and 3 s
-    assert (tps, fewest_waiting, most_running) == (1050.0, 0, 64)
-    assert watch.window(8.0, 9.5) == (None, None, None)  # one scrape: no rate
+    assert watch.window(0.5, 3.5) == LoadWindow(1050.0, 0, 64, 0)  # the scrapes at 1, 2 and 3 s
+    assert watch.window(0.5, 5.5) == LoadWindow(1000.0, 0, 64, 2)  # its last three: 3, 4 and 5 s
+    assert watch.window(8.0, 9.5) == LoadWindow()  # one scrape: no rate
 
 
 def test_the_jobs_prefix_cache_tally_survives_a_restart() -> None:

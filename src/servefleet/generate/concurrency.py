@@ -39,7 +39,7 @@ best limit; a step is kept when its throughput is better by more than :data:`MAR
 when the mean of :data:`CONFIRM` windows says so (one window decides alone when the difference is at least
 :data:`LARGE` and beyond the whole spread of the windows at the best limit: more than their swing); on a loss
 it returns to the best limit, re-measured. A step that reads :data:`EARLY` below the best (and beyond twice the
-swing of its windows) one request lifetime in is judged there (:meth:`ConcurrencyController.clearly_worse`): on the
+swing of its windows, or :data:`EARLY_MAX` below) one request lifetime in is judged there (:meth:`ConcurrencyController.clearly_worse`): on the
 H100 the steps past vLLM's largest CUDA-graph batch lost a third of the throughput for 12-14 s windows, 6 % of a 70-s
 job. The first window after lowering the limit (or after going back to the best one) is dropped (the batch drains
 through a hole: the H200 run read that transient as -17 %).
@@ -83,6 +83,7 @@ __all__ = [
     "LIFETIMES",
     "SPREAD",
     "EARLY",
+    "EARLY_MAX",
 ]
 
 START = 32  # from 8 the first window always grew x4 (~3 s at a tenth of the peak on the H100)
@@ -91,6 +92,10 @@ NOISY = 0.08  # windows at one limit spreading more than this: waves; longer win
 MARGIN = 0.03  # two windows within 3% measure the same throughput (window-to-window noise of a real server)
 LARGE = 0.15  # a difference this large is decided by one window
 EARLY = 0.25  # a step this far below the best is judged one request lifetime in, not after its whole window
+# ... or twice the swing of the windows at the best, but never more than this: a whole lifetime this far below is no
+# wave (uniform work's wave is one lifetime long). On the H100 the best's windows of uniform work swung 33 % (the
+# capacity start's first wave reads high) and a step reading -45 % to -57 % ran its whole window: 50 s at 681.
+EARLY_MAX = 0.4
 CONFIRM = 2  # windows at a candidate before a small difference is judged
 STEP = 0.33  # first probe step (fraction of the limit): a decline past the peak is found in few steps
 STEP_FROM_BENCH = 0.15  # a bench point is already a measured optimum: probe closer to it
@@ -125,6 +130,7 @@ class Window:
     saturated: bool = True  # the limit was kept in flight for most of the window (else it teaches nothing)
     queued: float | None = None  # the server's waiting requests, the fewest seen in the window (None: no metrics)
     running: float | None = None  # the server's running requests, most seen in the window
+    queued_lately: float | None = None  # the server's waiting requests, the fewest over the window's last scrapes
     lifetimes: float | None = (
         None  # the window's length in request lifetimes (latency of recent answers); None: unknown
     )
@@ -299,8 +305,8 @@ class ConcurrencyController:
         scrapes long. The cheap tests first (``scrapes`` counted, ``measure`` taken last): this runs on every tick of
         the dispatcher and of the gateway. The window carries its length in lifetimes, for the reason.
 
-        In the ramp, a window whose gauges show a queue that never emptied while we send more than the server runs
-        plus :func:`headroom` ends after ``minimum`` s and 3 scrapes: the server is full, and a window of lifetimes
+        In the ramp, a window whose gauges show a queue that has not emptied over its last scrapes while we send more
+        than the server runs plus :func:`headroom` ends after ``minimum`` s and 3 scrapes: the server is full, and a window of lifetimes
         lengthened by its queue would only wait (on the H100 the x4 from 512 to 2048 stayed 87 s at 2048, two windows
         of 40-s lifetimes, while vLLM ran 870-1024)."""
         ramp = self.phase == "ramp"
@@ -309,18 +315,22 @@ class ConcurrencyController:
         if span < (minimum if ramp else max(minimum, lifetime)) or scrapes() < 3:
             return None
         window = measure()
+        if ramp and window.queued_lately is not None:
+            # the queue now: a raise's requests reach the server's queue a second or two into the window (on the H100
+            # the x4 to 2048 began with two scrapes of no queue, and the window ran its 50 s lifetime at 2048)
+            window = replace(window, queued=window.queued_lately)
         if self._over_slots(window) is None and (ramp or not self.clearly_worse(window)):
             return None  # the ramp is judged on tokens/s over its lifetimes: only a full server ends it early
         return replace(window, cut=True, lifetimes=span / lifetime if lifetime > 0 else None)
 
     def clearly_worse(self, w: Window) -> bool:
         """Whether a window cut short in a step being tried already reads far below the best: by :data:`EARLY`
-        and by twice the swing of the windows at the best. The dispatcher then hands it to :meth:`observe`,
+        and by twice the swing of the windows at the best, or by :data:`EARLY_MAX` whatever the swing. The dispatcher then hands it to :meth:`observe`,
         where a difference that large is decided by one window."""
         if self.phase != "probe" or self.limit == self.best_limit or self.settling() or not w.saturated:
             return False
         best = self.best_tps()
-        return best > 0 and w.tps < best * (1 - max(EARLY, 2 * self.spread()))
+        return best > 0 and w.tps < best * (1 - min(EARLY_MAX, max(EARLY, 2 * self.spread())))
 
     def _over_slots(self, w: Window) -> int | None:
         """The server's slot count when a step on trial (or a ramp step) above the best sends more than it runs plus

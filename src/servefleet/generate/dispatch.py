@@ -33,7 +33,7 @@ from servefleet.generate.inputs import PromptRecord
 from servefleet.generate.retry import RetryPolicy
 from servefleet.generate.routing import model_for, served
 from servefleet.generate.rows import rows_of, short_of_choices
-from servefleet.generate.server_load import LoadWatch
+from servefleet.generate.server_load import LoadWatch, LoadWindow
 from servefleet.generate.shards import OutputRow
 from servefleet.generate.stats import JobStats, ServerStats
 from servefleet.http import FailureKind, RequestFailure
@@ -132,15 +132,15 @@ class _Server:
     def measure(self, now: float, span: float) -> Window:
         """The window just ended: tok/s by the server's counter when it has one, else by our answers."""
         saturated = self.saturated_ticks >= 0.8 * self.ticks
-        tps, waiting, running = self.load.window(self.window_start, now) if self.load.available else (None, None, None)
-        if tps is None:
-            tps = self.window_tokens / span
+        load = self.load.window(self.window_start, now) if self.load.available else LoadWindow()
+        tps = self.window_tokens / span if load.tps is None else load.tps
         lifetime = self.stats.lifetime_s()
         return Window(
             tps=tps,
             saturated=saturated,
-            queued=waiting,
-            running=running,
+            queued=load.waiting,
+            running=load.running,
+            queued_lately=load.waiting_lately,
             lifetimes=span / lifetime if lifetime > 0 else None,
             spread=self.spread(),
         )

@@ -25,7 +25,9 @@ from servefleet.engines.registry import serving_metrics
 from servefleet.generate.stats import PrefixTally
 from servefleet.http import HttpClient, Timeout
 
-__all__ = ["LoadSample", "LoadWatch", "sample_from_text"]
+__all__ = ["LATELY", "LoadSample", "LoadWatch", "LoadWindow", "sample_from_text"]
+
+LATELY = 3  # scrapes: the server's queue "now", for a window judged before its end
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,18 @@ class LoadSample:
     def marks(self) -> tuple[float | None, ...]:
         """Counters that move while the engine works (any change is progress)."""
         return (self.generation_tokens, self.prompt_tokens, self.steps)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadWindow:
+    """What a server's own counters and gauges say of one window; None where it does not say (or too few scrapes)."""
+
+    tps: float | None = None  # generated tokens/s
+    waiting: float | None = None  # the fewest waiting: a queue that never emptied (a burst being admitted empties it)
+    running: float | None = None  # the most running
+    # the fewest waiting over the window's last LATELY scrapes: the queue now, whatever the window's start saw (the
+    # requests of a raise reach the engine's queue a second or two after the window began)
+    waiting_lately: float | None = None
 
 
 def sample_from_text(text: str, t: float) -> LoadSample | None:
@@ -124,16 +138,20 @@ class LoadWatch:
     def between(self, t0: float, t1: float) -> list[LoadSample]:
         return [s for s in self.samples if t0 <= s.t <= t1]
 
-    def window(self, t0: float, t1: float) -> tuple[float | None, float | None, float | None]:
-        """(generated tokens/s, fewest waiting, most running) between ``t0`` and ``t1``; None where unknown.
-        The fewest waiting: a queue that never emptied in the window (a burst being admitted empties it)."""
+    def window(self, t0: float, t1: float) -> LoadWindow:
+        """What the scrapes between ``t0`` and ``t1`` say (:class:`LoadWindow`)."""
         inside = self.between(t0, t1)
         if len(inside) < 2:
-            return None, None, None
+            return LoadWindow()
         a, b = inside[0], inside[-1]
         tps = None
         if a.generation_tokens is not None and b.generation_tokens is not None and b.t > a.t:
             tps = max(0.0, b.generation_tokens - a.generation_tokens) / (b.t - a.t)
         waiting = [s.waiting for s in inside if s.waiting is not None]
         running = [s.running for s in inside if s.running is not None]
-        return (tps, min(waiting) if waiting else None, max(running) if running else None)
+        return LoadWindow(
+            tps,
+            min(waiting) if waiting else None,
+            max(running) if running else None,
+            min(waiting[-LATELY:]) if waiting else None,
+        )

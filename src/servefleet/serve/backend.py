@@ -19,7 +19,7 @@ from aiohttp import web
 from servefleet.generate.concurrency import ConcurrencyController, Window
 from servefleet.generate.endpoints import Target
 from servefleet.generate.health import Health, HealthPolicy, ProgressWatch, ServerState
-from servefleet.generate.server_load import LoadWatch
+from servefleet.generate.server_load import LoadWatch, LoadWindow
 from servefleet.generate.stats import RateMeter
 
 __all__ = ["Backend", "Attempt", "controller_for"]
@@ -128,10 +128,14 @@ class Backend:
     def measure(self, now: float) -> Window:
         """The window just ended: tok/s by the server's counter when it has one, else by our answers."""
         span = max(1e-6, now - self.window_start)
-        tps, waiting, running = self.load.window(self.window_start, now) if self.load.available else (None, None, None)
+        load = self.load.window(self.window_start, now) if self.load.available else LoadWindow()
         saturated = self.ticks > 0 and self.saturated_ticks >= 0.8 * self.ticks
         return Window(
-            tps=self.window_tokens / span if tps is None else tps, saturated=saturated, queued=waiting, running=running
+            tps=self.window_tokens / span if load.tps is None else load.tps,
+            saturated=saturated,
+            queued=load.waiting,
+            running=load.running,
+            queued_lately=load.waiting_lately,
         )
 
     def cut_short(self, now: float, minimum_s: float) -> Window | None:
