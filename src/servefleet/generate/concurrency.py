@@ -94,7 +94,7 @@ LARGE = 0.15  # a difference this large is decided by one window
 EARLY = 0.25  # a step this far below the best is judged one request lifetime in, not after its whole window
 # ... or twice the swing of the windows at the best, but never more than this: a whole lifetime this far below is no
 # wave (uniform work's wave is one lifetime long). On the H100 the best's windows of uniform work swung 33 % (the
-# capacity start's first wave reads high) and a step reading -45 % to -57 % ran its whole window: 50 s at 681.
+# capacity start's first wave reads high) and a step reading -40 % to -60 % (4-s engine rates) ran its whole window: 50 s at 681.
 EARLY_MAX = 0.4
 CONFIRM = 2  # windows at a candidate before a small difference is judged
 STEP = 0.33  # first probe step (fraction of the limit): a decline past the peak is found in few steps
