@@ -39,9 +39,9 @@ best limit; a step is kept when its throughput is better by more than :data:`MAR
 when the mean of :data:`CONFIRM` windows says so (one window decides alone when the difference is at least
 :data:`LARGE` and beyond the whole spread of the windows at the best limit: more than their swing); on a loss
 it returns to the best limit, re-measured. A step that reads :data:`EARLY` below the best (and beyond twice the
-swing of its windows, or :data:`EARLY_MAX` below) one request lifetime in is judged there (:meth:`ConcurrencyController.clearly_worse`): on the
-H100 the steps past vLLM's largest CUDA-graph batch lost a third of the throughput for 12-14 s windows, 6 % of a 70-s
-job. The first window after lowering the limit (or after going back to the best one) is dropped (the batch drains
+swing of its windows, or :data:`EARLY_MAX` below) one request lifetime in is judged there
+(:meth:`ConcurrencyController.clearly_worse`): on the H100 the steps past vLLM's largest CUDA-graph batch lost a third
+of the throughput for 12-14 s windows, 6 % of a 70-s job. The first window after lowering the limit (or after going back to the best one) is dropped (the batch drains
 through a hole: the H200 run read that transient as -17 %).
 Closed-loop waves (uniform work: requests that start together end together) make windows at one limit swing
 by 10-20 %: when the windows at the best limit spread by more than :data:`NOISY`, the dispatcher measures
@@ -93,8 +93,9 @@ MARGIN = 0.03  # two windows within 3% measure the same throughput (window-to-wi
 LARGE = 0.15  # a difference this large is decided by one window
 EARLY = 0.25  # a step this far below the best is judged one request lifetime in, not after its whole window
 # ... or twice the swing of the windows at the best, but never more than this: a whole lifetime this far below is no
-# wave (uniform work's wave is one lifetime long). On the H100 the best's windows of uniform work swung 33 % (the
-# capacity start's first wave reads high) and a step reading -40 % to -60 % (4-s engine rates) ran its whole window: 50 s at 681.
+# wave (uniform work's wave is one lifetime long). On the H100 the best's windows of uniform work swung 28 % (the
+# capacity start's first wave reads high) and a step reading -40 % to -60 % (4-s engine rates) ran its whole window:
+# 50 s at 681.
 EARLY_MAX = 0.4
 CONFIRM = 2  # windows at a candidate before a small difference is judged
 STEP = 0.33  # first probe step (fraction of the limit): a decline past the peak is found in few steps
@@ -306,9 +307,9 @@ class ConcurrencyController:
         the dispatcher and of the gateway. The window carries its length in lifetimes, for the reason.
 
         In the ramp, a window whose gauges show a queue that has not emptied over its last scrapes while we send more
-        than the server runs plus :func:`headroom` ends after ``minimum`` s and 3 scrapes: the server is full, and a window of lifetimes
-        lengthened by its queue would only wait (on the H100 the x4 from 512 to 2048 stayed 87 s at 2048, two windows
-        of 40-s lifetimes, while vLLM ran 870-1024)."""
+        than the server runs plus :func:`headroom` ends after ``minimum`` s and 3 scrapes: the server is full, and a
+        window of lifetimes lengthened by its queue would only wait (on the H100 the x4 from 512 to 2048 stayed 87 s
+        at 2048, two windows of 40-s lifetimes, while vLLM ran 870-1024)."""
         ramp = self.phase == "ramp"
         if not own_counter or self.phase not in ("ramp", "probe") or (not ramp and self.limit == self.best_limit):
             return None
@@ -325,8 +326,8 @@ class ConcurrencyController:
 
     def clearly_worse(self, w: Window) -> bool:
         """Whether a window cut short in a step being tried already reads far below the best: by :data:`EARLY`
-        and by twice the swing of the windows at the best, or by :data:`EARLY_MAX` whatever the swing. The dispatcher then hands it to :meth:`observe`,
-        where a difference that large is decided by one window."""
+        and by twice the swing of the windows at the best, or by :data:`EARLY_MAX` whatever the swing. The dispatcher
+        then hands it to :meth:`observe`, where a difference that large is decided by one window."""
         if self.phase != "probe" or self.limit == self.best_limit or self.settling() or not w.saturated:
             return False
         best = self.best_tps()
