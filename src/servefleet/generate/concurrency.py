@@ -41,8 +41,8 @@ when the mean of :data:`CONFIRM` windows says so (one window decides alone when 
 it returns to the best limit, re-measured. A step that reads :data:`EARLY` below the best (and beyond twice the
 swing of its windows, or :data:`EARLY_MAX` below) one request lifetime in is judged there
 (:meth:`ConcurrencyController.clearly_worse`): on the H100 the steps past vLLM's largest CUDA-graph batch lost a third
-of the throughput for 12-14 s windows, 6 % of a 70-s job. The first window after lowering the limit (or after going back to the best one) is dropped (the batch drains
-through a hole: the H200 run read that transient as -17 %).
+of the throughput for 12-14 s windows, 6 % of a 70-s job. The first window after lowering the limit (or after going
+back to the best one) is dropped (the batch drains through a hole: the H200 run read that transient as -17 %).
 Closed-loop waves (uniform work: requests that start together end together) make windows at one limit swing
 by 10-20 %: when the windows at the best limit spread by more than :data:`NOISY`, the dispatcher measures
 longer windows (:meth:`ConcurrencyController.window_factor`), the first window after any change is dropped,
