@@ -903,3 +903,74 @@ def test_a_step_down_is_cut_short_too_and_the_best_limit_never() -> None:
     assert cut(15_000.0) is not None
     c.limit = c.best_limit
     assert cut(15_000.0) is None
+
+
+def _at_best_after_the_ramp(left: float | None) -> ConcurrencyController:
+    """The tenth H100 lease's uniform --url job: the ramp read 34,312 tok/s at 256 and 29,457 at 512, so it went back
+    to 256; ``left``: the seconds the job has left, probe windows of 10 s where they do not swing."""
+    c = ConcurrencyController.auto(None)
+    c.job_left_s, c.probe_window_s = left, 10.0
+    for tps in (8_000.0, 16_000.0, 34_312.0, 29_457.0):  # 32, x2 64, x4 256, x2 512: stopped growing
+        c.observe(Window(tps))
+    assert c.limit == c.best_limit == 256 and c.phase == "probe"
+    assert not c.observe(Window(25_000.0))  # the transient after lowering: dropped
+    return c
+
+
+def test_a_step_around_the_best_is_taken_only_while_the_job_has_time_to_earn_it_back() -> None:
+    """The tenth H100 lease (uniform work, 12,000 prompts, --url): 340 was on trial 64 s of the job's last 77 s (windows
+    swinging: the transient, then three of 20 s) and lost 9.6 %; the job ran at 0.86 of a fixed 256. A step whose
+    windows take more than TRIAL_SHARE of what is left is not taken: the best is held, and the reason says why."""
+    short = _at_best_after_the_ramp(65.0)
+    assert not short.observe(Window(31_000.0))  # the best's second window: swinging 10 %, so windows twice as long
+    assert short.noisy() and short.step_cost_s() == pytest.approx((1 + CONFIRM + 1) * 2 * 10.0)
+    assert short.limit == 256 and short.phase == "hold"
+    assert "256 held (32,656 tok/s): a step around it would take ~80 s of the job's ~65 s left" in short.reason
+    for left in (None, 4 * 80.0):  # a job of unknown size, or one with the time: the step is tried
+        long = _at_best_after_the_ramp(left)
+        assert long.observe(Window(31_000.0)) and long.limit == 340 and "trying 340" in long.reason
+
+
+def test_the_coarse_search_steps_are_taken_however_little_of_the_job_is_left() -> None:
+    """Halving from the capacity start, and the doubling after a ramp that still grew, can gain a factor: they are not
+    held for the time left (the H200's best was a quarter of max running)."""
+    c = ConcurrencyController.auto(1024, graph_batch=512)
+    c.job_left_s, c.probe_window_s = 5.0, 10.0
+    assert c.observe(Window(30_000.0)) and c.limit == 256
+    s = ConcurrencyController.auto(None)
+    s.job_left_s, s.probe_window_s = 5.0, 10.0
+    for tps in (8_000.0, 16_000.0, 30_000.0, 31_500.0):  # +5 % from 256 to 512: the knee is above
+        s.observe(Window(tps))
+    assert s.limit == 1024 and "at most 1024" in s.reason
+
+
+def test_the_dispatcher_gives_the_controller_the_time_the_job_has_left() -> None:
+    """The dispatcher's side: before a window is judged, the controller learns the job's time left (at its rate so
+    far) and what a probe window lasts; a job of unknown size sets no bound."""
+    from servefleet.generate.dispatch import Dispatcher
+    from servefleet.generate.endpoints import Target
+    from servefleet.generate.server_load import LoadSample
+    from servefleet.generate.stats import JobStats
+
+    def judged(to_send: int) -> ConcurrencyController:
+        stats = JobStats(to_send=to_send, done=3_000)
+        d = Dispatcher([Target("a", "http://127.0.0.1:1")], client=None, out=None, on_failure=print, stats=stats)  # type: ignore[arg-type]
+        (s,) = d.servers
+        s.controller = _at_best_after_the_ramp(None)
+        s.load.available = True
+        for _ in range(64):
+            s.stats.requests += 1
+            s.stats.add_latency(3.0)
+        t0 = s.window_start
+        stats.started = t0 + 12.0 - 30.0  # 3,000 of 12,000 in 30 s: 90 s left
+        s.load.samples.extend(LoadSample(t0 + 0.5 * i, 31_000.0 * 0.5 * i, None, None, 256.0, 0.0) for i in range(25))
+        s.ticks = s.saturated_ticks = 100
+        assert s.probe_window_s(2.0) == pytest.approx(10.0)  # 5 x the minimum window: longer than two lifetimes
+        d._tick_window(s, t0 + 12.0)
+        return s.controller
+
+    held = judged(12_000)
+    assert held.job_left_s == pytest.approx(90.0) and held.limit == 256 and held.phase == "hold"
+    assert "~80 s of the job's ~90 s left" in held.reason
+    unknown = judged(0)
+    assert unknown.job_left_s is None and unknown.limit == 340

@@ -18,7 +18,7 @@
 # bench's 1024 point was lengthened to 58 s and read 31 % under 256: the whole bench took 178 s). A job's budget need and
 # timeout come from its bench's best rate (1.15x and 2x the time its tokens take there); NO_BENCH=1 skips the benches
 # (fixed at 256 uniform / 512 variable) and VAR_SIZES="NEED CAP" then sizes the variable jobs (on the H100 on
-# 2026-12-06 they ran at ~25k tok/s: ~200 s each for 12,000 prompts). CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
+# 2026-12-06 they ran at ~25k tok/s: ~200 s each for 12,000 prompts); MONITOR=1 adds monitor.jsonl. CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
 cd "${PROJECT_ROOT:-.}"
 W=/tmp/ck/r7; DONE=/tmp/ck/call7.rc
 if [ "${1:-}" = "--poll" ]; then
@@ -54,6 +54,8 @@ else
   source benchmarks/gpu/issue25/common.sh
   sed -n '/^cat > \/tmp\/ck\/fleet.toml/,/^T$/p' $H/call2.sh > /tmp/ck/mkfleet.sh; source /tmp/ck/mkfleet.sh
   sf() { $SF "$@"; }
+  # MONITOR=1: the GPU's clock, power, throttle reasons and each busy process's CPU share, once a second (monitor.py)
+  if [ -n "${MONITOR:-}" ]; then mkdir -p $W; rm -f /tmp/ck/mon.stop; $P $H/monitor.py $W/monitor.jsonl /tmp/ck/mon.stop & fi
   t0=$(date +%s); $SF up /tmp/ck/fleet.toml --timeout 300 --json > $R/up.json 2>$R/up.err; echo "up rc=$? $(( $(date +%s)-t0 )) s"
 fi
 $P $H/prompts.py $UNI_N $VAR_N  # the prompts of call 2 (the same generator, the first UNI_N / VAR_N of them)
@@ -113,6 +115,6 @@ job var-bench $SV --input /tmp/ck/variable.jsonl --url $U --bench /tmp/ck/bench-
 job var-fixed-again $SV --input /tmp/ck/variable.jsonl --url $U --concurrency $CV
 job uni-fixed-again $SU --input /tmp/ck/uniform.jsonl --url $U --concurrency $CU
 [ -n "${CALL6_DRY:-}" ] && exit 0
-$SF down --fleet /tmp/ck/fleet.toml --json > $R/down.json 2>&1; echo "down rc=$?"
+$SF down --fleet /tmp/ck/fleet.toml --json > $R/down.json 2>&1; echo "down rc=$?"; touch /tmp/ck/mon.stop
 cp /tmp/ck/state/logs/*.log $R/ 2>/dev/null; gzip -f $R/*.log 2>/dev/null; pack
 echo "total $(( $(date +%s)-T_START )) s"

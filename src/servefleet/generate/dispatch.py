@@ -109,7 +109,11 @@ class _Server:
             self.controller.short_window()
         ):  # to be dropped (one lifetime is its transient), or the capacity start's first
             return max(minimum, latency)
-        return self.controller.window_factor() * max(5 * minimum, (2.0 if self.load.available else 3.0) * latency)
+        return self.controller.window_factor() * self.probe_window_s(minimum)
+
+    def probe_window_s(self, minimum: float) -> float:
+        """A window that compares throughput, where windows do not swing (the controller doubles it where they do)."""
+        return max(5 * minimum, (2.0 if self.load.available else 3.0) * self.stats.lifetime_s())
 
     def limit_changed(self, now: float, grew: bool) -> None:
         latency = self.stats.lifetime_s()
@@ -735,6 +739,9 @@ class Dispatcher:
         if s.load.available and len(s.load.between(s.window_start, now)) < 3 and span < 10 * self.window_min_s:
             return  # scrapes are late (a busy host): a window needs a few of them
         before = s.controller.limit
+        # what a step around the best would cost, against the time the job has left (concurrency.TRIAL_SHARE)
+        s.controller.job_left_s = self._job_left_s(now)
+        s.controller.probe_window_s = s.probe_window_s(self.window_min_s)
         if s.controller.observe(cut or s.measure(now, span)):
             self.stats.event(
                 f"{s.target.name}: concurrency {before} -> {s.controller.limit} ({s.controller.describe()})"
@@ -742,6 +749,10 @@ class Dispatcher:
             s.limit_changed(now, grew=s.controller.limit > before)
             self._wake.set()
         s.window_start, s.window_tokens, s.ticks, s.saturated_ticks = now, 0, 0, 0
+
+    def _job_left_s(self, now: float) -> float | None:
+        """The seconds the job has left at its rate so far (None: not known yet, or no job size)."""
+        return self.stats.eta_s(now) if self.stats.to_send > 0 else None
 
 
 def _base_url(server: _Server) -> str:

@@ -1,0 +1,53 @@
+"""What the host does while a job runs, once a second, to tell GPU drift from CPU contention: the GPU's SM clock, power,
+temperature, utilisation and active throttle reasons (nvidia-smi), and the CPU share of each busy process (/proc: the
+vLLM API process, its EngineCore, servefleet's generate). One JSON line a second until STOP_FILE exists.
+Usage: monitor.py OUT.jsonl STOP_FILE"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+out, stop = sys.argv[1], sys.argv[2]
+TICK = os.sysconf("SC_CLK_TCK")
+GPU = "clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active"
+
+
+def cpu_ticks() -> dict[int, tuple[str, int]]:
+    """pid -> (command line, user + system ticks) of every process."""
+    seen = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+        except OSError:
+            continue
+        seen[int(pid)] = (cmd, int(fields[11]) + int(fields[12]))
+    return seen
+
+
+t0, before = time.monotonic(), cpu_ticks()
+with open(out, "a") as sink:
+    while not os.path.exists(stop):
+        time.sleep(1.0)
+        now = cpu_ticks()
+        busy = {
+            f"{pid} {cmd}": round(100 * (ticks - before[pid][1]) / TICK, 1)
+            for pid, (cmd, ticks) in now.items()
+            if pid in before and ticks - before[pid][1] >= 0.2 * TICK
+        }
+        before = now
+        try:
+            gpu = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={GPU}", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            gpu = ""
+        sink.write(json.dumps({"t": round(time.monotonic() - t0, 2), "gpu": gpu, "cpu_pct": busy}) + "\n")
+        sink.flush()
