@@ -1,6 +1,7 @@
 """What the host does while a job runs, once a second, to tell GPU drift from CPU contention: the GPU's SM clock, power,
-temperature, utilisation and active throttle reasons (nvidia-smi), and the CPU share of each busy process (/proc: the
-vLLM API process, its EngineCore, servefleet's generate). One JSON line a second until STOP_FILE exists.
+temperature, utilisation and active throttle reasons (nvidia-smi), the host CPUs' mean clock (/proc/cpuinfo: a turbo that
+fades under load slows a CPU-bound engine), and the CPU share of each busy process (/proc: the vLLM API process, its
+EngineCore, servefleet's generate). One JSON line a second until STOP_FILE exists.
 Usage: monitor.py OUT.jsonl STOP_FILE"""
 
 import json
@@ -29,6 +30,16 @@ def cpu_ticks() -> dict[int, tuple[str, int]]:
     return seen
 
 
+def cpu_mhz() -> float | None:
+    """The mean clock of the host's CPUs now (None where /proc/cpuinfo does not say)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            mhz = [float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")]
+    except OSError:
+        return None
+    return round(sum(mhz) / len(mhz)) if mhz else None
+
+
 t0, before = time.monotonic(), cpu_ticks()
 with open(out, "a") as sink:
     while not os.path.exists(stop):
@@ -49,5 +60,8 @@ with open(out, "a") as sink:
             ).stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
             gpu = ""
-        sink.write(json.dumps({"t": round(time.monotonic() - t0, 2), "gpu": gpu, "cpu_pct": busy}) + "\n")
+        sink.write(
+            json.dumps({"t": round(time.monotonic() - t0, 2), "gpu": gpu, "cpu_mhz": cpu_mhz(), "cpu_pct": busy})
+            + "\n"
+        )
         sink.flush()
