@@ -67,7 +67,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from servefleet.generate.server_load import LoadWindow
 
 __all__ = [
     "ConcurrencyController",
@@ -145,6 +148,28 @@ class Window:
     )
     cut: bool = False  # ended early: the step being tried already read far below the best (clearly_worse)
     spread: bool = False  # the answers end apart (their latencies spread by SPREAD): no waves after a raise
+
+    @classmethod
+    def of(
+        cls,
+        ours_tps: float,
+        load: LoadWindow,
+        *,
+        saturated: bool,
+        lifetimes: float | None = None,
+        spread: bool = False,
+    ) -> Window:
+        """A window read from the server's own gauges where it has them (its counter's tokens/s, its queue and running
+        count), else from ``ours_tps``, the tokens/s of our answers."""
+        return cls(
+            tps=ours_tps if load.tps is None else load.tps,
+            saturated=saturated,
+            queued=load.waiting,
+            running=load.running,
+            queued_lately=load.waiting_lately,
+            lifetimes=lifetimes,
+            spread=spread,
+        )
 
 
 @dataclass

@@ -137,14 +137,11 @@ class _Server:
         """The window just ended: tok/s by the server's counter when it has one, else by our answers."""
         saturated = self.saturated_ticks >= 0.8 * self.ticks
         load = self.load.window(self.window_start, now) if self.load.available else LoadWindow()
-        tps = self.window_tokens / span if load.tps is None else load.tps
         lifetime = self.stats.lifetime_s()
-        return Window(
-            tps=tps,
+        return Window.of(
+            self.window_tokens / span,
+            load,
             saturated=saturated,
-            queued=load.waiting,
-            running=load.running,
-            queued_lately=load.waiting_lately,
             lifetimes=span / lifetime if lifetime > 0 else None,
             spread=self.spread(),
         )

@@ -130,13 +130,7 @@ class Backend:
         span = max(1e-6, now - self.window_start)
         load = self.load.window(self.window_start, now) if self.load.available else LoadWindow()
         saturated = self.ticks > 0 and self.saturated_ticks >= 0.8 * self.ticks
-        return Window(
-            tps=self.window_tokens / span if load.tps is None else load.tps,
-            saturated=saturated,
-            queued=load.waiting,
-            running=load.running,
-            queued_lately=load.waiting_lately,
-        )
+        return Window.of(self.window_tokens / span, load, saturated=saturated)
 
     def cut_short(self, now: float, minimum_s: float) -> Window | None:
         """The window so far, when the step being tried already reads far below the best one request lifetime in
