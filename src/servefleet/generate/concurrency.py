@@ -616,8 +616,8 @@ class ConcurrencyController:
     def step_cost_s(self) -> float:
         """What a step around the best costs, in s: its transient, then the windows that judge it (one more, each twice
         as long, where the windows at the best swing). 0 when the dispatcher has not said how long a window is."""
-        windows = 1 + CONFIRM + (1 if self.noisy() else 0)
-        return windows * (2.0 if self.noisy() else 1.0) * self.probe_window_s
+        noisy = self.noisy()
+        return (1 + CONFIRM + int(noisy)) * (2.0 if noisy else 1.0) * self.probe_window_s
 
     def _step_pays(self) -> bool:
         """Whether the job has time to earn back a step around the best (the coarse search's steps always do)."""
