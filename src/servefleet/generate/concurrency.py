@@ -113,7 +113,7 @@ SPREAD = 0.25  # answers' latencies spreading more than this (std / mean) end ap
 REPROBE_WINDOWS = 30
 # A step around the best (the hill climb's, not the coarse search's halvings and doubling) may take at most this share
 # of the time the job has left: on the H100 (tenth lease) such steps of 12,000-prompt jobs were held 64-158 s, through
-# windows that swing, and lost 9-10 %; the jobs ran at 0.81-0.97 of a fixed limit. A job that ends soon cannot earn back
+# windows that swing, and lost 8.8-9.6 %; the jobs ran at 0.81-0.97 of a fixed limit. A job that ends soon cannot earn back
 # what a step costs; a long one probes as before.
 TRIAL_SHARE = 0.25
 SHRINK = 0.7
