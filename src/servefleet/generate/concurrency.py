@@ -315,6 +315,10 @@ class ConcurrencyController:
         """How much longer than usual the next window should be: twice when the windows swing."""
         return 2.0 if self.phase in ("probe", "hold") and self.noisy() else 1.0
 
+    def windows_to_judge(self) -> int:
+        """How many windows a small difference at a step takes before it is judged: one more when the windows swing."""
+        return CONFIRM + 1 if self.noisy() else CONFIRM
+
     def settling(self) -> bool:
         """Whether the next window is the transient of the last change (a batch draining, new requests in
         prefill, a wave): dropped, neither compared nor kept as the best's figure; it need not be long."""
@@ -516,7 +520,7 @@ class ConcurrencyController:
         gain = mean / best - 1 if best > 0 else 1.0
         # Beyond the whole spread at the best is no wave (a window swings within it); quiet, the spread is under LARGE.
         decisive = abs(gain) >= LARGE and abs(gain) > self.spread()
-        if not decisive and len(self._candidate) < (CONFIRM + 1 if noisy else CONFIRM):
+        if not decisive and len(self._candidate) < self.windows_to_judge():
             return False  # small difference, or one inside the swing: more windows before judging
         margin = max(MARGIN, self.spread() / 3) if noisy else MARGIN  # inside the swing is no difference
         up = self.limit > self.best_limit
@@ -616,8 +620,7 @@ class ConcurrencyController:
     def step_cost_s(self) -> float:
         """What a step around the best costs, in s: its transient, then the windows that judge it (one more, each twice
         as long, where the windows at the best swing). 0 when the dispatcher has not said how long a window is."""
-        noisy = self.noisy()
-        return (1 + CONFIRM + int(noisy)) * (2.0 if noisy else 1.0) * self.probe_window_s
+        return (1 + self.windows_to_judge()) * self.window_factor() * self.probe_window_s
 
     def _step_pays(self) -> bool:
         """Whether the job has time to earn back a step around the best (the coarse search's steps always do)."""
