@@ -686,6 +686,24 @@ def test_a_step_on_trial_past_the_servers_slots_is_cut_short_on_its_gauges() -> 
     assert q.limit == q.best_limit == 192 and q.ceiling == 192
 
 
+def test_a_step_on_trial_trimmed_to_the_servers_slots_keeps_its_windows_and_is_judged() -> None:
+    """The eleventh H100 lease's variable --url job: 512 read 24,357 tok/s (+14 % vs 256, under GROW), so 1024 went on
+    trial. vLLM ran 929, then 918, then 910 (long answers filling its KV cache), each window a new bound (the slots
+    plus headroom: 1022, 1010, 1001), and each restarted the trial: 200 of the job's 218 s on trial, never judged. The
+    server runs the same full batch at the trimmed limit, so the windows measured above it still count."""
+    c = ConcurrencyController.auto(None)
+    c.limit = c.best_limit = 256
+    c.observe(Window(21_400.0, queued=0, running=256, lifetimes=2.5))
+    assert c.limit == 512
+    assert c.observe(Window(24_357.0, queued=0, running=512, lifetimes=2.5))
+    assert c.limit == 1024  # the doubling on trial
+    assert c.observe(Window(23_100.0, queued=95, running=929, lifetimes=1.1, cut=True))
+    assert c.limit == 929 + headroom(929) and c.phase == "probe"
+    assert "server full at 929 running" in c.reason and "1024 only waits in its queue" in c.reason
+    assert c.observe(Window(23_500.0, queued=104, running=918, lifetimes=1.1, cut=True))  # judged: -4.3 %
+    assert c.limit == c.best_limit == 512 and "back to 512" in c.reason, c.reason
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_where_a_queue_was_shown_to_pay_a_step_into_it_is_not_cut(seed: int) -> None:
     """vLLM-CPU again, with its gauges: 128 running, the rest waiting, and throughput still growing up to 192 in flight

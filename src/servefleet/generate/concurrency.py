@@ -18,8 +18,9 @@ Auto starts from what is known, best first:
   Throughput that still grows, by less than :data:`GROW`, ends the ramp too, and one more doubling is
   tried as a step on trial (the knee is above, but a x2 in the ramp would not be judged). A doubling that wins by
   a ramp step's growth resumes the ramp (one short window of mixed answers had read too little). A step on trial
-  that the server does not run whole (its gauges: fewer running than sent, the rest queued) is over at once, one
-  request lifetime in: what it runs plus :func:`headroom` is the ceiling (more only waits in its queue).
+  that the server does not run whole (its gauges: fewer running than sent, the rest queued) is trimmed one request
+  lifetime in: what it runs plus :func:`headroom` is the ceiling (more only waits in its queue), and the trial goes on
+  there with the windows it has (the server runs the same batch either way).
   Ramp windows last at least :data:`LIFETIMES` request lifetimes (the latency of recent answers: the
   dispatcher sizes them so); a shorter one is the wave right after a raise and is not judged, and
   one long window that did not grow ends the ramp (the H200 run read 2-s windows as +15 % from 256
@@ -498,13 +499,14 @@ class ConcurrencyController:
 
     def _probe(self, w: Window) -> bool:
         cap = self._over_slots(w)
-        if cap is not None:
-            return self._to_slots(cap)
+        if cap is not None and not self._trim_to_slots(cap):
+            return self._back_from_slots()
+        trimmed = cap is not None  # the limit changed, the trial goes on: the window is judged as at the trial's limit
         if self._fresh:
             dropped = self.settling()
             self._fresh = False
             if dropped:
-                return False
+                return trimmed
         if self.limit == self.best_limit:
             self._record(self.limit, w.tps)
             if len(self.measured[self.limit]) < CONFIRM and self.source != "bench" and not self._halving:
@@ -521,7 +523,7 @@ class ConcurrencyController:
         # Beyond the whole spread at the best is no wave (a window swings within it); quiet, the spread is under LARGE.
         decisive = abs(gain) >= LARGE and abs(gain) > self.spread()
         if not decisive and len(self._candidate) < self.windows_to_judge():
-            return False  # small difference, or one inside the swing: more windows before judging
+            return trimmed  # small difference, or one inside the swing: more windows before judging
         margin = max(MARGIN, self.spread() / 3) if noisy else MARGIN  # inside the swing is no difference
         up = self.limit > self.best_limit
         for tps in judged:
@@ -568,24 +570,34 @@ class ConcurrencyController:
             self._tried = set()
         return self._back_to_best()
 
-    def _to_slots(self, cap: int) -> bool:
-        """A step on trial sent more than the server runs: on the H100 the doubling after a --url ramp went from 1024
+    def _trim_to_slots(self, cap: int) -> bool:
+        """A step on trial sends more than the server runs: on the H100 the doubling after a --url ramp went from 1024
         to 2048 in flight, vLLM ran 1024 and queued the rest, and the step stayed on trial past the job's end. The
-        server's slots (plus the queue that keeps them full) are the ceiling, as from the capacity figure; the trial
-        goes on there when that is still above the best, else it is over."""
+        server's slots (plus the queue that keeps them full) are the ceiling, as from the capacity figure. When that is
+        still above the best, the limit is trimmed to it and the trial goes on with its windows: the server runs the
+        same full batch at the trimmed limit, only its queue is shorter, so what was measured still holds. (Restarted
+        instead, the trial never ended on variable work: vLLM's running count drifts down as long answers fill its KV
+        cache, 929, 918, 910 on the H100, each a new bound, and a --url job spent 200 of its 218 s on trial.) Whether
+        the limit was trimmed; False: the slots are at or below the best, the trial is over."""
         old = self.limit
         self.ceiling = max(self.best_limit, min(self.ceiling, self._slots_bound(cap)))
         # more only on evidence that it pays, as from the capacity figure
         self.room = room(cap) if not self.room else min(self.room, room(cap))
         if self._search_ceiling:
             self._search_ceiling = min(self._search_ceiling, self.ceiling)
-        full = f"server full at {cap} running (learned from /metrics): {old} only waits in its queue"
-        if self.ceiling > self.best_limit:
-            self.reason = f"{full}; trying {self.ceiling} (above the best so far, {self.best_limit})"
-            return self._set(self.ceiling)
+        self.reason = f"server full at {cap} running (learned from /metrics): {old} only waits in its queue"
+        if self.ceiling <= self.best_limit:
+            return False
+        self.limit = self.ceiling
+        self.changes += 1
+        self.reason += f"; {self.limit} on trial from here, its windows so far kept"
+        return True
+
+    def _back_from_slots(self) -> bool:
+        """The server's slots are at or below the best: the step on trial is over, back to the best."""
         self._turn()
         self._end_halving()
-        self.reason = f"{full}; back to {self.best_limit}"
+        self.reason += f"; back to {self.best_limit}"
         return self._back_to_best()
 
     def _turn(self) -> None:
