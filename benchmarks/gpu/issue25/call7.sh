@@ -14,7 +14,7 @@
 #   bash benchmarks/gpu/issue25/call7.sh --poll [S]          # wait up to S s (default 540), bring back call7.tgz
 #   bash benchmarks/gpu/issue25/call7.sh --stop              # stop the driver and its job (the server stays up), e.g.
 #                                                             # to --start again with other JOBS in the time left
-# JOBS="uni-fixed uni-fleet" runs only those; NO_BENCH=var skips only the variable bench; BENCH_C=256,512 benches fewer points (on 2026-12-02 the uniform
+# JOBS="uni-fixed uni-fleet" runs only those, in that order; NO_BENCH=var skips only the variable bench; BENCH_C=256,512 benches fewer points (on 2026-12-02 the uniform
 # bench's 1024 point was lengthened to 58 s and read 31 % under 256: the whole bench took 178 s). A job's budget need and
 # timeout come from its bench's best rate (1.15x and 2x the time its tokens take there); NO_BENCH=1 skips the benches
 # (fixed at 256 uniform / 512 variable) and VAR_SIZES="NEED CAP" then sizes the variable jobs (on the H100 on
@@ -96,24 +96,31 @@ job() {
 }
 # without a bench: uniform 12,000 x 256 tokens at ~29k tok/s ~110 s a job; variable 12,000 x ~416 tokens ~150-280 s
 bench uni 25 --input-len 256 --output-len 256
-read -r C SU < <(from_bench uni /tmp/ck/uniform.jsonl); C=${C:-256}; SU=${SU:-130 200}; CU=$C
-echo "uniform: the bench's best concurrency $C; a job needs ~${SU% *} s (cap ${SU#* } s)"
-job uni-fixed $SU --input /tmp/ck/uniform.jsonl --url $U --concurrency $C
-job uni-fleet $SU --input /tmp/ck/uniform.jsonl --fleet /tmp/ck/fleet.toml
-job uni-url $SU --input /tmp/ck/uniform.jsonl --url $U
+read -r CU SU < <(from_bench uni /tmp/ck/uniform.jsonl); CU=${CU:-256}; SU=${SU:-130 200}
+echo "uniform: the bench's best concurrency $CU; a job needs ~${SU% *} s (cap ${SU#* } s)"
 bench var 40 --dataset /tmp/ck/variable-sample.jsonl
-read -r C SV < <(from_bench var /tmp/ck/variable.jsonl); C=${C:-512}; SV=${SV:-${VAR_SIZES:-200 280}}; CV=$C
-echo "variable: the bench's best concurrency $C; a job needs ~${SV% *} s (cap ${SV#* } s)"
-job var-fixed $SV --input /tmp/ck/variable.jsonl --url $U --concurrency $C
-job var-fleet $SV --input /tmp/ck/variable.jsonl --fleet /tmp/ck/fleet.toml
-job var-url $SV --input /tmp/ck/variable.jsonl --url $U
-# the --bench jobs last: a budget that cuts them leaves fleet and url of both works measured against the fixed limit
-job uni-bench $SU --input /tmp/ck/uniform.jsonl --url $U --bench /tmp/ck/bench-uni.json
-job var-bench $SV --input /tmp/ck/variable.jsonl --url $U --bench /tmp/ck/bench-var.json
-# the fixed baselines once more, last: on the H100 hosts of 2026-12-06 one concurrency's engine rate swung +-15 % over
-# minutes, so two runs of the same fixed job, at the start and the end, say how far the host drifted between the jobs
-job var-fixed-again $SV --input /tmp/ck/variable.jsonl --url $U --concurrency $CV
-job uni-fixed-again $SU --input /tmp/ck/uniform.jsonl --url $U --concurrency $CU
+read -r CV SV < <(from_bench var /tmp/ck/variable.jsonl); CV=${CV:-512}; SV=${SV:-${VAR_SIZES:-200 280}}
+echo "variable: the bench's best concurrency $CV; a job needs ~${SV% *} s (cap ${SV#* } s)"
+# run_job NAME: fixed (and fixed-again: the same job once more, to say how far the host drifted), fleet, url, bench
+run_job() {
+  local work=${1%%-*} input size c
+  case $work in uni) input=/tmp/ck/uniform.jsonl size=$SU c=$CU ;; var) input=/tmp/ck/variable.jsonl size=$SV c=$CV ;;
+    *) echo "unknown job $1" | tee -a $R/skipped.txt; return ;; esac
+  case ${1#*-} in
+    fixed|fixed-again) job $1 $size --input $input --url $U --concurrency $c ;;
+    fleet) job $1 $size --input $input --fleet /tmp/ck/fleet.toml ;;
+    url) job $1 $size --input $input --url $U ;;
+    bench) job $1 $size --input $input --url $U --bench /tmp/ck/bench-$work.json ;;
+    *) echo "unknown job $1" | tee -a $R/skipped.txt ;;
+  esac
+}
+# In the order JOBS names them. The default: both works' fixed, fleet and url; the --bench jobs last (a budget that cuts
+# them leaves fleet and url of both works measured against the fixed limit); then the fixed baselines once more: on the
+# H100 hosts of 2026-12-06 one concurrency's engine rate swung +-15 % over minutes. A bracket (fixed, fleet, url,
+# fixed-again of one work, then the other's) compares each auto job with fixed runs before and after it.
+for name in ${JOBS:-uni-fixed uni-fleet uni-url var-fixed var-fleet var-url uni-bench var-bench var-fixed-again uni-fixed-again}; do
+  run_job $name
+done
 [ -n "${CALL6_DRY:-}" ] && exit 0
 $SF down --fleet /tmp/ck/fleet.toml --json > $R/down.json 2>&1; echo "down rc=$?"; touch /tmp/ck/mon.stop
 cp /tmp/ck/state/logs/*.log $R/ 2>/dev/null; gzip -f $R/*.log 2>/dev/null; pack

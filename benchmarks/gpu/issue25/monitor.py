@@ -1,7 +1,8 @@
 """What the host does while a job runs, once a second, to tell GPU drift from CPU contention: the GPU's SM clock, power,
 temperature, utilisation and active throttle reasons (nvidia-smi), the host CPUs' mean clock (/proc/cpuinfo: a turbo that
-fades under load slows a CPU-bound engine), and the CPU share of each busy process (/proc: the vLLM API process, its
-EngineCore, servefleet's generate). One JSON line a second until STOP_FILE exists.
+fades under load slows a CPU-bound engine), the share of CPU time the hypervisor gave to other guests (steal, /proc/stat:
+a VM's CPUs shared with its neighbours), and the CPU share of each busy process (/proc: the vLLM API process, its
+EngineCore, servefleet's generate). One JSON line a second until STOP_FILE exists. monitor_jobs.py reads it per job.
 Usage: monitor.py OUT.jsonl STOP_FILE"""
 
 import json
@@ -23,11 +24,23 @@ def cpu_ticks() -> dict[int, tuple[str, int]]:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]  # room for generate's --output
         except OSError:
             continue
         seen[int(pid)] = (cmd, int(fields[11]) + int(fields[12]))
     return seen
+
+
+def cpu_times() -> list[int]:
+    """The host's CPU time so far, in ticks: user, nice, system, idle, iowait, irq, softirq, steal (/proc/stat)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+def steal_pct(before: list[int], now: list[int]) -> float | None:
+    """The share of the host's CPU time the hypervisor gave to other guests between two readings, in %."""
+    total = sum(now) - sum(before)
+    return round(100 * (now[7] - before[7]) / total, 1) if total > 0 else None
 
 
 def cpu_mhz() -> float | None:
@@ -40,7 +53,7 @@ def cpu_mhz() -> float | None:
     return round(sum(mhz) / len(mhz)) if mhz else None
 
 
-t0, before = time.monotonic(), cpu_ticks()
+t0, before, times = time.monotonic(), cpu_ticks(), cpu_times()
 with open(out, "a") as sink:
     while not os.path.exists(stop):
         time.sleep(1.0)
@@ -51,6 +64,7 @@ with open(out, "a") as sink:
             if pid in before and ticks - before[pid][1] >= 0.2 * TICK
         }
         before = now
+        times, times_before = cpu_times(), times
         try:
             gpu = subprocess.run(
                 ["nvidia-smi", f"--query-gpu={GPU}", "--format=csv,noheader,nounits"],
@@ -61,7 +75,15 @@ with open(out, "a") as sink:
         except (OSError, subprocess.TimeoutExpired):
             gpu = ""
         sink.write(
-            json.dumps({"t": round(time.monotonic() - t0, 2), "gpu": gpu, "cpu_mhz": cpu_mhz(), "cpu_pct": busy})
+            json.dumps(
+                {
+                    "t": round(time.monotonic() - t0, 2),
+                    "gpu": gpu,
+                    "cpu_mhz": cpu_mhz(),
+                    "steal_pct": steal_pct(times_before, times),
+                    "cpu_pct": busy,
+                }
+            )
             + "\n"
         )
         sink.flush()
