@@ -687,10 +687,10 @@ def test_a_step_on_trial_past_the_servers_slots_is_cut_short_on_its_gauges() -> 
 
 
 def test_a_step_on_trial_trimmed_to_the_servers_slots_keeps_its_windows_and_is_judged() -> None:
-    """The eleventh H100 lease's variable --url job: 512 read 24,357 tok/s (+14 % vs 256, under GROW), so 1024 went on
-    trial. vLLM ran 929, then 918, then 910 (long answers filling its KV cache), each window a new bound (the slots
-    plus headroom: 1022, 1010, 1001), and each restarted the trial: 200 of the job's 218 s on trial, never judged. The
-    server runs the same full batch at the trimmed limit, so the windows measured above it still count."""
+    """The eleventh H100 lease's variable --url job: 512 read 24,357 tok/s (+14 % over the step before, under GROW),
+    so 1024 went on trial. vLLM ran 929, then 918, then 910 (long answers filling its KV cache), each window a new bound
+    (the slots plus headroom: 1022, 1010, 1001), and each restarted the trial: 200 of the job's 218 s on trial, never
+    judged. The server runs the same full batch at the trimmed limit, so the windows measured above it still count."""
     c = ConcurrencyController.auto(None)
     c.limit = c.best_limit = 256
     c.observe(Window(21_400.0, queued=0, running=256, lifetimes=2.5))
