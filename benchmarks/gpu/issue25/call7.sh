@@ -18,7 +18,8 @@
 # bench's 1024 point was lengthened to 58 s and read 31 % under 256: the whole bench took 178 s). A job's budget need and
 # timeout come from its bench's best rate (1.15x and 2x the time its tokens take there); NO_BENCH=1 skips the benches
 # (fixed at 256 uniform / 512 variable) and VAR_SIZES="NEED CAP" then sizes the variable jobs (on the H100 on
-# 2026-12-06 they ran at ~25k tok/s: ~200 s each for 12,000 prompts); MONITOR=1 adds monitor.jsonl. CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
+# 2026-12-06 they ran at ~25k tok/s: ~200 s each for 12,000 prompts); MONITOR=1 adds monitor.jsonl (monitor_jobs.py reads it per job). targets.py on the unpacked call7.tgz: each auto job against
+# its work's fixed runs (their mean with fixed-again) and issue 25's targets. CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
 cd "${PROJECT_ROOT:-.}"
 W=/tmp/ck/r7; DONE=/tmp/ck/call7.rc
 if [ "${1:-}" = "--poll" ]; then
