@@ -17,7 +17,7 @@
 # JOBS="uni-fixed uni-fleet" runs only those, in that order; NO_BENCH=var skips only the variable bench; BENCH_C=256,512 benches fewer points (on 2026-12-02 the uniform
 # bench's 1024 point was lengthened to 58 s and read 31 % under 256: the whole bench took 178 s). A job's budget need and
 # timeout come from its bench's best rate (1.15x and 2x the time its tokens take there); NO_BENCH=1 skips the benches
-# (fixed at 256 uniform / 512 variable) and VAR_SIZES="NEED CAP" then sizes the variable jobs (on the H100 on
+# (fixed at 256 uniform / 512 variable, or UNI_C / VAR_C) and VAR_SIZES="NEED CAP" then sizes the variable jobs (on the H100 on
 # 2026-12-06 they ran at ~25k tok/s: ~200 s each for 12,000 prompts); MONITOR=1 adds monitor.jsonl (monitor_jobs.py reads it per job). targets.py on the unpacked call7.tgz: each auto job against
 # its work's fixed runs (their mean with fixed-again) and issue 25's targets. CPU check: CALL6_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/call7.sh
 cd "${PROJECT_ROOT:-.}"
@@ -97,10 +97,10 @@ job() {
 }
 # without a bench: uniform 12,000 x 256 tokens at ~29k tok/s ~110 s a job; variable 12,000 x ~416 tokens ~150-280 s
 bench uni 25 --input-len 256 --output-len 256
-read -r CU SU < <(from_bench uni /tmp/ck/uniform.jsonl); CU=${CU:-256}; SU=${SU:-130 200}
+read -r CU SU < <(from_bench uni /tmp/ck/uniform.jsonl); CU=${CU:-${UNI_C:-256}}; SU=${SU:-130 200}
 echo "uniform: the bench's best concurrency $CU; a job needs ~${SU% *} s (cap ${SU#* } s)"
 bench var 40 --dataset /tmp/ck/variable-sample.jsonl
-read -r CV SV < <(from_bench var /tmp/ck/variable.jsonl); CV=${CV:-512}; SV=${SV:-${VAR_SIZES:-200 280}}
+read -r CV SV < <(from_bench var /tmp/ck/variable.jsonl); CV=${CV:-${VAR_C:-512}}; SV=${SV:-${VAR_SIZES:-200 280}}
 echo "variable: the bench's best concurrency $CV; a job needs ~${SV% *} s (cap ${SV#* } s)"
 # run_job NAME: fixed (and fixed-again: the same job once more, to say how far the host drifted), fleet, url, bench
 run_job() {
