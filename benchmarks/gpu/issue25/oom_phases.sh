@@ -12,6 +12,7 @@
 #                                                   prompts on the grabbed card)
 # On a machine that has had `run_h200.sh setup collect` and chunk 2 (vLLM). Foreground, ~40-60 s a phase:
 #   bash benchmarks/gpu/issue25/oom_phases.sh [PHASE ...]     # default: all six; results under $OUT/oom
+# OOM_BUDGET (s, default 540): no phase starts with less than 75 s of it left.
 # CPU check (no GPU, no vLLM: the watch and the files): OOM_DRY=1 OUT=/tmp/x bash benchmarks/gpu/issue25/oom_phases.sh
 cd "${PROJECT_ROOT:-.}"
 H=benchmarks/gpu/issue25
@@ -68,7 +69,7 @@ T
   if [ $name = request ] && [ -z "${OOM_DRY:-}" ] && grep -q '"state": "ready"' $R/$name-up.json; then
     # the smoke request passed before the grab: long prompts at a full batch, to need memory the profile did not cache
     $P -c "import json; [print(json.dumps({'id': str(i), 'prompt': 'word ' * 3000, 'max_tokens': 512})) for i in range(400)]" > $d/long.jsonl
-    timeout 120 $SF generate --output $d/gen --model ck --completions --temperature 0 --json --input $d/long.jsonl \
+    timeout $(( T_END - $(date +%s) > 20 ? T_END - $(date +%s) - 15 : 5 )) $SF generate --output $d/gen --model ck --completions --temperature 0 --json --input $d/long.jsonl \
       --url http://127.0.0.1:$port --concurrency 256 > $R/$name-generate.json 2> $R/$name-generate.err
     echo "$name: generate rc=$?"
   fi
@@ -76,8 +77,10 @@ T
   kill $gp 2>/dev/null; wait $gp 2>/dev/null
   [ -n "${OOM_DRY:-}" ] || sf down --fleet $d/fleet.toml --json > $R/$name-down.json 2>&1
 }
+T_END=$(( $(date +%s) + ${OOM_BUDGET:-540} ))  # a phase starts only with 75 s left (a warm start fails in ~30-45 s)
 for name in ${@:-load profile kv graphs warmup request}; do
   [ -n "${AT[$name]:-}" ] || { echo "unknown phase $name (load profile kv graphs warmup request)"; continue; }
+  [ $(( T_END - $(date +%s) )) -ge 75 ] || { echo "skipped $name: $(( T_END - $(date +%s) )) s left of OOM_BUDGET"; continue; }
   attempt $name
 done
 $P $H/oom_summary.py $R | tee $R/summary.md
