@@ -122,6 +122,25 @@ async def test_up_names_the_foreign_holder_of_its_gpu_before_launch_and_in_the_o
         ours.wait()
 
 
+async def test_a_holder_that_came_after_the_launch_is_named_in_the_oom_verdict_as_the_host_lists_it_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fleets, stranger
+) -> None:
+    """On a shared card the process that took the memory often started, or grew, while the server
+    loaded: the verdict names the holders as the host lists them at the failure, not before launch."""
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", [(UUID0, stranger.pid, "python3", 512)])  # a CUDA context
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    fleet = fleets(Fleet.load(write_fleet(tmp_path)))
+    outcomes = await fleet.start()
+    assert outcomes["oom"].gpu_holders == (f"GPU 0: 0.5 GiB held by pid {stranger.pid} python3, not in this fleet",)
+    # while it loads: the stranger takes 70 GiB, and a second one starts on the card
+    fake_nvidia_smi(bin_dir, [(UUID0, stranger.pid, "python3", 71680), (UUID0, os.getpid(), "train.py", 4096)])
+    verdict = (await fleet.wait(outcomes, smoke=False))["oom"]
+    assert verdict.category == Category.GPU_OOM, verdict
+    assert f"GPU 0: 70 GiB held by pid {stranger.pid} python3, not in this fleet" in (verdict.message or ""), verdict
+    assert f"GPU 0: 4.0 GiB held by pid {os.getpid()} train.py" in (verdict.message or ""), verdict
+    assert "0.5 GiB" not in (verdict.message or "")
+
+
 def test_up_cli_warns_before_the_server_loads(tmp_path: Path, stranger) -> None:
     bin_dir = fake_nvidia_smi(tmp_path / "bin", [(UUID0, stranger.pid, "VLLM::EngineCore", 106496)])
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -173,10 +192,15 @@ async def test_over_ssh_the_holders_come_in_the_one_adopt_check_batch(
     server, bin_dir = sshd_with_fake_gpu
     fake_nvidia_smi(bin_dir, [(UUID0, stranger.pid, "VLLM::EngineCore", 106496)])
 
-    def no_extra_command() -> list[str]:
-        raise AssertionError("the GPU processes of an SSH host are asked outside the batch")
+    from servefleet.hosts.gpu_apps import gpu_apps_argv
 
-    monkeypatch.setattr("servefleet.fleet.gpu_holders.gpu_apps_argv", no_extra_command)
+    asked_alone: list[str] = []
+
+    def own_command() -> list[str]:
+        asked_alone.append("asked")
+        return gpu_apps_argv()
+
+    monkeypatch.setattr("servefleet.fleet.gpu_holders.gpu_apps_argv", own_command)
     path, _ = write_ssh_fleet(tmp_path, server, {"oom": ["--style", "vllm", "--fail-at-startup", "gpu_oom"]})
     with path.open("a") as f:
         f.write("gpus = [0]\n")
@@ -184,5 +208,6 @@ async def test_over_ssh_the_holders_come_in_the_one_adopt_check_batch(
     outcomes = await fleet.start()
     named = f"GPU 0: 104 GiB held by pid {stranger.pid} VLLM::EngineCore, not in this fleet"
     assert outcomes["oom"].gpu_holders == (named,)
+    assert asked_alone == [], "before launch, the GPU processes of an SSH host are asked outside the batch"
     verdict = (await fleet.wait(outcomes, smoke=False))["oom"]
     assert verdict.category == Category.GPU_OOM and named in (verdict.message or ""), verdict

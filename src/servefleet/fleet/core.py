@@ -24,7 +24,7 @@ from servefleet.capacity import Capacity
 from servefleet.catalog import Category, State
 from servefleet.engines.base import Probe
 from servefleet.engines.registry import get_engine
-from servefleet.errors import ConfigError
+from servefleet.errors import ConfigError, HostUnreachable
 from servefleet.fleet import questions
 from servefleet.fleet.gpu_holders import holder_notes, host_gpu_apps
 from servefleet.fleet.hosts import HostBinding, HostPool
@@ -283,6 +283,21 @@ class Fleet:
             out[item.name] = holder_notes(apps, pgids, visible_gpus(item.server, item.binding.env), item.binding.name)
         return out
 
+    async def _holders_at_failure(self, record: ServerState, binding: HostBinding) -> list[str]:
+        """At a memory failure: the processes outside the fleet on the server's GPUs now, asked
+        again (the failed server's own group is the fleet's). [] when the host cannot say: the
+        caller falls back to those listed before the launch."""
+        try:
+            apps = await host_gpu_apps(binding, fresh=True)
+        except HostUnreachable:
+            return []
+        pgids = {
+            r.pgid for r in (self.store.load(n) for n in self.store.names()) if r is not None and r.host == record.host
+        }
+        pgids.add(record.pgid)
+        gpus = visible_gpus(self.spec.server(record.name), binding.env) if record.name in self.spec.names else None
+        return holder_notes({binding.name: apps}, pgids, gpus, binding.name)
+
     async def _plan_order(
         self, items: list[Launchable], adopted: dict[str, StartOutcome], views: dict[str, HostBinding] | None = None
     ) -> StartQueue | None:
@@ -437,11 +452,12 @@ class Fleet:
                 if verdict.state == State.READY:
                     launched = await launch_capacity(record, binding)
                     verdict = verdict.model_copy(update={"capacity": verdict.capacity.merge(launched)})
-                if verdict.state == State.FAILED and verdict.category == Category.GPU_OOM and outcome.gpu_holders:
-                    named = "; ".join(outcome.gpu_holders)
-                    verdict = verdict.model_copy(
-                        update={"message": f"{verdict.message}; {named}" if verdict.message else named}
-                    )
+                if verdict.state == State.FAILED and verdict.category == Category.GPU_OOM:
+                    named = "; ".join(await self._holders_at_failure(record, binding) or outcome.gpu_holders)
+                    if named:
+                        verdict = verdict.model_copy(
+                            update={"message": f"{verdict.message}; {named}" if verdict.message else named}
+                        )
                 after_failure = None
                 if verdict.state == State.FAILED:
                     after_failure = await self._after_failure(record, binding, keep_failed, grace_s)

@@ -1,9 +1,10 @@
 """Processes outside the fleet that hold memory on the GPUs a server is about to use.
 
 Asked once per host before ``up`` launches there (over SSH inside the adopt-check batch, see
-prefetch.py; locally one ``sh`` command): ``up`` warns about each such process, and the verdict of
-a memory failure (``gpu_oom``) names them ("GPU 0: 104 GiB held by pid 4242 VLLM::EngineCore, not
-in this fleet"). A process is in the fleet when its process group is the group of one of the
+prefetch.py; locally one ``sh`` command): ``up`` warns about each such process. The verdict of a
+memory failure (``gpu_oom``) names them ("GPU 0: 104 GiB held by pid 4242 VLLM::EngineCore, not
+in this fleet") as the host lists them at the failure, asked again then: on a shared card the
+holder is often a process that started, or grew, while the server was loading. A process is in the fleet when its process group is the group of one of the
 fleet's recorded servers (each server leads a group of its own, its engine's workers included).
 """
 
@@ -23,12 +24,13 @@ __all__ = ["host_gpu_apps", "foreign_holders", "describe_holder", "holder_notes"
 log = logging.getLogger(__name__)
 
 
-async def host_gpu_apps(binding: HostBinding) -> list[GpuApp]:
+async def host_gpu_apps(binding: HostBinding, *, fresh: bool = False) -> list[GpuApp]:
     """The compute processes on the host's GPUs; [] on a host without ``nvidia-smi`` and on a
-    scheduler's host (a job there gets GPUs of its own, on a node not known yet)."""
+    scheduler's host (a job there gets GPUs of its own, on a node not known yet). ``fresh``: asked
+    now, not taken from the adopt checks' batch (at a memory failure, long after that batch)."""
     if jobs_own_gpus(binding.host):
         return []
-    found = answered(binding.host, [GpuApps()])  # the adopt checks' batch
+    found = None if fresh else answered(binding.host, [GpuApps()])  # the adopt checks' batch
     text = found[0].decode(errors="replace") if found is not None and found[0] is not None else None
     if text is None:
         try:
