@@ -68,7 +68,7 @@ T
   echo "$name: up rc=$rc $(( $(date +%s)-t0 )) s, grab: $(cat $R/$name-grab.json 2>/dev/null)"
   if [ $name = request ] && [ -z "${OOM_DRY:-}" ] && grep -q '"state": "ready"' $R/$name-up.json; then
     # the smoke request passed before the grab: long prompts at a full batch, to need memory the profile did not cache
-    $P -c "import json; [print(json.dumps({'id': str(i), 'prompt': 'word ' * 3000, 'max_tokens': 512})) for i in range(400)]" > $d/long.jsonl
+    $P -c "import json; [print(json.dumps({'id': str(i), 'prompt': 'word ' * 1500, 'max_tokens': 512})) for i in range(400)]" > $d/long.jsonl
     timeout $(( T_END - $(date +%s) > 20 ? T_END - $(date +%s) - 15 : 5 )) $SF generate --output $d/gen --model ck --completions --temperature 0 --json --input $d/long.jsonl \
       --url http://127.0.0.1:$port --concurrency 256 > $R/$name-generate.json 2> $R/$name-generate.err
     echo "$name: generate rc=$?"
