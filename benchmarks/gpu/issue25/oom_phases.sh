@@ -3,7 +3,7 @@
 # foreign process (grab.py, its CUDA context up before the launch) takes the GPU's free memory the moment the server's
 # log reaches that phase; `servefleet up` (the same whole-GPU server as call 7, on a fleet of its own) then fails there,
 # and its verdict (category, phase, evidence, hint), `diagnose` on the log, and the log itself are kept:
-#   load      at "Loading model from scratch"      (the weights' allocations)
+#   load      at "Using V2 Model Runner"           (after the start-up memory check, before the model's tensors)
 #   profile   at "Model loading took"              (torch.compile and the profiling run)
 #   kv        at "Initial profiling/warmup run"    (the KV cache's size and allocation)
 #   graphs    at "Capturing CUDA graphs"           (tqdm's bar, mid-capture)
@@ -29,7 +29,7 @@ else
   sf() { $SF "$@"; }
 fi
 declare -A AT=(
-  [load]="Loading model from scratch"
+  [load]="Using V2 Model Runner|Loading model from scratch"
   [profile]="Model loading took"
   [kv]="Initial profiling/warmup run"
   [graphs]="Capturing CUDA graphs"
