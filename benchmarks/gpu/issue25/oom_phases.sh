@@ -44,8 +44,8 @@ attempt() {
 [fleet]
 name = "oom-$name"
 state_dir = "$STATE"
-timeout = 240
-stall = 200
+timeout = 180
+stall = 120
 [defaults]
 engine = "vllm"
 model = "${M:-/tmp/sf-h200/model}"
@@ -62,7 +62,7 @@ T
   # the grabber's CUDA context first (a few seconds of torch start), so the launch sees a foreign holder on the card
   for _ in $(seq 300); do [ -f $d/armed ] || ! kill -0 $gp 2>/dev/null && break; sleep 0.1; done
   local t0=$(date +%s)
-  sf up $d/fleet.toml --timeout 240 --json > $R/$name-up.json 2> $R/$name-up.err
+  sf up $d/fleet.toml --timeout 180 --json > $R/$name-up.json 2> $R/$name-up.err
   local rc=$?
   for _ in $(seq 50); do [ -s $R/$name-grab.json ] && break; sleep 0.1; done  # its report, if it matched (5 s at most)
   echo "$name: up rc=$rc $(( $(date +%s)-t0 )) s, grab: $(cat $R/$name-grab.json 2>/dev/null)"
