@@ -273,15 +273,20 @@ class Fleet:
         GPUs it may use (gpu_holders.py), asked once per host (over SSH: answered by the batch)."""
         if not items:
             return {}
-        known = [r for r in records if r is not None]
-        known += [r for r in (self.store.load(n) for n in self.store.names()) if r is not None]
         bindings = {i.binding.name: i.binding for i in items}
         apps = dict(zip(bindings, await asyncio.gather(*(host_gpu_apps(b) for b in bindings.values())), strict=True))
         out = {}
         for item in items:
-            pgids = {r.pgid for r in known if r.host == item.server.host}
+            pgids = self._fleet_pgids(item.server.host, records)
             out[item.name] = holder_notes(apps, pgids, visible_gpus(item.server, item.binding.env), item.binding.name)
         return out
+
+    def _fleet_pgids(self, host: str, records: Iterable[ServerState | None] = ()) -> set[int]:
+        """The process groups of this fleet's servers on ``host``: every recorded one, and ``records``
+        (launches not recorded yet)."""
+        known = [r for r in records if r is not None]
+        known += [r for r in (self.store.load(n) for n in self.store.names()) if r is not None]
+        return {r.pgid for r in known if r.host == host}
 
     async def _holders_at_failure(self, record: ServerState, binding: HostBinding) -> list[str]:
         """At a memory failure: the processes outside the fleet on the server's GPUs now, asked
@@ -291,10 +296,7 @@ class Fleet:
             apps = await host_gpu_apps(binding, fresh=True)
         except HostUnreachable:
             return []
-        pgids = {
-            r.pgid for r in (self.store.load(n) for n in self.store.names()) if r is not None and r.host == record.host
-        }
-        pgids.add(record.pgid)
+        pgids = self._fleet_pgids(record.host, [record])
         gpus = visible_gpus(self.spec.server(record.name), binding.env) if record.name in self.spec.names else None
         return holder_notes({binding.name: apps}, pgids, gpus, binding.name)
 

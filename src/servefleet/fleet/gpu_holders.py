@@ -4,8 +4,9 @@ Asked once per host before ``up`` launches there (over SSH inside the adopt-chec
 prefetch.py; locally one ``sh`` command): ``up`` warns about each such process. The verdict of a
 memory failure (``gpu_oom``) names them ("GPU 0: 104 GiB held by pid 4242 VLLM::EngineCore, not
 in this fleet") as the host lists them at the failure, asked again then: on a shared card the
-holder is often a process that started, or grew, while the server was loading. A process is in the fleet when its process group is the group of one of the
-fleet's recorded servers (each server leads a group of its own, its engine's workers included).
+holder is often a process that started, or grew, while the server was loading. A process is in
+the fleet when its process group is the group of one of the fleet's recorded servers (each server
+leads a group of its own, its engine's workers included).
 """
 
 from __future__ import annotations
