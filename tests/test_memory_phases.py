@@ -3,7 +3,7 @@ memory or allocating the KV cache, while warming up (CUDA-graph capture, sampler
 runs), at SGLang's own warm-up request, at the first request. Read from the engine's traceback
 frames (engines/vllm.py, sglang.py: MEMORY_PHASES), else from the last progress label. The
 hand-assembled fixtures carry theirs in EXPECTED.json (test_verify_fixtures); here the recorded
-H200 logs, the sim's transcripts and a live `up`."""
+GPU logs (H200, H100), the sim's transcripts and a live `up`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from conftest import free_port
 from servefleet.catalog import Category, State
-from servefleet.engines.base import AT_LOAD, FIRST_REQUEST, KV_CACHE, WARMUP_REQUEST
+from servefleet.engines.base import AT_LOAD, CUDA_GRAPHS, DUMMY_RUN, FIRST_REQUEST, KV_CACHE, WARMUP_REQUEST
 from servefleet.engines.registry import get_engine
 from servefleet.sim.config import SimConfig
 from servefleet.sim.script import transcript
@@ -31,9 +31,22 @@ REAL = Path(__file__).parent / "fixtures" / "logs" / "real"
         ("vllm026_h200_gpu_util_too_low.log", KV_CACHE),  # check_enough_kv_cache_memory, after profiling
         ("sglang0517_h200_mem_fraction_too_low.log", KV_CACHE),
         ("sglang0517_h200_mem_fraction_shared_gpu.log", KV_CACHE),
+        # vLLM 0.26's V2 model runner on an H100, a foreign process taking the card's free memory at a log line
+        # (benchmarks/gpu/issue25/oom_phases.sh); each phase as its traceback shows it
+        ("vllm026_h100_oom_load.log", AT_LOAD),  # init_device's memory snapshot, before the weights
+        (
+            "vllm026_h100_oom_profile.log",
+            AT_LOAD,
+        ),  # still in load_model (structured outputs) after "Model loading took"
+        (
+            "vllm026_h100_oom_kv.log",
+            KV_CACHE,
+        ),  # _check_enough_kv_cache_memory: "No available memory for the cache blocks"
+        ("vllm026_h100_oom_graphs.log", CUDA_GRAPHS),  # capture_model -> torch.cuda.graph's capture_end
+        ("vllm026_h100_oom_warmup.log", DUMMY_RUN),  # warmup_kernels: prefill and decode on dummy requests
     ],
 )
-def test_the_recorded_h200_memory_failures_name_their_phase(log: str, phase: str) -> None:
+def test_the_recorded_gpu_memory_failures_name_their_phase(log: str, phase: str) -> None:
     verdict = diagnose_text((REAL / log).read_text(errors="replace"))
     assert verdict.category is Category.GPU_OOM and verdict.phase == phase, (verdict.phase, verdict.progress)
 

@@ -315,20 +315,23 @@ TOKENIZE = TokenizeEndpoint(
 # compile_or_warm_up_model -> _dummy_run / capture_model / _dummy_sampler_run, whose OOM reads "CUDA
 # out of memory occurred when warming up sampler with N dummy requests"; graph capture fails inside
 # torch.cuda.graph's capture_end). The executor runs compile_or_warm_up_model from
-# initialize_from_config, so the warm-up frames come before the KV cache's.
+# initialize_from_config, so the warm-up frames come before the KV cache's. The V2 model runner (0.26,
+# "Using V2 Model Runner") keeps those names and adds warmup_kernels; a failure before the weights is in
+# init_device (its start-up memory snapshot). Recorded on an H100: tests/fixtures/logs/real/vllm026_h100_oom_*.
 MEMORY_PHASES = MemoryPhases.of(
     frames=(
         (r"in capture_model\b|in capture_end\b|torch\.cuda\.graph\(", phase.CUDA_GRAPHS),
         (r"in (?:profile_run|determine_available_memory)\b", phase.PROFILING),
         (r"warming up (?:sampler|pooler)|in _dummy_(?:sampler|pooler)_run\b", phase.SAMPLER_WARMUP),
-        (r"in _dummy_run\b", phase.DUMMY_RUN),
+        # V2 model runner (0.26): warmup_kernels runs prefill and decode steps on dummy requests after the capture
+        (r"in (?:_dummy_run|warmup_kernels|run_mixed_prefill_decode_warmup)\b", phase.DUMMY_RUN),
         (r"in compile_or_warm_up_model\b", phase.WARMING_UP),
         (
             r"in (?:initialize_kv_cache|initialize_from_config|initialize_kv_cache_tensors|_allocate_kv_cache_tensors"
             r"|get_kv_cache_configs?|check_enough_kv_cache_memory)\b",
             phase.KV_CACHE,
         ),
-        (r"in (?:load_model|load_weights)\b", phase.AT_LOAD),
+        (r"in (?:init_device|load_model|load_weights)\b", phase.AT_LOAD),
     ),
     progress=(
         ("starting", phase.AT_LOAD),
