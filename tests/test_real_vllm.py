@@ -263,7 +263,9 @@ def test_generate_against_real_vllm(vllm: Ctx) -> None:
     )
     port = free_port()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the job in a subprocess; its /metrics scraped meanwhile
-        job = pool.submit(cli_json, *args, "--metrics-port", str(port), timeout=500)
+        # two in flight: answers come a pair at a time over seconds, so scrapes see the count between 0 and 50 (at the
+        # server's own start, all 50 were answered in one batch and the job could end before a scrape saw it move)
+        job = pool.submit(cli_json, *args, "--concurrency", "2", "--metrics-port", str(port), timeout=500)
         scrapes = []
         while not job.done():
             with contextlib.suppress(OSError):
