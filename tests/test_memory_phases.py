@@ -34,14 +34,8 @@ REAL = Path(__file__).parent / "fixtures" / "logs" / "real"
         # vLLM 0.26's V2 model runner on an H100, a foreign process taking the card's free memory at a log line
         # (benchmarks/gpu/issue25/oom_phases.sh); each phase as its traceback shows it
         ("vllm026_h100_oom_load.log", AT_LOAD),  # init_device's memory snapshot, before the weights
-        (
-            "vllm026_h100_oom_profile.log",
-            AT_LOAD,
-        ),  # still in load_model (structured outputs) after "Model loading took"
-        (
-            "vllm026_h100_oom_kv.log",
-            KV_CACHE,
-        ),  # _check_enough_kv_cache_memory: "No available memory for the cache blocks"
+        ("vllm026_h100_oom_profile.log", AT_LOAD),  # load_model goes on after "Model loading took"
+        ("vllm026_h100_oom_kv.log", KV_CACHE),  # _check_enough_kv_cache_memory: "No available memory for the cache"
         ("vllm026_h100_oom_graphs.log", CUDA_GRAPHS),  # capture_model -> torch.cuda.graph's capture_end
         ("vllm026_h100_oom_warmup.log", DUMMY_RUN),  # warmup_kernels: prefill and decode on dummy requests
     ],
