@@ -52,6 +52,7 @@ from real_engines import (
     recorded,
     stop_group,
 )
+from servefleet.bench.server_metrics import first_present, parse_prometheus
 from servefleet.engines.base import LaunchSpec
 from servefleet.engines.registry import get_engine
 from servefleet.engines.vllm import VLLMEngine
@@ -451,15 +452,10 @@ def _in_group(pid: int, pgid: int) -> bool:
 
 
 def _running_gauge(url: str) -> float:
-    """vLLM's ``vllm:num_requests_running`` on /metrics: the running batch as the engine last reported it."""
+    """The running batch on /metrics as the engine last reported it (read as bench and generate read it)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(
-        m.value
-        for fam in text_string_to_metric_families(text)
-        for m in fam.samples
-        if m.name == "vllm:num_requests_running"
-    )
+        metrics = parse_prometheus(resp.read().decode())
+    return first_present(metrics, get_engine("vllm").serving_metrics.running) or 0.0
 
 
 def _running_in(stats: str) -> int:
